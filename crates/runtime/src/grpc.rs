@@ -1,0 +1,121 @@
+//! A gRPC server with health and reflection wired the same way in every service.
+
+use std::{future::Future, net::SocketAddr};
+
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::service::{Routes, RoutesBuilder};
+use tonic_health::{ServingStatus, server::HealthReporter};
+
+use crate::RuntimeError;
+
+/// A service to serve, with the gRPC name its health is reported under.
+pub struct ServedService {
+    /// Fully qualified gRPC service name, e.g. `vynil.catalog.v1.Catalog`.
+    pub name: &'static str,
+    add_to: Box<dyn FnOnce(&mut RoutesBuilder) + Send>,
+}
+
+impl std::fmt::Debug for ServedService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServedService")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ServedService {
+    /// Wraps a generated tonic server (`CatalogServer::new(..)` and the like).
+    pub fn new<S>(service: S) -> Self
+    where
+        S: tonic::codegen::Service<
+                http::Request<tonic::body::Body>,
+                Error = std::convert::Infallible,
+            > + tonic::server::NamedService
+            + Clone
+            + Send
+            + Sync
+            + 'static,
+        S::Response: axum::response::IntoResponse,
+        S::Future: Send + 'static,
+    {
+        Self {
+            name: S::NAME,
+            add_to: Box::new(move |routes: &mut RoutesBuilder| {
+                routes.add_service(service);
+            }),
+        }
+    }
+}
+
+/// A bound gRPC listener, ready to serve. Binding is separate from serving so
+/// callers (and tests) can learn the address of a `127.0.0.1:0` listener.
+#[derive(Debug)]
+pub struct GrpcServer {
+    listener: TcpListener,
+}
+
+impl GrpcServer {
+    pub async fn bind(addr: SocketAddr) -> Result<Self, RuntimeError> {
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|source| RuntimeError::Bind { addr, source })?;
+        Ok(Self { listener })
+    }
+
+    /// The address actually bound (resolves port 0).
+    pub fn local_addr(&self) -> Result<SocketAddr, RuntimeError> {
+        let addr = self
+            .listener
+            .local_addr()
+            .map_err(|source| RuntimeError::Bind {
+                addr: SocketAddr::from(([0, 0, 0, 0], 0)),
+                source,
+            })?;
+        Ok(addr)
+    }
+
+    /// Serves `services` plus `grpc.health.v1` and reflection until `shutdown`
+    /// resolves, then reports `NOT_SERVING` and drains in-flight calls.
+    pub async fn serve(
+        self,
+        services: Vec<ServedService>,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<(), RuntimeError> {
+        let (health, health_service) = tonic_health::server::health_reporter();
+        let reflection = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(vynil_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .build_v1()?;
+
+        let names: Vec<&'static str> = services.iter().map(|s| s.name).collect();
+        let mut routes = RoutesBuilder::default();
+        routes.add_service(health_service).add_service(reflection);
+        for service in services {
+            (service.add_to)(&mut routes);
+        }
+        let routes: Routes = routes.routes();
+        set_all(&health, &names, ServingStatus::Serving).await;
+        tracing::info!(address = ?self.listener.local_addr().ok(), services = ?names, "serving gRPC");
+
+        let reporter = health.clone();
+        let drain = async move {
+            shutdown.await;
+            tracing::info!("shutdown requested: reporting NOT_SERVING and draining");
+            set_all(&reporter, &names, ServingStatus::NotServing).await;
+        };
+        tonic::transport::Server::builder()
+            .add_routes(routes)
+            .serve_with_incoming_shutdown(TcpListenerStream::new(self.listener), drain)
+            .await?;
+        Ok(())
+    }
+}
+
+async fn set_all(health: &HealthReporter, names: &[&'static str], status: ServingStatus) {
+    // "" is the whole server, as grpc_health_probe asks by default.
+    health.set_service_status("", status).await;
+    for name in names {
+        health.set_service_status(*name, status).await;
+    }
+}

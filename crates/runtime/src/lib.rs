@@ -1,0 +1,33 @@
+//! What every service process of the control plane shares, so that each
+//! service's `main.rs` stays a few lines: serving gRPC with `grpc.health.v1` and
+//! server reflection, stopping gracefully on SIGTERM, and setting up tracing.
+//!
+//! Health follows the process: a service is reported `SERVING` once it listens
+//! and `NOT_SERVING` as soon as shutdown starts, so load balancers drain it
+//! before in-flight calls are cut.
+
+mod grpc;
+mod signal;
+mod telemetry;
+
+pub use grpc::{GrpcServer, ServedService};
+pub use signal::termination_signal;
+pub use telemetry::init_tracing;
+
+/// Errors of process set-up and serving.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error(
+        "cannot listen on {addr}: {source} (is another process using that port? set another address)"
+    )]
+    Bind {
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("cannot build gRPC server reflection from the compiled descriptors: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+    #[error("gRPC server failed: {0}")]
+    Serve(#[from] tonic::transport::Error),
+    #[error("cannot install the signal handler: {0}")]
+    Signal(std::io::Error),
+}

@@ -1,0 +1,175 @@
+//! Child processes of tests: found on the PATH or reported missing, logged to a
+//! file, and killed by their own PID when their owner is dropped.
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use crate::{Result, TestkitError, io};
+
+/// A loopback port that was free a moment ago. Callers retry on a lost race.
+pub fn free_port() -> Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(io("finding a free port"))?;
+    let port = listener
+        .local_addr()
+        .map_err(io("finding a free port"))?
+        .port();
+    Ok(port)
+}
+
+/// Finds `binary` on the PATH, or says which package installs it.
+pub(crate) fn find_binary(binary: &'static str, hint: &'static str) -> Result<PathBuf> {
+    find_binary_in(&std::env::var_os("PATH").unwrap_or_default(), binary, hint)
+}
+
+fn find_binary_in(
+    path: &std::ffi::OsStr,
+    binary: &'static str,
+    hint: &'static str,
+) -> Result<PathBuf> {
+    std::env::split_paths(path)
+        .map(|dir| dir.join(binary))
+        .find(|candidate| candidate.is_file())
+        .ok_or(TestkitError::MissingBinary { binary, hint })
+}
+
+/// A child process whose output goes to `log` and which is killed on drop.
+#[derive(Debug)]
+pub(crate) struct Supervised {
+    pub what: String,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Supervised {
+    pub fn spawn(what: impl Into<String>, mut command: Command, log: &Path) -> Result<Self> {
+        let what = what.into();
+        let out = std::fs::File::create(log).map_err(io(format!("creating the log of {what}")))?;
+        let err = out
+            .try_clone()
+            .map_err(io(format!("creating the log of {what}")))?;
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .map_err(io(format!("starting {what}")))?;
+        Ok(Self {
+            what,
+            child,
+            log: log.to_path_buf(),
+        })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Fails with the log if the process already exited.
+    pub fn check_alive(&mut self) -> Result<()> {
+        match self.child.try_wait() {
+            Ok(Some(status)) => Err(TestkitError::ExitedEarly {
+                what: self.what.clone(),
+                status: status.to_string(),
+                log: self.log(),
+            }),
+            Ok(None) => Ok(()),
+            Err(source) => Err(TestkitError::Io {
+                doing: format!("checking {}", self.what),
+                source,
+            }),
+        }
+    }
+
+    /// Polls `ready` until it answers true, the process dies, or time runs out.
+    pub async fn wait_ready<F, Fut>(&mut self, timeout: Duration, mut ready: F) -> Result<()>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        let start = Instant::now();
+        loop {
+            self.check_alive()?;
+            if ready().await {
+                return Ok(());
+            }
+            if start.elapsed() > timeout {
+                return Err(TestkitError::NotReady {
+                    what: self.what.clone(),
+                    seconds: timeout.as_secs(),
+                    log: self.log(),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    /// Waits for the process to exit by itself, up to `timeout`.
+    pub async fn wait_exit(&mut self, timeout: Duration) -> Result<std::process::ExitStatus> {
+        let start = Instant::now();
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(status)) => return Ok(status),
+                Ok(None) if start.elapsed() > timeout => {
+                    return Err(TestkitError::NotReady {
+                        what: format!("exit of {}", self.what),
+                        seconds: timeout.as_secs(),
+                        log: self.log(),
+                    });
+                }
+                Ok(None) => tokio::time::sleep(Duration::from_millis(20)).await,
+                Err(source) => {
+                    return Err(TestkitError::Io {
+                        doing: format!("waiting for {}", self.what),
+                        source,
+                    });
+                }
+            }
+        }
+    }
+
+    /// Kills the process (SIGKILL) and reaps it.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Supervised {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_binary_names_the_package_to_install() {
+        let empty = tempfile::tempdir().unwrap();
+        let error = find_binary_in(
+            empty.path().as_os_str(),
+            "redis-server",
+            "apt-get install -y redis-server",
+        )
+        .unwrap_err();
+        let text = error.to_string();
+        assert!(text.contains("`redis-server` is not installed"), "{text}");
+        assert!(text.contains("apt-get install -y redis-server"), "{text}");
+    }
+
+    #[test]
+    fn a_binary_on_the_path_is_found() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("tool"), b"").unwrap();
+        let found = find_binary_in(dir.path().as_os_str(), "tool", "-").unwrap();
+        assert_eq!(found, dir.path().join("tool"));
+    }
+}

@@ -1,0 +1,221 @@
+//! Publishes Vynil packages and registry noise through the OCI distribution API
+//! (via `oci-client`), concurrently, so fixtures of thousands of tags are quick.
+//!
+//! Every revision shares one config blob and one layer blob per repository; the
+//! manifests differ by their annotations, so each tag gets its own digest unless
+//! it is explicitly an alias.
+
+use std::{collections::HashSet, sync::Arc};
+
+use futures::{StreamExt, TryStreamExt};
+use oci_client::{
+    Client, Reference,
+    client::{ClientConfig, ClientProtocol},
+    secrets::RegistryAuth,
+};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use tokio::sync::Mutex;
+
+use crate::{ArtifactKind, PackageSpec, Result};
+
+pub const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
+const OCI_CONFIG: &str = "application/vnd.oci.image.config.v1+json";
+const OCI_LAYER: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
+const COSIGN_LAYER: &str = "application/vnd.dev.cosign.simplesigning.v1+json";
+
+/// Pushes to one registry. Cheap to clone.
+#[derive(Clone)]
+pub struct Publisher {
+    client: Client,
+    host: String,
+    auth: RegistryAuth,
+    repositories_with_blobs: Arc<Mutex<HashSet<String>>>,
+}
+
+impl std::fmt::Debug for Publisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Publisher")
+            .field("host", &self.host)
+            .finish_non_exhaustive()
+    }
+}
+
+/// `sha256:<hex>` of some bytes.
+pub fn sha256_digest(bytes: &[u8]) -> String {
+    format!("sha256:{}", hex::encode(Sha256::digest(bytes)))
+}
+
+impl Publisher {
+    pub(crate) fn new(host: String, basic_auth: Option<(String, String)>) -> Self {
+        let client = Client::new(ClientConfig {
+            protocol: ClientProtocol::Http,
+            use_monolithic_push: true,
+            ..Default::default()
+        });
+        let auth = match basic_auth {
+            Some((user, password)) => RegistryAuth::Basic(user, password),
+            None => RegistryAuth::Anonymous,
+        };
+        Self {
+            client,
+            host,
+            auth,
+            repositories_with_blobs: Arc::default(),
+        }
+    }
+
+    fn reference(&self, repository: &str, tag: &str) -> Reference {
+        Reference::with_tag(self.host.clone(), repository.to_string(), tag.to_string())
+    }
+
+    /// Pushes the shared config and layer blobs of `repository` once.
+    async fn ensure_blobs(&self, repository: &str) -> Result<(Value, Value)> {
+        let config =
+            br#"{"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":[]}}"#;
+        let layer = format!("vynil test package layer of {repository}").into_bytes();
+        let descriptors = (
+            json!({"mediaType": OCI_CONFIG, "digest": sha256_digest(config), "size": config.len()}),
+            json!({"mediaType": OCI_LAYER, "digest": sha256_digest(&layer), "size": layer.len()}),
+        );
+        let mut done = self.repositories_with_blobs.lock().await;
+        if !done.contains(repository) {
+            let reference = self.reference(repository, "blobs");
+            self.client
+                .store_auth_if_needed(&self.host, &self.auth)
+                .await;
+            self.client
+                .push_blob(&reference, config.to_vec(), &sha256_digest(config))
+                .await?;
+            self.client
+                .push_blob(&reference, layer.clone(), &sha256_digest(&layer))
+                .await?;
+            done.insert(repository.to_string());
+        }
+        Ok(descriptors)
+    }
+
+    /// Pushes raw manifest bytes under `tag`; returns the manifest digest.
+    pub async fn push_manifest(
+        &self,
+        repository: &str,
+        tag: &str,
+        manifest: &[u8],
+    ) -> Result<String> {
+        self.client
+            .store_auth_if_needed(&self.host, &self.auth)
+            .await;
+        let content_type = reqwest::header::HeaderValue::from_static(OCI_MANIFEST);
+        self.client
+            .push_manifest_raw(
+                &self.reference(repository, tag),
+                manifest.to_vec(),
+                content_type,
+            )
+            .await?;
+        Ok(sha256_digest(manifest))
+    }
+
+    async fn push_image(
+        &self,
+        repository: &str,
+        tag: &str,
+        annotations: impl Into<Value>,
+    ) -> Result<String> {
+        let (config, layer) = self.ensure_blobs(repository).await?;
+        let manifest = json!({
+            "schemaVersion": 2,
+            "mediaType": OCI_MANIFEST,
+            "config": config,
+            "layers": [layer],
+            "annotations": annotations.into(),
+        });
+        self.push_manifest(repository, tag, manifest.to_string().as_bytes())
+            .await
+    }
+
+    /// Publishes one package revision; returns its manifest digest. Publishing to
+    /// an existing tag re-points it.
+    pub async fn publish(&self, repository: &str, spec: &PackageSpec) -> Result<String> {
+        let annotations: serde_json::Map<String, Value> = spec
+            .annotations()
+            .into_iter()
+            .map(|(k, v)| (k, Value::String(v)))
+            .collect();
+        self.push_image(repository, &spec.tag, annotations).await
+    }
+
+    /// Publishes many revisions with up to `concurrency` pushes in flight;
+    /// returns the digests in input order.
+    pub async fn publish_all(
+        &self,
+        items: &[(String, PackageSpec)],
+        concurrency: usize,
+    ) -> Result<Vec<String>> {
+        futures::stream::iter(items)
+            .map(|(repository, spec)| self.publish(repository, spec))
+            .buffered(concurrency.max(1))
+            .try_collect()
+            .await
+    }
+
+    /// An image tag without any Vynil annotation (e.g. `latest`, `4.0`, or a
+    /// version pushed by another tool); unique per tag.
+    pub async fn publish_plain(&self, repository: &str, tag: &str) -> Result<String> {
+        self.push_image(
+            repository,
+            tag,
+            json!({"org.opencontainers.image.version": tag}),
+        )
+        .await
+    }
+
+    /// Points `alias` at the manifest `tag` points to (same digest).
+    pub async fn alias(&self, repository: &str, tag: &str, alias: &str) -> Result<String> {
+        let (manifest, _) = self
+            .client
+            .pull_manifest_raw(
+                &self.reference(repository, tag),
+                &self.auth,
+                &[OCI_MANIFEST],
+            )
+            .await?;
+        self.push_manifest(repository, alias, &manifest).await
+    }
+
+    /// A cosign-style artifact tag `sha256-<hex>.<sig|att|sbom>` for `subject`;
+    /// returns the artifact's tag.
+    pub async fn attach(
+        &self,
+        repository: &str,
+        subject: &str,
+        kind: ArtifactKind,
+    ) -> Result<String> {
+        let tag = kind.tag_for(subject);
+        let (config, _) = self.ensure_blobs(repository).await?;
+        let payload =
+            format!("{{\"critical\":{{\"image\":{{\"docker-manifest-digest\":\"{subject}\"}}}}}}");
+        let payload_ref = self.reference(repository, "payload");
+        self.client
+            .push_blob(
+                &payload_ref,
+                payload.clone().into_bytes(),
+                &sha256_digest(payload.as_bytes()),
+            )
+            .await?;
+        let manifest = json!({
+            "schemaVersion": 2,
+            "mediaType": OCI_MANIFEST,
+            "config": config,
+            "layers": [{
+                "mediaType": COSIGN_LAYER,
+                "digest": sha256_digest(payload.as_bytes()),
+                "size": payload.len(),
+                "annotations": {"dev.cosignproject.cosign/signature": format!("test-{}", kind.suffix())},
+            }],
+        });
+        self.push_manifest(repository, &tag, manifest.to_string().as_bytes())
+            .await?;
+        Ok(tag)
+    }
+}

@@ -1,0 +1,9 @@
+use clap::Parser;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    vynil_runtime::init_tracing("lifecycle");
+    let config = vynil_lifecycle::Config::parse();
+    vynil_lifecycle::run(config, vynil_runtime::termination_signal()?).await?;
+    Ok(())
+}

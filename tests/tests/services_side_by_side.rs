@@ -1,0 +1,104 @@
+//! The four services run side by side in one process, each on its own loopback
+//! port, as local mode will run them, and each answers gRPC health.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::SocketAddr;
+
+use tonic_health::pb::{
+    HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
+};
+
+fn loopback() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], vynil_testkit::free_port().unwrap()))
+}
+
+async fn serving(addr: SocketAddr, service: &str) -> bool {
+    let Ok(channel) = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+    else {
+        return false;
+    };
+    let request = HealthCheckRequest {
+        service: service.into(),
+    };
+    matches!(HealthClient::new(channel).check(request).await, Ok(r) if r.get_ref().status() == ServingStatus::Serving)
+}
+
+#[tokio::test]
+async fn four_services_serve_health_on_their_own_ports_and_stop_together() {
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let shutdown = move || {
+        let mut rx = stopped.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    };
+    let addrs = [loopback(), loopback(), loopback(), loopback()];
+    let (done_tx, mut done_rx) =
+        tokio::sync::mpsc::channel::<Result<(), vynil_runtime::RuntimeError>>(4);
+    let tasks = vec![
+        tokio::spawn({
+            let (done, sd) = (done_tx.clone(), shutdown());
+            async move {
+                let _ = done
+                    .send(vynil_catalog::run(vynil_catalog::Config { listen: addrs[0] }, sd).await)
+                    .await;
+            }
+        }),
+        tokio::spawn({
+            let (done, sd) = (done_tx.clone(), shutdown());
+            async move {
+                let _ = done
+                    .send(vynil_scanner::run(vynil_scanner::Config { listen: addrs[1] }, sd).await)
+                    .await;
+            }
+        }),
+        tokio::spawn({
+            let (done, sd) = (done_tx.clone(), shutdown());
+            async move {
+                let _ = done
+                    .send(vynil_purger::run(vynil_purger::Config { listen: addrs[2] }, sd).await)
+                    .await;
+            }
+        }),
+        tokio::spawn({
+            let (done, sd) = (done_tx.clone(), shutdown());
+            async move {
+                let _ = done
+                    .send(
+                        vynil_lifecycle::run(vynil_lifecycle::Config { listen: addrs[3] }, sd)
+                            .await,
+                    )
+                    .await;
+            }
+        }),
+    ];
+    let names = [
+        "vynil.catalog.v1.Catalog",
+        "vynil.scanner.v1.Scanner",
+        "vynil.purger.v1.Purger",
+        "vynil.lifecycle.v1.Lifecycle",
+    ];
+    for (addr, name) in addrs.iter().zip(names) {
+        let mut ok = false;
+        for _ in 0..200 {
+            if serving(*addr, name).await {
+                ok = true;
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+        }
+        assert!(ok, "{name} on {addr} never reported SERVING");
+    }
+
+    stop.send(true).unwrap();
+    for _ in 0..4 {
+        done_rx.recv().await.unwrap().unwrap();
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+}
