@@ -1,1 +1,73 @@
-//! Placeholder
+//! Every rule of Vynil package handling, in one pure crate.
+//!
+//! # Why one crate
+//!
+//! A package `think/ollama` was installed as `tenant`, then republished as
+//! `service`. A registry purge, blind to package types, deleted the last
+//! `tenant` revision; the scan, which stops at the first version without a
+//! minimum, would not have shown it anyway; on delete the operator looked for a
+//! `tenant` revision, found none, and looped forever with its finalizer in
+//! place (upstream #12). Each piece was written in good faith where it looked
+//! local: the bug was two copies of the same rules drifting apart. So the
+//! scanner, the purger, the catalog and lifecycle all call this crate and none
+//! re-implements any part of it. The purge contract is literally "delete the
+//! complement of what any consumer could be shown".
+//!
+//! This crate does no I/O and no async; its normal dependency tree holds no
+//! tokio, tonic, kube, redis, reqwest, hyper or oci-client (a test checks).
+//!
+//! # The rules
+//!
+//! - [`annotations`]: package content from `fr.solidite.vynil.*` annotations,
+//!   in upstream's exact JSON shapes; the record type is [`Package`].
+//! - [`tag`]: strict SemVer tags (optional `v` kept), precedence order, and
+//!   cosign artifact tags.
+//! - [`channel`]: maturity as upstream's substring test (`1.1.0-rc.1` is
+//!   stable), and the framework-version check (`--vynil-version`).
+//! - [`view`]: the waypoint descent (upstream's code semantics, with its docs'
+//!   erratum recorded) and the type-aware view of upstream #12 B, as a sans-I/O
+//!   state machine so the scanner reads only the manifests it needs.
+//! - [`retention`]: the keep/delete plan of a repository with every reason and a
+//!   fingerprint (upstream #12 A).
+//! - [`selection`]: install selection (upstream's strict filter) and cleanup
+//!   selection as a decision (upstream #12 C).
+//! - [`scan`]: partial-scan filters and the status merge (upstream #9).
+
+pub mod annotations;
+pub mod channel;
+pub mod package;
+pub mod retention;
+pub mod scan;
+pub mod selection;
+pub mod tag;
+pub mod view;
+
+#[cfg(test)]
+mod testing;
+
+pub use annotations::parse_annotations;
+pub use channel::{Channel, runs_on};
+pub use package::{Package, PackageContent, PackageMeta, PackageType, Requirement};
+pub use retention::{RetentionConfig, RetentionPlan, plan_retention};
+pub use scan::{ScanFilter, merge_packages, repositories_for};
+pub use selection::{CleanupDecision, InstallQuery, NoMatch, select_cleanup, select_install};
+pub use tag::{ArtifactTag, Tag};
+pub use view::{View, ViewBuilder, Viewer, compute_view};
+
+/// Every way input to the rules can be wrong. Each names what was wrong and
+/// what to do.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RulesError {
+    #[error(
+        "annotation `{key}` is malformed: {problem}; republish the package with a valid `{key}`"
+    )]
+    Annotation { key: String, problem: String },
+    #[error("partial scan filter {filter:?} {problem}: use `<category>` or `<category>/<name>`")]
+    ScanFilter { filter: String, problem: String },
+    #[error("retention pattern {pattern:?} is invalid: {problem}")]
+    Pattern { pattern: String, problem: String },
+    #[error(
+        "cannot plan retention: the metadata of some versions could not be read ({0}); fix the registry or exclude the repository, nothing is deleted on a guess"
+    )]
+    UnreadableMetadata(String),
+}

@@ -1,0 +1,636 @@
+//! Which tags of one repository a purge keeps, each with every reason, and
+//! which it deletes (upstream #12 A; DESIGN "Retention").
+//!
+//! The contract is "delete the complement of what any consumer could be
+//! shown": keep the union of the type-aware views for every channel and every
+//! framework breakpoint (the configured version and each distinct
+//! `vynil_version` requirement value of the repository), the newest revision of
+//! each type, every revision an instance installed, is installing or pins, the
+//! configured pins, the artifacts of every kept digest, and every tag sharing a
+//! kept digest (deletion is by digest). When in doubt, keep: a tag that is
+//! neither a version with Vynil metadata nor a recognised artifact is
+//! "unmanaged" and never deleted. A version whose metadata could not be read
+//! makes the plan fail rather than guess.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fmt,
+};
+
+use semver::Version;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+use crate::{
+    RulesError,
+    channel::Channel,
+    package::{PackageContent, PackageType},
+    tag::{ArtifactKind, ArtifactTag, Tag},
+    view::{Role, Viewer, compute_view},
+};
+
+/// What the registry holds under one tag.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RepositoryTag {
+    pub name: String,
+    /// `sha256:<hex>` of the manifest the tag points to.
+    pub digest: String,
+    pub metadata: TagMetadata,
+}
+
+/// What is known of a tag's manifest annotations. Only version tags need it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TagMetadata {
+    Vynil(Box<PackageContent>),
+    NotVynil,
+    /// The manifest could not be read or parsed; planning refuses to guess.
+    Unreadable(String),
+}
+
+/// How an instance uses a revision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum RevisionUse {
+    Installed,
+    Installing,
+    /// `initFrom.version`.
+    Pinned,
+}
+
+/// A revision some instance uses.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct InstalledRevision {
+    pub tag: String,
+    /// The recorded digest, when known: kept even if the tag was re-pointed.
+    pub digest: Option<String>,
+    /// The instance, e.g. `tenant ns/name`.
+    pub instance: String,
+    pub usage: RevisionUse,
+}
+
+/// What instances use, or that it could not be learnt.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Usage {
+    Known(Vec<InstalledRevision>),
+    /// Lifecycle unreachable or not running: executing needs an acknowledgement.
+    Unknown,
+}
+
+/// The retention settings of a purge.
+#[derive(Debug, Clone)]
+pub struct RetentionConfig {
+    framework: Version,
+    pins: Vec<(String, glob::Pattern)>,
+}
+
+impl RetentionConfig {
+    /// `pinned`: tag glob patterns (`*`, `?`, `[…]`) never deleted.
+    pub fn new(framework: Version, pinned: &[String]) -> Result<Self, RulesError> {
+        let pins = pinned
+            .iter()
+            .map(|p| {
+                glob::Pattern::new(p)
+                    .map(|compiled| (p.clone(), compiled))
+                    .map_err(|e| RulesError::Pattern {
+                        pattern: p.clone(),
+                        problem: e.to_string(),
+                    })
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Self { framework, pins })
+    }
+
+    pub fn framework(&self) -> &Version {
+        &self.framework
+    }
+}
+
+/// Why a tag is kept. Each reason names what makes it true, so it can be checked.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum KeepReason {
+    /// First of the view of `channel` on framework `framework` (`None`: the
+    /// configured framework).
+    ChannelHead {
+        channel: Channel,
+        framework: Option<Version>,
+    },
+    /// A waypoint of that view.
+    Waypoint {
+        channel: Channel,
+        framework: Option<Version>,
+        minimum: Option<Version>,
+    },
+    /// The newest revision of its type in that view (type-aware view).
+    TypeInView {
+        channel: Channel,
+        framework: Option<Version>,
+        package_type: PackageType,
+    },
+    /// The newest revision of its type in the whole repository.
+    NewestOfType(PackageType),
+    Used {
+        instance: String,
+        usage: RevisionUse,
+    },
+    Pinned {
+        pattern: String,
+    },
+    /// An artifact whose subject digest is kept (`of`: a kept tag of it).
+    Artifact {
+        kind: ArtifactKind,
+        of: String,
+    },
+    /// Shares its digest with the kept tag `of`: deleting one deletes both.
+    Alias {
+        of: String,
+    },
+    /// Not a version with Vynil metadata nor a recognised artifact.
+    Unmanaged,
+}
+
+/// Why a tag is deleted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeleteReason {
+    /// A version no consumer could be shown and nothing uses.
+    Superseded,
+    /// An artifact whose subject digest is not kept.
+    OrphanedArtifact { kind: ArtifactKind, subject: String },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    Keep(Vec<KeepReason>),
+    Delete(DeleteReason),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlanEntry {
+    pub tag: String,
+    pub digest: String,
+    pub decision: Decision,
+}
+
+impl PlanEntry {
+    pub fn is_kept(&self) -> bool {
+        matches!(self.decision, Decision::Keep(_))
+    }
+
+    /// Human-readable reasons, e.g. `["head of beta", "signature of 1.2.0"]`.
+    pub fn reasons(&self) -> Vec<String> {
+        match &self.decision {
+            Decision::Keep(reasons) => reasons.iter().map(ToString::to_string).collect(),
+            Decision::Delete(reason) => vec![reason.to_string()],
+        }
+    }
+}
+
+/// One registry DELETE: a digest and every tag it removes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DigestDeletion {
+    pub digest: String,
+    pub tags: Vec<String>,
+    /// Only artifact tags: deleted after the subjects.
+    pub artifacts_only: bool,
+}
+
+/// The retention plan of one repository.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetentionPlan {
+    /// Version tags newest first, then the other tags by name.
+    pub entries: Vec<PlanEntry>,
+    /// Hash of every input: changes when any tag, digest, metadata, usage or
+    /// setting changes; independent of input order.
+    pub fingerprint: String,
+    pub usage_unknown: bool,
+    /// The framework versions views were computed for.
+    pub breakpoints: Vec<Version>,
+}
+
+impl RetentionPlan {
+    pub fn kept(&self) -> impl Iterator<Item = &PlanEntry> {
+        self.entries.iter().filter(|e| e.is_kept())
+    }
+
+    pub fn deleted(&self) -> impl Iterator<Item = &PlanEntry> {
+        self.entries.iter().filter(|e| !e.is_kept())
+    }
+
+    /// The DELETEs to send: one per digest, subjects before orphaned artifacts.
+    pub fn deletions(&self) -> Vec<DigestDeletion> {
+        let mut by_digest: BTreeMap<&str, (Vec<String>, bool)> = BTreeMap::new();
+        for entry in self.deleted() {
+            let artifact = matches!(
+                entry.decision,
+                Decision::Delete(DeleteReason::OrphanedArtifact { .. })
+            );
+            let slot = by_digest.entry(&entry.digest).or_insert((Vec::new(), true));
+            slot.0.push(entry.tag.clone());
+            slot.1 &= artifact;
+        }
+        let mut deletions: Vec<DigestDeletion> = by_digest
+            .into_iter()
+            .map(|(digest, (tags, artifacts_only))| DigestDeletion {
+                digest: digest.to_string(),
+                tags,
+                artifacts_only,
+            })
+            .collect();
+        deletions.sort_by_key(|d| d.artifacts_only);
+        deletions
+    }
+}
+
+enum Class<'a> {
+    Version(Tag, &'a PackageContent),
+    VersionWithoutVynil,
+    Artifact(ArtifactTag),
+    Other,
+}
+
+/// Plans the retention of one repository.
+pub fn plan_retention(
+    tags: &[RepositoryTag],
+    usage: &Usage,
+    config: &RetentionConfig,
+) -> Result<RetentionPlan, RulesError> {
+    let unreadable: Vec<String> = tags
+        .iter()
+        .filter_map(|t| match (&t.metadata, Tag::parse(&t.name)) {
+            (TagMetadata::Unreadable(why), Some(_)) => Some(format!("{}: {why}", t.name)),
+            _ => None,
+        })
+        .collect();
+    if !unreadable.is_empty() {
+        return Err(RulesError::UnreadableMetadata(unreadable.join("; ")));
+    }
+
+    let classes: Vec<Class> = tags.iter().map(classify).collect();
+    let contents: BTreeMap<&str, &PackageContent> = tags
+        .iter()
+        .zip(&classes)
+        .filter_map(|(t, c)| match c {
+            Class::Version(_, content) => Some((t.name.as_str(), *content)),
+            _ => None,
+        })
+        .collect();
+    let breakpoints = breakpoints(config.framework(), contents.values().copied());
+
+    let mut reasons: Reasons = BTreeMap::new();
+    add_view_reasons(
+        tags,
+        &contents,
+        &breakpoints,
+        config.framework(),
+        &mut reasons,
+    );
+    add_newest_of_each_type(&classes, &mut reasons);
+    for (tag, class) in tags.iter().zip(&classes) {
+        let entry = reasons.entry(tag.name.clone()).or_default();
+        if let Usage::Known(used) = usage {
+            for revision in used {
+                if revision.tag == tag.name
+                    || revision.digest.as_deref() == Some(tag.digest.as_str())
+                {
+                    entry.insert(KeepReason::Used {
+                        instance: revision.instance.clone(),
+                        usage: revision.usage,
+                    });
+                }
+            }
+        }
+        for (pattern, compiled) in &config.pins {
+            if compiled.matches(&tag.name) {
+                entry.insert(KeepReason::Pinned {
+                    pattern: pattern.clone(),
+                });
+            }
+        }
+        if matches!(class, Class::VersionWithoutVynil | Class::Other) {
+            entry.insert(KeepReason::Unmanaged);
+        }
+    }
+    add_digest_reasons(tags, &classes, &mut reasons);
+
+    let mut entries: Vec<(Option<Tag>, PlanEntry)> = tags
+        .iter()
+        .zip(&classes)
+        .map(|(tag, class)| {
+            let kept = reasons.get(&tag.name).filter(|r| !r.is_empty());
+            let decision = match (kept, class) {
+                (Some(r), _) => Decision::Keep(r.iter().cloned().collect()),
+                (None, Class::Artifact(a)) => Decision::Delete(DeleteReason::OrphanedArtifact {
+                    kind: a.kind,
+                    subject: a.subject.clone(),
+                }),
+                (None, _) => Decision::Delete(DeleteReason::Superseded),
+            };
+            let entry = PlanEntry {
+                tag: tag.name.clone(),
+                digest: tag.digest.clone(),
+                decision,
+            };
+            (Tag::parse(&tag.name), entry)
+        })
+        .collect();
+    entries.sort_by(|(va, a), (vb, b)| match (va, vb) {
+        (Some(x), Some(y)) => y.cmp(x),
+        (Some(_), None) => std::cmp::Ordering::Less,
+        (None, Some(_)) => std::cmp::Ordering::Greater,
+        (None, None) => a.tag.cmp(&b.tag),
+    });
+    entries.dedup_by(|(_, a), (_, b)| a.tag == b.tag);
+
+    Ok(RetentionPlan {
+        entries: entries.into_iter().map(|(_, e)| e).collect(),
+        fingerprint: fingerprint(tags, usage, config),
+        usage_unknown: matches!(usage, Usage::Unknown),
+        breakpoints,
+    })
+}
+
+type Reasons = BTreeMap<String, BTreeSet<KeepReason>>;
+
+fn classify(tag: &RepositoryTag) -> Class<'_> {
+    if let Some(version) = Tag::parse(&tag.name) {
+        return match &tag.metadata {
+            TagMetadata::Vynil(content) => Class::Version(version, content),
+            _ => Class::VersionWithoutVynil,
+        };
+    }
+    match ArtifactTag::parse(&tag.name) {
+        Some(artifact) => Class::Artifact(artifact),
+        None => Class::Other,
+    }
+}
+
+/// The configured framework and every distinct `vynil_version` requirement.
+fn breakpoints<'a>(
+    configured: &Version,
+    contents: impl Iterator<Item = &'a PackageContent>,
+) -> Vec<Version> {
+    let mut set: BTreeSet<Version> = contents.flat_map(|c| c.vynil_versions()).collect();
+    set.insert(configured.clone());
+    set.into_iter().collect()
+}
+
+fn add_view_reasons(
+    tags: &[RepositoryTag],
+    contents: &BTreeMap<&str, &PackageContent>,
+    breakpoints: &[Version],
+    configured: &Version,
+    reasons: &mut Reasons,
+) {
+    // The configured framework first; other breakpoints add a reason only
+    // where the configured one gave none of that kind for that channel.
+    let mut order: Vec<&Version> = vec![configured];
+    order.extend(breakpoints.iter().filter(|b| *b != configured));
+    for framework in order {
+        for channel in Channel::ALL {
+            let viewer = Viewer {
+                channel,
+                framework: framework.clone(),
+            };
+            let view = compute_view(tags.iter().map(|t| t.name.as_str()), &viewer, true, |tag| {
+                contents.get(tag.as_str()).copied()
+            });
+            for entry in view.entries {
+                let framework = (framework != configured).then(|| framework.clone());
+                let reason = match entry.role {
+                    Role::Head => KeepReason::ChannelHead { channel, framework },
+                    Role::Waypoint { minimum } => KeepReason::Waypoint {
+                        channel,
+                        framework,
+                        minimum,
+                    },
+                    Role::NewestOfType(package_type) => KeepReason::TypeInView {
+                        channel,
+                        framework,
+                        package_type,
+                    },
+                };
+                let set = reasons.entry(entry.tag.as_str().to_string()).or_default();
+                if is_configured(&reason) || !set.iter().any(|r| same_kind(r, &reason)) {
+                    set.insert(reason);
+                }
+            }
+        }
+    }
+}
+
+fn is_configured(reason: &KeepReason) -> bool {
+    match reason {
+        KeepReason::ChannelHead { framework, .. }
+        | KeepReason::Waypoint { framework, .. }
+        | KeepReason::TypeInView { framework, .. } => framework.is_none(),
+        _ => true,
+    }
+}
+
+fn same_kind(a: &KeepReason, b: &KeepReason) -> bool {
+    match (a, b) {
+        (
+            KeepReason::ChannelHead { channel: x, .. },
+            KeepReason::ChannelHead { channel: y, .. },
+        )
+        | (KeepReason::Waypoint { channel: x, .. }, KeepReason::Waypoint { channel: y, .. })
+        | (KeepReason::TypeInView { channel: x, .. }, KeepReason::TypeInView { channel: y, .. }) => {
+            x == y
+        }
+        _ => false,
+    }
+}
+
+fn add_newest_of_each_type(classes: &[Class], reasons: &mut Reasons) {
+    let mut newest: BTreeMap<PackageType, &Tag> = BTreeMap::new();
+    for class in classes {
+        if let Class::Version(tag, content) = class {
+            let slot = newest.entry(content.package_type()).or_insert(tag);
+            if tag > *slot {
+                *slot = tag;
+            }
+        }
+    }
+    for (package_type, tag) in newest {
+        reasons
+            .entry(tag.as_str().to_string())
+            .or_default()
+            .insert(KeepReason::NewestOfType(package_type));
+    }
+}
+
+/// Deletion is by digest: a tag sharing a kept digest is kept, and so is an
+/// artifact of a kept digest. Repeated until nothing changes, since keeping an
+/// artifact keeps its own digest (and its artifacts) in turn.
+fn add_digest_reasons(tags: &[RepositoryTag], classes: &[Class], reasons: &mut Reasons) {
+    loop {
+        // The first kept tag (by name) of each kept digest names it in reasons.
+        let mut kept_digests: BTreeMap<&str, &str> = BTreeMap::new();
+        for tag in tags {
+            if reasons.get(&tag.name).is_some_and(|r| !r.is_empty()) {
+                let slot = kept_digests
+                    .entry(tag.digest.as_str())
+                    .or_insert(tag.name.as_str());
+                if tag.name.as_str() < *slot {
+                    *slot = tag.name.as_str();
+                }
+            }
+        }
+        let mut added = false;
+        for (tag, class) in tags.iter().zip(classes) {
+            if reasons.get(&tag.name).is_some_and(|r| !r.is_empty()) {
+                continue;
+            }
+            let reason = if let Some(of) = kept_digests.get(tag.digest.as_str()) {
+                Some(KeepReason::Alias { of: of.to_string() })
+            } else if let Class::Artifact(artifact) = class {
+                kept_digests
+                    .get(artifact.subject.as_str())
+                    .map(|of| KeepReason::Artifact {
+                        kind: artifact.kind,
+                        of: of.to_string(),
+                    })
+            } else {
+                None
+            };
+            if let Some(reason) = reason {
+                reasons.entry(tag.name.clone()).or_default().insert(reason);
+                added = true;
+            }
+        }
+        if !added {
+            return;
+        }
+    }
+}
+
+/// Hash of a canonical form of every input (sorted, keys ordered).
+fn fingerprint(tags: &[RepositoryTag], usage: &Usage, config: &RetentionConfig) -> String {
+    let mut tag_values: Vec<Value> = tags
+        .iter()
+        .map(|t| {
+            let metadata = match &t.metadata {
+                TagMetadata::Vynil(content) => serde_json::to_value(content).unwrap_or(Value::Null),
+                TagMetadata::NotVynil => json!("not-vynil"),
+                TagMetadata::Unreadable(_) => json!("unreadable"),
+            };
+            json!([t.name, t.digest, metadata])
+        })
+        .collect();
+    tag_values.sort_by_key(canonical);
+    let usage = match usage {
+        Usage::Unknown => json!("unknown"),
+        Usage::Known(used) => {
+            let mut used: Vec<Value> = used
+                .iter()
+                .map(|r| json!([r.tag, r.digest, r.instance, format!("{:?}", r.usage)]))
+                .collect();
+            used.sort_by_key(canonical);
+            Value::Array(used)
+        }
+    };
+    let mut pins: Vec<&str> = config.pins.iter().map(|(p, _)| p.as_str()).collect();
+    pins.sort_unstable();
+    let input = json!({
+        "schema": 1,
+        "framework": config.framework.to_string(),
+        "pins": pins,
+        "tags": tag_values,
+        "usage": usage,
+    });
+    format!(
+        "sha256:{}",
+        hex::encode(Sha256::digest(canonical(&input).as_bytes()))
+    )
+}
+
+/// JSON text with object keys sorted at every depth, whatever map order
+/// serde_json was built with.
+pub(crate) fn canonical(value: &Value) -> String {
+    match value {
+        Value::Object(map) => {
+            let mut keys: Vec<&String> = map.keys().collect();
+            keys.sort();
+            let body: Vec<String> = keys
+                .into_iter()
+                .map(|k| format!("{}:{}", Value::String(k.clone()), canonical(&map[k])))
+                .collect();
+            format!("{{{}}}", body.join(","))
+        }
+        Value::Array(items) => format!(
+            "[{}]",
+            items.iter().map(canonical).collect::<Vec<_>>().join(",")
+        ),
+        other => other.to_string(),
+    }
+}
+
+fn version_suffix(framework: &Option<Version>) -> String {
+    framework
+        .as_ref()
+        .map(|v| format!(" on vynil {v}"))
+        .unwrap_or_default()
+}
+
+impl fmt::Display for KeepReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KeepReason::ChannelHead { channel, framework } => {
+                write!(f, "head of {channel}{}", version_suffix(framework))
+            }
+            KeepReason::Waypoint {
+                channel,
+                framework,
+                minimum: Some(min),
+            } => write!(
+                f,
+                "waypoint min {min} ({channel}{})",
+                version_suffix(framework)
+            ),
+            KeepReason::Waypoint {
+                channel,
+                framework,
+                minimum: None,
+            } => write!(
+                f,
+                "waypoint reachable from any version ({channel}{})",
+                version_suffix(framework)
+            ),
+            KeepReason::TypeInView {
+                channel,
+                framework,
+                package_type,
+            } => write!(
+                f,
+                "newest {package_type} revision shown to {channel}{}",
+                version_suffix(framework)
+            ),
+            KeepReason::NewestOfType(package_type) => write!(f, "last {package_type} revision"),
+            KeepReason::Used {
+                instance,
+                usage: RevisionUse::Installed,
+            } => write!(f, "installed by {instance}"),
+            KeepReason::Used {
+                instance,
+                usage: RevisionUse::Installing,
+            } => write!(f, "being installed by {instance}"),
+            KeepReason::Used {
+                instance,
+                usage: RevisionUse::Pinned,
+            } => write!(f, "pinned by {instance} (initFrom.version)"),
+            KeepReason::Pinned { pattern } => write!(f, "pinned (retention pattern {pattern})"),
+            KeepReason::Artifact { kind, of } => write!(f, "{} of {of}", kind.noun()),
+            KeepReason::Alias { of } => write!(f, "alias of {of} (same digest)"),
+            KeepReason::Unmanaged => f.write_str("unmanaged"),
+        }
+    }
+}
+
+impl fmt::Display for DeleteReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeleteReason::Superseded => f.write_str("superseded"),
+            DeleteReason::OrphanedArtifact { kind, subject } => {
+                write!(f, "orphaned {} of {subject}", kind.noun())
+            }
+        }
+    }
+}

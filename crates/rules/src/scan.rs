@@ -1,0 +1,130 @@
+//! Partial scans and the status merge (reference §3.3, §3.9; upstream #9).
+//!
+//! A partial scan filter is `<category>` or `<category>/<name>`, validated
+//! (upstream split it differently in two places). It selects the repositories
+//! of the known catalog entries it matches, so a filter matching nothing reads
+//! nothing. The merge replaces only what the scan owns: entries matching the
+//! filter in repositories that were scanned successfully. A repository whose
+//! scan failed keeps its previous entries, and everything outside the filter
+//! stays where it was.
+
+use std::fmt;
+
+use crate::{RulesError, package::Package};
+
+/// A validated partial-scan filter.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ScanFilter {
+    pub category: String,
+    pub name: Option<String>,
+}
+
+impl ScanFilter {
+    pub fn parse(raw: &str) -> Result<Self, RulesError> {
+        let invalid = |problem: &str| RulesError::ScanFilter {
+            filter: raw.to_string(),
+            problem: problem.to_string(),
+        };
+        let segments: Vec<&str> = raw.split('/').collect();
+        if segments.len() > 2 {
+            return Err(invalid("has more than two segments"));
+        }
+        if segments.iter().any(|s| s.is_empty()) {
+            return Err(invalid("has an empty segment"));
+        }
+        if segments
+            .iter()
+            .any(|s| s.chars().any(|c| c.is_whitespace() || c.is_control()))
+        {
+            return Err(invalid("contains whitespace or control characters"));
+        }
+        Ok(ScanFilter {
+            category: segments[0].to_string(),
+            name: segments.get(1).map(|s| s.to_string()),
+        })
+    }
+
+    pub fn matches(&self, package: &Package) -> bool {
+        package.category() == self.category
+            && self.name.as_deref().is_none_or(|n| package.name() == n)
+    }
+}
+
+impl fmt::Display for ScanFilter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.name {
+            Some(name) => write!(f, "{}/{name}", self.category),
+            None => f.write_str(&self.category),
+        }
+    }
+}
+
+/// A repository to scan: `(registry, image)`.
+pub type Repository = (String, String);
+
+/// The repositories a partial scan reads: those of known entries matching the
+/// filter, deduplicated, in list order. Empty when nothing matches (never a
+/// fallback to a full scan).
+pub fn repositories_for(known: &[Package], filter: &ScanFilter) -> Vec<Repository> {
+    let mut repositories: Vec<Repository> = Vec::new();
+    for package in known.iter().filter(|p| filter.matches(p)) {
+        let repository = (package.registry.clone(), package.image.clone());
+        if !repositories.contains(&repository) {
+            repositories.push(repository);
+        }
+    }
+    repositories
+}
+
+/// What scanning one repository gave.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RepositoryOutcome {
+    /// The repository's view, newest first.
+    Scanned(Vec<Package>),
+    /// The scan failed: previous entries are kept.
+    Failed,
+}
+
+/// The new `status.packages`.
+///
+/// Full scan (`filter` = `None`): the scanned repositories in scan order, each
+/// with its new view, or with its previous entries if its scan failed.
+/// Partial scan: previous entries stay in place except those matching the
+/// filter in successfully scanned repositories; the new views are appended.
+pub fn merge_packages(
+    previous: &[Package],
+    filter: Option<&ScanFilter>,
+    outcomes: &[(Repository, RepositoryOutcome)],
+) -> Vec<Package> {
+    let in_repository =
+        |p: &Package, (registry, image): &Repository| p.registry == *registry && p.image == *image;
+    match filter {
+        None => outcomes
+            .iter()
+            .flat_map(|(repository, outcome)| match outcome {
+                RepositoryOutcome::Scanned(found) => found.clone(),
+                RepositoryOutcome::Failed => previous
+                    .iter()
+                    .filter(|p| in_repository(p, repository))
+                    .cloned()
+                    .collect(),
+            })
+            .collect(),
+        Some(filter) => {
+            let replaced = |p: &Package| {
+                filter.matches(p)
+                    && outcomes.iter().any(|(r, o)| {
+                        matches!(o, RepositoryOutcome::Scanned(_)) && in_repository(p, r)
+                    })
+            };
+            let mut merged: Vec<Package> =
+                previous.iter().filter(|p| !replaced(p)).cloned().collect();
+            for (_, outcome) in outcomes {
+                if let RepositoryOutcome::Scanned(found) = outcome {
+                    merged.extend(found.iter().cloned());
+                }
+            }
+            merged
+        }
+    }
+}

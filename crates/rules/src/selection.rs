@@ -1,0 +1,341 @@
+//! Which revision an instance installs, and which one deletes it.
+//!
+//! **Install** is upstream's strict filter (reference §5.4): same category and
+//! name, same type as the instance kind, a minimum previous version the
+//! installed tag satisfies (true when either does not parse), a framework
+//! version that satisfies every `vynil_version`; newest first. When nothing
+//! matches, [`NoMatch`] says which criterion excluded the last candidates.
+//!
+//! **Cleanup** (upstream #12 C) is a decision, in order: the revision recorded
+//! at install time if its tag still resolves to the recorded digest; else the
+//! strict catalog lookup (which the type-aware view makes succeed after a type
+//! change); else no hot error loop but `[E_PACKAGE_GONE]`/`[E_JUKEBOX_GONE]`
+//! naming what is missing and the two ways out; and only when the instance
+//! carries `vynil.solidite.fr/delete-without-package: "true"`, a best-effort
+//! delete of the recorded children without package hooks. An outage (registry
+//! or catalog unreachable) is never read as "gone": the answer is to retry.
+
+use std::fmt;
+
+use semver::Version;
+
+use crate::{
+    channel::{framework_shortfall, runs_on},
+    package::{Package, PackageType},
+    tag::Tag,
+};
+
+/// The annotation that authorises a delete without package hooks.
+pub const DELETE_WITHOUT_PACKAGE: &str = "vynil.solidite.fr/delete-without-package";
+
+/// What an instance asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InstallQuery<'a> {
+    pub jukebox: &'a str,
+    pub category: &'a str,
+    pub name: &'a str,
+    pub package_type: PackageType,
+    /// `status.tag`; `None` or empty for a fresh install.
+    pub installed_tag: Option<&'a str>,
+    pub framework: &'a Version,
+}
+
+/// The criterion that excluded the last candidates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exclusion {
+    Jukebox,
+    CategoryName,
+    Type,
+    MinimumVersion,
+    FrameworkVersion,
+}
+
+impl Exclusion {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Exclusion::Jukebox => "jukebox",
+            Exclusion::CategoryName => "category+name",
+            Exclusion::Type => "type",
+            Exclusion::MinimumVersion => "minimum version",
+            Exclusion::FrameworkVersion => "framework version",
+        }
+    }
+}
+
+/// Why no revision matched, for a human.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NoMatch {
+    pub excluded_by: Exclusion,
+    pub reason: String,
+}
+
+impl fmt::Display for NoMatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.reason)
+    }
+}
+
+impl NoMatch {
+    pub fn jukebox_missing(jukebox: &str) -> Self {
+        NoMatch {
+            excluded_by: Exclusion::Jukebox,
+            reason: format!("JukeBox {jukebox} is missing from the catalog"),
+        }
+    }
+}
+
+/// Upstream's `is_min_version_ok`: true when the installed tag or the minimum
+/// does not parse, else installed ≥ minimum.
+pub fn reachable_from(installed_tag: Option<&str>, package: &Package) -> bool {
+    let Some(installed) = installed_tag.and_then(Tag::parse) else {
+        return true;
+    };
+    match package.content.minimum_previous_version() {
+        Some(minimum) => installed.version().cmp_precedence(&minimum) != std::cmp::Ordering::Less,
+        None => true,
+    }
+}
+
+/// The newest revision `query` may install from `packages` (a JukeBox's list).
+pub fn select_install<'p>(
+    packages: &'p [Package],
+    query: &InstallQuery,
+) -> Result<&'p Package, NoMatch> {
+    let subject = format!("{}/{}", query.category, query.name);
+    let mut same_name: Vec<&Package> = packages
+        .iter()
+        .filter(|p| p.category() == query.category && p.name() == query.name)
+        .collect();
+    if same_name.is_empty() {
+        return Err(NoMatch {
+            excluded_by: Exclusion::CategoryName,
+            reason: format!("no package {subject} in JukeBox {}", query.jukebox),
+        });
+    }
+    // Newest first; a stable sort keeps list order among equal tags.
+    same_name.sort_by(|a, b| Tag::parse(&b.tag).cmp(&Tag::parse(&a.tag)));
+
+    let of_type: Vec<&Package> = same_name
+        .iter()
+        .copied()
+        .filter(|p| p.package_type() == query.package_type)
+        .collect();
+    if of_type.is_empty() {
+        return Err(NoMatch {
+            excluded_by: Exclusion::Type,
+            reason: format!(
+                "no {} revision of {subject} (only {})",
+                query.package_type,
+                describe_by_type(&same_name)
+            ),
+        });
+    }
+    let installed = query.installed_tag.filter(|t| !t.is_empty());
+    let reachable: Vec<&Package> = of_type
+        .iter()
+        .copied()
+        .filter(|p| reachable_from(installed, p))
+        .collect();
+    if reachable.is_empty() {
+        let needs: Vec<String> = of_type
+            .iter()
+            .filter_map(|p| {
+                p.content
+                    .minimum_previous_version()
+                    .map(|m| format!("{} needs ≥ {m}", p.tag))
+            })
+            .collect();
+        return Err(NoMatch {
+            excluded_by: Exclusion::MinimumVersion,
+            reason: format!(
+                "no {} revision of {subject} can upgrade from installed {}: {}",
+                query.package_type,
+                installed.unwrap_or_default(),
+                needs.join(", ")
+            ),
+        });
+    }
+    if let Some(found) = reachable
+        .iter()
+        .copied()
+        .find(|p| runs_on(&p.content, query.framework))
+    {
+        return Ok(found);
+    }
+    let needs: Vec<String> = reachable
+        .iter()
+        .filter_map(|p| {
+            framework_shortfall(&p.content, query.framework)
+                .map(|v| format!("{} needs vynil {v}", p.tag))
+        })
+        .collect();
+    Err(NoMatch {
+        excluded_by: Exclusion::FrameworkVersion,
+        reason: format!(
+            "every {} revision of {subject} needs a newer vynil than {} ({}): upgrade vynil first",
+            query.package_type,
+            query.framework,
+            needs.join(", ")
+        ),
+    })
+}
+
+/// "service: 0.1.10, 0.1.9; system: 1.0.0"
+fn describe_by_type(packages: &[&Package]) -> String {
+    PackageType::ALL
+        .iter()
+        .filter_map(|t| {
+            let tags: Vec<&str> = packages
+                .iter()
+                .filter(|p| p.package_type() == *t)
+                .map(|p| p.tag.as_str())
+                .collect();
+            (!tags.is_empty()).then(|| format!("{t}: {}", tags.join(", ")))
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// What lifecycle recorded at install time (`status.package`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordedRevision {
+    pub registry: String,
+    pub image: String,
+    pub tag: String,
+    pub digest: String,
+    pub package_type: PackageType,
+}
+
+/// Whether the recorded tag still points at the recorded digest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RecordedCheck {
+    Resolves,
+    /// The tag is gone or points elsewhere.
+    Gone,
+    /// The registry could not be asked (outage): not the same as gone.
+    Unknown(String),
+}
+
+/// What the catalog knows of the instance's JukeBox.
+#[derive(Debug, Clone, Copy)]
+pub enum CatalogState<'a> {
+    Loaded(&'a [Package]),
+    JukeboxMissing,
+    /// The catalog could not answer: not the same as missing.
+    Unavailable,
+}
+
+#[derive(Debug, Clone)]
+pub struct CleanupQuery<'a> {
+    pub install: InstallQuery<'a>,
+    pub recorded: Option<(&'a RecordedRevision, RecordedCheck)>,
+    pub catalog: CatalogState<'a>,
+    /// `have_child()`: status records something to delete.
+    pub has_children: bool,
+    /// The instance carries [`DELETE_WITHOUT_PACKAGE`] = `"true"`.
+    pub delete_without_package: bool,
+}
+
+/// Which revision's hooks delete the instance, or why none can.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CleanupDecision {
+    /// Run the delete Job from the recorded revision.
+    UseRecorded(RecordedRevision),
+    /// Run the delete Job from this catalog revision.
+    UseCatalog(Box<Package>),
+    /// No package and nothing recorded to delete: remove the finalizer.
+    NothingToDelete,
+    /// No package: a condition, a Warning event, a requeue with backoff.
+    Gone(PackageGone),
+    /// Authorised: delete the recorded children without package hooks.
+    DeleteWithoutPackage { warning: String },
+    /// Something could not be asked; try again later.
+    Retry { why: String },
+}
+
+/// `[E_PACKAGE_GONE]` / `[E_JUKEBOX_GONE]` and what to do about it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PackageGone {
+    pub code: &'static str,
+    pub missing: String,
+    pub why: String,
+    pub ways_out: Vec<String>,
+}
+
+impl PackageGone {
+    /// The condition message: the code in brackets first, upstream's style.
+    pub fn condition_message(&self) -> String {
+        format!(
+            "[{}] {}: {}. Ways out: {}",
+            self.code,
+            self.missing,
+            self.why,
+            self.ways_out.join("; or ")
+        )
+    }
+}
+
+pub fn select_cleanup(query: &CleanupQuery) -> CleanupDecision {
+    let install = &query.install;
+    let subject = format!("{}/{}", install.category, install.name);
+    let mut outage = None;
+    if let Some((recorded, check)) = &query.recorded {
+        match check {
+            RecordedCheck::Resolves => return CleanupDecision::UseRecorded((*recorded).clone()),
+            RecordedCheck::Gone => {}
+            RecordedCheck::Unknown(why) => {
+                outage = Some(format!(
+                    "cannot check recorded {}:{}: {why}",
+                    recorded.image, recorded.tag
+                ))
+            }
+        }
+    }
+    let (code, why) = match query.catalog {
+        CatalogState::Unavailable => {
+            return CleanupDecision::Retry {
+                why: outage.unwrap_or_else(|| "the catalog is unavailable".into()),
+            };
+        }
+        CatalogState::Loaded(packages) => match select_install(packages, install) {
+            Ok(package) => return CleanupDecision::UseCatalog(Box::new(package.clone())),
+            Err(no_match) => ("E_PACKAGE_GONE", no_match.reason),
+        },
+        CatalogState::JukeboxMissing => (
+            "E_JUKEBOX_GONE",
+            NoMatch::jukebox_missing(install.jukebox).reason,
+        ),
+    };
+    if let Some(why) = outage {
+        return CleanupDecision::Retry { why };
+    }
+    if !query.has_children {
+        return CleanupDecision::NothingToDelete;
+    }
+    if query.delete_without_package {
+        return CleanupDecision::DeleteWithoutPackage {
+            warning: format!(
+                "deleting the recorded children of this {} instance of {subject} without its package: no package hooks ran, so anything the package created indirectly (PVCs of operators, external state) may remain",
+                install.package_type
+            ),
+        };
+    }
+    CleanupDecision::Gone(PackageGone {
+        code,
+        missing: format!(
+            "no {} revision of {subject} in JukeBox {} can delete this instance",
+            install.package_type, install.jukebox
+        ),
+        why,
+        ways_out: vec![
+            format!(
+                "publish or restore a {} revision of {subject} (e.g. the installed {}) and rescan the JukeBox",
+                install.package_type,
+                install.installed_tag.unwrap_or("tag")
+            ),
+            format!(
+                "annotate the instance with {DELETE_WITHOUT_PACKAGE}=\"true\" to delete its recorded children without package hooks"
+            ),
+        ],
+    })
+}

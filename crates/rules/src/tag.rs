@@ -1,0 +1,202 @@
+//! Which tags are package versions, and how they are ordered.
+//!
+//! A package version is a strict SemVer 2.0 tag with an optional leading `v`
+//! kept as published (upstream's "security filter", reference §3.4). Anything
+//! else — cosign `sha256-….sig`, `latest`, `4.0`, `01.0.0`, `trivy--x` — is not
+//! a version. Cosign-convention artifact tags are recognised separately
+//! ([`ArtifactTag`]) because retention must keep those of kept digests.
+
+use std::{cmp::Ordering, fmt};
+
+use semver::Version;
+
+/// A tag that is a package version.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Tag {
+    raw: String,
+    version: Version,
+}
+
+impl Tag {
+    /// `Some` iff `raw` is a strict SemVer version, optionally prefixed by `v`.
+    pub fn parse(raw: &str) -> Option<Tag> {
+        let digits = raw.strip_prefix('v').unwrap_or(raw);
+        // semver accepts neither a leading zero, two components, nor spaces.
+        if !digits.starts_with(|c: char| c.is_ascii_digit()) {
+            return None;
+        }
+        let version = Version::parse(digits).ok()?;
+        Some(Tag {
+            raw: raw.to_string(),
+            version,
+        })
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.raw
+    }
+
+    pub fn version(&self) -> &Version {
+        &self.version
+    }
+
+    fn has_v(&self) -> bool {
+        self.raw.starts_with('v')
+    }
+}
+
+impl fmt::Display for Tag {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.raw)
+    }
+}
+
+/// SemVer precedence; then upstream's tie-break (`1.0.0` < `v1.0.0`); then the
+/// raw text, so that the order is total (build metadata has no precedence).
+impl Ord for Tag {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.version
+            .cmp_precedence(&other.version)
+            .then(self.has_v().cmp(&other.has_v()))
+            .then_with(|| self.raw.cmp(&other.raw))
+    }
+}
+
+impl PartialOrd for Tag {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+/// Parses every version tag among `tags` and sorts them newest first.
+pub fn versions_newest_first<'a>(tags: impl IntoIterator<Item = &'a str>) -> Vec<Tag> {
+    let mut versions: Vec<Tag> = tags.into_iter().filter_map(Tag::parse).collect();
+    versions.sort_by(|a, b| b.cmp(a));
+    versions
+}
+
+/// Kinds of cosign-convention artifacts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ArtifactKind {
+    Signature,
+    Attestation,
+    Sbom,
+}
+
+impl ArtifactKind {
+    pub fn noun(self) -> &'static str {
+        match self {
+            ArtifactKind::Signature => "signature",
+            ArtifactKind::Attestation => "attestation",
+            ArtifactKind::Sbom => "SBOM",
+        }
+    }
+}
+
+/// A tag `sha256-<64 hex>.<sig|att|sbom>`: an artifact of the manifest whose
+/// digest is `sha256:<hex>`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ArtifactTag {
+    pub kind: ArtifactKind,
+    /// `sha256:<hex>`
+    pub subject: String,
+}
+
+impl ArtifactTag {
+    pub fn parse(raw: &str) -> Option<ArtifactTag> {
+        let rest = raw.strip_prefix("sha256-")?;
+        let (hex, suffix) = rest.split_once('.')?;
+        let kind = match suffix {
+            "sig" => ArtifactKind::Signature,
+            "att" => ArtifactKind::Attestation,
+            "sbom" => ArtifactKind::Sbom,
+            _ => return None,
+        };
+        let valid_hex =
+            hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+        valid_hex.then(|| ArtifactTag {
+            kind,
+            subject: format!("sha256:{hex}"),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_strict_semver_tags_are_versions() {
+        let table = [
+            ("1.0.0", true),
+            ("v1.0.0", true),
+            ("1.1.0-rc.1", true),
+            ("1.0.0-beta.2+build.5", true),
+            ("4.0", false),
+            ("latest", false),
+            ("01.0.0", false),
+            ("1.0.0 ", false),
+            ("V1.0.0", false),
+            ("vv1.0.0", false),
+            ("trivy--x", false),
+            ("sha256-abc.sig", false),
+            ("", false),
+            ("1.0.0.0", false),
+        ];
+        for (raw, expected) in table {
+            assert_eq!(Tag::parse(raw).is_some(), expected, "{raw:?}");
+        }
+    }
+
+    #[test]
+    fn a_leading_v_is_kept_as_published() {
+        assert_eq!(Tag::parse("v1.2.3").unwrap().as_str(), "v1.2.3");
+    }
+
+    #[test]
+    fn versions_sort_by_semver_precedence_newest_first() {
+        let sorted = versions_newest_first([
+            "1.0.0",
+            "1.10.0",
+            "1.2.0",
+            "1.10.0-rc.1",
+            "latest",
+            "v1.0.0",
+            "2.0.0-alpha.10",
+            "2.0.0-alpha.9",
+        ]);
+        let raw: Vec<&str> = sorted.iter().map(Tag::as_str).collect();
+        assert_eq!(
+            raw,
+            [
+                "2.0.0-alpha.10",
+                "2.0.0-alpha.9",
+                "1.10.0",
+                "1.10.0-rc.1",
+                "1.2.0",
+                "v1.0.0",
+                "1.0.0"
+            ]
+        );
+    }
+
+    #[test]
+    fn cosign_artifact_tags_name_their_subject_digest() {
+        let hex = "a".repeat(64);
+        let sig = ArtifactTag::parse(&format!("sha256-{hex}.sig")).unwrap();
+        assert_eq!(sig.kind, ArtifactKind::Signature);
+        assert_eq!(sig.subject, format!("sha256:{hex}"));
+        assert_eq!(
+            ArtifactTag::parse(&format!("sha256-{hex}.sbom"))
+                .unwrap()
+                .kind,
+            ArtifactKind::Sbom
+        );
+        assert!(
+            ArtifactTag::parse("sha256-abc.sig").is_none(),
+            "short digest"
+        );
+        assert!(ArtifactTag::parse(&format!("sha256-{hex}.txt")).is_none());
+        assert!(ArtifactTag::parse(&format!("sha256-{}.sig", "A".repeat(64))).is_none());
+    }
+}

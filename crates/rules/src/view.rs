@@ -1,0 +1,447 @@
+//! What a consumer may be shown of one repository: the waypoint descent and the
+//! type-aware view (reference §3.6, §3.10; DESIGN "Rules").
+//!
+//! **Waypoints** (upstream's *code* semantics): walk the version tags admitted
+//! by the channel, newest first. Stop at a tag without Vynil annotations. Skip a
+//! revision whose `vynil_version` exceeds the framework. Skip a revision whose
+//! minimum is ≥ the last kept minimum (redundant inside the current epoch).
+//! Keep every other revision, and stop right after keeping one without a
+//! minimum (it is reachable from anything).
+//! `4.0.0(min 3.0.0), 3.5.0(min 2.0.0), 3.0.0(min 2.0.0), 2.5.0, 1.5.0` →
+//! `[4.0.0, 3.5.0, 2.5.0]`.
+//!
+//! *Erratum of upstream's docs*: `docs/concepts.md` lists `1.5` too; its code
+//! never visits `1.5` (the descent stops at `2.5`, which is reachable from
+//! `1.5` anyway). We follow the code.
+//!
+//! **Type-aware view** (upstream #12 B): after the waypoints, keep descending,
+//! skipping tags without annotations and revisions the framework cannot run,
+//! and add the newest revision of every package `type` not yet represented.
+//! `0.1.10(service), 0.1.9(service), 0.1.8(tenant)` → `[0.1.10, 0.1.8]`.
+//! Without it the tenant revision is invisible, so an installed TenantInstance
+//! can no longer find the package that deletes it: upstream #12's zombie.
+//! With a single type in the repository the view equals upstream's.
+//!
+//! The descent is a sans-I/O state machine ([`ViewBuilder`]): it says which
+//! tag's metadata it needs next, so the scanner reads only those manifests, and
+//! [`compute_view`] runs it against metadata already at hand.
+
+use std::collections::BTreeSet;
+
+use semver::Version;
+
+use crate::{
+    channel::{Channel, runs_on},
+    package::{PackageContent, PackageType},
+    tag::Tag,
+};
+
+/// Who looks: a channel and the framework version it runs.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Viewer {
+    pub channel: Channel,
+    pub framework: Version,
+}
+
+/// Why a revision is in a view.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Role {
+    /// The newest revision the viewer may install.
+    Head,
+    /// A migration step: the minimum it needs, or `None` when it needs none
+    /// (the descent stops after it).
+    Waypoint { minimum: Option<Version> },
+    /// The newest revision of a type the waypoints did not represent.
+    NewestOfType(PackageType),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ViewEntry {
+    pub tag: Tag,
+    pub role: Role,
+    pub package_type: PackageType,
+}
+
+/// The revisions shown to one viewer, newest first.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct View {
+    pub entries: Vec<ViewEntry>,
+    /// How many tags' metadata the descent needed.
+    pub lookups: usize,
+}
+
+impl View {
+    pub fn tags(&self) -> Vec<&str> {
+        self.entries.iter().map(|e| e.tag.as_str()).collect()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Waypoints,
+    Types,
+    Done,
+}
+
+/// The descent as a state machine: call [`ViewBuilder::next_needed`], look the
+/// tag's metadata up, [`ViewBuilder::provide`] it, repeat until `None`.
+#[derive(Debug, Clone)]
+pub struct ViewBuilder {
+    viewer: Viewer,
+    type_aware: bool,
+    candidates: Vec<Tag>,
+    position: usize,
+    phase: Phase,
+    last_minimum: Option<Version>,
+    types: BTreeSet<PackageType>,
+    view: View,
+}
+
+impl ViewBuilder {
+    /// `tags`: every tag of the repository (non-versions are ignored).
+    pub fn new<'a>(
+        tags: impl IntoIterator<Item = &'a str>,
+        viewer: Viewer,
+        type_aware: bool,
+    ) -> Self {
+        let mut candidates: Vec<Tag> = tags
+            .into_iter()
+            .filter(|raw| viewer.channel.admits(raw))
+            .filter_map(Tag::parse)
+            .collect();
+        candidates.sort_by(|a, b| b.cmp(a));
+        candidates.dedup();
+        let phase = if candidates.is_empty() {
+            Phase::Done
+        } else {
+            Phase::Waypoints
+        };
+        Self {
+            viewer,
+            type_aware,
+            candidates,
+            position: 0,
+            phase,
+            last_minimum: None,
+            types: BTreeSet::new(),
+            view: View::default(),
+        }
+    }
+
+    /// The tag whose metadata is needed next; `None` once the view is complete.
+    pub fn next_needed(&self) -> Option<&Tag> {
+        match self.phase {
+            Phase::Done => None,
+            _ => self.candidates.get(self.position),
+        }
+    }
+
+    /// The metadata of [`ViewBuilder::next_needed`]: `None` when the manifest
+    /// carries no Vynil annotations.
+    pub fn provide(&mut self, content: Option<&PackageContent>) {
+        let Some(tag) = self.candidates.get(self.position).cloned() else {
+            self.phase = Phase::Done;
+            return;
+        };
+        self.view.lookups += 1;
+        self.position += 1;
+        match (self.phase, content) {
+            (Phase::Done, _) => {}
+            (Phase::Waypoints, None) => self.end_waypoints(),
+            (Phase::Waypoints, Some(content)) => self.waypoint_step(tag, content),
+            (Phase::Types, None) => {}
+            (Phase::Types, Some(content)) => self.type_step(tag, content),
+        }
+        if self.position >= self.candidates.len() {
+            self.phase = Phase::Done;
+        }
+    }
+
+    fn waypoint_step(&mut self, tag: Tag, content: &PackageContent) {
+        if !runs_on(content, &self.viewer.framework) {
+            return;
+        }
+        let minimum = content.minimum_previous_version();
+        if let (Some(last), Some(min)) = (&self.last_minimum, &minimum) {
+            if min.cmp_precedence(last) != std::cmp::Ordering::Less {
+                return;
+            }
+        }
+        let role = if self.view.entries.is_empty() {
+            Role::Head
+        } else {
+            Role::Waypoint {
+                minimum: minimum.clone(),
+            }
+        };
+        self.keep(tag, role, content.package_type());
+        match minimum {
+            Some(min) => self.last_minimum = Some(min),
+            None => self.end_waypoints(),
+        }
+    }
+
+    fn end_waypoints(&mut self) {
+        self.phase = if self.type_aware && self.types.len() < PackageType::ALL.len() {
+            Phase::Types
+        } else {
+            Phase::Done
+        };
+    }
+
+    fn type_step(&mut self, tag: Tag, content: &PackageContent) {
+        let package_type = content.package_type();
+        if self.types.contains(&package_type) || !runs_on(content, &self.viewer.framework) {
+            return;
+        }
+        self.keep(tag, Role::NewestOfType(package_type), package_type);
+        if self.types.len() == PackageType::ALL.len() {
+            self.phase = Phase::Done;
+        }
+    }
+
+    fn keep(&mut self, tag: Tag, role: Role, package_type: PackageType) {
+        self.types.insert(package_type);
+        self.view.entries.push(ViewEntry {
+            tag,
+            role,
+            package_type,
+        });
+    }
+
+    pub fn finish(self) -> View {
+        self.view
+    }
+}
+
+/// Runs the descent against metadata at hand (`lookup` answers `None` for a
+/// tag without Vynil annotations).
+pub fn compute_view<'a, 'c>(
+    tags: impl IntoIterator<Item = &'a str>,
+    viewer: &Viewer,
+    type_aware: bool,
+    mut lookup: impl FnMut(&Tag) -> Option<&'c PackageContent>,
+) -> View {
+    let mut builder = ViewBuilder::new(tags, viewer.clone(), type_aware);
+    while let Some(tag) = builder.next_needed() {
+        let content = lookup(tag);
+        builder.provide(content);
+    }
+    builder.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+    use crate::testing::content;
+
+    /// `(tag, type, min, vynil)`; type "-" = no Vynil annotations.
+    type Row<'a> = (&'a str, &'a str, Option<&'a str>, Option<&'a str>);
+
+    fn view_of(rows: &[Row], channel: Channel, framework: &str, type_aware: bool) -> Vec<String> {
+        let contents: HashMap<&str, PackageContent> = rows
+            .iter()
+            .filter(|(_, kind, _, _)| *kind != "-")
+            .map(|(tag, kind, min, vynil)| (*tag, content(kind, *min, *vynil)))
+            .collect();
+        let viewer = Viewer {
+            channel,
+            framework: Version::parse(framework).unwrap(),
+        };
+        compute_view(rows.iter().map(|r| r.0), &viewer, type_aware, |tag| {
+            contents.get(tag.as_str())
+        })
+        .tags()
+        .into_iter()
+        .map(String::from)
+        .collect()
+    }
+
+    fn stable(rows: &[Row]) -> Vec<String> {
+        view_of(rows, Channel::Stable, "0.8.0", true)
+    }
+
+    #[test]
+    fn waypoints_follow_upstreams_code_not_its_docs() {
+        let rows = [
+            ("4.0.0", "tenant", Some("3.0.0"), None),
+            ("3.5.0", "tenant", Some("2.0.0"), None),
+            ("3.0.0", "tenant", Some("2.0.0"), None),
+            ("2.5.0", "tenant", None, None),
+            ("1.5.0", "tenant", None, None),
+        ];
+        assert_eq!(stable(&rows), ["4.0.0", "3.5.0", "2.5.0"]);
+    }
+
+    #[test]
+    fn a_chain_of_minima_keeps_every_step() {
+        let rows = [
+            ("4.0.0", "tenant", Some("3.0.0"), None),
+            ("3.0.0", "tenant", Some("2.0.0"), None),
+            ("2.0.0", "tenant", Some("1.0.0"), None),
+            ("1.0.0", "tenant", None, None),
+        ];
+        assert_eq!(stable(&rows), ["4.0.0", "3.0.0", "2.0.0", "1.0.0"]);
+    }
+
+    #[test]
+    fn without_minima_only_the_newest_is_shown() {
+        let rows = [
+            ("1.2.0", "tenant", None, None),
+            ("1.1.0", "tenant", None, None),
+            ("1.0.0", "tenant", None, None),
+        ];
+        assert_eq!(stable(&rows), ["1.2.0"]);
+    }
+
+    #[test]
+    fn maturity_filters_the_raw_tag_before_the_descent() {
+        let rows = [
+            ("1.3.0-alpha.1", "tenant", None, None),
+            ("1.2.0-beta.1", "tenant", None, None),
+            ("1.1.0-rc.1", "tenant", None, None),
+            ("1.0.0", "tenant", None, None),
+        ];
+        assert_eq!(
+            view_of(&rows, Channel::Stable, "0.8.0", true),
+            ["1.1.0-rc.1"]
+        );
+        assert_eq!(
+            view_of(&rows, Channel::Beta, "0.8.0", true),
+            ["1.2.0-beta.1"]
+        );
+        assert_eq!(
+            view_of(&rows, Channel::Alpha, "0.8.0", true),
+            ["1.3.0-alpha.1"]
+        );
+    }
+
+    #[test]
+    fn noise_tags_never_appear() {
+        let rows = [
+            ("sha256-abc.sig", "tenant", None, None),
+            ("latest", "tenant", None, None),
+            ("trivy--x", "tenant", None, None),
+            ("4.0", "tenant", None, None),
+            ("01.0.0", "tenant", None, None),
+            ("1.0.0", "tenant", None, None),
+        ];
+        assert_eq!(stable(&rows), ["1.0.0"]);
+    }
+
+    #[test]
+    fn a_revision_needing_a_newer_framework_is_skipped_for_the_next_lower() {
+        let rows = [
+            ("2.0.0", "tenant", None, Some("9.0.0")),
+            ("1.0.0", "tenant", None, None),
+        ];
+        assert_eq!(stable(&rows), ["1.0.0"]);
+        assert_eq!(view_of(&rows, Channel::Stable, "9.0.0", true), ["2.0.0"]);
+    }
+
+    #[test]
+    fn the_descent_stops_at_the_first_tag_without_vynil_annotations() {
+        let rows = [
+            ("3.0.0", "tenant", Some("2.0.0"), None),
+            ("2.5.0", "-", None, None),
+            ("2.0.0", "tenant", None, None),
+        ];
+        assert_eq!(stable(&rows), ["3.0.0"]);
+    }
+
+    #[test]
+    fn the_type_aware_view_adds_the_newest_revision_of_each_other_type() {
+        let rows = [
+            ("0.1.10", "service", None, None),
+            ("0.1.9", "service", Some("0.1.8"), None),
+            ("0.1.8", "tenant", Some("0.1.0"), None),
+            ("0.1.5", "tenant", None, None),
+        ];
+        assert_eq!(stable(&rows), ["0.1.10", "0.1.8"]);
+        assert_eq!(
+            view_of(&rows, Channel::Stable, "0.8.0", false),
+            ["0.1.10"],
+            "upstream today"
+        );
+    }
+
+    #[test]
+    fn the_type_aware_view_skips_unannotated_tags_and_future_frameworks() {
+        let rows = [
+            ("0.2.0", "service", None, None),
+            ("0.1.9", "-", None, None),
+            ("0.1.8", "tenant", None, Some("9.0.0")),
+            ("0.1.7", "tenant", None, None),
+            ("0.1.6", "system", None, None),
+            ("0.1.5", "system", None, None),
+        ];
+        assert_eq!(stable(&rows), ["0.2.0", "0.1.7", "0.1.6"]);
+    }
+
+    #[test]
+    fn the_builder_asks_only_for_the_tags_it_needs() {
+        let rows: Vec<Row> = vec![
+            ("3.0.0", "tenant", None, None),
+            ("2.0.0", "tenant", None, None),
+            ("1.0.0", "tenant", None, None),
+        ];
+        let contents: HashMap<&str, PackageContent> = rows
+            .iter()
+            .map(|(tag, kind, min, v)| (*tag, content(kind, *min, *v)))
+            .collect();
+        let viewer = Viewer {
+            channel: Channel::Stable,
+            framework: Version::new(0, 8, 0),
+        };
+        let plain = compute_view(rows.iter().map(|r| r.0), &viewer, false, |t| {
+            contents.get(t.as_str())
+        });
+        assert_eq!(
+            plain.lookups, 1,
+            "upstream stops after a revision without minimum"
+        );
+        let typed = compute_view(rows.iter().map(|r| r.0), &viewer, true, |t| {
+            contents.get(t.as_str())
+        });
+        assert_eq!(
+            typed.lookups, 3,
+            "looking for other types reads the rest once"
+        );
+        assert_eq!(typed.tags(), ["3.0.0"]);
+    }
+
+    #[test]
+    fn roles_say_why_each_revision_is_shown() {
+        let rows = [
+            ("4.0.0", "service", Some("3.0.0"), None),
+            ("3.5.0", "service", Some("2.0.0"), None),
+            ("2.5.0", "service", None, None),
+            ("2.0.0", "tenant", None, None),
+        ];
+        let contents: HashMap<&str, PackageContent> = rows
+            .iter()
+            .map(|(tag, kind, min, v)| (*tag, content(kind, *min, *v)))
+            .collect();
+        let viewer = Viewer {
+            channel: Channel::Stable,
+            framework: Version::new(0, 8, 0),
+        };
+        let view = compute_view(rows.iter().map(|r| r.0), &viewer, true, |t| {
+            contents.get(t.as_str())
+        });
+        let roles: Vec<Role> = view.entries.into_iter().map(|e| e.role).collect();
+        assert_eq!(
+            roles,
+            [
+                Role::Head,
+                Role::Waypoint {
+                    minimum: Some(Version::new(2, 0, 0))
+                },
+                Role::Waypoint { minimum: None },
+                Role::NewestOfType(PackageType::Tenant),
+            ]
+        );
+    }
+}
