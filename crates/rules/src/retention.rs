@@ -283,7 +283,7 @@ pub fn plan_retention(
         &mut reasons,
     );
     add_newest_of_each_type(&classes, &mut reasons);
-    for (tag, class) in tags.iter().zip(&classes) {
+    for tag in tags {
         let entry = reasons.entry(tag.name.clone()).or_default();
         if let Usage::Known(used) = usage {
             for revision in used {
@@ -304,7 +304,13 @@ pub fn plan_retention(
                 });
             }
         }
-        if matches!(class, Class::VersionWithoutVynil | Class::Other) {
+    }
+    add_digest_reasons(tags, &classes, &mut reasons);
+    // What is neither managed nor an artifact is kept: as the alias of a kept
+    // digest when it is one (more telling), else as unmanaged.
+    for (tag, class) in tags.iter().zip(&classes) {
+        let entry = reasons.entry(tag.name.clone()).or_default();
+        if entry.is_empty() && matches!(class, Class::VersionWithoutVynil | Class::Other) {
             entry.insert(KeepReason::Unmanaged);
         }
     }

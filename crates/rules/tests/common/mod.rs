@@ -1,0 +1,107 @@
+//! Fixture builders shared by the rules crate's integration tests.
+
+#![allow(dead_code, clippy::unwrap_used)]
+
+use semver::Version;
+use vynil_rules::{
+    Package, PackageContent, PackageMeta, PackageType, Requirement,
+    retention::{RepositoryTag, TagMetadata},
+};
+
+pub fn kind(name: &str) -> PackageType {
+    match name {
+        "tenant" => PackageType::Tenant,
+        "service" => PackageType::Service,
+        "system" => PackageType::System,
+        other => panic!("unknown type {other}"),
+    }
+}
+
+/// Content of `category/name` of type `kind`, with optional minimum and framework requirement.
+pub fn content_of(
+    category: &str,
+    name: &str,
+    kind_name: &str,
+    min: Option<&str>,
+    vynil: Option<&str>,
+) -> PackageContent {
+    let mut requirements = Vec::new();
+    if let Some(v) = vynil {
+        requirements.push(Requirement::VynilVersion(v.into()));
+    }
+    if let Some(m) = min {
+        requirements.push(Requirement::MinimumPreviousVersion(m.into()));
+    }
+    PackageContent {
+        metadata: PackageMeta {
+            name: name.into(),
+            category: category.into(),
+            description: "test".into(),
+            app_version: None,
+            package_type: kind(kind_name),
+            features: vec![],
+            backup_affinity: None,
+        },
+        requirements,
+        recommandations: None,
+        options: None,
+        value_script: None,
+    }
+}
+
+pub fn content(kind_name: &str, min: Option<&str>, vynil: Option<&str>) -> PackageContent {
+    content_of("think", "ollama", kind_name, min, vynil)
+}
+
+pub fn package(tag: &str, kind_name: &str, min: Option<&str>, vynil: Option<&str>) -> Package {
+    Package::new(
+        "registry.example",
+        "think/ollama",
+        tag,
+        content(kind_name, min, vynil),
+    )
+}
+
+/// A fake digest `sha256:<n repeated>` for a short label.
+pub fn digest(label: &str) -> String {
+    use std::fmt::Write;
+    let mut hex = String::new();
+    for byte in label.bytes().cycle().take(32) {
+        let _ = write!(hex, "{byte:02x}");
+    }
+    format!("sha256:{hex}")
+}
+
+pub fn vynil_tag(
+    name: &str,
+    digest_label: &str,
+    kind_name: &str,
+    min: Option<&str>,
+    vynil: Option<&str>,
+) -> RepositoryTag {
+    RepositoryTag {
+        name: name.into(),
+        digest: digest(digest_label),
+        metadata: TagMetadata::Vynil(Box::new(content(kind_name, min, vynil))),
+    }
+}
+
+pub fn plain_tag(name: &str, digest_label: &str) -> RepositoryTag {
+    RepositoryTag {
+        name: name.into(),
+        digest: digest(digest_label),
+        metadata: TagMetadata::NotVynil,
+    }
+}
+
+/// `sha256-<hex of digest(subject_label)>.<suffix>` on its own digest.
+pub fn artifact_tag(subject_label: &str, suffix: &str, own_label: &str) -> RepositoryTag {
+    plain_tag(
+        &format!("{}.{suffix}", digest(subject_label).replacen(':', "-", 1)),
+        own_label,
+    )
+}
+
+pub fn framework(v: &str) -> Version {
+    Version::parse(v).unwrap()
+}

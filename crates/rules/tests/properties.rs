@@ -1,0 +1,420 @@
+//! Property tests of the rules (10 000 cases each; `PROPTEST_CASES` overrides).
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::{BTreeSet, HashMap};
+
+use common::*;
+use proptest::prelude::*;
+use semver::Version;
+use vynil_rules::{
+    Channel, Package, PackageContent, PackageType, RetentionConfig, RetentionPlan, ScanFilter, Tag,
+    Viewer, compute_view, merge_packages, plan_retention,
+    retention::{
+        Decision, InstalledRevision, KeepReason, RepositoryTag, RevisionUse, TagMetadata, Usage,
+    },
+    scan::RepositoryOutcome,
+    view::Role,
+};
+
+fn config() -> ProptestConfig {
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(10_000);
+    ProptestConfig {
+        cases,
+        ..ProptestConfig::default()
+    }
+}
+
+fn version_text() -> impl Strategy<Value = String> {
+    (
+        0u64..3,
+        0u64..3,
+        0u64..2,
+        prop_oneof![4 => Just(""), 1 => Just("-alpha.1"), 1 => Just("-beta.1"), 1 => Just("-rc.1")],
+    )
+        .prop_map(|(a, b, c, pre)| format!("{a}.{b}.{c}{pre}"))
+}
+
+fn kind_name() -> impl Strategy<Value = &'static str> {
+    prop_oneof![3 => Just("tenant"), 2 => Just("service"), 1 => Just("system")]
+}
+
+/// A generated repository tag before digests are assigned.
+#[derive(Debug, Clone)]
+enum Spec {
+    Version {
+        tag: String,
+        kind: &'static str,
+        min: Option<String>,
+        vynil: Option<&'static str>,
+        annotated: bool,
+    },
+    Noise(&'static str),
+    Artifact {
+        subject: usize,
+        suffix: &'static str,
+    },
+}
+
+fn spec() -> impl Strategy<Value = Spec> {
+    let version = (
+        version_text(),
+        prop::bool::weighted(0.1),
+        kind_name(),
+        prop::option::weighted(0.5, version_text()),
+        prop::option::weighted(
+            0.25,
+            prop_oneof![Just("0.7.0"), Just("0.8.0"), Just("0.9.0")],
+        ),
+        prop::bool::weighted(0.9),
+    )
+        .prop_map(|(tag, v, kind, min, vynil, annotated)| Spec::Version {
+            tag: if v { format!("v{tag}") } else { tag },
+            kind,
+            min,
+            vynil,
+            annotated,
+        });
+    prop_oneof![
+        8 => version,
+        1 => prop_oneof![Just("latest"), Just("4.0"), Just("trivy--x")].prop_map(Spec::Noise),
+        2 => (0usize..8, prop_oneof![Just("sig"), Just("att"), Just("sbom")]).prop_map(|(subject, suffix)| Spec::Artifact { subject, suffix }),
+    ]
+}
+
+/// A repository: unique tag names, digests drawn from a small pool so that
+/// aliases happen, plus usage and pins.
+#[derive(Debug, Clone)]
+struct Case {
+    tags: Vec<RepositoryTag>,
+    usage: Usage,
+    pins: Vec<String>,
+}
+
+fn case() -> impl Strategy<Value = Case> {
+    (
+        prop::collection::vec((spec(), 0usize..8, prop::bool::weighted(0.75)), 0..14),
+        prop::option::weighted(
+            0.8,
+            prop::collection::vec((0usize..14, prop::bool::ANY, 0u8..3), 0..3),
+        ),
+        prop::collection::vec(
+            prop_oneof![
+                Just("1.*".to_string()),
+                Just("0.?.0".to_string()),
+                Just("latest".to_string())
+            ],
+            0..2,
+        ),
+    )
+        .prop_map(|(specs, used, pins)| {
+            let mut tags: Vec<RepositoryTag> = Vec::new();
+            for (index, (spec, pool, shared)) in specs.into_iter().enumerate() {
+                // Mostly a digest of its own; sometimes one from the shared pool.
+                let digest_label = if shared {
+                    format!("own-{index}")
+                } else {
+                    format!("pool-{pool}")
+                };
+                let tag = match spec {
+                    Spec::Version {
+                        tag,
+                        kind,
+                        min,
+                        vynil,
+                        annotated,
+                    } => {
+                        let mut t = vynil_tag(&tag, &digest_label, kind, min.as_deref(), vynil);
+                        if !annotated {
+                            t.metadata = TagMetadata::NotVynil;
+                        }
+                        t
+                    }
+                    Spec::Noise(name) => plain_tag(name, &digest_label),
+                    Spec::Artifact { subject, suffix } => {
+                        let subject = if subject % 2 == 0 {
+                            format!("own-{subject}")
+                        } else {
+                            format!("pool-{subject}")
+                        };
+                        artifact_tag(&subject, suffix, &format!("art-{index}"))
+                    }
+                };
+                if !tags.iter().any(|t| t.name == tag.name) {
+                    tags.push(tag);
+                }
+            }
+            let usage = match used {
+                None => Usage::Unknown,
+                Some(picks) => Usage::Known(
+                    picks
+                        .into_iter()
+                        .filter_map(|(i, by_digest, u)| {
+                            let tag = tags.get(i % tags.len().max(1))?;
+                            Some(InstalledRevision {
+                                tag: if by_digest {
+                                    "re-pointed".into()
+                                } else {
+                                    tag.name.clone()
+                                },
+                                digest: by_digest.then(|| tag.digest.clone()),
+                                instance: format!("tenant ns/app-{i}"),
+                                usage: [
+                                    RevisionUse::Installed,
+                                    RevisionUse::Installing,
+                                    RevisionUse::Pinned,
+                                ][u as usize],
+                            })
+                        })
+                        .collect(),
+                ),
+            };
+            Case { tags, usage, pins }
+        })
+}
+
+fn plan(case: &Case) -> RetentionPlan {
+    let config = RetentionConfig::new(framework("0.8.0"), &case.pins).unwrap();
+    plan_retention(&case.tags, &case.usage, &config).unwrap()
+}
+
+fn contents(case: &Case) -> HashMap<String, PackageContent> {
+    case.tags
+        .iter()
+        .filter_map(|t| match &t.metadata {
+            TagMetadata::Vynil(c) if Tag::parse(&t.name).is_some() => {
+                Some((t.name.clone(), (**c).clone()))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// Breakpoints re-derived here: the configured framework and every requirement value.
+fn breakpoints(case: &Case) -> BTreeSet<Version> {
+    let mut set: BTreeSet<Version> = contents(case)
+        .values()
+        .flat_map(|c| c.vynil_versions().collect::<Vec<_>>())
+        .collect();
+    set.insert(framework("0.8.0"));
+    set
+}
+
+fn view_of(case: &Case, channel: Channel, fw: &Version) -> vynil_rules::View {
+    let contents = contents(case);
+    let viewer = Viewer {
+        channel,
+        framework: fw.clone(),
+    };
+    compute_view(
+        case.tags.iter().map(|t| t.name.as_str()),
+        &viewer,
+        true,
+        |tag| contents.get(tag.as_str()),
+    )
+}
+
+fn kept_tags(plan: &RetentionPlan) -> BTreeSet<&str> {
+    plan.kept().map(|e| e.tag.as_str()).collect()
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// (a) Nothing any consumer could be shown or uses is ever deleted.
+    #[test]
+    fn nothing_shown_used_pinned_shared_or_unmanaged_is_ever_deleted(case in case()) {
+        let plan = plan(&case);
+        let kept = kept_tags(&plan);
+        for fw in breakpoints(&case) {
+            for channel in Channel::ALL {
+                for tag in view_of(&case, channel, &fw).tags() {
+                    prop_assert!(kept.contains(tag), "{tag} shown to {channel} on {fw} was deleted");
+                }
+            }
+        }
+        let contents = contents(&case);
+        for package_type in PackageType::ALL {
+            let newest = contents.iter().filter(|(_, c)| c.package_type() == package_type).map(|(t, _)| Tag::parse(t).unwrap()).max();
+            if let Some(newest) = newest {
+                prop_assert!(kept.contains(newest.as_str()), "last {package_type} revision {newest} deleted");
+            }
+        }
+        if let Usage::Known(used) = &case.usage {
+            for revision in used {
+                for tag in case.tags.iter().filter(|t| t.name == revision.tag || Some(&t.digest) == revision.digest.as_ref()) {
+                    prop_assert!(kept.contains(tag.name.as_str()), "{} used by {} deleted", tag.name, revision.instance);
+                }
+            }
+        }
+        let kept_digests: BTreeSet<&str> = plan.kept().map(|e| e.digest.as_str()).collect();
+        for entry in plan.deleted() {
+            prop_assert!(!kept_digests.contains(entry.digest.as_str()), "{} shares a kept digest", entry.tag);
+            let pinned = case.pins.iter().any(|p| glob::Pattern::new(p).unwrap().matches(&entry.tag));
+            prop_assert!(!pinned, "{} is pinned", entry.tag);
+            let managed = contents.contains_key(&entry.tag) || vynil_rules::ArtifactTag::parse(&entry.tag).is_some();
+            prop_assert!(managed, "unmanaged {} deleted", entry.tag);
+        }
+        prop_assert_eq!(plan.entries.len(), case.tags.len());
+    }
+
+    /// (b) Every reason given holds, and a tag without a reason is deleted.
+    #[test]
+    fn every_reason_holds_and_a_tag_without_reason_is_deleted(case in case()) {
+        let plan = plan(&case);
+        let configured = framework("0.8.0");
+        let by_name: HashMap<&str, &RepositoryTag> = case.tags.iter().map(|t| (t.name.as_str(), t)).collect();
+        let kept = kept_tags(&plan);
+        let contents = contents(&case);
+        for entry in &plan.entries {
+            let Decision::Keep(reasons) = &entry.decision else { continue };
+            prop_assert!(!reasons.is_empty(), "{} kept without reason", entry.tag);
+            for reason in reasons {
+                let holds = match reason {
+                    KeepReason::ChannelHead { channel, framework } => {
+                        let fw = framework.clone().unwrap_or_else(|| configured.clone());
+                        view_of(&case, *channel, &fw).entries.first().is_some_and(|e| e.tag.as_str() == entry.tag && e.role == Role::Head)
+                    }
+                    KeepReason::Waypoint { channel, framework, minimum } => {
+                        let fw = framework.clone().unwrap_or_else(|| configured.clone());
+                        view_of(&case, *channel, &fw).entries.iter().any(|e| e.tag.as_str() == entry.tag && e.role == Role::Waypoint { minimum: minimum.clone() })
+                    }
+                    KeepReason::TypeInView { channel, framework, package_type } => {
+                        let fw = framework.clone().unwrap_or_else(|| configured.clone());
+                        view_of(&case, *channel, &fw).entries.iter().any(|e| e.tag.as_str() == entry.tag && e.role == Role::NewestOfType(*package_type))
+                    }
+                    KeepReason::NewestOfType(package_type) => {
+                        contents.get(&entry.tag).is_some_and(|c| c.package_type() == *package_type)
+                            && contents.iter().filter(|(_, c)| c.package_type() == *package_type).all(|(t, _)| Tag::parse(t) <= Tag::parse(&entry.tag))
+                    }
+                    KeepReason::Used { instance, .. } => match &case.usage {
+                        Usage::Known(used) => used.iter().any(|r| &r.instance == instance && (r.tag == entry.tag || r.digest.as_ref() == Some(&entry.digest))),
+                        Usage::Unknown => false,
+                    },
+                    KeepReason::Pinned { pattern } => case.pins.contains(pattern) && glob::Pattern::new(pattern).unwrap().matches(&entry.tag),
+                    KeepReason::Artifact { kind, of } => {
+                        let artifact = vynil_rules::ArtifactTag::parse(&entry.tag);
+                        artifact.is_some_and(|a| a.kind == *kind && by_name.get(of.as_str()).is_some_and(|t| t.digest == a.subject)) && kept.contains(of.as_str())
+                    }
+                    KeepReason::Alias { of } => by_name.get(of.as_str()).is_some_and(|t| t.digest == entry.digest) && kept.contains(of.as_str()) && of != &entry.tag,
+                    KeepReason::Unmanaged => !contents.contains_key(&entry.tag) && vynil_rules::ArtifactTag::parse(&entry.tag).is_none(),
+                };
+                prop_assert!(holds, "{}: reason {:?} does not hold", entry.tag, reason);
+            }
+        }
+    }
+
+    /// (c) The fingerprint ignores input order and sees every change.
+    #[test]
+    fn the_fingerprint_ignores_order_and_sees_every_change(case in case(), seed in any::<u64>(), change in 0u8..6) {
+        let base = plan(&case).fingerprint;
+        let mut shuffled = case.clone();
+        shuffled.tags.reverse();
+        let len = shuffled.tags.len();
+        if len > 0 { shuffled.tags.rotate_left(seed as usize % len); }
+        if let Usage::Known(used) = &mut shuffled.usage { used.reverse(); }
+        shuffled.pins.reverse();
+        prop_assert_eq!(&plan(&shuffled).fingerprint, &base);
+
+        let mut changed = case.clone();
+        let target = (seed as usize) % len.max(1);
+        match change {
+            0 if len > 0 => changed.tags[target].digest = digest("changed"),
+            1 if len > 0 => changed.tags[target].name.push_str("-x"),
+            2 if len > 0 => changed.tags[target].metadata = match &changed.tags[target].metadata {
+                TagMetadata::Vynil(_) => TagMetadata::NotVynil,
+                _ => TagMetadata::Vynil(Box::new(content("system", Some("9.9.9"), None))),
+            },
+            3 => changed.usage = match &case.usage {
+                Usage::Unknown => Usage::Known(vec![]),
+                Usage::Known(used) => {
+                    let mut more = used.clone();
+                    more.push(InstalledRevision { tag: "x".into(), digest: None, instance: "tenant a/b".into(), usage: RevisionUse::Installed });
+                    Usage::Known(more)
+                }
+            },
+            4 => changed.pins.push("new-pin-*".into()),
+            _ => changed.tags.push(plain_tag("added-since", "added")),
+        }
+        prop_assert_ne!(plan(&changed).fingerprint, base);
+    }
+
+    /// (d) Without a type change the type-aware view is upstream's view.
+    #[test]
+    fn with_a_single_type_the_type_aware_view_equals_the_plain_view(case in case(), channel_index in 0usize..3) {
+        let single: HashMap<String, PackageContent> = contents(&case)
+            .into_iter()
+            .map(|(t, mut c)| { c.metadata.package_type = PackageType::Tenant; (t, c) })
+            .collect();
+        let viewer = Viewer { channel: Channel::ALL[channel_index], framework: framework("0.8.0") };
+        let names = || case.tags.iter().map(|t| t.name.as_str());
+        let typed = compute_view(names(), &viewer, true, |t| single.get(t.as_str()));
+        let plain = compute_view(names(), &viewer, false, |t| single.get(t.as_str()));
+        prop_assert_eq!(typed.tags(), plain.tags());
+    }
+
+    /// (e) A merge never loses an entry outside its filter, nor one of a failed repository.
+    #[test]
+    fn a_merge_never_loses_an_entry_outside_the_filter(
+        previous in prop::collection::vec((0usize..3, 0usize..3, 0u64..3), 0..10),
+        found in prop::collection::vec((0usize..3, 0usize..3, 0u64..3), 0..6),
+        failed in prop::collection::vec(prop::bool::ANY, 9),
+        filter_kind in 0usize..3,
+    ) {
+        let categories = ["db", "apps", "mon"];
+        let names = ["a", "b", "c"];
+        let make = |(c, n, v): (usize, usize, u64)| {
+            Package::new("reg", &format!("{}/{}", categories[c], names[n]), &format!("{v}.0.0"), content_of(categories[c], names[n], "tenant", None, None))
+        };
+        let previous: Vec<Package> = previous.into_iter().map(make).collect();
+        let filter = match filter_kind {
+            0 => None,
+            1 => Some(ScanFilter::parse("db").unwrap()),
+            _ => Some(ScanFilter::parse("db/a").unwrap()),
+        };
+        let mut outcomes: Vec<((String, String), RepositoryOutcome)> = Vec::new();
+        for (index, (c, n)) in (0..3).flat_map(|c| (0..3).map(move |n| (c, n))).enumerate() {
+            let repository = ("reg".to_string(), format!("{}/{}", categories[c], names[n]));
+            let selected = filter.as_ref().is_none_or(|f| f.category == categories[c] && f.name.as_deref().is_none_or(|x| x == names[n]));
+            if !selected { continue; }
+            let outcome = if failed[index] {
+                RepositoryOutcome::Failed
+            } else {
+                RepositoryOutcome::Scanned(found.iter().filter(|(fc, fnm, _)| *fc == c && *fnm == n).map(|x| make(*x)).collect())
+            };
+            outcomes.push((repository, outcome));
+        }
+        let merged = merge_packages(&previous, filter.as_ref(), &outcomes);
+        for p in &previous {
+            let outside = filter.as_ref().is_some_and(|f| !f.matches(p));
+            let repo_failed = outcomes.iter().any(|((_, image), o)| image == &p.image && matches!(o, RepositoryOutcome::Failed));
+            if outside || repo_failed {
+                prop_assert!(merged.contains(p), "{}:{} lost", p.image, p.tag);
+            }
+        }
+    }
+
+    /// (f) No parser panics, whatever the input.
+    #[test]
+    fn no_parser_panics_on_arbitrary_strings(raw in any::<String>(), json in "[\\[\\]{}\":,a-z0-9. ]{0,40}") {
+        let _ = Tag::parse(&raw);
+        let _ = vynil_rules::ArtifactTag::parse(&raw);
+        let _ = ScanFilter::parse(&raw);
+        for text in [&raw, &json] {
+            let _ = vynil_rules::parse_annotations(|key| match key {
+                vynil_rules::annotations::METADATA | vynil_rules::annotations::REQUIREMENTS
+                | vynil_rules::annotations::OPTIONS | vynil_rules::annotations::RECOMMANDATIONS
+                | vynil_rules::annotations::VALUE_SCRIPT => Some(text.as_str()),
+                _ => None,
+            });
+            if let Ok(value) = serde_json::from_str::<serde_json::Value>(text) {
+                let _ = vynil_rules::Requirement::from_value(&value);
+            }
+        }
+    }
+}

@@ -1,0 +1,262 @@
+//! Install and cleanup selection as decisions, with the words a human reads.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::*;
+use vynil_rules::{
+    InstallQuery, Package, PackageType, ScanFilter, select_cleanup, select_install,
+    selection::{
+        CatalogState, CleanupDecision, CleanupQuery, Exclusion, RecordedCheck, RecordedRevision,
+    },
+};
+
+fn query<'a>(installed: Option<&'a str>, framework: &'a semver::Version) -> InstallQuery<'a> {
+    InstallQuery {
+        jukebox: "box",
+        category: "think",
+        name: "ollama",
+        package_type: PackageType::Tenant,
+        installed_tag: installed,
+        framework,
+    }
+}
+
+#[test]
+fn each_exclusion_is_named_with_what_to_do() {
+    let fw = framework("0.8.0");
+    let cases: Vec<(Vec<Package>, Exclusion, &str)> = vec![
+        (
+            vec![],
+            Exclusion::CategoryName,
+            "no package think/ollama in JukeBox box",
+        ),
+        (
+            vec![
+                package("0.1.10", "service", None, None),
+                package("0.1.9", "service", None, None),
+                package("1.0.0", "system", None, None),
+            ],
+            Exclusion::Type,
+            "no tenant revision of think/ollama (only service: 0.1.10, 0.1.9; system: 1.0.0)",
+        ),
+        (
+            vec![package("2.0.0", "tenant", Some("1.5.0"), None)],
+            Exclusion::MinimumVersion,
+            "no tenant revision of think/ollama can upgrade from installed 1.0.0: 2.0.0 needs ≥ 1.5.0",
+        ),
+        (
+            vec![package("2.0.0", "tenant", None, Some("0.9.0"))],
+            Exclusion::FrameworkVersion,
+            "every tenant revision of think/ollama needs a newer vynil than 0.8.0 (2.0.0 needs vynil 0.9.0): upgrade vynil first",
+        ),
+    ];
+    for (catalog, excluded_by, reason) in cases {
+        let no_match = select_install(&catalog, &query(Some("1.0.0"), &fw)).unwrap_err();
+        assert_eq!(no_match.excluded_by, excluded_by);
+        assert_eq!(no_match.reason, reason);
+    }
+}
+
+#[test]
+fn install_picks_the_newest_whatever_the_list_order() {
+    let fw = framework("0.8.0");
+    let catalog = [
+        package("1.0.0", "tenant", None, None),
+        package("1.10.0", "tenant", None, None),
+        package("1.9.0", "tenant", None, None),
+    ];
+    assert_eq!(
+        select_install(&catalog, &query(None, &fw)).unwrap().tag,
+        "1.10.0"
+    );
+}
+
+#[test]
+fn a_prerelease_framework_does_not_satisfy_its_release() {
+    let fw = framework("0.7.8-alpha.4");
+    let catalog = [
+        package("2.0.0", "tenant", None, Some("0.7.8")),
+        package("1.0.0", "tenant", None, None),
+    ];
+    assert_eq!(
+        select_install(&catalog, &query(None, &fw)).unwrap().tag,
+        "1.0.0"
+    );
+}
+
+fn recorded() -> RecordedRevision {
+    RecordedRevision {
+        registry: "registry.example".into(),
+        image: "think/ollama".into(),
+        tag: "0.1.8".into(),
+        digest: digest("b"),
+        package_type: PackageType::Tenant,
+    }
+}
+
+struct Scenario<'a> {
+    name: &'a str,
+    recorded: Option<RecordedCheck>,
+    catalog: CatalogState<'a>,
+    has_children: bool,
+    delete_without_package: bool,
+    expect: fn(&CleanupDecision) -> bool,
+}
+
+#[test]
+fn cleanup_decides_in_order_recorded_then_catalog_then_gone_then_authorised_delete() {
+    let fw = framework("0.8.0");
+    let type_changed = [
+        package("0.1.10", "service", None, None),
+        package("0.1.8", "tenant", Some("0.1.0"), None),
+    ];
+    let service_only = [package("0.1.10", "service", None, None)];
+    let rec = recorded();
+    let scenarios = [
+        Scenario {
+            name: "the recorded revision still resolves: it is used",
+            recorded: Some(RecordedCheck::Resolves),
+            catalog: CatalogState::Loaded(&service_only),
+            has_children: true,
+            delete_without_package: false,
+            expect: |d| matches!(d, CleanupDecision::UseRecorded(r) if r.tag == "0.1.8"),
+        },
+        Scenario {
+            name: "after a type change the type-aware catalog still has the tenant revision",
+            recorded: Some(RecordedCheck::Gone),
+            catalog: CatalogState::Loaded(&type_changed),
+            has_children: true,
+            delete_without_package: false,
+            expect: |d| matches!(d, CleanupDecision::UseCatalog(p) if p.tag == "0.1.8"),
+        },
+        Scenario {
+            name: "nothing anywhere and children recorded: package gone, no hot loop",
+            recorded: Some(RecordedCheck::Gone),
+            catalog: CatalogState::Loaded(&service_only),
+            has_children: true,
+            delete_without_package: false,
+            expect: |d| matches!(d, CleanupDecision::Gone(g) if g.code == "E_PACKAGE_GONE"),
+        },
+        Scenario {
+            name: "nothing anywhere and no children: nothing to delete",
+            recorded: None,
+            catalog: CatalogState::Loaded(&service_only),
+            has_children: false,
+            delete_without_package: false,
+            expect: |d| matches!(d, CleanupDecision::NothingToDelete),
+        },
+        Scenario {
+            name: "the annotation authorises a delete without package hooks",
+            recorded: Some(RecordedCheck::Gone),
+            catalog: CatalogState::Loaded(&service_only),
+            has_children: true,
+            delete_without_package: true,
+            expect: |d| matches!(d, CleanupDecision::DeleteWithoutPackage { warning } if warning.contains("no package hooks ran")),
+        },
+        Scenario {
+            name: "the annotation never skips hooks when a package exists",
+            recorded: Some(RecordedCheck::Resolves),
+            catalog: CatalogState::Loaded(&service_only),
+            has_children: true,
+            delete_without_package: true,
+            expect: |d| matches!(d, CleanupDecision::UseRecorded(_)),
+        },
+        Scenario {
+            name: "a missing jukebox is E_JUKEBOX_GONE, not a silent finalizer removal",
+            recorded: None,
+            catalog: CatalogState::JukeboxMissing,
+            has_children: true,
+            delete_without_package: false,
+            expect: |d| matches!(d, CleanupDecision::Gone(g) if g.code == "E_JUKEBOX_GONE"),
+        },
+        Scenario {
+            name: "an unreachable catalog is retried, never read as gone",
+            recorded: None,
+            catalog: CatalogState::Unavailable,
+            has_children: true,
+            delete_without_package: true,
+            expect: |d| matches!(d, CleanupDecision::Retry { .. }),
+        },
+        Scenario {
+            name: "an unreachable registry is retried when the catalog has nothing either",
+            recorded: Some(RecordedCheck::Unknown("connection refused".into())),
+            catalog: CatalogState::Loaded(&service_only),
+            has_children: true,
+            delete_without_package: true,
+            expect: |d| matches!(d, CleanupDecision::Retry { why } if why.contains("connection refused")),
+        },
+    ];
+    for scenario in scenarios {
+        let query = CleanupQuery {
+            install: query(Some("0.1.8"), &fw),
+            recorded: scenario.recorded.clone().map(|check| (&rec, check)),
+            catalog: scenario.catalog,
+            has_children: scenario.has_children,
+            delete_without_package: scenario.delete_without_package,
+        };
+        let decision = select_cleanup(&query);
+        assert!(
+            (scenario.expect)(&decision),
+            "{}: got {decision:?}",
+            scenario.name
+        );
+    }
+}
+
+#[test]
+fn the_package_gone_condition_names_the_code_what_is_missing_and_both_ways_out() {
+    let fw = framework("0.8.0");
+    let service_only = [package("0.1.10", "service", None, None)];
+    let query = CleanupQuery {
+        install: query(Some("0.1.8"), &fw),
+        recorded: None,
+        catalog: CatalogState::Loaded(&service_only),
+        has_children: true,
+        delete_without_package: false,
+    };
+    let CleanupDecision::Gone(gone) = select_cleanup(&query) else {
+        panic!("expected gone")
+    };
+    let message = gone.condition_message();
+    assert!(
+        message.starts_with("[E_PACKAGE_GONE] no tenant revision of think/ollama in JukeBox box"),
+        "{message}"
+    );
+    assert!(message.contains("only service: 0.1.10"), "{message}");
+    assert!(
+        message.contains(
+            "publish or restore a tenant revision of think/ollama (e.g. the installed 0.1.8)"
+        ),
+        "{message}"
+    );
+    assert!(
+        message.contains("vynil.solidite.fr/delete-without-package=\"true\""),
+        "{message}"
+    );
+}
+
+#[test]
+fn scan_filters_have_one_or_two_non_empty_segments() {
+    let table = [
+        ("db", Ok(("db", None))),
+        ("db/pg", Ok(("db", Some("pg")))),
+        ("", Err("empty segment")),
+        ("db/", Err("empty segment")),
+        ("/pg", Err("empty segment")),
+        ("a/b/c", Err("more than two segments")),
+        ("db/p g", Err("whitespace")),
+    ];
+    for (raw, expected) in table {
+        match (ScanFilter::parse(raw), expected) {
+            (Ok(f), Ok((category, name))) => {
+                assert_eq!(f.category, category);
+                assert_eq!(f.name.as_deref(), name);
+                assert_eq!(f.to_string(), raw);
+            }
+            (Err(e), Err(fragment)) => assert!(e.to_string().contains(fragment), "{raw:?}: {e}"),
+            (got, _) => panic!("{raw:?}: unexpected {got:?}"),
+        }
+    }
+}
