@@ -64,9 +64,15 @@ impl fmt::Display for Channel {
 /// no valid `vynil_version` requirement exceeds it, by SemVer precedence
 /// (so `0.7.8-alpha.4` does not satisfy `0.7.8`, as upstream).
 pub fn runs_on(content: &PackageContent, framework: &Version) -> bool {
-    content
-        .vynil_versions()
-        .all(|required| required.cmp_precedence(framework) != std::cmp::Ordering::Greater)
+    satisfies(content.vynil_versions(), framework)
+}
+
+/// Whether `framework` meets every one of `required` (SemVer precedence).
+pub fn satisfies<V: std::borrow::Borrow<Version>>(
+    mut required: impl Iterator<Item = V>,
+    framework: &Version,
+) -> bool {
+    required.all(|r| r.borrow().cmp_precedence(framework) != std::cmp::Ordering::Greater)
 }
 
 /// The first `vynil_version` requirement `framework` does not satisfy.

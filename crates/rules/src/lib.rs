@@ -52,7 +52,7 @@ pub use retention::{RetentionConfig, RetentionPlan, plan_retention};
 pub use scan::{ScanFilter, merge_packages, repositories_for};
 pub use selection::{CleanupDecision, InstallQuery, NoMatch, select_cleanup, select_install};
 pub use tag::{ArtifactTag, Tag};
-pub use view::{View, ViewBuilder, Viewer, compute_view};
+pub use view::{Versions, View, ViewBuilder, Viewer, compute_view, view_of_versions};
 
 /// Every way input to the rules can be wrong. Each names what was wrong and
 /// what to do.

@@ -26,7 +26,7 @@ use crate::{
     channel::Channel,
     package::{PackageContent, PackageType},
     tag::{ArtifactKind, ArtifactTag, Tag},
-    view::{Role, Viewer, compute_view},
+    view::{RevisionFacts, Role, Versions, Viewer, view_of_versions},
 };
 
 /// What the registry holds under one tag.
@@ -389,15 +389,18 @@ fn add_view_reasons(
     // where the configured one gave none of that kind for that channel.
     let mut order: Vec<&Version> = vec![configured];
     order.extend(breakpoints.iter().filter(|b| *b != configured));
+    let versions = Versions::parse(tags.iter().map(|t| t.name.as_str()));
+    let facts: std::collections::HashMap<&str, RevisionFacts> = contents
+        .iter()
+        .map(|(name, content)| (*name, RevisionFacts::of(content)))
+        .collect();
     for framework in order {
         for channel in Channel::ALL {
             let viewer = Viewer {
                 channel,
                 framework: framework.clone(),
             };
-            let view = compute_view(tags.iter().map(|t| t.name.as_str()), &viewer, true, |tag| {
-                contents.get(tag.as_str()).copied()
-            });
+            let view = view_of_versions(&versions, &viewer, true, |tag| facts.get(tag.as_str()));
             for entry in view.entries {
                 let framework = (framework != configured).then(|| framework.clone());
                 let reason = match entry.role {
@@ -508,29 +511,38 @@ fn add_digest_reasons(tags: &[RepositoryTag], classes: &[Class], reasons: &mut R
     }
 }
 
-/// Hash of a canonical form of every input (sorted, keys ordered).
+/// Hash of a canonical form of every input: sorted lists, and each tag's
+/// metadata as serialised by its type (a fixed field order).
 fn fingerprint(tags: &[RepositoryTag], usage: &Usage, config: &RetentionConfig) -> String {
-    let mut tag_values: Vec<Value> = tags
+    let mut tag_lines: Vec<String> = tags
         .iter()
         .map(|t| {
             let metadata = match &t.metadata {
-                TagMetadata::Vynil(content) => serde_json::to_value(content).unwrap_or(Value::Null),
-                TagMetadata::NotVynil => json!("not-vynil"),
-                TagMetadata::Unreadable(_) => json!("unreadable"),
+                TagMetadata::Vynil(content) => serde_json::to_string(content).unwrap_or_default(),
+                TagMetadata::NotVynil => "not-vynil".into(),
+                TagMetadata::Unreadable(_) => "unreadable".into(),
             };
-            json!([t.name, t.digest, metadata])
+            // Tag names and digests never hold a NUL: an unambiguous separator.
+            format!("{}\0{}\0{metadata}", t.name, t.digest)
         })
         .collect();
-    tag_values.sort_by_key(canonical);
+    tag_lines.sort_unstable();
     let usage = match usage {
         Usage::Unknown => json!("unknown"),
         Usage::Known(used) => {
-            let mut used: Vec<Value> = used
+            let mut used: Vec<String> = used
                 .iter()
-                .map(|r| json!([r.tag, r.digest, r.instance, format!("{:?}", r.usage)]))
+                .map(|r| {
+                    canonical(&json!([
+                        r.tag,
+                        r.digest,
+                        r.instance,
+                        format!("{:?}", r.usage)
+                    ]))
+                })
                 .collect();
-            used.sort_by_key(canonical);
-            Value::Array(used)
+            used.sort_unstable();
+            json!(used)
         }
     };
     let mut pins: Vec<&str> = config.pins.iter().map(|(p, _)| p.as_str()).collect();
@@ -539,7 +551,7 @@ fn fingerprint(tags: &[RepositoryTag], usage: &Usage, config: &RetentionConfig) 
         "schema": 1,
         "framework": config.framework.to_string(),
         "pins": pins,
-        "tags": tag_values,
+        "tags": tag_lines,
         "usage": usage,
     });
     format!(

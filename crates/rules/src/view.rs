@@ -31,10 +31,66 @@ use std::collections::BTreeSet;
 use semver::Version;
 
 use crate::{
-    channel::{Channel, runs_on},
+    channel::{Channel, runs_on, satisfies},
     package::{PackageContent, PackageType},
     tag::Tag,
 };
+
+/// What the descent needs to know of a revision: implemented by the package
+/// content itself, and by [`RevisionFacts`], its pre-parsed summary for callers
+/// that compute many views of the same repository.
+pub trait Revision {
+    fn package_type(&self) -> PackageType;
+    /// The first valid `minimum_previous_version`.
+    fn minimum(&self) -> Option<Version>;
+    fn runs_on(&self, framework: &Version) -> bool;
+}
+
+impl Revision for PackageContent {
+    fn package_type(&self) -> PackageType {
+        self.metadata.package_type
+    }
+
+    fn minimum(&self) -> Option<Version> {
+        self.minimum_previous_version()
+    }
+
+    fn runs_on(&self, framework: &Version) -> bool {
+        runs_on(self, framework)
+    }
+}
+
+/// A revision's type, minimum and framework requirements, parsed once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RevisionFacts {
+    pub package_type: PackageType,
+    pub minimum: Option<Version>,
+    pub vynil_versions: Vec<Version>,
+}
+
+impl RevisionFacts {
+    pub fn of(content: &PackageContent) -> Self {
+        Self {
+            package_type: content.metadata.package_type,
+            minimum: content.minimum_previous_version(),
+            vynil_versions: content.vynil_versions().collect(),
+        }
+    }
+}
+
+impl Revision for RevisionFacts {
+    fn package_type(&self) -> PackageType {
+        self.package_type
+    }
+
+    fn minimum(&self) -> Option<Version> {
+        self.minimum.clone()
+    }
+
+    fn runs_on(&self, framework: &Version) -> bool {
+        satisfies(self.vynil_versions.iter(), framework)
+    }
+}
 
 /// Who looks: a channel and the framework version it runs.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -83,13 +139,33 @@ enum Phase {
     Done,
 }
 
+/// The version tags of a repository, parsed and sorted newest first once and
+/// shared by every view computed over them.
+#[derive(Debug, Clone, Default)]
+pub struct Versions {
+    newest_first: Vec<Tag>,
+}
+
+impl Versions {
+    /// `tags`: every tag of the repository (non-versions are ignored).
+    pub fn parse<'a>(tags: impl IntoIterator<Item = &'a str>) -> Self {
+        let mut newest_first = crate::tag::versions_newest_first(tags);
+        newest_first.dedup();
+        Self { newest_first }
+    }
+
+    pub fn as_slice(&self) -> &[Tag] {
+        &self.newest_first
+    }
+}
+
 /// The descent as a state machine: call [`ViewBuilder::next_needed`], look the
 /// tag's metadata up, [`ViewBuilder::provide`] it, repeat until `None`.
 #[derive(Debug, Clone)]
-pub struct ViewBuilder {
+pub struct ViewBuilder<'v> {
     viewer: Viewer,
     type_aware: bool,
-    candidates: Vec<Tag>,
+    candidates: Vec<&'v Tag>,
     position: usize,
     phase: Phase,
     last_minimum: Option<Version>,
@@ -97,20 +173,13 @@ pub struct ViewBuilder {
     view: View,
 }
 
-impl ViewBuilder {
-    /// `tags`: every tag of the repository (non-versions are ignored).
-    pub fn new<'a>(
-        tags: impl IntoIterator<Item = &'a str>,
-        viewer: Viewer,
-        type_aware: bool,
-    ) -> Self {
-        let mut candidates: Vec<Tag> = tags
-            .into_iter()
-            .filter(|raw| viewer.channel.admits(raw))
-            .filter_map(Tag::parse)
+impl<'v> ViewBuilder<'v> {
+    pub fn new(versions: &'v Versions, viewer: Viewer, type_aware: bool) -> Self {
+        let candidates: Vec<&Tag> = versions
+            .as_slice()
+            .iter()
+            .filter(|tag| viewer.channel.admits(tag.as_str()))
             .collect();
-        candidates.sort_by(|a, b| b.cmp(a));
-        candidates.dedup();
         let phase = if candidates.is_empty() {
             Phase::Done
         } else {
@@ -129,17 +198,17 @@ impl ViewBuilder {
     }
 
     /// The tag whose metadata is needed next; `None` once the view is complete.
-    pub fn next_needed(&self) -> Option<&Tag> {
+    pub fn next_needed(&self) -> Option<&'v Tag> {
         match self.phase {
             Phase::Done => None,
-            _ => self.candidates.get(self.position),
+            _ => self.candidates.get(self.position).copied(),
         }
     }
 
     /// The metadata of [`ViewBuilder::next_needed`]: `None` when the manifest
     /// carries no Vynil annotations.
-    pub fn provide(&mut self, content: Option<&PackageContent>) {
-        let Some(tag) = self.candidates.get(self.position).cloned() else {
+    pub fn provide(&mut self, content: Option<&impl Revision>) {
+        let Some(tag) = self.candidates.get(self.position).copied() else {
             self.phase = Phase::Done;
             return;
         };
@@ -157,11 +226,11 @@ impl ViewBuilder {
         }
     }
 
-    fn waypoint_step(&mut self, tag: Tag, content: &PackageContent) {
-        if !runs_on(content, &self.viewer.framework) {
+    fn waypoint_step(&mut self, tag: &Tag, content: &impl Revision) {
+        if !content.runs_on(&self.viewer.framework) {
             return;
         }
-        let minimum = content.minimum_previous_version();
+        let minimum = content.minimum();
         if let (Some(last), Some(min)) = (&self.last_minimum, &minimum) {
             if min.cmp_precedence(last) != std::cmp::Ordering::Less {
                 return;
@@ -194,9 +263,9 @@ impl ViewBuilder {
         };
     }
 
-    fn type_step(&mut self, tag: Tag, content: &PackageContent) {
+    fn type_step(&mut self, tag: &Tag, content: &impl Revision) {
         let package_type = content.package_type();
-        if self.types.contains(&package_type) || !runs_on(content, &self.viewer.framework) {
+        if self.types.contains(&package_type) || !content.runs_on(&self.viewer.framework) {
             return;
         }
         self.keep(tag, Role::NewestOfType(package_type), package_type);
@@ -205,10 +274,10 @@ impl ViewBuilder {
         }
     }
 
-    fn keep(&mut self, tag: Tag, role: Role, package_type: PackageType) {
+    fn keep(&mut self, tag: &Tag, role: Role, package_type: PackageType) {
         self.types.insert(package_type);
         self.view.entries.push(ViewEntry {
-            tag,
+            tag: tag.clone(),
             role,
             package_type,
         });
@@ -219,20 +288,30 @@ impl ViewBuilder {
     }
 }
 
-/// Runs the descent against metadata at hand (`lookup` answers `None` for a
-/// tag without Vynil annotations).
-pub fn compute_view<'a, 'c>(
-    tags: impl IntoIterator<Item = &'a str>,
+/// Runs the descent over `versions` against metadata at hand (`lookup`
+/// answers `None` for a tag without Vynil annotations).
+pub fn view_of_versions<'c, R: Revision + 'c>(
+    versions: &Versions,
     viewer: &Viewer,
     type_aware: bool,
-    mut lookup: impl FnMut(&Tag) -> Option<&'c PackageContent>,
+    mut lookup: impl FnMut(&Tag) -> Option<&'c R>,
 ) -> View {
-    let mut builder = ViewBuilder::new(tags, viewer.clone(), type_aware);
+    let mut builder = ViewBuilder::new(versions, viewer.clone(), type_aware);
     while let Some(tag) = builder.next_needed() {
         let content = lookup(tag);
         builder.provide(content);
     }
     builder.finish()
+}
+
+/// [`view_of_versions`] over raw tag names.
+pub fn compute_view<'a, 'c, R: Revision + 'c>(
+    tags: impl IntoIterator<Item = &'a str>,
+    viewer: &Viewer,
+    type_aware: bool,
+    lookup: impl FnMut(&Tag) -> Option<&'c R>,
+) -> View {
+    view_of_versions(&Versions::parse(tags), viewer, type_aware, lookup)
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! Property tests of the rules (10 000 cases each; `PROPTEST_CASES` overrides).
 
-#![allow(clippy::unwrap_used)]
+#![allow(clippy::unwrap_used, clippy::panic)]
 
 mod common;
 

@@ -1,7 +1,7 @@
 //! The checkable behaviours of the reference (`upstream-vynil.md` §9) that
 //! belong to the rules, one test each, named after what they show.
 
-#![allow(clippy::unwrap_used)]
+#![allow(clippy::unwrap_used, clippy::panic)]
 
 mod common;
 

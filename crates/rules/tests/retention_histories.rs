@@ -1,6 +1,6 @@
 //! Exact keep/delete sets, with every reason, for the histories that matter.
 
-#![allow(clippy::unwrap_used)]
+#![allow(clippy::unwrap_used, clippy::panic)]
 
 mod common;
 

@@ -1,6 +1,6 @@
 //! Install and cleanup selection as decisions, with the words a human reads.
 
-#![allow(clippy::unwrap_used)]
+#![allow(clippy::unwrap_used, clippy::panic)]
 
 mod common;
 

@@ -1,6 +1,6 @@
 //! Fixture builders shared by the rules crate's integration tests.
 
-#![allow(dead_code, clippy::unwrap_used)]
+#![allow(dead_code, clippy::unwrap_used, clippy::panic)]
 
 use semver::Version;
 use vynil_rules::{

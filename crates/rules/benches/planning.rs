@@ -1,0 +1,107 @@
+//! Retention planning of 100 repositories × 1 000 tags, beside the floor:
+//! merely parsing and sorting the same tags. Prints both and their ratio,
+//! measured side by side in one run (`cargo bench -p vynil-rules`).
+
+use std::{hint::black_box, time::Instant};
+
+use semver::Version;
+use vynil_rules::{
+    PackageContent, PackageMeta, PackageType, Requirement, RetentionConfig, plan_retention,
+    retention::{RepositoryTag, TagMetadata, Usage},
+    tag::versions_newest_first,
+};
+
+const REPOSITORIES: usize = 100;
+const TAGS: usize = 1_000;
+const ROUNDS: usize = 5;
+
+fn repository(seed: usize) -> Vec<RepositoryTag> {
+    (0..TAGS)
+        .map(|i| {
+            let (major, minor, patch) = (i / 100, (i / 10) % 10, i % 10);
+            let pre = match i % 7 {
+                0 => "-alpha.1",
+                1 => "-beta.1",
+                _ => "",
+            };
+            let package_type = if i < 300 {
+                PackageType::Tenant
+            } else {
+                PackageType::Service
+            };
+            let mut requirements = vec![];
+            if i % 3 != 0 {
+                requirements.push(Requirement::MinimumPreviousVersion(format!(
+                    "{}.0.0",
+                    major.saturating_sub(1)
+                )));
+            }
+            if i % 50 == 0 {
+                requirements.push(Requirement::VynilVersion(format!("0.{}.0", 7 + i % 3)));
+            }
+            RepositoryTag {
+                name: format!("{major}.{minor}.{patch}{pre}"),
+                digest: format!("sha256:{seed:032x}{i:032x}"),
+                metadata: TagMetadata::Vynil(Box::new(PackageContent {
+                    metadata: PackageMeta {
+                        name: format!("pkg{seed}"),
+                        category: "bench".into(),
+                        description: String::new(),
+                        app_version: None,
+                        package_type,
+                        features: vec![],
+                        backup_affinity: None,
+                    },
+                    requirements,
+                    recommandations: None,
+                    options: None,
+                    value_script: None,
+                })),
+            }
+        })
+        .collect()
+}
+
+fn best_of<F: FnMut()>(mut f: F) -> f64 {
+    (0..ROUNDS)
+        .map(|_| {
+            let start = Instant::now();
+            f();
+            start.elapsed().as_secs_f64()
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
+fn main() {
+    let repositories: Vec<Vec<RepositoryTag>> = (0..REPOSITORIES).map(repository).collect();
+    let config = match RetentionConfig::new(Version::new(0, 8, 0), &[]) {
+        Ok(config) => config,
+        Err(error) => {
+            eprintln!("bad bench config: {error}");
+            std::process::exit(1);
+        }
+    };
+    let usage = Usage::Known(vec![]);
+
+    let floor = best_of(|| {
+        for tags in &repositories {
+            black_box(versions_newest_first(tags.iter().map(|t| t.name.as_str())));
+        }
+    });
+    let mut kept = 0;
+    let planning = best_of(|| {
+        kept = 0;
+        for tags in &repositories {
+            if let Ok(plan) = plan_retention(black_box(tags), &usage, &config) {
+                kept += plan.kept().count();
+            }
+        }
+    });
+    println!("repositories: {REPOSITORIES}, tags each: {TAGS}, best of {ROUNDS} rounds");
+    println!("parse + sort tags (floor): {:>9.2} ms", floor * 1e3);
+    println!(
+        "retention planning:        {:>9.2} ms  ({kept} tags kept)",
+        planning * 1e3
+    );
+    println!("ratio planning / floor:    {:>9.1}x", planning / floor);
+}
