@@ -12,7 +12,10 @@ fn specs(repository: &str) -> Vec<(String, PackageSpec)> {
     (0..TAGS)
         .map(|i| {
             let tag = format!("{}.{}.{}", i / 100, (i / 10) % 10, i % 10);
-            (repository.to_string(), PackageSpec::new("bench", repository, PackageType::Tenant, &tag))
+            (
+                repository.to_string(),
+                PackageSpec::new("bench", repository, PackageType::Tenant, &tag),
+            )
         })
         .collect()
 }
@@ -27,9 +30,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let start = Instant::now();
         publisher.publish_all(&items, concurrency).await?;
         let seconds = start.elapsed().as_secs_f64();
-        println!("{TAGS} tags, {concurrency:>2} in flight: {seconds:>6.2} s ({:>6.0} tags/s)", TAGS as f64 / seconds);
+        println!(
+            "{TAGS} tags, {concurrency:>2} in flight: {seconds:>6.2} s ({:>6.0} tags/s)",
+            TAGS as f64 / seconds
+        );
         rates.push(TAGS as f64 / seconds);
     }
-    println!("speed-up of 16 in flight over 1: {:.1}x", rates[1] / rates[0]);
+    println!(
+        "speed-up of 16 in flight over 1: {:.1}x",
+        rates[1] / rates[0]
+    );
     Ok(())
 }

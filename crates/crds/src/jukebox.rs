@@ -1,0 +1,139 @@
+//! `JukeBox` (cluster-scoped, short name `box`): where packages come from, and
+//! in its status, what the scanner found (reference §1.1).
+
+
+// `printcolumn(...)` repeats `type_ = "string"` by design; clippy reads it as a duplicate.
+#![allow(clippy::duplicated_attributes)]
+
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use vynil_rules::{Channel, Package};
+
+use crate::condition::Condition;
+
+/// Where the JukeBox lists its repositories. Exactly one key on the wire.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum JukeBoxSource {
+    /// OCI image references `registry/path/repo` without tag.
+    List(Vec<String>),
+    Harbor(HarborSource),
+    Gitlab(GitlabSource),
+    /// Rhai source returning a list of `registry/repo` strings.
+    Script(String),
+    Http(HttpSource),
+    S3(S3Source),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct HarborSource {
+    /// Host of the Harbor registry (its API is at `https://<registry>`).
+    pub registry: String,
+    pub project: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct GitlabSource {
+    /// REST API base URL.
+    pub url: String,
+    /// OCI registry host.
+    pub registry: String,
+    /// `group/project` path.
+    pub project: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct HttpSource {
+    /// Base URL holding `index.yaml`.
+    pub url: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct S3Source {
+    pub bucket: String,
+    pub region: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret: Option<String>,
+}
+
+/// `spec.maturity`; absent means stable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Maturity {
+    Stable,
+    Beta,
+    Alpha,
+}
+
+impl From<Maturity> for Channel {
+    fn from(maturity: Maturity) -> Self {
+        match maturity {
+            Maturity::Stable => Channel::Stable,
+            Maturity::Beta => Channel::Beta,
+            Maturity::Alpha => Channel::Alpha,
+        }
+    }
+}
+
+/// `JukeBox` spec: field names are snake_case, as upstream's.
+#[derive(CustomResource, Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "vynil.solidite.fr",
+    version = "v1",
+    kind = "JukeBox",
+    plural = "jukeboxes",
+    shortname = "box",
+    status = "JukeBoxStatus",
+    doc = "A source of Vynil packages, scanned on a schedule",
+    printcolumn(name = "schedule", type_ = "string", json_path = ".spec.schedule"),
+    printcolumn(
+        name = "last_updated",
+        type_ = "string",
+        format = "date-time",
+        json_path = ".status.conditions[?(@.type == 'Ready')].lastTransitionTime"
+    ),
+    printcolumn(
+        name = "message",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type == 'Updated')].message"
+    )
+)]
+pub struct JukeBoxSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<JukeBoxSource>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub maturity: Option<Maturity>,
+    /// A `kubernetes.io/dockerconfigjson` Secret in the control plane's namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pull_secret: Option<String>,
+    /// Cron expression of the scans.
+    pub schedule: String,
+}
+
+impl JukeBoxSpec {
+    pub fn channel(&self) -> Channel {
+        self.maturity.map(Channel::from).unwrap_or_default()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum JukeBoxConditionType {
+    Ready,
+    Updated,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
+pub struct JukeBoxStatus {
+    #[serde(default)]
+    pub conditions: Vec<Condition<JukeBoxConditionType>>,
+    #[serde(default)]
+    #[schemars(schema_with = "crate::schema::packages")]
+    pub packages: Vec<Package>,
+}
