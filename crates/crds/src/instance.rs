@@ -7,7 +7,6 @@
 //! and errors such as `[E_PACKAGE_GONE]`. Upstream's `status.digest` keeps its
 //! meaning: the hash of `spec.options`.
 
-
 // `printcolumn(...)` repeats `type_ = "string"` by design; clippy reads it as a duplicate.
 #![allow(clippy::duplicated_attributes)]
 

@@ -10,10 +10,13 @@
 //!   repositories hold (tags without annotations, aliases, cosign artifacts).
 //! - [`ServiceProcess`]: runs a service binary, waits for gRPC health, stops it
 //!   with SIGTERM.
+//! - [`HttpFront`]: a proxy in front of a real server that counts requests and
+//!   injects faults (5xx, 429, slowness, truncation, over-size bodies, bearer auth).
 //!
 //! A missing binary is an error that says what to install: tests never skip.
 
 mod fixture;
+mod front;
 mod package;
 mod process;
 mod publisher;
@@ -21,6 +24,7 @@ mod redis_server;
 mod registry_server;
 mod service_process;
 
+pub use front::{Fault, FaultAction, HttpFront, Seen};
 pub use package::{ArtifactKind, PackageSpec, PackageType};
 pub use process::free_port;
 pub use publisher::Publisher;

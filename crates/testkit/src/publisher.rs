@@ -137,11 +137,16 @@ impl Publisher {
     /// Publishes one package revision; returns its manifest digest. Publishing to
     /// an existing tag re-points it.
     pub async fn publish(&self, repository: &str, spec: &PackageSpec) -> Result<String> {
-        let annotations: serde_json::Map<String, Value> = spec
+        let mut annotations: serde_json::Map<String, Value> = spec
             .annotations()
             .into_iter()
             .map(|(k, v)| (k, Value::String(v)))
             .collect();
+        // As real build tools do; it also gives every version its own digest.
+        annotations.insert(
+            "org.opencontainers.image.version".into(),
+            Value::String(spec.tag.clone()),
+        );
         self.push_image(repository, &spec.tag, annotations).await
     }
 

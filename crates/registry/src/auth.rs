@@ -1,0 +1,275 @@
+//! Credentials, and the bearer-token flow of the distribution spec.
+//!
+//! A registry that wants a token answers `401` with
+//! `WWW-Authenticate: Bearer realm="…",service="…",scope="…"`; we ask the realm
+//! for a token (with basic credentials when we have some) and retry. Tokens
+//! are cached per registry and access. Credentials and tokens are never
+//! printed: `Debug` redacts them and errors never include them.
+
+use std::collections::HashMap;
+
+use base64::Engine;
+use serde::Deserialize;
+
+use crate::RegistryError;
+
+/// How to authenticate to one registry.
+#[derive(Clone, PartialEq, Eq, Default)]
+pub enum Credentials {
+    #[default]
+    Anonymous,
+    Basic {
+        username: String,
+        password: String,
+    },
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Credentials::Anonymous => f.write_str("Anonymous"),
+            Credentials::Basic { .. } => f.write_str("Basic(<redacted>)"),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct DockerConfig {
+    #[serde(default)]
+    auths: HashMap<String, DockerAuth>,
+}
+
+#[derive(Deserialize)]
+struct DockerAuth {
+    auth: Option<String>,
+    username: Option<String>,
+    password: Option<String>,
+}
+
+impl Credentials {
+    pub fn basic(username: impl Into<String>, password: impl Into<String>) -> Self {
+        Credentials::Basic {
+            username: username.into(),
+            password: password.into(),
+        }
+    }
+
+    /// The credentials for `registry` in a `.dockerconfigjson` document;
+    /// anonymous when it has no entry for that registry (as upstream).
+    pub fn from_dockerconfigjson(document: &[u8], registry: &str) -> Result<Self, RegistryError> {
+        let config: DockerConfig = serde_json::from_slice(document).map_err(|e| {
+            RegistryError::Credentials(format!(
+                "not a dockerconfigjson document ({})",
+                e.classify_name()
+            ))
+        })?;
+        let wanted = normalise_host(registry);
+        let Some(entry) = config
+            .auths
+            .iter()
+            .find(|(key, _)| normalise_host(key) == wanted)
+            .map(|(_, v)| v)
+        else {
+            return Ok(Credentials::Anonymous);
+        };
+        if let Some(auth) = entry.auth.as_deref().filter(|a| !a.is_empty()) {
+            let decoded = base64::engine::general_purpose::STANDARD
+                .decode(auth.trim())
+                .map_err(|_| {
+                    RegistryError::Credentials(format!("auths[{registry}].auth is not base64"))
+                })?;
+            let text = String::from_utf8(decoded).map_err(|_| {
+                RegistryError::Credentials(format!("auths[{registry}].auth is not UTF-8"))
+            })?;
+            let (username, password) = text.split_once(':').ok_or_else(|| {
+                RegistryError::Credentials(format!("auths[{registry}].auth is not `user:password`"))
+            })?;
+            return Ok(Credentials::basic(username, password));
+        }
+        match (&entry.username, &entry.password) {
+            (Some(u), Some(p)) if !u.is_empty() => Ok(Credentials::basic(u.clone(), p.clone())),
+            _ => Ok(Credentials::Anonymous),
+        }
+    }
+
+    pub(crate) fn basic_header(&self) -> Option<String> {
+        match self {
+            Credentials::Anonymous => None,
+            Credentials::Basic { username, password } => {
+                let encoded = base64::engine::general_purpose::STANDARD
+                    .encode(format!("{username}:{password}"));
+                Some(format!("Basic {encoded}"))
+            }
+        }
+    }
+}
+
+trait ClassifyName {
+    fn classify_name(&self) -> &'static str;
+}
+
+impl ClassifyName for serde_json::Error {
+    fn classify_name(&self) -> &'static str {
+        match self.classify() {
+            serde_json::error::Category::Io => "i/o error",
+            serde_json::error::Category::Syntax => "invalid JSON",
+            serde_json::error::Category::Data => "unexpected shape",
+            serde_json::error::Category::Eof => "truncated JSON",
+        }
+    }
+}
+
+/// `https://index.docker.io/v1/`, `docker.io` and `registry-1.docker.io` are one
+/// registry; a scheme and a trailing path are ignored.
+fn normalise_host(key: &str) -> String {
+    let without_scheme = key.split_once("://").map(|(_, rest)| rest).unwrap_or(key);
+    let host = without_scheme
+        .split('/')
+        .next()
+        .unwrap_or_default()
+        .to_ascii_lowercase();
+    match host.as_str() {
+        "index.docker.io" | "registry-1.docker.io" | "registry.hub.docker.com" => {
+            "docker.io".to_string()
+        }
+        _ => host,
+    }
+}
+
+/// Credentials per registry host.
+#[derive(Debug, Clone, Default)]
+pub struct CredentialStore {
+    by_registry: HashMap<String, Credentials>,
+}
+
+impl CredentialStore {
+    pub fn with(mut self, registry: &str, credentials: Credentials) -> Self {
+        self.set(registry, credentials);
+        self
+    }
+
+    pub fn set(&mut self, registry: &str, credentials: Credentials) {
+        self.by_registry
+            .insert(normalise_host(registry), credentials);
+    }
+
+    pub fn get(&self, registry: &str) -> Credentials {
+        self.by_registry
+            .get(&normalise_host(registry))
+            .cloned()
+            .unwrap_or_default()
+    }
+}
+
+/// A parsed `WWW-Authenticate` challenge.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Challenge {
+    pub scheme: String,
+    pub params: HashMap<String, String>,
+}
+
+/// Parses `Scheme key="value",key=value` (quoted values may hold commas).
+pub(crate) fn parse_challenge(header: &str) -> Option<Challenge> {
+    let header = header.trim();
+    let (scheme, rest) = header.split_once(' ').unwrap_or((header, ""));
+    if scheme.is_empty() {
+        return None;
+    }
+    let mut params = HashMap::new();
+    let mut chars = rest.chars().peekable();
+    loop {
+        while chars.peek().is_some_and(|c| *c == ',' || c.is_whitespace()) {
+            chars.next();
+        }
+        let key: String =
+            std::iter::from_fn(|| chars.next_if(|c| *c != '=' && *c != ',')).collect();
+        if key.is_empty() {
+            break;
+        }
+        if chars.next() != Some('=') {
+            break;
+        }
+        let value = if chars.peek() == Some(&'"') {
+            chars.next();
+            let mut value = String::new();
+            while let Some(c) = chars.next() {
+                match c {
+                    '"' => break,
+                    '\\' => value.extend(chars.next()),
+                    other => value.push(other),
+                }
+            }
+            value
+        } else {
+            std::iter::from_fn(|| chars.next_if(|c| *c != ','))
+                .collect::<String>()
+                .trim()
+                .to_string()
+        };
+        params.insert(key.trim().to_ascii_lowercase(), value);
+    }
+    Some(Challenge {
+        scheme: scheme.to_ascii_lowercase(),
+        params,
+    })
+}
+
+#[derive(Deserialize)]
+pub(crate) struct TokenResponse {
+    pub token: Option<String>,
+    pub access_token: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bearer_challenge_is_parsed_with_quoted_commas() {
+        let c = parse_challenge(r#"Bearer realm="https://auth.example/token",service="registry.example",scope="repository:a/b:pull,push""#).unwrap();
+        assert_eq!(c.scheme, "bearer");
+        assert_eq!(c.params["realm"], "https://auth.example/token");
+        assert_eq!(c.params["service"], "registry.example");
+        assert_eq!(c.params["scope"], "repository:a/b:pull,push");
+        assert_eq!(
+            parse_challenge(r#"Basic realm="x""#).unwrap().scheme,
+            "basic"
+        );
+    }
+
+    #[test]
+    fn dockerconfigjson_credentials_are_found_by_host_and_never_printed() {
+        let auth = base64::engine::general_purpose::STANDARD.encode("robot:s3cret");
+        let doc = format!(
+            r#"{{"auths":{{"https://index.docker.io/v1/":{{"auth":"{auth}"}},"ghcr.io":{{"username":"u","password":"p"}}}}}}"#
+        );
+        let hub = Credentials::from_dockerconfigjson(doc.as_bytes(), "docker.io").unwrap();
+        assert_eq!(hub, Credentials::basic("robot", "s3cret"));
+        assert_eq!(format!("{hub:?}"), "Basic(<redacted>)");
+        assert_eq!(
+            Credentials::from_dockerconfigjson(doc.as_bytes(), "ghcr.io").unwrap(),
+            Credentials::basic("u", "p")
+        );
+        assert_eq!(
+            Credentials::from_dockerconfigjson(doc.as_bytes(), "quay.io").unwrap(),
+            Credentials::Anonymous
+        );
+    }
+
+    #[test]
+    fn a_malformed_dockerconfigjson_is_a_clear_error_without_its_content() {
+        let error = Credentials::from_dockerconfigjson(
+            br#"{"auths":{"r":{"auth":"!!notbase64 s3cret"}}}"#,
+            "r",
+        )
+        .unwrap_err();
+        assert!(
+            error.to_string().contains("auths[r].auth is not base64"),
+            "{error}"
+        );
+        assert!(!error.to_string().contains("s3cret"));
+        let error = Credentials::from_dockerconfigjson(b"password=s3cret", "r").unwrap_err();
+        assert!(error.to_string().contains("invalid JSON"), "{error}");
+        assert!(!error.to_string().contains("s3cret"));
+    }
+}

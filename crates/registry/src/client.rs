@@ -1,0 +1,594 @@
+//! Registry operations: tags (all pages), digests, manifests, Vynil metadata
+//! by digest, artifacts, and deletes that are verified before being reported.
+
+use std::{collections::BTreeMap, fmt, sync::Arc};
+
+use oci_client::manifest::{
+    IMAGE_MANIFEST_LIST_MEDIA_TYPE, IMAGE_MANIFEST_MEDIA_TYPE, OCI_IMAGE_INDEX_MEDIA_TYPE,
+    OCI_IMAGE_MEDIA_TYPE, OciManifest,
+};
+use reqwest::{Method, StatusCode};
+use sha2::{Digest, Sha256};
+use vynil_rules::{ArtifactTag, parse_annotations, tag::ArtifactKind};
+
+use crate::{
+    CredentialStore, ManifestMetadata, MetadataCache, RegistryError, RequestCounters, Result,
+    TransportConfig,
+    transport::{Access, Request, Response, Transport},
+};
+
+const MANIFEST_TYPES: &[&str] = &[
+    OCI_IMAGE_MEDIA_TYPE,
+    OCI_IMAGE_INDEX_MEDIA_TYPE,
+    IMAGE_MANIFEST_MEDIA_TYPE,
+    IMAGE_MANIFEST_LIST_MEDIA_TYPE,
+];
+const JSON: &[&str] = &["application/json"];
+const PAGE_SIZE: usize = 1000;
+const MAX_LIST_BYTES: usize = 16 * 1024 * 1024;
+
+/// `registry/repository`, split at the first `/` as upstream does.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RepositoryRef {
+    pub registry: String,
+    pub repository: String,
+}
+
+impl RepositoryRef {
+    pub fn new(registry: &str, repository: &str) -> Result<Self> {
+        Self::parse(&format!("{registry}/{repository}"))
+    }
+
+    /// Parses `registry/path/repo` (no tag, no digest).
+    pub fn parse(image: &str) -> Result<Self> {
+        let invalid = |problem: &str| RegistryError::InvalidReference {
+            reference: image.chars().take(200).collect(),
+            problem: problem.to_string(),
+        };
+        let (registry, repository) = image
+            .split_once('/')
+            .ok_or_else(|| invalid("expected registry/repository"))?;
+        let host_ok = !registry.is_empty()
+            && registry
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '[' | ']'));
+        if !host_ok {
+            return Err(invalid(
+                "the registry must be a host name with an optional port",
+            ));
+        }
+        // The distribution spec's repository name grammar.
+        let path_ok = !repository.is_empty()
+            && repository.split('/').all(|component| {
+                !component.is_empty()
+                    && component.chars().all(|c| {
+                        c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '.' | '_' | '-')
+                    })
+                    && component.starts_with(|c: char| c.is_ascii_alphanumeric())
+                    && component.ends_with(|c: char| c.is_ascii_alphanumeric())
+            });
+        if !path_ok {
+            return Err(invalid(
+                "the repository must be lowercase path components [a-z0-9._-]",
+            ));
+        }
+        Ok(Self {
+            registry: registry.to_string(),
+            repository: repository.to_string(),
+        })
+    }
+}
+
+impl fmt::Display for RepositoryRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.registry, self.repository)
+    }
+}
+
+/// A manifest as served.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Manifest {
+    pub digest: String,
+    pub media_type: String,
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// A tag, its digest and what its annotations say.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TagMetadata {
+    pub tag: String,
+    pub digest: String,
+    pub metadata: ManifestMetadata,
+}
+
+/// An artifact attached to a subject digest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Artifact {
+    /// The cosign-convention tag, when found that way.
+    pub tag: Option<String>,
+    pub digest: String,
+    /// `signature`, `attestation`, `SBOM`, or the referrer's artifact type.
+    pub kind: String,
+}
+
+/// What a delete did, verified by reading back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeletionOutcome {
+    /// Gone, and so are these tags: eligible for registry garbage collection.
+    Deleted {
+        tags: Vec<String>,
+    },
+    AlreadyGone,
+    Failed {
+        status: Option<u16>,
+        code: String,
+        message: String,
+    },
+}
+
+/// The registry client. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct RegistryClient {
+    transport: Arc<Transport>,
+    cache: Arc<dyn MetadataCache>,
+}
+
+impl RegistryClient {
+    pub fn new(
+        config: TransportConfig,
+        credentials: CredentialStore,
+        cache: Arc<dyn MetadataCache>,
+    ) -> Result<Self> {
+        Ok(Self {
+            transport: Arc::new(Transport::new(config, credentials)?),
+            cache,
+        })
+    }
+
+    pub fn counters(&self) -> RequestCounters {
+        self.transport.counters.clone()
+    }
+
+    pub(crate) fn transport(&self) -> &Transport {
+        &self.transport
+    }
+
+    fn request(
+        &self,
+        kind: &'static str,
+        what: String,
+        repo: &RepositoryRef,
+        method: Method,
+        path: &str,
+    ) -> Request {
+        Request {
+            kind,
+            what,
+            registry: repo.registry.clone(),
+            method,
+            url: format!("{}{path}", self.transport.base_url(&repo.registry)),
+            accept: MANIFEST_TYPES,
+            token_scope: Some((repo.repository.clone(), Access::Read)),
+            authorization: None,
+            max_body: self.transport.config().max_manifest_bytes,
+        }
+    }
+
+    /// Every tag of the repository, following `Link` pages to the end.
+    pub async fn list_tags(&self, repo: &RepositoryRef) -> Result<Vec<String>> {
+        #[derive(serde::Deserialize)]
+        struct TagList {
+            tags: Option<Vec<String>>,
+        }
+        let what = format!("tags of {repo}");
+        let mut tags = Vec::new();
+        let mut path = format!("/v2/{}/tags/list?n={PAGE_SIZE}", repo.repository);
+        let mut pages = 0;
+        loop {
+            pages += 1;
+            let mut request = self.request("list_tags", what.clone(), repo, Method::GET, &path);
+            request.accept = JSON;
+            request.max_body = MAX_LIST_BYTES;
+            let response = self.transport.send(&request).await?;
+            check_status(&response, &what)?;
+            let page: TagList =
+                serde_json::from_slice(&response.body).map_err(|e| RegistryError::InvalidBody {
+                    what: what.clone(),
+                    problem: format!("tag list is not JSON: {e}"),
+                })?;
+            tags.extend(page.tags.unwrap_or_default());
+            match response.header("link").and_then(next_link) {
+                Some(next) if pages < 100_000 => path = next,
+                _ => break,
+            }
+        }
+        Ok(tags)
+    }
+
+    /// The digest `reference` (tag or digest) points to; `None` if absent.
+    pub async fn head_digest(
+        &self,
+        repo: &RepositoryRef,
+        reference: &str,
+    ) -> Result<Option<String>> {
+        let what = format!("digest of {repo}:{reference}");
+        let request = self.request(
+            "head_manifest",
+            what.clone(),
+            repo,
+            Method::HEAD,
+            &manifest_path(repo, reference),
+        );
+        let response = self.transport.send(&request).await?;
+        if response.status == StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        check_status(&response, &what)?;
+        match response.header("docker-content-digest") {
+            Some(digest) => Ok(Some(digest.to_string())),
+            // Without the header the digest is the hash of the body: fetch it.
+            None => Ok(self.get_manifest(repo, reference).await?.map(|m| m.digest)),
+        }
+    }
+
+    /// The manifest `reference` points to, with its annotations; an OCI index
+    /// without Vynil annotations of its own takes those of its first image.
+    pub async fn get_manifest(
+        &self,
+        repo: &RepositoryRef,
+        reference: &str,
+    ) -> Result<Option<Manifest>> {
+        let Some(manifest) = self.get_one(repo, reference).await? else {
+            return Ok(None);
+        };
+        if manifest.1.is_some()
+            && !manifest
+                .0
+                .annotations
+                .contains_key(vynil_rules::annotations::METADATA)
+        {
+            if let Some(first) = manifest.1.as_deref() {
+                if let Some((child, _)) = self.get_one(repo, first).await? {
+                    return Ok(Some(Manifest {
+                        digest: manifest.0.digest,
+                        media_type: manifest.0.media_type,
+                        annotations: child.annotations,
+                    }));
+                }
+            }
+        }
+        Ok(Some(manifest.0))
+    }
+
+    /// One manifest, and for an index the digest of its first entry.
+    async fn get_one(
+        &self,
+        repo: &RepositoryRef,
+        reference: &str,
+    ) -> Result<Option<(Manifest, Option<String>)>> {
+        let what = format!("manifest {repo}:{reference}");
+        let request = self.request(
+            "get_manifest",
+            what.clone(),
+            repo,
+            Method::GET,
+            &manifest_path(repo, reference),
+        );
+        let response = self.transport.send(&request).await?;
+        if response.status == StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        check_status(&response, &what)?;
+        let digest = format!("sha256:{}", hex::encode(Sha256::digest(&response.body)));
+        if reference.starts_with("sha256:") && reference != digest {
+            return Err(RegistryError::InvalidBody {
+                what,
+                problem: format!(
+                    "content does not match its digest (got {digest}): truncated or corrupt"
+                ),
+            });
+        }
+        let parsed: OciManifest =
+            serde_json::from_slice(&response.body).map_err(|e| RegistryError::InvalidBody {
+                what: what.clone(),
+                problem: format!("not an OCI manifest: {e}"),
+            })?;
+        let media_type = response
+            .header("content-type")
+            .unwrap_or_default()
+            .to_string();
+        let (annotations, first) = match parsed {
+            OciManifest::Image(image) => (image.annotations.unwrap_or_default(), None),
+            OciManifest::ImageIndex(index) => {
+                let first = index.manifests.first().map(|m| m.digest.clone());
+                (index.annotations.unwrap_or_default(), first)
+            }
+        };
+        Ok(Some((
+            Manifest {
+                digest: response
+                    .header("docker-content-digest")
+                    .map(String::from)
+                    .unwrap_or(digest),
+                media_type,
+                annotations,
+            },
+            first,
+        )))
+    }
+
+    /// The digest of `tag` and its Vynil metadata; the manifest is read only
+    /// when this digest was never seen before. `None` if the tag is absent.
+    pub async fn tag_metadata(
+        &self,
+        repo: &RepositoryRef,
+        tag: &str,
+    ) -> Result<Option<TagMetadata>> {
+        let Some(digest) = self.head_digest(repo, tag).await? else {
+            return Ok(None);
+        };
+        if let Some(metadata) = self.cache.get(&digest).await {
+            return Ok(Some(TagMetadata {
+                tag: tag.to_string(),
+                digest,
+                metadata,
+            }));
+        }
+        let Some(manifest) = self.get_manifest(repo, &digest).await? else {
+            return Ok(None);
+        };
+        let metadata =
+            match parse_annotations(|key| manifest.annotations.get(key).map(String::as_str)) {
+                Ok(Some(content)) => ManifestMetadata::Vynil(Box::new(content)),
+                Ok(None) => ManifestMetadata::NotVynil,
+                Err(error) => ManifestMetadata::Malformed(error.to_string()),
+            };
+        self.cache.put(&digest, &metadata).await;
+        Ok(Some(TagMetadata {
+            tag: tag.to_string(),
+            digest,
+            metadata,
+        }))
+    }
+
+    /// Artifacts of `subject` (`sha256:…`): the OCI referrers API where the
+    /// registry offers it, else the cosign tag convention among `tags`.
+    pub async fn artifacts(
+        &self,
+        repo: &RepositoryRef,
+        subject: &str,
+        tags: &[String],
+    ) -> Result<Vec<Artifact>> {
+        let what = format!("referrers of {repo}@{subject}");
+        let mut request = self.request(
+            "referrers",
+            what.clone(),
+            repo,
+            Method::GET,
+            &format!("/v2/{}/referrers/{subject}", repo.repository),
+        );
+        request.accept = &[OCI_IMAGE_INDEX_MEDIA_TYPE];
+        let response = self.transport.send(&request).await?;
+        if response.status == StatusCode::OK {
+            if let Ok(OciManifest::ImageIndex(index)) =
+                serde_json::from_slice::<OciManifest>(&response.body)
+            {
+                return Ok(index
+                    .manifests
+                    .into_iter()
+                    .map(|m| Artifact {
+                        tag: None,
+                        digest: m.digest,
+                        kind: m.artifact_type.unwrap_or(m.media_type),
+                    })
+                    .collect());
+            }
+        }
+        let mut artifacts = Vec::new();
+        for tag in tags {
+            let Some(artifact) = ArtifactTag::parse(tag).filter(|a| a.subject == subject) else {
+                continue;
+            };
+            if let Some(digest) = self.head_digest(repo, tag).await? {
+                artifacts.push(Artifact {
+                    tag: Some(tag.clone()),
+                    digest,
+                    kind: match artifact.kind {
+                        ArtifactKind::Signature => "signature".into(),
+                        ArtifactKind::Attestation => "attestation".into(),
+                        ArtifactKind::Sbom => "SBOM".into(),
+                    },
+                });
+            }
+        }
+        Ok(artifacts)
+    }
+
+    /// Deletes the manifest `digest` (which removes every tag on it), then
+    /// verifies: a GET by digest answers 404 and none of `tags` is listed.
+    pub async fn delete_digest(
+        &self,
+        repo: &RepositoryRef,
+        digest: &str,
+        tags: &[String],
+    ) -> DeletionOutcome {
+        let what = format!("delete {repo}@{digest}");
+        let mut request = self.request(
+            "delete",
+            what.clone(),
+            repo,
+            Method::DELETE,
+            &manifest_path(repo, digest),
+        );
+        request.token_scope = Some((repo.repository.clone(), Access::Delete));
+        let response = match self.transport.send(&request).await {
+            Ok(response) => response,
+            Err(error) => return failed_from(error),
+        };
+        let already_gone = response.status == StatusCode::NOT_FOUND;
+        if !already_gone && !response.status.is_success() {
+            let (code, message) = response.error_code();
+            return DeletionOutcome::Failed {
+                status: Some(response.status.as_u16()),
+                code,
+                message,
+            };
+        }
+        match self.verify_gone(repo, digest, tags).await {
+            Ok(()) if already_gone => DeletionOutcome::AlreadyGone,
+            Ok(()) => DeletionOutcome::Deleted {
+                tags: tags.to_vec(),
+            },
+            Err(reason) => DeletionOutcome::Failed {
+                status: Some(response.status.as_u16()),
+                code: "NOT_VERIFIED".into(),
+                message: reason,
+            },
+        }
+    }
+
+    async fn verify_gone(
+        &self,
+        repo: &RepositoryRef,
+        digest: &str,
+        tags: &[String],
+    ) -> std::result::Result<(), String> {
+        match self.head_digest(repo, digest).await {
+            Ok(None) => {}
+            Ok(Some(_)) => {
+                return Err("the registry accepted the delete but still serves the manifest".into());
+            }
+            Err(error) => return Err(format!("cannot verify the delete: {error}")),
+        }
+        if tags.is_empty() {
+            return Ok(());
+        }
+        match self.list_tags(repo).await {
+            Ok(listed) => {
+                let remaining: Vec<&String> = tags.iter().filter(|t| listed.contains(t)).collect();
+                if remaining.is_empty() {
+                    Ok(())
+                } else {
+                    Err(format!("tags still listed after the delete: {remaining:?}"))
+                }
+            }
+            // The last tag of a repository gone: distribution answers NAME_UNKNOWN.
+            Err(RegistryError::NotFound { .. }) => Ok(()),
+            Err(error) => Err(format!("cannot verify the delete: {error}")),
+        }
+    }
+}
+
+fn failed_from(error: RegistryError) -> DeletionOutcome {
+    let status = match &error {
+        RegistryError::Registry { status, .. } | RegistryError::Unauthorized { status, .. } => {
+            Some(*status)
+        }
+        RegistryError::RateLimited { .. } => Some(429),
+        _ => None,
+    };
+    let code = match &error {
+        RegistryError::Registry { code, .. } => code.clone(),
+        RegistryError::Unauthorized { .. } => "UNAUTHORIZED".into(),
+        RegistryError::RateLimited { .. } => "TOOMANYREQUESTS".into(),
+        _ => "UNREACHABLE".into(),
+    };
+    DeletionOutcome::Failed {
+        status,
+        code,
+        message: error.to_string(),
+    }
+}
+
+fn manifest_path(repo: &RepositoryRef, reference: &str) -> String {
+    format!("/v2/{}/manifests/{reference}", repo.repository)
+}
+
+/// Maps a non-success status to a typed error (404 → `NotFound`).
+fn check_status(response: &Response, what: &str) -> Result<()> {
+    if response.status.is_success() {
+        return Ok(());
+    }
+    let (code, message) = response.error_code();
+    if response.status == StatusCode::NOT_FOUND {
+        return Err(RegistryError::NotFound {
+            what: what.to_string(),
+            code: if code.is_empty() { "404".into() } else { code },
+        });
+    }
+    Err(RegistryError::Registry {
+        what: what.to_string(),
+        status: response.status.as_u16(),
+        code,
+        message,
+    })
+}
+
+/// The path of `<…>; rel="next"` in a `Link` header.
+fn next_link(header: &str) -> Option<String> {
+    header.split(',').find_map(|part| {
+        let (target, params) = part.split_once(';')?;
+        let is_next = params.split(';').any(|p| {
+            let p = p.trim().replace(' ', "");
+            p == "rel=\"next\"" || p == "rel=next"
+        });
+        let target = target.trim().strip_prefix('<')?.strip_suffix('>')?;
+        // Absolute URLs keep only their path and query: the host is ours.
+        let path = match url::Url::parse(target) {
+            Ok(absolute) => format!(
+                "{}{}",
+                absolute.path(),
+                absolute
+                    .query()
+                    .map(|q| format!("?{q}"))
+                    .unwrap_or_default()
+            ),
+            Err(_) => target.to_string(),
+        };
+        is_next.then_some(path)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_next_page_is_read_from_the_link_header() {
+        assert_eq!(
+            next_link(r#"</v2/a/tags/list?last=x&n=2>; rel="next""#).as_deref(),
+            Some("/v2/a/tags/list?last=x&n=2")
+        );
+        assert_eq!(
+            next_link(r#"<https://r.example/v2/a/tags/list?last=x>; rel="next""#).as_deref(),
+            Some("/v2/a/tags/list?last=x")
+        );
+        assert_eq!(next_link(r#"</v2/a/tags/list?last=x>; rel="prev""#), None);
+    }
+
+    #[test]
+    fn repository_references_split_at_the_first_slash_and_refuse_hostile_names() {
+        let r = RepositoryRef::parse("docker.io/sebt3/vynil-ollama").unwrap();
+        assert_eq!(
+            (r.registry.as_str(), r.repository.as_str()),
+            ("docker.io", "sebt3/vynil-ollama")
+        );
+        assert_eq!(
+            RepositoryRef::parse("127.0.0.1:5000/a").unwrap().registry,
+            "127.0.0.1:5000"
+        );
+        for bad in [
+            "noslash",
+            "/a",
+            "r/",
+            "r/A",
+            "r/a/../b",
+            "r/a?x=1",
+            "r/a b",
+            "r/-a",
+            "h\u{0}st/a",
+        ] {
+            assert!(RepositoryRef::parse(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+}

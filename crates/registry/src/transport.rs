@@ -1,0 +1,474 @@
+//! The HTTP transport and its policy: https unless a registry is declared
+//! insecure, timeouts, bounded retries with jittered exponential backoff on
+//! 5xx, connection errors, timeouts and truncated bodies, `429` honoured with
+//! `Retry-After`, a concurrency limit per registry, a body size cap, bearer
+//! tokens from the challenge, and a counter per request.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use bytes::Bytes;
+use futures::StreamExt;
+use reqwest::{Method, StatusCode, header::HeaderMap};
+use tokio::sync::Semaphore;
+
+use crate::{
+    CredentialStore, Credentials, RegistryError, RequestCounters, Result,
+    auth::{TokenResponse, parse_challenge},
+};
+
+/// The transport policy.
+#[derive(Debug, Clone)]
+pub struct TransportConfig {
+    /// Registries reached over plain http (e.g. a local registry); every other
+    /// one over https.
+    pub insecure_registries: Vec<String>,
+    /// Per request, connection to last byte.
+    pub timeout: Duration,
+    /// Attempts per request, the first included.
+    pub max_attempts: u32,
+    pub backoff_base: Duration,
+    pub backoff_max: Duration,
+    /// A `Retry-After` longer than this is cut to it.
+    pub max_retry_after: Duration,
+    /// Requests in flight per registry.
+    pub per_registry_concurrency: usize,
+    /// Larger manifests are refused.
+    pub max_manifest_bytes: usize,
+}
+
+impl Default for TransportConfig {
+    fn default() -> Self {
+        Self {
+            insecure_registries: Vec::new(),
+            timeout: Duration::from_secs(30),
+            max_attempts: 4,
+            backoff_base: Duration::from_millis(200),
+            backoff_max: Duration::from_secs(10),
+            max_retry_after: Duration::from_secs(60),
+            per_registry_concurrency: 8,
+            max_manifest_bytes: 4 * 1024 * 1024,
+        }
+    }
+}
+
+/// Which token an authenticated request needs.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) enum Access {
+    Read,
+    Delete,
+}
+
+/// One logical request (retried as one).
+#[derive(Debug, Clone)]
+pub(crate) struct Request {
+    /// Counter kind, e.g. `get_manifest`.
+    pub kind: &'static str,
+    /// For errors: what was being done, e.g. `tags of r/x`.
+    pub what: String,
+    pub registry: String,
+    pub method: Method,
+    pub url: String,
+    pub accept: &'static [&'static str],
+    /// Registry repository and access, for the token cache; `None` for
+    /// requests that are not distribution API calls.
+    pub token_scope: Option<(String, Access)>,
+    /// An explicit `Authorization` value (REST APIs), instead of the registry's credentials.
+    pub authorization: Option<String>,
+    pub max_body: usize,
+}
+
+#[derive(Debug)]
+pub(crate) struct Response {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Response {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    /// The distribution error envelope's first `(code, message)`, if any.
+    pub fn error_code(&self) -> (String, String) {
+        #[derive(serde::Deserialize)]
+        struct Envelope {
+            errors: Vec<Item>,
+        }
+        #[derive(serde::Deserialize)]
+        struct Item {
+            code: Option<String>,
+            message: Option<String>,
+        }
+        match serde_json::from_slice::<Envelope>(&self.body) {
+            Ok(envelope) => envelope
+                .errors
+                .into_iter()
+                .next()
+                .map(|e| (e.code.unwrap_or_default(), e.message.unwrap_or_default()))
+                .unwrap_or_default(),
+            Err(_) => (
+                String::new(),
+                String::from_utf8_lossy(&self.body[..self.body.len().min(200)]).into_owned(),
+            ),
+        }
+    }
+}
+
+pub(crate) struct Transport {
+    http: reqwest::Client,
+    config: TransportConfig,
+    credentials: CredentialStore,
+    tokens: Mutex<HashMap<(String, String, Access), String>>,
+    limits: Mutex<HashMap<String, Arc<Semaphore>>>,
+    pub counters: RequestCounters,
+}
+
+impl std::fmt::Debug for Transport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Transport")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+enum Failure {
+    Timeout,
+    Unreachable(String),
+}
+
+impl Transport {
+    pub fn new(config: TransportConfig, credentials: CredentialStore) -> Result<Self> {
+        let http = reqwest::Client::builder()
+            .timeout(config.timeout)
+            .user_agent(concat!("vynil-control-plane/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| RegistryError::Unreachable {
+                what: "building the HTTP client".into(),
+                attempts: 0,
+                problem: e.to_string(),
+            })?;
+        Ok(Self {
+            http,
+            config,
+            credentials,
+            tokens: Mutex::default(),
+            limits: Mutex::default(),
+            counters: RequestCounters::default(),
+        })
+    }
+
+    pub fn config(&self) -> &TransportConfig {
+        &self.config
+    }
+
+    /// `https://<registry>`, or `http://` for a registry declared insecure.
+    pub fn base_url(&self, registry: &str) -> String {
+        let insecure = self
+            .config
+            .insecure_registries
+            .iter()
+            .any(|r| r == registry);
+        format!("{}://{registry}", if insecure { "http" } else { "https" })
+    }
+
+    fn limit(&self, registry: &str) -> Arc<Semaphore> {
+        let mut limits = self.limits.lock().unwrap_or_else(|p| p.into_inner());
+        limits
+            .entry(registry.to_string())
+            .or_insert_with(|| {
+                Arc::new(Semaphore::new(self.config.per_registry_concurrency.max(1)))
+            })
+            .clone()
+    }
+
+    fn backoff(&self, attempt: u32) -> Duration {
+        let exponential = self
+            .config
+            .backoff_base
+            .saturating_mul(2u32.saturating_pow(attempt.saturating_sub(1)));
+        let capped = exponential.min(self.config.backoff_max);
+        capped.mul_f64(0.5 + fastrand::f64() * 0.5)
+    }
+
+    fn retry_after(&self, headers: &HeaderMap) -> Duration {
+        let value = headers
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default();
+        let wait = value
+            .trim()
+            .parse::<u64>()
+            .map(Duration::from_secs)
+            .ok()
+            .or_else(|| {
+                httpdate::parse_http_date(value)
+                    .ok()
+                    .and_then(|at| at.duration_since(std::time::SystemTime::now()).ok())
+            });
+        wait.unwrap_or(self.config.backoff_base)
+            .min(self.config.max_retry_after)
+    }
+
+    fn authorization(&self, request: &Request) -> Option<String> {
+        if let Some(explicit) = &request.authorization {
+            return Some(explicit.clone());
+        }
+        if let Some((repository, access)) = &request.token_scope {
+            let tokens = self.tokens.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(token) =
+                tokens.get(&(request.registry.clone(), repository.clone(), access.clone()))
+            {
+                return Some(format!("Bearer {token}"));
+            }
+        }
+        self.credentials.get(&request.registry).basic_header()
+    }
+
+    /// Sends `request`, retrying per the policy; any final HTTP status is
+    /// returned to the caller except 401 (after the token flow), 429 and 5xx.
+    pub async fn send(&self, request: &Request) -> Result<Response> {
+        let limit = self.limit(&request.registry);
+        let _permit = limit
+            .acquire()
+            .await
+            .map_err(|_| RegistryError::Unreachable {
+                what: request.what.clone(),
+                attempts: 0,
+                problem: "transport shut down".into(),
+            })?;
+        let mut attempt = 0;
+        let mut token_fetched = false;
+        loop {
+            attempt += 1;
+            let outcome = self.attempt(request).await;
+            let last = attempt >= self.config.max_attempts;
+            match outcome {
+                Ok(response) if response.status == StatusCode::UNAUTHORIZED => {
+                    if !token_fetched && request.token_scope.is_some() {
+                        if let Some(challenge) = response
+                            .header("www-authenticate")
+                            .and_then(parse_challenge)
+                        {
+                            if challenge.scheme == "bearer" {
+                                token_fetched = true;
+                                self.fetch_token(request, &challenge.params).await?;
+                                attempt -= 1;
+                                continue;
+                            }
+                        }
+                    }
+                    let (code, message) = response.error_code();
+                    let detail = if code.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" {code}: {message}")
+                    };
+                    return Err(RegistryError::Unauthorized {
+                        registry: request.registry.clone(),
+                        what: request.what.clone(),
+                        status: 401,
+                        detail,
+                    });
+                }
+                Ok(response) if response.status == StatusCode::TOO_MANY_REQUESTS => {
+                    if last {
+                        return Err(RegistryError::RateLimited {
+                            what: request.what.clone(),
+                            attempts: attempt,
+                        });
+                    }
+                    let wait = self.retry_after(&response.headers);
+                    tracing::debug!(what = %request.what, ?wait, "rate limited, waiting");
+                    tokio::time::sleep(wait).await;
+                }
+                Ok(response) if response.status.is_server_error() => {
+                    if last {
+                        let (code, message) = response.error_code();
+                        return Err(RegistryError::Registry {
+                            what: request.what.clone(),
+                            status: response.status.as_u16(),
+                            code,
+                            message,
+                        });
+                    }
+                    tokio::time::sleep(self.backoff(attempt)).await;
+                }
+                Ok(response) => return Ok(response),
+                Err(Ok(too_large)) => return Err(too_large),
+                Err(Err(failure)) => {
+                    if last {
+                        return Err(match failure {
+                            Failure::Timeout => RegistryError::Timeout {
+                                what: request.what.clone(),
+                                seconds: self.config.timeout.as_secs(),
+                                attempts: attempt,
+                            },
+                            Failure::Unreachable(problem) => RegistryError::Unreachable {
+                                what: request.what.clone(),
+                                attempts: attempt,
+                                problem,
+                            },
+                        });
+                    }
+                    tokio::time::sleep(self.backoff(attempt)).await;
+                }
+            }
+        }
+    }
+
+    /// One HTTP exchange. `Err(Ok(e))` is final (too large); `Err(Err(f))`
+    /// may be retried.
+    async fn attempt(
+        &self,
+        request: &Request,
+    ) -> std::result::Result<Response, std::result::Result<RegistryError, Failure>> {
+        let mut builder = self.http.request(request.method.clone(), &request.url);
+        if !request.accept.is_empty() {
+            builder = builder.header("Accept", request.accept.join(", "));
+        }
+        if let Some(authorization) = self.authorization(request) {
+            builder = builder.header("Authorization", authorization);
+        }
+        let response = match builder.send().await {
+            Ok(response) => response,
+            Err(error) => {
+                self.counters.record(request.kind, "error");
+                return Err(Err(classify(&error)));
+            }
+        };
+        let status = response.status();
+        self.counters.record(request.kind, status.as_str());
+        let headers = response.headers().clone();
+        let too_large = || {
+            Err(Ok(RegistryError::TooLarge {
+                what: request.what.clone(),
+                limit: request.max_body,
+            }))
+        };
+        if response
+            .content_length()
+            .is_some_and(|length| length > request.max_body as u64)
+        {
+            return too_large();
+        }
+        let mut body = Vec::new();
+        let mut stream = response.bytes_stream();
+        while let Some(chunk) = stream.next().await {
+            match chunk {
+                Ok(chunk) => {
+                    body.extend_from_slice(&chunk);
+                    if body.len() > request.max_body {
+                        return too_large();
+                    }
+                }
+                Err(error) => {
+                    let failure = match classify(&error) {
+                        Failure::Timeout => Failure::Timeout,
+                        Failure::Unreachable(problem) => {
+                            Failure::Unreachable(format!("truncated answer: {problem}"))
+                        }
+                    };
+                    return Err(Err(failure));
+                }
+            }
+        }
+        Ok(Response {
+            status,
+            headers,
+            body: Bytes::from(body),
+        })
+    }
+
+    async fn fetch_token(&self, request: &Request, params: &HashMap<String, String>) -> Result<()> {
+        let Some((repository, access)) = &request.token_scope else {
+            return Ok(());
+        };
+        let realm = params
+            .get("realm")
+            .ok_or_else(|| RegistryError::InvalidBody {
+                what: request.what.clone(),
+                problem: "bearer challenge without realm".into(),
+            })?;
+        let mut url = url::Url::parse(realm).map_err(|_| RegistryError::InvalidBody {
+            what: request.what.clone(),
+            problem: "bearer challenge with an invalid realm".into(),
+        })?;
+        {
+            let mut query = url.query_pairs_mut();
+            if let Some(service) = params.get("service") {
+                query.append_pair("service", service);
+            }
+            let scope = params
+                .get("scope")
+                .cloned()
+                .unwrap_or_else(|| match access {
+                    Access::Read => format!("repository:{repository}:pull"),
+                    Access::Delete => format!("repository:{repository}:delete"),
+                });
+            query.append_pair("scope", &scope);
+        }
+        let token_request = Request {
+            kind: "token",
+            what: format!("token for {} ({})", request.registry, request.what),
+            registry: request.registry.clone(),
+            method: Method::GET,
+            url: url.to_string(),
+            accept: &["application/json"],
+            token_scope: None,
+            authorization: self.credentials.get(&request.registry).basic_header(),
+            max_body: 1024 * 1024,
+        };
+        let response = Box::pin(self.send(&token_request)).await?;
+        if !response.status.is_success() {
+            return Err(RegistryError::Unauthorized {
+                registry: request.registry.clone(),
+                what: token_request.what,
+                status: response.status.as_u16(),
+                detail: " from the token service".into(),
+            });
+        }
+        let token: TokenResponse =
+            serde_json::from_slice(&response.body).map_err(|_| RegistryError::InvalidBody {
+                what: token_request.what.clone(),
+                problem: "the token service did not answer a token".into(),
+            })?;
+        let token =
+            token
+                .token
+                .or(token.access_token)
+                .ok_or_else(|| RegistryError::InvalidBody {
+                    what: token_request.what.clone(),
+                    problem: "the token service answered no token".into(),
+                })?;
+        self.tokens
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(
+                (request.registry.clone(), repository.clone(), access.clone()),
+                token,
+            );
+        Ok(())
+    }
+
+    pub fn credentials(&self, registry: &str) -> Credentials {
+        self.credentials.get(registry)
+    }
+}
+
+fn classify(error: &reqwest::Error) -> Failure {
+    if error.is_timeout() {
+        Failure::Timeout
+    } else {
+        // Credentials travel in headers, never in URLs: the text is safe to show.
+        let mut text = error.to_string();
+        if let Some(source) = std::error::Error::source(error) {
+            text.push_str(&format!(": {source}"));
+        }
+        Failure::Unreachable(text)
+    }
+}
