@@ -456,7 +456,9 @@ impl RegistryClient {
         match self.head_digest(repo, digest).await {
             Ok(None) => {}
             Ok(Some(_)) => {
-                return Err("the registry accepted the delete but still serves the manifest".into());
+                return Err(
+                    "the registry accepted the delete but still serves the manifest".into(),
+                );
             }
             Err(error) => return Err(format!("cannot verify the delete: {error}")),
         }
