@@ -271,3 +271,37 @@ async fn a_list_source_with_a_hostile_entry_is_refused_by_name() {
         .unwrap();
     assert_eq!(repos[0].to_string(), "docker.io/sebt3/ok");
 }
+
+#[tokio::test]
+async fn the_referrers_api_is_used_where_the_registry_offers_it() {
+    let subject = format!("sha256:{}", "a".repeat(64));
+    let router = Router::new().route(
+        "/v2/{ns}/{name}/referrers/{digest}",
+        get(
+            |Path((_, _, digest)): Path<(String, String, String)>| async move {
+                Json(json!({
+                    "schemaVersion": 2,
+                    "mediaType": "application/vnd.oci.image.index.v1+json",
+                    "manifests": [{
+                        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                        "digest": format!("sha256:{}", "b".repeat(64)),
+                        "size": 10,
+                        "artifactType": "application/vnd.dev.cosign.artifact.sig.v1+json",
+                        "annotations": {"subject": digest},
+                    }],
+                }))
+            },
+        ),
+    );
+    let host = serve(router).await;
+    let artifacts = client(&host, CredentialStore::default())
+        .artifacts(&repo(&host, "apps/x"), &subject, &[])
+        .await
+        .unwrap();
+    assert_eq!(artifacts.len(), 1);
+    assert_eq!(artifacts[0].tag, None);
+    assert_eq!(
+        artifacts[0].kind,
+        "application/vnd.dev.cosign.artifact.sig.v1+json"
+    );
+}

@@ -219,3 +219,40 @@ async fn basic_auth_works_with_the_right_credentials_and_fails_clearly_without_l
         "{error}"
     );
 }
+
+#[tokio::test]
+async fn an_oci_index_without_annotations_takes_those_of_its_image() {
+    let registry = RegistryServer::start().await.unwrap();
+    let publisher = registry.publisher();
+    let spec = PackageSpec::new("apps", "i", PackageType::System, "1.0.0");
+    let image = publisher.publish("apps/i", &spec).await.unwrap();
+    let index = publisher
+        .push_index("apps/i", "1.0.0-multi", std::slice::from_ref(&image))
+        .await
+        .unwrap();
+    assert_ne!(index, image);
+
+    let client = client(&registry.host(), CredentialStore::default());
+    let repo = repo(&registry.host(), "apps/i");
+    assert_eq!(
+        client
+            .head_digest(&repo, "1.0.0-multi")
+            .await
+            .unwrap()
+            .as_deref(),
+        Some(index.as_str())
+    );
+    let meta = client
+        .tag_metadata(&repo, "1.0.0-multi")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(meta.digest, index);
+    let ManifestMetadata::Vynil(content) = meta.metadata else {
+        panic!("index not resolved: {meta:?}")
+    };
+    assert_eq!(
+        content.metadata.package_type,
+        vynil_rules::PackageType::System
+    );
+}

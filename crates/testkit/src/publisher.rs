@@ -20,6 +20,7 @@ use tokio::sync::Mutex;
 use crate::{ArtifactKind, PackageSpec, Result};
 
 pub const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
+const OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
 const OCI_CONFIG: &str = "application/vnd.oci.image.config.v1+json";
 const OCI_LAYER: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
 const COSIGN_LAYER: &str = "application/vnd.dev.cosign.simplesigning.v1+json";
@@ -102,10 +103,50 @@ impl Publisher {
         tag: &str,
         manifest: &[u8],
     ) -> Result<String> {
+        self.push_raw(repository, tag, manifest, OCI_MANIFEST).await
+    }
+
+    /// An OCI image index under `tag` listing `manifests` (digests of images
+    /// already pushed to `repository`), without annotations of its own.
+    pub async fn push_index(
+        &self,
+        repository: &str,
+        tag: &str,
+        manifests: &[String],
+    ) -> Result<String> {
+        let mut entries = Vec::new();
+        for digest in manifests {
+            let (bytes, _) = self
+                .client
+                .pull_manifest_raw(
+                    &self.reference(repository, digest),
+                    &self.auth,
+                    &[OCI_MANIFEST],
+                )
+                .await?;
+            entries.push(json!({
+                "mediaType": OCI_MANIFEST,
+                "digest": digest,
+                "size": bytes.len(),
+                "platform": {"architecture": "amd64", "os": "linux"},
+            }));
+        }
+        let index = json!({"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": entries});
+        self.push_raw(repository, tag, index.to_string().as_bytes(), OCI_INDEX)
+            .await
+    }
+
+    async fn push_raw(
+        &self,
+        repository: &str,
+        tag: &str,
+        manifest: &[u8],
+        media_type: &'static str,
+    ) -> Result<String> {
         self.client
             .store_auth_if_needed(&self.host, &self.auth)
             .await;
-        let content_type = reqwest::header::HeaderValue::from_static(OCI_MANIFEST);
+        let content_type = reqwest::header::HeaderValue::from_static(media_type);
         self.client
             .push_manifest_raw(
                 &self.reference(repository, tag),
