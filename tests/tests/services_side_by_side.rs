@@ -9,6 +9,15 @@ use tonic_health::pb::{
     HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
 };
 
+/// A service's configuration from its flags, as its binary would parse them.
+fn config<C: clap::Parser>(service: &str, listen: SocketAddr) -> C {
+    C::parse_from([
+        format!("vynil-{service}"),
+        "--listen".into(),
+        listen.to_string(),
+    ])
+}
+
 fn loopback() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], vynil_testkit::free_port().unwrap()))
 }
@@ -37,30 +46,20 @@ async fn four_services_serve_health_on_their_own_ports_and_stop_together() {
         }
     };
     let addrs = [loopback(), loopback(), loopback(), loopback()];
-    let (done_tx, mut done_rx) =
-        tokio::sync::mpsc::channel::<Result<(), vynil_runtime::RuntimeError>>(4);
+    let (done_tx, mut done_rx) = tokio::sync::mpsc::channel::<Result<(), String>>(4);
     let tasks = vec![
         tokio::spawn({
             let (done, sd) = (done_tx.clone(), shutdown());
             async move {
                 let _ = done
-                    .send(vynil_catalog::run(vynil_catalog::Config { listen: addrs[0] }, sd).await)
-                    .await;
-            }
-        }),
-        tokio::spawn({
-            let (done, sd) = (done_tx.clone(), shutdown());
-            async move {
-                let _ = done
-                    .send(vynil_scanner::run(vynil_scanner::Config { listen: addrs[1] }, sd).await)
-                    .await;
-            }
-        }),
-        tokio::spawn({
-            let (done, sd) = (done_tx.clone(), shutdown());
-            async move {
-                let _ = done
-                    .send(vynil_purger::run(vynil_purger::Config { listen: addrs[2] }, sd).await)
+                    .send(
+                        vynil_catalog::run(
+                            config::<vynil_catalog::Config>("catalog", addrs[0]),
+                            sd,
+                        )
+                        .await
+                        .map_err(|e| e.to_string()),
+                    )
                     .await;
             }
         }),
@@ -69,8 +68,39 @@ async fn four_services_serve_health_on_their_own_ports_and_stop_together() {
             async move {
                 let _ = done
                     .send(
-                        vynil_lifecycle::run(vynil_lifecycle::Config { listen: addrs[3] }, sd)
-                            .await,
+                        vynil_scanner::run(
+                            config::<vynil_scanner::Config>("scanner", addrs[1]),
+                            sd,
+                        )
+                        .await
+                        .map_err(|e| e.to_string()),
+                    )
+                    .await;
+            }
+        }),
+        tokio::spawn({
+            let (done, sd) = (done_tx.clone(), shutdown());
+            async move {
+                let _ = done
+                    .send(
+                        vynil_purger::run(config::<vynil_purger::Config>("purger", addrs[2]), sd)
+                            .await
+                            .map_err(|e| e.to_string()),
+                    )
+                    .await;
+            }
+        }),
+        tokio::spawn({
+            let (done, sd) = (done_tx.clone(), shutdown());
+            async move {
+                let _ = done
+                    .send(
+                        vynil_lifecycle::run(
+                            config::<vynil_lifecycle::Config>("lifecycle", addrs[3]),
+                            sd,
+                        )
+                        .await
+                        .map_err(|e| e.to_string()),
                     )
                     .await;
             }

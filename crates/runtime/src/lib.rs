@@ -31,3 +31,8 @@ pub enum RuntimeError {
     #[error("cannot install the signal handler: {0}")]
     Signal(std::io::Error),
 }
+
+/// The framework version (`--vynil-version`) when none is configured: the
+/// version of upstream's default agent image, which runs the agent Jobs.
+/// Scanner, catalog and purger share this one setting.
+pub const DEFAULT_VYNIL_VERSION: &str = "0.7.7";

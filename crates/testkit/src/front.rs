@@ -33,6 +33,9 @@ pub enum FaultAction {
     TooManyRequests { retry_after_secs: u64 },
     /// Wait, then proxy.
     Delay(Duration),
+    /// Proxy (the server acts at once), then wait before answering: a client
+    /// killed meanwhile never learns the outcome.
+    DelayAnswer(Duration),
     /// Proxy, but cut the body in half and drop the connection.
     Truncate,
     /// Answer 200 with a manifest-typed body of this many bytes, streamed
@@ -260,11 +263,16 @@ async fn handle(State(state): State<Arc<FrontState>>, request: Request) -> Respo
                 .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response());
         }
         Some(FaultAction::Delay(delay)) => tokio::time::sleep(*delay).await,
-        Some(FaultAction::Truncate) | None => {}
+        Some(FaultAction::Truncate | FaultAction::DelayAnswer(_)) | None => {}
     }
     match proxy(&state, request).await {
         Ok(response) if fault == Some(FaultAction::Truncate) => truncate(response).await,
-        Ok(response) => response,
+        Ok(response) => {
+            if let Some(FaultAction::DelayAnswer(delay)) = fault {
+                tokio::time::sleep(delay).await;
+            }
+            response
+        }
         Err(error) => error_body(StatusCode::BAD_GATEWAY, "FRONT", &error.to_string()),
     }
 }

@@ -4,7 +4,9 @@
 
 use std::{path::Path, time::Duration};
 
-use vynil_proto::purger::v1::{GetPlanRequest, purger_client::PurgerClient};
+use vynil_proto::purger::v1::{
+    GetPlanRequest, PlanRequest, plan_request::Target, purger_client::PurgerClient,
+};
 use vynil_testkit::{ServiceProcess, ServingStatus};
 
 const SERVICE: &str = "vynil.purger.v1.Purger";
@@ -31,14 +33,24 @@ async fn the_binary_serves_health_and_reflection_then_exits_cleanly_on_sigterm()
 }
 
 #[tokio::test]
-async fn an_rpc_not_implemented_yet_answers_unimplemented() {
+async fn with_embedded_defaults_it_answers_without_redis_or_lifecycle() {
     let service = ServiceProcess::start(Path::new(env!("CARGO_BIN_EXE_vynil-purger")), &[])
         .await
         .unwrap();
     let mut client = PurgerClient::new(service.channel().await.unwrap());
     let status = client
-        .get_plan(GetPlanRequest::default())
+        .get_plan(GetPlanRequest {
+            plan_id: "nope".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::NotFound, "{status:?}");
+    let status = client
+        .plan(PlanRequest {
+            target: Some(Target::Jukebox("box".into())),
+        })
         .await
         .unwrap_err();
     assert_eq!(status.code(), tonic::Code::Unimplemented, "{status:?}");
+    assert!(status.message().contains("catalog"), "{status:?}");
 }

@@ -1,0 +1,99 @@
+//! Flags (each with an environment fallback) and the retention file.
+
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
+
+use serde::Deserialize;
+
+use crate::PurgerError;
+
+/// Configuration of the purger.
+#[derive(Debug, Clone, clap::Parser)]
+#[command(
+    name = "vynil-purger",
+    version,
+    about = "Type-aware, usage-aware registry retention"
+)]
+pub struct Config {
+    /// Address the gRPC server listens on.
+    #[arg(long, env = "VYNIL_PURGER_LISTEN", default_value = "0.0.0.0:50053")]
+    pub listen: SocketAddr,
+    /// Redis holding plans, journals, reports and execution leases; in memory
+    /// when absent (a single process, nothing survives a restart).
+    #[arg(long, env = "REDIS_URL")]
+    pub redis_url: Option<String>,
+    /// The lifecycle service, asked which revisions instances use; without it
+    /// plans say "usage unknown" and executing needs an acknowledgement.
+    #[arg(long, env = "VYNIL_LIFECYCLE_ENDPOINT")]
+    pub lifecycle_endpoint: Option<String>,
+    /// The framework version consumers run (shared with scanner and catalog).
+    #[arg(long, env = "VYNIL_VERSION", default_value = vynil_runtime::DEFAULT_VYNIL_VERSION)]
+    pub vynil_version: semver::Version,
+    /// Registries reached over plain http.
+    #[arg(
+        long = "insecure-registry",
+        env = "VYNIL_INSECURE_REGISTRIES",
+        value_delimiter = ','
+    )]
+    pub insecure_registries: Vec<String>,
+    /// A `.dockerconfigjson` document with the registries' credentials.
+    #[arg(long, env = "VYNIL_DOCKERCONFIG")]
+    pub dockerconfig: Option<PathBuf>,
+    /// Retention settings (YAML): `pinned` tag patterns, `excluded_repositories`.
+    #[arg(long, env = "VYNIL_RETENTION_CONFIG")]
+    pub retention_config: Option<PathBuf>,
+    /// How long a plan can be executed after it was made.
+    #[arg(long, env = "VYNIL_PLAN_TTL_SECONDS", default_value_t = 3600)]
+    pub plan_ttl_seconds: u64,
+    /// DELETEs in flight at once.
+    #[arg(long, env = "VYNIL_DELETE_CONCURRENCY", default_value_t = 4)]
+    pub delete_concurrency: usize,
+    /// An execution holds its repository for this long, renewed while alive;
+    /// a crashed holder releases it when it expires.
+    #[arg(long, env = "VYNIL_EXECUTION_LEASE_SECONDS", default_value_t = 30)]
+    pub execution_lease_seconds: u64,
+    /// Per registry request timeout.
+    #[arg(long, env = "VYNIL_REGISTRY_TIMEOUT_SECONDS", default_value_t = 30)]
+    pub registry_timeout_seconds: u64,
+}
+
+impl Config {
+    pub fn plan_ttl(&self) -> Duration {
+        Duration::from_secs(self.plan_ttl_seconds)
+    }
+
+    pub fn lease(&self) -> Duration {
+        Duration::from_secs(self.execution_lease_seconds.max(1))
+    }
+}
+
+/// The retention file.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetentionFile {
+    /// Tag glob patterns never deleted.
+    #[serde(default)]
+    pub pinned: Vec<String>,
+    /// `registry/repository` never purged.
+    #[serde(default)]
+    pub excluded_repositories: Vec<String>,
+}
+
+impl RetentionFile {
+    pub fn load(path: Option<&PathBuf>) -> Result<Self, PurgerError> {
+        let Some(path) = path else {
+            return Ok(Self::default());
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            PurgerError::Config(format!(
+                "cannot read the retention config {}: {e}",
+                path.display()
+            ))
+        })?;
+        serde_yaml_ng::from_str(&text).map_err(|e| {
+            PurgerError::Config(format!(
+                "retention config {} is invalid: {e}",
+                path.display()
+            ))
+        })
+    }
+}

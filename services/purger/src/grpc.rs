@@ -1,0 +1,210 @@
+//! The gRPC face of the purger: conversions to the wire types, and the one
+//! place where errors become `Status` codes.
+
+use std::{pin::Pin, sync::Arc};
+
+use futures::Stream;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+use vynil_proto::purger::v1::{
+    DeletionOutcome, DeletionState, ExecuteProgress, ExecuteRequest, GetPlanRequest,
+    GetReportRequest, PlanEntry, PlanRequest, PurgePlan, PurgeReport, execute_progress::Event,
+    plan_request::Target, purger_server::Purger as PurgerApi,
+};
+use vynil_registry::RepositoryRef;
+
+use crate::{
+    Purger, PurgerError, executor,
+    store::{StoredOutcome, StoredPlan, StoredReport},
+};
+
+/// Who executes, as the gateway tells after authenticating the caller.
+pub const CALLER_HEADER: &str = "x-vynil-caller";
+
+impl From<PurgerError> for Status {
+    fn from(error: PurgerError) -> Self {
+        let message = error.to_string();
+        match error {
+            PurgerError::NotFound(_) => Status::not_found(message),
+            PurgerError::InvalidArgument(_)
+            | PurgerError::Registry(vynil_registry::RegistryError::InvalidReference { .. }) => {
+                Status::invalid_argument(message)
+            }
+            PurgerError::Refused(_)
+            | PurgerError::Stale(_)
+            | PurgerError::Excluded(_)
+            | PurgerError::Rules(_) => Status::failed_precondition(message),
+            PurgerError::Busy(_) => Status::aborted(message),
+            PurgerError::Unimplemented(_) => Status::unimplemented(message),
+            PurgerError::Registry(ref e) if !e.is_transient() => {
+                Status::failed_precondition(message)
+            }
+            PurgerError::Registry(_) | PurgerError::Store(_) => Status::unavailable(message),
+            PurgerError::Config(_) | PurgerError::Serve(_) => Status::internal(message),
+        }
+    }
+}
+
+pub fn plan_to_proto(plan: &StoredPlan) -> PurgePlan {
+    PurgePlan {
+        plan_id: plan.id.clone(),
+        target: plan.target.clone(),
+        fingerprint: plan.fingerprint.clone(),
+        usage_unknown: plan.usage_unknown,
+        keep_count: plan.entries.iter().filter(|e| e.keep).count() as u32,
+        delete_count: plan.entries.iter().filter(|e| !e.keep).count() as u32,
+        entries: plan
+            .entries
+            .iter()
+            .map(|e| PlanEntry {
+                registry: plan.registry.clone(),
+                repository: plan.repository.clone(),
+                tag: e.tag.clone(),
+                digest: e.digest.clone(),
+                keep: e.keep,
+                reasons: e.reasons.clone(),
+            })
+            .collect(),
+        created_at: plan.created_at.clone(),
+        expires_at: plan.expires_at.clone(),
+    }
+}
+
+fn outcome_to_proto(registry: &str, repository: &str, o: &StoredOutcome) -> DeletionOutcome {
+    let state = match o.state.as_str() {
+        "deleted" => DeletionState::Deleted,
+        "already_gone" => DeletionState::AlreadyGone,
+        _ => DeletionState::Failed,
+    };
+    DeletionOutcome {
+        registry: registry.to_string(),
+        repository: repository.to_string(),
+        digest: o.digest.clone(),
+        tags: o.tags.clone(),
+        state: state as i32,
+        http_status: o.http_status.map(u32::from).unwrap_or_default(),
+        error_code: o.error_code.clone(),
+        error_message: o.error_message.clone(),
+    }
+}
+
+pub fn report_to_proto(report: &StoredReport) -> PurgeReport {
+    let (registry, repository) = report
+        .target
+        .split_once('/')
+        .unwrap_or((report.target.as_str(), ""));
+    PurgeReport {
+        plan_id: report.plan_id.clone(),
+        target: report.target.clone(),
+        fingerprint: report.fingerprint.clone(),
+        executed_by: report.executed_by.clone(),
+        started_at: report.started_at.clone(),
+        finished_at: report.finished_at.clone(),
+        outcomes: report
+            .outcomes
+            .iter()
+            .map(|o| outcome_to_proto(registry, repository, o))
+            .collect(),
+    }
+}
+
+/// The gRPC service over a shared [`Purger`].
+#[derive(Debug, Clone)]
+pub struct PurgerService {
+    pub purger: Arc<Purger>,
+}
+
+type ProgressStream = Pin<Box<dyn Stream<Item = Result<ExecuteProgress, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl PurgerApi for PurgerService {
+    #[tracing::instrument(skip_all)]
+    async fn plan(&self, request: Request<PlanRequest>) -> Result<Response<PurgePlan>, Status> {
+        let target = request
+            .into_inner()
+            .target
+            .ok_or_else(|| Status::invalid_argument("a target is required"))?;
+        let repo = match target {
+            Target::Repository(r) => {
+                RepositoryRef::new(&r.registry, &r.repository).map_err(PurgerError::from)?
+            }
+            Target::Jukebox(name) => {
+                return Err(PurgerError::Unimplemented(format!(
+                    "planning every repository of JukeBox {name} needs the catalog service (not available yet); plan each repository"
+                ))
+                .into());
+            }
+        };
+        let plan = self.purger.plan(&repo).await?;
+        Ok(Response::new(plan_to_proto(&plan)))
+    }
+
+    async fn get_plan(
+        &self,
+        request: Request<GetPlanRequest>,
+    ) -> Result<Response<PurgePlan>, Status> {
+        let plan = self.purger.get_plan(&request.into_inner().plan_id).await?;
+        Ok(Response::new(plan_to_proto(&plan)))
+    }
+
+    #[tracing::instrument(skip_all)]
+    async fn execute(
+        &self,
+        request: Request<ExecuteRequest>,
+    ) -> Result<Response<ProgressStream>, Status> {
+        let caller = request
+            .metadata()
+            .get(CALLER_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("unknown (no caller header)")
+            .to_string();
+        let request = request.into_inner();
+        let execute = executor::ExecuteRequest {
+            plan_id: request.plan_id,
+            confirm: request.confirm,
+            fingerprint: request.fingerprint,
+            acknowledge_usage_unknown: request.acknowledge_usage_unknown,
+            caller,
+        };
+        // Refusals are answered before the stream starts.
+        let prepared = self.purger.prepare(&execute).await?;
+        let (registry, repository) = (
+            prepared.plan.registry.clone(),
+            prepared.plan.repository.clone(),
+        );
+        let (sender, receiver) = mpsc::channel(64);
+        let (progress, mut outcomes) = mpsc::channel::<StoredOutcome>(64);
+        let purger = self.purger.clone();
+        // The execution finishes even if the client goes away.
+        let run = tokio::spawn(async move { purger.run(prepared, execute, progress).await });
+        tokio::spawn(async move {
+            while let Some(outcome) = outcomes.recv().await {
+                let event = Event::Outcome(outcome_to_proto(&registry, &repository, &outcome));
+                let _ = sender
+                    .send(Ok(ExecuteProgress { event: Some(event) }))
+                    .await;
+            }
+            let last = match run.await {
+                Ok(Ok(report)) => Ok(ExecuteProgress {
+                    event: Some(Event::Report(report_to_proto(&report))),
+                }),
+                Ok(Err(error)) => Err(Status::from(error)),
+                Err(join) => Err(Status::internal(format!("execution task failed: {join}"))),
+            };
+            let _ = sender.send(last).await;
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(receiver))))
+    }
+
+    async fn get_report(
+        &self,
+        request: Request<GetReportRequest>,
+    ) -> Result<Response<PurgeReport>, Status> {
+        let report = self
+            .purger
+            .get_report(&request.into_inner().plan_id)
+            .await?;
+        Ok(Response::new(report_to_proto(&report)))
+    }
+}

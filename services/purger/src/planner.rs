@@ -1,0 +1,176 @@
+//! Making a plan: read the repository (tags, digests, metadata from the
+//! registry client's cache by digest), ask lifecycle what instances use, and
+//! let the rules crate decide. Nothing here decides what to keep.
+
+use futures::{StreamExt, TryStreamExt};
+use vynil_proto::lifecycle::v1::{
+    InstanceKind, ListInstalledRevisionsRequest, RevisionUse as ProtoUse,
+    lifecycle_client::LifecycleClient,
+};
+use vynil_registry::{ManifestMetadata, RegistryClient, RepositoryRef};
+use vynil_rules::{
+    RetentionConfig, Tag, plan_retention,
+    retention::{InstalledRevision, RepositoryTag, RevisionUse, TagMetadata, Usage},
+};
+
+use crate::{
+    PurgerError,
+    store::{StoredDeletion, StoredEntry, StoredPlan},
+};
+
+const READ_CONCURRENCY: usize = 8;
+
+/// Every tag of `repo` with its digest, and metadata for version tags.
+pub async fn snapshot(
+    client: &RegistryClient,
+    repo: &RepositoryRef,
+) -> Result<Vec<RepositoryTag>, PurgerError> {
+    let tags = client.list_tags(repo).await?;
+    futures::stream::iter(tags)
+        .map(|tag| async move {
+            if Tag::parse(&tag).is_some() {
+                let Some(found) = client.tag_metadata(repo, &tag).await? else {
+                    return Ok(None);
+                };
+                let metadata = match found.metadata {
+                    ManifestMetadata::Vynil(content) => TagMetadata::Vynil(content),
+                    ManifestMetadata::NotVynil => TagMetadata::NotVynil,
+                    ManifestMetadata::Malformed(why) => TagMetadata::Unreadable(why),
+                };
+                Ok(Some(RepositoryTag {
+                    name: tag,
+                    digest: found.digest,
+                    metadata,
+                }))
+            } else {
+                // Non-version tags need no metadata: their name says what they are.
+                Ok(client
+                    .head_digest(repo, &tag)
+                    .await?
+                    .map(|digest| RepositoryTag {
+                        name: tag,
+                        digest,
+                        metadata: TagMetadata::NotVynil,
+                    }))
+            }
+        })
+        .buffer_unordered(READ_CONCURRENCY)
+        .try_filter_map(|t| async move { Ok::<_, PurgerError>(t) })
+        .try_collect()
+        .await
+}
+
+/// What instances use in `repo`, or `Unknown` when lifecycle cannot say.
+pub async fn usage(lifecycle: Option<&str>, repo: &RepositoryRef) -> Usage {
+    let Some(endpoint) = lifecycle else {
+        return Usage::Unknown;
+    };
+    match installed_revisions(endpoint, repo).await {
+        Ok(revisions) => Usage::Known(revisions),
+        Err(why) => {
+            tracing::warn!(%repo, %why, "installed revisions unknown: plans will require an acknowledgement");
+            Usage::Unknown
+        }
+    }
+}
+
+async fn installed_revisions(
+    endpoint: &str,
+    repo: &RepositoryRef,
+) -> Result<Vec<InstalledRevision>, String> {
+    let channel = tonic::transport::Channel::from_shared(endpoint.to_string())
+        .map_err(|e| e.to_string())?
+        .connect_timeout(std::time::Duration::from_secs(5))
+        .timeout(std::time::Duration::from_secs(30))
+        .connect()
+        .await
+        .map_err(|e| format!("cannot reach lifecycle at {endpoint}: {e}"))?;
+    let response = LifecycleClient::new(channel)
+        .list_installed_revisions(ListInstalledRevisionsRequest {
+            registry: repo.registry.clone(),
+            repository: repo.repository.clone(),
+        })
+        .await
+        .map_err(|status| {
+            format!(
+                "lifecycle answered {:?}: {}",
+                status.code(),
+                status.message()
+            )
+        })?;
+    Ok(response
+        .into_inner()
+        .revisions
+        .into_iter()
+        .filter(|r| r.registry == repo.registry && r.repository == repo.repository)
+        .map(|r| {
+            let instance = r
+                .instance
+                .map(|i| {
+                    let kind = match InstanceKind::try_from(i.kind) {
+                        Ok(InstanceKind::Tenant) => "tenant",
+                        Ok(InstanceKind::Service) => "service",
+                        Ok(InstanceKind::System) => "system",
+                        _ => "instance",
+                    };
+                    format!("{kind} {}/{}", i.namespace, i.name)
+                })
+                .unwrap_or_else(|| "an instance".into());
+            let usage = match ProtoUse::try_from(r.r#use) {
+                Ok(ProtoUse::Installing) => RevisionUse::Installing,
+                Ok(ProtoUse::Pinned) => RevisionUse::Pinned,
+                _ => RevisionUse::Installed,
+            };
+            InstalledRevision {
+                tag: r.tag,
+                digest: Some(r.digest).filter(|d| !d.is_empty()),
+                instance,
+                usage,
+            }
+        })
+        .collect())
+}
+
+/// The rules' plan for `tags` and `usage`, in storable form.
+pub fn make_plan(
+    repo: &RepositoryRef,
+    tags: &[RepositoryTag],
+    usage: &Usage,
+    retention: &RetentionConfig,
+    now: jiff::Timestamp,
+    ttl: std::time::Duration,
+) -> Result<StoredPlan, PurgerError> {
+    let plan = plan_retention(tags, usage, retention)?;
+    let expires = now
+        .checked_add(jiff::SignedDuration::try_from(ttl).unwrap_or_default())
+        .unwrap_or(now);
+    Ok(StoredPlan {
+        id: format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..)),
+        registry: repo.registry.clone(),
+        repository: repo.repository.clone(),
+        target: repo.to_string(),
+        fingerprint: plan.fingerprint.clone(),
+        usage_unknown: plan.usage_unknown,
+        created_at: now.to_string(),
+        expires_at: expires.to_string(),
+        entries: plan
+            .entries
+            .iter()
+            .map(|e| StoredEntry {
+                tag: e.tag.clone(),
+                digest: e.digest.clone(),
+                keep: e.is_kept(),
+                reasons: e.reasons(),
+            })
+            .collect(),
+        deletions: plan
+            .deletions()
+            .into_iter()
+            .map(|d| StoredDeletion {
+                digest: d.digest,
+                tags: d.tags,
+                artifacts_only: d.artifacts_only,
+            })
+            .collect(),
+    })
+}

@@ -1,0 +1,577 @@
+//! The purger against a real registry and a real Redis, through its real gRPC
+//! API (the binary as a process), with a lifecycle stub serving the real
+//! Lifecycle API and the test kit's front counting and failing requests.
+
+#![allow(clippy::unwrap_used, clippy::panic)]
+
+use std::{collections::BTreeSet, path::Path, sync::Arc, time::Duration};
+
+use axum::http::Method;
+use tonic::{Request, Response, Status};
+use vynil_proto::{
+    lifecycle::v1::{
+        InstalledRevision, InstanceKind, InstanceRef, ListInstalledRevisionsRequest,
+        ListInstalledRevisionsResponse, RevisionUse,
+        lifecycle_server::{Lifecycle, LifecycleServer},
+    },
+    purger::v1::{
+        DeletionState, ExecuteRequest, GetReportRequest, PlanRequest, PurgePlan, PurgeReport,
+        Repository, execute_progress::Event, plan_request::Target, purger_client::PurgerClient,
+    },
+};
+use vynil_testkit::{
+    ArtifactKind, Fault, FaultAction, HttpFront, PackageSpec, PackageType, RedisServer,
+    RegistryServer, ServiceProcess,
+};
+
+const REPO: &str = "think/ollama";
+
+/// The upstream #12 history with channels, waypoints, signatures, an alias of
+/// a kept digest, `latest` on its own digest and a version without annotations.
+async fn publish_history(registry: &RegistryServer) {
+    let p = registry.publisher();
+    let spec = |kind, tag: &str| PackageSpec::new("think", "ollama", kind, tag);
+    use PackageType::{Service, Tenant};
+    let d015 = p.publish(REPO, &spec(Tenant, "0.1.5")).await.unwrap();
+    let d018 = p
+        .publish(REPO, &spec(Tenant, "0.1.8").min("0.1.0"))
+        .await
+        .unwrap();
+    p.publish(REPO, &spec(Service, "0.1.9").min("0.1.8"))
+        .await
+        .unwrap();
+    let d0110 = p.publish(REPO, &spec(Service, "0.1.10")).await.unwrap();
+    p.publish(REPO, &spec(Service, "0.2.0-beta.1").min("0.1.8"))
+        .await
+        .unwrap();
+    p.publish(REPO, &spec(Service, "0.2.0-beta.2").min("0.1.8"))
+        .await
+        .unwrap();
+    p.publish(REPO, &spec(Service, "0.3.0-alpha.1").min("0.1.8"))
+        .await
+        .unwrap();
+    p.publish_plain(REPO, "0.1.7").await.unwrap();
+    p.publish_plain(REPO, "latest").await.unwrap();
+    p.alias(REPO, "0.1.10", "stable").await.unwrap();
+    for digest in [&d015, &d018, &d0110] {
+        p.attach(REPO, digest, ArtifactKind::Signature)
+            .await
+            .unwrap();
+    }
+}
+
+fn sig_of(registry: &RegistryServer, tag_digest: &str) -> String {
+    let _ = registry;
+    ArtifactKind::Signature.tag_for(tag_digest)
+}
+
+async fn tags(registry: &RegistryServer) -> BTreeSet<String> {
+    let body: serde_json::Value =
+        reqwest::get(format!("{}/v2/{REPO}/tags/list", registry.base_url()))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+    body["tags"]
+        .as_array()
+        .map(|a| a.iter().map(|t| t.as_str().unwrap().to_string()).collect())
+        .unwrap_or_default()
+}
+
+async fn digest_of(registry: &RegistryServer, tag: &str) -> Option<String> {
+    let response = reqwest::Client::new()
+        .head(format!("{}/v2/{REPO}/manifests/{tag}", registry.base_url()))
+        .header("Accept", "application/vnd.oci.image.manifest.v1+json")
+        .send()
+        .await
+        .unwrap();
+    (response.status() == 200).then(|| {
+        response.headers()["docker-content-digest"]
+            .to_str()
+            .unwrap()
+            .to_string()
+    })
+}
+
+/// Answers ListInstalledRevisions from a fixed list.
+#[derive(Clone)]
+struct LifecycleStub(Arc<Vec<InstalledRevision>>);
+
+#[tonic::async_trait]
+impl Lifecycle for LifecycleStub {
+    async fn list_installed_revisions(
+        &self,
+        _: Request<ListInstalledRevisionsRequest>,
+    ) -> Result<Response<ListInstalledRevisionsResponse>, Status> {
+        Ok(Response::new(ListInstalledRevisionsResponse {
+            revisions: self.0.to_vec(),
+        }))
+    }
+}
+
+async fn lifecycle_stub(revisions: Vec<InstalledRevision>) -> String {
+    let server = vynil_runtime::GrpcServer::bind("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let addr = server.local_addr().unwrap();
+    let service =
+        vynil_runtime::ServedService::new(LifecycleServer::new(LifecycleStub(Arc::new(revisions))));
+    tokio::spawn(server.serve(vec![service], std::future::pending()));
+    format!("http://{addr}")
+}
+
+struct Setup {
+    registry: RegistryServer,
+    front: HttpFront,
+    redis: RedisServer,
+}
+
+async fn setup() -> Setup {
+    let registry = RegistryServer::start().await.unwrap();
+    publish_history(&registry).await;
+    let front = HttpFront::start(&registry.base_url()).await.unwrap();
+    let redis = RedisServer::start().await.unwrap();
+    Setup {
+        registry,
+        front,
+        redis,
+    }
+}
+
+async fn purger(setup: &Setup, lifecycle: &str, extra: &[&str]) -> ServiceProcess {
+    let (redis, front) = (setup.redis.url(), setup.front.host());
+    let mut args = vec![
+        "--redis-url",
+        &redis,
+        "--insecure-registry",
+        &front,
+        "--vynil-version",
+        "0.8.0",
+    ];
+    args.extend([
+        "--lifecycle-endpoint",
+        lifecycle,
+        "--execution-lease-seconds",
+        "2",
+        "--registry-timeout-seconds",
+        "5",
+    ]);
+    args.extend(extra);
+    ServiceProcess::start(Path::new(env!("CARGO_BIN_EXE_vynil-purger")), &args)
+        .await
+        .unwrap()
+}
+
+async fn make_plan(client: &mut PurgerClient<tonic::transport::Channel>, host: &str) -> PurgePlan {
+    let target = Target::Repository(Repository {
+        registry: host.into(),
+        repository: REPO.into(),
+    });
+    client
+        .plan(PlanRequest {
+            target: Some(target),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+fn execute_request(plan: &PurgePlan) -> Request<ExecuteRequest> {
+    let mut request = Request::new(ExecuteRequest {
+        plan_id: plan.plan_id.clone(),
+        confirm: plan.target.clone(),
+        fingerprint: plan.fingerprint.clone(),
+        acknowledge_usage_unknown: false,
+    });
+    request
+        .metadata_mut()
+        .insert("x-vynil-caller", "alice@example".parse().unwrap());
+    request
+}
+
+async fn execute(
+    client: &mut PurgerClient<tonic::transport::Channel>,
+    request: Request<ExecuteRequest>,
+) -> Result<PurgeReport, Status> {
+    let mut stream = client.execute(request).await?.into_inner();
+    while let Some(progress) = stream.message().await? {
+        if let Some(Event::Report(report)) = progress.event {
+            return Ok(report);
+        }
+    }
+    panic!("the execution stream ended without a report");
+}
+
+fn entry<'a>(plan: &'a PurgePlan, tag: &str) -> &'a vynil_proto::purger::v1::PlanEntry {
+    plan.entries
+        .iter()
+        .find(|e| e.tag == tag)
+        .unwrap_or_else(|| panic!("no entry {tag}"))
+}
+
+#[tokio::test]
+async fn a_multi_type_history_is_purged_to_exactly_what_consumers_can_be_shown() {
+    let setup = setup().await;
+    let lifecycle = lifecycle_stub(vec![]).await;
+    let service = purger(&setup, &lifecycle, &[]).await;
+    let mut client = PurgerClient::new(service.channel().await.unwrap());
+    let before_views = views(&setup.registry).await;
+
+    let plan = make_plan(&mut client, &setup.front.host()).await;
+    assert!(!plan.usage_unknown);
+    let d015 = digest_of(&setup.registry, "0.1.5").await.unwrap();
+    let d018 = digest_of(&setup.registry, "0.1.8").await.unwrap();
+    let d0110 = digest_of(&setup.registry, "0.1.10").await.unwrap();
+    let deleted: BTreeSet<String> = plan
+        .entries
+        .iter()
+        .filter(|e| !e.keep)
+        .map(|e| e.tag.clone())
+        .collect();
+    let expected_deleted: BTreeSet<String> = [
+        "0.2.0-beta.1",
+        "0.1.9",
+        "0.1.5",
+        &sig_of(&setup.registry, &d015),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    assert_eq!(deleted, expected_deleted);
+    assert_eq!(plan.delete_count, 4);
+    assert_eq!(plan.keep_count, 9);
+    assert_eq!(
+        entry(&plan, "0.1.10").reasons,
+        [
+            "head of stable",
+            "waypoint reachable from any version (beta)",
+            "waypoint reachable from any version (alpha)"
+        ]
+    );
+    assert_eq!(entry(&plan, "0.2.0-beta.2").reasons, ["head of beta"]);
+    assert_eq!(
+        entry(&plan, "0.3.0-alpha.1").reasons,
+        ["head of alpha", "last service revision"]
+    );
+    assert!(
+        entry(&plan, "0.1.8")
+            .reasons
+            .contains(&"last tenant revision".to_string())
+    );
+    assert_eq!(
+        entry(&plan, "stable").reasons,
+        ["alias of 0.1.10 (same digest)"]
+    );
+    assert_eq!(entry(&plan, "latest").reasons, ["unmanaged"]);
+    assert_eq!(entry(&plan, "0.1.7").reasons, ["unmanaged"]);
+    assert_eq!(
+        entry(&plan, &sig_of(&setup.registry, &d0110)).reasons,
+        ["signature of 0.1.10"]
+    );
+    assert_eq!(entry(&plan, "0.1.5").reasons, ["superseded"]);
+
+    let report = execute(&mut client, execute_request(&plan)).await.unwrap();
+    assert_eq!(report.executed_by, "alice@example");
+    assert_eq!(report.fingerprint, plan.fingerprint);
+    assert_eq!(report.outcomes.len(), 4, "one DELETE per digest");
+    assert!(
+        report
+            .outcomes
+            .iter()
+            .all(|o| o.state == DeletionState::Deleted as i32),
+        "{report:?}"
+    );
+
+    let kept: BTreeSet<String> = plan
+        .entries
+        .iter()
+        .filter(|e| e.keep)
+        .map(|e| e.tag.clone())
+        .collect();
+    assert_eq!(
+        tags(&setup.registry).await,
+        kept,
+        "the registry holds exactly the kept set"
+    );
+    for digest in [&d018, &d0110] {
+        assert!(
+            digest_of(&setup.registry, &sig_of(&setup.registry, digest))
+                .await
+                .is_some(),
+            "kept signature removed"
+        );
+    }
+    assert_eq!(
+        views(&setup.registry).await,
+        before_views,
+        "the scanner's view is unchanged"
+    );
+    let stored = client
+        .get_report(GetReportRequest {
+            plan_id: plan.plan_id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(stored, report);
+}
+
+/// What every channel is shown, computed by the rules from the registry.
+async fn views(registry: &RegistryServer) -> Vec<Vec<String>> {
+    use vynil_registry::{
+        CredentialStore, InMemoryMetadataCache, ManifestMetadata, RegistryClient, RepositoryRef,
+        TransportConfig,
+    };
+    let client = RegistryClient::new(
+        TransportConfig {
+            insecure_registries: vec![registry.host()],
+            ..TransportConfig::default()
+        },
+        CredentialStore::default(),
+        Arc::new(InMemoryMetadataCache::default()),
+    )
+    .unwrap();
+    let repo = RepositoryRef::new(&registry.host(), REPO).unwrap();
+    let tags = client.list_tags(&repo).await.unwrap();
+    let mut contents = std::collections::HashMap::new();
+    for tag in &tags {
+        if let Some(meta) = client.tag_metadata(&repo, tag).await.unwrap() {
+            if let ManifestMetadata::Vynil(content) = meta.metadata {
+                contents.insert(tag.clone(), *content);
+            }
+        }
+    }
+    vynil_rules::Channel::ALL
+        .iter()
+        .map(|channel| {
+            let viewer = vynil_rules::Viewer {
+                channel: *channel,
+                framework: semver::Version::new(0, 8, 0),
+            };
+            vynil_rules::compute_view(tags.iter().map(String::as_str), &viewer, true, |t| {
+                contents.get(t.as_str())
+            })
+            .tags()
+            .into_iter()
+            .map(String::from)
+            .collect()
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn an_installed_revision_is_kept_and_unknown_usage_needs_an_acknowledgement() {
+    let setup = setup().await;
+    let installed = InstalledRevision {
+        registry: setup.front.host(),
+        repository: REPO.into(),
+        tag: "0.1.9".into(),
+        digest: String::new(),
+        r#use: RevisionUse::Installed as i32,
+        instance: Some(InstanceRef {
+            kind: InstanceKind::Service as i32,
+            namespace: "ai".into(),
+            name: "llm".into(),
+        }),
+    };
+    let lifecycle = lifecycle_stub(vec![installed]).await;
+    let service = purger(&setup, &lifecycle, &[]).await;
+    let mut client = PurgerClient::new(service.channel().await.unwrap());
+    let plan = make_plan(&mut client, &setup.front.host()).await;
+    assert!(
+        entry(&plan, "0.1.9").keep,
+        "the rules alone would delete it"
+    );
+    assert_eq!(
+        entry(&plan, "0.1.9").reasons,
+        ["installed by service ai/llm"]
+    );
+
+    // Lifecycle unreachable: usage unknown, and Execute needs the acknowledgement.
+    let closed = format!("http://127.0.0.1:{}", vynil_testkit::free_port().unwrap());
+    let blind = purger(&setup, &closed, &[]).await;
+    let mut client = PurgerClient::new(blind.channel().await.unwrap());
+    let plan = make_plan(&mut client, &setup.front.host()).await;
+    assert!(plan.usage_unknown);
+    let before = tags(&setup.registry).await;
+    let status = execute(&mut client, execute_request(&plan))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::FailedPrecondition, "{status:?}");
+    assert!(
+        status.message().contains("acknowledge_usage_unknown"),
+        "{status:?}"
+    );
+    assert_eq!(tags(&setup.registry).await, before, "nothing deleted");
+}
+
+#[tokio::test]
+async fn a_wrong_confirm_a_wrong_fingerprint_or_a_tag_pushed_since_planning_deletes_nothing() {
+    let setup = setup().await;
+    let lifecycle = lifecycle_stub(vec![]).await;
+    let service = purger(&setup, &lifecycle, &[]).await;
+    let mut client = PurgerClient::new(service.channel().await.unwrap());
+    let plan = make_plan(&mut client, &setup.front.host()).await;
+    let before = tags(&setup.registry).await;
+
+    let mut wrong_target = execute_request(&plan);
+    wrong_target.get_mut().confirm = format!("{}/other", setup.front.host());
+    let status = execute(&mut client, wrong_target).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::FailedPrecondition);
+    assert!(
+        status.message().contains("confirm must name the target"),
+        "{status:?}"
+    );
+
+    let mut wrong_fingerprint = execute_request(&plan);
+    wrong_fingerprint.get_mut().fingerprint = "sha256:0000".into();
+    let status = execute(&mut client, wrong_fingerprint).await.unwrap_err();
+    assert!(
+        status.message().contains("fingerprint does not match"),
+        "{status:?}"
+    );
+    assert_eq!(tags(&setup.registry).await, before);
+
+    setup
+        .registry
+        .publisher()
+        .publish(
+            REPO,
+            &PackageSpec::new("think", "ollama", PackageType::Service, "0.4.0"),
+        )
+        .await
+        .unwrap();
+    let before = tags(&setup.registry).await;
+    let status = execute(&mut client, execute_request(&plan))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::FailedPrecondition);
+    assert!(
+        status.message().contains("0.4.0 was pushed since planning"),
+        "{status:?}"
+    );
+    assert_eq!(tags(&setup.registry).await, before, "nothing deleted");
+    assert_eq!(setup.front.count(&Method::DELETE, "/manifests/"), 0);
+}
+
+#[tokio::test]
+async fn failed_deletes_are_reported_with_their_status_and_nothing_reported_deleted_remains() {
+    let setup = setup().await;
+    let lifecycle = lifecycle_stub(vec![]).await;
+    let service = purger(&setup, &lifecycle, &[]).await;
+    let mut client = PurgerClient::new(service.channel().await.unwrap());
+    let plan = make_plan(&mut client, &setup.front.host()).await;
+    let d015 = digest_of(&setup.registry, "0.1.5").await.unwrap();
+    setup.front.inject(Fault::new(
+        Some(Method::DELETE),
+        &d015,
+        usize::MAX,
+        FaultAction::Status(500),
+    ));
+
+    let report = execute(&mut client, execute_request(&plan)).await.unwrap();
+    let failed: Vec<_> = report
+        .outcomes
+        .iter()
+        .filter(|o| o.state == DeletionState::Failed as i32)
+        .collect();
+    assert_eq!(failed.len(), 1, "{report:?}");
+    assert_eq!(failed[0].digest, d015);
+    assert_eq!(failed[0].http_status, 500);
+    assert_eq!(failed[0].error_code, "INJECTED");
+    for outcome in report
+        .outcomes
+        .iter()
+        .filter(|o| o.state == DeletionState::Deleted as i32)
+    {
+        assert_eq!(
+            digest_of(&setup.registry, &outcome.digest).await,
+            None,
+            "{} reported deleted but present",
+            outcome.digest
+        );
+    }
+    assert!(
+        digest_of(&setup.registry, "0.1.5").await.is_some(),
+        "the failed one is still there"
+    );
+}
+
+#[tokio::test]
+async fn a_purger_killed_mid_execution_converges_when_run_again_without_deleting_twice() {
+    let setup = setup().await;
+    let lifecycle = lifecycle_stub(vec![]).await;
+    let first = purger(&setup, &lifecycle, &["--delete-concurrency", "1"]).await;
+    let mut client = PurgerClient::new(first.channel().await.unwrap());
+    let plan = make_plan(&mut client, &setup.front.host()).await;
+    // Each DELETE is applied at once but answered late: a kill leaves the
+    // purger without the outcome of what the registry already did.
+    setup.front.inject(Fault::new(
+        Some(Method::DELETE),
+        "/manifests/",
+        usize::MAX,
+        FaultAction::DelayAnswer(Duration::from_millis(700)),
+    ));
+    let mut stream = client
+        .execute(execute_request(&plan))
+        .await
+        .unwrap()
+        .into_inner();
+    let _ = tokio::time::timeout(Duration::from_secs(10), stream.message()).await;
+    for _ in 0..200 {
+        if setup.front.count(&Method::DELETE, "/manifests/") >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(first); // SIGKILL
+    setup.front.clear_faults();
+
+    let second = purger(&setup, &lifecycle, &[]).await;
+    let mut client = PurgerClient::new(second.channel().await.unwrap());
+    let report = loop {
+        match execute(&mut client, execute_request(&plan)).await {
+            Ok(report) => break report,
+            // The dead purger's lease expires within 2 s.
+            Err(status) if status.code() == tonic::Code::Aborted => {
+                tokio::time::sleep(Duration::from_millis(300)).await
+            }
+            Err(status) => panic!("{status:?}"),
+        }
+    };
+    assert_eq!(
+        report.outcomes.len(),
+        4,
+        "the report is complete: {report:?}"
+    );
+    assert!(
+        report
+            .outcomes
+            .iter()
+            .all(|o| o.state != DeletionState::Failed as i32),
+        "{report:?}"
+    );
+    assert!(
+        report
+            .outcomes
+            .iter()
+            .any(|o| o.state == DeletionState::AlreadyGone as i32),
+        "{report:?}"
+    );
+    for outcome in &report.outcomes {
+        assert_eq!(
+            setup.front.count(&Method::DELETE, &outcome.digest),
+            1,
+            "DELETE of {} sent other than once",
+            outcome.digest
+        );
+    }
+    let kept: BTreeSet<String> = plan
+        .entries
+        .iter()
+        .filter(|e| e.keep)
+        .map(|e| e.tag.clone())
+        .collect();
+    assert_eq!(tags(&setup.registry).await, kept);
+}
