@@ -1,39 +1,150 @@
-//! The scanner service: reads registries and records in JukeBox status what each consumer may be shown.
+//! The scanner: reads registries and records, in each JukeBox's status, what
+//! consumers may be shown — computed by the rules crate (waypoints and the
+//! type-aware view), merged so a partial or failed scan keeps what it does not
+//! own. Scans run here (no scan Jobs), requested through `Scan` and recorded
+//! durably: one scan per JukeBox at a time across replicas.
 //!
-//! This crate is the library behind the `vynil-scanner` binary: its configuration
-//! and its gRPC server. RPCs not implemented yet answer `UNIMPLEMENTED`.
+//! This is the core with the **local** store (JukeBox YAML files, status in
+//! memory or Redis); the Kubernetes store, `force-scan` and cron schedules come
+//! with their own issue.
 
-use std::{future::Future, net::SocketAddr};
+mod cache;
+mod engine;
+mod grpc;
+mod requests;
+mod script;
+mod store;
+mod worker;
 
-use vynil_proto::scanner::v1::scanner_server::{Scanner, ScannerServer};
-use vynil_runtime::{GrpcServer, RuntimeError, ServedService};
+use std::{future::Future, net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 
-/// Configuration of the scanner service: flags, each with an environment fallback.
+use vynil_proto::scanner::v1::scanner_server::ScannerServer;
+use vynil_registry::{
+    CredentialStore, InMemoryMetadataCache, MetadataCache, RegistryClient, TransportConfig,
+};
+use vynil_runtime::{GrpcServer, ServedService};
+
+pub use engine::{EngineSettings, ScanOutput, new_status};
+pub use grpc::ScannerService;
+pub use requests::{MemoryQueue, RedisQueue, RequestQueue, ScanRecord};
+pub use store::{CHANGES_CHANNEL, JukeboxRecord, JukeboxStore, LocalStore};
+pub use worker::Scanner;
+
+/// Configuration of the scanner: flags, each with an environment fallback.
 #[derive(Debug, Clone, clap::Parser)]
 #[command(
     name = "vynil-scanner",
     version,
-    about = "reads registries and records in JukeBox status what each consumer may be shown."
+    about = "Scans registries into JukeBox status"
 )]
 pub struct Config {
     /// Address the gRPC server listens on.
     #[arg(long, env = "VYNIL_SCANNER_LISTEN", default_value = "0.0.0.0:50052")]
     pub listen: SocketAddr,
+    /// Directory of JukeBox YAML files (local mode).
+    #[arg(long, env = "VYNIL_JUKEBOX_DIR", default_value = "jukeboxes")]
+    pub jukebox_dir: PathBuf,
+    /// Redis for status, requests and the metadata cache; in memory when absent.
+    #[arg(long, env = "REDIS_URL")]
+    pub redis_url: Option<String>,
+    /// The framework version consumers run (shared with catalog and purger).
+    #[arg(long, env = "VYNIL_VERSION", default_value = vynil_runtime::DEFAULT_VYNIL_VERSION)]
+    pub vynil_version: semver::Version,
+    /// Registries reached over plain http.
+    #[arg(
+        long = "insecure-registry",
+        env = "VYNIL_INSECURE_REGISTRIES",
+        value_delimiter = ','
+    )]
+    pub insecure_registries: Vec<String>,
+    /// A repository with more tags is reported, not scanned.
+    #[arg(long, env = "VYNIL_MAX_TAGS_PER_REPOSITORY", default_value_t = 10_000)]
+    pub max_tags_per_repository: usize,
+    /// Repositories scanned at once within a JukeBox.
+    #[arg(long, env = "VYNIL_REPOSITORY_CONCURRENCY", default_value_t = 4)]
+    pub repository_concurrency: usize,
+    /// A scan holds its JukeBox for this long, renewed while alive.
+    #[arg(long, env = "VYNIL_SCAN_LEASE_SECONDS", default_value_t = 30)]
+    pub scan_lease_seconds: u64,
+    /// How often pending requests are looked for.
+    #[arg(long, env = "VYNIL_SCAN_POLL_MILLISECONDS", default_value_t = 1000)]
+    pub poll_milliseconds: u64,
 }
 
-/// The gRPC service. Every RPC still answers `UNIMPLEMENTED`.
-#[derive(Debug, Default)]
-pub struct ScannerService;
+/// Errors of the scanner, mapped to gRPC codes in `grpc.rs`.
+#[derive(Debug, thiserror::Error)]
+pub enum ScannerError {
+    #[error("{0}")]
+    Config(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("store unavailable: {0}; retry when it is back")]
+    Store(String),
+    #[error("the status of {0} changed concurrently too many times; retry")]
+    Conflict(String),
+    #[error(transparent)]
+    Rules(#[from] vynil_rules::RulesError),
+    #[error(transparent)]
+    Registry(#[from] vynil_registry::RegistryError),
+    #[error(transparent)]
+    Serve(#[from] vynil_runtime::RuntimeError),
+}
 
-#[tonic::async_trait]
-impl Scanner for ScannerService {}
+/// Builds the scanner from its configuration.
+pub async fn build(config: &Config) -> Result<Arc<Scanner>, ScannerError> {
+    let (store, queue, cache): (
+        Arc<dyn JukeboxStore>,
+        Arc<dyn RequestQueue>,
+        Arc<dyn MetadataCache>,
+    ) = match &config.redis_url {
+        Some(url) => (
+            Arc::new(LocalStore::with_redis(config.jukebox_dir.clone(), url).await?),
+            Arc::new(RedisQueue::connect(url).await?),
+            Arc::new(cache::RedisMetadataCache::connect(url).await?),
+        ),
+        None => (
+            Arc::new(LocalStore::in_memory(config.jukebox_dir.clone())),
+            Arc::new(MemoryQueue::default()),
+            Arc::new(InMemoryMetadataCache::default()),
+        ),
+    };
+    let transport = TransportConfig {
+        insecure_registries: config.insecure_registries.clone(),
+        ..TransportConfig::default()
+    };
+    let client = RegistryClient::new(transport, CredentialStore::default(), cache)?;
+    Ok(Arc::new(Scanner {
+        store,
+        queue,
+        client,
+        settings: EngineSettings {
+            framework: config.vynil_version.clone(),
+            max_tags_per_repository: config.max_tags_per_repository,
+            repository_concurrency: config.repository_concurrency,
+        },
+        holder: format!("scanner-{:016x}", fastrand::u64(..)),
+        lease: Duration::from_secs(config.scan_lease_seconds.max(1)),
+        poll: Duration::from_millis(config.poll_milliseconds.max(10)),
+        wake: tokio::sync::Notify::new(),
+    }))
+}
 
-/// Binds, serves until `shutdown` resolves, then drains.
+/// Binds, serves and works until `shutdown` resolves, then drains.
 pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()> + Send,
-) -> Result<(), RuntimeError> {
+) -> Result<(), ScannerError> {
+    let scanner = build(&config).await?;
     let server = GrpcServer::bind(config.listen).await?;
-    let service = ServedService::new(ScannerServer::new(ScannerService));
-    server.serve(vec![service], shutdown).await
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let worker = tokio::spawn(scanner.clone().work(async move {
+        let mut stopped = stopped;
+        let _ = stopped.wait_for(|s| *s).await;
+    }));
+    let service = ServedService::new(ScannerServer::new(ScannerService { scanner }));
+    let served = server.serve(vec![service], shutdown).await;
+    let _ = stop.send(true);
+    let _ = worker.await;
+    served?;
+    Ok(())
 }

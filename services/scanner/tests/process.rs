@@ -31,14 +31,29 @@ async fn the_binary_serves_health_and_reflection_then_exits_cleanly_on_sigterm()
 }
 
 #[tokio::test]
-async fn an_rpc_not_implemented_yet_answers_unimplemented() {
-    let service = ServiceProcess::start(Path::new(env!("CARGO_BIN_EXE_vynil-scanner")), &[])
-        .await
-        .unwrap();
+async fn with_embedded_defaults_an_unknown_scan_is_not_found() {
+    let dir = tempfile::tempdir().unwrap();
+    let jukeboxes = dir.path().to_str().unwrap();
+    let service = ServiceProcess::start(
+        Path::new(env!("CARGO_BIN_EXE_vynil-scanner")),
+        &["--jukebox-dir", jukeboxes],
+    )
+    .await
+    .unwrap();
     let mut client = ScannerClient::new(service.channel().await.unwrap());
     let status = client
-        .get_scan(GetScanRequest::default())
+        .get_scan(GetScanRequest {
+            scan_id: "nope".into(),
+        })
         .await
         .unwrap_err();
-    assert_eq!(status.code(), tonic::Code::Unimplemented, "{status:?}");
+    assert_eq!(status.code(), tonic::Code::NotFound, "{status:?}");
+    let status = client
+        .scan(vynil_proto::scanner::v1::ScanRequest {
+            jukebox: "absent".into(),
+            filter: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::NotFound, "{status:?}");
 }

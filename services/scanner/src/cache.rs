@@ -1,0 +1,51 @@
+//! Manifest metadata cached by digest in Redis, shared by scanner replicas:
+//! a digest is immutable, so one read serves every replica forever.
+
+use redis::AsyncCommands;
+use vynil_registry::{ManifestMetadata, MetadataCache};
+
+const PREFIX: &str = "vynil:v1:manifest-metadata";
+const TTL_SECONDS: u64 = 90 * 24 * 3600;
+
+#[derive(Clone)]
+pub struct RedisMetadataCache {
+    connection: redis::aio::ConnectionManager,
+}
+
+impl std::fmt::Debug for RedisMetadataCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RedisMetadataCache")
+    }
+}
+
+impl RedisMetadataCache {
+    pub async fn connect(url: &str) -> Result<Self, crate::ScannerError> {
+        let client = redis::Client::open(url).map_err(crate::store::redis_error)?;
+        let connection = redis::aio::ConnectionManager::new(client)
+            .await
+            .map_err(crate::store::redis_error)?;
+        Ok(Self { connection })
+    }
+}
+
+#[async_trait::async_trait]
+impl MetadataCache for RedisMetadataCache {
+    async fn get(&self, digest: &str) -> Option<ManifestMetadata> {
+        let mut c = self.connection.clone();
+        // A Redis outage is a cache miss: the manifest is read from the registry.
+        let text: Option<String> = c.get(format!("{PREFIX}:{digest}")).await.ok()?;
+        serde_json::from_str(&text?).ok()
+    }
+
+    async fn put(&self, digest: &str, metadata: &ManifestMetadata) {
+        let mut c = self.connection.clone();
+        if let Ok(body) = serde_json::to_string(metadata) {
+            let result: Result<(), _> = c
+                .set_ex(format!("{PREFIX}:{digest}"), body, TTL_SECONDS)
+                .await;
+            if let Err(error) = result {
+                tracing::warn!(%error, "cannot cache manifest metadata");
+            }
+        }
+    }
+}

@@ -1,0 +1,142 @@
+//! The gRPC face of the scanner; errors become `Status` codes here only.
+
+use std::{pin::Pin, sync::Arc, time::Duration};
+
+use futures::Stream;
+use tonic::{Request, Response, Status};
+use vynil_proto::scanner::v1::{
+    GetScanRequest, RepositoryError, ScanRequest, ScanResponse, ScanState, ScanStatus,
+    WatchScanRequest, scanner_server::Scanner as ScannerApi,
+};
+
+use crate::{ScannerError, requests::ScanRecord, worker::Scanner};
+
+impl From<ScannerError> for Status {
+    fn from(error: ScannerError) -> Self {
+        let message = error.to_string();
+        match error {
+            ScannerError::NotFound(_) => Status::not_found(message),
+            ScannerError::Rules(_) => Status::invalid_argument(message),
+            ScannerError::Conflict(_) => Status::aborted(message),
+            ScannerError::Store(_) => Status::unavailable(message),
+            ScannerError::Config(_) | ScannerError::Registry(_) | ScannerError::Serve(_) => {
+                Status::internal(message)
+            }
+        }
+    }
+}
+
+fn to_proto(record: &ScanRecord) -> ScanStatus {
+    let state = match record.state.as_str() {
+        "queued" => ScanState::Queued,
+        "running" => ScanState::Running,
+        "succeeded" => ScanState::Succeeded,
+        "partially_failed" => ScanState::PartiallyFailed,
+        "failed" => ScanState::Failed,
+        _ => ScanState::Unspecified,
+    };
+    ScanStatus {
+        scan_id: record.id.clone(),
+        jukebox: record.jukebox.clone(),
+        filter: record.filter.clone(),
+        state: state as i32,
+        repositories_done: record.repositories_done,
+        repositories_total: record.repositories_total,
+        tags_seen: record.tags_seen,
+        manifests_read: record.manifests_read,
+        errors: record
+            .errors
+            .iter()
+            .map(|(repository, message)| RepositoryError {
+                repository: repository.clone(),
+                message: message.clone(),
+            })
+            .collect(),
+        started_at: record.started_at.clone(),
+        finished_at: record.finished_at.clone(),
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ScannerService {
+    pub scanner: Arc<Scanner>,
+}
+
+type StatusStream = Pin<Box<dyn Stream<Item = Result<ScanStatus, Status>> + Send>>;
+
+impl ScannerService {
+    async fn record(&self, id: &str) -> Result<ScanRecord, Status> {
+        self.scanner.queue.record(id).await?.ok_or_else(|| {
+            Status::not_found(format!("no scan {id:?} (scan records are kept 24 h)"))
+        })
+    }
+}
+
+#[tonic::async_trait]
+impl ScannerApi for ScannerService {
+    async fn scan(&self, request: Request<ScanRequest>) -> Result<Response<ScanResponse>, Status> {
+        let request = request.into_inner();
+        let (scan_id, joined_existing) = self
+            .scanner
+            .request(&request.jukebox, &request.filter)
+            .await?;
+        Ok(Response::new(ScanResponse {
+            scan_id,
+            joined_existing,
+        }))
+    }
+
+    async fn get_scan(
+        &self,
+        request: Request<GetScanRequest>,
+    ) -> Result<Response<ScanStatus>, Status> {
+        Ok(Response::new(to_proto(
+            &self.record(&request.into_inner().scan_id).await?,
+        )))
+    }
+
+    /// Streams each change of the scan's record until it is final. Records
+    /// live in the shared queue, so any replica can answer.
+    async fn watch_scan(
+        &self,
+        request: Request<WatchScanRequest>,
+    ) -> Result<Response<StatusStream>, Status> {
+        let id = request.into_inner().scan_id;
+        let first = self.record(&id).await?;
+        let this = self.clone();
+        let stream = async_stream(first, move |last: ScanRecord| {
+            let this = this.clone();
+            let id = id.clone();
+            async move {
+                if last.is_final() {
+                    return None;
+                }
+                loop {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    match this.record(&id).await {
+                        Ok(next) if next != last => return Some(next),
+                        Ok(_) => continue,
+                        Err(_) => return None,
+                    }
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+}
+
+/// `first`, then each value `next` yields from the previous one.
+fn async_stream<F, Fut>(
+    first: ScanRecord,
+    next: F,
+) -> impl Stream<Item = Result<ScanStatus, Status>> + Send
+where
+    F: Fn(ScanRecord) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Option<ScanRecord>> + Send,
+{
+    futures::stream::unfold((Some(first), next), |(current, next)| async move {
+        let current = current?;
+        let following = next(current.clone()).await;
+        Some((Ok(to_proto(&current)), (following, next)))
+    })
+}

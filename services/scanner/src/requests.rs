@@ -1,0 +1,395 @@
+//! Durable scan requests: one scan per JukeBox at a time across replicas.
+//!
+//! A request is recorded before anyone runs it (so it survives a restart and
+//! any replica may run it), then claimed under a lease that expires with its
+//! holder: a replica that dies mid-scan leaves its items "running", and the
+//! next claimer, once the lease has expired, runs them again. A full request
+//! waits behind a running partial one; a request joins a running or pending
+//! full scan (two replicas asked at once scan once), or a pending identical
+//! partial one.
+
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    sync::Mutex,
+    time::{Duration, Instant},
+};
+
+use serde::{Deserialize, Serialize};
+
+use crate::{ScannerError, store::redis_error};
+
+const PREFIX: &str = "vynil:v1:scanner";
+const RECORD_TTL: Duration = Duration::from_secs(24 * 3600);
+const FULL: &str = "full";
+
+/// What one claimed item asks: a full scan, or a partial one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScanItem {
+    pub id: String,
+    /// `None`: full scan.
+    pub filter: Option<String>,
+}
+
+fn field(filter: Option<&str>) -> String {
+    filter.map_or_else(|| FULL.to_string(), |f| format!("partial:{f}"))
+}
+
+fn item(field: &str, id: &str) -> ScanItem {
+    ScanItem {
+        id: id.to_string(),
+        filter: field.strip_prefix("partial:").map(String::from),
+    }
+}
+
+/// The state of one scan, as `GetScan` and `WatchScan` show it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScanRecord {
+    pub id: String,
+    pub jukebox: String,
+    pub filter: String,
+    /// `queued`, `running`, `succeeded`, `partially_failed`, `failed`.
+    pub state: String,
+    pub repositories_done: u32,
+    pub repositories_total: u32,
+    pub tags_seen: u64,
+    pub manifests_read: u64,
+    pub errors: Vec<(String, String)>,
+    pub started_at: String,
+    pub finished_at: String,
+}
+
+impl ScanRecord {
+    pub fn is_final(&self) -> bool {
+        matches!(
+            self.state.as_str(),
+            "succeeded" | "partially_failed" | "failed"
+        )
+    }
+}
+
+#[async_trait::async_trait]
+pub trait RequestQueue: Send + Sync + std::fmt::Debug {
+    /// Records a request; returns its scan id and whether it joined an existing one.
+    async fn submit(
+        &self,
+        jukebox: &str,
+        filter: Option<&str>,
+    ) -> Result<(String, bool), ScannerError>;
+    /// Takes the JukeBox's lease and the items to run now, if any.
+    async fn claim(
+        &self,
+        jukebox: &str,
+        holder: &str,
+        lease: Duration,
+    ) -> Result<Option<Vec<ScanItem>>, ScannerError>;
+    async fn renew(
+        &self,
+        jukebox: &str,
+        holder: &str,
+        lease: Duration,
+    ) -> Result<bool, ScannerError>;
+    /// The claimed items are done: forget them and release the lease.
+    async fn complete(&self, jukebox: &str, holder: &str) -> Result<(), ScannerError>;
+    async fn with_work(&self) -> Result<Vec<String>, ScannerError>;
+    async fn put_record(&self, record: &ScanRecord) -> Result<(), ScannerError>;
+    async fn record(&self, id: &str) -> Result<Option<ScanRecord>, ScannerError>;
+}
+
+/// The queue of a single process.
+#[derive(Debug, Default)]
+pub struct MemoryQueue {
+    inner: Mutex<Memory>,
+}
+
+#[derive(Debug, Default)]
+struct Memory {
+    pending: HashMap<String, BTreeMap<String, String>>,
+    running: HashMap<String, BTreeMap<String, String>>,
+    leases: HashMap<String, (String, Instant)>,
+    records: HashMap<String, ScanRecord>,
+}
+
+#[async_trait::async_trait]
+impl RequestQueue for MemoryQueue {
+    async fn submit(
+        &self,
+        jukebox: &str,
+        filter: Option<&str>,
+    ) -> Result<(String, bool), ScannerError> {
+        let mut m = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let wanted = field(filter);
+        for table in [&m.running, &m.pending] {
+            if let Some(id) = table.get(jukebox).and_then(|t| t.get(FULL)) {
+                return Ok((id.clone(), true));
+            }
+        }
+        if let Some(id) = m.pending.get(jukebox).and_then(|t| t.get(&wanted)) {
+            return Ok((id.clone(), true));
+        }
+        let id = new_id();
+        m.pending
+            .entry(jukebox.to_string())
+            .or_default()
+            .insert(wanted, id.clone());
+        Ok((id, false))
+    }
+
+    async fn claim(
+        &self,
+        jukebox: &str,
+        holder: &str,
+        lease: Duration,
+    ) -> Result<Option<Vec<ScanItem>>, ScannerError> {
+        let mut m = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        if m.leases
+            .get(jukebox)
+            .is_some_and(|(h, until)| h != holder && *until > now)
+        {
+            return Ok(None);
+        }
+        let running = m.running.get(jukebox).cloned().unwrap_or_default();
+        let items = if running.is_empty() {
+            let pending = m.pending.remove(jukebox).unwrap_or_default();
+            if pending.is_empty() {
+                m.leases.remove(jukebox);
+                return Ok(None);
+            }
+            m.running.insert(jukebox.to_string(), pending.clone());
+            pending
+        } else {
+            running
+        };
+        m.leases
+            .insert(jukebox.to_string(), (holder.to_string(), now + lease));
+        Ok(Some(items.iter().map(|(f, id)| item(f, id)).collect()))
+    }
+
+    async fn renew(
+        &self,
+        jukebox: &str,
+        holder: &str,
+        lease: Duration,
+    ) -> Result<bool, ScannerError> {
+        let mut m = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        match m.leases.get_mut(jukebox) {
+            Some((h, until)) if h == holder => {
+                *until = Instant::now() + lease;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    async fn complete(&self, jukebox: &str, holder: &str) -> Result<(), ScannerError> {
+        let mut m = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        if m.leases.get(jukebox).is_some_and(|(h, _)| h == holder) {
+            m.running.remove(jukebox);
+            m.leases.remove(jukebox);
+        }
+        Ok(())
+    }
+
+    async fn with_work(&self) -> Result<Vec<String>, ScannerError> {
+        let m = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let names: HashSet<&String> = m.pending.keys().chain(m.running.keys()).collect();
+        Ok(names.into_iter().cloned().collect())
+    }
+
+    async fn put_record(&self, record: &ScanRecord) -> Result<(), ScannerError> {
+        self.inner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .records
+            .insert(record.id.clone(), record.clone());
+        Ok(())
+    }
+
+    async fn record(&self, id: &str) -> Result<Option<ScanRecord>, ScannerError> {
+        Ok(self
+            .inner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .records
+            .get(id)
+            .cloned())
+    }
+}
+
+fn new_id() -> String {
+    format!("scan-{:016x}", fastrand::u64(..))
+}
+
+/// The queue shared by replicas through Redis (atomic Lua scripts).
+#[derive(Clone)]
+pub struct RedisQueue {
+    connection: redis::aio::ConnectionManager,
+}
+
+impl std::fmt::Debug for RedisQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RedisQueue")
+    }
+}
+
+fn key(kind: &str, jukebox: &str) -> String {
+    format!("{PREFIX}:{kind}:{jukebox}")
+}
+
+const SUBMIT: &str = r"
+local field = ARGV[1]
+local id = redis.call('HGET', KEYS[2], 'full')
+if id then return {id, 1} end
+id = redis.call('HGET', KEYS[1], 'full')
+if id then return {id, 1} end
+local existing = redis.call('HGET', KEYS[1], field)
+if existing then return {existing, 1} end
+redis.call('HSET', KEYS[1], field, ARGV[2])
+redis.call('SADD', KEYS[3], ARGV[3])
+return {ARGV[2], 0}";
+
+const CLAIM: &str = r"
+local holder = redis.call('GET', KEYS[1])
+if holder and holder ~= ARGV[1] then return false end
+local running = redis.call('HGETALL', KEYS[3])
+if #running > 0 then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return running
+end
+local pending = redis.call('HGETALL', KEYS[2])
+if #pending == 0 then
+  if holder then redis.call('DEL', KEYS[1]) end
+  redis.call('SREM', KEYS[4], ARGV[3])
+  return false
+end
+redis.call('HSET', KEYS[3], unpack(pending))
+redis.call('DEL', KEYS[2])
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return pending";
+
+const RENEW: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0";
+
+const COMPLETE: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[2])
+  redis.call('DEL', KEYS[1])
+end
+return 1";
+
+impl RedisQueue {
+    pub async fn connect(url: &str) -> Result<Self, ScannerError> {
+        let client = redis::Client::open(url).map_err(redis_error)?;
+        let connection = redis::aio::ConnectionManager::new(client)
+            .await
+            .map_err(redis_error)?;
+        Ok(Self { connection })
+    }
+}
+
+#[async_trait::async_trait]
+impl RequestQueue for RedisQueue {
+    async fn submit(
+        &self,
+        jukebox: &str,
+        filter: Option<&str>,
+    ) -> Result<(String, bool), ScannerError> {
+        let mut c = self.connection.clone();
+        let (id, joined): (String, i64) = redis::Script::new(SUBMIT)
+            .key(key("pending", jukebox))
+            .key(key("running", jukebox))
+            .key(format!("{PREFIX}:with-work"))
+            .arg(field(filter))
+            .arg(new_id())
+            .arg(jukebox)
+            .invoke_async(&mut c)
+            .await
+            .map_err(redis_error)?;
+        Ok((id, joined == 1))
+    }
+
+    async fn claim(
+        &self,
+        jukebox: &str,
+        holder: &str,
+        lease: Duration,
+    ) -> Result<Option<Vec<ScanItem>>, ScannerError> {
+        let mut c = self.connection.clone();
+        let claimed: Option<Vec<String>> = redis::Script::new(CLAIM)
+            .key(key("lease", jukebox))
+            .key(key("pending", jukebox))
+            .key(key("running", jukebox))
+            .key(format!("{PREFIX}:with-work"))
+            .arg(holder)
+            .arg(lease.as_millis() as u64)
+            .arg(jukebox)
+            .invoke_async(&mut c)
+            .await
+            .map_err(redis_error)?;
+        Ok(claimed.map(|flat| {
+            flat.chunks(2)
+                .filter_map(|pair| Some(item(pair.first()?, pair.get(1)?)))
+                .collect()
+        }))
+    }
+
+    async fn renew(
+        &self,
+        jukebox: &str,
+        holder: &str,
+        lease: Duration,
+    ) -> Result<bool, ScannerError> {
+        let mut c = self.connection.clone();
+        let renewed: i64 = redis::Script::new(RENEW)
+            .key(key("lease", jukebox))
+            .arg(holder)
+            .arg(lease.as_millis() as u64)
+            .invoke_async(&mut c)
+            .await
+            .map_err(redis_error)?;
+        Ok(renewed == 1)
+    }
+
+    async fn complete(&self, jukebox: &str, holder: &str) -> Result<(), ScannerError> {
+        let mut c = self.connection.clone();
+        let _: i64 = redis::Script::new(COMPLETE)
+            .key(key("lease", jukebox))
+            .key(key("running", jukebox))
+            .arg(holder)
+            .invoke_async(&mut c)
+            .await
+            .map_err(redis_error)?;
+        Ok(())
+    }
+
+    async fn with_work(&self) -> Result<Vec<String>, ScannerError> {
+        use redis::AsyncCommands;
+        let mut c = self.connection.clone();
+        c.smembers(format!("{PREFIX}:with-work"))
+            .await
+            .map_err(redis_error)
+    }
+
+    async fn put_record(&self, record: &ScanRecord) -> Result<(), ScannerError> {
+        use redis::AsyncCommands;
+        let mut c = self.connection.clone();
+        let body = serde_json::to_string(record).map_err(|e| ScannerError::Store(e.to_string()))?;
+        c.set_ex(key("scan", &record.id), body, RECORD_TTL.as_secs())
+            .await
+            .map_err(redis_error)
+    }
+
+    async fn record(&self, id: &str) -> Result<Option<ScanRecord>, ScannerError> {
+        use redis::AsyncCommands;
+        let mut c = self.connection.clone();
+        let text: Option<String> = c.get(key("scan", id)).await.map_err(redis_error)?;
+        text.map(|t| {
+            serde_json::from_str(&t)
+                .map_err(|e| ScannerError::Store(format!("scan record unreadable: {e}")))
+        })
+        .transpose()
+    }
+}

@@ -1,0 +1,349 @@
+//! Where JukeBoxes come from and where their status goes.
+//!
+//! [`JukeboxStore`] is what the scanner needs: read specs, write a status with
+//! compare-and-set (a writer that lost a race re-reads and re-merges, never
+//! overwrites), and announce changes so the catalog follows status, not scans.
+//! Here: the **local** store — specs from a directory of JukeBox YAML files,
+//! read afresh at each use so an edited file is seen at the next scan, and
+//! status in memory or in Redis (shared by replicas, announced on pub/sub).
+//! The Kubernetes store comes with its own issue.
+
+use std::{
+    collections::HashMap,
+    path::PathBuf,
+    sync::{Arc, Mutex},
+};
+
+use redis::AsyncCommands;
+use tokio::sync::broadcast;
+use vynil_crds::{JukeBox, JukeBoxSpec, JukeBoxStatus};
+
+use crate::ScannerError;
+
+/// Redis pub/sub channel announcing a JukeBox status change (payload: name).
+pub const CHANGES_CHANNEL: &str = "vynil:v1:jukebox-status-changes";
+const STATUS_PREFIX: &str = "vynil:v1:jukebox-status";
+
+/// A JukeBox and the version of its status (for compare-and-set).
+#[derive(Debug, Clone, PartialEq)]
+pub struct JukeboxRecord {
+    pub name: String,
+    pub spec: JukeBoxSpec,
+    pub status: Option<JukeBoxStatus>,
+    pub status_version: u64,
+}
+
+#[async_trait::async_trait]
+pub trait JukeboxStore: Send + Sync + std::fmt::Debug {
+    async fn list(&self) -> Result<Vec<JukeboxRecord>, ScannerError>;
+    async fn get(&self, name: &str) -> Result<Option<JukeboxRecord>, ScannerError>;
+    /// Writes `status` if the stored version is still `expected`; returns
+    /// `ScannerError::Conflict` otherwise.
+    async fn write_status(
+        &self,
+        name: &str,
+        expected: u64,
+        status: &JukeBoxStatus,
+    ) -> Result<u64, ScannerError>;
+    /// Names of JukeBoxes whose status changed.
+    fn subscribe(&self) -> broadcast::Receiver<String>;
+}
+
+/// Status with its version.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+struct Versioned {
+    version: u64,
+    status: JukeBoxStatus,
+}
+
+#[async_trait::async_trait]
+trait StatusBackend: Send + Sync + std::fmt::Debug {
+    async fn get(&self, name: &str) -> Result<Option<Versioned>, ScannerError>;
+    async fn compare_and_set(
+        &self,
+        name: &str,
+        expected: u64,
+        status: &JukeBoxStatus,
+    ) -> Result<u64, ScannerError>;
+}
+
+#[derive(Debug, Default)]
+struct MemoryBackend {
+    statuses: Mutex<HashMap<String, Versioned>>,
+}
+
+#[async_trait::async_trait]
+impl StatusBackend for MemoryBackend {
+    async fn get(&self, name: &str) -> Result<Option<Versioned>, ScannerError> {
+        Ok(self
+            .statuses
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(name)
+            .cloned())
+    }
+
+    async fn compare_and_set(
+        &self,
+        name: &str,
+        expected: u64,
+        status: &JukeBoxStatus,
+    ) -> Result<u64, ScannerError> {
+        let mut statuses = self.statuses.lock().unwrap_or_else(|p| p.into_inner());
+        let current = statuses.get(name).map_or(0, |v| v.version);
+        if current != expected {
+            return Err(ScannerError::Conflict(name.to_string()));
+        }
+        statuses.insert(
+            name.to_string(),
+            Versioned {
+                version: current + 1,
+                status: status.clone(),
+            },
+        );
+        Ok(current + 1)
+    }
+}
+
+struct RedisBackend {
+    connection: redis::aio::ConnectionManager,
+}
+
+impl std::fmt::Debug for RedisBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RedisBackend")
+    }
+}
+
+const COMPARE_AND_SET: &str = r#"
+local current = redis.call('GET', KEYS[1])
+local version = 0
+if current then version = cjson.decode(current)['version'] end
+if version ~= tonumber(ARGV[1]) then return -1 end
+local next = version + 1
+redis.call('SET', KEYS[1], '{"version":' .. next .. ',"status":' .. ARGV[2] .. '}')
+redis.call('PUBLISH', ARGV[3], ARGV[4])
+return next"#;
+
+pub(crate) fn redis_error(e: redis::RedisError) -> ScannerError {
+    ScannerError::Store(format!("Redis: {e}"))
+}
+
+#[async_trait::async_trait]
+impl StatusBackend for RedisBackend {
+    async fn get(&self, name: &str) -> Result<Option<Versioned>, ScannerError> {
+        let mut c = self.connection.clone();
+        let text: Option<String> = c
+            .get(format!("{STATUS_PREFIX}:{name}"))
+            .await
+            .map_err(redis_error)?;
+        text.map(|t| {
+            serde_json::from_str(&t).map_err(|e| {
+                ScannerError::Store(format!("stored status of {name} is unreadable: {e}"))
+            })
+        })
+        .transpose()
+    }
+
+    async fn compare_and_set(
+        &self,
+        name: &str,
+        expected: u64,
+        status: &JukeBoxStatus,
+    ) -> Result<u64, ScannerError> {
+        let mut c = self.connection.clone();
+        let body = serde_json::to_string(status).map_err(|e| ScannerError::Store(e.to_string()))?;
+        let next: i64 = redis::Script::new(COMPARE_AND_SET)
+            .key(format!("{STATUS_PREFIX}:{name}"))
+            .arg(expected)
+            .arg(body)
+            .arg(CHANGES_CHANNEL)
+            .arg(name)
+            .invoke_async(&mut c)
+            .await
+            .map_err(redis_error)?;
+        u64::try_from(next).map_err(|_| ScannerError::Conflict(name.to_string()))
+    }
+}
+
+/// JukeBox specs from `*.yaml` files in a directory; status in a backend.
+#[derive(Debug)]
+pub struct LocalStore {
+    directory: PathBuf,
+    backend: Arc<dyn StatusBackend>,
+    changes: broadcast::Sender<String>,
+    /// In memory, writes are announced here; with Redis, by the pub/sub relay.
+    announce_writes: bool,
+}
+
+impl LocalStore {
+    /// Status in process memory.
+    pub fn in_memory(directory: PathBuf) -> Self {
+        let (changes, _) = broadcast::channel(1024);
+        Self {
+            directory,
+            backend: Arc::new(MemoryBackend::default()),
+            changes,
+            announce_writes: true,
+        }
+    }
+
+    /// Status in Redis; changes from every replica are relayed to subscribers.
+    pub async fn with_redis(directory: PathBuf, url: &str) -> Result<Self, ScannerError> {
+        let client = redis::Client::open(url).map_err(redis_error)?;
+        let connection = redis::aio::ConnectionManager::new(client.clone())
+            .await
+            .map_err(redis_error)?;
+        let (changes, _) = broadcast::channel(1024);
+        let relay = changes.clone();
+        let mut pubsub = client.get_async_pubsub().await.map_err(redis_error)?;
+        pubsub
+            .subscribe(CHANGES_CHANNEL)
+            .await
+            .map_err(redis_error)?;
+        tokio::spawn(async move {
+            use futures::StreamExt;
+            let mut messages = pubsub.into_on_message();
+            while let Some(message) = messages.next().await {
+                if let Ok(name) = message.get_payload::<String>() {
+                    let _ = relay.send(name);
+                }
+            }
+        });
+        Ok(Self {
+            directory,
+            backend: Arc::new(RedisBackend { connection }),
+            changes,
+            announce_writes: false,
+        })
+    }
+
+    fn read_specs(&self) -> Result<Vec<(String, JukeBoxSpec)>, ScannerError> {
+        let entries = std::fs::read_dir(&self.directory).map_err(|e| {
+            ScannerError::Config(format!(
+                "cannot read the JukeBox directory {}: {e}",
+                self.directory.display()
+            ))
+        })?;
+        let mut specs = Vec::new();
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let is_yaml = path.extension().is_some_and(|e| e == "yaml" || e == "yml");
+            if !is_yaml {
+                continue;
+            }
+            let text = match std::fs::read_to_string(&path) {
+                Ok(text) => text,
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, "unreadable JukeBox file skipped");
+                    continue;
+                }
+            };
+            // Through a JSON value: YAML enum tags would otherwise be required
+            // for `source`, whose upstream form is a single-key map.
+            let parsed = serde_yaml_ng::from_str::<serde_json::Value>(&text)
+                .map_err(|e| e.to_string())
+                .and_then(|value| {
+                    serde_json::from_value::<JukeBox>(value).map_err(|e| e.to_string())
+                });
+            match parsed {
+                Ok(jukebox) => match jukebox.metadata.name {
+                    Some(name) => specs.push((name, jukebox.spec)),
+                    None => {
+                        tracing::warn!(path = %path.display(), "JukeBox without metadata.name skipped")
+                    }
+                },
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, "invalid JukeBox file skipped")
+                }
+            }
+        }
+        specs.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(specs)
+    }
+
+    async fn record(&self, name: String, spec: JukeBoxSpec) -> Result<JukeboxRecord, ScannerError> {
+        let stored = self.backend.get(&name).await?;
+        Ok(JukeboxRecord {
+            status_version: stored.as_ref().map_or(0, |s| s.version),
+            status: stored.map(|s| s.status),
+            name,
+            spec,
+        })
+    }
+}
+
+#[async_trait::async_trait]
+impl JukeboxStore for LocalStore {
+    async fn list(&self) -> Result<Vec<JukeboxRecord>, ScannerError> {
+        let mut records = Vec::new();
+        for (name, spec) in self.read_specs()? {
+            records.push(self.record(name, spec).await?);
+        }
+        Ok(records)
+    }
+
+    async fn get(&self, name: &str) -> Result<Option<JukeboxRecord>, ScannerError> {
+        let Some((name, spec)) = self.read_specs()?.into_iter().find(|(n, _)| n == name) else {
+            return Ok(None);
+        };
+        Ok(Some(self.record(name, spec).await?))
+    }
+
+    async fn write_status(
+        &self,
+        name: &str,
+        expected: u64,
+        status: &JukeBoxStatus,
+    ) -> Result<u64, ScannerError> {
+        let version = self.backend.compare_and_set(name, expected, status).await?;
+        if self.announce_writes {
+            let _ = self.changes.send(name.to_string());
+        }
+        Ok(version)
+    }
+
+    fn subscribe(&self) -> broadcast::Receiver<String> {
+        self.changes.subscribe()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn jukebox_files_are_read_from_the_directory_and_bad_ones_skipped() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("box.yaml"),
+            "apiVersion: vynil.solidite.fr/v1\nkind: JukeBox\nmetadata:\n  name: box\nspec:\n  schedule: '0 * * * *'\n  source:\n    list:\n      - 127.0.0.1:5000/db/pg\n",
+        )
+        .unwrap();
+        std::fs::write(dir.path().join("broken.yaml"), "kind: [").unwrap();
+        std::fs::write(dir.path().join("notes.txt"), "not yaml").unwrap();
+        let store = LocalStore::in_memory(dir.path().to_path_buf());
+        let names: Vec<String> = store
+            .list()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|r| r.name)
+            .collect();
+        assert_eq!(names, ["box"]);
+    }
+
+    #[tokio::test]
+    async fn a_status_write_with_a_stale_version_is_a_conflict() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalStore::in_memory(dir.path().to_path_buf());
+        let mut changes = store.subscribe();
+        let status = JukeBoxStatus::default();
+        assert_eq!(store.write_status("box", 0, &status).await.unwrap(), 1);
+        assert!(matches!(
+            store.write_status("box", 0, &status).await,
+            Err(ScannerError::Conflict(_))
+        ));
+        assert_eq!(changes.recv().await.unwrap(), "box");
+    }
+}

@@ -1,0 +1,266 @@
+//! The scanner's work loop: claim a JukeBox's requests under its lease, run
+//! them, write the status with compare-and-set (re-merging on a lost race),
+//! and keep the scan records that `GetScan`/`WatchScan` read.
+
+use std::{sync::Arc, time::Duration};
+
+use tokio::sync::{Notify, mpsc};
+use vynil_registry::RegistryClient;
+use vynil_rules::ScanFilter;
+
+use crate::{
+    ScannerError,
+    engine::{self, EngineSettings, Progress, ScanOutput},
+    requests::{RequestQueue, ScanItem, ScanRecord},
+    store::JukeboxStore,
+};
+
+const WRITE_ATTEMPTS: usize = 8;
+
+/// The scanner: shared by the gRPC service and the work loop.
+#[derive(Debug)]
+pub struct Scanner {
+    pub store: Arc<dyn JukeboxStore>,
+    pub queue: Arc<dyn RequestQueue>,
+    pub client: RegistryClient,
+    pub settings: EngineSettings,
+    pub holder: String,
+    pub lease: Duration,
+    pub poll: Duration,
+    pub wake: Notify,
+}
+
+impl Scanner {
+    /// Records a scan request (validated); returns its id and whether it
+    /// joined an existing request.
+    pub async fn request(
+        &self,
+        jukebox: &str,
+        filter: &str,
+    ) -> Result<(String, bool), ScannerError> {
+        let filter = match filter.trim() {
+            "" | "true" => None,
+            raw => Some(ScanFilter::parse(raw)?.to_string()),
+        };
+        if self.store.get(jukebox).await?.is_none() {
+            return Err(ScannerError::NotFound(format!("no JukeBox {jukebox:?}")));
+        }
+        let (id, joined) = self.queue.submit(jukebox, filter.as_deref()).await?;
+        if !joined {
+            let record = ScanRecord {
+                id: id.clone(),
+                jukebox: jukebox.to_string(),
+                filter: filter.unwrap_or_default(),
+                state: "queued".into(),
+                ..ScanRecord::default()
+            };
+            self.queue.put_record(&record).await?;
+        }
+        self.wake.notify_one();
+        Ok((id, joined))
+    }
+
+    /// Runs until `shutdown` resolves: claims and runs whatever is pending.
+    pub async fn work(self: Arc<Self>, shutdown: impl std::future::Future<Output = ()>) {
+        tokio::pin!(shutdown);
+        loop {
+            match self.queue.with_work().await {
+                Ok(jukeboxes) => {
+                    for jukebox in jukeboxes {
+                        if let Err(error) = self.run_claimed(&jukebox).await {
+                            tracing::warn!(%jukebox, %error, "scan round failed; retrying later");
+                        }
+                    }
+                }
+                Err(error) => tracing::warn!(%error, "cannot read the scan requests; retrying"),
+            }
+            tokio::select! {
+                _ = &mut shutdown => return,
+                _ = self.wake.notified() => {}
+                _ = tokio::time::sleep(self.poll) => {}
+            }
+        }
+    }
+
+    async fn run_claimed(&self, jukebox: &str) -> Result<(), ScannerError> {
+        while let Some(items) = self.queue.claim(jukebox, &self.holder, self.lease).await? {
+            let renew = {
+                let (queue, jukebox, holder, lease) = (
+                    self.queue.clone(),
+                    jukebox.to_string(),
+                    self.holder.clone(),
+                    self.lease,
+                );
+                tokio::spawn(async move {
+                    loop {
+                        tokio::time::sleep(lease / 3).await;
+                        if !matches!(queue.renew(&jukebox, &holder, lease).await, Ok(true)) {
+                            tracing::warn!(%jukebox, "lost the scan lease");
+                        }
+                    }
+                })
+            };
+            let result = self.run_items(jukebox, &items).await;
+            renew.abort();
+            result?;
+            self.queue.complete(jukebox, &self.holder).await?;
+        }
+        Ok(())
+    }
+
+    /// A full item satisfies every item claimed with it; partial ones run in turn.
+    async fn run_items(&self, jukebox: &str, items: &[ScanItem]) -> Result<(), ScannerError> {
+        if items.iter().any(|i| i.filter.is_none()) {
+            let ids: Vec<String> = items.iter().map(|i| i.id.clone()).collect();
+            return self.run_scan(jukebox, None, &ids).await;
+        }
+        for item in items {
+            let filter = item.filter.as_deref().map(ScanFilter::parse).transpose()?;
+            self.run_scan(jukebox, filter, std::slice::from_ref(&item.id))
+                .await?;
+        }
+        Ok(())
+    }
+
+    #[tracing::instrument(skip(self, ids), fields(filter = ?filter.as_ref().map(ToString::to_string)))]
+    async fn run_scan(
+        &self,
+        jukebox: &str,
+        filter: Option<ScanFilter>,
+        ids: &[String],
+    ) -> Result<(), ScannerError> {
+        let started_at = jiff::Timestamp::now().to_string();
+        let base = ScanRecord {
+            jukebox: jukebox.to_string(),
+            filter: filter.as_ref().map(ToString::to_string).unwrap_or_default(),
+            state: "running".into(),
+            started_at: started_at.clone(),
+            ..ScanRecord::default()
+        };
+        self.put_records(ids, &base).await;
+        let Some(record) = self.store.get(jukebox).await? else {
+            let mut gone = base.clone();
+            gone.state = "failed".into();
+            gone.errors = vec![(
+                "jukebox".into(),
+                format!("JukeBox {jukebox} no longer exists"),
+            )];
+            self.put_records(ids, &gone).await;
+            return Ok(());
+        };
+
+        // Progress is written by a task, so the engine never waits on Redis.
+        let (progress_tx, mut progress_rx) = mpsc::unbounded_channel::<Progress>();
+        let writer = {
+            let (queue, ids, base) = (self.queue.clone(), ids.to_vec(), base.clone());
+            tokio::spawn(async move {
+                while let Some(progress) = progress_rx.recv().await {
+                    for id in &ids {
+                        let _ = queue.put_record(&with_progress(&base, id, &progress)).await;
+                    }
+                }
+            })
+        };
+        let on_progress = move |p: &Progress| {
+            let _ = progress_tx.send(p.clone());
+        };
+        let output = engine::scan(
+            &self.client,
+            &self.settings,
+            &record,
+            filter.as_ref(),
+            &on_progress,
+        )
+        .await;
+        drop(on_progress);
+        let _ = writer.await;
+
+        let write = self.write_status(jukebox, &output, filter.as_ref()).await;
+        let errors = output.errors();
+        let mut last = base.clone();
+        last.state = match (&output, &write, errors.is_empty()) {
+            (_, Err(_), _) | (ScanOutput::SourceFailed(_), _, _) => "failed",
+            (_, _, true) => "succeeded",
+            _ => "partially_failed",
+        }
+        .into();
+        last.errors = errors;
+        if let Err(error) = &write {
+            last.errors.push(("status".into(), error.to_string()));
+        }
+        last.finished_at = jiff::Timestamp::now().to_string();
+        for id in ids {
+            let mut final_record = self
+                .queue
+                .record(id)
+                .await
+                .ok()
+                .flatten()
+                .unwrap_or_else(|| last.clone());
+            final_record.id = id.clone();
+            final_record.state = last.state.clone();
+            final_record.errors = last.errors.clone();
+            final_record.finished_at = last.finished_at.clone();
+            let _ = self.queue.put_record(&final_record).await;
+        }
+        tracing::info!(%jukebox, state = %last.state, "scan finished");
+        write
+    }
+
+    /// Compare-and-set: on a lost race, re-read and merge again.
+    async fn write_status(
+        &self,
+        jukebox: &str,
+        output: &ScanOutput,
+        filter: Option<&ScanFilter>,
+    ) -> Result<(), ScannerError> {
+        for _ in 0..WRITE_ATTEMPTS {
+            let Some(record) = self.store.get(jukebox).await? else {
+                return Err(ScannerError::NotFound(format!(
+                    "JukeBox {jukebox} disappeared during its scan"
+                )));
+            };
+            let Some(status) = engine::new_status(
+                record.status.as_ref(),
+                output,
+                filter,
+                0,
+                jiff::Timestamp::now(),
+            ) else {
+                return Ok(());
+            };
+            match self
+                .store
+                .write_status(jukebox, record.status_version, &status)
+                .await
+            {
+                Ok(_) => return Ok(()),
+                Err(ScannerError::Conflict(_)) => continue,
+                Err(other) => return Err(other),
+            }
+        }
+        Err(ScannerError::Conflict(jukebox.to_string()))
+    }
+
+    async fn put_records(&self, ids: &[String], base: &ScanRecord) {
+        for id in ids {
+            let mut record = base.clone();
+            record.id = id.clone();
+            if let Err(error) = self.queue.put_record(&record).await {
+                tracing::warn!(%error, "cannot record scan progress");
+            }
+        }
+    }
+}
+
+fn with_progress(base: &ScanRecord, id: &str, p: &Progress) -> ScanRecord {
+    ScanRecord {
+        id: id.to_string(),
+        repositories_done: p.repositories_done,
+        repositories_total: p.repositories_total,
+        tags_seen: p.tags_seen,
+        manifests_read: p.manifests_read,
+        errors: p.errors.clone(),
+        ..base.clone()
+    }
+}

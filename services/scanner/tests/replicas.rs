@@ -1,0 +1,177 @@
+//! Two scanner processes on one Redis: one scan per JukeBox across replicas,
+//! and a request that survives the death of the replica running it.
+
+#![allow(clippy::unwrap_used, clippy::panic)]
+
+use std::{path::Path, time::Duration};
+
+use axum::http::Method;
+use vynil_proto::scanner::v1::{
+    GetScanRequest, ScanRequest, ScanState, scanner_client::ScannerClient,
+};
+use vynil_testkit::{
+    Fault, FaultAction, HttpFront, PackageSpec, PackageType, RedisServer, RegistryServer,
+    ServiceProcess,
+};
+
+const REPOSITORIES: [&str; 3] = ["apps/a", "apps/b", "apps/c"];
+
+struct World {
+    _registry: RegistryServer,
+    front: HttpFront,
+    redis: RedisServer,
+    dir: tempfile::TempDir,
+}
+
+async fn world() -> World {
+    let registry = RegistryServer::start().await.unwrap();
+    for repository in REPOSITORIES {
+        let name = repository.trim_start_matches("apps/");
+        registry
+            .publisher()
+            .publish(
+                repository,
+                &PackageSpec::new("apps", name, PackageType::Tenant, "1.0.0"),
+            )
+            .await
+            .unwrap();
+    }
+    let front = HttpFront::start(&registry.base_url()).await.unwrap();
+    let redis = RedisServer::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let list: Vec<String> = REPOSITORIES
+        .iter()
+        .map(|r| format!("      - {}/{r}", front.host()))
+        .collect();
+    std::fs::write(
+        dir.path().join("box.yaml"),
+        format!("apiVersion: vynil.solidite.fr/v1\nkind: JukeBox\nmetadata:\n  name: box\nspec:\n  schedule: '0 * * * *'\n  source:\n    list:\n{}\n", list.join("\n")),
+    )
+    .unwrap();
+    // Slow tag lists make the scans long enough to race and to kill.
+    front.inject(Fault::new(
+        Some(Method::GET),
+        "/tags/list",
+        usize::MAX,
+        FaultAction::DelayAnswer(Duration::from_millis(600)),
+    ));
+    World {
+        _registry: registry,
+        front,
+        redis,
+        dir,
+    }
+}
+
+async fn replica(world: &World) -> ServiceProcess {
+    let (redis, front, dir) = (
+        world.redis.url(),
+        world.front.host(),
+        world.dir.path().to_str().unwrap().to_string(),
+    );
+    let args = [
+        "--jukebox-dir",
+        &dir,
+        "--redis-url",
+        &redis,
+        "--insecure-registry",
+        &front,
+        "--scan-lease-seconds",
+        "2",
+        "--poll-milliseconds",
+        "100",
+        "--repository-concurrency",
+        "1",
+    ];
+    ServiceProcess::start(Path::new(env!("CARGO_BIN_EXE_vynil-scanner")), &args)
+        .await
+        .unwrap()
+}
+
+async fn wait_final(client: &mut ScannerClient<tonic::transport::Channel>, id: &str) -> i32 {
+    for _ in 0..600 {
+        let status = client
+            .get_scan(GetScanRequest { scan_id: id.into() })
+            .await
+            .unwrap()
+            .into_inner();
+        if [
+            ScanState::Succeeded,
+            ScanState::PartiallyFailed,
+            ScanState::Failed,
+        ]
+        .iter()
+        .any(|s| *s as i32 == status.state)
+        {
+            return status.state;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("scan {id} never finished");
+}
+
+fn full() -> ScanRequest {
+    ScanRequest {
+        jukebox: "box".into(),
+        filter: String::new(),
+    }
+}
+
+#[tokio::test]
+async fn two_replicas_asked_to_scan_the_same_jukebox_list_each_repository_once() {
+    let world = world().await;
+    let (a, b) = (replica(&world).await, replica(&world).await);
+    let mut client_a = ScannerClient::new(a.channel().await.unwrap());
+    let mut client_b = ScannerClient::new(b.channel().await.unwrap());
+    let (first, second) = tokio::join!(client_a.scan(full()), client_b.scan(full()));
+    let (first, second) = (first.unwrap().into_inner(), second.unwrap().into_inner());
+    assert_eq!(
+        first.scan_id, second.scan_id,
+        "one request joined the other"
+    );
+    assert!(first.joined_existing ^ second.joined_existing);
+    assert_eq!(
+        wait_final(&mut client_b, &first.scan_id).await,
+        ScanState::Succeeded as i32
+    );
+    for repository in REPOSITORIES {
+        assert_eq!(
+            world
+                .front
+                .count(&Method::GET, &format!("/v2/{repository}/tags/list")),
+            1,
+            "{repository}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn when_the_lease_holder_dies_mid_scan_another_replica_finishes_the_same_request() {
+    let world = world().await;
+    let holder = replica(&world).await;
+    let mut client = ScannerClient::new(holder.channel().await.unwrap());
+    let id = client.scan(full()).await.unwrap().into_inner().scan_id;
+    for _ in 0..200 {
+        if world.front.count(&Method::GET, "/tags/list") >= 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let other = replica(&world).await;
+    drop(holder); // SIGKILL, mid-scan
+    let mut client = ScannerClient::new(other.channel().await.unwrap());
+    assert_eq!(
+        wait_final(&mut client, &id).await,
+        ScanState::Succeeded as i32
+    );
+    let status = client
+        .get_scan(GetScanRequest { scan_id: id })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(status.repositories_done, 3);
+    assert!(
+        world.front.count(&Method::GET, "/tags/list") >= 4,
+        "the scan ran again from the start"
+    );
+}

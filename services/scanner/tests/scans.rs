@@ -1,0 +1,315 @@
+//! Scans against a real registry (behind the test kit's counting front) and a
+//! real Redis: the scanner library in process, its work loop running.
+
+#![allow(clippy::unwrap_used, clippy::panic)]
+
+use std::{sync::Arc, time::Duration};
+
+use axum::http::Method;
+use clap::Parser;
+use vynil_scanner::{Config, Scanner};
+use vynil_testkit::{
+    Fault, FaultAction, HttpFront, PackageSpec, PackageType, RedisServer, RegistryServer,
+};
+
+struct Harness {
+    registry: RegistryServer,
+    front: HttpFront,
+    _redis: RedisServer,
+    dir: tempfile::TempDir,
+    scanner: Arc<Scanner>,
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+async fn harness(registry: RegistryServer, repositories: &[&str]) -> Harness {
+    let front = HttpFront::start(&registry.base_url()).await.unwrap();
+    let redis = RedisServer::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let list: Vec<String> = repositories
+        .iter()
+        .map(|r| format!("      - {}/{r}", front.host()))
+        .collect();
+    std::fs::write(
+        dir.path().join("box.yaml"),
+        format!("apiVersion: vynil.solidite.fr/v1\nkind: JukeBox\nmetadata:\n  name: box\nspec:\n  schedule: '0 * * * *'\n  source:\n    list:\n{}\n", list.join("\n")),
+    )
+    .unwrap();
+    let config = Config::parse_from([
+        "vynil-scanner",
+        "--jukebox-dir",
+        dir.path().to_str().unwrap(),
+        "--redis-url",
+        &redis.url(),
+        "--insecure-registry",
+        &front.host(),
+        "--vynil-version",
+        "0.8.0",
+        "--poll-milliseconds",
+        "50",
+        "--max-tags-per-repository",
+        "2000",
+    ]);
+    let scanner = vynil_scanner::build(&config).await.unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(scanner.clone().work(async move {
+        let _ = stopped.await;
+    }));
+    Harness {
+        registry,
+        front,
+        _redis: redis,
+        dir,
+        scanner,
+        _stop: stop,
+    }
+}
+
+async fn scan(h: &Harness, filter: &str) -> vynil_scanner::ScanRecord {
+    let (id, _) = h.scanner.request("box", filter).await.unwrap();
+    // Generous: a first scan of a large repository reads its manifests one by one.
+    for _ in 0..7200 {
+        let record = h.scanner.queue.record(&id).await.unwrap().unwrap();
+        if record.is_final() {
+            return record;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("scan {id} did not finish");
+}
+
+async fn catalog(h: &Harness) -> Vec<String> {
+    let record = h.scanner.store.get("box").await.unwrap().unwrap();
+    record
+        .status
+        .map(|s| {
+            s.packages
+                .iter()
+                .map(|p| format!("{}:{}", p.image, p.tag))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn spec(category: &str, name: &str, kind: PackageType, tag: &str) -> PackageSpec {
+    PackageSpec::new(category, name, kind, tag)
+}
+
+#[tokio::test]
+async fn the_type_change_story_shows_the_last_tenant_revision_beside_the_new_service() {
+    let registry = RegistryServer::start().await.unwrap();
+    let p = registry.publisher();
+    p.publish(
+        "think/ollama",
+        &spec("think", "ollama", PackageType::Tenant, "0.1.5"),
+    )
+    .await
+    .unwrap();
+    p.publish(
+        "think/ollama",
+        &spec("think", "ollama", PackageType::Tenant, "0.1.8").min("0.1.0"),
+    )
+    .await
+    .unwrap();
+    p.publish(
+        "think/ollama",
+        &spec("think", "ollama", PackageType::Service, "0.1.9").min("0.1.8"),
+    )
+    .await
+    .unwrap();
+    p.publish(
+        "think/ollama",
+        &spec("think", "ollama", PackageType::Service, "0.1.10"),
+    )
+    .await
+    .unwrap();
+    let h = harness(registry, &["think/ollama"]).await;
+    let record = scan(&h, "").await;
+    assert_eq!(record.state, "succeeded", "{record:?}");
+    assert_eq!(
+        catalog(&h).await,
+        ["think/ollama:0.1.10", "think/ollama:0.1.8"]
+    );
+    let status = h
+        .scanner
+        .store
+        .get("box")
+        .await
+        .unwrap()
+        .unwrap()
+        .status
+        .unwrap();
+    let conditions: Vec<(String, String)> = status
+        .conditions
+        .iter()
+        .map(|c| (format!("{:?}", c.condition_type), c.message.clone()))
+        .collect();
+    assert_eq!(
+        conditions,
+        [
+            ("Updated".into(), "Updated succesfully".into()),
+            ("Ready".into(), "Updated succesfully".into())
+        ]
+    );
+}
+
+async fn three_repositories() -> RegistryServer {
+    let registry = RegistryServer::start().await.unwrap();
+    let p = registry.publisher();
+    for (repository, category, name) in [
+        ("db/pg", "db", "pg"),
+        ("db/mysql", "db", "mysql"),
+        ("monitoring/prom", "monitoring", "prom"),
+    ] {
+        p.publish(
+            repository,
+            &spec(category, name, PackageType::System, "1.0.0"),
+        )
+        .await
+        .unwrap();
+    }
+    registry
+}
+
+#[tokio::test]
+async fn partial_scans_replace_only_what_their_filter_names() {
+    let h = harness(
+        three_repositories().await,
+        &["db/pg", "db/mysql", "monitoring/prom"],
+    )
+    .await;
+    assert_eq!(scan(&h, "").await.state, "succeeded");
+    let p = h.registry.publisher();
+    for (repository, category, name) in [
+        ("db/pg", "db", "pg"),
+        ("db/mysql", "db", "mysql"),
+        ("monitoring/prom", "monitoring", "prom"),
+    ] {
+        p.publish(
+            repository,
+            &spec(category, name, PackageType::System, "2.0.0"),
+        )
+        .await
+        .unwrap();
+    }
+
+    h.front.reset_counts();
+    assert_eq!(scan(&h, "db/pg").await.state, "succeeded");
+    assert_eq!(
+        catalog(&h).await,
+        ["db/mysql:1.0.0", "monitoring/prom:1.0.0", "db/pg:2.0.0"]
+    );
+    assert_eq!(
+        h.front.count(&Method::GET, "/tags/list"),
+        1,
+        "only db/pg was listed"
+    );
+
+    assert_eq!(scan(&h, "db").await.state, "succeeded");
+    assert_eq!(
+        catalog(&h).await,
+        ["monitoring/prom:1.0.0", "db/mysql:2.0.0", "db/pg:2.0.0"]
+    );
+
+    h.front.reset_counts();
+    let before = catalog(&h).await;
+    let record = scan(&h, "apps/x").await;
+    assert_eq!(record.state, "succeeded");
+    assert!(
+        h.front.seen().is_empty(),
+        "a filter matching nothing reads nothing: {:?}",
+        h.front.seen()
+    );
+    assert_eq!(catalog(&h).await, before, "and changes nothing");
+}
+
+#[tokio::test]
+async fn a_failed_repository_keeps_its_entries_while_the_others_update() {
+    let h = harness(
+        three_repositories().await,
+        &["db/pg", "db/mysql", "monitoring/prom"],
+    )
+    .await;
+    assert_eq!(scan(&h, "").await.state, "succeeded");
+    let p = h.registry.publisher();
+    p.publish(
+        "db/mysql",
+        &spec("db", "mysql", PackageType::System, "2.0.0"),
+    )
+    .await
+    .unwrap();
+    p.publish("db/pg", &spec("db", "pg", PackageType::System, "2.0.0"))
+        .await
+        .unwrap();
+    h.front.inject(Fault::new(
+        None,
+        "/v2/db/pg/",
+        usize::MAX,
+        FaultAction::Status(500),
+    ));
+
+    let record = scan(&h, "").await;
+    assert_eq!(record.state, "partially_failed");
+    assert_eq!(
+        catalog(&h).await,
+        ["db/pg:1.0.0", "db/mysql:2.0.0", "monitoring/prom:1.0.0"]
+    );
+    let status = h
+        .scanner
+        .store
+        .get("box")
+        .await
+        .unwrap()
+        .unwrap()
+        .status
+        .unwrap();
+    let updated = status
+        .conditions
+        .iter()
+        .find(|c| format!("{:?}", c.condition_type) == "Updated")
+        .unwrap();
+    assert_eq!(format!("{:?}", updated.status), "False");
+    assert!(
+        updated.message.contains("/db/pg") && updated.message.contains("500"),
+        "{}",
+        updated.message
+    );
+}
+
+#[tokio::test]
+async fn a_repository_of_1200_tags_is_scanned_completely_and_a_rescan_reads_no_manifest() {
+    let registry = RegistryServer::from_fixture("scanner-1200-tags-v1", |registry| async move {
+        let items: Vec<(String, PackageSpec)> = (0..1200)
+            .map(|i| {
+                let kind = if i == 3 {
+                    PackageType::Service
+                } else {
+                    PackageType::Tenant
+                };
+                let tag = format!("{}.{}.{}", i / 100, (i / 10) % 10, i % 10);
+                ("big/repo".to_string(), spec("big", "repo", kind, &tag))
+            })
+            .collect();
+        registry.publisher().publish_all(&items, 16).await?;
+        Ok(registry)
+    })
+    .await
+    .unwrap();
+    let h = harness(registry, &["big/repo"]).await;
+    let record = scan(&h, "").await;
+    assert_eq!(record.state, "succeeded", "{record:?}");
+    assert_eq!(record.tags_seen, 1200);
+    // The newest tenant, then the type-aware descent finds the only service revision.
+    assert_eq!(catalog(&h).await, ["big/repo:11.9.9", "big/repo:0.0.3"]);
+    // Only tenant and service revisions exist: the type-aware descent looks for
+    // a system revision to the end, reading each manifest once.
+    assert_eq!(h.front.count(&Method::GET, "/manifests/"), 1200);
+
+    h.front.reset_counts();
+    assert_eq!(scan(&h, "").await.state, "succeeded");
+    assert_eq!(
+        h.front.count(&Method::GET, "/manifests/"),
+        0,
+        "an immediate rescan makes zero manifest GETs"
+    );
+    let _ = h.dir.path();
+}
