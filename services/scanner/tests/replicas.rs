@@ -7,7 +7,7 @@ use std::{path::Path, time::Duration};
 
 use axum::http::Method;
 use vynil_proto::scanner::v1::{
-    GetScanRequest, ScanRequest, ScanState, scanner_client::ScannerClient,
+    GetScanRequest, ScanRequest, ScanState, WatchScanRequest, scanner_client::ScannerClient,
 };
 use vynil_testkit::{
     Fault, FaultAction, HttpFront, PackageSpec, PackageType, RedisServer, RegistryServer,
@@ -173,5 +173,33 @@ async fn when_the_lease_holder_dies_mid_scan_another_replica_finishes_the_same_r
     assert!(
         world.front.count(&Method::GET, "/tags/list") >= 4,
         "the scan ran again from the start"
+    );
+}
+
+#[tokio::test]
+async fn watch_scan_streams_progress_until_the_scan_ends() {
+    let world = world().await;
+    let a = replica(&world).await;
+    let mut client = ScannerClient::new(a.channel().await.unwrap());
+    let id = client.scan(full()).await.unwrap().into_inner().scan_id;
+    let mut stream = client
+        .watch_scan(WatchScanRequest { scan_id: id })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut seen = Vec::new();
+    while let Some(status) = stream.message().await.unwrap() {
+        seen.push((status.state, status.repositories_done));
+    }
+    let last = *seen.last().unwrap();
+    assert_eq!(last, (ScanState::Succeeded as i32, 3));
+    let done: Vec<u32> = seen.iter().map(|(_, d)| *d).collect();
+    assert!(
+        done.windows(2).all(|w| w[0] <= w[1]),
+        "progress only grows: {done:?}"
+    );
+    assert!(
+        done.contains(&1) || done.contains(&2),
+        "intermediate progress was streamed: {seen:?}"
     );
 }

@@ -22,6 +22,10 @@ struct Harness {
 }
 
 async fn harness(registry: RegistryServer, repositories: &[&str]) -> Harness {
+    harness_with(registry, repositories, &[]).await
+}
+
+async fn harness_with(registry: RegistryServer, repositories: &[&str], extra: &[&str]) -> Harness {
     let front = HttpFront::start(&registry.base_url()).await.unwrap();
     let redis = RedisServer::start().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
@@ -34,21 +38,24 @@ async fn harness(registry: RegistryServer, repositories: &[&str]) -> Harness {
         format!("apiVersion: vynil.solidite.fr/v1\nkind: JukeBox\nmetadata:\n  name: box\nspec:\n  schedule: '0 * * * *'\n  source:\n    list:\n{}\n", list.join("\n")),
     )
     .unwrap();
-    let config = Config::parse_from([
-        "vynil-scanner",
-        "--jukebox-dir",
-        dir.path().to_str().unwrap(),
-        "--redis-url",
-        &redis.url(),
-        "--insecure-registry",
-        &front.host(),
-        "--vynil-version",
-        "0.8.0",
-        "--poll-milliseconds",
-        "50",
-        "--max-tags-per-repository",
-        "2000",
-    ]);
+    let config = Config::parse_from(
+        vec![
+            "vynil-scanner",
+            "--jukebox-dir",
+            dir.path().to_str().unwrap(),
+            "--redis-url",
+            &redis.url(),
+            "--insecure-registry",
+            &front.host(),
+            "--vynil-version",
+            "0.8.0",
+            "--poll-milliseconds",
+            "50",
+        ]
+        .into_iter()
+        .map(String::from)
+        .chain(extra.iter().map(|e| e.to_string()).collect::<Vec<_>>()),
+    );
     let scanner = vynil_scanner::build(&config).await.unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(scanner.clone().work(async move {
@@ -312,4 +319,66 @@ async fn a_repository_of_1200_tags_is_scanned_completely_and_a_rescan_reads_no_m
         "an immediate rescan makes zero manifest GETs"
     );
     let _ = h.dir.path();
+}
+
+#[tokio::test]
+async fn a_repository_over_the_tag_cap_is_reported_not_truncated() {
+    let h = harness_with(
+        three_repositories().await,
+        &["db/pg", "db/mysql"],
+        &["--max-tags-per-repository", "1"],
+    )
+    .await;
+    h.registry
+        .publisher()
+        .publish("db/pg", &spec("db", "pg", PackageType::System, "2.0.0"))
+        .await
+        .unwrap();
+    let record = scan(&h, "").await;
+    assert_eq!(record.state, "partially_failed");
+    assert_eq!(
+        catalog(&h).await,
+        ["db/mysql:1.0.0"],
+        "db/pg had no previous entries to keep"
+    );
+    let (repository, why) = &record.errors[0];
+    assert!(repository.ends_with("/db/pg"), "{repository}");
+    assert!(why.contains("2 tags, over the cap of 1"), "{why}");
+}
+
+#[tokio::test]
+async fn a_failing_source_script_is_a_condition_and_keeps_the_catalog() {
+    let h = harness(three_repositories().await, &["db/pg"]).await;
+    assert_eq!(scan(&h, "").await.state, "succeeded");
+    std::fs::write(
+        h.dir.path().join("box.yaml"),
+        "apiVersion: vynil.solidite.fr/v1\nkind: JukeBox\nmetadata:\n  name: box\nspec:\n  schedule: '0 * * * *'\n  source:\n    script: 'throw \"no registry today\"'\n",
+    )
+    .unwrap();
+    let record = scan(&h, "").await;
+    assert_eq!(record.state, "failed");
+    assert_eq!(
+        catalog(&h).await,
+        ["db/pg:1.0.0"],
+        "the edited file is read at the next scan; nothing lost"
+    );
+    let status = h
+        .scanner
+        .store
+        .get("box")
+        .await
+        .unwrap()
+        .unwrap()
+        .status
+        .unwrap();
+    let updated = status
+        .conditions
+        .iter()
+        .find(|c| format!("{:?}", c.condition_type) == "Updated")
+        .unwrap();
+    assert!(
+        updated.message.contains("no registry today"),
+        "{}",
+        updated.message
+    );
 }
