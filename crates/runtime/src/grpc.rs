@@ -50,9 +50,17 @@ impl ServedService {
 
 /// A bound gRPC listener, ready to serve. Binding is separate from serving so
 /// callers (and tests) can learn the address of a `127.0.0.1:0` listener.
-#[derive(Debug)]
 pub struct GrpcServer {
     listener: TcpListener,
+    metrics: Option<std::sync::Arc<prometheus_client::registry::Registry>>,
+}
+
+impl std::fmt::Debug for GrpcServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GrpcServer")
+            .field("listener", &self.listener)
+            .finish_non_exhaustive()
+    }
 }
 
 impl GrpcServer {
@@ -60,7 +68,20 @@ impl GrpcServer {
         let listener = TcpListener::bind(addr)
             .await
             .map_err(|source| RuntimeError::Bind { addr, source })?;
-        Ok(Self { listener })
+        Ok(Self {
+            listener,
+            metrics: None,
+        })
+    }
+
+    /// Also answers `GET /metrics` (Prometheus text) on the same port, over
+    /// HTTP/1.1: one port per service, nothing to collide in tests.
+    pub fn with_metrics(
+        mut self,
+        registry: std::sync::Arc<prometheus_client::registry::Registry>,
+    ) -> Self {
+        self.metrics = Some(registry);
+        self
     }
 
     /// The address actually bound (resolves port 0).
@@ -94,7 +115,14 @@ impl GrpcServer {
         for service in services {
             (service.add_to)(&mut routes);
         }
-        let routes: Routes = routes.routes();
+        let mut routes: Routes = routes.routes();
+        if let Some(registry) = self.metrics.clone() {
+            let scrape = axum::routing::get(move || {
+                let registry = registry.clone();
+                async move { crate::metrics::render(&registry) }
+            });
+            routes = Routes::from(routes.into_axum_router().route("/metrics", scrape));
+        }
         set_all(&health, &names, ServingStatus::Serving).await;
         tracing::info!(address = ?self.listener.local_addr().ok(), services = ?names, "serving gRPC");
 
@@ -105,6 +133,7 @@ impl GrpcServer {
             set_all(&reporter, &names, ServingStatus::NotServing).await;
         };
         tonic::transport::Server::builder()
+            .accept_http1(true)
             .add_routes(routes)
             .serve_with_incoming_shutdown(TcpListenerStream::new(self.listener), drain)
             .await?;

@@ -7,6 +7,7 @@
 //! before in-flight calls are cut.
 
 mod grpc;
+pub mod metrics;
 mod signal;
 mod telemetry;
 

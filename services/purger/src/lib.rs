@@ -11,6 +11,7 @@
 mod config;
 mod executor;
 mod grpc;
+mod metrics;
 mod planner;
 mod store;
 
@@ -70,6 +71,8 @@ pub struct Purger {
     concurrency: usize,
     lease: Duration,
     owner: String,
+    metrics: metrics::PurgerMetrics,
+    registry: Arc<vynil_runtime::metrics::Registry>,
 }
 
 /// A plan that passed the checks, and the lease that guards its execution.
@@ -108,7 +111,10 @@ impl Purger {
             Some(url) => Arc::new(RedisStore::connect(url).await?),
             None => Arc::new(MemoryStore::default()),
         };
+        let (metrics, registry) = metrics::PurgerMetrics::register();
         Ok(Self {
+            metrics,
+            registry,
             client,
             store,
             lifecycle: config.lifecycle_endpoint.clone(),
@@ -144,6 +150,7 @@ impl Purger {
             self.plan_ttl,
         )?;
         self.store.put_plan(&plan, self.plan_ttl).await?;
+        self.metrics.plans.inc();
         tracing::info!(plan = %plan.id, keep = plan.entries.iter().filter(|e| e.keep).count(), delete = plan.deletions.len(), "planned");
         Ok(plan)
     }
@@ -226,6 +233,14 @@ impl Purger {
                 .await;
         let released = self.store.release(&plan.target, &self.owner).await;
         let report = executor::report(plan, &request.caller, started_at, result?);
+        for outcome in &report.outcomes {
+            self.metrics
+                .deletions
+                .get_or_create(&metrics::State {
+                    state: outcome.state.clone(),
+                })
+                .inc();
+        }
         self.store.put_report(&report).await?;
         released?;
         tracing::info!(
@@ -279,7 +294,9 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), anyhow::Error> {
     let purger = Arc::new(Purger::from_config(&config).await?);
-    let server = GrpcServer::bind(config.listen).await?;
+    let server = GrpcServer::bind(config.listen)
+        .await?
+        .with_metrics(purger.registry.clone());
     let service = ServedService::new(PurgerServer::new(PurgerService { purger }));
     server.serve(vec![service], shutdown).await?;
     Ok(())

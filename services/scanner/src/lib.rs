@@ -11,6 +11,7 @@
 mod cache;
 mod engine;
 mod grpc;
+mod metrics;
 mod requests;
 mod script;
 mod store;
@@ -113,7 +114,10 @@ pub async fn build(config: &Config) -> Result<Arc<Scanner>, ScannerError> {
         ..TransportConfig::default()
     };
     let client = RegistryClient::new(transport, CredentialStore::default(), cache)?;
+    let (metrics, registry) = metrics::ScannerMetrics::register();
     Ok(Arc::new(Scanner {
+        metrics,
+        registry,
         store,
         queue,
         client,
@@ -135,7 +139,9 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ScannerError> {
     let scanner = build(&config).await?;
-    let server = GrpcServer::bind(config.listen).await?;
+    let server = GrpcServer::bind(config.listen)
+        .await?
+        .with_metrics(scanner.registry.clone());
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let worker = tokio::spawn(scanner.clone().work(async move {
         let mut stopped = stopped;

@@ -11,6 +11,7 @@ use vynil_rules::ScanFilter;
 use crate::{
     ScannerError,
     engine::{self, EngineSettings, Progress, ScanOutput},
+    metrics::{Cause, Outcome, ScannerMetrics, cause},
     requests::{RequestQueue, ScanItem, ScanRecord},
     store::JukeboxStore,
 };
@@ -28,6 +29,8 @@ pub struct Scanner {
     pub lease: Duration,
     pub poll: Duration,
     pub wake: Notify,
+    pub metrics: ScannerMetrics,
+    pub registry: Arc<vynil_runtime::metrics::Registry>,
 }
 
 impl Scanner {
@@ -130,6 +133,7 @@ impl Scanner {
         ids: &[String],
     ) -> Result<(), ScannerError> {
         let started_at = jiff::Timestamp::now().to_string();
+        let clock = std::time::Instant::now();
         let base = ScanRecord {
             jukebox: jukebox.to_string(),
             filter: filter.as_ref().map(ToString::to_string).unwrap_or_default(),
@@ -203,7 +207,27 @@ impl Scanner {
             final_record.finished_at = last.finished_at.clone();
             let _ = self.queue.put_record(&final_record).await;
         }
-        tracing::info!(%jukebox, state = %last.state, "scan finished");
+        self.metrics
+            .scans
+            .get_or_create(&Outcome {
+                outcome: last.state.clone(),
+            })
+            .inc();
+        self.metrics.duration.observe(clock.elapsed().as_secs_f64());
+        for (_, why) in &last.errors {
+            self.metrics
+                .repository_failures
+                .get_or_create(&Cause {
+                    cause: cause(why).to_string(),
+                })
+                .inc();
+        }
+        let first = ids.first().map(String::as_str).unwrap_or_default();
+        if let Ok(Some(progress)) = self.queue.record(first).await {
+            self.metrics.tags_seen.inc_by(progress.tags_seen);
+            self.metrics.manifests_read.inc_by(progress.manifests_read);
+        }
+        tracing::info!(%jukebox, state = %last.state, seconds = clock.elapsed().as_secs_f64(), "scan finished");
         write
     }
 

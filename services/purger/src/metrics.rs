@@ -1,0 +1,40 @@
+//! The purger's Prometheus metrics (`GET /metrics` on its gRPC port).
+
+use std::sync::Arc;
+
+use vynil_runtime::metrics::{Counter, EncodeLabelSet, Family, Registry};
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct State {
+    pub state: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct PurgerMetrics {
+    pub plans: Counter,
+    pub refusals: Counter,
+    pub deletions: Family<State, Counter>,
+}
+
+impl PurgerMetrics {
+    pub fn register() -> (Self, Arc<Registry>) {
+        let mut registry = Registry::with_prefix("vynil_purger");
+        let metrics = Self {
+            plans: Counter::default(),
+            refusals: Counter::default(),
+            deletions: Family::default(),
+        };
+        registry.register("plans", "Plans made", metrics.plans.clone());
+        registry.register(
+            "refusals",
+            "Executions refused (confirmation, stale plan, busy)",
+            metrics.refusals.clone(),
+        );
+        registry.register(
+            "deletions",
+            "Verified deletion outcomes by state",
+            metrics.deletions.clone(),
+        );
+        (metrics, Arc::new(registry))
+    }
+}

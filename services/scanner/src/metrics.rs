@@ -1,0 +1,76 @@
+//! The scanner's Prometheus metrics (`GET /metrics` on its gRPC port).
+
+use std::sync::Arc;
+
+use vynil_runtime::metrics::{
+    Counter, EncodeLabelSet, Family, Histogram, Registry, duration_buckets,
+};
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Outcome {
+    pub outcome: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Cause {
+    pub cause: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct ScannerMetrics {
+    pub scans: Family<Outcome, Counter>,
+    pub duration: Histogram,
+    pub tags_seen: Counter,
+    pub manifests_read: Counter,
+    pub repository_failures: Family<Cause, Counter>,
+}
+
+impl ScannerMetrics {
+    pub fn register() -> (Self, Arc<Registry>) {
+        let mut registry = Registry::with_prefix("vynil_scanner");
+        let metrics = Self {
+            scans: Family::default(),
+            duration: Histogram::new(duration_buckets()),
+            tags_seen: Counter::default(),
+            manifests_read: Counter::default(),
+            repository_failures: Family::default(),
+        };
+        registry.register("scans", "Scans by outcome", metrics.scans.clone());
+        registry.register(
+            "scan_duration_seconds",
+            "Duration of scans",
+            metrics.duration.clone(),
+        );
+        registry.register("tags_seen", "Tags listed", metrics.tags_seen.clone());
+        registry.register(
+            "manifests_read",
+            "Manifests read (digests not seen before)",
+            metrics.manifests_read.clone(),
+        );
+        registry.register(
+            "repository_failures",
+            "Repositories that failed, by cause",
+            metrics.repository_failures.clone(),
+        );
+        (metrics, Arc::new(registry))
+    }
+}
+
+/// A short cause for a repository failure message.
+pub fn cause(message: &str) -> &'static str {
+    let lower = message.to_ascii_lowercase();
+    [
+        ("over the cap", "tag_cap"),
+        ("unauthorized", "unauthorized"),
+        ("rate limited", "rate_limited"),
+        ("no answer within", "timeout"),
+        ("cannot reach", "unreachable"),
+        ("not found", "not_found"),
+        ("malformed", "malformed_annotations"),
+        ("larger than", "too_large"),
+        ("answered 5", "registry_error"),
+    ]
+    .into_iter()
+    .find(|(needle, _)| lower.contains(needle))
+    .map_or("other", |(_, cause)| cause)
+}
