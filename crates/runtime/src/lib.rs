@@ -37,3 +37,22 @@ pub enum RuntimeError {
 /// version of upstream's default agent image, which runs the agent Jobs.
 /// Scanner, catalog and purger share this one setting.
 pub const DEFAULT_VYNIL_VERSION: &str = "0.7.7";
+
+/// Flags every stateful service shares, each with its environment fallback
+/// (`#[command(flatten)]` in a service's `Config`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct SharedConfig {
+    /// Redis shared by replicas; state stays in process memory when absent.
+    #[arg(long, env = "REDIS_URL")]
+    pub redis_url: Option<String>,
+    /// The framework version consumers run (scanner, catalog and purger agree on it).
+    #[arg(long, env = "VYNIL_VERSION", default_value = DEFAULT_VYNIL_VERSION)]
+    pub vynil_version: semver::Version,
+    /// Registries reached over plain http; every other one over https.
+    #[arg(
+        long = "insecure-registry",
+        env = "VYNIL_INSECURE_REGISTRIES",
+        value_delimiter = ','
+    )]
+    pub insecure_registries: Vec<String>,
+}

@@ -98,6 +98,37 @@ impl ServiceProcess {
         channel(&self.endpoint()).await
     }
 
+    /// The contract of every service binary: the whole server and `service`
+    /// report SERVING, reflection lists `service` and health, and SIGTERM
+    /// ends the process with status 0 within 10 s.
+    pub async fn check_serves_then_stops(self, service: &str) -> Result<()> {
+        let fail = |what: String| {
+            Err(TestkitError::Fixture(format!(
+                "{service}: {what}\nlog:\n{}",
+                self.log()
+            )))
+        };
+        for name in ["", service] {
+            let status = self.health(name).await?;
+            if status != ServingStatus::Serving {
+                return fail(format!("health of {name:?} is {status:?}, not SERVING"));
+            }
+        }
+        let reflected = self.reflected_services().await?;
+        for name in [service, "grpc.health.v1.Health"] {
+            if !reflected.iter().any(|s| s == name) {
+                return fail(format!("reflection does not list {name}: {reflected:?}"));
+            }
+        }
+        let status = self.terminate(Duration::from_secs(10)).await?;
+        if !status.success() {
+            return Err(TestkitError::Fixture(format!(
+                "{service}: exit status {status} after SIGTERM"
+            )));
+        }
+        Ok(())
+    }
+
     /// Sends SIGTERM and waits for the exit status.
     pub async fn terminate(mut self, timeout: Duration) -> Result<std::process::ExitStatus> {
         let pid = i32::try_from(self.process.pid())

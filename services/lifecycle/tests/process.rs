@@ -2,10 +2,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::{path::Path, time::Duration};
+use std::path::Path;
 
 use vynil_proto::lifecycle::v1::{ListInstancesRequest, lifecycle_client::LifecycleClient};
-use vynil_testkit::{ServiceProcess, ServingStatus};
+use vynil_testkit::ServiceProcess;
 
 const SERVICE: &str = "vynil.lifecycle.v1.Lifecycle";
 
@@ -14,20 +14,7 @@ async fn the_binary_serves_health_and_reflection_then_exits_cleanly_on_sigterm()
     let service = ServiceProcess::start(Path::new(env!("CARGO_BIN_EXE_vynil-lifecycle")), &[])
         .await
         .unwrap();
-    assert_eq!(service.health("").await.unwrap(), ServingStatus::Serving);
-    assert_eq!(
-        service.health(SERVICE).await.unwrap(),
-        ServingStatus::Serving
-    );
-    let reflected = service.reflected_services().await.unwrap();
-    assert!(reflected.iter().any(|s| s == SERVICE), "{reflected:?}");
-    assert!(
-        reflected.iter().any(|s| s == "grpc.health.v1.Health"),
-        "{reflected:?}"
-    );
-
-    let status = service.terminate(Duration::from_secs(10)).await.unwrap();
-    assert!(status.success(), "exit status {status}");
+    service.check_serves_then_stops(SERVICE).await.unwrap();
 }
 
 #[tokio::test]

@@ -17,24 +17,12 @@ pub struct Config {
     /// Address the gRPC server listens on.
     #[arg(long, env = "VYNIL_PURGER_LISTEN", default_value = "0.0.0.0:50053")]
     pub listen: SocketAddr,
-    /// Redis holding plans, journals, reports and execution leases; in memory
-    /// when absent (a single process, nothing survives a restart).
-    #[arg(long, env = "REDIS_URL")]
-    pub redis_url: Option<String>,
+    #[command(flatten)]
+    pub shared: vynil_runtime::SharedConfig,
     /// The lifecycle service, asked which revisions instances use; without it
     /// plans say "usage unknown" and executing needs an acknowledgement.
     #[arg(long, env = "VYNIL_LIFECYCLE_ENDPOINT")]
     pub lifecycle_endpoint: Option<String>,
-    /// The framework version consumers run (shared with scanner and catalog).
-    #[arg(long, env = "VYNIL_VERSION", default_value = vynil_runtime::DEFAULT_VYNIL_VERSION)]
-    pub vynil_version: semver::Version,
-    /// Registries reached over plain http.
-    #[arg(
-        long = "insecure-registry",
-        env = "VYNIL_INSECURE_REGISTRIES",
-        value_delimiter = ','
-    )]
-    pub insecure_registries: Vec<String>,
     /// A `.dockerconfigjson` document with the registries' credentials.
     #[arg(long, env = "VYNIL_DOCKERCONFIG")]
     pub dockerconfig: Option<PathBuf>,

@@ -92,13 +92,14 @@ impl std::fmt::Debug for Prepared {
 impl Purger {
     pub async fn from_config(config: &Config) -> Result<Self, PurgerError> {
         let retention_file = RetentionFile::load(config.retention_config.as_ref())?;
-        let retention = RetentionConfig::new(config.vynil_version.clone(), &retention_file.pinned)?;
+        let retention =
+            RetentionConfig::new(config.shared.vynil_version.clone(), &retention_file.pinned)?;
         let credentials = match &config.dockerconfig {
-            Some(path) => credentials_from(path, &config.insecure_registries)?,
+            Some(path) => credentials_from(path, &config.shared.insecure_registries)?,
             None => CredentialStore::default(),
         };
         let transport = TransportConfig {
-            insecure_registries: config.insecure_registries.clone(),
+            insecure_registries: config.shared.insecure_registries.clone(),
             timeout: Duration::from_secs(config.registry_timeout_seconds.max(1)),
             ..TransportConfig::default()
         };
@@ -107,7 +108,7 @@ impl Purger {
             credentials,
             Arc::new(InMemoryMetadataCache::default()),
         )?;
-        let store: Arc<dyn PlanStore> = match &config.redis_url {
+        let store: Arc<dyn PlanStore> = match &config.shared.redis_url {
             Some(url) => Arc::new(RedisStore::connect(url).await?),
             None => Arc::new(MemoryStore::default()),
         };

@@ -42,22 +42,11 @@ pub struct Config {
     /// Address the gRPC server listens on.
     #[arg(long, env = "VYNIL_SCANNER_LISTEN", default_value = "0.0.0.0:50052")]
     pub listen: SocketAddr,
+    #[command(flatten)]
+    pub shared: vynil_runtime::SharedConfig,
     /// Directory of JukeBox YAML files (local mode).
     #[arg(long, env = "VYNIL_JUKEBOX_DIR", default_value = "jukeboxes")]
     pub jukebox_dir: PathBuf,
-    /// Redis for status, requests and the metadata cache; in memory when absent.
-    #[arg(long, env = "REDIS_URL")]
-    pub redis_url: Option<String>,
-    /// The framework version consumers run (shared with catalog and purger).
-    #[arg(long, env = "VYNIL_VERSION", default_value = vynil_runtime::DEFAULT_VYNIL_VERSION)]
-    pub vynil_version: semver::Version,
-    /// Registries reached over plain http.
-    #[arg(
-        long = "insecure-registry",
-        env = "VYNIL_INSECURE_REGISTRIES",
-        value_delimiter = ','
-    )]
-    pub insecure_registries: Vec<String>,
     /// A repository with more tags is reported, not scanned.
     #[arg(long, env = "VYNIL_MAX_TAGS_PER_REPOSITORY", default_value_t = 10_000)]
     pub max_tags_per_repository: usize,
@@ -97,7 +86,7 @@ pub async fn build(config: &Config) -> Result<Arc<Scanner>, ScannerError> {
         Arc<dyn JukeboxStore>,
         Arc<dyn RequestQueue>,
         Arc<dyn MetadataCache>,
-    ) = match &config.redis_url {
+    ) = match &config.shared.redis_url {
         Some(url) => (
             Arc::new(LocalStore::with_redis(config.jukebox_dir.clone(), url).await?),
             Arc::new(RedisQueue::connect(url).await?),
@@ -110,7 +99,7 @@ pub async fn build(config: &Config) -> Result<Arc<Scanner>, ScannerError> {
         ),
     };
     let transport = TransportConfig {
-        insecure_registries: config.insecure_registries.clone(),
+        insecure_registries: config.shared.insecure_registries.clone(),
         ..TransportConfig::default()
     };
     let client = RegistryClient::new(transport, CredentialStore::default(), cache)?;
@@ -122,7 +111,7 @@ pub async fn build(config: &Config) -> Result<Arc<Scanner>, ScannerError> {
         queue,
         client,
         settings: EngineSettings {
-            framework: config.vynil_version.clone(),
+            framework: config.shared.vynil_version.clone(),
             max_tags_per_repository: config.max_tags_per_repository,
             repository_concurrency: config.repository_concurrency,
         },
