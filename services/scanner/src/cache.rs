@@ -20,10 +20,10 @@ impl std::fmt::Debug for RedisMetadataCache {
 
 impl RedisMetadataCache {
     pub async fn connect(url: &str) -> Result<Self, crate::ScannerError> {
-        let client = redis::Client::open(url).map_err(crate::store::redis_error)?;
+        let client = redis::Client::open(url).map_err(crate::redis_error)?;
         let connection = redis::aio::ConnectionManager::new(client)
             .await
-            .map_err(crate::store::redis_error)?;
+            .map_err(crate::redis_error)?;
         Ok(Self { connection })
     }
 }

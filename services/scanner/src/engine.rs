@@ -6,16 +6,14 @@
 use std::sync::Arc;
 
 use futures::StreamExt;
-use vynil_crds::{
-    Condition, ConditionStatus, JukeBoxConditionType, JukeBoxSource, JukeBoxStatus, set_condition,
-};
-use vynil_registry::{ManifestMetadata, RegistryClient, RepositoryRef, sources::Source};
+use vynil_crds::{Condition, ConditionStatus, JukeBoxConditionType, JukeBoxStatus, set_condition};
+use vynil_registry::{ManifestMetadata, RegistryClient, RepositoryRef};
 use vynil_rules::{
     Package, ScanFilter, Versions, ViewBuilder, Viewer, merge_packages, repositories_for,
     scan::{Repository, RepositoryOutcome},
 };
 
-use crate::{script, store::JukeboxRecord};
+use vynil_store::{JukeboxRecord, source_of};
 
 /// Counters of one scan, reported as progress.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -34,26 +32,6 @@ pub struct EngineSettings {
     pub framework: semver::Version,
     pub max_tags_per_repository: usize,
     pub repository_concurrency: usize,
-}
-
-fn source_of(spec: &vynil_crds::JukeBoxSpec) -> Result<Source, String> {
-    match &spec.source {
-        Some(JukeBoxSource::List(images)) => Ok(Source::List(images.clone())),
-        Some(JukeBoxSource::Harbor(h)) => Ok(Source::Harbor {
-            registry: h.registry.clone(),
-            project: h.project.clone(),
-        }),
-        Some(JukeBoxSource::Gitlab(g)) => Ok(Source::Gitlab {
-            url: g.url.clone(),
-            registry: g.registry.clone(),
-            project: g.project.clone(),
-        }),
-        Some(JukeBoxSource::Script(source)) => script::repositories(source).map(Source::List),
-        Some(JukeBoxSource::Http(_)) | Some(JukeBoxSource::S3(_)) => {
-            Err("http and s3 index sources are not supported by this scanner yet".into())
-        }
-        None => Err("the JukeBox has no source".into()),
-    }
 }
 
 /// What a scan found; merged into the status at write time, so a write that

@@ -13,8 +13,6 @@ mod engine;
 mod grpc;
 mod metrics;
 mod requests;
-mod script;
-mod store;
 mod worker;
 
 use std::{future::Future, net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
@@ -28,7 +26,7 @@ use vynil_runtime::{GrpcServer, ServedService};
 pub use engine::{EngineSettings, ScanOutput, new_status};
 pub use grpc::ScannerService;
 pub use requests::{MemoryQueue, RedisQueue, RequestQueue, ScanRecord};
-pub use store::{CHANGES_CHANNEL, JukeboxRecord, JukeboxStore, LocalStore};
+pub use vynil_store::{CHANGES_CHANNEL, JukeboxRecord, JukeboxStore, LocalStore};
 pub use worker::Scanner;
 
 /// Configuration of the scanner: flags, each with an environment fallback.
@@ -78,6 +76,20 @@ pub enum ScannerError {
     Registry(#[from] vynil_registry::RegistryError),
     #[error(transparent)]
     Serve(#[from] vynil_runtime::RuntimeError),
+}
+
+impl From<vynil_store::StoreError> for ScannerError {
+    fn from(error: vynil_store::StoreError) -> Self {
+        match error {
+            vynil_store::StoreError::Config(why) => ScannerError::Config(why),
+            vynil_store::StoreError::Unavailable(why) => ScannerError::Store(why),
+            vynil_store::StoreError::Conflict(name) => ScannerError::Conflict(name),
+        }
+    }
+}
+
+pub(crate) fn redis_error(e: redis::RedisError) -> ScannerError {
+    ScannerError::Store(format!("Redis: {e}"))
 }
 
 /// Builds the scanner from its configuration.

@@ -16,7 +16,7 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use crate::{ScannerError, store::redis_error};
+use crate::{ScannerError, redis_error};
 
 const PREFIX: &str = "vynil:v1:scanner";
 const RECORD_TTL: Duration = Duration::from_secs(24 * 3600);

@@ -7,13 +7,13 @@ use std::{sync::Arc, time::Duration};
 use tokio::sync::{Notify, mpsc};
 use vynil_registry::RegistryClient;
 use vynil_rules::ScanFilter;
+use vynil_store::JukeboxStore;
 
 use crate::{
     ScannerError,
     engine::{self, EngineSettings, Progress, ScanOutput},
     metrics::{Cause, Outcome, ScannerMetrics, cause},
     requests::{RequestQueue, ScanItem, ScanRecord},
-    store::JukeboxStore,
 };
 
 const WRITE_ATTEMPTS: usize = 8;
@@ -259,8 +259,8 @@ impl Scanner {
                 .await
             {
                 Ok(_) => return Ok(()),
-                Err(ScannerError::Conflict(_)) => continue,
-                Err(other) => return Err(other),
+                Err(vynil_store::StoreError::Conflict(_)) => continue,
+                Err(other) => return Err(other.into()),
             }
         }
         Err(ScannerError::Conflict(jukebox.to_string()))

@@ -18,7 +18,7 @@ use redis::AsyncCommands;
 use tokio::sync::broadcast;
 use vynil_crds::{JukeBox, JukeBoxSpec, JukeBoxStatus};
 
-use crate::ScannerError;
+use crate::{StoreError, redis_error};
 
 /// Redis pub/sub channel announcing a JukeBox status change (payload: name).
 pub const CHANGES_CHANNEL: &str = "vynil:v1:jukebox-status-changes";
@@ -35,16 +35,16 @@ pub struct JukeboxRecord {
 
 #[async_trait::async_trait]
 pub trait JukeboxStore: Send + Sync + std::fmt::Debug {
-    async fn list(&self) -> Result<Vec<JukeboxRecord>, ScannerError>;
-    async fn get(&self, name: &str) -> Result<Option<JukeboxRecord>, ScannerError>;
+    async fn list(&self) -> Result<Vec<JukeboxRecord>, StoreError>;
+    async fn get(&self, name: &str) -> Result<Option<JukeboxRecord>, StoreError>;
     /// Writes `status` if the stored version is still `expected`; returns
-    /// `ScannerError::Conflict` otherwise.
+    /// `StoreError::Conflict` otherwise.
     async fn write_status(
         &self,
         name: &str,
         expected: u64,
         status: &JukeBoxStatus,
-    ) -> Result<u64, ScannerError>;
+    ) -> Result<u64, StoreError>;
     /// Names of JukeBoxes whose status changed.
     fn subscribe(&self) -> broadcast::Receiver<String>;
 }
@@ -58,13 +58,13 @@ struct Versioned {
 
 #[async_trait::async_trait]
 trait StatusBackend: Send + Sync + std::fmt::Debug {
-    async fn get(&self, name: &str) -> Result<Option<Versioned>, ScannerError>;
+    async fn get(&self, name: &str) -> Result<Option<Versioned>, StoreError>;
     async fn compare_and_set(
         &self,
         name: &str,
         expected: u64,
         status: &JukeBoxStatus,
-    ) -> Result<u64, ScannerError>;
+    ) -> Result<u64, StoreError>;
 }
 
 #[derive(Debug, Default)]
@@ -74,7 +74,7 @@ struct MemoryBackend {
 
 #[async_trait::async_trait]
 impl StatusBackend for MemoryBackend {
-    async fn get(&self, name: &str) -> Result<Option<Versioned>, ScannerError> {
+    async fn get(&self, name: &str) -> Result<Option<Versioned>, StoreError> {
         Ok(self
             .statuses
             .lock()
@@ -88,11 +88,11 @@ impl StatusBackend for MemoryBackend {
         name: &str,
         expected: u64,
         status: &JukeBoxStatus,
-    ) -> Result<u64, ScannerError> {
+    ) -> Result<u64, StoreError> {
         let mut statuses = self.statuses.lock().unwrap_or_else(|p| p.into_inner());
         let current = statuses.get(name).map_or(0, |v| v.version);
         if current != expected {
-            return Err(ScannerError::Conflict(name.to_string()));
+            return Err(StoreError::Conflict(name.to_string()));
         }
         statuses.insert(
             name.to_string(),
@@ -125,13 +125,9 @@ redis.call('SET', KEYS[1], '{"version":' .. next .. ',"status":' .. ARGV[2] .. '
 redis.call('PUBLISH', ARGV[3], ARGV[4])
 return next"#;
 
-pub(crate) fn redis_error(e: redis::RedisError) -> ScannerError {
-    ScannerError::Store(format!("Redis: {e}"))
-}
-
 #[async_trait::async_trait]
 impl StatusBackend for RedisBackend {
-    async fn get(&self, name: &str) -> Result<Option<Versioned>, ScannerError> {
+    async fn get(&self, name: &str) -> Result<Option<Versioned>, StoreError> {
         let mut c = self.connection.clone();
         let text: Option<String> = c
             .get(format!("{STATUS_PREFIX}:{name}"))
@@ -139,7 +135,7 @@ impl StatusBackend for RedisBackend {
             .map_err(redis_error)?;
         text.map(|t| {
             serde_json::from_str(&t).map_err(|e| {
-                ScannerError::Store(format!("stored status of {name} is unreadable: {e}"))
+                StoreError::Unavailable(format!("stored status of {name} is unreadable: {e}"))
             })
         })
         .transpose()
@@ -150,9 +146,10 @@ impl StatusBackend for RedisBackend {
         name: &str,
         expected: u64,
         status: &JukeBoxStatus,
-    ) -> Result<u64, ScannerError> {
+    ) -> Result<u64, StoreError> {
         let mut c = self.connection.clone();
-        let body = serde_json::to_string(status).map_err(|e| ScannerError::Store(e.to_string()))?;
+        let body =
+            serde_json::to_string(status).map_err(|e| StoreError::Unavailable(e.to_string()))?;
         let next: i64 = redis::Script::new(COMPARE_AND_SET)
             .key(format!("{STATUS_PREFIX}:{name}"))
             .arg(expected)
@@ -162,7 +159,7 @@ impl StatusBackend for RedisBackend {
             .invoke_async(&mut c)
             .await
             .map_err(redis_error)?;
-        u64::try_from(next).map_err(|_| ScannerError::Conflict(name.to_string()))
+        u64::try_from(next).map_err(|_| StoreError::Conflict(name.to_string()))
     }
 }
 
@@ -189,7 +186,7 @@ impl LocalStore {
     }
 
     /// Status in Redis; changes from every replica are relayed to subscribers.
-    pub async fn with_redis(directory: PathBuf, url: &str) -> Result<Self, ScannerError> {
+    pub async fn with_redis(directory: PathBuf, url: &str) -> Result<Self, StoreError> {
         let client = redis::Client::open(url).map_err(redis_error)?;
         let connection = redis::aio::ConnectionManager::new(client.clone())
             .await
@@ -218,9 +215,9 @@ impl LocalStore {
         })
     }
 
-    fn read_specs(&self) -> Result<Vec<(String, JukeBoxSpec)>, ScannerError> {
+    fn read_specs(&self) -> Result<Vec<(String, JukeBoxSpec)>, StoreError> {
         let entries = std::fs::read_dir(&self.directory).map_err(|e| {
-            ScannerError::Config(format!(
+            StoreError::Config(format!(
                 "cannot read the JukeBox directory {}: {e}",
                 self.directory.display()
             ))
@@ -262,7 +259,7 @@ impl LocalStore {
         Ok(specs)
     }
 
-    async fn record(&self, name: String, spec: JukeBoxSpec) -> Result<JukeboxRecord, ScannerError> {
+    async fn record(&self, name: String, spec: JukeBoxSpec) -> Result<JukeboxRecord, StoreError> {
         let stored = self.backend.get(&name).await?;
         Ok(JukeboxRecord {
             status_version: stored.as_ref().map_or(0, |s| s.version),
@@ -275,7 +272,7 @@ impl LocalStore {
 
 #[async_trait::async_trait]
 impl JukeboxStore for LocalStore {
-    async fn list(&self) -> Result<Vec<JukeboxRecord>, ScannerError> {
+    async fn list(&self) -> Result<Vec<JukeboxRecord>, StoreError> {
         let mut records = Vec::new();
         for (name, spec) in self.read_specs()? {
             records.push(self.record(name, spec).await?);
@@ -283,7 +280,7 @@ impl JukeboxStore for LocalStore {
         Ok(records)
     }
 
-    async fn get(&self, name: &str) -> Result<Option<JukeboxRecord>, ScannerError> {
+    async fn get(&self, name: &str) -> Result<Option<JukeboxRecord>, StoreError> {
         let Some((name, spec)) = self.read_specs()?.into_iter().find(|(n, _)| n == name) else {
             return Ok(None);
         };
@@ -295,7 +292,7 @@ impl JukeboxStore for LocalStore {
         name: &str,
         expected: u64,
         status: &JukeBoxStatus,
-    ) -> Result<u64, ScannerError> {
+    ) -> Result<u64, StoreError> {
         let version = self.backend.compare_and_set(name, expected, status).await?;
         if self.announce_writes {
             let _ = self.changes.send(name.to_string());
@@ -342,7 +339,7 @@ mod tests {
         assert_eq!(store.write_status("box", 0, &status).await.unwrap(), 1);
         assert!(matches!(
             store.write_status("box", 0, &status).await,
-            Err(ScannerError::Conflict(_))
+            Err(StoreError::Conflict(_))
         ));
         assert_eq!(changes.recv().await.unwrap(), "box");
     }
