@@ -42,6 +42,9 @@ pub const DEFAULT_VYNIL_VERSION: &str = "0.7.7";
 /// (`#[command(flatten)]` in a service's `Config`).
 #[derive(Debug, Clone, clap::Args)]
 pub struct SharedConfig {
+    /// Directory of JukeBox YAML files (outside a cluster).
+    #[arg(long, env = "VYNIL_JUKEBOX_DIR", default_value = "jukeboxes")]
+    pub jukebox_dir: std::path::PathBuf,
     /// Redis shared by replicas; state stays in process memory when absent.
     #[arg(long, env = "REDIS_URL")]
     pub redis_url: Option<String>,

@@ -64,6 +64,28 @@ pub struct RetentionFile {
     /// `registry/repository` never purged.
     #[serde(default)]
     pub excluded_repositories: Vec<String>,
+    /// Scheduled purges of whole JukeBoxes.
+    #[serde(default)]
+    pub schedules: Vec<Schedule>,
+}
+
+/// A scheduled purge: a fresh plan each time, executed only within limits;
+/// beyond them the plan is kept for a human to read and execute.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Schedule {
+    pub jukebox: String,
+    /// Cron expression, 5 fields (or 6 with seconds first).
+    pub cron: String,
+    /// At most this many digests deleted in one run.
+    pub max_deletions: usize,
+    /// At most this share (0–100) of a repository's tags deleted in one run.
+    #[serde(default = "full_percent")]
+    pub max_percent: f64,
+}
+
+fn full_percent() -> f64 {
+    100.0
 }
 
 impl RetentionFile {

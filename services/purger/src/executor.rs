@@ -15,7 +15,7 @@ use vynil_rules::retention::{RepositoryTag, Usage};
 
 use crate::{
     PurgerError,
-    store::{PlanStore, StoredDeletion, StoredOutcome, StoredPlan, StoredReport},
+    store::{PlanStore, RepositoryPlan, StoredDeletion, StoredOutcome, StoredPlan, StoredReport},
 };
 
 /// What Execute was asked.
@@ -52,7 +52,7 @@ pub fn check_confirmation(plan: &StoredPlan, request: &ExecuteRequest) -> Result
 
 /// What changed since planning, from a fresh read of the repository and of
 /// usage. Tags the plan deletes may be gone (deleted by an earlier run).
-pub fn staleness(plan: &StoredPlan, fresh: &[RepositoryTag], usage: &Usage) -> Vec<String> {
+pub fn staleness(plan: &RepositoryPlan, fresh: &[RepositoryTag], usage: &Usage) -> Vec<String> {
     let now: HashMap<&str, &str> = fresh
         .iter()
         .map(|t| (t.name.as_str(), t.digest.as_str()))
@@ -69,13 +69,21 @@ pub fn staleness(plan: &StoredPlan, fresh: &[RepositoryTag], usage: &Usage) -> V
                 "{} now points to {digest} (planned {})",
                 entry.tag, entry.digest
             )),
-            None if entry.keep => changes.push(format!("kept tag {} disappeared", entry.tag)),
+            None if entry.keep => changes.push(format!(
+                "{}: kept tag {} disappeared",
+                plan.name(),
+                entry.tag
+            )),
             _ => {}
         }
     }
     for tag in fresh {
         if !planned.contains_key(tag.name.as_str()) {
-            changes.push(format!("{} was pushed since planning", tag.name));
+            changes.push(format!(
+                "{}: {} was pushed since planning",
+                plan.name(),
+                tag.name
+            ));
         }
     }
     if let Usage::Known(used) = usage {
@@ -95,12 +103,13 @@ pub fn staleness(plan: &StoredPlan, fresh: &[RepositoryTag], usage: &Usage) -> V
     changes
 }
 
-/// Deletes what the plan deletes and returns the report. The caller holds the
-/// lease and has checked confirmation and staleness.
+/// Deletes what one repository's plan deletes. The caller holds the lease
+/// and has checked confirmation and staleness.
 pub async fn delete_all(
     client: &RegistryClient,
     store: &Arc<dyn PlanStore>,
-    plan: &StoredPlan,
+    plan_id: &str,
+    plan: &RepositoryPlan,
     concurrency: usize,
     progress: &mpsc::Sender<StoredOutcome>,
 ) -> Result<Vec<StoredOutcome>, PurgerError> {
@@ -120,8 +129,8 @@ pub async fn delete_all(
             })
             .buffer_unordered(concurrency.max(1));
         while let Some(outcome) = results.next().await {
-            store.journal(&plan.id, &outcome).await?;
-            audit(plan, &outcome);
+            store.journal(plan_id, &outcome).await?;
+            audit(plan_id, &outcome);
             let _ = progress.send(outcome.clone()).await;
             outcomes.push(outcome);
         }
@@ -158,6 +167,8 @@ async fn delete_one(
         } => ("failed", status, code, message),
     };
     StoredOutcome {
+        registry: repo.registry.clone(),
+        repository: repo.repository.clone(),
         digest: deletion.digest.clone(),
         tags: deletion.tags.clone(),
         state: state.into(),
@@ -167,11 +178,11 @@ async fn delete_one(
     }
 }
 
-fn audit(plan: &StoredPlan, outcome: &StoredOutcome) {
+fn audit(plan_id: &str, outcome: &StoredOutcome) {
     tracing::info!(
         target: "audit",
-        plan = %plan.id,
-        repository = %plan.target,
+        plan = %plan_id,
+        repository = %format!("{}/{}", outcome.registry, outcome.repository),
         digest = %outcome.digest,
         tags = ?outcome.tags,
         state = %outcome.state,
@@ -181,18 +192,25 @@ fn audit(plan: &StoredPlan, outcome: &StoredOutcome) {
     );
 }
 
-/// Keeps renewing `target`'s lease until dropped.
+/// Keeps renewing the leases of `targets` until dropped.
 pub struct LeaseKeeper {
     task: tokio::task::JoinHandle<()>,
 }
 
 impl LeaseKeeper {
-    pub fn start(store: Arc<dyn PlanStore>, target: String, owner: String, ttl: Duration) -> Self {
+    pub fn start(
+        store: Arc<dyn PlanStore>,
+        targets: Vec<String>,
+        owner: String,
+        ttl: Duration,
+    ) -> Self {
         let task = tokio::spawn(async move {
             loop {
                 tokio::time::sleep(ttl / 3).await;
-                if !matches!(store.acquire(&target, &owner, ttl).await, Ok(true)) {
-                    tracing::warn!(%target, "lost the execution lease");
+                for target in &targets {
+                    if !matches!(store.acquire(target, &owner, ttl).await, Ok(true)) {
+                        tracing::warn!(%target, "lost the execution lease");
+                    }
                 }
             }
         });

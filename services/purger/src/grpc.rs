@@ -34,32 +34,35 @@ impl From<PurgerError> for Status {
             PurgerError::Refused(_)
             | PurgerError::Stale(_)
             | PurgerError::Excluded(_)
-            | PurgerError::Rules(_) => Status::failed_precondition(message),
+            | PurgerError::Rules(_)
+            | PurgerError::Config(_) => Status::failed_precondition(message),
             PurgerError::Busy(_) => Status::aborted(message),
-            PurgerError::Unimplemented(_) => Status::unimplemented(message),
             PurgerError::Registry(ref e) if !e.is_transient() => {
                 Status::failed_precondition(message)
             }
             PurgerError::Registry(_) | PurgerError::Store(_) => Status::unavailable(message),
-            PurgerError::Config(_) | PurgerError::Serve(_) => Status::internal(message),
+            PurgerError::Serve(_) => Status::internal(message),
         }
     }
 }
 
 pub fn plan_to_proto(plan: &StoredPlan) -> PurgePlan {
+    let entries = || {
+        plan.repositories
+            .iter()
+            .flat_map(|r| r.entries.iter().map(move |e| (r, e)))
+    };
     PurgePlan {
         plan_id: plan.id.clone(),
         target: plan.target.clone(),
         fingerprint: plan.fingerprint.clone(),
         usage_unknown: plan.usage_unknown,
-        keep_count: plan.entries.iter().filter(|e| e.keep).count() as u32,
-        delete_count: plan.entries.iter().filter(|e| !e.keep).count() as u32,
-        entries: plan
-            .entries
-            .iter()
-            .map(|e| PlanEntry {
-                registry: plan.registry.clone(),
-                repository: plan.repository.clone(),
+        keep_count: entries().filter(|(_, e)| e.keep).count() as u32,
+        delete_count: entries().filter(|(_, e)| !e.keep).count() as u32,
+        entries: entries()
+            .map(|(r, e)| PlanEntry {
+                registry: r.registry.clone(),
+                repository: r.repository.clone(),
                 tag: e.tag.clone(),
                 digest: e.digest.clone(),
                 keep: e.keep,
@@ -71,15 +74,15 @@ pub fn plan_to_proto(plan: &StoredPlan) -> PurgePlan {
     }
 }
 
-fn outcome_to_proto(registry: &str, repository: &str, o: &StoredOutcome) -> DeletionOutcome {
+fn outcome_to_proto(o: &StoredOutcome) -> DeletionOutcome {
     let state = match o.state.as_str() {
         "deleted" => DeletionState::Deleted,
         "already_gone" => DeletionState::AlreadyGone,
         _ => DeletionState::Failed,
     };
     DeletionOutcome {
-        registry: registry.to_string(),
-        repository: repository.to_string(),
+        registry: o.registry.clone(),
+        repository: o.repository.clone(),
         digest: o.digest.clone(),
         tags: o.tags.clone(),
         state: state as i32,
@@ -90,10 +93,6 @@ fn outcome_to_proto(registry: &str, repository: &str, o: &StoredOutcome) -> Dele
 }
 
 pub fn report_to_proto(report: &StoredReport) -> PurgeReport {
-    let (registry, repository) = report
-        .target
-        .split_once('/')
-        .unwrap_or((report.target.as_str(), ""));
     PurgeReport {
         plan_id: report.plan_id.clone(),
         target: report.target.clone(),
@@ -101,11 +100,7 @@ pub fn report_to_proto(report: &StoredReport) -> PurgeReport {
         executed_by: report.executed_by.clone(),
         started_at: report.started_at.clone(),
         finished_at: report.finished_at.clone(),
-        outcomes: report
-            .outcomes
-            .iter()
-            .map(|o| outcome_to_proto(registry, repository, o))
-            .collect(),
+        outcomes: report.outcomes.iter().map(outcome_to_proto).collect(),
     }
 }
 
@@ -125,18 +120,14 @@ impl PurgerApi for PurgerService {
             .into_inner()
             .target
             .ok_or_else(|| Status::invalid_argument("a target is required"))?;
-        let repo = match target {
+        let plan = match target {
             Target::Repository(r) => {
-                RepositoryRef::new(&r.registry, &r.repository).map_err(PurgerError::from)?
+                let repo =
+                    RepositoryRef::new(&r.registry, &r.repository).map_err(PurgerError::from)?;
+                self.purger.plan(&repo).await?
             }
-            Target::Jukebox(name) => {
-                return Err(PurgerError::Unimplemented(format!(
-                    "planning every repository of JukeBox {name} needs the catalog service (not available yet); plan each repository"
-                ))
-                .into());
-            }
+            Target::Jukebox(name) => self.purger.plan_jukebox(&name).await?,
         };
-        let plan = self.purger.plan(&repo).await?;
         Ok(Response::new(plan_to_proto(&plan)))
     }
 
@@ -169,10 +160,6 @@ impl PurgerApi for PurgerService {
         };
         // Refusals are answered before the stream starts.
         let prepared = self.purger.prepare(&execute).await?;
-        let (registry, repository) = (
-            prepared.plan.registry.clone(),
-            prepared.plan.repository.clone(),
-        );
         let (sender, receiver) = mpsc::channel(64);
         let (progress, mut outcomes) = mpsc::channel::<StoredOutcome>(64);
         let purger = self.purger.clone();
@@ -180,7 +167,7 @@ impl PurgerApi for PurgerService {
         let run = tokio::spawn(async move { purger.run(prepared, execute, progress).await });
         tokio::spawn(async move {
             while let Some(outcome) = outcomes.recv().await {
-                let event = Event::Outcome(outcome_to_proto(&registry, &repository, &outcome));
+                let event = Event::Outcome(outcome_to_proto(&outcome));
                 let _ = sender
                     .send(Ok(ExecuteProgress { event: Some(event) }))
                     .await;

@@ -13,6 +13,7 @@ mod executor;
 mod grpc;
 mod metrics;
 mod planner;
+mod schedule;
 mod store;
 
 use std::{future::Future, sync::Arc, time::Duration};
@@ -28,7 +29,10 @@ use vynil_runtime::{GrpcServer, ServedService};
 
 pub use config::{Config, RetentionFile};
 pub use grpc::{CALLER_HEADER, PurgerService};
-pub use store::{MemoryStore, PlanStore, RedisStore, StoredOutcome, StoredPlan, StoredReport};
+pub use store::{
+    MemoryStore, PlanStore, RedisStore, RepositoryPlan, StoredOutcome, StoredPlan, StoredReport,
+};
+use vynil_store::{JukeboxStore, LocalStore};
 
 /// Errors of the purger, mapped to gRPC codes in one place (`grpc.rs`).
 #[derive(Debug, thiserror::Error)]
@@ -53,10 +57,17 @@ pub enum PurgerError {
     Excluded(String),
     #[error("{0}")]
     Busy(String),
-    #[error("{0}")]
-    Unimplemented(String),
     #[error(transparent)]
     Serve(#[from] vynil_runtime::RuntimeError),
+}
+
+impl From<vynil_store::StoreError> for PurgerError {
+    fn from(error: vynil_store::StoreError) -> Self {
+        match error {
+            vynil_store::StoreError::Config(why) => PurgerError::Config(why),
+            other => PurgerError::Store(other.to_string()),
+        }
+    }
 }
 
 /// The purger's state, shared by every request.
@@ -64,9 +75,11 @@ pub enum PurgerError {
 pub struct Purger {
     client: RegistryClient,
     store: Arc<dyn PlanStore>,
+    jukeboxes: Arc<dyn JukeboxStore>,
     lifecycle: Option<String>,
     retention: RetentionConfig,
     excluded: Vec<String>,
+    schedules: Vec<config::Schedule>,
     plan_ttl: Duration,
     concurrency: usize,
     lease: Duration,
@@ -108,19 +121,33 @@ impl Purger {
             credentials,
             Arc::new(InMemoryMetadataCache::default()),
         )?;
-        let store: Arc<dyn PlanStore> = match &config.shared.redis_url {
-            Some(url) => Arc::new(RedisStore::connect(url).await?),
-            None => Arc::new(MemoryStore::default()),
-        };
+        let directory = config.shared.jukebox_dir.clone();
+        let (store, jukeboxes): (Arc<dyn PlanStore>, Arc<dyn JukeboxStore>) =
+            match &config.shared.redis_url {
+                Some(url) => (
+                    Arc::new(RedisStore::connect(url).await?),
+                    Arc::new(
+                        LocalStore::with_redis(directory, url)
+                            .await
+                            .map_err(|e| PurgerError::Store(e.to_string()))?,
+                    ),
+                ),
+                None => (
+                    Arc::new(MemoryStore::default()),
+                    Arc::new(LocalStore::in_memory(directory)),
+                ),
+            };
         let (metrics, registry) = metrics::PurgerMetrics::register();
         Ok(Self {
             metrics,
             registry,
             client,
             store,
+            jukeboxes,
             lifecycle: config.lifecycle_endpoint.clone(),
             retention,
             excluded: retention_file.excluded_repositories,
+            schedules: retention_file.schedules,
             plan_ttl: config.plan_ttl(),
             concurrency: config.delete_concurrency,
             lease: config.lease(),
@@ -128,32 +155,55 @@ impl Purger {
         })
     }
 
-    fn check_excluded(&self, repo: &RepositoryRef) -> Result<(), PurgerError> {
-        let name = repo.to_string();
-        if self.excluded.contains(&name) {
-            return Err(PurgerError::Excluded(name));
-        }
-        Ok(())
+    fn is_excluded(&self, repo: &RepositoryRef) -> bool {
+        self.excluded.contains(&repo.to_string())
     }
 
-    /// Plans `repo` and stores the plan for `plan_ttl`.
-    #[tracing::instrument(skip(self), fields(repository = %repo))]
-    pub async fn plan(&self, repo: &RepositoryRef) -> Result<StoredPlan, PurgerError> {
-        self.check_excluded(repo)?;
+    async fn plan_one(&self, repo: &RepositoryRef) -> Result<RepositoryPlan, PurgerError> {
         let tags = planner::snapshot(&self.client, repo).await?;
         let usage = planner::usage(self.lifecycle.as_deref(), repo).await;
-        let plan = planner::make_plan(
-            repo,
-            &tags,
-            &usage,
-            &self.retention,
-            jiff::Timestamp::now(),
-            self.plan_ttl,
-        )?;
+        planner::plan_repository(repo, &tags, &usage, &self.retention)
+    }
+
+    async fn store_plan(
+        &self,
+        target: String,
+        repositories: Vec<RepositoryPlan>,
+    ) -> Result<StoredPlan, PurgerError> {
+        let plan = planner::assemble(target, repositories, jiff::Timestamp::now(), self.plan_ttl);
         self.store.put_plan(&plan, self.plan_ttl).await?;
         self.metrics.plans.inc();
-        tracing::info!(plan = %plan.id, keep = plan.entries.iter().filter(|e| e.keep).count(), delete = plan.deletions.len(), "planned");
+        let deletions: usize = plan.repositories.iter().map(|r| r.deletions.len()).sum();
+        tracing::info!(plan = %plan.id, target = %plan.target, deletions, "planned");
         Ok(plan)
+    }
+
+    /// Plans one repository and stores the plan for `plan_ttl`.
+    #[tracing::instrument(skip(self), fields(repository = %repo))]
+    pub async fn plan(&self, repo: &RepositoryRef) -> Result<StoredPlan, PurgerError> {
+        if self.is_excluded(repo) {
+            return Err(PurgerError::Excluded(repo.to_string()));
+        }
+        let plan = self.plan_one(repo).await?;
+        self.store_plan(repo.to_string(), vec![plan]).await
+    }
+
+    /// Plans every repository the JukeBox's source names (but excluded ones).
+    #[tracing::instrument(skip(self))]
+    pub async fn plan_jukebox(&self, name: &str) -> Result<StoredPlan, PurgerError> {
+        let record = self
+            .jukeboxes
+            .get(name)
+            .await?
+            .ok_or_else(|| PurgerError::NotFound(format!("no JukeBox {name:?}")))?;
+        let source = vynil_store::source_of(&record.spec).map_err(PurgerError::InvalidArgument)?;
+        let mut plans = Vec::new();
+        for repo in self.client.enumerate(&source).await? {
+            if !self.is_excluded(&repo) {
+                plans.push(self.plan_one(&repo).await?);
+            }
+        }
+        self.store_plan(format!("jukebox/{name}"), plans).await
     }
 
     pub async fn get_plan(&self, id: &str) -> Result<StoredPlan, PurgerError> {
@@ -172,46 +222,39 @@ impl Purger {
         })
     }
 
-    /// Every check before anything is deleted: confirmation, lease, staleness.
+    /// Every check before anything is deleted: confirmation, leases, staleness.
     pub async fn prepare(
         &self,
         request: &executor::ExecuteRequest,
     ) -> Result<Prepared, PurgerError> {
+        let prepared = self.checked(request).await;
+        if prepared.is_err() {
+            self.metrics.refusals.inc();
+        }
+        prepared
+    }
+
+    async fn checked(&self, request: &executor::ExecuteRequest) -> Result<Prepared, PurgerError> {
         let plan = self.get_plan(&request.plan_id).await?;
         executor::check_confirmation(&plan, request)?;
-        let repo = RepositoryRef::new(&plan.registry, &plan.repository)?;
-        self.check_excluded(&repo)?;
-        if !self
-            .store
-            .acquire(&plan.target, &self.owner, self.lease)
-            .await?
-        {
-            return Err(PurgerError::Busy(format!(
-                "another execution holds {}; retry when it ends (its lease expires within {}s if it died)",
-                plan.target,
-                self.lease.as_secs()
-            )));
+        let names: Vec<String> = plan.repositories.iter().map(RepositoryPlan::name).collect();
+        for (index, name) in names.iter().enumerate() {
+            if !self.store.acquire(name, &self.owner, self.lease).await? {
+                self.release(&names[..index]).await;
+                return Err(PurgerError::Busy(format!(
+                    "another execution holds {name}; retry when it ends (its lease expires within {}s if it died)",
+                    self.lease.as_secs()
+                )));
+            }
         }
         let lease = executor::LeaseKeeper::start(
             self.store.clone(),
-            plan.target.clone(),
+            names.clone(),
             self.owner.clone(),
             self.lease,
         );
-        let checked = async {
-            let fresh = planner::snapshot(&self.client, &repo).await?;
-            let usage = planner::usage(self.lifecycle.as_deref(), &repo).await;
-            if !plan.usage_unknown && matches!(usage, vynil_rules::retention::Usage::Unknown) && !request.acknowledge_usage_unknown {
-                return Err(PurgerError::Refused(
-                    "lifecycle cannot confirm what instances use now: retry, or acknowledge_usage_unknown".into(),
-                ));
-            }
-            let changes = executor::staleness(&plan, &fresh, &usage);
-            if changes.is_empty() { Ok(()) } else { Err(PurgerError::Stale(changes)) }
-        }
-        .await;
-        if let Err(error) = checked {
-            let _ = self.store.release(&plan.target, &self.owner).await;
+        if let Err(error) = self.still_valid(&plan, request).await {
+            self.release(&names).await;
             return Err(error);
         }
         Ok(Prepared {
@@ -220,7 +263,46 @@ impl Purger {
         })
     }
 
-    /// Deletes, journals, reports; releases the lease at the end.
+    /// Re-reads every repository and what instances use; refuses a stale plan.
+    async fn still_valid(
+        &self,
+        plan: &StoredPlan,
+        request: &executor::ExecuteRequest,
+    ) -> Result<(), PurgerError> {
+        let mut changes = Vec::new();
+        for repository in &plan.repositories {
+            let repo = RepositoryRef::new(&repository.registry, &repository.repository)?;
+            if self.is_excluded(&repo) {
+                return Err(PurgerError::Excluded(repo.to_string()));
+            }
+            let fresh = planner::snapshot(&self.client, &repo).await?;
+            let usage = planner::usage(self.lifecycle.as_deref(), &repo).await;
+            if !repository.usage_unknown
+                && matches!(usage, vynil_rules::retention::Usage::Unknown)
+                && !request.acknowledge_usage_unknown
+            {
+                return Err(PurgerError::Refused(
+                    "lifecycle cannot confirm what instances use now: retry, or acknowledge_usage_unknown".into(),
+                ));
+            }
+            changes.extend(executor::staleness(repository, &fresh, &usage));
+        }
+        if changes.is_empty() {
+            Ok(())
+        } else {
+            Err(PurgerError::Stale(changes))
+        }
+    }
+
+    async fn release(&self, names: &[String]) {
+        for name in names {
+            if let Err(error) = self.store.release(name, &self.owner).await {
+                tracing::warn!(%name, %error, "cannot release an execution lease; it expires by itself");
+            }
+        }
+    }
+
+    /// Deletes, journals, reports; releases the leases at the end.
     pub async fn run(
         &self,
         prepared: Prepared,
@@ -229,11 +311,39 @@ impl Purger {
     ) -> Result<StoredReport, PurgerError> {
         let started_at = jiff::Timestamp::now().to_string();
         let plan = &prepared.plan;
-        let result =
-            executor::delete_all(&self.client, &self.store, plan, self.concurrency, &progress)
-                .await;
-        let released = self.store.release(&plan.target, &self.owner).await;
-        let report = executor::report(plan, &request.caller, started_at, result?);
+        let mut outcomes = Vec::new();
+        let mut failure = None;
+        for repository in &plan.repositories {
+            match executor::delete_all(
+                &self.client,
+                &self.store,
+                &plan.id,
+                repository,
+                self.concurrency,
+                &progress,
+            )
+            .await
+            {
+                Ok(done) => outcomes.extend(done),
+                Err(error) => {
+                    failure = Some(error);
+                    break;
+                }
+            }
+        }
+        self.release(
+            &plan
+                .repositories
+                .iter()
+                .map(RepositoryPlan::name)
+                .collect::<Vec<_>>(),
+        )
+        .await;
+        if let Some(error) = failure {
+            return Err(error);
+        }
+        let report = executor::report(plan, &request.caller, started_at, outcomes);
+        self.store.put_report(&report).await?;
         for outcome in &report.outcomes {
             self.metrics
                 .deletions
@@ -242,12 +352,10 @@ impl Purger {
                 })
                 .inc();
         }
-        self.store.put_report(&report).await?;
-        released?;
         tracing::info!(
             target: "audit",
             plan = %plan.id,
-            repository = %plan.target,
+            target_name = %plan.target,
             fingerprint = %plan.fingerprint,
             executed_by = %request.caller,
             deleted = report.outcomes.iter().filter(|o| o.state == "deleted").count(),
@@ -255,6 +363,27 @@ impl Purger {
             "purge executed (deleted manifests are eligible for registry garbage collection)"
         );
         Ok(report)
+    }
+
+    /// Plans and executes, as a scheduled purge does.
+    pub async fn execute_as(
+        &self,
+        plan: &StoredPlan,
+        caller: &str,
+    ) -> Result<StoredReport, PurgerError> {
+        let request = executor::ExecuteRequest {
+            plan_id: plan.id.clone(),
+            confirm: plan.target.clone(),
+            fingerprint: plan.fingerprint.clone(),
+            acknowledge_usage_unknown: false,
+            caller: caller.to_string(),
+        };
+        let prepared = self.prepare(&request).await?;
+        let (progress, mut sink) = mpsc::channel(64);
+        let drain = tokio::spawn(async move { while sink.recv().await.is_some() {} });
+        let report = self.run(prepared, request, progress).await;
+        let _ = drain.await;
+        report
     }
 }
 
@@ -293,12 +422,15 @@ fn credentials_from(
 pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()> + Send,
-) -> Result<(), anyhow::Error> {
+) -> Result<(), PurgerError> {
     let purger = Arc::new(Purger::from_config(&config).await?);
     let server = GrpcServer::bind(config.listen)
         .await?
         .with_metrics(purger.registry.clone());
+    let scheduler = tokio::spawn(schedule::run_all(purger.clone()));
     let service = ServedService::new(PurgerServer::new(PurgerService { purger }));
-    server.serve(vec![service], shutdown).await?;
+    let served = server.serve(vec![service], shutdown).await;
+    scheduler.abort();
+    served?;
     Ok(())
 }

@@ -13,9 +13,11 @@ use vynil_rules::{
     retention::{InstalledRevision, RepositoryTag, RevisionUse, TagMetadata, Usage},
 };
 
+use sha2::{Digest, Sha256};
+
 use crate::{
     PurgerError,
-    store::{StoredDeletion, StoredEntry, StoredPlan},
+    store::{RepositoryPlan, StoredDeletion, StoredEntry, StoredPlan},
 };
 
 const READ_CONCURRENCY: usize = 8;
@@ -131,28 +133,19 @@ async fn installed_revisions(
         .collect())
 }
 
-/// The rules' plan for `tags` and `usage`, in storable form.
-pub fn make_plan(
+/// The rules' plan of one repository, in storable form.
+pub fn plan_repository(
     repo: &RepositoryRef,
     tags: &[RepositoryTag],
     usage: &Usage,
     retention: &RetentionConfig,
-    now: jiff::Timestamp,
-    ttl: std::time::Duration,
-) -> Result<StoredPlan, PurgerError> {
+) -> Result<RepositoryPlan, PurgerError> {
     let plan = plan_retention(tags, usage, retention)?;
-    let expires = now
-        .checked_add(jiff::SignedDuration::try_from(ttl).unwrap_or_default())
-        .unwrap_or(now);
-    Ok(StoredPlan {
-        id: format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..)),
+    Ok(RepositoryPlan {
         registry: repo.registry.clone(),
         repository: repo.repository.clone(),
-        target: repo.to_string(),
         fingerprint: plan.fingerprint.clone(),
         usage_unknown: plan.usage_unknown,
-        created_at: now.to_string(),
-        expires_at: expires.to_string(),
         entries: plan
             .entries
             .iter()
@@ -173,4 +166,35 @@ pub fn make_plan(
             })
             .collect(),
     })
+}
+
+/// A plan over `repositories`, named `target`, valid for `ttl`.
+pub fn assemble(
+    target: String,
+    repositories: Vec<RepositoryPlan>,
+    now: jiff::Timestamp,
+    ttl: std::time::Duration,
+) -> StoredPlan {
+    let expires = now
+        .checked_add(jiff::SignedDuration::try_from(ttl).unwrap_or_default())
+        .unwrap_or(now);
+    let fingerprint = match repositories.as_slice() {
+        [single] => single.fingerprint.clone(),
+        many => {
+            let mut hasher = Sha256::new();
+            for plan in many {
+                hasher.update(format!("{}\0{}\n", plan.name(), plan.fingerprint).as_bytes());
+            }
+            format!("sha256:{}", hex::encode(hasher.finalize()))
+        }
+    };
+    StoredPlan {
+        id: format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..)),
+        target,
+        fingerprint,
+        usage_unknown: repositories.iter().any(|r| r.usage_unknown),
+        created_at: now.to_string(),
+        expires_at: expires.to_string(),
+        repositories,
+    }
 }

@@ -20,16 +20,32 @@ const REPORT_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StoredPlan {
     pub id: String,
-    pub registry: String,
-    pub repository: String,
-    /// `registry/repository`: what `confirm` must name.
+    /// What `confirm` must name: `registry/repository`, or `jukebox/<name>`.
     pub target: String,
+    /// Of every repository's inputs, in order.
     pub fingerprint: String,
     pub usage_unknown: bool,
     pub created_at: String,
     pub expires_at: String,
+    pub repositories: Vec<RepositoryPlan>,
+}
+
+/// The plan of one repository.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RepositoryPlan {
+    pub registry: String,
+    pub repository: String,
+    pub fingerprint: String,
+    pub usage_unknown: bool,
     pub entries: Vec<StoredEntry>,
     pub deletions: Vec<StoredDeletion>,
+}
+
+impl RepositoryPlan {
+    /// `registry/repository`, the name of its execution lease.
+    pub fn name(&self) -> String {
+        format!("{}/{}", self.registry, self.repository)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -50,6 +66,8 @@ pub struct StoredDeletion {
 /// One verified outcome, as journaled and reported.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StoredOutcome {
+    pub registry: String,
+    pub repository: String,
     pub digest: String,
     pub tags: Vec<String>,
     /// `deleted`, `already_gone` or `failed`.

@@ -38,6 +38,11 @@ async fn with_embedded_defaults_it_answers_without_redis_or_lifecycle() {
         })
         .await
         .unwrap_err();
-    assert_eq!(status.code(), tonic::Code::Unimplemented, "{status:?}");
-    assert!(status.message().contains("catalog"), "{status:?}");
+    assert_eq!(status.code(), tonic::Code::FailedPrecondition, "{status:?}");
+    assert!(
+        status
+            .message()
+            .contains("cannot read the JukeBox directory"),
+        "{status:?}"
+    );
 }

@@ -575,3 +575,154 @@ async fn a_purger_killed_mid_execution_converges_when_run_again_without_deleting
         .collect();
     assert_eq!(tags(&setup.registry).await, kept);
 }
+
+/// A JukeBox listing the history repository and a small second one.
+async fn jukebox_world(setup: &Setup) -> tempfile::TempDir {
+    let p = setup.registry.publisher();
+    for tag in ["1.0.0", "2.0.0", "3.0.0"] {
+        p.publish(
+            "apps/x",
+            &PackageSpec::new("apps", "x", PackageType::Tenant, tag),
+        )
+        .await
+        .unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let host = setup.front.host();
+    std::fs::write(
+        dir.path().join("box.yaml"),
+        format!(
+            "apiVersion: vynil.solidite.fr/v1\nkind: JukeBox\nmetadata:\n  name: box\nspec:\n  schedule: '0 * * * *'\n  source:\n    list:\n      - {host}/{REPO}\n      - {host}/apps/x\n"
+        ),
+    )
+    .unwrap();
+    dir
+}
+
+async fn tags_of(registry: &RegistryServer, repository: &str) -> BTreeSet<String> {
+    let url = format!("{}/v2/{repository}/tags/list", registry.base_url());
+    let body: serde_json::Value = reqwest::get(url).await.unwrap().json().await.unwrap();
+    body["tags"]
+        .as_array()
+        .map(|a| a.iter().map(|t| t.as_str().unwrap().to_string()).collect())
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_jukebox_is_planned_and_purged_across_its_repositories_under_one_confirmation() {
+    let setup = setup().await;
+    let dir = jukebox_world(&setup).await;
+    let lifecycle = lifecycle_stub(vec![]).await;
+    let service = purger(
+        &setup,
+        &lifecycle,
+        &["--jukebox-dir", dir.path().to_str().unwrap()],
+    )
+    .await;
+    let mut client = PurgerClient::new(service.channel().await.unwrap());
+    let plan = client
+        .plan(PlanRequest {
+            target: Some(Target::Jukebox("box".into())),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(plan.target, "jukebox/box");
+    assert_eq!(
+        plan.delete_count, 6,
+        "4 in the history, 2 superseded in apps/x"
+    );
+    assert!(
+        plan.entries
+            .iter()
+            .any(|e| e.repository == "apps/x" && e.tag == "3.0.0" && e.keep)
+    );
+
+    let mut wrong = execute_request(&plan);
+    wrong.get_mut().confirm = format!("{}/{REPO}", setup.front.host());
+    assert_eq!(
+        execute(&mut client, wrong).await.unwrap_err().code(),
+        tonic::Code::FailedPrecondition
+    );
+
+    let report = execute(&mut client, execute_request(&plan)).await.unwrap();
+    assert_eq!(report.outcomes.len(), 6);
+    assert!(
+        report
+            .outcomes
+            .iter()
+            .all(|o| o.state == DeletionState::Deleted as i32),
+        "{report:?}"
+    );
+    assert!(report.outcomes.iter().any(|o| o.repository == "apps/x"));
+    assert_eq!(
+        tags_of(&setup.registry, "apps/x").await,
+        BTreeSet::from(["3.0.0".to_string()])
+    );
+}
+
+async fn scheduled(setup: &Setup, dir: &tempfile::TempDir, max_deletions: usize) -> ServiceProcess {
+    let retention = dir.path().join("retention.yaml");
+    std::fs::write(&retention, format!("schedules:\n  - jukebox: box\n    cron: '* * * * * *'\n    max_deletions: {max_deletions}\n")).unwrap();
+    let lifecycle = lifecycle_stub(vec![]).await;
+    let (jukeboxes, retention) = (
+        dir.path().to_str().unwrap().to_string(),
+        retention.to_str().unwrap().to_string(),
+    );
+    purger(
+        setup,
+        &lifecycle,
+        &[
+            "--jukebox-dir",
+            &jukeboxes,
+            "--retention-config",
+            &retention,
+        ],
+    )
+    .await
+}
+
+#[tokio::test]
+async fn a_scheduled_purge_within_its_limits_runs_by_itself() {
+    let setup = setup().await;
+    let dir = jukebox_world(&setup).await;
+    let _service = scheduled(&setup, &dir, 10).await;
+    for _ in 0..200 {
+        if tags_of(&setup.registry, "apps/x").await.len() == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        tags_of(&setup.registry, "apps/x").await,
+        BTreeSet::from(["3.0.0".to_string()])
+    );
+    assert!(
+        !tags(&setup.registry).await.contains("0.1.5"),
+        "the history was purged too"
+    );
+}
+
+#[tokio::test]
+async fn a_scheduled_purge_over_its_limits_is_left_for_a_human() {
+    let setup = setup().await;
+    let dir = jukebox_world(&setup).await;
+    let before = (
+        tags(&setup.registry).await,
+        tags_of(&setup.registry, "apps/x").await,
+    );
+    let _service = scheduled(&setup, &dir, 1).await;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert!(
+        setup.front.count(&Method::GET, "/tags/list") >= 2,
+        "the schedule did plan"
+    );
+    assert_eq!(setup.front.count(&Method::DELETE, "/manifests/"), 0);
+    assert_eq!(
+        (
+            tags(&setup.registry).await,
+            tags_of(&setup.registry, "apps/x").await
+        ),
+        before
+    );
+}

@@ -15,7 +15,7 @@ mod metrics;
 mod requests;
 mod worker;
 
-use std::{future::Future, net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
+use std::{future::Future, net::SocketAddr, sync::Arc, time::Duration};
 
 use vynil_proto::scanner::v1::scanner_server::ScannerServer;
 use vynil_registry::{
@@ -42,9 +42,6 @@ pub struct Config {
     pub listen: SocketAddr,
     #[command(flatten)]
     pub shared: vynil_runtime::SharedConfig,
-    /// Directory of JukeBox YAML files (local mode).
-    #[arg(long, env = "VYNIL_JUKEBOX_DIR", default_value = "jukeboxes")]
-    pub jukebox_dir: PathBuf,
     /// A repository with more tags is reported, not scanned.
     #[arg(long, env = "VYNIL_MAX_TAGS_PER_REPOSITORY", default_value_t = 10_000)]
     pub max_tags_per_repository: usize,
@@ -100,12 +97,12 @@ pub async fn build(config: &Config) -> Result<Arc<Scanner>, ScannerError> {
         Arc<dyn MetadataCache>,
     ) = match &config.shared.redis_url {
         Some(url) => (
-            Arc::new(LocalStore::with_redis(config.jukebox_dir.clone(), url).await?),
+            Arc::new(LocalStore::with_redis(config.shared.jukebox_dir.clone(), url).await?),
             Arc::new(RedisQueue::connect(url).await?),
             Arc::new(cache::RedisMetadataCache::connect(url).await?),
         ),
         None => (
-            Arc::new(LocalStore::in_memory(config.jukebox_dir.clone())),
+            Arc::new(LocalStore::in_memory(config.shared.jukebox_dir.clone())),
             Arc::new(MemoryQueue::default()),
             Arc::new(InMemoryMetadataCache::default()),
         ),
