@@ -1,39 +1,106 @@
-//! The catalog service: the package cache; answers which package revision to install or clean up, from JukeBox status.
+//! The catalog: the package cache, and every "which package?" answer.
 //!
-//! This crate is the library behind the `vynil-catalog` binary: its configuration
-//! and its gRPC server. RPCs not implemented yet answer `UNIMPLEMENTED`.
+//! It follows JukeBox **status** (never scan Jobs: the fix of upstream #17 by
+//! design): each status change updates that JukeBox's entry, identical
+//! content writes nothing, a deleted JukeBox loses its entry. Answers come from
+//! the rules crate over an in-process snapshot; with Redis, replicas share the
+//! entries and refresh their snapshots on pub/sub invalidations, and a Redis
+//! outage leaves reads working from the last snapshot (health says degraded).
+//! An answer the catalog cannot give (nothing loaded yet) is `UNAVAILABLE`,
+//! never "not found".
+//!
+//! Here JukeBoxes come from the local store (YAML files, status written by the
+//! scanner); the Kubernetes watcher comes with the cluster store.
 
-use std::{future::Future, net::SocketAddr};
+mod cache;
+mod catalog;
+mod grpc;
 
-use vynil_proto::catalog::v1::catalog_server::{Catalog, CatalogServer};
-use vynil_runtime::{GrpcServer, RuntimeError, ServedService};
+use std::{future::Future, net::SocketAddr, sync::Arc};
+
+use vynil_proto::catalog::v1::catalog_server::CatalogServer;
+use vynil_runtime::{GrpcServer, ServedService};
+use vynil_store::{JukeboxStore, LocalStore};
+
+pub use cache::{CHANGES, Entry};
+pub use catalog::{Catalog, Change};
+pub use grpc::CatalogService;
 
 /// Configuration of the catalog service: flags, each with an environment fallback.
 #[derive(Debug, Clone, clap::Parser)]
 #[command(
     name = "vynil-catalog",
     version,
-    about = "the package cache; answers which package revision to install or clean up, from JukeBox status."
+    about = "The package cache of the Vynil control plane"
 )]
 pub struct Config {
     /// Address the gRPC server listens on.
     #[arg(long, env = "VYNIL_CATALOG_LISTEN", default_value = "0.0.0.0:50051")]
     pub listen: SocketAddr,
+    #[command(flatten)]
+    pub shared: vynil_runtime::SharedConfig,
+    /// Full resync period (repairs missed notifications and removed files).
+    #[arg(long, env = "VYNIL_CATALOG_RESYNC_SECONDS", default_value_t = 30)]
+    pub resync_seconds: u64,
 }
 
-/// The gRPC service. Every RPC still answers `UNIMPLEMENTED`.
-#[derive(Debug, Default)]
-pub struct CatalogService;
+/// Errors of the catalog, mapped to gRPC codes in `grpc.rs`.
+#[derive(Debug, thiserror::Error)]
+pub enum CatalogError {
+    #[error("{0}")]
+    Unavailable(String),
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error(transparent)]
+    Serve(#[from] vynil_runtime::RuntimeError),
+}
 
-#[tonic::async_trait]
-impl Catalog for CatalogService {}
+/// The catalog over the local store, loaded once.
+pub async fn build(config: &Config) -> Result<Arc<Catalog>, CatalogError> {
+    let directory = config.shared.jukebox_dir.clone();
+    let store: Arc<dyn JukeboxStore> = match &config.shared.redis_url {
+        Some(url) => Arc::new(
+            LocalStore::with_redis(directory, url)
+                .await
+                .map_err(|e| CatalogError::Unavailable(e.to_string()))?,
+        ),
+        None => Arc::new(LocalStore::in_memory(directory)),
+    };
+    let catalog = Arc::new(
+        Catalog::new(
+            store,
+            config.shared.redis_url.as_deref(),
+            config.shared.vynil_version.clone(),
+        )
+        .await?,
+    );
+    if let Err(error) = catalog.resync().await {
+        tracing::warn!(%error, "initial catalog load failed; retrying in the background");
+    }
+    Ok(catalog)
+}
 
-/// Binds, serves until `shutdown` resolves, then drains.
+/// Binds, serves and follows changes until `shutdown` resolves, then drains.
 pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()> + Send,
-) -> Result<(), RuntimeError> {
+) -> Result<(), CatalogError> {
+    let catalog = build(&config).await?;
+    let follower = tokio::spawn(
+        catalog
+            .clone()
+            .follow(std::time::Duration::from_secs(config.resync_seconds.max(1))),
+    );
     let server = GrpcServer::bind(config.listen).await?;
-    let service = ServedService::new(CatalogServer::new(CatalogService));
-    server.serve(vec![service], shutdown).await
+    let served = server
+        .serve(
+            vec![ServedService::new(CatalogServer::new(CatalogService {
+                catalog,
+            }))],
+            shutdown,
+        )
+        .await;
+    follower.abort();
+    served?;
+    Ok(())
 }

@@ -18,14 +18,17 @@ async fn the_binary_serves_health_and_reflection_then_exits_cleanly_on_sigterm()
 }
 
 #[tokio::test]
-async fn an_rpc_not_implemented_yet_answers_unimplemented() {
-    let service = ServiceProcess::start(Path::new(env!("CARGO_BIN_EXE_vynil-catalog")), &[])
-        .await
-        .unwrap();
+async fn before_anything_is_loaded_the_catalog_is_unavailable_never_empty() {
+    let service = ServiceProcess::start(
+        Path::new(env!("CARGO_BIN_EXE_vynil-catalog")),
+        &["--jukebox-dir", "does-not-exist"],
+    )
+    .await
+    .unwrap();
     let mut client = CatalogClient::new(service.channel().await.unwrap());
     let status = client
         .list_jukeboxes(ListJukeboxesRequest::default())
         .await
         .unwrap_err();
-    assert_eq!(status.code(), tonic::Code::Unimplemented, "{status:?}");
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
 }

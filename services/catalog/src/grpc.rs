@@ -1,0 +1,291 @@
+//! The gRPC face of the catalog; every answer comes from the rules crate over
+//! the in-process snapshot. Errors become `Status` codes here only.
+
+use std::{pin::Pin, sync::Arc};
+
+use futures::{Stream, StreamExt};
+use tonic::{Request, Response, Status};
+use vynil_proto::catalog::v1::{
+    self as pb, CatalogChange, Channel as ProtoChannel, GetCatalogRequest, GetCatalogResponse,
+    JukeboxSummary, ListJukeboxesRequest, ListJukeboxesResponse, NoMatch, PackageType as ProtoType,
+    ResolveCleanupRequest, ResolveCleanupResponse, ResolveInstallRequest, ResolveInstallResponse,
+    WatchCatalogRequest, catalog_server::Catalog as CatalogApi, resolve_cleanup_response::Decision,
+    resolve_install_response::Outcome,
+};
+use vynil_rules::{
+    Channel, InstallQuery, Package, PackageType,
+    selection::{CatalogState, CleanupDecision, RecordedCheck, RecordedRevision},
+};
+
+use crate::{CatalogError, catalog::Catalog};
+
+impl From<CatalogError> for Status {
+    fn from(error: CatalogError) -> Self {
+        match error {
+            CatalogError::Unavailable(_) => Status::unavailable(error.to_string()),
+            CatalogError::InvalidArgument(_) => Status::invalid_argument(error.to_string()),
+            CatalogError::Serve(_) => Status::internal(error.to_string()),
+        }
+    }
+}
+
+fn package_type(value: i32) -> Result<PackageType, Status> {
+    match ProtoType::try_from(value) {
+        Ok(ProtoType::Tenant) => Ok(PackageType::Tenant),
+        Ok(ProtoType::Service) => Ok(PackageType::Service),
+        Ok(ProtoType::System) => Ok(PackageType::System),
+        _ => Err(Status::invalid_argument(
+            "type must be tenant, service or system",
+        )),
+    }
+}
+
+fn proto_type(t: PackageType) -> i32 {
+    (match t {
+        PackageType::Tenant => ProtoType::Tenant,
+        PackageType::Service => ProtoType::Service,
+        PackageType::System => ProtoType::System,
+    }) as i32
+}
+
+fn json<T: serde::Serialize>(value: &T) -> String {
+    serde_json::to_string(value).unwrap_or_default()
+}
+
+pub fn package_to_proto(p: &Package) -> pb::Package {
+    let meta = &p.content.metadata;
+    pb::Package {
+        registry: p.registry.clone(),
+        image: p.image.clone(),
+        tag: p.tag.clone(),
+        metadata: Some(pb::PackageMetadata {
+            name: meta.name.clone(),
+            category: meta.category.clone(),
+            description: meta.description.clone(),
+            app_version: meta.app_version.clone().unwrap_or_default(),
+            r#type: proto_type(meta.package_type),
+            features: meta.features.clone(),
+            backup_affinity: meta.backup_affinity.clone().unwrap_or_default(),
+        }),
+        requirements_json: json(&p.content.requirements),
+        recommandations_json: p
+            .content
+            .recommandations
+            .as_ref()
+            .map(json)
+            .unwrap_or_default(),
+        options_json: p.content.options.as_ref().map(json).unwrap_or_default(),
+        value_script: p
+            .content
+            .value_script_source()
+            .ok()
+            .flatten()
+            .unwrap_or_default(),
+        digest: String::new(),
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct CatalogService {
+    pub catalog: Arc<Catalog>,
+}
+
+type ChangeStream = Pin<Box<dyn Stream<Item = Result<CatalogChange, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl CatalogApi for CatalogService {
+    async fn list_jukeboxes(
+        &self,
+        _: Request<ListJukeboxesRequest>,
+    ) -> Result<Response<ListJukeboxesResponse>, Status> {
+        let jukeboxes = self
+            .catalog
+            .entries()?
+            .into_iter()
+            .map(|e| JukeboxSummary {
+                name: e.jukebox.clone(),
+                package_count: e.packages.len() as u32,
+                pull_secret: e.pull_secret.clone().unwrap_or_default(),
+                last_scan_time: e.last_scan_time.clone().unwrap_or_default(),
+                conditions: e
+                    .conditions
+                    .iter()
+                    .map(|c| pb::Condition {
+                        r#type: format!("{:?}", c.condition_type),
+                        status: format!("{:?}", c.status),
+                        message: c.message.clone(),
+                        last_transition_time: c.last_transition_time.clone().unwrap_or_default(),
+                        generation: c.generation,
+                    })
+                    .collect(),
+                content_hash: e.hash,
+            })
+            .collect();
+        Ok(Response::new(ListJukeboxesResponse { jukeboxes }))
+    }
+
+    async fn get_catalog(
+        &self,
+        request: Request<GetCatalogRequest>,
+    ) -> Result<Response<GetCatalogResponse>, Status> {
+        let request = request.into_inner();
+        let entry = self.catalog.entry(&request.jukebox)?.ok_or_else(|| {
+            Status::not_found(format!("no JukeBox {:?} in the catalog", request.jukebox))
+        })?;
+        let wanted_type = (request.r#type != 0)
+            .then(|| package_type(request.r#type))
+            .transpose()?;
+        let channel = match ProtoChannel::try_from(request.channel) {
+            Ok(ProtoChannel::Beta) => Some(Channel::Beta),
+            Ok(ProtoChannel::Alpha) => Some(Channel::Alpha),
+            Ok(ProtoChannel::Stable) => Some(Channel::Stable),
+            _ => None,
+        };
+        let packages = entry
+            .packages
+            .iter()
+            .filter(|p| request.category.is_empty() || p.category() == request.category)
+            .filter(|p| request.name.is_empty() || p.name() == request.name)
+            .filter(|p| wanted_type.is_none_or(|t| p.package_type() == t))
+            .filter(|p| channel.is_none_or(|c| c.admits(&p.tag)))
+            .map(package_to_proto)
+            .collect();
+        Ok(Response::new(GetCatalogResponse {
+            jukebox: entry.jukebox,
+            content_hash: entry.hash,
+            packages,
+        }))
+    }
+
+    async fn resolve_install(
+        &self,
+        request: Request<ResolveInstallRequest>,
+    ) -> Result<Response<ResolveInstallResponse>, Status> {
+        let request = request.into_inner();
+        let package_type = package_type(request.r#type)?;
+        let outcome = match self.catalog.entry(&request.jukebox)? {
+            None => Outcome::NoMatch(NoMatch {
+                excluded_by: "jukebox".into(),
+                reason: vynil_rules::NoMatch::jukebox_missing(&request.jukebox).reason,
+            }),
+            Some(entry) => {
+                let query = InstallQuery {
+                    jukebox: &request.jukebox,
+                    category: &request.category,
+                    name: &request.name,
+                    package_type,
+                    installed_tag: Some(request.installed_tag.as_str()).filter(|t| !t.is_empty()),
+                    framework: &self.catalog.framework,
+                };
+                match vynil_rules::select_install(&entry.packages, &query) {
+                    Ok(package) => Outcome::Package(package_to_proto(package)),
+                    Err(no_match) => Outcome::NoMatch(NoMatch {
+                        excluded_by: no_match.excluded_by.as_str().into(),
+                        reason: no_match.reason,
+                    }),
+                }
+            }
+        };
+        Ok(Response::new(ResolveInstallResponse {
+            outcome: Some(outcome),
+        }))
+    }
+
+    async fn resolve_cleanup(
+        &self,
+        request: Request<ResolveCleanupRequest>,
+    ) -> Result<Response<ResolveCleanupResponse>, Status> {
+        let request = request.into_inner();
+        let package_type = package_type(request.r#type)?;
+        let entry = self.catalog.entry(&request.jukebox);
+        let catalog = match &entry {
+            Ok(Some(entry)) => CatalogState::Loaded(&entry.packages),
+            Ok(None) => CatalogState::JukeboxMissing,
+            Err(_) => CatalogState::Unavailable,
+        };
+        let recorded = request.recorded.as_ref().map(|r| RecordedRevision {
+            registry: r.registry.clone(),
+            image: r.image.clone(),
+            tag: r.tag.clone(),
+            digest: r.digest.clone(),
+            package_type: package_type_or(r.r#type, package_type),
+        });
+        let check = if request.recorded_still_resolves {
+            RecordedCheck::Resolves
+        } else {
+            RecordedCheck::Gone
+        };
+        let query = vynil_rules::selection::CleanupQuery {
+            install: InstallQuery {
+                jukebox: &request.jukebox,
+                category: &request.category,
+                name: &request.name,
+                package_type,
+                installed_tag: Some(request.installed_tag.as_str()).filter(|t| !t.is_empty()),
+                framework: &self.catalog.framework,
+            },
+            recorded: recorded.as_ref().map(|r| (r, check.clone())),
+            catalog,
+            // The caller only asks when the instance has children to delete.
+            has_children: true,
+            delete_without_package: request.delete_without_package_allowed,
+        };
+        let decision = match vynil_rules::select_cleanup(&query) {
+            CleanupDecision::UseRecorded(r) => Decision::UsePackage(pb::Package {
+                registry: r.registry,
+                image: r.image,
+                tag: r.tag,
+                digest: r.digest,
+                ..pb::Package::default()
+            }),
+            CleanupDecision::UseCatalog(package) => {
+                Decision::UsePackage(package_to_proto(&package))
+            }
+            CleanupDecision::Gone(gone) => Decision::Gone(pb::PackageGone {
+                code: gone.code.to_string(),
+                missing: gone.missing,
+                why: gone.why,
+                ways_out: gone.ways_out,
+            }),
+            CleanupDecision::DeleteWithoutPackage { warning } => {
+                Decision::DeleteWithoutPackage(pb::DeleteWithoutPackage { warning })
+            }
+            CleanupDecision::NothingToDelete => {
+                return Err(Status::internal(
+                    "cleanup asked for an instance without children",
+                ));
+            }
+            CleanupDecision::Retry { why } => return Err(Status::unavailable(why)),
+        };
+        Ok(Response::new(ResolveCleanupResponse {
+            decision: Some(decision),
+        }))
+    }
+
+    async fn watch_catalog(
+        &self,
+        request: Request<WatchCatalogRequest>,
+    ) -> Result<Response<ChangeStream>, Status> {
+        let wanted = request.into_inner().jukeboxes;
+        let changes = tokio_stream::wrappers::BroadcastStream::new(self.catalog.subscribe());
+        let stream = changes.filter_map(move |change| {
+            let keep = change
+                .ok()
+                .filter(|c| wanted.is_empty() || wanted.contains(&c.jukebox));
+            async move {
+                keep.map(|c| {
+                    Ok(CatalogChange {
+                        removed: c.hash.is_none(),
+                        content_hash: c.hash.unwrap_or_default(),
+                        jukebox: c.jukebox,
+                    })
+                })
+            }
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+}
+
+fn package_type_or(value: i32, default: PackageType) -> PackageType {
+    package_type(value).unwrap_or(default)
+}

@@ -1,0 +1,319 @@
+//! The catalog follows JukeBox status through a real Redis: as the scanner
+//! writes it (through the same local store), on every replica, without
+//! writing identical content, and answers with the rules crate.
+
+#![allow(clippy::unwrap_used, clippy::panic)]
+
+use std::{sync::Arc, time::Duration};
+
+use tonic::Request;
+use vynil_catalog::{Catalog, CatalogService, Change};
+use vynil_crds::JukeBoxStatus;
+use vynil_proto::catalog::v1::{
+    PackageType as ProtoType, ResolveInstallRequest, catalog_server::Catalog as _,
+    resolve_install_response::Outcome,
+};
+use vynil_rules::{Package, PackageContent, PackageMeta, PackageType, Requirement};
+use vynil_store::{JukeboxStore, LocalStore};
+use vynil_testkit::RedisServer;
+
+fn package(tag: &str, kind: PackageType, min: Option<&str>) -> Package {
+    let content = PackageContent {
+        metadata: PackageMeta {
+            name: "ollama".into(),
+            category: "think".into(),
+            description: String::new(),
+            app_version: None,
+            package_type: kind,
+            features: vec![],
+            backup_affinity: None,
+        },
+        requirements: min
+            .map(|m| vec![Requirement::MinimumPreviousVersion(m.into())])
+            .unwrap_or_default(),
+        recommandations: None,
+        options: None,
+        value_script: None,
+    };
+    Package::new("registry.example", "think/ollama", tag, content)
+}
+
+fn status(packages: Vec<Package>) -> JukeBoxStatus {
+    JukeBoxStatus {
+        conditions: vec![],
+        packages,
+    }
+}
+
+struct World {
+    redis: RedisServer,
+    dir: tempfile::TempDir,
+    writer: LocalStore,
+}
+
+async fn world(names: &[&str]) -> World {
+    let redis = RedisServer::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    for name in names {
+        let yaml = format!(
+            "apiVersion: vynil.solidite.fr/v1\nkind: JukeBox\nmetadata:\n  name: {name}\nspec:\n  schedule: '0 * * * *'\n"
+        );
+        std::fs::write(dir.path().join(format!("{name}.yaml")), yaml).unwrap();
+    }
+    let writer = LocalStore::with_redis(dir.path().to_path_buf(), &redis.url())
+        .await
+        .unwrap();
+    World { redis, dir, writer }
+}
+
+async fn replica(world: &World) -> Arc<Catalog> {
+    let store = Arc::new(
+        LocalStore::with_redis(world.dir.path().to_path_buf(), &world.redis.url())
+            .await
+            .unwrap(),
+    );
+    let catalog = Arc::new(
+        Catalog::new(
+            store,
+            Some(&world.redis.url()),
+            semver::Version::new(0, 8, 0),
+        )
+        .await
+        .unwrap(),
+    );
+    catalog.resync().await.unwrap();
+    tokio::spawn(catalog.clone().follow(Duration::from_secs(3600)));
+    catalog
+}
+
+/// What the scanner does: a compare-and-set status write.
+async fn write(world: &World, name: &str, packages: Vec<Package>) {
+    let version = world
+        .writer
+        .get(name)
+        .await
+        .unwrap()
+        .unwrap()
+        .status_version;
+    world
+        .writer
+        .write_status(name, version, &status(packages))
+        .await
+        .unwrap();
+}
+
+async fn tags(catalog: &Catalog, name: &str) -> Vec<String> {
+    catalog
+        .entry(name)
+        .unwrap()
+        .map(|e| e.packages.iter().map(|p| p.tag.clone()).collect())
+        .unwrap_or_default()
+}
+
+async fn eventually(catalog: &Catalog, name: &str, expected: &[&str]) {
+    for _ in 0..200 {
+        if tags(catalog, name).await == expected {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!(
+        "{name} never showed {expected:?}: {:?}",
+        tags(catalog, name).await
+    );
+}
+
+async fn set_calls(redis: &RedisServer) -> u64 {
+    let mut connection = redis::Client::open(redis.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    info.lines()
+        .find(|l| l.starts_with("cmdstat_set:"))
+        .and_then(|l| l.split("calls=").nth(1))
+        .and_then(|v| v.split(',').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn a_status_change_updates_its_entry_on_every_replica_and_only_that_entry() {
+    let world = world(&["a", "b"]).await;
+    let replicas = [
+        replica(&world).await,
+        replica(&world).await,
+        replica(&world).await,
+    ];
+    write(
+        &world,
+        "b",
+        vec![package("1.0.0", PackageType::Tenant, None)],
+    )
+    .await;
+    for catalog in &replicas {
+        eventually(catalog, "b", &["1.0.0"]).await;
+    }
+    let b_hash = replicas[0].entry("b").unwrap().unwrap().hash;
+    let mut changes = replicas[0].subscribe();
+
+    write(
+        &world,
+        "a",
+        vec![package("0.1.10", PackageType::Service, None)],
+    )
+    .await;
+    for catalog in &replicas {
+        eventually(catalog, "a", &["0.1.10"]).await;
+        assert_eq!(
+            catalog.entry("b").unwrap().unwrap().hash,
+            b_hash,
+            "b untouched"
+        );
+    }
+    let change = changes.recv().await.unwrap();
+    assert_eq!(change.jukebox, "a");
+    assert!(changes.try_recv().is_err(), "no change announced for b");
+}
+
+#[tokio::test]
+async fn an_identical_status_writes_nothing_to_redis() {
+    let world = world(&["a"]).await;
+    let catalog = replica(&world).await;
+    write(
+        &world,
+        "a",
+        vec![package("1.0.0", PackageType::Tenant, None)],
+    )
+    .await;
+    eventually(&catalog, "a", &["1.0.0"]).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    let before = set_calls(&world.redis).await;
+    write(
+        &world,
+        "a",
+        vec![package("1.0.0", PackageType::Tenant, None)],
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        set_calls(&world.redis).await - before,
+        1,
+        "only the status write itself; the catalog wrote nothing"
+    );
+
+    let before = set_calls(&world.redis).await;
+    write(
+        &world,
+        "a",
+        vec![package("2.0.0", PackageType::Tenant, None)],
+    )
+    .await;
+    eventually(&catalog, "a", &["2.0.0"]).await;
+    assert_eq!(
+        set_calls(&world.redis).await - before,
+        3,
+        "status, entry and hash"
+    );
+}
+
+#[tokio::test]
+async fn a_deleted_jukebox_loses_its_entry() {
+    let world = world(&["a"]).await;
+    let catalog = replica(&world).await;
+    write(
+        &world,
+        "a",
+        vec![package("1.0.0", PackageType::Tenant, None)],
+    )
+    .await;
+    eventually(&catalog, "a", &["1.0.0"]).await;
+    let mut changes = catalog.subscribe();
+    std::fs::remove_file(world.dir.path().join("a.yaml")).unwrap();
+    catalog.resync().await.unwrap();
+    assert!(catalog.entry("a").unwrap().is_none());
+    assert_eq!(
+        changes.recv().await.unwrap(),
+        Change {
+            jukebox: "a".into(),
+            hash: None
+        }
+    );
+}
+
+#[tokio::test]
+async fn resolve_install_answers_per_instance_type_and_says_what_is_missing() {
+    let world = world(&["box"]).await;
+    let catalog = replica(&world).await;
+    let service = CatalogService {
+        catalog: catalog.clone(),
+    };
+    let resolve = |kind: ProtoType| ResolveInstallRequest {
+        jukebox: "box".into(),
+        category: "think".into(),
+        name: "ollama".into(),
+        r#type: kind as i32,
+        installed_tag: String::new(),
+    };
+    // The #12 catalog: the type-aware view kept the tenant revision.
+    write(
+        &world,
+        "box",
+        vec![
+            package("0.1.10", PackageType::Service, None),
+            package("0.1.8", PackageType::Tenant, Some("0.1.0")),
+        ],
+    )
+    .await;
+    eventually(&catalog, "box", &["0.1.10", "0.1.8"]).await;
+    let tag = |outcome: Option<Outcome>| match outcome {
+        Some(Outcome::Package(p)) => p.tag,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        tag(service
+            .resolve_install(Request::new(resolve(ProtoType::Tenant)))
+            .await
+            .unwrap()
+            .into_inner()
+            .outcome),
+        "0.1.8"
+    );
+    assert_eq!(
+        tag(service
+            .resolve_install(Request::new(resolve(ProtoType::Service)))
+            .await
+            .unwrap()
+            .into_inner()
+            .outcome),
+        "0.1.10"
+    );
+
+    write(
+        &world,
+        "box",
+        vec![package("0.1.10", PackageType::Service, None)],
+    )
+    .await;
+    eventually(&catalog, "box", &["0.1.10"]).await;
+    let outcome = service
+        .resolve_install(Request::new(resolve(ProtoType::Tenant)))
+        .await
+        .unwrap()
+        .into_inner()
+        .outcome;
+    let Some(Outcome::NoMatch(no_match)) = outcome else {
+        panic!("{outcome:?}")
+    };
+    assert_eq!(no_match.excluded_by, "type");
+    assert_eq!(
+        no_match.reason,
+        "no tenant revision of think/ollama (only service: 0.1.10)"
+    );
+}
