@@ -45,7 +45,8 @@ pub trait JukeboxStore: Send + Sync + std::fmt::Debug {
         expected: u64,
         status: &JukeBoxStatus,
     ) -> Result<u64, StoreError>;
-    /// Names of JukeBoxes whose status changed.
+    /// Names of JukeBoxes whose status changed; an empty name means
+    /// notifications may have been lost (Redis went away): re-read everything.
     fn subscribe(&self) -> broadcast::Receiver<String>;
 }
 
@@ -200,10 +201,28 @@ impl LocalStore {
             .map_err(redis_error)?;
         tokio::spawn(async move {
             use futures::StreamExt;
-            let mut messages = pubsub.into_on_message();
-            while let Some(message) = messages.next().await {
-                if let Ok(name) = message.get_payload::<String>() {
-                    let _ = relay.send(name);
+            let mut pubsub = Some(pubsub);
+            loop {
+                if let Some(subscribed) = pubsub.take() {
+                    let mut messages = subscribed.into_on_message();
+                    while let Some(message) = messages.next().await {
+                        if let Ok(name) = message.get_payload::<String>() {
+                            let _ = relay.send(name);
+                        }
+                    }
+                }
+                if relay.receiver_count() == 0 {
+                    return;
+                }
+                // Redis went away: subscribe again once it is back. Changes
+                // made meanwhile are repaired by the subscribers' resyncs.
+                tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+                if let Ok(mut again) = client.get_async_pubsub().await {
+                    if again.subscribe(CHANGES_CHANNEL).await.is_ok() {
+                        tracing::info!("JukeBox status notifications resumed");
+                        pubsub = Some(again);
+                        let _ = relay.send(String::new());
+                    }
                 }
             }
         });

@@ -14,7 +14,7 @@ use crate::{
 pub struct RedisServer {
     process: Supervised,
     port: u16,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 impl RedisServer {
@@ -26,12 +26,7 @@ impl RedisServer {
         // A free port can be taken between our probe and Redis's bind: retry.
         for _ in 0..3 {
             let port = free_port()?;
-            let mut command = Command::new(&binary);
-            command
-                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-                .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
-                .arg("--dir")
-                .arg(dir.path());
+            let command = command(&binary, port, dir.path());
             let mut process = Supervised::spawn(
                 format!("redis-server :{port}"),
                 command,
@@ -42,11 +37,7 @@ impl RedisServer {
                 .await
             {
                 Ok(()) => {
-                    return Ok(Self {
-                        process,
-                        port,
-                        _dir: dir,
-                    });
+                    return Ok(Self { process, port, dir });
                 }
                 Err(error) => last_error = Some(error),
             }
@@ -72,6 +63,32 @@ impl RedisServer {
     pub fn kill(&mut self) {
         self.process.kill();
     }
+
+    /// Starts the server again on the same port (empty: no persistence).
+    pub async fn restart(&mut self) -> Result<()> {
+        self.process.kill();
+        let binary = find_binary("redis-server", "apt-get install -y redis-server")?;
+        let port = self.port;
+        let command = command(&binary, port, self.dir.path());
+        let log = self.dir.path().join("redis-restarted.log");
+        let mut process = Supervised::spawn(format!("redis-server :{port}"), command, &log)?;
+        process
+            .wait_ready(Duration::from_secs(10), || ping(port))
+            .await?;
+        self.process = process;
+        Ok(())
+    }
+}
+
+/// `redis-server` on `port`, loopback only, without persistence.
+fn command(binary: &std::path::Path, port: u16, dir: &std::path::Path) -> Command {
+    let mut command = Command::new(binary);
+    command
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
+        .arg("--dir")
+        .arg(dir);
+    command
 }
 
 /// One raw RESP round trip: enough to know the server accepts commands.

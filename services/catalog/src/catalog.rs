@@ -36,6 +36,7 @@ pub struct Catalog {
     store: Arc<dyn JukeboxStore>,
     changes: broadcast::Sender<Change>,
     pub framework: semver::Version,
+    pub metrics: crate::metrics::CatalogMetrics,
 }
 
 impl Catalog {
@@ -63,6 +64,7 @@ impl Catalog {
             store,
             changes,
             framework,
+            metrics: crate::metrics::CatalogMetrics::default(),
         })
     }
 
@@ -102,6 +104,11 @@ impl Catalog {
         self.degraded.load(Ordering::Acquire)
     }
 
+    fn set_degraded(&self, degraded: bool) {
+        self.degraded.store(degraded, Ordering::Release);
+        self.metrics.degraded.set(i64::from(degraded));
+    }
+
     pub fn subscribe(&self) -> broadcast::Receiver<Change> {
         self.changes.subscribe()
     }
@@ -123,8 +130,16 @@ impl Catalog {
         }
     }
 
-    /// Brings one JukeBox's entry in line with its status.
+    /// Brings one JukeBox's entry in line with its status. A failure (store
+    /// or Redis unreachable) marks the catalog degraded: answers go on from
+    /// the snapshot, and the follower resyncs until it succeeds.
     pub async fn ingest(&self, jukebox: &str) -> Result<(), CatalogError> {
+        let result = self.try_ingest(jukebox).await;
+        self.set_degraded(result.is_err());
+        result
+    }
+
+    async fn try_ingest(&self, jukebox: &str) -> Result<(), CatalogError> {
         let record = self
             .store
             .get(jukebox)
@@ -135,12 +150,12 @@ impl Catalog {
                 .map(|status| Entry::from_status(&r.name, r.spec.pull_secret.clone(), &status))
         });
         if let Some((_, cache)) = &self.redis {
-            let written = match &entry {
-                Some(entry) => cache.upsert_if_changed(entry).await,
-                None => cache.remove(jukebox).await,
+            match &entry {
+                Some(entry) if cache.upsert_if_changed(entry).await? => self.metrics.upserts.inc(),
+                Some(_) => self.metrics.skipped_identical.inc(),
+                None if cache.remove(jukebox).await? => self.metrics.removals.inc(),
+                None => 0,
             };
-            self.degraded.store(written.is_err(), Ordering::Release);
-            written?;
         }
         self.apply(jukebox, entry);
         Ok(())
@@ -190,14 +205,15 @@ impl Catalog {
             {
                 if let Err(error) = self.resync().await {
                     tracing::warn!(%error, "catalog resync failed; serving the last snapshot");
-                    self.degraded.store(true, Ordering::Release);
+                    self.set_degraded(true);
                     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
                     continue;
                 }
-                self.degraded.store(false, Ordering::Release);
+                self.set_degraded(false);
             }
             tokio::select! {
                 name = store_changes.recv() => match name {
+                    Ok(name) if name.is_empty() => self.resync_due.store(true, Ordering::Release),
                     Ok(name) => {
                         if let Err(error) = self.ingest(&name).await {
                             tracing::warn!(%name, %error, "cannot ingest a status change; will resync");

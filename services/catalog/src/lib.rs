@@ -15,6 +15,7 @@
 mod cache;
 mod catalog;
 mod grpc;
+mod metrics;
 
 use std::{future::Future, net::SocketAddr, sync::Arc};
 
@@ -91,7 +92,9 @@ pub async fn run(
             .clone()
             .follow(std::time::Duration::from_secs(config.resync_seconds.max(1))),
     );
-    let server = GrpcServer::bind(config.listen).await?;
+    let server = GrpcServer::bind(config.listen)
+        .await?
+        .with_metrics(catalog.metrics.register());
     let served = server
         .serve(
             vec![ServedService::new(CatalogServer::new(CatalogService {

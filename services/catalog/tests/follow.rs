@@ -317,3 +317,65 @@ async fn resolve_install_answers_per_instance_type_and_says_what_is_missing() {
         "no tenant revision of think/ollama (only service: 0.1.10)"
     );
 }
+
+#[tokio::test]
+async fn when_redis_goes_away_reads_go_on_from_the_snapshot_and_the_entry_is_repaired_after() {
+    let mut world = world(&["a"]).await;
+    let catalog = replica(&world).await;
+    write(
+        &world,
+        "a",
+        vec![package("1.0.0", PackageType::Tenant, None)],
+    )
+    .await;
+    eventually(&catalog, "a", &["1.0.0"]).await;
+
+    world.redis.kill();
+    assert!(
+        catalog.ingest("a").await.is_err(),
+        "the store is unreachable"
+    );
+    assert!(catalog.is_degraded());
+    assert_eq!(
+        tags(&catalog, "a").await,
+        ["1.0.0"],
+        "reads go on from the last snapshot"
+    );
+
+    // Redis comes back empty (no persistence); the scanner writes the status again.
+    world.redis.restart().await.unwrap();
+    for _ in 0..100 {
+        if world.writer.get("a").await.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    write(
+        &world,
+        "a",
+        vec![package("2.0.0", PackageType::Tenant, None)],
+    )
+    .await;
+    eventually(&catalog, "a", &["2.0.0"]).await;
+    for _ in 0..100 {
+        if !catalog.is_degraded() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!catalog.is_degraded(), "healthy again once Redis answers");
+    let mut connection = redis::Client::open(world.redis.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let stored: Option<String> = redis::cmd("GET")
+        .arg("vynil:v1:catalog:entry:a")
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    assert!(
+        stored.unwrap().contains("2.0.0"),
+        "the shared entry was repaired"
+    );
+}

@@ -1,0 +1,36 @@
+//! The catalog's Prometheus metrics (`GET /metrics` on its gRPC port).
+
+use std::sync::Arc;
+
+use vynil_runtime::metrics::{Counter, Gauge, Registry};
+
+#[derive(Debug, Clone, Default)]
+pub struct CatalogMetrics {
+    /// Entries written to the shared cache.
+    pub upserts: Counter,
+    /// Status changes whose content was already cached: no write.
+    pub skipped_identical: Counter,
+    pub removals: Counter,
+    /// 1 while the catalog answers from its snapshot because Redis or the
+    /// store cannot be reached.
+    pub degraded: Gauge,
+}
+
+impl CatalogMetrics {
+    pub fn register(&self) -> Arc<Registry> {
+        let mut registry = Registry::with_prefix("vynil_catalog");
+        registry.register("upserts", "Cache entries written", self.upserts.clone());
+        registry.register(
+            "skipped_identical_writes",
+            "Status changes with unchanged content",
+            self.skipped_identical.clone(),
+        );
+        registry.register("removals", "Cache entries removed", self.removals.clone());
+        registry.register(
+            "degraded",
+            "Serving from the snapshot only",
+            self.degraded.clone(),
+        );
+        Arc::new(registry)
+    }
+}
