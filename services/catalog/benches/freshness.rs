@@ -1,0 +1,117 @@
+//! Status change → every catalog replica fresh: p50/p99 over 200 changes with
+//! three replicas on one real Redis, printed beside a bare Redis pub/sub round
+//! trip measured in the same run (`cargo bench -p vynil-catalog`).
+
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use futures::StreamExt;
+use vynil_catalog::Catalog;
+use vynil_crds::JukeBoxStatus;
+use vynil_rules::{Package, PackageContent, PackageMeta, PackageType};
+use vynil_store::{JukeboxStore, LocalStore};
+use vynil_testkit::RedisServer;
+
+const CHANGES: usize = 200;
+
+fn package(tag: &str) -> Package {
+    let content = PackageContent {
+        metadata: PackageMeta {
+            name: "pg".into(),
+            category: "db".into(),
+            description: String::new(),
+            app_version: None,
+            package_type: PackageType::System,
+            features: vec![],
+            backup_affinity: None,
+        },
+        requirements: vec![],
+        recommandations: None,
+        options: None,
+        value_script: None,
+    };
+    Package::new("registry.example", "db/pg", tag, content)
+}
+
+fn percentiles(mut samples: Vec<Duration>) -> (Duration, Duration) {
+    samples.sort();
+    let at = |q: f64| samples[((samples.len() as f64 - 1.0) * q).round() as usize];
+    (at(0.50), at(0.99))
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let redis = RedisServer::start().await?;
+    let dir = tempfile::tempdir()?;
+    std::fs::write(
+        dir.path().join("box.yaml"),
+        "apiVersion: vynil.solidite.fr/v1\nkind: JukeBox\nmetadata:\n  name: box\nspec:\n  schedule: '0 * * * *'\n",
+    )?;
+    let writer = LocalStore::with_redis(dir.path().to_path_buf(), &redis.url()).await?;
+    let mut replicas = Vec::new();
+    for _ in 0..3 {
+        let store = Arc::new(LocalStore::with_redis(dir.path().to_path_buf(), &redis.url()).await?);
+        let catalog =
+            Arc::new(Catalog::new(store, Some(&redis.url()), semver::Version::new(0, 8, 0)).await?);
+        catalog.resync().await?;
+        tokio::spawn(catalog.clone().follow(Duration::from_secs(3600)));
+        replicas.push(catalog);
+    }
+
+    // Bare pub/sub round trip on the same Redis.
+    let client = redis::Client::open(redis.url())?;
+    let mut publisher = client.get_multiplexed_async_connection().await?;
+    let mut pubsub = client.get_async_pubsub().await?;
+    pubsub.subscribe("bench").await?;
+    let mut messages = pubsub.into_on_message();
+    let mut bare = Vec::new();
+    for i in 0..CHANGES {
+        let start = Instant::now();
+        let _: i64 = redis::cmd("PUBLISH")
+            .arg("bench")
+            .arg(i)
+            .query_async(&mut publisher)
+            .await?;
+        messages.next().await;
+        bare.push(start.elapsed());
+    }
+
+    let mut fresh = Vec::new();
+    for i in 0..CHANGES {
+        let mut receivers: Vec<_> = replicas.iter().map(|r| r.subscribe()).collect();
+        let version = writer
+            .get("box")
+            .await?
+            .map(|r| r.status_version)
+            .unwrap_or(0);
+        let start = Instant::now();
+        writer
+            .write_status(
+                "box",
+                version,
+                &JukeBoxStatus {
+                    conditions: vec![],
+                    packages: vec![package(&format!("1.0.{i}"))],
+                },
+            )
+            .await?;
+        for receiver in &mut receivers {
+            receiver.recv().await?;
+        }
+        fresh.push(start.elapsed());
+    }
+
+    let (bare50, bare99) = percentiles(bare);
+    let (fresh50, fresh99) = percentiles(fresh);
+    println!("{CHANGES} changes, 3 replicas, one Redis");
+    println!("bare pub/sub round trip:            p50 {bare50:>10.2?}  p99 {bare99:>10.2?}");
+    println!("status change -> all replicas fresh: p50 {fresh50:>10.2?}  p99 {fresh99:>10.2?}");
+    println!(
+        "ratio to the bare round trip:        p50 {:>9.1}x  p99 {:>9.1}x",
+        fresh50.as_secs_f64() / bare50.as_secs_f64(),
+        fresh99.as_secs_f64() / bare99.as_secs_f64()
+    );
+    Ok(())
+}
