@@ -19,10 +19,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // The encoded descriptor set feeds gRPC server reflection.
     let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
-    std::fs::write(
-        out_dir.join("vynil_descriptor.bin"),
-        descriptors.encode_to_vec(),
-    )?;
+    std::fs::write(out_dir.join("vynil_descriptor.bin"), descriptors.encode_to_vec())?;
 
     tonic_prost_build::configure()
         // Every RPC a service does not implement yet answers UNIMPLEMENTED.

@@ -12,11 +12,7 @@ use serde_json::json;
 
 /// Gateway configuration: flags, each with an environment fallback.
 #[derive(Debug, Clone, clap::Parser)]
-#[command(
-    name = "vynil-gateway",
-    version,
-    about = "HTTP/JSON front of the Vynil control plane"
-)]
+#[command(name = "vynil-gateway", version, about = "HTTP/JSON front of the Vynil control plane")]
 pub struct Config {
     /// Address the HTTP server listens on.
     #[arg(long, env = "VYNIL_GATEWAY_LISTEN", default_value = "0.0.0.0:8080")]
@@ -26,27 +22,22 @@ pub struct Config {
 #[derive(Debug, thiserror::Error)]
 pub enum GatewayError {
     #[error("cannot listen on {addr}: {source} (is another process using that port? set --listen)")]
-    Bind {
-        addr: SocketAddr,
-        source: std::io::Error,
-    },
+    Bind { addr: SocketAddr, source: std::io::Error },
     #[error("HTTP server failed: {0}")]
     Serve(std::io::Error),
 }
 
 /// The HTTP routes.
 pub fn router() -> Router {
-    Router::new()
-        .route("/healthz", get(|| async { "ok" }))
-        .fallback(|| async {
-            (
-                StatusCode::NOT_IMPLEMENTED,
-                Json(json!({
-                    "code": "NOT_IMPLEMENTED",
-                    "message": "this gateway route is not implemented yet",
-                })),
-            )
-        })
+    Router::new().route("/healthz", get(|| async { "ok" })).fallback(|| async {
+        (
+            StatusCode::NOT_IMPLEMENTED,
+            Json(json!({
+                "code": "NOT_IMPLEMENTED",
+                "message": "this gateway route is not implemented yet",
+            })),
+        )
+    })
 }
 
 /// Serves until `shutdown` resolves, then drains.
@@ -56,13 +47,7 @@ pub async fn run(
 ) -> Result<(), GatewayError> {
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
-        .map_err(|source| GatewayError::Bind {
-            addr: config.listen,
-            source,
-        })?;
+        .map_err(|source| GatewayError::Bind { addr: config.listen, source })?;
     tracing::info!(address = %config.listen, "serving HTTP");
-    axum::serve(listener, router())
-        .with_graceful_shutdown(shutdown)
-        .await
-        .map_err(GatewayError::Serve)
+    axum::serve(listener, router()).with_graceful_shutdown(shutdown).await.map_err(GatewayError::Serve)
 }

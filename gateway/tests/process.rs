@@ -23,9 +23,7 @@ async fn the_binary_serves_healthz_answers_501_elsewhere_and_exits_cleanly_on_si
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
     assert!(healthy, "gateway did not answer /healthz");
-    let api = reqwest::get(format!("{base}/api/v1/jukeboxes"))
-        .await
-        .unwrap();
+    let api = reqwest::get(format!("{base}/api/v1/jukeboxes")).await.unwrap();
     assert_eq!(api.status(), 501);
     let body: serde_json::Value = api.json().await.unwrap();
     assert_eq!(body["code"], "NOT_IMPLEMENTED");

@@ -32,5 +32,4 @@ pub mod lifecycle {
 }
 
 /// Encoded `FileDescriptorSet` of every service, for gRPC server reflection.
-pub const FILE_DESCRIPTOR_SET: &[u8] =
-    include_bytes!(concat!(env!("OUT_DIR"), "/vynil_descriptor.bin"));
+pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/vynil_descriptor.bin"));

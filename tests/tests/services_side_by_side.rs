@@ -11,11 +11,7 @@ use tonic_health::pb::{
 
 /// A service's configuration from its flags, as its binary would parse them.
 fn config<C: clap::Parser>(service: &str, listen: SocketAddr) -> C {
-    C::parse_from([
-        format!("vynil-{service}"),
-        "--listen".into(),
-        listen.to_string(),
-    ])
+    C::parse_from([format!("vynil-{service}"), "--listen".into(), listen.to_string()])
 }
 
 fn loopback() -> SocketAddr {
@@ -23,16 +19,12 @@ fn loopback() -> SocketAddr {
 }
 
 async fn serving(addr: SocketAddr, service: &str) -> bool {
-    let Ok(channel) = tonic::transport::Channel::from_shared(format!("http://{addr}"))
-        .unwrap()
-        .connect()
-        .await
+    let Ok(channel) =
+        tonic::transport::Channel::from_shared(format!("http://{addr}")).unwrap().connect().await
     else {
         return false;
     };
-    let request = HealthCheckRequest {
-        service: service.into(),
-    };
+    let request = HealthCheckRequest { service: service.into() };
     matches!(HealthClient::new(channel).check(request).await, Ok(r) if r.get_ref().status() == ServingStatus::Serving)
 }
 
@@ -46,66 +38,23 @@ async fn four_services_serve_health_on_their_own_ports_and_stop_together() {
         }
     };
     let addrs = [loopback(), loopback(), loopback(), loopback()];
-    let (done_tx, mut done_rx) = tokio::sync::mpsc::channel::<Result<(), String>>(4);
-    let tasks = vec![
-        tokio::spawn({
-            let (done, sd) = (done_tx.clone(), shutdown());
-            async move {
-                let _ = done
-                    .send(
-                        vynil_catalog::run(
-                            config::<vynil_catalog::Config>("catalog", addrs[0]),
-                            sd,
-                        )
-                        .await
-                        .map_err(|e| e.to_string()),
-                    )
-                    .await;
-            }
-        }),
-        tokio::spawn({
-            let (done, sd) = (done_tx.clone(), shutdown());
-            async move {
-                let _ = done
-                    .send(
-                        vynil_scanner::run(
-                            config::<vynil_scanner::Config>("scanner", addrs[1]),
-                            sd,
-                        )
-                        .await
-                        .map_err(|e| e.to_string()),
-                    )
-                    .await;
-            }
-        }),
-        tokio::spawn({
-            let (done, sd) = (done_tx.clone(), shutdown());
-            async move {
-                let _ = done
-                    .send(
-                        vynil_purger::run(config::<vynil_purger::Config>("purger", addrs[2]), sd)
-                            .await
-                            .map_err(|e| e.to_string()),
-                    )
-                    .await;
-            }
-        }),
-        tokio::spawn({
-            let (done, sd) = (done_tx.clone(), shutdown());
-            async move {
-                let _ = done
-                    .send(
-                        vynil_lifecycle::run(
-                            config::<vynil_lifecycle::Config>("lifecycle", addrs[3]),
-                            sd,
-                        )
-                        .await
-                        .map_err(|e| e.to_string()),
-                    )
-                    .await;
-            }
-        }),
-    ];
+    let mut services = tokio::task::JoinSet::new();
+    let sd = shutdown();
+    services.spawn(async move {
+        vynil_catalog::run(config("catalog", addrs[0]), sd).await.map_err(|e| e.to_string())
+    });
+    let sd = shutdown();
+    services.spawn(async move {
+        vynil_scanner::run(config("scanner", addrs[1]), sd).await.map_err(|e| e.to_string())
+    });
+    let sd = shutdown();
+    services.spawn(async move {
+        vynil_purger::run(config("purger", addrs[2]), sd).await.map_err(|e| e.to_string())
+    });
+    let sd = shutdown();
+    services.spawn(async move {
+        vynil_lifecycle::run(config("lifecycle", addrs[3]), sd).await.map_err(|e| e.to_string())
+    });
     let names = [
         "vynil.catalog.v1.Catalog",
         "vynil.scanner.v1.Scanner",
@@ -125,10 +74,7 @@ async fn four_services_serve_health_on_their_own_ports_and_stop_together() {
     }
 
     stop.send(true).unwrap();
-    for _ in 0..4 {
-        done_rx.recv().await.unwrap().unwrap();
-    }
-    for task in tasks {
-        task.await.unwrap();
+    while let Some(done) = services.join_next().await {
+        done.unwrap().unwrap();
     }
 }

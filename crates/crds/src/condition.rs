@@ -19,11 +19,7 @@ pub enum ConditionStatus {
 
 impl From<bool> for ConditionStatus {
     fn from(ok: bool) -> Self {
-        if ok {
-            ConditionStatus::True
-        } else {
-            ConditionStatus::False
-        }
+        if ok { ConditionStatus::True } else { ConditionStatus::False }
     }
 }
 
@@ -96,18 +92,14 @@ pub fn coded_message(code: &str, text: &str) -> String {
 pub fn message_code(message: &str) -> Option<&str> {
     let rest = message.strip_prefix('[')?;
     let (code, _) = rest.split_once(']')?;
-    let valid = !code.is_empty()
-        && code
-            .bytes()
-            .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_');
+    let valid =
+        !code.is_empty() && code.bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_');
     valid.then_some(code)
 }
 
 /// `2026-11-29T23:08:55Z`, as Kubernetes writes times.
 pub fn rfc3339_seconds(time: jiff::Timestamp) -> String {
-    jiff::Timestamp::from_second(time.as_second())
-        .map(|t| t.to_string())
-        .unwrap_or_else(|_| time.to_string())
+    jiff::Timestamp::from_second(time.as_second()).map(|t| t.to_string()).unwrap_or_else(|_| time.to_string())
 }
 
 #[cfg(test)]
@@ -121,21 +113,12 @@ mod tests {
 
     #[test]
     fn an_identical_condition_is_not_rewritten() {
-        let mut list = vec![Condition::new(
-            JukeBoxConditionType::Ready,
-            true,
-            "ok",
-            1,
-            at(0),
-        )];
+        let mut list = vec![Condition::new(JukeBoxConditionType::Ready, true, "ok", 1, at(0))];
         assert!(!set_condition(
             &mut list,
             Condition::new(JukeBoxConditionType::Ready, true, "ok", 1, at(60))
         ));
-        assert_eq!(
-            list[0].last_transition_time.as_deref(),
-            Some("1970-01-01T00:00:00Z")
-        );
+        assert_eq!(list[0].last_transition_time.as_deref(), Some("1970-01-01T00:00:00Z"));
     }
 
     #[test]
@@ -149,10 +132,7 @@ mod tests {
             Condition::new(JukeBoxConditionType::Ready, false, "down", 2, at(5))
         ));
         let types: Vec<_> = list.iter().map(|c| c.condition_type).collect();
-        assert_eq!(
-            types,
-            [JukeBoxConditionType::Updated, JukeBoxConditionType::Ready]
-        );
+        assert_eq!(types, [JukeBoxConditionType::Updated, JukeBoxConditionType::Ready]);
         assert_eq!(list[1].status, ConditionStatus::False);
     }
 

@@ -155,11 +155,7 @@ condition_types!(SystemConditionType {
         type_ = "date",
         json_path = ".status.conditions[?(@.type == 'Ready')].lastTransitionTime"
     ),
-    printcolumn(
-        name = "stage",
-        type_ = "string",
-        json_path = ".status.conditions[-1:].type"
-    ),
+    printcolumn(name = "stage", type_ = "string", json_path = ".status.conditions[-1:].type"),
     printcolumn(
         name = "errors",
         type_ = "string",
@@ -196,11 +192,7 @@ pub struct TenantInstanceSpec {
         type_ = "date",
         json_path = ".status.conditions[?(@.type == 'Ready')].lastTransitionTime"
     ),
-    printcolumn(
-        name = "stage",
-        type_ = "string",
-        json_path = ".status.conditions[-1:].type"
-    ),
+    printcolumn(name = "stage", type_ = "string", json_path = ".status.conditions[-1:].type"),
     printcolumn(
         name = "errors",
         type_ = "string",
@@ -237,11 +229,7 @@ pub struct ServiceInstanceSpec {
         type_ = "date",
         json_path = ".status.conditions[?(@.type == 'Ready')].lastTransitionTime"
     ),
-    printcolumn(
-        name = "stage",
-        type_ = "string",
-        json_path = ".status.conditions[-1:].type"
-    ),
+    printcolumn(name = "stage", type_ = "string", json_path = ".status.conditions[-1:].type"),
     printcolumn(
         name = "errors",
         type_ = "string",
@@ -339,9 +327,7 @@ pub struct SystemInstanceStatus {
 }
 
 fn any_children(lists: &[&Option<Vec<Children>>]) -> bool {
-    lists
-        .iter()
-        .any(|l| l.as_ref().is_some_and(|v| !v.is_empty()))
+    lists.iter().any(|l| l.as_ref().is_some_and(|v| !v.is_empty()))
 }
 
 fn any_state(tfstate: &Option<String>, rhaistate: &Option<String>) -> bool {
@@ -356,26 +342,14 @@ pub trait HaveChild {
 impl HaveChild for TenantInstanceStatus {
     fn have_child(&self) -> bool {
         any_state(&self.tfstate, &self.rhaistate)
-            || any_children(&[
-                &self.befores,
-                &self.vitals,
-                &self.others,
-                &self.scalables,
-                &self.posts,
-            ])
+            || any_children(&[&self.befores, &self.vitals, &self.others, &self.scalables, &self.posts])
     }
 }
 
 impl HaveChild for ServiceInstanceStatus {
     fn have_child(&self) -> bool {
         any_state(&self.tfstate, &self.rhaistate)
-            || any_children(&[
-                &self.befores,
-                &self.vitals,
-                &self.others,
-                &self.scalables,
-                &self.posts,
-            ])
+            || any_children(&[&self.befores, &self.vitals, &self.others, &self.scalables, &self.posts])
             || self.crds.as_ref().is_some_and(|c| !c.is_empty())
     }
 }

@@ -35,14 +35,12 @@ fn check(what: &str, value: &str, max: usize, dots: bool) -> Result<(), CrdError
         return Err(invalid("is empty".into()));
     }
     if value.len() > max {
-        return Err(invalid(format!(
-            "is {} characters long, at most {max} are allowed",
-            value.len()
-        )));
+        return Err(invalid(format!("is {} characters long, at most {max} are allowed", value.len())));
     }
-    if let Some(bad) = value.chars().find(|c| {
-        !(c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '-' || (dots && *c == '.'))
-    }) {
+    if let Some(bad) = value
+        .chars()
+        .find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '-' || (dots && *c == '.')))
+    {
         return Err(invalid(format!(
             "contains {bad:?}: only lowercase letters, digits, '-'{} are allowed",
             if dots { " and '.'" } else { "" }
@@ -50,9 +48,7 @@ fn check(what: &str, value: &str, max: usize, dots: bool) -> Result<(), CrdError
     }
     let alnum = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
     if !alnum(value.chars().next()) || !alnum(value.chars().last()) {
-        return Err(invalid(
-            "must start and end with a lowercase letter or a digit".into(),
-        ));
+        return Err(invalid("must start and end with a lowercase letter or a digit".into()));
     }
     Ok(())
 }
@@ -102,10 +98,7 @@ mod tests {
 
     #[test]
     fn the_agent_job_name_is_upstreams_when_it_fits() {
-        assert_eq!(
-            agent_job_name("tenant", "apps", "ollama").unwrap(),
-            "tenant--apps--ollama"
-        );
+        assert_eq!(agent_job_name("tenant", "apps", "ollama").unwrap(), "tenant--apps--ollama");
     }
 
     #[test]

@@ -18,10 +18,8 @@ fn to_json_schema(value: Value) -> Value {
     match value {
         Value::Object(mut map) => {
             let nullable = map.remove("nullable") == Some(Value::Bool(true));
-            let mut map: serde_json::Map<String, Value> = map
-                .into_iter()
-                .map(|(k, v)| (k, to_json_schema(v)))
-                .collect();
+            let mut map: serde_json::Map<String, Value> =
+                map.into_iter().map(|(k, v)| (k, to_json_schema(v))).collect();
             if nullable {
                 if let Some(Value::String(t)) = map.get("type").cloned() {
                     map.insert("type".into(), json!([t, "null"]));
@@ -39,14 +37,8 @@ fn validator(kind: &str) -> jsonschema::Validator {
         .into_iter()
         .find(|c| c.spec.names.kind == kind)
         .unwrap_or_else(|| panic!("no CRD for {kind}"));
-    let schema = serde_json::to_value(
-        &crd.spec.versions[0]
-            .schema
-            .as_ref()
-            .unwrap()
-            .open_api_v3_schema,
-    )
-    .unwrap();
+    let schema =
+        serde_json::to_value(&crd.spec.versions[0].schema.as_ref().unwrap().open_api_v3_schema).unwrap();
     jsonschema::validator_for(&to_json_schema(schema)).unwrap()
 }
 
@@ -56,10 +48,7 @@ fn errors(validator: &jsonschema::Validator, object: &Value) -> Vec<String> {
     for key in ["apiVersion", "kind", "metadata"] {
         body.as_object_mut().unwrap().remove(key);
     }
-    validator
-        .iter_errors(&body)
-        .map(|e| format!("{} at {}", e, e.instance_path()))
-        .collect()
+    validator.iter_errors(&body).map(|e| format!("{} at {}", e, e.instance_path())).collect()
 }
 
 #[test]
@@ -107,15 +96,8 @@ fn every_upstream_condition_type_and_status_is_accepted() {
         "PostApplied",
     ];
     let service: Vec<&str> = tenant.iter().copied().chain(["CrdApplied"]).collect();
-    let system = [
-        "Ready",
-        "Installed",
-        "AgentStarted",
-        "CrdApplied",
-        "TofuInstalled",
-        "SystemApplied",
-        "RhaiApplied",
-    ];
+    let system =
+        ["Ready", "Installed", "AgentStarted", "CrdApplied", "TofuInstalled", "SystemApplied", "RhaiApplied"];
     let table: [(&str, &str, Vec<&str>); 4] = [
         ("JukeBox", "jukebox-list.yaml", vec!["Ready", "Updated"]),
         ("TenantInstance", "tenantinstance.yaml", tenant.to_vec()),
@@ -127,10 +109,7 @@ fn every_upstream_condition_type_and_status_is_accepted() {
         for condition_type in types {
             for status in ["True", "False"] {
                 let problems = errors(&validator, &with_condition(file, condition_type, status));
-                assert!(
-                    problems.is_empty(),
-                    "{kind} {condition_type}={status}: {problems:?}"
-                );
+                assert!(problems.is_empty(), "{kind} {condition_type}={status}: {problems:?}");
             }
         }
         // The schema is not a blank cheque.
@@ -151,37 +130,26 @@ fn every_maturity_and_package_type_is_accepted_and_others_are_not() {
     for maturity in [json!("stable"), json!("beta"), json!("alpha"), Value::Null] {
         let mut object = sample("jukebox-list.yaml");
         object["spec"]["maturity"] = maturity.clone();
-        assert!(
-            errors(&validator, &object).is_empty(),
-            "maturity {maturity}"
-        );
+        assert!(errors(&validator, &object).is_empty(), "maturity {maturity}");
     }
     for package_type in ["tenant", "service", "system"] {
         let mut object = sample("jukebox-list.yaml");
         object["status"]["packages"][0]["metadata"]["type"] = json!(package_type);
-        assert!(
-            errors(&validator, &object).is_empty(),
-            "type {package_type}"
-        );
+        assert!(errors(&validator, &object).is_empty(), "type {package_type}");
     }
     let mut object = sample("jukebox-list.yaml");
     object["spec"]["maturity"] = json!("nightly");
     assert!(!errors(&validator, &object).is_empty());
     let mut object = sample("jukebox-list.yaml");
     object["spec"].as_object_mut().unwrap().remove("schedule");
-    assert!(
-        !errors(&validator, &object).is_empty(),
-        "schedule is required"
-    );
+    assert!(!errors(&validator, &object).is_empty(), "schedule is required");
 }
 
 #[test]
 fn the_committed_crd_yaml_is_crdgens_output() {
-    let committed = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../deploy/crds/vynil.yaml"
-    ))
-    .unwrap();
+    let committed =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/crds/vynil.yaml"))
+            .unwrap();
     assert_eq!(
         committed,
         vynil_crds::crds_yaml().unwrap(),

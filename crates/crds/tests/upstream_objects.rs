@@ -20,10 +20,7 @@ fn sample(name: &str) -> Value {
 fn without_nulls(value: Value) -> Value {
     match value {
         Value::Object(map) => Value::Object(
-            map.into_iter()
-                .filter(|(_, v)| !v.is_null())
-                .map(|(k, v)| (k, without_nulls(v)))
-                .collect(),
+            map.into_iter().filter(|(_, v)| !v.is_null()).map(|(k, v)| (k, without_nulls(v))).collect(),
         ),
         Value::Array(items) => Value::Array(items.into_iter().map(without_nulls).collect()),
         other => other,
@@ -32,14 +29,9 @@ fn without_nulls(value: Value) -> Value {
 
 fn round_trip<T: Serialize + DeserializeOwned>(name: &str) {
     let original = sample(name);
-    let typed: T =
-        serde_json::from_value(original.clone()).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let typed: T = serde_json::from_value(original.clone()).unwrap_or_else(|e| panic!("{name}: {e}"));
     let back = serde_json::to_value(&typed).unwrap();
-    assert_eq!(
-        without_nulls(back),
-        without_nulls(original),
-        "{name} changed in a round trip"
-    );
+    assert_eq!(without_nulls(back), without_nulls(original), "{name} changed in a round trip");
 }
 
 #[test]
@@ -67,14 +59,8 @@ fn instances_with_every_status_list_round_trip() {
 fn the_value_script_stays_the_json_string_literal_upstream_stored() {
     let jukebox: JukeBox = serde_json::from_value(sample("jukebox-list.yaml")).unwrap();
     let package = &jukebox.status.unwrap().packages[0];
-    assert_eq!(
-        package.content.value_script.as_deref(),
-        Some("\"#{ gpu: true }\"")
-    );
-    assert_eq!(
-        package.content.value_script_source().unwrap().as_deref(),
-        Some("#{ gpu: true }")
-    );
+    assert_eq!(package.content.value_script.as_deref(), Some("\"#{ gpu: true }\""));
+    assert_eq!(package.content.value_script_source().unwrap().as_deref(), Some("#{ gpu: true }"));
     assert_eq!(package.content.recommandations.as_ref().unwrap().len(), 3);
 }
 
@@ -102,8 +88,5 @@ fn unknown_fields_and_missing_optional_status_parse_without_panic() {
         "metadata": {"name": "n", "category": "c", "description": "", "type": "tenant", "features": ["brand_new"]},
         "requirements": [{"gpu": {"vendor": "amd"}}]}]});
     let parsed: JukeBox = serde_json::from_value(jukebox).unwrap();
-    assert_eq!(
-        parsed.status.unwrap().packages[0].content.requirements[0].kind(),
-        "gpu"
-    );
+    assert_eq!(parsed.status.unwrap().packages[0].content.requirements[0].kind(), "gpu");
 }

@@ -48,39 +48,26 @@ struct DockerAuth {
 
 impl Credentials {
     pub fn basic(username: impl Into<String>, password: impl Into<String>) -> Self {
-        Credentials::Basic {
-            username: username.into(),
-            password: password.into(),
-        }
+        Credentials::Basic { username: username.into(), password: password.into() }
     }
 
     /// The credentials for `registry` in a `.dockerconfigjson` document;
     /// anonymous when it has no entry for that registry (as upstream).
     pub fn from_dockerconfigjson(document: &[u8], registry: &str) -> Result<Self, RegistryError> {
         let config: DockerConfig = serde_json::from_slice(document).map_err(|e| {
-            RegistryError::Credentials(format!(
-                "not a dockerconfigjson document ({})",
-                e.classify_name()
-            ))
+            RegistryError::Credentials(format!("not a dockerconfigjson document ({})", e.classify_name()))
         })?;
         let wanted = normalise_host(registry);
-        let Some(entry) = config
-            .auths
-            .iter()
-            .find(|(key, _)| normalise_host(key) == wanted)
-            .map(|(_, v)| v)
+        let Some(entry) = config.auths.iter().find(|(key, _)| normalise_host(key) == wanted).map(|(_, v)| v)
         else {
             return Ok(Credentials::Anonymous);
         };
         if let Some(auth) = entry.auth.as_deref().filter(|a| !a.is_empty()) {
             let decoded = base64::engine::general_purpose::STANDARD
                 .decode(auth.trim())
-                .map_err(|_| {
-                    RegistryError::Credentials(format!("auths[{registry}].auth is not base64"))
-                })?;
-            let text = String::from_utf8(decoded).map_err(|_| {
-                RegistryError::Credentials(format!("auths[{registry}].auth is not UTF-8"))
-            })?;
+                .map_err(|_| RegistryError::Credentials(format!("auths[{registry}].auth is not base64")))?;
+            let text = String::from_utf8(decoded)
+                .map_err(|_| RegistryError::Credentials(format!("auths[{registry}].auth is not UTF-8")))?;
             let (username, password) = text.split_once(':').ok_or_else(|| {
                 RegistryError::Credentials(format!("auths[{registry}].auth is not `user:password`"))
             })?;
@@ -96,8 +83,8 @@ impl Credentials {
         match self {
             Credentials::Anonymous => None,
             Credentials::Basic { username, password } => {
-                let encoded = base64::engine::general_purpose::STANDARD
-                    .encode(format!("{username}:{password}"));
+                let encoded =
+                    base64::engine::general_purpose::STANDARD.encode(format!("{username}:{password}"));
                 Some(format!("Basic {encoded}"))
             }
         }
@@ -123,15 +110,9 @@ impl ClassifyName for serde_json::Error {
 /// registry; a scheme and a trailing path are ignored.
 fn normalise_host(key: &str) -> String {
     let without_scheme = key.split_once("://").map(|(_, rest)| rest).unwrap_or(key);
-    let host = without_scheme
-        .split('/')
-        .next()
-        .unwrap_or_default()
-        .to_ascii_lowercase();
+    let host = without_scheme.split('/').next().unwrap_or_default().to_ascii_lowercase();
     match host.as_str() {
-        "index.docker.io" | "registry-1.docker.io" | "registry.hub.docker.com" => {
-            "docker.io".to_string()
-        }
+        "index.docker.io" | "registry-1.docker.io" | "registry.hub.docker.com" => "docker.io".to_string(),
         _ => host,
     }
 }
@@ -149,15 +130,11 @@ impl CredentialStore {
     }
 
     pub fn set(&mut self, registry: &str, credentials: Credentials) {
-        self.by_registry
-            .insert(normalise_host(registry), credentials);
+        self.by_registry.insert(normalise_host(registry), credentials);
     }
 
     pub fn get(&self, registry: &str) -> Credentials {
-        self.by_registry
-            .get(&normalise_host(registry))
-            .cloned()
-            .unwrap_or_default()
+        self.by_registry.get(&normalise_host(registry)).cloned().unwrap_or_default()
     }
 }
 
@@ -181,8 +158,7 @@ pub(crate) fn parse_challenge(header: &str) -> Option<Challenge> {
         while chars.peek().is_some_and(|c| *c == ',' || c.is_whitespace()) {
             chars.next();
         }
-        let key: String =
-            std::iter::from_fn(|| chars.next_if(|c| *c != '=' && *c != ',')).collect();
+        let key: String = std::iter::from_fn(|| chars.next_if(|c| *c != '=' && *c != ',')).collect();
         if key.is_empty() {
             break;
         }
@@ -201,17 +177,11 @@ pub(crate) fn parse_challenge(header: &str) -> Option<Challenge> {
             }
             value
         } else {
-            std::iter::from_fn(|| chars.next_if(|c| *c != ','))
-                .collect::<String>()
-                .trim()
-                .to_string()
+            std::iter::from_fn(|| chars.next_if(|c| *c != ',')).collect::<String>().trim().to_string()
         };
         params.insert(key.trim().to_ascii_lowercase(), value);
     }
-    Some(Challenge {
-        scheme: scheme.to_ascii_lowercase(),
-        params,
-    })
+    Some(Challenge { scheme: scheme.to_ascii_lowercase(), params })
 }
 
 #[derive(Deserialize)]
@@ -231,10 +201,7 @@ mod tests {
         assert_eq!(c.params["realm"], "https://auth.example/token");
         assert_eq!(c.params["service"], "registry.example");
         assert_eq!(c.params["scope"], "repository:a/b:pull,push");
-        assert_eq!(
-            parse_challenge(r#"Basic realm="x""#).unwrap().scheme,
-            "basic"
-        );
+        assert_eq!(parse_challenge(r#"Basic realm="x""#).unwrap().scheme, "basic");
     }
 
     #[test]
@@ -258,15 +225,10 @@ mod tests {
 
     #[test]
     fn a_malformed_dockerconfigjson_is_a_clear_error_without_its_content() {
-        let error = Credentials::from_dockerconfigjson(
-            br#"{"auths":{"r":{"auth":"!!notbase64 s3cret"}}}"#,
-            "r",
-        )
-        .unwrap_err();
-        assert!(
-            error.to_string().contains("auths[r].auth is not base64"),
-            "{error}"
-        );
+        let error =
+            Credentials::from_dockerconfigjson(br#"{"auths":{"r":{"auth":"!!notbase64 s3cret"}}}"#, "r")
+                .unwrap_err();
+        assert!(error.to_string().contains("auths[r].auth is not base64"), "{error}");
         assert!(!error.to_string().contains("s3cret"));
         let error = Credentials::from_dockerconfigjson(b"password=s3cret", "r").unwrap_err();
         assert!(error.to_string().contains("invalid JSON"), "{error}");

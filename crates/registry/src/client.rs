@@ -45,37 +45,29 @@ impl RepositoryRef {
             reference: image.chars().take(200).collect(),
             problem: problem.to_string(),
         };
-        let (registry, repository) = image
-            .split_once('/')
-            .ok_or_else(|| invalid("expected registry/repository"))?;
+        let (registry, repository) =
+            image.split_once('/').ok_or_else(|| invalid("expected registry/repository"))?;
         let host_ok = !registry.is_empty()
             && registry
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '[' | ']'));
         if !host_ok {
-            return Err(invalid(
-                "the registry must be a host name with an optional port",
-            ));
+            return Err(invalid("the registry must be a host name with an optional port"));
         }
         // The distribution spec's repository name grammar.
         let path_ok = !repository.is_empty()
             && repository.split('/').all(|component| {
                 !component.is_empty()
-                    && component.chars().all(|c| {
-                        c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '.' | '_' | '-')
-                    })
+                    && component
+                        .chars()
+                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '.' | '_' | '-'))
                     && component.starts_with(|c: char| c.is_ascii_alphanumeric())
                     && component.ends_with(|c: char| c.is_ascii_alphanumeric())
             });
         if !path_ok {
-            return Err(invalid(
-                "the repository must be lowercase path components [a-z0-9._-]",
-            ));
+            return Err(invalid("the repository must be lowercase path components [a-z0-9._-]"));
         }
-        Ok(Self {
-            registry: registry.to_string(),
-            repository: repository.to_string(),
-        })
+        Ok(Self { registry: registry.to_string(), repository: repository.to_string() })
     }
 }
 
@@ -139,10 +131,7 @@ impl RegistryClient {
         credentials: CredentialStore,
         cache: Arc<dyn MetadataCache>,
     ) -> Result<Self> {
-        Ok(Self {
-            transport: Arc::new(Transport::new(config, credentials)?),
-            cache,
-        })
+        Ok(Self { transport: Arc::new(Transport::new(config, credentials)?), cache })
     }
 
     pub fn counters(&self) -> RequestCounters {
@@ -206,19 +195,10 @@ impl RegistryClient {
     }
 
     /// The digest `reference` (tag or digest) points to; `None` if absent.
-    pub async fn head_digest(
-        &self,
-        repo: &RepositoryRef,
-        reference: &str,
-    ) -> Result<Option<String>> {
+    pub async fn head_digest(&self, repo: &RepositoryRef, reference: &str) -> Result<Option<String>> {
         let what = format!("digest of {repo}:{reference}");
-        let request = self.request(
-            "head_manifest",
-            what.clone(),
-            repo,
-            Method::HEAD,
-            &manifest_path(repo, reference),
-        );
+        let request =
+            self.request("head_manifest", what.clone(), repo, Method::HEAD, &manifest_path(repo, reference));
         let response = self.transport.send(&request).await?;
         if response.status == StatusCode::NOT_FOUND {
             return Ok(None);
@@ -233,20 +213,11 @@ impl RegistryClient {
 
     /// The manifest `reference` points to, with its annotations; an OCI index
     /// without Vynil annotations of its own takes those of its first image.
-    pub async fn get_manifest(
-        &self,
-        repo: &RepositoryRef,
-        reference: &str,
-    ) -> Result<Option<Manifest>> {
+    pub async fn get_manifest(&self, repo: &RepositoryRef, reference: &str) -> Result<Option<Manifest>> {
         let Some(manifest) = self.get_one(repo, reference).await? else {
             return Ok(None);
         };
-        if manifest.1.is_some()
-            && !manifest
-                .0
-                .annotations
-                .contains_key(vynil_rules::annotations::METADATA)
-        {
+        if manifest.1.is_some() && !manifest.0.annotations.contains_key(vynil_rules::annotations::METADATA) {
             if let Some(first) = manifest.1.as_deref() {
                 if let Some((child, _)) = self.get_one(repo, first).await? {
                     return Ok(Some(Manifest {
@@ -267,13 +238,8 @@ impl RegistryClient {
         reference: &str,
     ) -> Result<Option<(Manifest, Option<String>)>> {
         let what = format!("manifest {repo}:{reference}");
-        let request = self.request(
-            "get_manifest",
-            what.clone(),
-            repo,
-            Method::GET,
-            &manifest_path(repo, reference),
-        );
+        let request =
+            self.request("get_manifest", what.clone(), repo, Method::GET, &manifest_path(repo, reference));
         let response = self.transport.send(&request).await?;
         if response.status == StatusCode::NOT_FOUND {
             return Ok(None);
@@ -283,20 +249,13 @@ impl RegistryClient {
         if reference.starts_with("sha256:") && reference != digest {
             return Err(RegistryError::InvalidBody {
                 what,
-                problem: format!(
-                    "content does not match its digest (got {digest}): truncated or corrupt"
-                ),
+                problem: format!("content does not match its digest (got {digest}): truncated or corrupt"),
             });
         }
-        let parsed: OciManifest =
-            serde_json::from_slice(&response.body).map_err(|e| RegistryError::InvalidBody {
-                what: what.clone(),
-                problem: format!("not an OCI manifest: {e}"),
-            })?;
-        let media_type = response
-            .header("content-type")
-            .unwrap_or_default()
-            .to_string();
+        let parsed: OciManifest = serde_json::from_slice(&response.body).map_err(|e| {
+            RegistryError::InvalidBody { what: what.clone(), problem: format!("not an OCI manifest: {e}") }
+        })?;
+        let media_type = response.header("content-type").unwrap_or_default().to_string();
         let (annotations, first) = match parsed {
             OciManifest::Image(image) => (image.annotations.unwrap_or_default(), None),
             OciManifest::ImageIndex(index) => {
@@ -306,10 +265,7 @@ impl RegistryClient {
         };
         Ok(Some((
             Manifest {
-                digest: response
-                    .header("docker-content-digest")
-                    .map(String::from)
-                    .unwrap_or(digest),
+                digest: response.header("docker-content-digest").map(String::from).unwrap_or(digest),
                 media_type,
                 annotations,
             },
@@ -319,36 +275,23 @@ impl RegistryClient {
 
     /// The digest of `tag` and its Vynil metadata; the manifest is read only
     /// when this digest was never seen before. `None` if the tag is absent.
-    pub async fn tag_metadata(
-        &self,
-        repo: &RepositoryRef,
-        tag: &str,
-    ) -> Result<Option<TagMetadata>> {
+    pub async fn tag_metadata(&self, repo: &RepositoryRef, tag: &str) -> Result<Option<TagMetadata>> {
         let Some(digest) = self.head_digest(repo, tag).await? else {
             return Ok(None);
         };
         if let Some(metadata) = self.cache.get(&digest).await {
-            return Ok(Some(TagMetadata {
-                tag: tag.to_string(),
-                digest,
-                metadata,
-            }));
+            return Ok(Some(TagMetadata { tag: tag.to_string(), digest, metadata }));
         }
         let Some(manifest) = self.get_manifest(repo, &digest).await? else {
             return Ok(None);
         };
-        let metadata =
-            match parse_annotations(|key| manifest.annotations.get(key).map(String::as_str)) {
-                Ok(Some(content)) => ManifestMetadata::Vynil(Box::new(content)),
-                Ok(None) => ManifestMetadata::NotVynil,
-                Err(error) => ManifestMetadata::Malformed(error.to_string()),
-            };
+        let metadata = match parse_annotations(|key| manifest.annotations.get(key).map(String::as_str)) {
+            Ok(Some(content)) => ManifestMetadata::Vynil(Box::new(content)),
+            Ok(None) => ManifestMetadata::NotVynil,
+            Err(error) => ManifestMetadata::Malformed(error.to_string()),
+        };
         self.cache.put(&digest, &metadata).await;
-        Ok(Some(TagMetadata {
-            tag: tag.to_string(),
-            digest,
-            metadata,
-        }))
+        Ok(Some(TagMetadata { tag: tag.to_string(), digest, metadata }))
     }
 
     /// Artifacts of `subject` (`sha256:…`): the OCI referrers API where the
@@ -370,8 +313,7 @@ impl RegistryClient {
         request.accept = &[OCI_IMAGE_INDEX_MEDIA_TYPE];
         let response = self.transport.send(&request).await?;
         if response.status == StatusCode::OK {
-            if let Ok(OciManifest::ImageIndex(index)) =
-                serde_json::from_slice::<OciManifest>(&response.body)
+            if let Ok(OciManifest::ImageIndex(index)) = serde_json::from_slice::<OciManifest>(&response.body)
             {
                 return Ok(index
                     .manifests
@@ -413,13 +355,8 @@ impl RegistryClient {
         tags: &[String],
     ) -> DeletionOutcome {
         let what = format!("delete {repo}@{digest}");
-        let mut request = self.request(
-            "delete",
-            what.clone(),
-            repo,
-            Method::DELETE,
-            &manifest_path(repo, digest),
-        );
+        let mut request =
+            self.request("delete", what.clone(), repo, Method::DELETE, &manifest_path(repo, digest));
         request.token_scope = Some((repo.repository.clone(), Access::Delete));
         let response = match self.transport.send(&request).await {
             Ok(response) => response,
@@ -428,17 +365,11 @@ impl RegistryClient {
         let already_gone = response.status == StatusCode::NOT_FOUND;
         if !already_gone && !response.status.is_success() {
             let (code, message) = response.error_code();
-            return DeletionOutcome::Failed {
-                status: Some(response.status.as_u16()),
-                code,
-                message,
-            };
+            return DeletionOutcome::Failed { status: Some(response.status.as_u16()), code, message };
         }
         match self.verify_gone(repo, digest, tags).await {
             Ok(()) if already_gone => DeletionOutcome::AlreadyGone,
-            Ok(()) => DeletionOutcome::Deleted {
-                tags: tags.to_vec(),
-            },
+            Ok(()) => DeletionOutcome::Deleted { tags: tags.to_vec() },
             Err(reason) => DeletionOutcome::Failed {
                 status: Some(response.status.as_u16()),
                 code: "NOT_VERIFIED".into(),
@@ -456,9 +387,7 @@ impl RegistryClient {
         match self.head_digest(repo, digest).await {
             Ok(None) => {}
             Ok(Some(_)) => {
-                return Err(
-                    "the registry accepted the delete but still serves the manifest".into(),
-                );
+                return Err("the registry accepted the delete but still serves the manifest".into());
             }
             Err(error) => return Err(format!("cannot verify the delete: {error}")),
         }
@@ -483,9 +412,7 @@ impl RegistryClient {
 
 fn failed_from(error: RegistryError) -> DeletionOutcome {
     let status = match &error {
-        RegistryError::Registry { status, .. } | RegistryError::Unauthorized { status, .. } => {
-            Some(*status)
-        }
+        RegistryError::Registry { status, .. } | RegistryError::Unauthorized { status, .. } => Some(*status),
         RegistryError::RateLimited { .. } => Some(429),
         _ => None,
     };
@@ -495,11 +422,7 @@ fn failed_from(error: RegistryError) -> DeletionOutcome {
         RegistryError::RateLimited { .. } => "TOOMANYREQUESTS".into(),
         _ => "UNREACHABLE".into(),
     };
-    DeletionOutcome::Failed {
-        status,
-        code,
-        message: error.to_string(),
-    }
+    DeletionOutcome::Failed { status, code, message: error.to_string() }
 }
 
 fn manifest_path(repo: &RepositoryRef, reference: &str) -> String {
@@ -518,12 +441,7 @@ fn check_status(response: &Response, what: &str) -> Result<()> {
             code: if code.is_empty() { "404".into() } else { code },
         });
     }
-    Err(RegistryError::Registry {
-        what: what.to_string(),
-        status: response.status.as_u16(),
-        code,
-        message,
-    })
+    Err(RegistryError::Registry { what: what.to_string(), status: response.status.as_u16(), code, message })
 }
 
 /// The path of `<…>; rel="next"` in a `Link` header.
@@ -540,10 +458,7 @@ fn next_link(header: &str) -> Option<String> {
             Ok(absolute) => format!(
                 "{}{}",
                 absolute.path(),
-                absolute
-                    .query()
-                    .map(|q| format!("?{q}"))
-                    .unwrap_or_default()
+                absolute.query().map(|q| format!("?{q}")).unwrap_or_default()
             ),
             Err(_) => target.to_string(),
         };
@@ -571,25 +486,9 @@ mod tests {
     #[test]
     fn repository_references_split_at_the_first_slash_and_refuse_hostile_names() {
         let r = RepositoryRef::parse("docker.io/sebt3/vynil-ollama").unwrap();
-        assert_eq!(
-            (r.registry.as_str(), r.repository.as_str()),
-            ("docker.io", "sebt3/vynil-ollama")
-        );
-        assert_eq!(
-            RepositoryRef::parse("127.0.0.1:5000/a").unwrap().registry,
-            "127.0.0.1:5000"
-        );
-        for bad in [
-            "noslash",
-            "/a",
-            "r/",
-            "r/A",
-            "r/a/../b",
-            "r/a?x=1",
-            "r/a b",
-            "r/-a",
-            "h\u{0}st/a",
-        ] {
+        assert_eq!((r.registry.as_str(), r.repository.as_str()), ("docker.io", "sebt3/vynil-ollama"));
+        assert_eq!(RepositoryRef::parse("127.0.0.1:5000/a").unwrap().registry, "127.0.0.1:5000");
+        for bad in ["noslash", "/a", "r/", "r/A", "r/a/../b", "r/a?x=1", "r/a b", "r/-a", "h\u{0}st/a"] {
             assert!(RepositoryRef::parse(bad).is_err(), "{bad:?} accepted");
         }
     }

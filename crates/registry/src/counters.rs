@@ -15,9 +15,7 @@ impl RequestCounters {
     /// `kind` e.g. `get_manifest`; `outcome` an HTTP status or `error`.
     pub fn record(&self, kind: &str, outcome: &str) {
         if let Ok(mut counts) = self.counts.lock() {
-            *counts
-                .entry((kind.to_string(), outcome.to_string()))
-                .or_default() += 1;
+            *counts.entry((kind.to_string(), outcome.to_string())).or_default() += 1;
         }
     }
 
@@ -28,10 +26,6 @@ impl RequestCounters {
 
     /// Total requests of one kind, whatever their outcome.
     pub fn total(&self, kind: &str) -> u64 {
-        self.snapshot()
-            .iter()
-            .filter(|((k, _), _)| k == kind)
-            .map(|(_, n)| n)
-            .sum()
+        self.snapshot().iter().filter(|((k, _), _)| k == kind).map(|(_, n)| n).sum()
     }
 }

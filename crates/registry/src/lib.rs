@@ -33,24 +33,12 @@ pub use transport::TransportConfig;
 /// and what to do; none carries a credential.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RegistryError {
-    #[error(
-        "{what}: unauthorized ({status}{detail}); check the pull secret's credentials for {registry}"
-    )]
-    Unauthorized {
-        registry: String,
-        what: String,
-        status: u16,
-        detail: String,
-    },
+    #[error("{what}: unauthorized ({status}{detail}); check the pull secret's credentials for {registry}")]
+    Unauthorized { registry: String, what: String, status: u16, detail: String },
     #[error("{what}: not found ({code}); check the repository or tag name")]
     NotFound { what: String, code: String },
     #[error("{what}: the registry answered {status} {code}: {message}")]
-    Registry {
-        what: String,
-        status: u16,
-        code: String,
-        message: String,
-    },
+    Registry { what: String, status: u16, code: String, message: String },
     #[error(
         "{what}: still rate limited (429) after {attempts} attempts; retry later or lower the concurrency"
     )]
@@ -58,20 +46,10 @@ pub enum RegistryError {
     #[error(
         "{what}: no answer within {seconds}s after {attempts} attempts; the registry is slow or unreachable, retry later"
     )]
-    Timeout {
-        what: String,
-        seconds: u64,
-        attempts: u32,
-    },
+    Timeout { what: String, seconds: u64, attempts: u32 },
     #[error("{what}: cannot reach the registry after {attempts} attempts: {problem}")]
-    Unreachable {
-        what: String,
-        attempts: u32,
-        problem: String,
-    },
-    #[error(
-        "{what}: the manifest is larger than {limit} bytes; it is not a Vynil package manifest"
-    )]
+    Unreachable { what: String, attempts: u32, problem: String },
+    #[error("{what}: the manifest is larger than {limit} bytes; it is not a Vynil package manifest")]
     TooLarge { what: String, limit: usize },
     #[error("{what}: invalid answer: {problem}")]
     InvalidBody { what: String, problem: String },

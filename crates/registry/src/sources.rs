@@ -20,15 +20,8 @@ const MAX_API_BYTES: usize = 8 * 1024 * 1024;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Source {
     List(Vec<String>),
-    Harbor {
-        registry: String,
-        project: String,
-    },
-    Gitlab {
-        url: String,
-        registry: String,
-        project: String,
-    },
+    Harbor { registry: String, project: String },
+    Gitlab { url: String, registry: String, project: String },
 }
 
 impl RegistryClient {
@@ -37,11 +30,7 @@ impl RegistryClient {
         match source {
             Source::List(images) => images.iter().map(|i| RepositoryRef::parse(i)).collect(),
             Source::Harbor { registry, project } => self.harbor(registry, project).await,
-            Source::Gitlab {
-                url,
-                registry,
-                project,
-            } => self.gitlab(url, registry, project).await,
+            Source::Gitlab { url, registry, project } => self.gitlab(url, registry, project).await,
         }
     }
 
@@ -76,16 +65,8 @@ impl RegistryClient {
                 status,
                 detail: String::new(),
             },
-            404 => RegistryError::NotFound {
-                what,
-                code: "404".into(),
-            },
-            _ => RegistryError::Registry {
-                what,
-                status,
-                code,
-                message,
-            },
+            404 => RegistryError::NotFound { what, code: "404".into() },
+            _ => RegistryError::Registry { what, status, code, message },
         })
     }
 
@@ -106,14 +87,10 @@ impl RegistryClient {
             let url = format!(
                 "{base}/api/v2.0/projects/{project}/repositories?page={page}&page_size={HARBOR_PAGE}&sort=name"
             );
-            let response = self
-                .api_get(registry, what.clone(), url, authorization.clone())
-                .await?;
+            let response = self.api_get(registry, what.clone(), url, authorization.clone()).await?;
             let items: Vec<Repository> = json(&response, &what)?;
-            let total = response
-                .header("x-total-count")
-                .and_then(|t| t.trim().parse::<usize>().ok())
-                .unwrap_or(0);
+            let total =
+                response.header("x-total-count").and_then(|t| t.trim().parse::<usize>().ok()).unwrap_or(0);
             let received = items.len();
             for item in items {
                 repositories.push(RepositoryRef::new(registry, &item.name)?);
@@ -129,28 +106,14 @@ impl RegistryClient {
 
     /// Harbor gives anonymous pull tokens for public projects; without one the
     /// API is called without credentials.
-    async fn harbor_anonymous_token(
-        &self,
-        registry: &str,
-        project: &str,
-        base: &str,
-    ) -> Option<String> {
+    async fn harbor_anonymous_token(&self, registry: &str, project: &str, base: &str) -> Option<String> {
         #[derive(Deserialize)]
         struct Token {
             token: String,
         }
-        let url = format!(
-            "{base}/service/token?service=harbor-registry&scope=repository:{project}/*:pull"
-        );
-        let response = self
-            .api_get(
-                registry,
-                format!("Harbor anonymous token of {registry}"),
-                url,
-                None,
-            )
-            .await
-            .ok()?;
+        let url = format!("{base}/service/token?service=harbor-registry&scope=repository:{project}/*:pull");
+        let response =
+            self.api_get(registry, format!("Harbor anonymous token of {registry}"), url, None).await.ok()?;
         let token: Token = serde_json::from_slice(&response.body).ok()?;
         Some(format!("Bearer {}", token.token))
     }
@@ -166,14 +129,8 @@ impl RegistryClient {
             location: String,
         }
         let base = self.api_base(url)?;
-        let api_host = base
-            .split("://")
-            .nth(1)
-            .unwrap_or_default()
-            .split('/')
-            .next()
-            .unwrap_or_default()
-            .to_string();
+        let api_host =
+            base.split("://").nth(1).unwrap_or_default().split('/').next().unwrap_or_default().to_string();
         // Upstream requires the pull secret and uses its password as a Bearer token.
         let token = match self.transport().credentials(registry) {
             Credentials::Basic { password, .. } => password,
@@ -182,8 +139,7 @@ impl RegistryClient {
                     registry: registry.to_string(),
                     what: format!("GitLab project {project}"),
                     status: 401,
-                    detail: ": a GitLab source needs a pull secret (its password is the API token)"
-                        .into(),
+                    detail: ": a GitLab source needs a pull secret (its password is the API token)".into(),
                 });
             }
         };
@@ -191,29 +147,18 @@ impl RegistryClient {
         let search = project.rsplit('/').next().unwrap_or(project);
         let what = format!("GitLab project {project}");
         let mut search_url = url::Url::parse(&format!("{base}/api/v4/projects")).map_err(|_| {
-            RegistryError::InvalidReference {
-                reference: url.to_string(),
-                problem: "not a URL".into(),
-            }
+            RegistryError::InvalidReference { reference: url.to_string(), problem: "not a URL".into() }
         })?;
         search_url.query_pairs_mut().append_pair("search", search);
-        let response = self
-            .api_get(
-                &api_host,
-                what.clone(),
-                search_url.to_string(),
-                authorization.clone(),
-            )
-            .await?;
+        let response =
+            self.api_get(&api_host, what.clone(), search_url.to_string(), authorization.clone()).await?;
         let projects: Vec<Project> = json(&response, &what)?;
-        let id = projects
-            .into_iter()
-            .find(|p| p.path_with_namespace == project)
-            .map(|p| p.id)
-            .ok_or_else(|| RegistryError::NotFound {
+        let id = projects.into_iter().find(|p| p.path_with_namespace == project).map(|p| p.id).ok_or_else(
+            || RegistryError::NotFound {
                 what: format!("GitLab project {project} (searched {search:?})"),
                 code: "PROJECT_UNKNOWN".into(),
-            })?;
+            },
+        )?;
         let mut repositories = Vec::new();
         let mut page = 1;
         loop {
@@ -221,14 +166,10 @@ impl RegistryClient {
             let url = format!(
                 "{base}/api/v4/projects/{id}/registry/repositories?per_page={GITLAB_PAGE}&page={page}"
             );
-            let response = self
-                .api_get(&api_host, what.clone(), url, authorization.clone())
-                .await?;
+            let response = self.api_get(&api_host, what.clone(), url, authorization.clone()).await?;
             let items: Vec<Repository> = json(&response, &what)?;
-            let pages = response
-                .header("x-total-pages")
-                .and_then(|t| t.trim().parse::<usize>().ok())
-                .unwrap_or(1);
+            let pages =
+                response.header("x-total-pages").and_then(|t| t.trim().parse::<usize>().ok()).unwrap_or(1);
             let received = items.len();
             for item in items {
                 repositories.push(RepositoryRef::parse(&item.location)?);
@@ -254,9 +195,7 @@ impl RegistryClient {
         };
         match parsed.scheme() {
             "https" => Ok(trimmed.to_string()),
-            "http" if self.transport().base_url(&host).starts_with("http://") => {
-                Ok(trimmed.to_string())
-            }
+            "http" if self.transport().base_url(&host).starts_with("http://") => Ok(trimmed.to_string()),
             "http" => Err(RegistryError::InsecureRefused { registry: host }),
             _ => Err(RegistryError::InvalidReference {
                 reference: url.to_string(),

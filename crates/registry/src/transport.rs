@@ -111,10 +111,9 @@ impl Response {
                 .next()
                 .map(|e| (e.code.unwrap_or_default(), e.message.unwrap_or_default()))
                 .unwrap_or_default(),
-            Err(_) => (
-                String::new(),
-                String::from_utf8_lossy(&self.body[..self.body.len().min(200)]).into_owned(),
-            ),
+            Err(_) => {
+                (String::new(), String::from_utf8_lossy(&self.body[..self.body.len().min(200)]).into_owned())
+            }
         }
     }
 }
@@ -130,9 +129,7 @@ pub(crate) struct Transport {
 
 impl std::fmt::Debug for Transport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Transport")
-            .field("config", &self.config)
-            .finish_non_exhaustive()
+        f.debug_struct("Transport").field("config", &self.config).finish_non_exhaustive()
     }
 }
 
@@ -168,11 +165,7 @@ impl Transport {
 
     /// `https://<registry>`, or `http://` for a registry declared insecure.
     pub fn base_url(&self, registry: &str) -> String {
-        let insecure = self
-            .config
-            .insecure_registries
-            .iter()
-            .any(|r| r == registry);
+        let insecure = self.config.insecure_registries.iter().any(|r| r == registry);
         format!("{}://{registry}", if insecure { "http" } else { "https" })
     }
 
@@ -180,38 +173,25 @@ impl Transport {
         let mut limits = self.limits.lock().unwrap_or_else(|p| p.into_inner());
         limits
             .entry(registry.to_string())
-            .or_insert_with(|| {
-                Arc::new(Semaphore::new(self.config.per_registry_concurrency.max(1)))
-            })
+            .or_insert_with(|| Arc::new(Semaphore::new(self.config.per_registry_concurrency.max(1))))
             .clone()
     }
 
     fn backoff(&self, attempt: u32) -> Duration {
-        let exponential = self
-            .config
-            .backoff_base
-            .saturating_mul(2u32.saturating_pow(attempt.saturating_sub(1)));
+        let exponential =
+            self.config.backoff_base.saturating_mul(2u32.saturating_pow(attempt.saturating_sub(1)));
         let capped = exponential.min(self.config.backoff_max);
         capped.mul_f64(0.5 + fastrand::f64() * 0.5)
     }
 
     fn retry_after(&self, headers: &HeaderMap) -> Duration {
-        let value = headers
-            .get("retry-after")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or_default();
-        let wait = value
-            .trim()
-            .parse::<u64>()
-            .map(Duration::from_secs)
-            .ok()
-            .or_else(|| {
-                httpdate::parse_http_date(value)
-                    .ok()
-                    .and_then(|at| at.duration_since(std::time::SystemTime::now()).ok())
-            });
-        wait.unwrap_or(self.config.backoff_base)
-            .min(self.config.max_retry_after)
+        let value = headers.get("retry-after").and_then(|v| v.to_str().ok()).unwrap_or_default();
+        let wait = value.trim().parse::<u64>().map(Duration::from_secs).ok().or_else(|| {
+            httpdate::parse_http_date(value)
+                .ok()
+                .and_then(|at| at.duration_since(std::time::SystemTime::now()).ok())
+        });
+        wait.unwrap_or(self.config.backoff_base).min(self.config.max_retry_after)
     }
 
     fn authorization(&self, request: &Request) -> Option<String> {
@@ -220,9 +200,7 @@ impl Transport {
         }
         if let Some((repository, access)) = &request.token_scope {
             let tokens = self.tokens.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(token) =
-                tokens.get(&(request.registry.clone(), repository.clone(), access.clone()))
-            {
+            if let Some(token) = tokens.get(&(request.registry.clone(), repository.clone(), access.clone())) {
                 return Some(format!("Bearer {token}"));
             }
         }
@@ -233,14 +211,11 @@ impl Transport {
     /// returned to the caller except 401 (after the token flow), 429 and 5xx.
     pub async fn send(&self, request: &Request) -> Result<Response> {
         let limit = self.limit(&request.registry);
-        let _permit = limit
-            .acquire()
-            .await
-            .map_err(|_| RegistryError::Unreachable {
-                what: request.what.clone(),
-                attempts: 0,
-                problem: "transport shut down".into(),
-            })?;
+        let _permit = limit.acquire().await.map_err(|_| RegistryError::Unreachable {
+            what: request.what.clone(),
+            attempts: 0,
+            problem: "transport shut down".into(),
+        })?;
         let mut attempt = 0;
         let mut token_fetched = false;
         loop {
@@ -250,9 +225,7 @@ impl Transport {
             match outcome {
                 Ok(response) if response.status == StatusCode::UNAUTHORIZED => {
                     if !token_fetched && request.token_scope.is_some() {
-                        if let Some(challenge) = response
-                            .header("www-authenticate")
-                            .and_then(parse_challenge)
+                        if let Some(challenge) = response.header("www-authenticate").and_then(parse_challenge)
                         {
                             if challenge.scheme == "bearer" {
                                 token_fetched = true;
@@ -263,11 +236,7 @@ impl Transport {
                         }
                     }
                     let (code, message) = response.error_code();
-                    let detail = if code.is_empty() {
-                        String::new()
-                    } else {
-                        format!(" {code}: {message}")
-                    };
+                    let detail = if code.is_empty() { String::new() } else { format!(" {code}: {message}") };
                     return Err(RegistryError::Unauthorized {
                         registry: request.registry.clone(),
                         what: request.what.clone(),
@@ -344,16 +313,9 @@ impl Transport {
         let status = response.status();
         self.counters.record(request.kind, status.as_str());
         let headers = response.headers().clone();
-        let too_large = || {
-            Err(Ok(RegistryError::TooLarge {
-                what: request.what.clone(),
-                limit: request.max_body,
-            }))
-        };
-        if response
-            .content_length()
-            .is_some_and(|length| length > request.max_body as u64)
-        {
+        let too_large =
+            || Err(Ok(RegistryError::TooLarge { what: request.what.clone(), limit: request.max_body }));
+        if response.content_length().is_some_and(|length| length > request.max_body as u64) {
             return too_large();
         }
         let mut body = Vec::new();
@@ -377,23 +339,17 @@ impl Transport {
                 }
             }
         }
-        Ok(Response {
-            status,
-            headers,
-            body: Bytes::from(body),
-        })
+        Ok(Response { status, headers, body: Bytes::from(body) })
     }
 
     async fn fetch_token(&self, request: &Request, params: &HashMap<String, String>) -> Result<()> {
         let Some((repository, access)) = &request.token_scope else {
             return Ok(());
         };
-        let realm = params
-            .get("realm")
-            .ok_or_else(|| RegistryError::InvalidBody {
-                what: request.what.clone(),
-                problem: "bearer challenge without realm".into(),
-            })?;
+        let realm = params.get("realm").ok_or_else(|| RegistryError::InvalidBody {
+            what: request.what.clone(),
+            problem: "bearer challenge without realm".into(),
+        })?;
         let mut url = url::Url::parse(realm).map_err(|_| RegistryError::InvalidBody {
             what: request.what.clone(),
             problem: "bearer challenge with an invalid realm".into(),
@@ -403,13 +359,10 @@ impl Transport {
             if let Some(service) = params.get("service") {
                 query.append_pair("service", service);
             }
-            let scope = params
-                .get("scope")
-                .cloned()
-                .unwrap_or_else(|| match access {
-                    Access::Read => format!("repository:{repository}:pull"),
-                    Access::Delete => format!("repository:{repository}:delete"),
-                });
+            let scope = params.get("scope").cloned().unwrap_or_else(|| match access {
+                Access::Read => format!("repository:{repository}:pull"),
+                Access::Delete => format!("repository:{repository}:delete"),
+            });
             query.append_pair("scope", &scope);
         }
         let token_request = Request {
@@ -437,21 +390,14 @@ impl Transport {
                 what: token_request.what.clone(),
                 problem: "the token service did not answer a token".into(),
             })?;
-        let token =
-            token
-                .token
-                .or(token.access_token)
-                .ok_or_else(|| RegistryError::InvalidBody {
-                    what: token_request.what.clone(),
-                    problem: "the token service answered no token".into(),
-                })?;
+        let token = token.token.or(token.access_token).ok_or_else(|| RegistryError::InvalidBody {
+            what: token_request.what.clone(),
+            problem: "the token service answered no token".into(),
+        })?;
         self.tokens
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(
-                (request.registry.clone(), repository.clone(), access.clone()),
-                token,
-            );
+            .insert((request.registry.clone(), repository.clone(), access.clone()), token);
         Ok(())
     }
 

@@ -33,11 +33,7 @@ async fn serve(router: Router) -> String {
 type Seen = Arc<Mutex<Vec<String>>>;
 
 fn auth(headers: &HeaderMap) -> String {
-    headers
-        .get("authorization")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_string()
+    headers.get("authorization").and_then(|v| v.to_str().ok()).unwrap_or_default().to_string()
 }
 
 #[tokio::test]
@@ -50,10 +46,7 @@ async fn tags_are_read_across_every_link_page() {
             get(
                 |State((all, pages)): State<(Vec<String>, Seen)>,
                  Query(q): Query<HashMap<String, String>>| async move {
-                    pages
-                        .lock()
-                        .unwrap()
-                        .push(q.get("last").cloned().unwrap_or_default());
+                    pages.lock().unwrap().push(q.get("last").cloned().unwrap_or_default());
                     let start = q
                         .get("last")
                         .and_then(|last| all.iter().position(|t| t == last))
@@ -61,10 +54,8 @@ async fn tags_are_read_across_every_link_page() {
                     let page: Vec<&String> = all.iter().skip(start).take(3).collect();
                     let mut headers = HeaderMap::new();
                     if start + 3 < all.len() {
-                        let link = format!(
-                            "</v2/apps/x/tags/list?last={}&n=3>; rel=\"next\"",
-                            page.last().unwrap()
-                        );
+                        let link =
+                            format!("</v2/apps/x/tags/list?last={}&n=3>; rel=\"next\"", page.last().unwrap());
                         headers.insert("link", link.parse().unwrap());
                     }
                     (headers, Json(json!({"name": "apps/x", "tags": page})))
@@ -73,10 +64,7 @@ async fn tags_are_read_across_every_link_page() {
         )
         .with_state((all.clone(), pages.clone()));
     let host = serve(router).await;
-    let tags = client(&host, CredentialStore::default())
-        .list_tags(&repo(&host, "apps/x"))
-        .await
-        .unwrap();
+    let tags = client(&host, CredentialStore::default()).list_tags(&repo(&host, "apps/x")).await.unwrap();
     assert_eq!(tags, all, "no silent truncation");
     assert_eq!(pages.lock().unwrap().len(), 3);
 }
@@ -86,14 +74,8 @@ fn harbor_router(seen: Seen) -> Router {
         .route(
             "/service/token",
             get(|Query(q): Query<HashMap<String, String>>| async move {
-                assert_eq!(
-                    q.get("service").map(String::as_str),
-                    Some("harbor-registry")
-                );
-                assert_eq!(
-                    q.get("scope").map(String::as_str),
-                    Some("repository:vynil/*:pull")
-                );
+                assert_eq!(q.get("service").map(String::as_str), Some("harbor-registry"));
+                assert_eq!(q.get("scope").map(String::as_str), Some("repository:vynil/*:pull"));
                 Json(json!({"token": "anonymous-token"}))
             }),
         )
@@ -110,14 +92,9 @@ fn harbor_router(seen: Seen) -> Router {
                     }
                     let page: usize = q["page"].parse().unwrap();
                     let size: usize = q["page_size"].parse().unwrap();
-                    let names: Vec<_> = (0..23)
-                        .map(|i| json!({"id": i, "name": format!("vynil/pkg-{i:02}")}))
-                        .collect();
-                    let items: Vec<_> = names
-                        .into_iter()
-                        .skip((page - 1) * size)
-                        .take(size)
-                        .collect();
+                    let names: Vec<_> =
+                        (0..23).map(|i| json!({"id": i, "name": format!("vynil/pkg-{i:02}")})).collect();
+                    let items: Vec<_> = names.into_iter().skip((page - 1) * size).take(size).collect();
                     ([("x-total-count", "23")], Json(items)).into_response()
                 },
             ),
@@ -129,36 +106,21 @@ fn harbor_router(seen: Seen) -> Router {
 async fn a_harbor_project_is_listed_across_pages_with_an_anonymous_token_or_basic_auth() {
     let seen: Seen = Arc::default();
     let host = serve(harbor_router(seen.clone())).await;
-    let source = Source::Harbor {
-        registry: host.clone(),
-        project: "vynil".into(),
-    };
+    let source = Source::Harbor { registry: host.clone(), project: "vynil".into() };
 
-    let repos = client(&host, CredentialStore::default())
-        .enumerate(&source)
-        .await
-        .unwrap();
+    let repos = client(&host, CredentialStore::default()).enumerate(&source).await.unwrap();
     assert_eq!(repos.len(), 23);
     assert_eq!(repos[0].to_string(), format!("{host}/vynil/pkg-00"));
     assert_eq!(repos[22].repository, "vynil/pkg-22");
     assert_eq!(*seen.lock().unwrap(), vec!["Bearer anonymous-token"; 3]);
 
     seen.lock().unwrap().clear();
-    let with_basic = client(
-        &host,
-        CredentialStore::default().with(&host, Credentials::basic("u", "p")),
-    );
+    let with_basic = client(&host, CredentialStore::default().with(&host, Credentials::basic("u", "p")));
     assert_eq!(with_basic.enumerate(&source).await.unwrap().len(), 23);
     assert!(seen.lock().unwrap().iter().all(|a| a.starts_with("Basic ")));
 
-    let missing = Source::Harbor {
-        registry: host.clone(),
-        project: "nope".into(),
-    };
-    let error = client(&host, CredentialStore::default())
-        .enumerate(&missing)
-        .await
-        .unwrap_err();
+    let missing = Source::Harbor { registry: host.clone(), project: "nope".into() };
+    let error = client(&host, CredentialStore::default()).enumerate(&missing).await.unwrap_err();
     assert!(matches!(error, RegistryError::NotFound { .. }), "{error:?}");
 }
 
@@ -207,30 +169,18 @@ async fn a_gitlab_project_is_found_by_path_and_its_registry_listed_across_pages(
         registry: "registry.gitlab.example".into(),
         project: "infra/vynil".into(),
     };
-    let creds = CredentialStore::default().with(
-        "registry.gitlab.example",
-        Credentials::basic("gitlab-ci-token", "glpat-secret"),
-    );
+    let creds = CredentialStore::default()
+        .with("registry.gitlab.example", Credentials::basic("gitlab-ci-token", "glpat-secret"));
     let repos = client(&host, creds).enumerate(&source).await.unwrap();
     assert_eq!(repos.len(), 45);
-    assert_eq!(
-        repos[44].to_string(),
-        "registry.gitlab.example/infra/vynil/pkg-44"
-    );
+    assert_eq!(repos[44].to_string(), "registry.gitlab.example/infra/vynil/pkg-44");
 
-    let error = client(&host, CredentialStore::default())
-        .enumerate(&source)
-        .await
-        .unwrap_err();
+    let error = client(&host, CredentialStore::default()).enumerate(&source).await.unwrap_err();
     assert!(error.to_string().contains("needs a pull secret"), "{error}");
 
-    let wrong =
-        CredentialStore::default().with("registry.gitlab.example", Credentials::basic("x", "bad"));
+    let wrong = CredentialStore::default().with("registry.gitlab.example", Credentials::basic("x", "bad"));
     let error = client(&host, wrong).enumerate(&source).await.unwrap_err();
-    assert!(
-        matches!(error, RegistryError::Unauthorized { .. }),
-        "{error:?}"
-    );
+    assert!(matches!(error, RegistryError::Unauthorized { .. }), "{error:?}");
     assert!(!error.to_string().contains("bad"));
 }
 
@@ -241,34 +191,18 @@ async fn plain_http_is_refused_for_a_host_not_declared_insecure() {
         registry: "registry.gitlab.example".into(),
         project: "infra/vynil".into(),
     };
-    let creds =
-        CredentialStore::default().with("registry.gitlab.example", Credentials::basic("u", "p"));
-    let error = client("elsewhere:1", creds)
-        .enumerate(&source)
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(error, RegistryError::InsecureRefused { .. }),
-        "{error:?}"
-    );
+    let creds = CredentialStore::default().with("registry.gitlab.example", Credentials::basic("u", "p"));
+    let error = client("elsewhere:1", creds).enumerate(&source).await.unwrap_err();
+    assert!(matches!(error, RegistryError::InsecureRefused { .. }), "{error:?}");
 }
 
 #[tokio::test]
 async fn a_list_source_with_a_hostile_entry_is_refused_by_name() {
-    let source = Source::List(vec![
-        "docker.io/sebt3/ok".into(),
-        "docker.io/../../etc".into(),
-    ]);
-    let error = client("x:1", CredentialStore::default())
-        .enumerate(&source)
-        .await
-        .unwrap_err();
+    let source = Source::List(vec!["docker.io/sebt3/ok".into(), "docker.io/../../etc".into()]);
+    let error = client("x:1", CredentialStore::default()).enumerate(&source).await.unwrap_err();
     assert!(error.to_string().contains("docker.io/../../etc"), "{error}");
     let ok = Source::List(vec!["docker.io/sebt3/ok".into()]);
-    let repos = client("x:1", CredentialStore::default())
-        .enumerate(&ok)
-        .await
-        .unwrap();
+    let repos = client("x:1", CredentialStore::default()).enumerate(&ok).await.unwrap();
     assert_eq!(repos[0].to_string(), "docker.io/sebt3/ok");
 }
 
@@ -277,21 +211,19 @@ async fn the_referrers_api_is_used_where_the_registry_offers_it() {
     let subject = format!("sha256:{}", "a".repeat(64));
     let router = Router::new().route(
         "/v2/{ns}/{name}/referrers/{digest}",
-        get(
-            |Path((_, _, digest)): Path<(String, String, String)>| async move {
-                Json(json!({
-                    "schemaVersion": 2,
-                    "mediaType": "application/vnd.oci.image.index.v1+json",
-                    "manifests": [{
-                        "mediaType": "application/vnd.oci.image.manifest.v1+json",
-                        "digest": format!("sha256:{}", "b".repeat(64)),
-                        "size": 10,
-                        "artifactType": "application/vnd.dev.cosign.artifact.sig.v1+json",
-                        "annotations": {"subject": digest},
-                    }],
-                }))
-            },
-        ),
+        get(|Path((_, _, digest)): Path<(String, String, String)>| async move {
+            Json(json!({
+                "schemaVersion": 2,
+                "mediaType": "application/vnd.oci.image.index.v1+json",
+                "manifests": [{
+                    "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                    "digest": format!("sha256:{}", "b".repeat(64)),
+                    "size": 10,
+                    "artifactType": "application/vnd.dev.cosign.artifact.sig.v1+json",
+                    "annotations": {"subject": digest},
+                }],
+            }))
+        }),
     );
     let host = serve(router).await;
     let artifacts = client(&host, CredentialStore::default())
@@ -300,8 +232,5 @@ async fn the_referrers_api_is_used_where_the_registry_offers_it() {
         .unwrap();
     assert_eq!(artifacts.len(), 1);
     assert_eq!(artifacts[0].tag, None);
-    assert_eq!(
-        artifacts[0].kind,
-        "application/vnd.dev.cosign.artifact.sig.v1+json"
-    );
+    assert_eq!(artifacts[0].kind, "application/vnd.dev.cosign.artifact.sig.v1+json");
 }

@@ -20,10 +20,7 @@ async fn setup() -> (RegistryServer, HttpFront) {
         let (category, name) = repository.split_once('/').unwrap();
         for tag in ["1.0.0", "2.0.0"] {
             publisher
-                .publish(
-                    repository,
-                    &PackageSpec::new(category, name, PackageType::Tenant, tag),
-                )
+                .publish(repository, &PackageSpec::new(category, name, PackageType::Tenant, tag))
                 .await
                 .unwrap();
         }
@@ -36,53 +33,22 @@ async fn setup() -> (RegistryServer, HttpFront) {
 async fn transient_500s_are_retried_and_persistent_ones_reported_with_the_status() {
     let (_registry, front) = setup().await;
     let client = client(&front.host(), CredentialStore::default());
-    front.inject(Fault::new(
-        Some(Method::GET),
-        "/v2/good/a/tags",
-        2,
-        FaultAction::Status(500),
-    ));
-    let mut tags = client
-        .list_tags(&repo(&front.host(), "good/a"))
-        .await
-        .unwrap();
+    front.inject(Fault::new(Some(Method::GET), "/v2/good/a/tags", 2, FaultAction::Status(500)));
+    let mut tags = client.list_tags(&repo(&front.host(), "good/a")).await.unwrap();
     tags.sort();
     assert_eq!(tags, ["1.0.0", "2.0.0"]);
-    assert_eq!(
-        front.count(&Method::GET, "/v2/good/a/tags"),
-        3,
-        "two failures, then success"
-    );
+    assert_eq!(front.count(&Method::GET, "/v2/good/a/tags"), 3, "two failures, then success");
 
-    front.inject(Fault::new(
-        Some(Method::GET),
-        "/v2/bad/b/tags",
-        usize::MAX,
-        FaultAction::Status(503),
-    ));
-    let error = client
-        .list_tags(&repo(&front.host(), "bad/b"))
-        .await
-        .unwrap_err();
+    front.inject(Fault::new(Some(Method::GET), "/v2/bad/b/tags", usize::MAX, FaultAction::Status(503)));
+    let error = client.list_tags(&repo(&front.host(), "bad/b")).await.unwrap_err();
     assert!(
         matches!(error, RegistryError::Registry { status: 503, ref code, .. } if code == "INJECTED"),
         "{error:?}"
     );
     assert!(error.is_transient());
-    assert_eq!(
-        front.count(&Method::GET, "/v2/bad/b/tags"),
-        3,
-        "bounded attempts"
-    );
+    assert_eq!(front.count(&Method::GET, "/v2/bad/b/tags"), 3, "bounded attempts");
     // The healthy repository still answers in the same run.
-    assert_eq!(
-        client
-            .list_tags(&repo(&front.host(), "good/a"))
-            .await
-            .unwrap()
-            .len(),
-        2
-    );
+    assert_eq!(client.list_tags(&repo(&front.host(), "good/a")).await.unwrap().len(), 2);
 }
 
 #[tokio::test]
@@ -93,66 +59,31 @@ async fn a_429_is_honoured_with_its_retry_after() {
         None,
         "/v2/good/a/manifests/1.0.0",
         1,
-        FaultAction::TooManyRequests {
-            retry_after_secs: 1,
-        },
+        FaultAction::TooManyRequests { retry_after_secs: 1 },
     ));
     let start = Instant::now();
-    let digest = client
-        .head_digest(&repo(&front.host(), "good/a"), "1.0.0")
-        .await
-        .unwrap();
+    let digest = client.head_digest(&repo(&front.host(), "good/a"), "1.0.0").await.unwrap();
     assert!(digest.is_some());
-    assert!(
-        start.elapsed() >= Duration::from_millis(950),
-        "waited {:?}",
-        start.elapsed()
-    );
+    assert!(start.elapsed() >= Duration::from_millis(950), "waited {:?}", start.elapsed());
 
     front.inject(Fault::new(
         None,
         "/v2/bad/b/",
         usize::MAX,
-        FaultAction::TooManyRequests {
-            retry_after_secs: 0,
-        },
+        FaultAction::TooManyRequests { retry_after_secs: 0 },
     ));
-    let error = client
-        .head_digest(&repo(&front.host(), "bad/b"), "1.0.0")
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(error, RegistryError::RateLimited { attempts: 3, .. }),
-        "{error:?}"
-    );
+    let error = client.head_digest(&repo(&front.host(), "bad/b"), "1.0.0").await.unwrap_err();
+    assert!(matches!(error, RegistryError::RateLimited { attempts: 3, .. }), "{error:?}");
 }
 
 #[tokio::test]
 async fn an_answer_slower_than_the_timeout_is_a_timeout_error() {
     let (_registry, front) = setup().await;
     let client = client(&front.host(), CredentialStore::default());
-    front.inject(Fault::new(
-        None,
-        "/v2/bad/b/",
-        usize::MAX,
-        FaultAction::Delay(Duration::from_secs(3)),
-    ));
-    let error = client
-        .list_tags(&repo(&front.host(), "bad/b"))
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(error, RegistryError::Timeout { attempts: 3, .. }),
-        "{error:?}"
-    );
-    assert_eq!(
-        client
-            .list_tags(&repo(&front.host(), "good/a"))
-            .await
-            .unwrap()
-            .len(),
-        2
-    );
+    front.inject(Fault::new(None, "/v2/bad/b/", usize::MAX, FaultAction::Delay(Duration::from_secs(3))));
+    let error = client.list_tags(&repo(&front.host(), "bad/b")).await.unwrap_err();
+    assert!(matches!(error, RegistryError::Timeout { attempts: 3, .. }), "{error:?}");
+    assert_eq!(client.list_tags(&repo(&front.host(), "good/a")).await.unwrap().len(), 2);
 }
 
 #[tokio::test]
@@ -160,25 +91,12 @@ async fn a_truncated_body_is_retried_then_reported() {
     let (_registry, front) = setup().await;
     let client = client(&front.host(), CredentialStore::default());
     let repo_a = repo(&front.host(), "good/a");
-    front.inject(Fault::new(
-        Some(Method::GET),
-        "/v2/good/a/manifests/",
-        1,
-        FaultAction::Truncate,
-    ));
+    front.inject(Fault::new(Some(Method::GET), "/v2/good/a/manifests/", 1, FaultAction::Truncate));
     let manifest = client.get_manifest(&repo_a, "1.0.0").await.unwrap();
     assert!(manifest.is_some(), "recovered on retry");
 
-    front.inject(Fault::new(
-        Some(Method::GET),
-        "/v2/bad/b/manifests/",
-        usize::MAX,
-        FaultAction::Truncate,
-    ));
-    let error = client
-        .get_manifest(&repo(&front.host(), "bad/b"), "1.0.0")
-        .await
-        .unwrap_err();
+    front.inject(Fault::new(Some(Method::GET), "/v2/bad/b/manifests/", usize::MAX, FaultAction::Truncate));
+    let error = client.get_manifest(&repo(&front.host(), "bad/b"), "1.0.0").await.unwrap_err();
     assert!(
         matches!(error, RegistryError::Unreachable { ref problem, .. } if problem.contains("truncated")),
         "{error:?}"
@@ -195,20 +113,8 @@ async fn an_over_size_manifest_is_refused_without_retry() {
         usize::MAX,
         FaultAction::Oversize(5 * 1024 * 1024),
     ));
-    let error = client
-        .get_manifest(&repo(&front.host(), "bad/b"), "1.0.0")
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(
-            error,
-            RegistryError::TooLarge {
-                limit: 4_194_304,
-                ..
-            }
-        ),
-        "{error:?}"
-    );
+    let error = client.get_manifest(&repo(&front.host(), "bad/b"), "1.0.0").await.unwrap_err();
+    assert!(matches!(error, RegistryError::TooLarge { limit: 4_194_304, .. }), "{error:?}");
     assert_eq!(front.count(&Method::GET, "/v2/bad/b/manifests/"), 1);
 }
 
@@ -220,44 +126,25 @@ async fn metadata_is_read_once_per_digest_counted_at_the_front() {
     for tag in ["1.0.0", "2.0.0"] {
         client.tag_metadata(&repo_a, tag).await.unwrap().unwrap();
     }
-    assert_eq!(
-        front.count(&Method::GET, "/manifests/"),
-        2,
-        "first scan reads each manifest once"
-    );
+    assert_eq!(front.count(&Method::GET, "/manifests/"), 2, "first scan reads each manifest once");
 
     front.reset_counts();
     for tag in ["1.0.0", "2.0.0"] {
         client.tag_metadata(&repo_a, tag).await.unwrap().unwrap();
     }
-    assert_eq!(
-        front.count(&Method::GET, "/manifests/"),
-        0,
-        "rescan of unchanged tags: zero manifest GETs"
-    );
-    assert_eq!(
-        front.count(&Method::HEAD, "/manifests/"),
-        2,
-        "tags are resolved by HEAD"
-    );
+    assert_eq!(front.count(&Method::GET, "/manifests/"), 0, "rescan of unchanged tags: zero manifest GETs");
+    assert_eq!(front.count(&Method::HEAD, "/manifests/"), 2, "tags are resolved by HEAD");
 
     registry
         .publisher()
-        .publish(
-            "good/a",
-            &PackageSpec::new("good", "a", PackageType::Service, "2.0.0"),
-        )
+        .publish("good/a", &PackageSpec::new("good", "a", PackageType::Service, "2.0.0"))
         .await
         .unwrap();
     front.reset_counts();
     for tag in ["1.0.0", "2.0.0"] {
         client.tag_metadata(&repo_a, tag).await.unwrap().unwrap();
     }
-    assert_eq!(
-        front.count(&Method::GET, "/manifests/"),
-        1,
-        "only the re-pointed tag is read"
-    );
+    assert_eq!(front.count(&Method::GET, "/manifests/"), 1, "only the re-pointed tag is read");
 }
 
 #[tokio::test]
@@ -265,43 +152,20 @@ async fn the_bearer_flow_gets_a_token_from_the_challenge_realm() {
     let registry = RegistryServer::start().await.unwrap();
     registry
         .publisher()
-        .publish(
-            "apps/t",
-            &PackageSpec::new("apps", "t", PackageType::Tenant, "1.0.0"),
-        )
+        .publish("apps/t", &PackageSpec::new("apps", "t", PackageType::Tenant, "1.0.0"))
         .await
         .unwrap();
-    let front = HttpFront::start_with_bearer(&registry.base_url(), "robot", "token-pass")
-        .await
-        .unwrap();
+    let front = HttpFront::start_with_bearer(&registry.base_url(), "robot", "token-pass").await.unwrap();
     let host = front.host();
 
-    let good = client(
-        &host,
-        CredentialStore::default().with(&host, Credentials::basic("robot", "token-pass")),
-    );
-    assert_eq!(
-        good.list_tags(&repo(&host, "apps/t")).await.unwrap(),
-        ["1.0.0"]
-    );
-    assert_eq!(
-        good.list_tags(&repo(&host, "apps/t")).await.unwrap(),
-        ["1.0.0"]
-    );
-    assert_eq!(
-        front.count(&Method::GET, "/token"),
-        1,
-        "the token is cached"
-    );
+    let good =
+        client(&host, CredentialStore::default().with(&host, Credentials::basic("robot", "token-pass")));
+    assert_eq!(good.list_tags(&repo(&host, "apps/t")).await.unwrap(), ["1.0.0"]);
+    assert_eq!(good.list_tags(&repo(&host, "apps/t")).await.unwrap(), ["1.0.0"]);
+    assert_eq!(front.count(&Method::GET, "/token"), 1, "the token is cached");
 
-    let bad = client(
-        &host,
-        CredentialStore::default().with(&host, Credentials::basic("robot", "nope")),
-    );
+    let bad = client(&host, CredentialStore::default().with(&host, Credentials::basic("robot", "nope")));
     let error = bad.list_tags(&repo(&host, "apps/t")).await.unwrap_err();
-    assert!(
-        matches!(error, RegistryError::Unauthorized { .. }),
-        "{error:?}"
-    );
+    assert!(matches!(error, RegistryError::Unauthorized { .. }), "{error:?}");
     assert!(!format!("{error} {error:?}").contains("nope"));
 }

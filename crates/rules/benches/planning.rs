@@ -24,17 +24,11 @@ fn repository(seed: usize) -> Vec<RepositoryTag> {
                 1 => "-beta.1",
                 _ => "",
             };
-            let package_type = if i < 300 {
-                PackageType::Tenant
-            } else {
-                PackageType::Service
-            };
+            let package_type = if i < 300 { PackageType::Tenant } else { PackageType::Service };
             let mut requirements = vec![];
             if i % 3 != 0 {
-                requirements.push(Requirement::MinimumPreviousVersion(format!(
-                    "{}.0.0",
-                    major.saturating_sub(1)
-                )));
+                requirements
+                    .push(Requirement::MinimumPreviousVersion(format!("{}.0.0", major.saturating_sub(1))));
             }
             if i % 50 == 0 {
                 requirements.push(Requirement::VynilVersion(format!("0.{}.0", 7 + i % 3)));
@@ -99,9 +93,6 @@ fn main() {
     });
     println!("repositories: {REPOSITORIES}, tags each: {TAGS}, best of {ROUNDS} rounds");
     println!("parse + sort tags (floor): {:>9.2} ms", floor * 1e3);
-    println!(
-        "retention planning:        {:>9.2} ms  ({kept} tags kept)",
-        planning * 1e3
-    );
+    println!("retention planning:        {:>9.2} ms  ({kept} tags kept)", planning * 1e3);
     println!("ratio planning / floor:    {:>9.1}x", planning / floor);
 }

@@ -38,9 +38,8 @@ pub fn parse_annotations<'a>(
         })
         .collect::<Result<Vec<_>, _>>()?;
     let options = get(OPTIONS).map(|raw| decode(OPTIONS, raw)).transpose()?;
-    let recommandations = get(RECOMMANDATIONS)
-        .map(|raw| decode::<Vec<Recommandation>>(RECOMMANDATIONS, raw))
-        .transpose()?;
+    let recommandations =
+        get(RECOMMANDATIONS).map(|raw| decode::<Vec<Recommandation>>(RECOMMANDATIONS, raw)).transpose()?;
     let value_script = match get(VALUE_SCRIPT) {
         Some(raw) => {
             decode::<String>(VALUE_SCRIPT, raw)?;
@@ -48,22 +47,13 @@ pub fn parse_annotations<'a>(
         }
         None => None,
     };
-    Ok(Some(PackageContent {
-        metadata,
-        requirements,
-        recommandations,
-        options,
-        value_script,
-    }))
+    Ok(Some(PackageContent { metadata, requirements, recommandations, options, value_script }))
 }
 
 fn decode<T: DeserializeOwned>(key: &str, raw: &str) -> Result<T, RulesError> {
     serde_json::from_str(raw).map_err(|e| RulesError::Annotation {
         key: key.into(),
-        problem: format!(
-            "{e} (value starts {:?})",
-            raw.chars().take(40).collect::<String>()
-        ),
+        problem: format!("{e} (value starts {:?})", raw.chars().take(40).collect::<String>()),
     })
 }
 
@@ -75,10 +65,8 @@ mod tests {
     use crate::package::{ClusterVersion, PackageType};
 
     fn parse(pairs: &[(&str, &str)]) -> Result<Option<PackageContent>, RulesError> {
-        let map: BTreeMap<String, String> = pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
+        let map: BTreeMap<String, String> =
+            pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         parse_annotations(|key| map.get(key).map(String::as_str))
     }
 
@@ -99,29 +87,13 @@ mod tests {
         assert_eq!(content.metadata.app_version.as_deref(), Some("0.24.0"));
         assert_eq!(
             content.requirements[3],
-            Requirement::ClusterVersion(ClusterVersion {
-                major: 1,
-                minor: 28
-            })
+            Requirement::ClusterVersion(ClusterVersion { major: 1, minor: 28 })
         );
-        assert_eq!(
-            content.minimum_previous_version(),
-            Some(semver::Version::new(0, 1, 0))
-        );
+        assert_eq!(content.minimum_previous_version(), Some(semver::Version::new(0, 1, 0)));
         assert_eq!(content.options.as_ref().unwrap().len(), 2);
-        assert_eq!(
-            content.recommandations.as_ref().unwrap()[1],
-            Recommandation::TenantService("sso".into())
-        );
-        assert_eq!(
-            content.value_script.as_deref(),
-            Some(r##""#{ gpu: true }""##),
-            "stored as upstream does"
-        );
-        assert_eq!(
-            content.value_script_source().unwrap().as_deref(),
-            Some("#{ gpu: true }")
-        );
+        assert_eq!(content.recommandations.as_ref().unwrap()[1], Recommandation::TenantService("sso".into()));
+        assert_eq!(content.value_script.as_deref(), Some(r##""#{ gpu: true }""##), "stored as upstream does");
+        assert_eq!(content.value_script_source().unwrap().as_deref(), Some("#{ gpu: true }"));
     }
 
     #[test]
@@ -135,53 +107,21 @@ mod tests {
     fn malformed_annotations_name_the_key_and_the_problem() {
         let daemon = META.replace("tenant", "daemon");
         let cases = [
-            (
-                vec![(METADATA, "{not json"), (REQUIREMENTS, "[]")],
-                METADATA,
-                "",
-            ),
-            (
-                vec![(METADATA, r#"{"name":"x"}"#), (REQUIREMENTS, "[]")],
-                METADATA,
-                "missing field `category`",
-            ),
-            (
-                vec![(METADATA, META), (REQUIREMENTS, r#"{"a":1}"#)],
-                REQUIREMENTS,
-                "expected a sequence",
-            ),
+            (vec![(METADATA, "{not json"), (REQUIREMENTS, "[]")], METADATA, ""),
+            (vec![(METADATA, r#"{"name":"x"}"#), (REQUIREMENTS, "[]")], METADATA, "missing field `category`"),
+            (vec![(METADATA, META), (REQUIREMENTS, r#"{"a":1}"#)], REQUIREMENTS, "expected a sequence"),
             (
                 vec![(METADATA, META), (REQUIREMENTS, r#"[{"memory":"lots"}]"#)],
                 REQUIREMENTS,
                 "requirement `memory`",
             ),
-            (
-                vec![(METADATA, META), (REQUIREMENTS, r#"[{"a":1,"b":2}]"#)],
-                REQUIREMENTS,
-                "single-key map",
-            ),
-            (
-                vec![
-                    (METADATA, META),
-                    (REQUIREMENTS, "[]"),
-                    (VALUE_SCRIPT, "#{ a: 1 }"),
-                ],
-                VALUE_SCRIPT,
-                "",
-            ),
-            (
-                vec![(METADATA, daemon.as_str()), (REQUIREMENTS, "[]")],
-                METADATA,
-                "unknown variant `daemon`",
-            ),
+            (vec![(METADATA, META), (REQUIREMENTS, r#"[{"a":1,"b":2}]"#)], REQUIREMENTS, "single-key map"),
+            (vec![(METADATA, META), (REQUIREMENTS, "[]"), (VALUE_SCRIPT, "#{ a: 1 }")], VALUE_SCRIPT, ""),
+            (vec![(METADATA, daemon.as_str()), (REQUIREMENTS, "[]")], METADATA, "unknown variant `daemon`"),
         ];
         for (pairs, key, fragment) in cases {
             let error = parse(&pairs).unwrap_err();
-            let RulesError::Annotation {
-                key: found,
-                problem,
-            } = &error
-            else {
+            let RulesError::Annotation { key: found, problem } = &error else {
                 panic!("unexpected error {error:?}");
             };
             assert_eq!(found, key, "{pairs:?}");
@@ -192,12 +132,10 @@ mod tests {
 
     #[test]
     fn unknown_requirement_kinds_are_kept_verbatim() {
-        let content = parse(&[
-            (METADATA, META),
-            (REQUIREMENTS, r#"[{"gpu":{"vendor":"amd"}},{"memory":512}]"#),
-        ])
-        .unwrap()
-        .unwrap();
+        let content =
+            parse(&[(METADATA, META), (REQUIREMENTS, r#"[{"gpu":{"vendor":"amd"}},{"memory":512}]"#)])
+                .unwrap()
+                .unwrap();
         assert_eq!(content.requirements[0].kind(), "gpu");
         let back = serde_json::to_string(&content.requirements).unwrap();
         assert_eq!(back, r#"[{"gpu":{"vendor":"amd"}},{"memory":512}]"#);

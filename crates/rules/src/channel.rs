@@ -13,17 +13,7 @@ use crate::package::PackageContent;
 
 /// JukeBox `spec.maturity`.
 #[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    PartialOrd,
-    Ord,
-    Hash,
-    Default,
-    serde::Serialize,
-    serde::Deserialize,
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, serde::Serialize, serde::Deserialize,
 )]
 #[serde(rename_all = "lowercase")]
 pub enum Channel {
@@ -109,14 +99,8 @@ mod tests {
         let framework = Version::new(0, 8, 0);
         assert!(runs_on(&content("tenant", None, None), &framework));
         assert!(runs_on(&content("tenant", None, Some("0.8.0")), &framework));
-        assert!(!runs_on(
-            &content("tenant", None, Some("0.9.0")),
-            &framework
-        ));
-        assert!(!runs_on(
-            &content("tenant", None, Some("0.7.8")),
-            &Version::parse("0.7.8-alpha.4").unwrap()
-        ));
+        assert!(!runs_on(&content("tenant", None, Some("0.9.0")), &framework));
+        assert!(!runs_on(&content("tenant", None, Some("0.7.8")), &Version::parse("0.7.8-alpha.4").unwrap()));
         // An unparsable requirement is no requirement (upstream).
         assert!(runs_on(&content("tenant", None, Some("soon")), &framework));
     }

@@ -58,9 +58,7 @@ pub use view::{Versions, View, ViewBuilder, Viewer, compute_view, view_of_versio
 /// what to do.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RulesError {
-    #[error(
-        "annotation `{key}` is malformed: {problem}; republish the package with a valid `{key}`"
-    )]
+    #[error("annotation `{key}` is malformed: {problem}; republish the package with a valid `{key}`")]
     Annotation { key: String, problem: String },
     #[error("partial scan filter {filter:?} {problem}: use `<category>` or `<category>/<name>`")]
     ScanFilter { filter: String, problem: String },

@@ -23,11 +23,7 @@ pub enum PackageType {
 }
 
 impl PackageType {
-    pub const ALL: [PackageType; 3] = [
-        PackageType::Tenant,
-        PackageType::Service,
-        PackageType::System,
-    ];
+    pub const ALL: [PackageType; 3] = [PackageType::Tenant, PackageType::Service, PackageType::System];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -170,24 +166,19 @@ impl PackageContent {
     pub fn value_script_source(&self) -> Result<Option<String>, crate::RulesError> {
         match &self.value_script {
             None => Ok(None),
-            Some(raw) => serde_json::from_str::<String>(raw).map(Some).map_err(|e| {
-                crate::RulesError::Annotation {
+            Some(raw) => {
+                serde_json::from_str::<String>(raw).map(Some).map_err(|e| crate::RulesError::Annotation {
                     key: crate::annotations::VALUE_SCRIPT.into(),
                     problem: format!("must be a JSON string literal: {e}"),
-                }
-            }),
+                })
+            }
         }
     }
 }
 
 impl Package {
     pub fn new(registry: &str, image: &str, tag: &str, content: PackageContent) -> Self {
-        Self {
-            registry: registry.into(),
-            image: image.into(),
-            tag: tag.into(),
-            content,
-        }
+        Self { registry: registry.into(), image: image.into(), tag: tag.into(), content }
     }
 
     pub fn name(&self) -> &str {
@@ -262,29 +253,22 @@ impl Requirement {
 
     /// Parses one single-key map; the error names the kind and the problem.
     pub fn from_value(item: &Value) -> Result<Self, String> {
-        let map = item.as_object().ok_or_else(|| {
-            format!(
-                "each requirement must be a single-key map, found {}",
-                short(item)
-            )
-        })?;
+        let map = item
+            .as_object()
+            .ok_or_else(|| format!("each requirement must be a single-key map, found {}", short(item)))?;
         let mut entries = map.iter();
         let (kind, value) = match (entries.next(), entries.next()) {
             (Some(entry), None) => entry,
             _ => {
                 let keys: Vec<&String> = map.keys().collect();
-                return Err(format!(
-                    "each requirement must be a single-key map, found keys {keys:?}"
-                ));
+                return Err(format!("each requirement must be a single-key map, found keys {keys:?}"));
             }
         };
         fn parse<T: serde::de::DeserializeOwned>(kind: &str, value: &Value) -> Result<T, String> {
             T::deserialize(value).map_err(|e| format!("requirement `{kind}`: {e}"))
         }
         Ok(match kind.as_str() {
-            "custom_resource_definition" => {
-                Requirement::CustomResourceDefinition(parse(kind, value)?)
-            }
+            "custom_resource_definition" => Requirement::CustomResourceDefinition(parse(kind, value)?),
             "system_service" => Requirement::SystemService(parse(kind, value)?),
             "tenant_service" => Requirement::TenantService(parse(kind, value)?),
             "system_package" => Requirement::SystemPackage(parse(kind, value)?),
@@ -297,10 +281,7 @@ impl Requirement {
             "cpu" => Requirement::Cpu(parse(kind, value)?),
             "memory" => Requirement::Memory(parse(kind, value)?),
             "disk" => Requirement::Disk(parse(kind, value)?),
-            _ => Requirement::Other {
-                kind: kind.clone(),
-                value: value.clone(),
-            },
+            _ => Requirement::Other { kind: kind.clone(), value: value.clone() },
         })
     }
 }

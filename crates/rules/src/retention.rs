@@ -90,10 +90,7 @@ impl RetentionConfig {
             .map(|p| {
                 glob::Pattern::new(p)
                     .map(|compiled| (p.clone(), compiled))
-                    .map_err(|e| RulesError::Pattern {
-                        pattern: p.clone(),
-                        problem: e.to_string(),
-                    })
+                    .map_err(|e| RulesError::Pattern { pattern: p.clone(), problem: e.to_string() })
             })
             .collect::<Result<_, _>>()?;
         Ok(Self { framework, pins })
@@ -218,10 +215,7 @@ impl RetentionPlan {
     pub fn deletions(&self) -> Vec<DigestDeletion> {
         let mut by_digest: BTreeMap<&str, (Vec<String>, bool)> = BTreeMap::new();
         for entry in self.deleted() {
-            let artifact = matches!(
-                entry.decision,
-                Decision::Delete(DeleteReason::OrphanedArtifact { .. })
-            );
+            let artifact = matches!(entry.decision, Decision::Delete(DeleteReason::OrphanedArtifact { .. }));
             let slot = by_digest.entry(&entry.digest).or_insert((Vec::new(), true));
             slot.0.push(entry.tag.clone());
             slot.1 &= artifact;
@@ -275,21 +269,13 @@ pub fn plan_retention(
     let breakpoints = breakpoints(config.framework(), contents.values().copied());
 
     let mut reasons: Reasons = BTreeMap::new();
-    add_view_reasons(
-        tags,
-        &contents,
-        &breakpoints,
-        config.framework(),
-        &mut reasons,
-    );
+    add_view_reasons(tags, &contents, &breakpoints, config.framework(), &mut reasons);
     add_newest_of_each_type(&classes, &mut reasons);
     for tag in tags {
         let entry = reasons.entry(tag.name.clone()).or_default();
         if let Usage::Known(used) = usage {
             for revision in used {
-                if revision.tag == tag.name
-                    || revision.digest.as_deref() == Some(tag.digest.as_str())
-                {
+                if revision.tag == tag.name || revision.digest.as_deref() == Some(tag.digest.as_str()) {
                     entry.insert(KeepReason::Used {
                         instance: revision.instance.clone(),
                         usage: revision.usage,
@@ -299,9 +285,7 @@ pub fn plan_retention(
         }
         for (pattern, compiled) in &config.pins {
             if compiled.matches(&tag.name) {
-                entry.insert(KeepReason::Pinned {
-                    pattern: pattern.clone(),
-                });
+                entry.insert(KeepReason::Pinned { pattern: pattern.clone() });
             }
         }
     }
@@ -329,11 +313,7 @@ pub fn plan_retention(
                 }),
                 (None, _) => Decision::Delete(DeleteReason::Superseded),
             };
-            let entry = PlanEntry {
-                tag: tag.name.clone(),
-                digest: tag.digest.clone(),
-                decision,
-            };
+            let entry = PlanEntry { tag: tag.name.clone(), digest: tag.digest.clone(), decision };
             (Tag::parse(&tag.name), entry)
         })
         .collect();
@@ -369,10 +349,7 @@ fn classify(tag: &RepositoryTag) -> Class<'_> {
 }
 
 /// The configured framework and every distinct `vynil_version` requirement.
-fn breakpoints<'a>(
-    configured: &Version,
-    contents: impl Iterator<Item = &'a PackageContent>,
-) -> Vec<Version> {
+fn breakpoints<'a>(configured: &Version, contents: impl Iterator<Item = &'a PackageContent>) -> Vec<Version> {
     let mut set: BTreeSet<Version> = contents.flat_map(|c| c.vynil_versions()).collect();
     set.insert(configured.clone());
     set.into_iter().collect()
@@ -390,31 +367,20 @@ fn add_view_reasons(
     let mut order: Vec<&Version> = vec![configured];
     order.extend(breakpoints.iter().filter(|b| *b != configured));
     let versions = Versions::parse(tags.iter().map(|t| t.name.as_str()));
-    let facts: std::collections::HashMap<&str, RevisionFacts> = contents
-        .iter()
-        .map(|(name, content)| (*name, RevisionFacts::of(content)))
-        .collect();
+    let facts: std::collections::HashMap<&str, RevisionFacts> =
+        contents.iter().map(|(name, content)| (*name, RevisionFacts::of(content))).collect();
     for framework in order {
         for channel in Channel::ALL {
-            let viewer = Viewer {
-                channel,
-                framework: framework.clone(),
-            };
+            let viewer = Viewer { channel, framework: framework.clone() };
             let view = view_of_versions(&versions, &viewer, true, |tag| facts.get(tag.as_str()));
             for entry in view.entries {
                 let framework = (framework != configured).then(|| framework.clone());
                 let reason = match entry.role {
                     Role::Head => KeepReason::ChannelHead { channel, framework },
-                    Role::Waypoint { minimum } => KeepReason::Waypoint {
-                        channel,
-                        framework,
-                        minimum,
-                    },
-                    Role::NewestOfType(package_type) => KeepReason::TypeInView {
-                        channel,
-                        framework,
-                        package_type,
-                    },
+                    Role::Waypoint { minimum } => KeepReason::Waypoint { channel, framework, minimum },
+                    Role::NewestOfType(package_type) => {
+                        KeepReason::TypeInView { channel, framework, package_type }
+                    }
                 };
                 let set = reasons.entry(entry.tag.as_str().to_string()).or_default();
                 if is_configured(&reason) || !set.iter().any(|r| same_kind(r, &reason)) {
@@ -436,14 +402,9 @@ fn is_configured(reason: &KeepReason) -> bool {
 
 fn same_kind(a: &KeepReason, b: &KeepReason) -> bool {
     match (a, b) {
-        (
-            KeepReason::ChannelHead { channel: x, .. },
-            KeepReason::ChannelHead { channel: y, .. },
-        )
+        (KeepReason::ChannelHead { channel: x, .. }, KeepReason::ChannelHead { channel: y, .. })
         | (KeepReason::Waypoint { channel: x, .. }, KeepReason::Waypoint { channel: y, .. })
-        | (KeepReason::TypeInView { channel: x, .. }, KeepReason::TypeInView { channel: y, .. }) => {
-            x == y
-        }
+        | (KeepReason::TypeInView { channel: x, .. }, KeepReason::TypeInView { channel: y, .. }) => x == y,
         _ => false,
     }
 }
@@ -459,10 +420,7 @@ fn add_newest_of_each_type(classes: &[Class], reasons: &mut Reasons) {
         }
     }
     for (package_type, tag) in newest {
-        reasons
-            .entry(tag.as_str().to_string())
-            .or_default()
-            .insert(KeepReason::NewestOfType(package_type));
+        reasons.entry(tag.as_str().to_string()).or_default().insert(KeepReason::NewestOfType(package_type));
     }
 }
 
@@ -475,9 +433,7 @@ fn add_digest_reasons(tags: &[RepositoryTag], classes: &[Class], reasons: &mut R
         let mut kept_digests: BTreeMap<&str, &str> = BTreeMap::new();
         for tag in tags {
             if reasons.get(&tag.name).is_some_and(|r| !r.is_empty()) {
-                let slot = kept_digests
-                    .entry(tag.digest.as_str())
-                    .or_insert(tag.name.as_str());
+                let slot = kept_digests.entry(tag.digest.as_str()).or_insert(tag.name.as_str());
                 if tag.name.as_str() < *slot {
                     *slot = tag.name.as_str();
                 }
@@ -493,10 +449,7 @@ fn add_digest_reasons(tags: &[RepositoryTag], classes: &[Class], reasons: &mut R
             } else if let Class::Artifact(artifact) = class {
                 kept_digests
                     .get(artifact.subject.as_str())
-                    .map(|of| KeepReason::Artifact {
-                        kind: artifact.kind,
-                        of: of.to_string(),
-                    })
+                    .map(|of| KeepReason::Artifact { kind: artifact.kind, of: of.to_string() })
             } else {
                 None
             };
@@ -532,14 +485,7 @@ fn fingerprint(tags: &[RepositoryTag], usage: &Usage, config: &RetentionConfig) 
         Usage::Known(used) => {
             let mut used: Vec<String> = used
                 .iter()
-                .map(|r| {
-                    canonical(&json!([
-                        r.tag,
-                        r.digest,
-                        r.instance,
-                        format!("{:?}", r.usage)
-                    ]))
-                })
+                .map(|r| canonical(&json!([r.tag, r.digest, r.instance, format!("{:?}", r.usage)])))
                 .collect();
             used.sort_unstable();
             json!(used)
@@ -554,10 +500,7 @@ fn fingerprint(tags: &[RepositoryTag], usage: &Usage, config: &RetentionConfig) 
         "tags": tag_lines,
         "usage": usage,
     });
-    format!(
-        "sha256:{}",
-        hex::encode(Sha256::digest(canonical(&input).as_bytes()))
-    )
+    format!("sha256:{}", hex::encode(Sha256::digest(canonical(&input).as_bytes())))
 }
 
 /// JSON text with object keys sorted at every depth, whatever map order
@@ -573,19 +516,13 @@ pub(crate) fn canonical(value: &Value) -> String {
                 .collect();
             format!("{{{}}}", body.join(","))
         }
-        Value::Array(items) => format!(
-            "[{}]",
-            items.iter().map(canonical).collect::<Vec<_>>().join(",")
-        ),
+        Value::Array(items) => format!("[{}]", items.iter().map(canonical).collect::<Vec<_>>().join(",")),
         other => other.to_string(),
     }
 }
 
 fn version_suffix(framework: &Option<Version>) -> String {
-    framework
-        .as_ref()
-        .map(|v| format!(" on vynil {v}"))
-        .unwrap_or_default()
+    framework.as_ref().map(|v| format!(" on vynil {v}")).unwrap_or_default()
 }
 
 impl fmt::Display for KeepReason {
@@ -594,46 +531,25 @@ impl fmt::Display for KeepReason {
             KeepReason::ChannelHead { channel, framework } => {
                 write!(f, "head of {channel}{}", version_suffix(framework))
             }
-            KeepReason::Waypoint {
-                channel,
-                framework,
-                minimum: Some(min),
-            } => write!(
-                f,
-                "waypoint min {min} ({channel}{})",
-                version_suffix(framework)
-            ),
-            KeepReason::Waypoint {
-                channel,
-                framework,
-                minimum: None,
-            } => write!(
-                f,
-                "waypoint reachable from any version ({channel}{})",
-                version_suffix(framework)
-            ),
-            KeepReason::TypeInView {
-                channel,
-                framework,
-                package_type,
-            } => write!(
-                f,
-                "newest {package_type} revision shown to {channel}{}",
-                version_suffix(framework)
-            ),
+            KeepReason::Waypoint { channel, framework, minimum: Some(min) } => {
+                write!(f, "waypoint min {min} ({channel}{})", version_suffix(framework))
+            }
+            KeepReason::Waypoint { channel, framework, minimum: None } => {
+                write!(f, "waypoint reachable from any version ({channel}{})", version_suffix(framework))
+            }
+            KeepReason::TypeInView { channel, framework, package_type } => {
+                write!(f, "newest {package_type} revision shown to {channel}{}", version_suffix(framework))
+            }
             KeepReason::NewestOfType(package_type) => write!(f, "last {package_type} revision"),
-            KeepReason::Used {
-                instance,
-                usage: RevisionUse::Installed,
-            } => write!(f, "installed by {instance}"),
-            KeepReason::Used {
-                instance,
-                usage: RevisionUse::Installing,
-            } => write!(f, "being installed by {instance}"),
-            KeepReason::Used {
-                instance,
-                usage: RevisionUse::Pinned,
-            } => write!(f, "pinned by {instance} (initFrom.version)"),
+            KeepReason::Used { instance, usage: RevisionUse::Installed } => {
+                write!(f, "installed by {instance}")
+            }
+            KeepReason::Used { instance, usage: RevisionUse::Installing } => {
+                write!(f, "being installed by {instance}")
+            }
+            KeepReason::Used { instance, usage: RevisionUse::Pinned } => {
+                write!(f, "pinned by {instance} (initFrom.version)")
+            }
             KeepReason::Pinned { pattern } => write!(f, "pinned (retention pattern {pattern})"),
             KeepReason::Artifact { kind, of } => write!(f, "{} of {of}", kind.noun()),
             KeepReason::Alias { of } => write!(f, "alias of {of} (same digest)"),

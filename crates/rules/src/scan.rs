@@ -21,10 +21,8 @@ pub struct ScanFilter {
 
 impl ScanFilter {
     pub fn parse(raw: &str) -> Result<Self, RulesError> {
-        let invalid = |problem: &str| RulesError::ScanFilter {
-            filter: raw.to_string(),
-            problem: problem.to_string(),
-        };
+        let invalid =
+            |problem: &str| RulesError::ScanFilter { filter: raw.to_string(), problem: problem.to_string() };
         let segments: Vec<&str> = raw.split('/').collect();
         if segments.len() > 2 {
             return Err(invalid("has more than two segments"));
@@ -32,21 +30,14 @@ impl ScanFilter {
         if segments.iter().any(|s| s.is_empty()) {
             return Err(invalid("has an empty segment"));
         }
-        if segments
-            .iter()
-            .any(|s| s.chars().any(|c| c.is_whitespace() || c.is_control()))
-        {
+        if segments.iter().any(|s| s.chars().any(|c| c.is_whitespace() || c.is_control())) {
             return Err(invalid("contains whitespace or control characters"));
         }
-        Ok(ScanFilter {
-            category: segments[0].to_string(),
-            name: segments.get(1).map(|s| s.to_string()),
-        })
+        Ok(ScanFilter { category: segments[0].to_string(), name: segments.get(1).map(|s| s.to_string()) })
     }
 
     pub fn matches(&self, package: &Package) -> bool {
-        package.category() == self.category
-            && self.name.as_deref().is_none_or(|n| package.name() == n)
+        package.category() == self.category && self.name.as_deref().is_none_or(|n| package.name() == n)
     }
 }
 
@@ -103,22 +94,19 @@ pub fn merge_packages(
             .iter()
             .flat_map(|(repository, outcome)| match outcome {
                 RepositoryOutcome::Scanned(found) => found.clone(),
-                RepositoryOutcome::Failed => previous
-                    .iter()
-                    .filter(|p| in_repository(p, repository))
-                    .cloned()
-                    .collect(),
+                RepositoryOutcome::Failed => {
+                    previous.iter().filter(|p| in_repository(p, repository)).cloned().collect()
+                }
             })
             .collect(),
         Some(filter) => {
             let replaced = |p: &Package| {
                 filter.matches(p)
-                    && outcomes.iter().any(|(r, o)| {
-                        matches!(o, RepositoryOutcome::Scanned(_)) && in_repository(p, r)
-                    })
+                    && outcomes
+                        .iter()
+                        .any(|(r, o)| matches!(o, RepositoryOutcome::Scanned(_)) && in_repository(p, r))
             };
-            let mut merged: Vec<Package> =
-                previous.iter().filter(|p| !replaced(p)).cloned().collect();
+            let mut merged: Vec<Package> = previous.iter().filter(|p| !replaced(p)).cloned().collect();
             for (_, outcome) in outcomes {
                 if let RepositoryOutcome::Scanned(found) = outcome {
                     merged.extend(found.iter().cloned());

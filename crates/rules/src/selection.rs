@@ -97,15 +97,10 @@ pub fn reachable_from(installed_tag: Option<&str>, package: &Package) -> bool {
 }
 
 /// The newest revision `query` may install from `packages` (a JukeBox's list).
-pub fn select_install<'p>(
-    packages: &'p [Package],
-    query: &InstallQuery,
-) -> Result<&'p Package, NoMatch> {
+pub fn select_install<'p>(packages: &'p [Package], query: &InstallQuery) -> Result<&'p Package, NoMatch> {
     let subject = format!("{}/{}", query.category, query.name);
-    let mut same_name: Vec<&Package> = packages
-        .iter()
-        .filter(|p| p.category() == query.category && p.name() == query.name)
-        .collect();
+    let mut same_name: Vec<&Package> =
+        packages.iter().filter(|p| p.category() == query.category && p.name() == query.name).collect();
     if same_name.is_empty() {
         return Err(NoMatch {
             excluded_by: Exclusion::CategoryName,
@@ -115,11 +110,8 @@ pub fn select_install<'p>(
     // Newest first; a stable sort keeps list order among equal tags.
     same_name.sort_by(|a, b| Tag::parse(&b.tag).cmp(&Tag::parse(&a.tag)));
 
-    let of_type: Vec<&Package> = same_name
-        .iter()
-        .copied()
-        .filter(|p| p.package_type() == query.package_type)
-        .collect();
+    let of_type: Vec<&Package> =
+        same_name.iter().copied().filter(|p| p.package_type() == query.package_type).collect();
     if of_type.is_empty() {
         return Err(NoMatch {
             excluded_by: Exclusion::Type,
@@ -131,19 +123,11 @@ pub fn select_install<'p>(
         });
     }
     let installed = query.installed_tag.filter(|t| !t.is_empty());
-    let reachable: Vec<&Package> = of_type
-        .iter()
-        .copied()
-        .filter(|p| reachable_from(installed, p))
-        .collect();
+    let reachable: Vec<&Package> = of_type.iter().copied().filter(|p| reachable_from(installed, p)).collect();
     if reachable.is_empty() {
         let needs: Vec<String> = of_type
             .iter()
-            .filter_map(|p| {
-                p.content
-                    .minimum_previous_version()
-                    .map(|m| format!("{} needs ≥ {m}", p.tag))
-            })
+            .filter_map(|p| p.content.minimum_previous_version().map(|m| format!("{} needs ≥ {m}", p.tag)))
             .collect();
         return Err(NoMatch {
             excluded_by: Exclusion::MinimumVersion,
@@ -155,18 +139,13 @@ pub fn select_install<'p>(
             ),
         });
     }
-    if let Some(found) = reachable
-        .iter()
-        .copied()
-        .find(|p| runs_on(&p.content, query.framework))
-    {
+    if let Some(found) = reachable.iter().copied().find(|p| runs_on(&p.content, query.framework)) {
         return Ok(found);
     }
     let needs: Vec<String> = reachable
         .iter()
         .filter_map(|p| {
-            framework_shortfall(&p.content, query.framework)
-                .map(|v| format!("{} needs vynil {v}", p.tag))
+            framework_shortfall(&p.content, query.framework).map(|v| format!("{} needs vynil {v}", p.tag))
         })
         .collect();
     Err(NoMatch {
@@ -185,11 +164,8 @@ fn describe_by_type(packages: &[&Package]) -> String {
     PackageType::ALL
         .iter()
         .filter_map(|t| {
-            let tags: Vec<&str> = packages
-                .iter()
-                .filter(|p| p.package_type() == *t)
-                .map(|p| p.tag.as_str())
-                .collect();
+            let tags: Vec<&str> =
+                packages.iter().filter(|p| p.package_type() == *t).map(|p| p.tag.as_str()).collect();
             (!tags.is_empty()).then(|| format!("{t}: {}", tags.join(", ")))
         })
         .collect::<Vec<_>>()
@@ -265,13 +241,7 @@ pub struct PackageGone {
 impl PackageGone {
     /// The condition message: the code in brackets first, upstream's style.
     pub fn condition_message(&self) -> String {
-        format!(
-            "[{}] {}: {}. Ways out: {}",
-            self.code,
-            self.missing,
-            self.why,
-            self.ways_out.join("; or ")
-        )
+        format!("[{}] {}: {}. Ways out: {}", self.code, self.missing, self.why, self.ways_out.join("; or "))
     }
 }
 
@@ -284,10 +254,7 @@ pub fn select_cleanup(query: &CleanupQuery) -> CleanupDecision {
             RecordedCheck::Resolves => return CleanupDecision::UseRecorded((*recorded).clone()),
             RecordedCheck::Gone => {}
             RecordedCheck::Unknown(why) => {
-                outage = Some(format!(
-                    "cannot check recorded {}:{}: {why}",
-                    recorded.image, recorded.tag
-                ))
+                outage = Some(format!("cannot check recorded {}:{}: {why}", recorded.image, recorded.tag))
             }
         }
     }
@@ -301,10 +268,7 @@ pub fn select_cleanup(query: &CleanupQuery) -> CleanupDecision {
             Ok(package) => return CleanupDecision::UseCatalog(Box::new(package.clone())),
             Err(no_match) => ("E_PACKAGE_GONE", no_match.reason),
         },
-        CatalogState::JukeboxMissing => (
-            "E_JUKEBOX_GONE",
-            NoMatch::jukebox_missing(install.jukebox).reason,
-        ),
+        CatalogState::JukeboxMissing => ("E_JUKEBOX_GONE", NoMatch::jukebox_missing(install.jukebox).reason),
     };
     if let Some(why) = outage {
         return CleanupDecision::Retry { why };

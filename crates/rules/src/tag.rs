@@ -26,10 +26,7 @@ impl Tag {
             return None;
         }
         let version = Version::parse(digits).ok()?;
-        Some(Tag {
-            raw: raw.to_string(),
-            version,
-        })
+        Some(Tag { raw: raw.to_string(), version })
     }
 
     pub fn as_str(&self) -> &str {
@@ -112,12 +109,8 @@ impl ArtifactTag {
             "sbom" => ArtifactKind::Sbom,
             _ => return None,
         };
-        let valid_hex =
-            hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
-        valid_hex.then(|| ArtifactTag {
-            kind,
-            subject: format!("sha256:{hex}"),
-        })
+        let valid_hex = hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+        valid_hex.then(|| ArtifactTag { kind, subject: format!("sha256:{hex}") })
     }
 }
 
@@ -168,15 +161,7 @@ mod tests {
         let raw: Vec<&str> = sorted.iter().map(Tag::as_str).collect();
         assert_eq!(
             raw,
-            [
-                "2.0.0-alpha.10",
-                "2.0.0-alpha.9",
-                "1.10.0",
-                "1.10.0-rc.1",
-                "1.2.0",
-                "v1.0.0",
-                "1.0.0"
-            ]
+            ["2.0.0-alpha.10", "2.0.0-alpha.9", "1.10.0", "1.10.0-rc.1", "1.2.0", "v1.0.0", "1.0.0"]
         );
     }
 
@@ -186,16 +171,8 @@ mod tests {
         let sig = ArtifactTag::parse(&format!("sha256-{hex}.sig")).unwrap();
         assert_eq!(sig.kind, ArtifactKind::Signature);
         assert_eq!(sig.subject, format!("sha256:{hex}"));
-        assert_eq!(
-            ArtifactTag::parse(&format!("sha256-{hex}.sbom"))
-                .unwrap()
-                .kind,
-            ArtifactKind::Sbom
-        );
-        assert!(
-            ArtifactTag::parse("sha256-abc.sig").is_none(),
-            "short digest"
-        );
+        assert_eq!(ArtifactTag::parse(&format!("sha256-{hex}.sbom")).unwrap().kind, ArtifactKind::Sbom);
+        assert!(ArtifactTag::parse("sha256-abc.sig").is_none(), "short digest");
         assert!(ArtifactTag::parse(&format!("sha256-{hex}.txt")).is_none());
         assert!(ArtifactTag::parse(&format!("sha256-{}.sig", "A".repeat(64))).is_none());
     }

@@ -175,16 +175,9 @@ pub struct ViewBuilder<'v> {
 
 impl<'v> ViewBuilder<'v> {
     pub fn new(versions: &'v Versions, viewer: Viewer, type_aware: bool) -> Self {
-        let candidates: Vec<&Tag> = versions
-            .as_slice()
-            .iter()
-            .filter(|tag| viewer.channel.admits(tag.as_str()))
-            .collect();
-        let phase = if candidates.is_empty() {
-            Phase::Done
-        } else {
-            Phase::Waypoints
-        };
+        let candidates: Vec<&Tag> =
+            versions.as_slice().iter().filter(|tag| viewer.channel.admits(tag.as_str())).collect();
+        let phase = if candidates.is_empty() { Phase::Done } else { Phase::Waypoints };
         Self {
             viewer,
             type_aware,
@@ -239,9 +232,7 @@ impl<'v> ViewBuilder<'v> {
         let role = if self.view.entries.is_empty() {
             Role::Head
         } else {
-            Role::Waypoint {
-                minimum: minimum.clone(),
-            }
+            Role::Waypoint { minimum: minimum.clone() }
         };
         self.keep(tag, role, content.package_type());
         match minimum {
@@ -254,13 +245,8 @@ impl<'v> ViewBuilder<'v> {
     /// when they show nothing (the newest tag has no annotations, or needs a
     /// newer framework all the way down), the view stays upstream's (empty).
     fn end_waypoints(&mut self) {
-        let other_types_missing =
-            !self.types.is_empty() && self.types.len() < PackageType::ALL.len();
-        self.phase = if self.type_aware && other_types_missing {
-            Phase::Types
-        } else {
-            Phase::Done
-        };
+        let other_types_missing = !self.types.is_empty() && self.types.len() < PackageType::ALL.len();
+        self.phase = if self.type_aware && other_types_missing { Phase::Types } else { Phase::Done };
     }
 
     fn type_step(&mut self, tag: &Tag, content: &impl Revision) {
@@ -276,11 +262,7 @@ impl<'v> ViewBuilder<'v> {
 
     fn keep(&mut self, tag: &Tag, role: Role, package_type: PackageType) {
         self.types.insert(package_type);
-        self.view.entries.push(ViewEntry {
-            tag: tag.clone(),
-            role,
-            package_type,
-        });
+        self.view.entries.push(ViewEntry { tag: tag.clone(), role, package_type });
     }
 
     pub fn finish(self) -> View {
@@ -330,17 +312,12 @@ mod tests {
             .filter(|(_, kind, _, _)| *kind != "-")
             .map(|(tag, kind, min, vynil)| (*tag, content(kind, *min, *vynil)))
             .collect();
-        let viewer = Viewer {
-            channel,
-            framework: Version::parse(framework).unwrap(),
-        };
-        compute_view(rows.iter().map(|r| r.0), &viewer, type_aware, |tag| {
-            contents.get(tag.as_str())
-        })
-        .tags()
-        .into_iter()
-        .map(String::from)
-        .collect()
+        let viewer = Viewer { channel, framework: Version::parse(framework).unwrap() };
+        compute_view(rows.iter().map(|r| r.0), &viewer, type_aware, |tag| contents.get(tag.as_str()))
+            .tags()
+            .into_iter()
+            .map(String::from)
+            .collect()
     }
 
     fn stable(rows: &[Row]) -> Vec<String> {
@@ -356,11 +333,7 @@ mod tests {
             ("0.1.5", "tenant", None, None),
         ];
         assert_eq!(stable(&rows), ["0.1.10", "0.1.8"]);
-        assert_eq!(
-            view_of(&rows, Channel::Stable, "0.8.0", false),
-            ["0.1.10"],
-            "upstream today"
-        );
+        assert_eq!(view_of(&rows, Channel::Stable, "0.8.0", false), ["0.1.10"], "upstream today");
     }
 
     #[test]
@@ -378,15 +351,9 @@ mod tests {
 
     #[test]
     fn the_type_aware_view_adds_nothing_when_the_waypoints_show_nothing() {
-        let rows = [
-            ("1.1.0", "-", None, None),
-            ("1.0.0", "tenant", None, None),
-            ("0.9.0", "service", None, None),
-        ];
-        assert!(
-            stable(&rows).is_empty(),
-            "as upstream: the newest tag has no annotations"
-        );
+        let rows =
+            [("1.1.0", "-", None, None), ("1.0.0", "tenant", None, None), ("0.9.0", "service", None, None)];
+        assert!(stable(&rows).is_empty(), "as upstream: the newest tag has no annotations");
     }
 
     #[test]
@@ -396,28 +363,13 @@ mod tests {
             ("2.0.0", "tenant", None, None),
             ("1.0.0", "tenant", None, None),
         ];
-        let contents: HashMap<&str, PackageContent> = rows
-            .iter()
-            .map(|(tag, kind, min, v)| (*tag, content(kind, *min, *v)))
-            .collect();
-        let viewer = Viewer {
-            channel: Channel::Stable,
-            framework: Version::new(0, 8, 0),
-        };
-        let plain = compute_view(rows.iter().map(|r| r.0), &viewer, false, |t| {
-            contents.get(t.as_str())
-        });
-        assert_eq!(
-            plain.lookups, 1,
-            "upstream stops after a revision without minimum"
-        );
-        let typed = compute_view(rows.iter().map(|r| r.0), &viewer, true, |t| {
-            contents.get(t.as_str())
-        });
-        assert_eq!(
-            typed.lookups, 3,
-            "looking for other types reads the rest once"
-        );
+        let contents: HashMap<&str, PackageContent> =
+            rows.iter().map(|(tag, kind, min, v)| (*tag, content(kind, *min, *v))).collect();
+        let viewer = Viewer { channel: Channel::Stable, framework: Version::new(0, 8, 0) };
+        let plain = compute_view(rows.iter().map(|r| r.0), &viewer, false, |t| contents.get(t.as_str()));
+        assert_eq!(plain.lookups, 1, "upstream stops after a revision without minimum");
+        let typed = compute_view(rows.iter().map(|r| r.0), &viewer, true, |t| contents.get(t.as_str()));
+        assert_eq!(typed.lookups, 3, "looking for other types reads the rest once");
         assert_eq!(typed.tags(), ["3.0.0"]);
     }
 
@@ -429,25 +381,16 @@ mod tests {
             ("2.5.0", "service", None, None),
             ("2.0.0", "tenant", None, None),
         ];
-        let contents: HashMap<&str, PackageContent> = rows
-            .iter()
-            .map(|(tag, kind, min, v)| (*tag, content(kind, *min, *v)))
-            .collect();
-        let viewer = Viewer {
-            channel: Channel::Stable,
-            framework: Version::new(0, 8, 0),
-        };
-        let view = compute_view(rows.iter().map(|r| r.0), &viewer, true, |t| {
-            contents.get(t.as_str())
-        });
+        let contents: HashMap<&str, PackageContent> =
+            rows.iter().map(|(tag, kind, min, v)| (*tag, content(kind, *min, *v))).collect();
+        let viewer = Viewer { channel: Channel::Stable, framework: Version::new(0, 8, 0) };
+        let view = compute_view(rows.iter().map(|r| r.0), &viewer, true, |t| contents.get(t.as_str()));
         let roles: Vec<Role> = view.entries.into_iter().map(|e| e.role).collect();
         assert_eq!(
             roles,
             [
                 Role::Head,
-                Role::Waypoint {
-                    minimum: Some(Version::new(2, 0, 0))
-                },
+                Role::Waypoint { minimum: Some(Version::new(2, 0, 0)) },
                 Role::Waypoint { minimum: None },
                 Role::NewestOfType(PackageType::Tenant),
             ]

@@ -10,24 +10,16 @@ use common::*;
 use proptest::prelude::*;
 use semver::Version;
 use vynil_rules::{
-    Channel, Package, PackageContent, PackageType, RetentionConfig, RetentionPlan, ScanFilter, Tag,
-    Viewer, compute_view, merge_packages, plan_retention,
-    retention::{
-        Decision, InstalledRevision, KeepReason, RepositoryTag, RevisionUse, TagMetadata, Usage,
-    },
+    Channel, Package, PackageContent, PackageType, RetentionConfig, RetentionPlan, ScanFilter, Tag, Viewer,
+    compute_view, merge_packages, plan_retention,
+    retention::{Decision, InstalledRevision, KeepReason, RepositoryTag, RevisionUse, TagMetadata, Usage},
     scan::RepositoryOutcome,
     view::Role,
 };
 
 fn config() -> ProptestConfig {
-    let cases = std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(10_000);
-    ProptestConfig {
-        cases,
-        ..ProptestConfig::default()
-    }
+    let cases = std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(10_000);
+    ProptestConfig { cases, ..ProptestConfig::default() }
 }
 
 fn version_text() -> impl Strategy<Value = String> {
@@ -67,10 +59,7 @@ fn spec() -> impl Strategy<Value = Spec> {
         prop::bool::weighted(0.1),
         kind_name(),
         prop::option::weighted(0.5, version_text()),
-        prop::option::weighted(
-            0.25,
-            prop_oneof![Just("0.7.0"), Just("0.8.0"), Just("0.9.0")],
-        ),
+        prop::option::weighted(0.25, prop_oneof![Just("0.7.0"), Just("0.8.0"), Just("0.9.0")]),
         prop::bool::weighted(0.9),
     )
         .prop_map(|(tag, v, kind, min, vynil, annotated)| Spec::Version {
@@ -99,16 +88,9 @@ struct Case {
 fn case() -> impl Strategy<Value = Case> {
     (
         prop::collection::vec((spec(), 0usize..8, prop::bool::weighted(0.75)), 0..14),
-        prop::option::weighted(
-            0.8,
-            prop::collection::vec((0usize..14, prop::bool::ANY, 0u8..3), 0..3),
-        ),
+        prop::option::weighted(0.8, prop::collection::vec((0usize..14, prop::bool::ANY, 0u8..3), 0..3)),
         prop::collection::vec(
-            prop_oneof![
-                Just("1.*".to_string()),
-                Just("0.?.0".to_string()),
-                Just("latest".to_string())
-            ],
+            prop_oneof![Just("1.*".to_string()), Just("0.?.0".to_string()), Just("latest".to_string())],
             0..2,
         ),
     )
@@ -116,19 +98,9 @@ fn case() -> impl Strategy<Value = Case> {
             let mut tags: Vec<RepositoryTag> = Vec::new();
             for (index, (spec, pool, shared)) in specs.into_iter().enumerate() {
                 // Mostly a digest of its own; sometimes one from the shared pool.
-                let digest_label = if shared {
-                    format!("own-{index}")
-                } else {
-                    format!("pool-{pool}")
-                };
+                let digest_label = if shared { format!("own-{index}") } else { format!("pool-{pool}") };
                 let tag = match spec {
-                    Spec::Version {
-                        tag,
-                        kind,
-                        min,
-                        vynil,
-                        annotated,
-                    } => {
+                    Spec::Version { tag, kind, min, vynil, annotated } => {
                         let mut t = vynil_tag(&tag, &digest_label, kind, min.as_deref(), vynil);
                         if !annotated {
                             t.metadata = TagMetadata::NotVynil;
@@ -157,18 +129,11 @@ fn case() -> impl Strategy<Value = Case> {
                         .filter_map(|(i, by_digest, u)| {
                             let tag = tags.get(i % tags.len().max(1))?;
                             Some(InstalledRevision {
-                                tag: if by_digest {
-                                    "re-pointed".into()
-                                } else {
-                                    tag.name.clone()
-                                },
+                                tag: if by_digest { "re-pointed".into() } else { tag.name.clone() },
                                 digest: by_digest.then(|| tag.digest.clone()),
                                 instance: format!("tenant ns/app-{i}"),
-                                usage: [
-                                    RevisionUse::Installed,
-                                    RevisionUse::Installing,
-                                    RevisionUse::Pinned,
-                                ][u as usize],
+                                usage: [RevisionUse::Installed, RevisionUse::Installing, RevisionUse::Pinned]
+                                    [u as usize],
                             })
                         })
                         .collect(),
@@ -187,9 +152,7 @@ fn contents(case: &Case) -> HashMap<String, PackageContent> {
     case.tags
         .iter()
         .filter_map(|t| match &t.metadata {
-            TagMetadata::Vynil(c) if Tag::parse(&t.name).is_some() => {
-                Some((t.name.clone(), (**c).clone()))
-            }
+            TagMetadata::Vynil(c) if Tag::parse(&t.name).is_some() => Some((t.name.clone(), (**c).clone())),
             _ => None,
         })
         .collect()
@@ -197,26 +160,16 @@ fn contents(case: &Case) -> HashMap<String, PackageContent> {
 
 /// Breakpoints re-derived here: the configured framework and every requirement value.
 fn breakpoints(case: &Case) -> BTreeSet<Version> {
-    let mut set: BTreeSet<Version> = contents(case)
-        .values()
-        .flat_map(|c| c.vynil_versions().collect::<Vec<_>>())
-        .collect();
+    let mut set: BTreeSet<Version> =
+        contents(case).values().flat_map(|c| c.vynil_versions().collect::<Vec<_>>()).collect();
     set.insert(framework("0.8.0"));
     set
 }
 
 fn view_of(case: &Case, channel: Channel, fw: &Version) -> vynil_rules::View {
     let contents = contents(case);
-    let viewer = Viewer {
-        channel,
-        framework: fw.clone(),
-    };
-    compute_view(
-        case.tags.iter().map(|t| t.name.as_str()),
-        &viewer,
-        true,
-        |tag| contents.get(tag.as_str()),
-    )
+    let viewer = Viewer { channel, framework: fw.clone() };
+    compute_view(case.tags.iter().map(|t| t.name.as_str()), &viewer, true, |tag| contents.get(tag.as_str()))
 }
 
 fn kept_tags(plan: &RetentionPlan) -> BTreeSet<&str> {

@@ -3,16 +3,7 @@
 
 use std::process::Command;
 
-const FORBIDDEN: &[&str] = &[
-    "tokio",
-    "tonic",
-    "kube",
-    "redis",
-    "reqwest",
-    "hyper",
-    "oci-client",
-    "futures",
-];
+const FORBIDDEN: &[&str] = &["tokio", "tonic", "kube", "redis", "reqwest", "hyper", "oci-client", "futures"];
 
 #[test]
 fn the_normal_dependency_tree_holds_no_io_crate() {
@@ -32,21 +23,11 @@ fn the_normal_dependency_tree_holds_no_io_crate() {
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
         .unwrap_or_else(|e| panic!("cannot run cargo tree: {e}"));
-    assert!(
-        output.status.success(),
-        "cargo tree failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    assert!(output.status.success(), "cargo tree failed: {}", String::from_utf8_lossy(&output.stderr));
     let tree = String::from_utf8_lossy(&output.stdout);
-    let crates: Vec<&str> = tree
-        .lines()
-        .filter_map(|l| l.split_whitespace().next())
-        .collect();
+    let crates: Vec<&str> = tree.lines().filter_map(|l| l.split_whitespace().next()).collect();
     assert!(crates.contains(&"semver"), "unexpected tree output: {tree}");
     for forbidden in FORBIDDEN {
-        assert!(
-            !crates.contains(forbidden),
-            "{forbidden} entered the rules crate's dependencies:\n{tree}"
-        );
+        assert!(!crates.contains(forbidden), "{forbidden} entered the rules crate's dependencies:\n{tree}");
     }
 }

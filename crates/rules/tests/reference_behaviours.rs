@@ -9,8 +9,8 @@ use std::collections::HashMap;
 
 use common::*;
 use vynil_rules::{
-    Channel, InstallQuery, Package, PackageContent, PackageType, RetentionConfig, ScanFilter, Tag,
-    Viewer, compute_view, merge_packages, plan_retention, repositories_for, retention::Usage,
+    Channel, InstallQuery, Package, PackageContent, PackageType, RetentionConfig, ScanFilter, Tag, Viewer,
+    compute_view, merge_packages, plan_retention, repositories_for, retention::Usage,
     scan::RepositoryOutcome, select_install, selection::Exclusion,
 };
 
@@ -23,17 +23,12 @@ fn view(rows: &[Row], channel: Channel, framework_version: &str) -> Vec<String> 
         .filter(|r| r.1 != "-")
         .map(|(tag, kind, min, vynil)| (*tag, content(kind, *min, *vynil)))
         .collect();
-    let viewer = Viewer {
-        channel,
-        framework: framework(framework_version),
-    };
-    compute_view(rows.iter().map(|r| r.0), &viewer, true, |tag: &Tag| {
-        contents.get(tag.as_str())
-    })
-    .tags()
-    .into_iter()
-    .map(String::from)
-    .collect()
+    let viewer = Viewer { channel, framework: framework(framework_version) };
+    compute_view(rows.iter().map(|r| r.0), &viewer, true, |tag: &Tag| contents.get(tag.as_str()))
+        .tags()
+        .into_iter()
+        .map(String::from)
+        .collect()
 }
 
 fn stable(rows: &[Row]) -> Vec<String> {
@@ -49,11 +44,7 @@ fn item_1_waypoints_follow_upstreams_code_not_its_docs() {
         ("2.5.0", "tenant", None, None),
         ("1.5.0", "tenant", None, None),
     ];
-    assert_eq!(
-        stable(&rows),
-        ["4.0.0", "3.5.0", "2.5.0"],
-        "the docs' extra 1.5.0 is an erratum"
-    );
+    assert_eq!(stable(&rows), ["4.0.0", "3.5.0", "2.5.0"], "the docs' extra 1.5.0 is an erratum");
 }
 
 #[test]
@@ -69,11 +60,8 @@ fn item_2_a_chain_of_minima_keeps_every_step() {
 
 #[test]
 fn item_3_without_minima_only_the_newest_is_shown() {
-    let rows = [
-        ("1.2.0", "tenant", None, None),
-        ("1.1.0", "tenant", None, None),
-        ("1.0.0", "tenant", None, None),
-    ];
+    let rows =
+        [("1.2.0", "tenant", None, None), ("1.1.0", "tenant", None, None), ("1.0.0", "tenant", None, None)];
     assert_eq!(stable(&rows), ["1.2.0"]);
 }
 
@@ -106,10 +94,7 @@ fn item_5_signatures_latest_scan_caches_and_non_semver_tags_never_appear() {
 
 #[test]
 fn item_6_a_revision_needing_a_newer_framework_is_skipped_for_the_next_lower() {
-    let rows = [
-        ("2.0.0", "tenant", None, Some("9.0.0")),
-        ("1.0.0", "tenant", None, None),
-    ];
+    let rows = [("2.0.0", "tenant", None, Some("9.0.0")), ("1.0.0", "tenant", None, None)];
     assert_eq!(stable(&rows), ["1.0.0"]);
     assert_eq!(view(&rows, Channel::Stable, "9.0.0"), ["2.0.0"]);
 }
@@ -124,11 +109,7 @@ fn item_7_the_descent_stops_at_the_first_tag_without_vynil_annotations() {
     assert_eq!(stable(&rows), ["3.0.0"]);
 }
 
-fn install(
-    catalog: &[Package],
-    kind: PackageType,
-    installed: Option<&str>,
-) -> Result<String, String> {
+fn install(catalog: &[Package], kind: PackageType, installed: Option<&str>) -> Result<String, String> {
     let framework = framework("0.8.0");
     let query = InstallQuery {
         jukebox: "box",
@@ -138,9 +119,7 @@ fn install(
         installed_tag: installed,
         framework: &framework,
     };
-    select_install(catalog, &query)
-        .map(|p| p.tag.clone())
-        .map_err(|e| e.reason)
+    select_install(catalog, &query).map(|p| p.tag.clone()).map_err(|e| e.reason)
 }
 
 #[test]
@@ -180,19 +159,11 @@ fn item_9_a_tenant_instance_never_selects_a_service_package() {
     };
     let no_match = select_install(&catalog, &query).unwrap_err();
     assert_eq!(no_match.excluded_by, Exclusion::Type);
-    assert_eq!(
-        no_match.reason,
-        "no tenant revision of think/ollama (only service: 0.1.10)"
-    );
+    assert_eq!(no_match.reason, "no tenant revision of think/ollama (only service: 0.1.10)");
 }
 
 fn entry(category: &str, name: &str, tag: &str) -> Package {
-    Package::new(
-        "reg",
-        &format!("{category}/{name}"),
-        tag,
-        content_of(category, name, "tenant", None, None),
-    )
+    Package::new("reg", &format!("{category}/{name}"), tag, content_of(category, name, "tenant", None, None))
 }
 
 fn repo(image: &str) -> (String, String) {
@@ -200,55 +171,31 @@ fn repo(image: &str) -> (String, String) {
 }
 
 fn tags_of(packages: &[Package]) -> Vec<String> {
-    packages
-        .iter()
-        .map(|p| format!("{}:{}", p.image, p.tag))
-        .collect()
+    packages.iter().map(|p| format!("{}:{}", p.image, p.tag)).collect()
 }
 
 #[test]
 fn item_10_a_partial_scan_replaces_only_what_its_filter_names() {
-    let previous = [
-        entry("db", "pg", "1.0.0"),
-        entry("db", "mysql", "1.0.0"),
-        entry("monitoring", "prom", "1.0.0"),
-    ];
+    let previous =
+        [entry("db", "pg", "1.0.0"), entry("db", "mysql", "1.0.0"), entry("monitoring", "prom", "1.0.0")];
 
     let pg = ScanFilter::parse("db/pg").unwrap();
     assert_eq!(repositories_for(&previous, &pg), [repo("db/pg")]);
     let merged = merge_packages(
         &previous,
         Some(&pg),
-        &[(
-            repo("db/pg"),
-            RepositoryOutcome::Scanned(vec![entry("db", "pg", "2.0.0")]),
-        )],
+        &[(repo("db/pg"), RepositoryOutcome::Scanned(vec![entry("db", "pg", "2.0.0")]))],
     );
-    assert_eq!(
-        tags_of(&merged),
-        ["db/mysql:1.0.0", "monitoring/prom:1.0.0", "db/pg:2.0.0"]
-    );
+    assert_eq!(tags_of(&merged), ["db/mysql:1.0.0", "monitoring/prom:1.0.0", "db/pg:2.0.0"]);
 
     let db = ScanFilter::parse("db").unwrap();
-    assert_eq!(
-        repositories_for(&previous, &db),
-        [repo("db/pg"), repo("db/mysql")]
-    );
+    assert_eq!(repositories_for(&previous, &db), [repo("db/pg"), repo("db/mysql")]);
     let outcomes = [
-        (
-            repo("db/pg"),
-            RepositoryOutcome::Scanned(vec![entry("db", "pg", "2.0.0")]),
-        ),
-        (
-            repo("db/mysql"),
-            RepositoryOutcome::Scanned(vec![entry("db", "mysql", "2.0.0")]),
-        ),
+        (repo("db/pg"), RepositoryOutcome::Scanned(vec![entry("db", "pg", "2.0.0")])),
+        (repo("db/mysql"), RepositoryOutcome::Scanned(vec![entry("db", "mysql", "2.0.0")])),
     ];
     let merged = merge_packages(&previous, Some(&db), &outcomes);
-    assert_eq!(
-        tags_of(&merged),
-        ["monitoring/prom:1.0.0", "db/pg:2.0.0", "db/mysql:2.0.0"]
-    );
+    assert_eq!(tags_of(&merged), ["monitoring/prom:1.0.0", "db/pg:2.0.0", "db/mysql:2.0.0"]);
 }
 
 #[test]
@@ -256,10 +203,7 @@ fn item_11_a_partial_filter_matching_nothing_reads_nothing_and_changes_nothing()
     let previous = [entry("db", "pg", "1.0.0")];
     let filter = ScanFilter::parse("apps/x").unwrap();
     let repositories = repositories_for(&previous, &filter);
-    assert!(
-        repositories.is_empty(),
-        "no fallback to a full scan (upstream #9)"
-    );
+    assert!(repositories.is_empty(), "no fallback to a full scan (upstream #9)");
     assert_eq!(merge_packages(&previous, Some(&filter), &[]), previous);
 }
 
@@ -268,20 +212,11 @@ fn item_12_a_failed_repository_keeps_its_previous_entries() {
     let previous = [entry("db", "pg", "1.0.0"), entry("db", "mysql", "1.0.0")];
     let outcomes = [
         (repo("db/pg"), RepositoryOutcome::Failed),
-        (
-            repo("db/mysql"),
-            RepositoryOutcome::Scanned(vec![entry("db", "mysql", "2.0.0")]),
-        ),
+        (repo("db/mysql"), RepositoryOutcome::Scanned(vec![entry("db", "mysql", "2.0.0")])),
     ];
-    assert_eq!(
-        tags_of(&merge_packages(&previous, None, &outcomes)),
-        ["db/pg:1.0.0", "db/mysql:2.0.0"]
-    );
+    assert_eq!(tags_of(&merge_packages(&previous, None, &outcomes)), ["db/pg:1.0.0", "db/mysql:2.0.0"]);
     let db = ScanFilter::parse("db").unwrap();
-    assert_eq!(
-        tags_of(&merge_packages(&previous, Some(&db), &outcomes)),
-        ["db/pg:1.0.0", "db/mysql:2.0.0"]
-    );
+    assert_eq!(tags_of(&merge_packages(&previous, Some(&db), &outcomes)), ["db/pg:1.0.0", "db/mysql:2.0.0"]);
 }
 
 #[test]
@@ -292,15 +227,8 @@ fn item_26_the_catalogue_shows_the_newest_revision_of_each_type() {
         ("0.1.8", "tenant", Some("0.1.0"), None),
     ];
     assert_eq!(stable(&rows), ["0.1.10", "0.1.8"]);
-    let single_type = [
-        ("0.1.10", "tenant", None, None),
-        ("0.1.9", "tenant", Some("0.1.8"), None),
-    ];
-    assert_eq!(
-        stable(&single_type),
-        ["0.1.10"],
-        "identical to upstream without a type change"
-    );
+    let single_type = [("0.1.10", "tenant", None, None), ("0.1.9", "tenant", Some("0.1.8"), None)];
+    assert_eq!(stable(&single_type), ["0.1.10"], "identical to upstream without a type change");
 }
 
 #[test]

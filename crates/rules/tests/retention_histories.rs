@@ -10,11 +10,7 @@ use vynil_rules::{
     retention::{InstalledRevision, RevisionUse, Usage},
 };
 
-fn plan(
-    tags: &[vynil_rules::retention::RepositoryTag],
-    usage: &Usage,
-    pins: &[&str],
-) -> RetentionPlan {
+fn plan(tags: &[vynil_rules::retention::RepositoryTag], usage: &Usage, pins: &[&str]) -> RetentionPlan {
     let pins: Vec<String> = pins.iter().map(|p| p.to_string()).collect();
     let config = RetentionConfig::new(framework("0.8.0"), &pins).unwrap();
     plan_retention(tags, usage, &config).unwrap()
@@ -22,18 +18,11 @@ fn plan(
 
 /// `(tag, kept, reasons)` in plan order.
 fn summary(plan: &RetentionPlan) -> Vec<(String, bool, Vec<String>)> {
-    plan.entries
-        .iter()
-        .map(|e| (e.tag.clone(), e.is_kept(), e.reasons()))
-        .collect()
+    plan.entries.iter().map(|e| (e.tag.clone(), e.is_kept(), e.reasons())).collect()
 }
 
 fn row(tag: &str, kept: bool, reasons: &[&str]) -> (String, bool, Vec<String>) {
-    (
-        tag.to_string(),
-        kept,
-        reasons.iter().map(|r| r.to_string()).collect(),
-    )
+    (tag.to_string(), kept, reasons.iter().map(|r| r.to_string()).collect())
 }
 
 #[test]
@@ -51,12 +40,7 @@ fn the_think_ollama_history_keeps_the_last_tenant_revision() {
             row(
                 "0.1.10",
                 true,
-                &[
-                    "head of stable",
-                    "head of beta",
-                    "head of alpha",
-                    "last service revision"
-                ]
+                &["head of stable", "head of beta", "head of alpha", "last service revision"]
             ),
             row("0.1.9", false, &["superseded"]),
             row(
@@ -90,11 +74,7 @@ fn a_channel_history_keeps_each_head_and_the_shared_waypoint() {
     assert_eq!(
         summary(&plan),
         [
-            row(
-                "2.0.0-alpha.1",
-                true,
-                &["head of alpha", "last tenant revision"]
-            ),
+            row("2.0.0-alpha.1", true, &["head of alpha", "last tenant revision"]),
             row("1.2.0-beta.2", true, &["head of beta"]),
             row("1.2.0-beta.1", false, &["superseded"]),
             row("1.1.0", true, &["head of stable"]),
@@ -136,11 +116,7 @@ fn a_revision_needing_a_future_framework_keeps_what_todays_framework_installs() 
                     "last tenant revision",
                 ]
             ),
-            row(
-                "2.1.0",
-                true,
-                &["head of stable", "head of beta", "head of alpha"]
-            ),
+            row("2.1.0", true, &["head of stable", "head of beta", "head of alpha"]),
             row(
                 "2.0.0",
                 true,
@@ -174,16 +150,7 @@ fn noise_tags_are_kept_as_aliases_artifacts_or_unmanaged_and_orphans_go() {
     let plan = plan(&tags, &Usage::Known(vec![]), &[]);
     let sig = |label: &str, suffix: &str| format!("sha256-{}.{suffix}", hex(label));
     let mut expected = vec![
-        row(
-            "1.2.0",
-            true,
-            &[
-                "head of stable",
-                "head of beta",
-                "head of alpha",
-                "last tenant revision",
-            ],
-        ),
+        row("1.2.0", true, &["head of stable", "head of beta", "head of alpha", "last tenant revision"]),
         row("1.1.0", false, &["superseded"]),
         row(
             "1.0.0",
@@ -200,16 +167,9 @@ fn noise_tags_are_kept_as_aliases_artifacts_or_unmanaged_and_orphans_go() {
         row(
             &sig("latest-elsewhere", "att"),
             false,
-            &[&format!(
-                "orphaned attestation of {}",
-                digest("latest-elsewhere")
-            )],
+            &[&format!("orphaned attestation of {}", digest("latest-elsewhere"))],
         ),
-        row(
-            &sig("one-one", "sig"),
-            false,
-            &[&format!("orphaned signature of {}", digest("one-one"))],
-        ),
+        row(&sig("one-one", "sig"), false, &[&format!("orphaned signature of {}", digest("one-one"))]),
         row(&sig("one-two", "sbom"), true, &["SBOM of 1.2.0"]),
         row(&sig("one-two", "sig"), true, &["signature of 1.2.0"]),
         row("trivy--x", true, &["unmanaged"]),
@@ -220,10 +180,8 @@ fn noise_tags_are_kept_as_aliases_artifacts_or_unmanaged_and_orphans_go() {
 
     // One DELETE per digest, subjects before orphaned artifacts.
     let deletions = plan.deletions();
-    let order: Vec<(bool, Vec<String>)> = deletions
-        .iter()
-        .map(|d| (d.artifacts_only, d.tags.clone()))
-        .collect();
+    let order: Vec<(bool, Vec<String>)> =
+        deletions.iter().map(|d| (d.artifacts_only, d.tags.clone())).collect();
     assert_eq!(order.len(), 4);
     assert!(order[..2].iter().all(|(artifacts, _)| !artifacts));
     assert!(order[2..].iter().all(|(artifacts, _)| *artifacts));
@@ -241,16 +199,7 @@ fn a_version_pushed_without_annotations_is_unmanaged_and_ends_the_descent_as_the
     assert_eq!(
         summary(&plan),
         [
-            row(
-                "2.0.0",
-                true,
-                &[
-                    "head of stable",
-                    "head of beta",
-                    "head of alpha",
-                    "last tenant revision"
-                ]
-            ),
+            row("2.0.0", true, &["head of stable", "head of beta", "head of alpha", "last tenant revision"]),
             row("1.5.0", true, &["unmanaged"]),
             row("1.0.0", false, &["superseded"]),
             row(
@@ -284,42 +233,21 @@ fn installed_installing_and_pinned_revisions_are_kept_with_who_uses_them() {
     };
     let usage = Usage::Known(vec![
         used("2.0.0", None, "tenant apps/one", RevisionUse::Installed),
-        used(
-            "gone-tag",
-            Some(digest("c")),
-            "tenant apps/two",
-            RevisionUse::Installing,
-        ),
+        used("gone-tag", Some(digest("c")), "tenant apps/two", RevisionUse::Installing),
         used("0.9.0", None, "service apps/three", RevisionUse::Pinned),
     ]);
     let plan = plan(&tags, &usage, &["0.8.*"]);
-    let reasons = |tag: &str| {
-        plan.entries
-            .iter()
-            .find(|e| e.tag == tag)
-            .unwrap()
-            .reasons()
-    };
+    let reasons = |tag: &str| plan.entries.iter().find(|e| e.tag == tag).unwrap().reasons();
     assert_eq!(reasons("2.0.0"), ["installed by tenant apps/one"]);
-    assert_eq!(
-        reasons("1.0.0"),
-        ["being installed by tenant apps/two"],
-        "matched by recorded digest"
-    );
-    assert_eq!(
-        reasons("0.9.0"),
-        ["pinned by service apps/three (initFrom.version)"]
-    );
+    assert_eq!(reasons("1.0.0"), ["being installed by tenant apps/two"], "matched by recorded digest");
+    assert_eq!(reasons("0.9.0"), ["pinned by service apps/three (initFrom.version)"]);
     assert_eq!(reasons("0.8.0"), ["pinned (retention pattern 0.8.*)"]);
     assert_eq!(plan.deleted().count(), 0);
 }
 
 #[test]
 fn unknown_usage_is_said_in_the_plan_and_changes_its_fingerprint() {
-    let tags = [
-        vynil_tag("1.0.0", "a", "tenant", None, None),
-        vynil_tag("0.9.0", "b", "tenant", None, None),
-    ];
+    let tags = [vynil_tag("1.0.0", "a", "tenant", None, None), vynil_tag("0.9.0", "b", "tenant", None, None)];
     let unknown = plan(&tags, &Usage::Unknown, &[]);
     let known = plan(&tags, &Usage::Known(vec![]), &[]);
     assert!(unknown.usage_unknown);
@@ -338,10 +266,5 @@ fn unreadable_metadata_of_a_version_refuses_the_plan_instead_of_guessing() {
 #[test]
 fn an_invalid_pin_pattern_is_a_clear_error() {
     let error = RetentionConfig::new(framework("0.8.0"), &["[1.0".to_string()]).unwrap_err();
-    assert!(
-        error
-            .to_string()
-            .contains("retention pattern \"[1.0\" is invalid"),
-        "{error}"
-    );
+    assert!(error.to_string().contains("retention pattern \"[1.0\" is invalid"), "{error}");
 }

@@ -7,9 +7,7 @@ mod common;
 use common::*;
 use vynil_rules::{
     InstallQuery, Package, PackageType, ScanFilter, select_cleanup, select_install,
-    selection::{
-        CatalogState, CleanupDecision, CleanupQuery, Exclusion, RecordedCheck, RecordedRevision,
-    },
+    selection::{CatalogState, CleanupDecision, CleanupQuery, Exclusion, RecordedCheck, RecordedRevision},
 };
 
 fn query<'a>(installed: Option<&'a str>, framework: &'a semver::Version) -> InstallQuery<'a> {
@@ -27,11 +25,7 @@ fn query<'a>(installed: Option<&'a str>, framework: &'a semver::Version) -> Inst
 fn each_exclusion_is_named_with_what_to_do() {
     let fw = framework("0.8.0");
     let cases: Vec<(Vec<Package>, Exclusion, &str)> = vec![
-        (
-            vec![],
-            Exclusion::CategoryName,
-            "no package think/ollama in JukeBox box",
-        ),
+        (vec![], Exclusion::CategoryName, "no package think/ollama in JukeBox box"),
         (
             vec![
                 package("0.1.10", "service", None, None),
@@ -67,23 +61,14 @@ fn install_picks_the_newest_whatever_the_list_order() {
         package("1.10.0", "tenant", None, None),
         package("1.9.0", "tenant", None, None),
     ];
-    assert_eq!(
-        select_install(&catalog, &query(None, &fw)).unwrap().tag,
-        "1.10.0"
-    );
+    assert_eq!(select_install(&catalog, &query(None, &fw)).unwrap().tag, "1.10.0");
 }
 
 #[test]
 fn a_prerelease_framework_does_not_satisfy_its_release() {
     let fw = framework("0.7.8-alpha.4");
-    let catalog = [
-        package("2.0.0", "tenant", None, Some("0.7.8")),
-        package("1.0.0", "tenant", None, None),
-    ];
-    assert_eq!(
-        select_install(&catalog, &query(None, &fw)).unwrap().tag,
-        "1.0.0"
-    );
+    let catalog = [package("2.0.0", "tenant", None, Some("0.7.8")), package("1.0.0", "tenant", None, None)];
+    assert_eq!(select_install(&catalog, &query(None, &fw)).unwrap().tag, "1.0.0");
 }
 
 fn recorded() -> RecordedRevision {
@@ -108,10 +93,8 @@ struct Scenario<'a> {
 #[test]
 fn cleanup_decides_in_order_recorded_then_catalog_then_gone_then_authorised_delete() {
     let fw = framework("0.8.0");
-    let type_changed = [
-        package("0.1.10", "service", None, None),
-        package("0.1.8", "tenant", Some("0.1.0"), None),
-    ];
+    let type_changed =
+        [package("0.1.10", "service", None, None), package("0.1.8", "tenant", Some("0.1.0"), None)];
     let service_only = [package("0.1.10", "service", None, None)];
     let rec = recorded();
     let scenarios = [
@@ -197,11 +180,7 @@ fn cleanup_decides_in_order_recorded_then_catalog_then_gone_then_authorised_dele
             delete_without_package: scenario.delete_without_package,
         };
         let decision = select_cleanup(&query);
-        assert!(
-            (scenario.expect)(&decision),
-            "{}: got {decision:?}",
-            scenario.name
-        );
+        assert!((scenario.expect)(&decision), "{}: got {decision:?}", scenario.name);
     }
 }
 
@@ -216,9 +195,7 @@ fn the_package_gone_condition_names_the_code_what_is_missing_and_both_ways_out()
         has_children: true,
         delete_without_package: false,
     };
-    let CleanupDecision::Gone(gone) = select_cleanup(&query) else {
-        panic!("expected gone")
-    };
+    let CleanupDecision::Gone(gone) = select_cleanup(&query) else { panic!("expected gone") };
     let message = gone.condition_message();
     assert!(
         message.starts_with("[E_PACKAGE_GONE] no tenant revision of think/ollama in JukeBox box"),
@@ -226,15 +203,10 @@ fn the_package_gone_condition_names_the_code_what_is_missing_and_both_ways_out()
     );
     assert!(message.contains("only service: 0.1.10"), "{message}");
     assert!(
-        message.contains(
-            "publish or restore a tenant revision of think/ollama (e.g. the installed 0.1.8)"
-        ),
+        message.contains("publish or restore a tenant revision of think/ollama (e.g. the installed 0.1.8)"),
         "{message}"
     );
-    assert!(
-        message.contains("vynil.solidite.fr/delete-without-package=\"true\""),
-        "{message}"
-    );
+    assert!(message.contains("vynil.solidite.fr/delete-without-package=\"true\""), "{message}");
 }
 
 #[test]

@@ -18,9 +18,7 @@ pub struct ServedService {
 
 impl std::fmt::Debug for ServedService {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ServedService")
-            .field("name", &self.name)
-            .finish_non_exhaustive()
+        f.debug_struct("ServedService").field("name", &self.name).finish_non_exhaustive()
     }
 }
 
@@ -28,10 +26,8 @@ impl ServedService {
     /// Wraps a generated tonic server (`CatalogServer::new(..)` and the like).
     pub fn new<S>(service: S) -> Self
     where
-        S: tonic::codegen::Service<
-                http::Request<tonic::body::Body>,
-                Error = std::convert::Infallible,
-            > + tonic::server::NamedService
+        S: tonic::codegen::Service<http::Request<tonic::body::Body>, Error = std::convert::Infallible>
+            + tonic::server::NamedService
             + Clone
             + Send
             + Sync
@@ -57,29 +53,19 @@ pub struct GrpcServer {
 
 impl std::fmt::Debug for GrpcServer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GrpcServer")
-            .field("listener", &self.listener)
-            .finish_non_exhaustive()
+        f.debug_struct("GrpcServer").field("listener", &self.listener).finish_non_exhaustive()
     }
 }
 
 impl GrpcServer {
     pub async fn bind(addr: SocketAddr) -> Result<Self, RuntimeError> {
-        let listener = TcpListener::bind(addr)
-            .await
-            .map_err(|source| RuntimeError::Bind { addr, source })?;
-        Ok(Self {
-            listener,
-            metrics: None,
-        })
+        let listener = TcpListener::bind(addr).await.map_err(|source| RuntimeError::Bind { addr, source })?;
+        Ok(Self { listener, metrics: None })
     }
 
     /// Also answers `GET /metrics` (Prometheus text) on the same port, over
     /// HTTP/1.1: one port per service, nothing to collide in tests.
-    pub fn with_metrics(
-        mut self,
-        registry: std::sync::Arc<prometheus_client::registry::Registry>,
-    ) -> Self {
+    pub fn with_metrics(mut self, registry: std::sync::Arc<prometheus_client::registry::Registry>) -> Self {
         self.metrics = Some(registry);
         self
     }
@@ -89,10 +75,7 @@ impl GrpcServer {
         let addr = self
             .listener
             .local_addr()
-            .map_err(|source| RuntimeError::Bind {
-                addr: SocketAddr::from(([0, 0, 0, 0], 0)),
-                source,
-            })?;
+            .map_err(|source| RuntimeError::Bind { addr: SocketAddr::from(([0, 0, 0, 0], 0)), source })?;
         Ok(addr)
     }
 

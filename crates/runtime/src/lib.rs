@@ -18,13 +18,8 @@ pub use telemetry::init_tracing;
 /// Errors of process set-up and serving.
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
-    #[error(
-        "cannot listen on {addr}: {source} (is another process using that port? set another address)"
-    )]
-    Bind {
-        addr: std::net::SocketAddr,
-        source: std::io::Error,
-    },
+    #[error("cannot listen on {addr}: {source} (is another process using that port? set another address)")]
+    Bind { addr: std::net::SocketAddr, source: std::io::Error },
     #[error("cannot build gRPC server reflection from the compiled descriptors: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
     #[error("gRPC server failed: {0}")]
@@ -52,10 +47,6 @@ pub struct SharedConfig {
     #[arg(long, env = "VYNIL_VERSION", default_value = DEFAULT_VYNIL_VERSION)]
     pub vynil_version: semver::Version,
     /// Registries reached over plain http; every other one over https.
-    #[arg(
-        long = "insecure-registry",
-        env = "VYNIL_INSECURE_REGISTRIES",
-        value_delimiter = ','
-    )]
+    #[arg(long = "insecure-registry", env = "VYNIL_INSECURE_REGISTRIES", value_delimiter = ',')]
     pub insecure_registries: Vec<String>,
 }

@@ -19,12 +19,5 @@ pub fn render(registry: &Registry) -> impl axum::response::IntoResponse + use<> 
         Ok(()) => http::StatusCode::OK,
         Err(_) => http::StatusCode::INTERNAL_SERVER_ERROR,
     };
-    (
-        status,
-        [(
-            "content-type",
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        body,
-    )
+    (status, [("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")], body)
 }

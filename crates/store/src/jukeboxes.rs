@@ -76,12 +76,7 @@ struct MemoryBackend {
 #[async_trait::async_trait]
 impl StatusBackend for MemoryBackend {
     async fn get(&self, name: &str) -> Result<Option<Versioned>, StoreError> {
-        Ok(self
-            .statuses
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(name)
-            .cloned())
+        Ok(self.statuses.lock().unwrap_or_else(|p| p.into_inner()).get(name).cloned())
     }
 
     async fn compare_and_set(
@@ -95,13 +90,7 @@ impl StatusBackend for MemoryBackend {
         if current != expected {
             return Err(StoreError::Conflict(name.to_string()));
         }
-        statuses.insert(
-            name.to_string(),
-            Versioned {
-                version: current + 1,
-                status: status.clone(),
-            },
-        );
+        statuses.insert(name.to_string(), Versioned { version: current + 1, status: status.clone() });
         Ok(current + 1)
     }
 }
@@ -130,14 +119,10 @@ return next"#;
 impl StatusBackend for RedisBackend {
     async fn get(&self, name: &str) -> Result<Option<Versioned>, StoreError> {
         let mut c = self.connection.clone();
-        let text: Option<String> = c
-            .get(format!("{STATUS_PREFIX}:{name}"))
-            .await
-            .map_err(redis_error)?;
+        let text: Option<String> = c.get(format!("{STATUS_PREFIX}:{name}")).await.map_err(redis_error)?;
         text.map(|t| {
-            serde_json::from_str(&t).map_err(|e| {
-                StoreError::Unavailable(format!("stored status of {name} is unreadable: {e}"))
-            })
+            serde_json::from_str(&t)
+                .map_err(|e| StoreError::Unavailable(format!("stored status of {name} is unreadable: {e}")))
         })
         .transpose()
     }
@@ -149,8 +134,7 @@ impl StatusBackend for RedisBackend {
         status: &JukeBoxStatus,
     ) -> Result<u64, StoreError> {
         let mut c = self.connection.clone();
-        let body =
-            serde_json::to_string(status).map_err(|e| StoreError::Unavailable(e.to_string()))?;
+        let body = serde_json::to_string(status).map_err(|e| StoreError::Unavailable(e.to_string()))?;
         let next: i64 = redis::Script::new(COMPARE_AND_SET)
             .key(format!("{STATUS_PREFIX}:{name}"))
             .arg(expected)
@@ -178,27 +162,17 @@ impl LocalStore {
     /// Status in process memory.
     pub fn in_memory(directory: PathBuf) -> Self {
         let (changes, _) = broadcast::channel(1024);
-        Self {
-            directory,
-            backend: Arc::new(MemoryBackend::default()),
-            changes,
-            announce_writes: true,
-        }
+        Self { directory, backend: Arc::new(MemoryBackend::default()), changes, announce_writes: true }
     }
 
     /// Status in Redis; changes from every replica are relayed to subscribers.
     pub async fn with_redis(directory: PathBuf, url: &str) -> Result<Self, StoreError> {
         let client = redis::Client::open(url).map_err(redis_error)?;
-        let connection = redis::aio::ConnectionManager::new(client.clone())
-            .await
-            .map_err(redis_error)?;
+        let connection = redis::aio::ConnectionManager::new(client.clone()).await.map_err(redis_error)?;
         let (changes, _) = broadcast::channel(1024);
         let relay = changes.clone();
         let mut pubsub = client.get_async_pubsub().await.map_err(redis_error)?;
-        pubsub
-            .subscribe(CHANGES_CHANNEL)
-            .await
-            .map_err(redis_error)?;
+        pubsub.subscribe(CHANGES_CHANNEL).await.map_err(redis_error)?;
         tokio::spawn(async move {
             use futures::StreamExt;
             let mut pubsub = Some(pubsub);
@@ -236,10 +210,7 @@ impl LocalStore {
 
     fn read_specs(&self) -> Result<Vec<(String, JukeBoxSpec)>, StoreError> {
         let entries = std::fs::read_dir(&self.directory).map_err(|e| {
-            StoreError::Config(format!(
-                "cannot read the JukeBox directory {}: {e}",
-                self.directory.display()
-            ))
+            StoreError::Config(format!("cannot read the JukeBox directory {}: {e}", self.directory.display()))
         })?;
         let mut specs = Vec::new();
         for entry in entries.flatten() {
@@ -259,9 +230,7 @@ impl LocalStore {
             // for `source`, whose upstream form is a single-key map.
             let parsed = serde_yaml_ng::from_str::<serde_json::Value>(&text)
                 .map_err(|e| e.to_string())
-                .and_then(|value| {
-                    serde_json::from_value::<JukeBox>(value).map_err(|e| e.to_string())
-                });
+                .and_then(|value| serde_json::from_value::<JukeBox>(value).map_err(|e| e.to_string()));
             match parsed {
                 Ok(jukebox) => match jukebox.metadata.name {
                     Some(name) => specs.push((name, jukebox.spec)),
@@ -339,13 +308,7 @@ mod tests {
         std::fs::write(dir.path().join("broken.yaml"), "kind: [").unwrap();
         std::fs::write(dir.path().join("notes.txt"), "not yaml").unwrap();
         let store = LocalStore::in_memory(dir.path().to_path_buf());
-        let names: Vec<String> = store
-            .list()
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|r| r.name)
-            .collect();
+        let names: Vec<String> = store.list().await.unwrap().into_iter().map(|r| r.name).collect();
         assert_eq!(names, ["box"]);
     }
 
@@ -356,10 +319,7 @@ mod tests {
         let mut changes = store.subscribe();
         let status = JukeBoxStatus::default();
         assert_eq!(store.write_status("box", 0, &status).await.unwrap(), 1);
-        assert!(matches!(
-            store.write_status("box", 0, &status).await,
-            Err(StoreError::Conflict(_))
-        ));
+        assert!(matches!(store.write_status("box", 0, &status).await, Err(StoreError::Conflict(_))));
         assert_eq!(changes.recv().await.unwrap(), "box");
     }
 }

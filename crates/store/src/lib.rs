@@ -34,10 +34,9 @@ pub(crate) fn redis_error(e: redis::RedisError) -> StoreError {
 pub fn source_of(spec: &JukeBoxSpec) -> Result<Source, String> {
     match &spec.source {
         Some(JukeBoxSource::List(images)) => Ok(Source::List(images.clone())),
-        Some(JukeBoxSource::Harbor(h)) => Ok(Source::Harbor {
-            registry: h.registry.clone(),
-            project: h.project.clone(),
-        }),
+        Some(JukeBoxSource::Harbor(h)) => {
+            Ok(Source::Harbor { registry: h.registry.clone(), project: h.project.clone() })
+        }
         Some(JukeBoxSource::Gitlab(g)) => Ok(Source::Gitlab {
             url: g.url.clone(),
             registry: g.registry.clone(),

@@ -10,17 +10,18 @@ pub fn repositories(source: &str) -> Result<Vec<String>, String> {
     engine.set_max_operations(MAX_OPERATIONS);
     engine.set_max_string_size(64 * 1024);
     engine.set_max_array_size(100_000);
-    let value: rhai::Dynamic = engine
-        .eval(source)
-        .map_err(|e| format!("the source script failed: {e}"))?;
+    let value: rhai::Dynamic = engine.eval(source).map_err(|e| format!("the source script failed: {e}"))?;
     let array = value.try_cast::<rhai::Array>().ok_or_else(|| {
         "the source script must return an array of \"registry/repository\" strings".to_string()
     })?;
     array
         .into_iter()
         .map(|item| {
-            item.into_string()
-                .map_err(|t| format!("the source script returned a {t} where a \"registry/repository\" string was expected"))
+            item.into_string().map_err(|t| {
+                format!(
+                    "the source script returned a {t} where a \"registry/repository\" string was expected"
+                )
+            })
         })
         .collect()
 }
@@ -31,29 +32,17 @@ mod tests {
 
     #[test]
     fn a_script_returns_its_repositories() {
-        let list = repositories(
-            r#"let r = []; for n in ["a", "b"] { r.push(`docker.io/sebt3/vynil-${n}`) } r"#,
-        )
-        .unwrap();
+        let list =
+            repositories(r#"let r = []; for n in ["a", "b"] { r.push(`docker.io/sebt3/vynil-${n}`) } r"#)
+                .unwrap();
         assert_eq!(list, ["docker.io/sebt3/vynil-a", "docker.io/sebt3/vynil-b"]);
     }
 
     #[test]
     fn script_errors_are_messages_not_crashes() {
         assert!(repositories("let x = ;").unwrap_err().contains("failed"));
-        assert!(
-            repositories("42")
-                .unwrap_err()
-                .contains("must return an array")
-        );
-        assert!(
-            repositories("[1, 2]")
-                .unwrap_err()
-                .contains("returned a i64")
-        );
-        assert!(
-            repositories("loop { }").unwrap_err().contains("failed"),
-            "bounded operations"
-        );
+        assert!(repositories("42").unwrap_err().contains("must return an array"));
+        assert!(repositories("[1, 2]").unwrap_err().contains("returned a i64"));
+        assert!(repositories("loop { }").unwrap_err().contains("failed"), "bounded operations");
     }
 }

@@ -12,10 +12,7 @@ fn specs(repository: &str) -> Vec<(String, PackageSpec)> {
     (0..TAGS)
         .map(|i| {
             let tag = format!("{}.{}.{}", i / 100, (i / 10) % 10, i % 10);
-            (
-                repository.to_string(),
-                PackageSpec::new("bench", repository, PackageType::Tenant, &tag),
-            )
+            (repository.to_string(), PackageSpec::new("bench", repository, PackageType::Tenant, &tag))
         })
         .collect()
 }
@@ -36,9 +33,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
         rates.push(TAGS as f64 / seconds);
     }
-    println!(
-        "speed-up of 16 in flight over 1: {:.1}x",
-        rates[1] / rates[0]
-    );
+    println!("speed-up of 16 in flight over 1: {:.1}x", rates[1] / rates[0]);
     Ok(())
 }

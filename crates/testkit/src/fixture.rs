@@ -43,9 +43,7 @@ impl RegistryServer {
 
 fn validate_key(key: &str) -> Result<()> {
     let ok = !key.is_empty()
-        && key
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
+        && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
         && !key.starts_with('.');
     if ok {
         Ok(())
@@ -58,9 +56,8 @@ fn validate_key(key: &str) -> Result<()> {
 
 fn snapshot(mut registry: RegistryServer, cached: &Path) -> Result<()> {
     registry.kill();
-    let parent = cached
-        .parent()
-        .ok_or_else(|| TestkitError::Fixture("fixture cache has no parent".into()))?;
+    let parent =
+        cached.parent().ok_or_else(|| TestkitError::Fixture("fixture cache has no parent".into()))?;
     std::fs::create_dir_all(parent).map_err(io("creating the fixture cache"))?;
     let staging = tempfile::tempdir_in(parent).map_err(io("staging a fixture"))?;
     copy_tree(&registry.storage(), &staging.path().join("data"))?;
@@ -82,8 +79,7 @@ fn copy_tree(from: &Path, to: &Path) -> Result<()> {
         if kind.is_dir() {
             copy_tree(&entry.path(), &target)?;
         } else {
-            std::fs::copy(entry.path(), &target)
-                .map_err(io(format!("copying to {}", target.display())))?;
+            std::fs::copy(entry.path(), &target).map_err(io(format!("copying to {}", target.display())))?;
         }
     }
     Ok(())

@@ -54,18 +54,8 @@ pub struct Fault {
 }
 
 impl Fault {
-    pub fn new(
-        method: Option<Method>,
-        path_contains: &str,
-        times: usize,
-        action: FaultAction,
-    ) -> Self {
-        Self {
-            method,
-            path_contains: path_contains.to_string(),
-            times,
-            action,
-        }
+    pub fn new(method: Option<Method>, path_contains: &str, times: usize, action: FaultAction) -> Self {
+        Self { method, path_contains: path_contains.to_string(), times, action }
     }
 }
 
@@ -109,9 +99,7 @@ impl HttpFront {
     }
 
     async fn start_inner(upstream: &str, bearer: Option<(String, String)>) -> Result<Self> {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .map_err(io("binding the front"))?;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(io("binding the front"))?;
         let addr = listener.local_addr().map_err(io("binding the front"))?;
         let state = Arc::new(FrontState {
             upstream: upstream.trim_end_matches('/').to_string(),
@@ -119,9 +107,7 @@ impl HttpFront {
             own_url: Mutex::new(format!("http://{addr}")),
             ..FrontState::default()
         });
-        let app = axum::Router::new()
-            .fallback(handle)
-            .with_state(state.clone());
+        let app = axum::Router::new().fallback(handle).with_state(state.clone());
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
@@ -147,19 +133,12 @@ impl HttpFront {
 
     /// Every request seen so far, in order.
     pub fn seen(&self) -> Vec<Seen> {
-        self.state
-            .seen
-            .lock()
-            .map(|s| s.clone())
-            .unwrap_or_default()
+        self.state.seen.lock().map(|s| s.clone()).unwrap_or_default()
     }
 
     /// Requests of `method` whose path contains `fragment`.
     pub fn count(&self, method: &Method, fragment: &str) -> usize {
-        self.seen()
-            .iter()
-            .filter(|s| s.method == *method && s.path.contains(fragment))
-            .count()
+        self.seen().iter().filter(|s| s.method == *method && s.path.contains(fragment)).count()
     }
 
     pub fn reset_counts(&self) {
@@ -178,9 +157,7 @@ impl Drop for HttpFront {
 fn take_fault(state: &FrontState, method: &Method, path: &str) -> Option<FaultAction> {
     let mut faults = state.faults.lock().ok()?;
     let fault = faults.iter_mut().find(|f| {
-        f.times > 0
-            && f.method.as_ref().is_none_or(|m| m == method)
-            && path.contains(&f.path_contains)
+        f.times > 0 && f.method.as_ref().is_none_or(|m| m == method) && path.contains(&f.path_contains)
     })?;
     fault.times -= 1;
     Some(fault.action.clone())
@@ -193,16 +170,9 @@ fn error_body(status: StatusCode, code: &str, message: &str) -> Response {
 
 async fn handle(State(state): State<Arc<FrontState>>, request: Request) -> Response {
     let method = request.method().clone();
-    let path = request
-        .uri()
-        .path_and_query()
-        .map(|p| p.to_string())
-        .unwrap_or_default();
+    let path = request.uri().path_and_query().map(|p| p.to_string()).unwrap_or_default();
     if let Ok(mut seen) = state.seen.lock() {
-        seen.push(Seen {
-            method: method.clone(),
-            path: path.clone(),
-        });
+        seen.push(Seen { method: method.clone(), path: path.clone() });
     }
     if let Some((user, password)) = &state.bearer {
         if path.starts_with("/token") {
@@ -214,19 +184,11 @@ async fn handle(State(state): State<Arc<FrontState>>, request: Request) -> Respo
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v == format!("Bearer {TOKEN}"));
         if !authorised {
-            let realm = state
-                .own_url
-                .lock()
-                .map(|u| format!("{u}/token"))
-                .unwrap_or_default();
-            let challenge = format!(
-                r#"Bearer realm="{realm}",service="testkit-front",scope="repository:any:pull""#
-            );
-            let mut response = error_body(
-                StatusCode::UNAUTHORIZED,
-                "UNAUTHORIZED",
-                "authentication required",
-            );
+            let realm = state.own_url.lock().map(|u| format!("{u}/token")).unwrap_or_default();
+            let challenge =
+                format!(r#"Bearer realm="{realm}",service="testkit-front",scope="repository:any:pull""#);
+            let mut response =
+                error_body(StatusCode::UNAUTHORIZED, "UNAUTHORIZED", "authentication required");
             if let Ok(value) = HeaderValue::from_str(&challenge) {
                 response.headers_mut().insert("www-authenticate", value);
             }
@@ -240,22 +202,15 @@ async fn handle(State(state): State<Arc<FrontState>>, request: Request) -> Respo
             return error_body(status, "INJECTED", "fault injected by the test front");
         }
         Some(FaultAction::TooManyRequests { retry_after_secs }) => {
-            let mut response = error_body(
-                StatusCode::TOO_MANY_REQUESTS,
-                "TOOMANYREQUESTS",
-                "slow down",
-            );
-            response
-                .headers_mut()
-                .insert("retry-after", HeaderValue::from(*retry_after_secs));
+            let mut response = error_body(StatusCode::TOO_MANY_REQUESTS, "TOOMANYREQUESTS", "slow down");
+            response.headers_mut().insert("retry-after", HeaderValue::from(*retry_after_secs));
             return response;
         }
         Some(FaultAction::Oversize(size)) => {
             let chunk = Bytes::from(vec![b' '; 64 * 1024]);
             let count = size.div_ceil(chunk.len());
-            let stream = futures::stream::iter(
-                (0..count).map(move |_| Ok::<_, std::io::Error>(chunk.clone())),
-            );
+            let stream =
+                futures::stream::iter((0..count).map(move |_| Ok::<_, std::io::Error>(chunk.clone())));
             return Response::builder()
                 .status(StatusCode::OK)
                 .header("content-type", "application/vnd.oci.image.manifest.v1+json")
@@ -278,17 +233,11 @@ async fn handle(State(state): State<Arc<FrontState>>, request: Request) -> Respo
 }
 
 fn issue_token(headers: &HeaderMap, user: &str, password: &str) -> Response {
-    let expected = format!(
-        "Basic {}",
-        base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"))
-    );
+    let expected =
+        format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}")));
     let ok = headers.get("authorization").and_then(|v| v.to_str().ok()) == Some(expected.as_str());
     if ok {
-        (
-            StatusCode::OK,
-            [("content-type", "application/json")],
-            format!(r#"{{"token":"{TOKEN}"}}"#),
-        )
+        (StatusCode::OK, [("content-type", "application/json")], format!(r#"{{"token":"{TOKEN}"}}"#))
             .into_response()
     } else {
         error_body(StatusCode::UNAUTHORIZED, "DENIED", "bad credentials")
@@ -300,11 +249,7 @@ async fn proxy(state: &FrontState, request: Request) -> Result<Response> {
     let body = axum::body::to_bytes(body, 256 * 1024 * 1024)
         .await
         .map_err(|e| TestkitError::Fixture(format!("front cannot read a request body: {e}")))?;
-    let path = parts
-        .uri
-        .path_and_query()
-        .map(|p| p.to_string())
-        .unwrap_or_default();
+    let path = parts.uri.path_and_query().map(|p| p.to_string()).unwrap_or_default();
     let mut outgoing =
         reqwest::Client::new().request(parts.method.clone(), format!("{}{path}", state.upstream));
     for (name, value) in &parts.headers {
@@ -328,23 +273,16 @@ async fn proxy(state: &FrontState, request: Request) -> Result<Response> {
 /// Half the body, then a broken connection (the declared length is kept).
 async fn truncate(response: Response) -> Response {
     let (parts, body) = response.into_parts();
-    let bytes = axum::body::to_bytes(body, 256 * 1024 * 1024)
-        .await
-        .unwrap_or_default();
+    let bytes = axum::body::to_bytes(body, 256 * 1024 * 1024).await.unwrap_or_default();
     let half = bytes.slice(..bytes.len() / 2);
     // The pause lets the headers and the first half reach the client first.
     let stream = futures::stream::once(async move { Ok::<_, std::io::Error>(half) }).chain(
         futures::stream::once(async {
             tokio::time::sleep(Duration::from_millis(50)).await;
-            Err(std::io::Error::new(
-                std::io::ErrorKind::ConnectionReset,
-                "truncated by the test front",
-            ))
+            Err(std::io::Error::new(std::io::ErrorKind::ConnectionReset, "truncated by the test front"))
         }),
     );
     let mut response = Response::from_parts(parts, Body::from_stream(stream));
-    response
-        .headers_mut()
-        .insert("content-length", HeaderValue::from(bytes.len()));
+    response.headers_mut().insert("content-length", HeaderValue::from(bytes.len()));
     response
 }

@@ -35,40 +35,20 @@ pub use service_process::{ServiceProcess, ServingStatus};
 /// What can go wrong while starting or driving test infrastructure.
 #[derive(Debug, thiserror::Error)]
 pub enum TestkitError {
-    #[error(
-        "`{binary}` is not installed: run `{hint}` (or the README's test command, which installs it)"
-    )]
-    MissingBinary {
-        binary: &'static str,
-        hint: &'static str,
-    },
+    #[error("`{binary}` is not installed: run `{hint}` (or the README's test command, which installs it)")]
+    MissingBinary { binary: &'static str, hint: &'static str },
     #[error("{what} did not become ready within {seconds}s; its log:\n{log}")]
-    NotReady {
-        what: String,
-        seconds: u64,
-        log: String,
-    },
+    NotReady { what: String, seconds: u64, log: String },
     #[error("{what} exited early ({status}); its log:\n{log}")]
-    ExitedEarly {
-        what: String,
-        status: String,
-        log: String,
-    },
+    ExitedEarly { what: String, status: String, log: String },
     #[error("i/o while {doing}: {source}")]
-    Io {
-        doing: String,
-        source: std::io::Error,
-    },
+    Io { doing: String, source: std::io::Error },
     #[error("registry call failed: {0}")]
     Oci(#[from] oci_client::errors::OciDistributionError),
     #[error("http call failed: {0}")]
     Http(#[from] reqwest::Error),
     #[error("registry answered {status} to {what}: {body}")]
-    Registry {
-        what: String,
-        status: u16,
-        body: String,
-    },
+    Registry { what: String, status: u16, body: String },
     #[error("cannot hash the htpasswd password: {0}")]
     Bcrypt(#[from] bcrypt::BcryptError),
     #[error("bad fixture: {0}")]

@@ -147,18 +147,12 @@ impl PackageSpec {
         };
         let mut annotations = BTreeMap::new();
         annotations.insert("fr.solidite.vynil.metadata".into(), to_json(&metadata));
-        annotations.insert(
-            "fr.solidite.vynil.requirements".into(),
-            to_json(&self.requirements()),
-        );
+        annotations.insert("fr.solidite.vynil.requirements".into(), to_json(&self.requirements()));
         if let Some(options) = &self.options {
             annotations.insert("fr.solidite.vynil.options".into(), to_json(options));
         }
         if let Some(recommandations) = &self.recommandations {
-            annotations.insert(
-                "fr.solidite.vynil.recommandations".into(),
-                to_json(recommandations),
-            );
+            annotations.insert("fr.solidite.vynil.recommandations".into(), to_json(recommandations));
         }
         if let Some(script) = self.value_script.as_deref().filter(|s| !s.is_empty()) {
             annotations.insert("fr.solidite.vynil.value_script".into(), to_json(&script));
@@ -198,10 +192,7 @@ mod tests {
 
     #[test]
     fn artifact_tags_follow_the_cosign_convention() {
-        assert_eq!(
-            ArtifactKind::Signature.tag_for("sha256:abc"),
-            "sha256-abc.sig"
-        );
+        assert_eq!(ArtifactKind::Signature.tag_for("sha256:abc"), "sha256-abc.sig");
         assert_eq!(ArtifactKind::Sbom.tag_for("sha256:abc"), "sha256-abc.sbom");
     }
 }

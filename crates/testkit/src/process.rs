@@ -12,10 +12,7 @@ use crate::{Result, TestkitError, io};
 /// A loopback port that was free a moment ago. Callers retry on a lost race.
 pub fn free_port() -> Result<u16> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(io("finding a free port"))?;
-    let port = listener
-        .local_addr()
-        .map_err(io("finding a free port"))?
-        .port();
+    let port = listener.local_addr().map_err(io("finding a free port"))?.port();
     Ok(port)
 }
 
@@ -24,11 +21,7 @@ pub(crate) fn find_binary(binary: &'static str, hint: &'static str) -> Result<Pa
     find_binary_in(&std::env::var_os("PATH").unwrap_or_default(), binary, hint)
 }
 
-fn find_binary_in(
-    path: &std::ffi::OsStr,
-    binary: &'static str,
-    hint: &'static str,
-) -> Result<PathBuf> {
+fn find_binary_in(path: &std::ffi::OsStr, binary: &'static str, hint: &'static str) -> Result<PathBuf> {
     std::env::split_paths(path)
         .map(|dir| dir.join(binary))
         .find(|candidate| candidate.is_file())
@@ -47,20 +40,14 @@ impl Supervised {
     pub fn spawn(what: impl Into<String>, mut command: Command, log: &Path) -> Result<Self> {
         let what = what.into();
         let out = std::fs::File::create(log).map_err(io(format!("creating the log of {what}")))?;
-        let err = out
-            .try_clone()
-            .map_err(io(format!("creating the log of {what}")))?;
+        let err = out.try_clone().map_err(io(format!("creating the log of {what}")))?;
         let child = command
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)
             .spawn()
             .map_err(io(format!("starting {what}")))?;
-        Ok(Self {
-            what,
-            child,
-            log: log.to_path_buf(),
-        })
+        Ok(Self { what, child, log: log.to_path_buf() })
     }
 
     pub fn pid(&self) -> u32 {
@@ -80,10 +67,7 @@ impl Supervised {
                 log: self.log(),
             }),
             Ok(None) => Ok(()),
-            Err(source) => Err(TestkitError::Io {
-                doing: format!("checking {}", self.what),
-                source,
-            }),
+            Err(source) => Err(TestkitError::Io { doing: format!("checking {}", self.what), source }),
         }
     }
 
@@ -125,10 +109,7 @@ impl Supervised {
                 }
                 Ok(None) => tokio::time::sleep(Duration::from_millis(20)).await,
                 Err(source) => {
-                    return Err(TestkitError::Io {
-                        doing: format!("waiting for {}", self.what),
-                        source,
-                    });
+                    return Err(TestkitError::Io { doing: format!("waiting for {}", self.what), source });
                 }
             }
         }
@@ -154,12 +135,9 @@ mod tests {
     #[test]
     fn a_missing_binary_names_the_package_to_install() {
         let empty = tempfile::tempdir().unwrap();
-        let error = find_binary_in(
-            empty.path().as_os_str(),
-            "redis-server",
-            "apt-get install -y redis-server",
-        )
-        .unwrap_err();
+        let error =
+            find_binary_in(empty.path().as_os_str(), "redis-server", "apt-get install -y redis-server")
+                .unwrap_err();
         let text = error.to_string();
         assert!(text.contains("`redis-server` is not installed"), "{text}");
         assert!(text.contains("apt-get install -y redis-server"), "{text}");

@@ -36,9 +36,7 @@ pub struct Publisher {
 
 impl std::fmt::Debug for Publisher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Publisher")
-            .field("host", &self.host)
-            .finish_non_exhaustive()
+        f.debug_struct("Publisher").field("host", &self.host).finish_non_exhaustive()
     }
 }
 
@@ -58,12 +56,7 @@ impl Publisher {
             Some((user, password)) => RegistryAuth::Basic(user, password),
             None => RegistryAuth::Anonymous,
         };
-        Self {
-            client,
-            host,
-            auth,
-            repositories_with_blobs: Arc::default(),
-        }
+        Self { client, host, auth, repositories_with_blobs: Arc::default() }
     }
 
     fn reference(&self, repository: &str, tag: &str) -> Reference {
@@ -72,8 +65,7 @@ impl Publisher {
 
     /// Pushes the shared config and layer blobs of `repository` once.
     async fn ensure_blobs(&self, repository: &str) -> Result<(Value, Value)> {
-        let config =
-            br#"{"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":[]}}"#;
+        let config = br#"{"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":[]}}"#;
         let layer = format!("vynil test package layer of {repository}").into_bytes();
         let descriptors = (
             json!({"mediaType": OCI_CONFIG, "digest": sha256_digest(config), "size": config.len()}),
@@ -82,47 +74,27 @@ impl Publisher {
         let mut done = self.repositories_with_blobs.lock().await;
         if !done.contains(repository) {
             let reference = self.reference(repository, "blobs");
-            self.client
-                .store_auth_if_needed(&self.host, &self.auth)
-                .await;
-            self.client
-                .push_blob(&reference, config.to_vec(), &sha256_digest(config))
-                .await?;
-            self.client
-                .push_blob(&reference, layer.clone(), &sha256_digest(&layer))
-                .await?;
+            self.client.store_auth_if_needed(&self.host, &self.auth).await;
+            self.client.push_blob(&reference, config.to_vec(), &sha256_digest(config)).await?;
+            self.client.push_blob(&reference, layer.clone(), &sha256_digest(&layer)).await?;
             done.insert(repository.to_string());
         }
         Ok(descriptors)
     }
 
     /// Pushes raw manifest bytes under `tag`; returns the manifest digest.
-    pub async fn push_manifest(
-        &self,
-        repository: &str,
-        tag: &str,
-        manifest: &[u8],
-    ) -> Result<String> {
+    pub async fn push_manifest(&self, repository: &str, tag: &str, manifest: &[u8]) -> Result<String> {
         self.push_raw(repository, tag, manifest, OCI_MANIFEST).await
     }
 
     /// An OCI image index under `tag` listing `manifests` (digests of images
     /// already pushed to `repository`), without annotations of its own.
-    pub async fn push_index(
-        &self,
-        repository: &str,
-        tag: &str,
-        manifests: &[String],
-    ) -> Result<String> {
+    pub async fn push_index(&self, repository: &str, tag: &str, manifests: &[String]) -> Result<String> {
         let mut entries = Vec::new();
         for digest in manifests {
             let (bytes, _) = self
                 .client
-                .pull_manifest_raw(
-                    &self.reference(repository, digest),
-                    &self.auth,
-                    &[OCI_MANIFEST],
-                )
+                .pull_manifest_raw(&self.reference(repository, digest), &self.auth, &[OCI_MANIFEST])
                 .await?;
             entries.push(json!({
                 "mediaType": OCI_MANIFEST,
@@ -132,8 +104,7 @@ impl Publisher {
             }));
         }
         let index = json!({"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": entries});
-        self.push_raw(repository, tag, index.to_string().as_bytes(), OCI_INDEX)
-            .await
+        self.push_raw(repository, tag, index.to_string().as_bytes(), OCI_INDEX).await
     }
 
     async fn push_raw(
@@ -143,26 +114,15 @@ impl Publisher {
         manifest: &[u8],
         media_type: &'static str,
     ) -> Result<String> {
-        self.client
-            .store_auth_if_needed(&self.host, &self.auth)
-            .await;
+        self.client.store_auth_if_needed(&self.host, &self.auth).await;
         let content_type = reqwest::header::HeaderValue::from_static(media_type);
         self.client
-            .push_manifest_raw(
-                &self.reference(repository, tag),
-                manifest.to_vec(),
-                content_type,
-            )
+            .push_manifest_raw(&self.reference(repository, tag), manifest.to_vec(), content_type)
             .await?;
         Ok(sha256_digest(manifest))
     }
 
-    async fn push_image(
-        &self,
-        repository: &str,
-        tag: &str,
-        annotations: impl Into<Value>,
-    ) -> Result<String> {
+    async fn push_image(&self, repository: &str, tag: &str, annotations: impl Into<Value>) -> Result<String> {
         let (config, layer) = self.ensure_blobs(repository).await?;
         let manifest = json!({
             "schemaVersion": 2,
@@ -171,23 +131,16 @@ impl Publisher {
             "layers": [layer],
             "annotations": annotations.into(),
         });
-        self.push_manifest(repository, tag, manifest.to_string().as_bytes())
-            .await
+        self.push_manifest(repository, tag, manifest.to_string().as_bytes()).await
     }
 
     /// Publishes one package revision; returns its manifest digest. Publishing to
     /// an existing tag re-points it.
     pub async fn publish(&self, repository: &str, spec: &PackageSpec) -> Result<String> {
-        let mut annotations: serde_json::Map<String, Value> = spec
-            .annotations()
-            .into_iter()
-            .map(|(k, v)| (k, Value::String(v)))
-            .collect();
+        let mut annotations: serde_json::Map<String, Value> =
+            spec.annotations().into_iter().map(|(k, v)| (k, Value::String(v))).collect();
         // As real build tools do; it also gives every version its own digest.
-        annotations.insert(
-            "org.opencontainers.image.version".into(),
-            Value::String(spec.tag.clone()),
-        );
+        annotations.insert("org.opencontainers.image.version".into(), Value::String(spec.tag.clone()));
         self.push_image(repository, &spec.tag, annotations).await
     }
 
@@ -208,46 +161,27 @@ impl Publisher {
     /// An image tag without any Vynil annotation (e.g. `latest`, `4.0`, or a
     /// version pushed by another tool); unique per tag.
     pub async fn publish_plain(&self, repository: &str, tag: &str) -> Result<String> {
-        self.push_image(
-            repository,
-            tag,
-            json!({"org.opencontainers.image.version": tag}),
-        )
-        .await
+        self.push_image(repository, tag, json!({"org.opencontainers.image.version": tag})).await
     }
 
     /// Points `alias` at the manifest `tag` points to (same digest).
     pub async fn alias(&self, repository: &str, tag: &str, alias: &str) -> Result<String> {
         let (manifest, _) = self
             .client
-            .pull_manifest_raw(
-                &self.reference(repository, tag),
-                &self.auth,
-                &[OCI_MANIFEST],
-            )
+            .pull_manifest_raw(&self.reference(repository, tag), &self.auth, &[OCI_MANIFEST])
             .await?;
         self.push_manifest(repository, alias, &manifest).await
     }
 
     /// A cosign-style artifact tag `sha256-<hex>.<sig|att|sbom>` for `subject`;
     /// returns the artifact's tag.
-    pub async fn attach(
-        &self,
-        repository: &str,
-        subject: &str,
-        kind: ArtifactKind,
-    ) -> Result<String> {
+    pub async fn attach(&self, repository: &str, subject: &str, kind: ArtifactKind) -> Result<String> {
         let tag = kind.tag_for(subject);
         let (config, _) = self.ensure_blobs(repository).await?;
-        let payload =
-            format!("{{\"critical\":{{\"image\":{{\"docker-manifest-digest\":\"{subject}\"}}}}}}");
+        let payload = format!("{{\"critical\":{{\"image\":{{\"docker-manifest-digest\":\"{subject}\"}}}}}}");
         let payload_ref = self.reference(repository, "payload");
         self.client
-            .push_blob(
-                &payload_ref,
-                payload.clone().into_bytes(),
-                &sha256_digest(payload.as_bytes()),
-            )
+            .push_blob(&payload_ref, payload.clone().into_bytes(), &sha256_digest(payload.as_bytes()))
             .await?;
         let manifest = json!({
             "schemaVersion": 2,
@@ -260,8 +194,7 @@ impl Publisher {
                 "annotations": {"dev.cosignproject.cosign/signature": format!("test-{}", kind.suffix())},
             }],
         });
-        self.push_manifest(repository, &tag, manifest.to_string().as_bytes())
-            .await?;
+        self.push_manifest(repository, &tag, manifest.to_string().as_bytes()).await?;
         Ok(tag)
     }
 }

@@ -27,23 +27,16 @@ impl RedisServer {
         for _ in 0..3 {
             let port = free_port()?;
             let command = command(&binary, port, dir.path());
-            let mut process = Supervised::spawn(
-                format!("redis-server :{port}"),
-                command,
-                &dir.path().join("redis.log"),
-            )?;
-            match process
-                .wait_ready(Duration::from_secs(10), || ping(port))
-                .await
-            {
+            let mut process =
+                Supervised::spawn(format!("redis-server :{port}"), command, &dir.path().join("redis.log"))?;
+            match process.wait_ready(Duration::from_secs(10), || ping(port)).await {
                 Ok(()) => {
                     return Ok(Self { process, port, dir });
                 }
                 Err(error) => last_error = Some(error),
             }
         }
-        Err(last_error
-            .unwrap_or_else(|| crate::TestkitError::Fixture("redis did not start".into())))
+        Err(last_error.unwrap_or_else(|| crate::TestkitError::Fixture("redis did not start".into())))
     }
 
     pub fn port(&self) -> u16 {
@@ -72,9 +65,7 @@ impl RedisServer {
         let command = command(&binary, port, self.dir.path());
         let log = self.dir.path().join("redis-restarted.log");
         let mut process = Supervised::spawn(format!("redis-server :{port}"), command, &log)?;
-        process
-            .wait_ready(Duration::from_secs(10), || ping(port))
-            .await?;
+        process.wait_ready(Duration::from_secs(10), || ping(port)).await?;
         self.process = process;
         Ok(())
     }

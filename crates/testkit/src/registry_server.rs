@@ -38,8 +38,7 @@ impl RegistryServer {
 
     pub async fn start_with(options: RegistryOptions) -> Result<Self> {
         let dir = tempfile::tempdir().map_err(io("creating a registry directory"))?;
-        std::fs::create_dir_all(dir.path().join("data"))
-            .map_err(io("creating registry storage"))?;
+        std::fs::create_dir_all(dir.path().join("data")).map_err(io("creating registry storage"))?;
         Self::start_in(dir, options).await
     }
 
@@ -55,11 +54,8 @@ impl RegistryServer {
         for _ in 0..3 {
             let port = free_port()?;
             let config = dir.path().join("config.yml");
-            std::fs::write(
-                &config,
-                config_yaml(dir.path(), port, options.basic_auth.is_some()),
-            )
-            .map_err(io("writing the registry config"))?;
+            std::fs::write(&config, config_yaml(dir.path(), port, options.basic_auth.is_some()))
+                .map_err(io("writing the registry config"))?;
             let mut command = Command::new(&binary);
             command.arg("serve").arg(&config);
             let mut process = Supervised::spawn(
@@ -78,12 +74,7 @@ impl RegistryServer {
             };
             match process.wait_ready(Duration::from_secs(15), ready).await {
                 Ok(()) => {
-                    return Ok(Self {
-                        process,
-                        port,
-                        basic_auth: options.basic_auth,
-                        dir,
-                    });
+                    return Ok(Self { process, port, basic_auth: options.basic_auth, dir });
                 }
                 Err(error) => last_error = Some(error),
             }
@@ -106,9 +97,7 @@ impl RegistryServer {
     }
 
     pub fn basic_auth(&self) -> Option<(&str, &str)> {
-        self.basic_auth
-            .as_ref()
-            .map(|(u, p)| (u.as_str(), p.as_str()))
+        self.basic_auth.as_ref().map(|(u, p)| (u.as_str(), p.as_str()))
     }
 
     /// The storage root (`<dir>/data`), e.g. to snapshot it as a fixture.

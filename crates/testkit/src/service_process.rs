@@ -23,19 +23,10 @@ impl ServiceProcess {
         let dir = tempfile::tempdir().map_err(io("creating a service directory"))?;
         let port = crate::free_port()?;
         let mut command = Command::new(binary);
-        command
-            .arg("--listen")
-            .arg(format!("127.0.0.1:{port}"))
-            .args(args);
-        let name = binary
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let mut process = Supervised::spawn(
-            format!("{name} :{port}"),
-            command,
-            &dir.path().join("service.log"),
-        )?;
+        command.arg("--listen").arg(format!("127.0.0.1:{port}")).args(args);
+        let name = binary.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let mut process =
+            Supervised::spawn(format!("{name} :{port}"), command, &dir.path().join("service.log"))?;
         let endpoint = format!("http://127.0.0.1:{port}");
         process
             .wait_ready(Duration::from_secs(20), || {
@@ -43,11 +34,7 @@ impl ServiceProcess {
                 async move { matches!(health(&endpoint, "").await, Ok(ServingStatus::Serving)) }
             })
             .await?;
-        Ok(Self {
-            process,
-            port,
-            _dir: dir,
-        })
+        Ok(Self { process, port, _dir: dir })
     }
 
     pub fn endpoint(&self) -> String {
@@ -80,11 +67,7 @@ impl ServiceProcess {
             .map_err(|e| TestkitError::Grpc(e.to_string()))?
             .into_inner();
         let mut names = Vec::new();
-        while let Some(response) = stream
-            .message()
-            .await
-            .map_err(|e| TestkitError::Grpc(e.to_string()))?
-        {
+        while let Some(response) = stream.message().await.map_err(|e| TestkitError::Grpc(e.to_string()))? {
             if let Some(MessageResponse::ListServicesResponse(list)) = response.message_response {
                 names.extend(list.service.into_iter().map(|s| s.name));
             }
@@ -102,12 +85,8 @@ impl ServiceProcess {
     /// report SERVING, reflection lists `service` and health, and SIGTERM
     /// ends the process with status 0 within 10 s.
     pub async fn check_serves_then_stops(self, service: &str) -> Result<()> {
-        let fail = |what: String| {
-            Err(TestkitError::Fixture(format!(
-                "{service}: {what}\nlog:\n{}",
-                self.log()
-            )))
-        };
+        let fail =
+            |what: String| Err(TestkitError::Fixture(format!("{service}: {what}\nlog:\n{}", self.log())));
         for name in ["", service] {
             let status = self.health(name).await?;
             if status != ServingStatus::Serving {
@@ -122,9 +101,7 @@ impl ServiceProcess {
         }
         let status = self.terminate(Duration::from_secs(10)).await?;
         if !status.success() {
-            return Err(TestkitError::Fixture(format!(
-                "{service}: exit status {status} after SIGTERM"
-            )));
+            return Err(TestkitError::Fixture(format!("{service}: exit status {status} after SIGTERM")));
         }
         Ok(())
     }
@@ -149,9 +126,7 @@ async fn channel(endpoint: &str) -> Result<tonic::transport::Channel> {
 async fn health(endpoint: &str, service: &str) -> Result<ServingStatus> {
     let mut client = HealthClient::new(channel(endpoint).await?);
     let response = client
-        .check(HealthCheckRequest {
-            service: service.to_string(),
-        })
+        .check(HealthCheckRequest { service: service.to_string() })
         .await
         .map_err(|e| TestkitError::Grpc(e.to_string()))?;
     Ok(response.into_inner().status())

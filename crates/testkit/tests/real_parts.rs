@@ -5,22 +5,13 @@
 use std::time::Duration;
 
 use reqwest::StatusCode;
-use vynil_testkit::{
-    ArtifactKind, PackageSpec, PackageType, RedisServer, RegistryOptions, RegistryServer,
-};
+use vynil_testkit::{ArtifactKind, PackageSpec, PackageType, RedisServer, RegistryOptions, RegistryServer};
 
 const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
 
-async fn get_manifest(
-    registry: &RegistryServer,
-    repository: &str,
-    reference: &str,
-) -> reqwest::Response {
+async fn get_manifest(registry: &RegistryServer, repository: &str, reference: &str) -> reqwest::Response {
     reqwest::Client::new()
-        .get(format!(
-            "{}/v2/{repository}/manifests/{reference}",
-            registry.base_url()
-        ))
+        .get(format!("{}/v2/{repository}/manifests/{reference}", registry.base_url()))
         .header("Accept", OCI_MANIFEST)
         .send()
         .await
@@ -28,20 +19,15 @@ async fn get_manifest(
 }
 
 async fn tags(registry: &RegistryServer, repository: &str) -> Vec<String> {
-    let body: serde_json::Value =
-        reqwest::get(format!("{}/v2/{repository}/tags/list", registry.base_url()))
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+    let body: serde_json::Value = reqwest::get(format!("{}/v2/{repository}/tags/list", registry.base_url()))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     let mut tags: Vec<String> = body["tags"]
         .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|t| t.as_str().map(String::from))
-                .collect()
-        })
+        .map(|a| a.iter().filter_map(|t| t.as_str().map(String::from)).collect())
         .unwrap_or_default();
     tags.sort();
     tags
@@ -52,40 +38,21 @@ async fn published_packages_read_back_with_their_annotations_and_digests() {
     let registry = RegistryServer::start().await.unwrap();
     let publisher = registry.publisher();
     let specs = [
-        (
-            "think/ollama",
-            PackageSpec::new("think", "ollama", PackageType::Tenant, "0.1.8").min("0.1.0"),
-        ),
-        (
-            "think/ollama",
-            PackageSpec::new("think", "ollama", PackageType::Service, "0.1.10").vynil("0.7.0"),
-        ),
-        (
-            "db/pg",
-            PackageSpec::new("db", "pg", PackageType::System, "v1.2.0").value_script("#{ a: 1 }"),
-        ),
+        ("think/ollama", PackageSpec::new("think", "ollama", PackageType::Tenant, "0.1.8").min("0.1.0")),
+        ("think/ollama", PackageSpec::new("think", "ollama", PackageType::Service, "0.1.10").vynil("0.7.0")),
+        ("db/pg", PackageSpec::new("db", "pg", PackageType::System, "v1.2.0").value_script("#{ a: 1 }")),
     ];
-    let items: Vec<(String, PackageSpec)> = specs
-        .iter()
-        .map(|(r, s)| (r.to_string(), s.clone()))
-        .collect();
+    let items: Vec<(String, PackageSpec)> = specs.iter().map(|(r, s)| (r.to_string(), s.clone())).collect();
     let digests = publisher.publish_all(&items, 4).await.unwrap();
 
     for ((repository, spec), digest) in specs.iter().zip(&digests) {
         let response = get_manifest(&registry, repository, &spec.tag).await;
         assert_eq!(response.status(), StatusCode::OK);
-        let header = response.headers()["Docker-Content-Digest"]
-            .to_str()
-            .unwrap()
-            .to_string();
+        let header = response.headers()["Docker-Content-Digest"].to_str().unwrap().to_string();
         assert_eq!(&header, digest);
         let manifest: serde_json::Value = response.json().await.unwrap();
         for (key, value) in spec.annotations() {
-            assert_eq!(
-                manifest["annotations"][&key], value,
-                "{repository}:{} {key}",
-                spec.tag
-            );
+            assert_eq!(manifest["annotations"][&key], value, "{repository}:{} {key}", spec.tag);
         }
     }
     assert_ne!(digests[0], digests[1], "each revision has its own digest");
@@ -97,10 +64,7 @@ async fn deleting_a_digest_removes_it_and_its_alias_tag() {
     let registry = RegistryServer::start().await.unwrap();
     let publisher = registry.publisher();
     let digest = publisher
-        .publish(
-            "apps/x",
-            &PackageSpec::new("apps", "x", PackageType::Tenant, "1.0.0"),
-        )
+        .publish("apps/x", &PackageSpec::new("apps", "x", PackageType::Tenant, "1.0.0"))
         .await
         .unwrap();
     let alias_digest = publisher.alias("apps/x", "1.0.0", "latest").await.unwrap();
@@ -109,27 +73,15 @@ async fn deleting_a_digest_removes_it_and_its_alias_tag() {
     assert_eq!(tags(&registry, "apps/x").await, ["1.0.0", "4.0", "latest"]);
 
     let deleted = reqwest::Client::new()
-        .delete(format!(
-            "{}/v2/apps/x/manifests/{digest}",
-            registry.base_url()
-        ))
+        .delete(format!("{}/v2/apps/x/manifests/{digest}", registry.base_url()))
         .send()
         .await
         .unwrap();
     assert_eq!(deleted.status(), StatusCode::ACCEPTED);
 
-    assert_eq!(
-        get_manifest(&registry, "apps/x", &digest).await.status(),
-        StatusCode::NOT_FOUND
-    );
-    assert_eq!(
-        get_manifest(&registry, "apps/x", "latest").await.status(),
-        StatusCode::NOT_FOUND
-    );
-    assert_eq!(
-        get_manifest(&registry, "apps/x", "1.0.0").await.status(),
-        StatusCode::NOT_FOUND
-    );
+    assert_eq!(get_manifest(&registry, "apps/x", &digest).await.status(), StatusCode::NOT_FOUND);
+    assert_eq!(get_manifest(&registry, "apps/x", "latest").await.status(), StatusCode::NOT_FOUND);
+    assert_eq!(get_manifest(&registry, "apps/x", "1.0.0").await.status(), StatusCode::NOT_FOUND);
     assert_eq!(tags(&registry, "apps/x").await, ["4.0"]);
 }
 
@@ -138,27 +90,16 @@ async fn repointing_a_tag_changes_its_digest() {
     let registry = RegistryServer::start().await.unwrap();
     let publisher = registry.publisher();
     let first = publisher
-        .publish(
-            "apps/y",
-            &PackageSpec::new("apps", "y", PackageType::Tenant, "1.0.0"),
-        )
+        .publish("apps/y", &PackageSpec::new("apps", "y", PackageType::Tenant, "1.0.0"))
         .await
         .unwrap();
     let second = publisher
-        .publish(
-            "apps/y",
-            &PackageSpec::new("apps", "y", PackageType::Service, "1.0.0"),
-        )
+        .publish("apps/y", &PackageSpec::new("apps", "y", PackageType::Service, "1.0.0"))
         .await
         .unwrap();
     assert_ne!(first, second);
     let response = get_manifest(&registry, "apps/y", "1.0.0").await;
-    assert_eq!(
-        response.headers()["Docker-Content-Digest"]
-            .to_str()
-            .unwrap(),
-        second
-    );
+    assert_eq!(response.headers()["Docker-Content-Digest"].to_str().unwrap(), second);
 }
 
 #[tokio::test]
@@ -166,20 +107,11 @@ async fn artifacts_are_tagged_after_their_subject_digest() {
     let registry = RegistryServer::start().await.unwrap();
     let publisher = registry.publisher();
     let digest = publisher
-        .publish(
-            "apps/z",
-            &PackageSpec::new("apps", "z", PackageType::Tenant, "1.0.0"),
-        )
+        .publish("apps/z", &PackageSpec::new("apps", "z", PackageType::Tenant, "1.0.0"))
         .await
         .unwrap();
-    let sig = publisher
-        .attach("apps/z", &digest, ArtifactKind::Signature)
-        .await
-        .unwrap();
-    let sbom = publisher
-        .attach("apps/z", &digest, ArtifactKind::Sbom)
-        .await
-        .unwrap();
+    let sig = publisher.attach("apps/z", &digest, ArtifactKind::Signature).await.unwrap();
+    let sbom = publisher.attach("apps/z", &digest, ArtifactKind::Sbom).await.unwrap();
     let hex = digest.trim_start_matches("sha256:");
     assert_eq!(sig, format!("sha256-{hex}.sig"));
     let mut expected = vec!["1.0.0".to_string(), sig, sbom];
@@ -197,28 +129,16 @@ async fn basic_auth_is_refused_without_credentials_and_accepted_with_them() {
     let url = format!("{}/v2/", registry.base_url());
     let anonymous = reqwest::get(&url).await.unwrap();
     assert_eq!(anonymous.status(), StatusCode::UNAUTHORIZED);
-    let wrong = reqwest::Client::new()
-        .get(&url)
-        .basic_auth("vynil", Some("nope"))
-        .send()
-        .await
-        .unwrap();
+    let wrong = reqwest::Client::new().get(&url).basic_auth("vynil", Some("nope")).send().await.unwrap();
     assert_eq!(wrong.status(), StatusCode::UNAUTHORIZED);
-    let right = reqwest::Client::new()
-        .get(&url)
-        .basic_auth("vynil", Some("s3cret-pass"))
-        .send()
-        .await
-        .unwrap();
+    let right =
+        reqwest::Client::new().get(&url).basic_auth("vynil", Some("s3cret-pass")).send().await.unwrap();
     assert_eq!(right.status(), StatusCode::OK);
 
     // The publisher carries the credentials.
     let digest = registry
         .publisher()
-        .publish(
-            "apps/auth",
-            &PackageSpec::new("apps", "auth", PackageType::Tenant, "1.0.0"),
-        )
+        .publish("apps/auth", &PackageSpec::new("apps", "auth", PackageType::Tenant, "1.0.0"))
         .await
         .unwrap();
     assert!(digest.starts_with("sha256:"));
@@ -230,44 +150,18 @@ async fn two_redis_servers_run_side_by_side_and_stop_on_drop() {
     let b = RedisServer::start().await.unwrap();
     assert_ne!(a.port(), b.port());
 
-    let mut ca = redis::Client::open(a.url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
-    let mut cb = redis::Client::open(b.url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
-    let _: () = redis::cmd("SET")
-        .arg("k")
-        .arg("in-a")
-        .query_async(&mut ca)
-        .await
-        .unwrap();
-    let in_b: Option<String> = redis::cmd("GET")
-        .arg("k")
-        .query_async(&mut cb)
-        .await
-        .unwrap();
+    let mut ca = redis::Client::open(a.url()).unwrap().get_multiplexed_async_connection().await.unwrap();
+    let mut cb = redis::Client::open(b.url()).unwrap().get_multiplexed_async_connection().await.unwrap();
+    let _: () = redis::cmd("SET").arg("k").arg("in-a").query_async(&mut ca).await.unwrap();
+    let in_b: Option<String> = redis::cmd("GET").arg("k").query_async(&mut cb).await.unwrap();
     assert_eq!(in_b, None);
-    let in_a: Option<String> = redis::cmd("GET")
-        .arg("k")
-        .query_async(&mut ca)
-        .await
-        .unwrap();
+    let in_a: Option<String> = redis::cmd("GET").arg("k").query_async(&mut ca).await.unwrap();
     assert_eq!(in_a.as_deref(), Some("in-a"));
 
     let port = a.port();
     drop(a);
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(
-        tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_err(),
-        "killed on drop"
-    );
+    assert!(tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_err(), "killed on drop");
 }
 
 #[tokio::test]
@@ -279,10 +173,7 @@ async fn a_fixture_is_built_once_and_each_test_gets_a_private_copy() {
         async move {
             registry
                 .publisher()
-                .publish(
-                    "apps/f",
-                    &PackageSpec::new("apps", "f", PackageType::Tenant, "1.0.0"),
-                )
+                .publish("apps/f", &PackageSpec::new("apps", "f", PackageType::Tenant, "1.0.0"))
                 .await?;
             Ok(registry)
         }
@@ -293,15 +184,7 @@ async fn a_fixture_is_built_once_and_each_test_gets_a_private_copy() {
     assert_eq!(tags(&first, "apps/f").await, ["1.0.0"]);
 
     // Writing to one copy does not touch the other.
-    first
-        .publisher()
-        .publish_plain("apps/f", "extra")
-        .await
-        .unwrap();
+    first.publisher().publish_plain("apps/f", "extra").await.unwrap();
     assert_eq!(tags(&second, "apps/f").await, ["1.0.0"]);
-    let _ = std::fs::remove_dir_all(
-        std::env::temp_dir()
-            .join("vynil-testkit-fixtures")
-            .join(&key),
-    );
+    let _ = std::fs::remove_dir_all(std::env::temp_dir().join("vynil-testkit-fixtures").join(&key));
 }

@@ -53,8 +53,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut replicas = Vec::new();
     for _ in 0..3 {
         let store = Arc::new(LocalStore::with_redis(dir.path().to_path_buf(), &redis.url()).await?);
-        let catalog =
-            Arc::new(Catalog::new(store, Some(&redis.url()), semver::Version::new(0, 8, 0)).await?);
+        let catalog = Arc::new(Catalog::new(store, Some(&redis.url()), semver::Version::new(0, 8, 0)).await?);
         catalog.resync().await?;
         tokio::spawn(catalog.clone().follow(Duration::from_secs(3600)));
         replicas.push(catalog);
@@ -69,11 +68,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut bare = Vec::new();
     for i in 0..CHANGES {
         let start = Instant::now();
-        let _: i64 = redis::cmd("PUBLISH")
-            .arg("bench")
-            .arg(i)
-            .query_async(&mut publisher)
-            .await?;
+        let _: i64 = redis::cmd("PUBLISH").arg("bench").arg(i).query_async(&mut publisher).await?;
         messages.next().await;
         bare.push(start.elapsed());
     }
@@ -81,20 +76,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut fresh = Vec::new();
     for i in 0..CHANGES {
         let mut receivers: Vec<_> = replicas.iter().map(|r| r.subscribe()).collect();
-        let version = writer
-            .get("box")
-            .await?
-            .map(|r| r.status_version)
-            .unwrap_or(0);
+        let version = writer.get("box").await?.map(|r| r.status_version).unwrap_or(0);
         let start = Instant::now();
         writer
             .write_status(
                 "box",
                 version,
-                &JukeBoxStatus {
-                    conditions: vec![],
-                    packages: vec![package(&format!("1.0.{i}"))],
-                },
+                &JukeBoxStatus { conditions: vec![], packages: vec![package(&format!("1.0.{i}"))] },
             )
             .await?;
         for receiver in &mut receivers {

@@ -40,10 +40,7 @@ impl Entry {
             .find(|c| c.condition_type == JukeBoxConditionType::Updated)
             .and_then(|c| c.last_transition_time.clone());
         let content = serde_json::json!([status.packages, pull_secret, status.conditions]);
-        let hash = format!(
-            "sha256:{}",
-            hex::encode(Sha256::digest(content.to_string().as_bytes()))
-        );
+        let hash = format!("sha256:{}", hex::encode(Sha256::digest(content.to_string().as_bytes())));
         Self {
             jukebox: jukebox.to_string(),
             packages: status.packages.clone(),
@@ -87,17 +84,14 @@ impl std::fmt::Debug for RedisCache {
 
 impl RedisCache {
     pub async fn connect(client: &redis::Client) -> Result<Self, CatalogError> {
-        let connection = redis::aio::ConnectionManager::new(client.clone())
-            .await
-            .map_err(redis_error)?;
+        let connection = redis::aio::ConnectionManager::new(client.clone()).await.map_err(redis_error)?;
         Ok(Self { connection })
     }
 
     /// Writes `entry` unless its hash is already stored; true when written.
     pub async fn upsert_if_changed(&self, entry: &Entry) -> Result<bool, CatalogError> {
         let mut c = self.connection.clone();
-        let body =
-            serde_json::to_string(entry).map_err(|e| CatalogError::Unavailable(e.to_string()))?;
+        let body = serde_json::to_string(entry).map_err(|e| CatalogError::Unavailable(e.to_string()))?;
         let written: i64 = redis::Script::new(UPSERT_IF_CHANGED)
             .key(format!("{PREFIX}:hash:{}", entry.jukebox))
             .key(format!("{PREFIX}:entry:{}", entry.jukebox))
@@ -128,10 +122,7 @@ impl RedisCache {
 
     pub async fn get(&self, jukebox: &str) -> Result<Option<Entry>, CatalogError> {
         let mut c = self.connection.clone();
-        let text: Option<String> = c
-            .get(format!("{PREFIX}:entry:{jukebox}"))
-            .await
-            .map_err(redis_error)?;
+        let text: Option<String> = c.get(format!("{PREFIX}:entry:{jukebox}")).await.map_err(redis_error)?;
         text.map(|t| {
             serde_json::from_str(&t)
                 .map_err(|e| CatalogError::Unavailable(format!("cache entry unreadable: {e}")))
@@ -141,10 +132,7 @@ impl RedisCache {
 
     pub async fn all(&self) -> Result<HashMap<String, Entry>, CatalogError> {
         let mut c = self.connection.clone();
-        let names: Vec<String> = c
-            .smembers(format!("{PREFIX}:names"))
-            .await
-            .map_err(redis_error)?;
+        let names: Vec<String> = c.smembers(format!("{PREFIX}:names")).await.map_err(redis_error)?;
         let mut entries = HashMap::new();
         for name in names {
             if let Some(entry) = self.get(&name).await? {

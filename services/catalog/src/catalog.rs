@@ -47,8 +47,8 @@ impl Catalog {
     ) -> Result<Self, CatalogError> {
         let redis = match redis_url {
             Some(url) => {
-                let client = redis::Client::open(url)
-                    .map_err(|e| CatalogError::Unavailable(format!("Redis: {e}")))?;
+                let client =
+                    redis::Client::open(url).map_err(|e| CatalogError::Unavailable(format!("Redis: {e}")))?;
                 let cache = RedisCache::connect(&client).await?;
                 Some((client, cache))
             }
@@ -71,31 +71,17 @@ impl Catalog {
     /// An entry, or `Unavailable` when nothing was ever loaded (never "not found").
     pub fn entry(&self, jukebox: &str) -> Result<Option<Entry>, CatalogError> {
         if !self.loaded.load(Ordering::Acquire) {
-            return Err(CatalogError::Unavailable(
-                "the catalog has not loaded yet; retry".into(),
-            ));
+            return Err(CatalogError::Unavailable("the catalog has not loaded yet; retry".into()));
         }
-        Ok(self
-            .snapshot
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(jukebox)
-            .cloned())
+        Ok(self.snapshot.read().unwrap_or_else(|p| p.into_inner()).get(jukebox).cloned())
     }
 
     pub fn entries(&self) -> Result<Vec<Entry>, CatalogError> {
         if !self.loaded.load(Ordering::Acquire) {
-            return Err(CatalogError::Unavailable(
-                "the catalog has not loaded yet; retry".into(),
-            ));
+            return Err(CatalogError::Unavailable("the catalog has not loaded yet; retry".into()));
         }
-        let mut entries: Vec<Entry> = self
-            .snapshot
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .cloned()
-            .collect();
+        let mut entries: Vec<Entry> =
+            self.snapshot.read().unwrap_or_else(|p| p.into_inner()).values().cloned().collect();
         entries.sort_by(|a, b| a.jukebox.cmp(&b.jukebox));
         Ok(entries)
     }
@@ -123,10 +109,7 @@ impl Catalog {
         };
         drop(snapshot);
         if changed {
-            let _ = self.changes.send(Change {
-                jukebox: jukebox.to_string(),
-                hash,
-            });
+            let _ = self.changes.send(Change { jukebox: jukebox.to_string(), hash });
         }
     }
 
@@ -140,14 +123,9 @@ impl Catalog {
     }
 
     async fn try_ingest(&self, jukebox: &str) -> Result<(), CatalogError> {
-        let record = self
-            .store
-            .get(jukebox)
-            .await
-            .map_err(|e| CatalogError::Unavailable(e.to_string()))?;
+        let record = self.store.get(jukebox).await.map_err(|e| CatalogError::Unavailable(e.to_string()))?;
         let entry = record.and_then(|r| {
-            r.status
-                .map(|status| Entry::from_status(&r.name, r.spec.pull_secret.clone(), &status))
+            r.status.map(|status| Entry::from_status(&r.name, r.spec.pull_secret.clone(), &status))
         });
         if let Some((_, cache)) = &self.redis {
             match &entry {
@@ -163,22 +141,13 @@ impl Catalog {
 
     /// Full resync: every JukeBox of the store, and removal of the others.
     pub async fn resync(&self) -> Result<(), CatalogError> {
-        let records = self
-            .store
-            .list()
-            .await
-            .map_err(|e| CatalogError::Unavailable(e.to_string()))?;
+        let records = self.store.list().await.map_err(|e| CatalogError::Unavailable(e.to_string()))?;
         let names: Vec<String> = records.iter().map(|r| r.name.clone()).collect();
         for name in &names {
             self.ingest(name).await?;
         }
-        let mut stale: Vec<String> = self
-            .snapshot
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .keys()
-            .cloned()
-            .collect();
+        let mut stale: Vec<String> =
+            self.snapshot.read().unwrap_or_else(|p| p.into_inner()).keys().cloned().collect();
         if let Some((_, cache)) = &self.redis {
             stale.extend(cache.all().await?.into_keys());
         }
@@ -251,8 +220,7 @@ impl Catalog {
                             let mut messages = pubsub.into_on_message();
                             while let Some(message) = messages.next().await {
                                 let payload: String = message.get_payload().unwrap_or_default();
-                                let name =
-                                    payload.split(' ').next().unwrap_or_default().to_string();
+                                let name = payload.split(' ').next().unwrap_or_default().to_string();
                                 if sender.send(name).await.is_err() {
                                     return;
                                 }

@@ -34,9 +34,7 @@ fn package_type(value: i32) -> Result<PackageType, Status> {
         Ok(ProtoType::Tenant) => Ok(PackageType::Tenant),
         Ok(ProtoType::Service) => Ok(PackageType::Service),
         Ok(ProtoType::System) => Ok(PackageType::System),
-        _ => Err(Status::invalid_argument(
-            "type must be tenant, service or system",
-        )),
+        _ => Err(Status::invalid_argument("type must be tenant, service or system")),
     }
 }
 
@@ -68,19 +66,9 @@ pub fn package_to_proto(p: &Package) -> pb::Package {
             backup_affinity: meta.backup_affinity.clone().unwrap_or_default(),
         }),
         requirements_json: json(&p.content.requirements),
-        recommandations_json: p
-            .content
-            .recommandations
-            .as_ref()
-            .map(json)
-            .unwrap_or_default(),
+        recommandations_json: p.content.recommandations.as_ref().map(json).unwrap_or_default(),
         options_json: p.content.options.as_ref().map(json).unwrap_or_default(),
-        value_script: p
-            .content
-            .value_script_source()
-            .ok()
-            .flatten()
-            .unwrap_or_default(),
+        value_script: p.content.value_script_source().ok().flatten().unwrap_or_default(),
         digest: String::new(),
     }
 }
@@ -129,12 +117,11 @@ impl CatalogApi for CatalogService {
         request: Request<GetCatalogRequest>,
     ) -> Result<Response<GetCatalogResponse>, Status> {
         let request = request.into_inner();
-        let entry = self.catalog.entry(&request.jukebox)?.ok_or_else(|| {
-            Status::not_found(format!("no JukeBox {:?} in the catalog", request.jukebox))
-        })?;
-        let wanted_type = (request.r#type != 0)
-            .then(|| package_type(request.r#type))
-            .transpose()?;
+        let entry = self
+            .catalog
+            .entry(&request.jukebox)?
+            .ok_or_else(|| Status::not_found(format!("no JukeBox {:?} in the catalog", request.jukebox)))?;
+        let wanted_type = (request.r#type != 0).then(|| package_type(request.r#type)).transpose()?;
         let channel = match ProtoChannel::try_from(request.channel) {
             Ok(ProtoChannel::Beta) => Some(Channel::Beta),
             Ok(ProtoChannel::Alpha) => Some(Channel::Alpha),
@@ -150,11 +137,7 @@ impl CatalogApi for CatalogService {
             .filter(|p| channel.is_none_or(|c| c.admits(&p.tag)))
             .map(package_to_proto)
             .collect();
-        Ok(Response::new(GetCatalogResponse {
-            jukebox: entry.jukebox,
-            content_hash: entry.hash,
-            packages,
-        }))
+        Ok(Response::new(GetCatalogResponse { jukebox: entry.jukebox, content_hash: entry.hash, packages }))
     }
 
     async fn resolve_install(
@@ -186,9 +169,7 @@ impl CatalogApi for CatalogService {
                 }
             }
         };
-        Ok(Response::new(ResolveInstallResponse {
-            outcome: Some(outcome),
-        }))
+        Ok(Response::new(ResolveInstallResponse { outcome: Some(outcome) }))
     }
 
     async fn resolve_cleanup(
@@ -210,11 +191,8 @@ impl CatalogApi for CatalogService {
             digest: r.digest.clone(),
             package_type: package_type_or(r.r#type, package_type),
         });
-        let check = if request.recorded_still_resolves {
-            RecordedCheck::Resolves
-        } else {
-            RecordedCheck::Gone
-        };
+        let check =
+            if request.recorded_still_resolves { RecordedCheck::Resolves } else { RecordedCheck::Gone };
         let query = vynil_rules::selection::CleanupQuery {
             install: InstallQuery {
                 jukebox: &request.jukebox,
@@ -238,9 +216,7 @@ impl CatalogApi for CatalogService {
                 digest: r.digest,
                 ..pb::Package::default()
             }),
-            CleanupDecision::UseCatalog(package) => {
-                Decision::UsePackage(package_to_proto(&package))
-            }
+            CleanupDecision::UseCatalog(package) => Decision::UsePackage(package_to_proto(&package)),
             CleanupDecision::Gone(gone) => Decision::Gone(pb::PackageGone {
                 code: gone.code.to_string(),
                 missing: gone.missing,
@@ -251,15 +227,11 @@ impl CatalogApi for CatalogService {
                 Decision::DeleteWithoutPackage(pb::DeleteWithoutPackage { warning })
             }
             CleanupDecision::NothingToDelete => {
-                return Err(Status::internal(
-                    "cleanup asked for an instance without children",
-                ));
+                return Err(Status::internal("cleanup asked for an instance without children"));
             }
             CleanupDecision::Retry { why } => return Err(Status::unavailable(why)),
         };
-        Ok(Response::new(ResolveCleanupResponse {
-            decision: Some(decision),
-        }))
+        Ok(Response::new(ResolveCleanupResponse { decision: Some(decision) }))
     }
 
     async fn watch_catalog(
@@ -269,9 +241,7 @@ impl CatalogApi for CatalogService {
         let wanted = request.into_inner().jukeboxes;
         let changes = tokio_stream::wrappers::BroadcastStream::new(self.catalog.subscribe());
         let stream = changes.filter_map(move |change| {
-            let keep = change
-                .ok()
-                .filter(|c| wanted.is_empty() || wanted.contains(&c.jukebox));
+            let keep = change.ok().filter(|c| wanted.is_empty() || wanted.contains(&c.jukebox));
             async move {
                 keep.map(|c| {
                     Ok(CatalogChange {

@@ -29,11 +29,7 @@ pub use grpc::CatalogService;
 
 /// Configuration of the catalog service: flags, each with an environment fallback.
 #[derive(Debug, Clone, clap::Parser)]
-#[command(
-    name = "vynil-catalog",
-    version,
-    about = "The package cache of the Vynil control plane"
-)]
+#[command(name = "vynil-catalog", version, about = "The package cache of the Vynil control plane")]
 pub struct Config {
     /// Address the gRPC server listens on.
     #[arg(long, env = "VYNIL_CATALOG_LISTEN", default_value = "0.0.0.0:50051")]
@@ -68,12 +64,7 @@ pub async fn build(config: &Config) -> Result<Arc<Catalog>, CatalogError> {
         None => Arc::new(LocalStore::in_memory(directory)),
     };
     let catalog = Arc::new(
-        Catalog::new(
-            store,
-            config.shared.redis_url.as_deref(),
-            config.shared.vynil_version.clone(),
-        )
-        .await?,
+        Catalog::new(store, config.shared.redis_url.as_deref(), config.shared.vynil_version.clone()).await?,
     );
     if let Err(error) = catalog.resync().await {
         tracing::warn!(%error, "initial catalog load failed; retrying in the background");
@@ -82,26 +73,13 @@ pub async fn build(config: &Config) -> Result<Arc<Catalog>, CatalogError> {
 }
 
 /// Binds, serves and follows changes until `shutdown` resolves, then drains.
-pub async fn run(
-    config: Config,
-    shutdown: impl Future<Output = ()> + Send,
-) -> Result<(), CatalogError> {
+pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> Result<(), CatalogError> {
     let catalog = build(&config).await?;
-    let follower = tokio::spawn(
-        catalog
-            .clone()
-            .follow(std::time::Duration::from_secs(config.resync_seconds.max(1))),
-    );
-    let server = GrpcServer::bind(config.listen)
-        .await?
-        .with_metrics(catalog.metrics.register());
+    let follower =
+        tokio::spawn(catalog.clone().follow(std::time::Duration::from_secs(config.resync_seconds.max(1))));
+    let server = GrpcServer::bind(config.listen).await?.with_metrics(catalog.metrics.register());
     let served = server
-        .serve(
-            vec![ServedService::new(CatalogServer::new(CatalogService {
-                catalog,
-            }))],
-            shutdown,
-        )
+        .serve(vec![ServedService::new(CatalogServer::new(CatalogService { catalog }))], shutdown)
         .await;
     follower.abort();
     served?;

@@ -26,11 +26,7 @@ impl CatalogMetrics {
             self.skipped_identical.clone(),
         );
         registry.register("removals", "Cache entries removed", self.removals.clone());
-        registry.register(
-            "degraded",
-            "Serving from the snapshot only",
-            self.degraded.clone(),
-        );
+        registry.register("degraded", "Serving from the snapshot only", self.degraded.clone());
         Arc::new(registry)
     }
 }

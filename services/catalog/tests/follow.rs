@@ -28,9 +28,7 @@ fn package(tag: &str, kind: PackageType, min: Option<&str>) -> Package {
             features: vec![],
             backup_affinity: None,
         },
-        requirements: min
-            .map(|m| vec![Requirement::MinimumPreviousVersion(m.into())])
-            .unwrap_or_default(),
+        requirements: min.map(|m| vec![Requirement::MinimumPreviousVersion(m.into())]).unwrap_or_default(),
         recommandations: None,
         options: None,
         value_script: None,
@@ -39,10 +37,7 @@ fn package(tag: &str, kind: PackageType, min: Option<&str>) -> Package {
 }
 
 fn status(packages: Vec<Package>) -> JukeBoxStatus {
-    JukeBoxStatus {
-        conditions: vec![],
-        packages,
-    }
+    JukeBoxStatus { conditions: vec![], packages }
 }
 
 struct World {
@@ -60,27 +55,15 @@ async fn world(names: &[&str]) -> World {
         );
         std::fs::write(dir.path().join(format!("{name}.yaml")), yaml).unwrap();
     }
-    let writer = LocalStore::with_redis(dir.path().to_path_buf(), &redis.url())
-        .await
-        .unwrap();
+    let writer = LocalStore::with_redis(dir.path().to_path_buf(), &redis.url()).await.unwrap();
     World { redis, dir, writer }
 }
 
 async fn replica(world: &World) -> Arc<Catalog> {
-    let store = Arc::new(
-        LocalStore::with_redis(world.dir.path().to_path_buf(), &world.redis.url())
-            .await
-            .unwrap(),
-    );
-    let catalog = Arc::new(
-        Catalog::new(
-            store,
-            Some(&world.redis.url()),
-            semver::Version::new(0, 8, 0),
-        )
-        .await
-        .unwrap(),
-    );
+    let store =
+        Arc::new(LocalStore::with_redis(world.dir.path().to_path_buf(), &world.redis.url()).await.unwrap());
+    let catalog =
+        Arc::new(Catalog::new(store, Some(&world.redis.url()), semver::Version::new(0, 8, 0)).await.unwrap());
     catalog.resync().await.unwrap();
     tokio::spawn(catalog.clone().follow(Duration::from_secs(3600)));
     catalog
@@ -88,18 +71,8 @@ async fn replica(world: &World) -> Arc<Catalog> {
 
 /// What the scanner does: a compare-and-set status write.
 async fn write(world: &World, name: &str, packages: Vec<Package>) {
-    let version = world
-        .writer
-        .get(name)
-        .await
-        .unwrap()
-        .unwrap()
-        .status_version;
-    world
-        .writer
-        .write_status(name, version, &status(packages))
-        .await
-        .unwrap();
+    let version = world.writer.get(name).await.unwrap().unwrap().status_version;
+    world.writer.write_status(name, version, &status(packages)).await.unwrap();
 }
 
 async fn tags(catalog: &Catalog, name: &str) -> Vec<String> {
@@ -117,23 +90,13 @@ async fn eventually(catalog: &Catalog, name: &str, expected: &[&str]) {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    panic!(
-        "{name} never showed {expected:?}: {:?}",
-        tags(catalog, name).await
-    );
+    panic!("{name} never showed {expected:?}: {:?}", tags(catalog, name).await);
 }
 
 async fn set_calls(redis: &RedisServer) -> u64 {
-    let mut connection = redis::Client::open(redis.url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut connection)
-        .await
-        .unwrap();
+    let mut connection =
+        redis::Client::open(redis.url()).unwrap().get_multiplexed_async_connection().await.unwrap();
+    let info: String = redis::cmd("INFO").arg("commandstats").query_async(&mut connection).await.unwrap();
     info.lines()
         .find(|l| l.starts_with("cmdstat_set:"))
         .and_then(|l| l.split("calls=").nth(1))
@@ -145,36 +108,18 @@ async fn set_calls(redis: &RedisServer) -> u64 {
 #[tokio::test]
 async fn a_status_change_updates_its_entry_on_every_replica_and_only_that_entry() {
     let world = world(&["a", "b"]).await;
-    let replicas = [
-        replica(&world).await,
-        replica(&world).await,
-        replica(&world).await,
-    ];
-    write(
-        &world,
-        "b",
-        vec![package("1.0.0", PackageType::Tenant, None)],
-    )
-    .await;
+    let replicas = [replica(&world).await, replica(&world).await, replica(&world).await];
+    write(&world, "b", vec![package("1.0.0", PackageType::Tenant, None)]).await;
     for catalog in &replicas {
         eventually(catalog, "b", &["1.0.0"]).await;
     }
     let b_hash = replicas[0].entry("b").unwrap().unwrap().hash;
     let mut changes = replicas[0].subscribe();
 
-    write(
-        &world,
-        "a",
-        vec![package("0.1.10", PackageType::Service, None)],
-    )
-    .await;
+    write(&world, "a", vec![package("0.1.10", PackageType::Service, None)]).await;
     for catalog in &replicas {
         eventually(catalog, "a", &["0.1.10"]).await;
-        assert_eq!(
-            catalog.entry("b").unwrap().unwrap().hash,
-            b_hash,
-            "b untouched"
-        );
+        assert_eq!(catalog.entry("b").unwrap().unwrap().hash, b_hash, "b untouched");
     }
     let change = changes.recv().await.unwrap();
     assert_eq!(change.jukebox, "a");
@@ -185,22 +130,12 @@ async fn a_status_change_updates_its_entry_on_every_replica_and_only_that_entry(
 async fn an_identical_status_writes_nothing_to_redis() {
     let world = world(&["a"]).await;
     let catalog = replica(&world).await;
-    write(
-        &world,
-        "a",
-        vec![package("1.0.0", PackageType::Tenant, None)],
-    )
-    .await;
+    write(&world, "a", vec![package("1.0.0", PackageType::Tenant, None)]).await;
     eventually(&catalog, "a", &["1.0.0"]).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
 
     let before = set_calls(&world.redis).await;
-    write(
-        &world,
-        "a",
-        vec![package("1.0.0", PackageType::Tenant, None)],
-    )
-    .await;
+    write(&world, "a", vec![package("1.0.0", PackageType::Tenant, None)]).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(
         set_calls(&world.redis).await - before,
@@ -209,51 +144,29 @@ async fn an_identical_status_writes_nothing_to_redis() {
     );
 
     let before = set_calls(&world.redis).await;
-    write(
-        &world,
-        "a",
-        vec![package("2.0.0", PackageType::Tenant, None)],
-    )
-    .await;
+    write(&world, "a", vec![package("2.0.0", PackageType::Tenant, None)]).await;
     eventually(&catalog, "a", &["2.0.0"]).await;
-    assert_eq!(
-        set_calls(&world.redis).await - before,
-        3,
-        "status, entry and hash"
-    );
+    assert_eq!(set_calls(&world.redis).await - before, 3, "status, entry and hash");
 }
 
 #[tokio::test]
 async fn a_deleted_jukebox_loses_its_entry() {
     let world = world(&["a"]).await;
     let catalog = replica(&world).await;
-    write(
-        &world,
-        "a",
-        vec![package("1.0.0", PackageType::Tenant, None)],
-    )
-    .await;
+    write(&world, "a", vec![package("1.0.0", PackageType::Tenant, None)]).await;
     eventually(&catalog, "a", &["1.0.0"]).await;
     let mut changes = catalog.subscribe();
     std::fs::remove_file(world.dir.path().join("a.yaml")).unwrap();
     catalog.resync().await.unwrap();
     assert!(catalog.entry("a").unwrap().is_none());
-    assert_eq!(
-        changes.recv().await.unwrap(),
-        Change {
-            jukebox: "a".into(),
-            hash: None
-        }
-    );
+    assert_eq!(changes.recv().await.unwrap(), Change { jukebox: "a".into(), hash: None });
 }
 
 #[tokio::test]
 async fn resolve_install_answers_per_instance_type_and_says_what_is_missing() {
     let world = world(&["box"]).await;
     let catalog = replica(&world).await;
-    let service = CatalogService {
-        catalog: catalog.clone(),
-    };
+    let service = CatalogService { catalog: catalog.clone() };
     let resolve = |kind: ProtoType| ResolveInstallRequest {
         jukebox: "box".into(),
         category: "think".into(),
@@ -295,52 +208,26 @@ async fn resolve_install_answers_per_instance_type_and_says_what_is_missing() {
         "0.1.10"
     );
 
-    write(
-        &world,
-        "box",
-        vec![package("0.1.10", PackageType::Service, None)],
-    )
-    .await;
+    write(&world, "box", vec![package("0.1.10", PackageType::Service, None)]).await;
     eventually(&catalog, "box", &["0.1.10"]).await;
-    let outcome = service
-        .resolve_install(Request::new(resolve(ProtoType::Tenant)))
-        .await
-        .unwrap()
-        .into_inner()
-        .outcome;
-    let Some(Outcome::NoMatch(no_match)) = outcome else {
-        panic!("{outcome:?}")
-    };
+    let outcome =
+        service.resolve_install(Request::new(resolve(ProtoType::Tenant))).await.unwrap().into_inner().outcome;
+    let Some(Outcome::NoMatch(no_match)) = outcome else { panic!("{outcome:?}") };
     assert_eq!(no_match.excluded_by, "type");
-    assert_eq!(
-        no_match.reason,
-        "no tenant revision of think/ollama (only service: 0.1.10)"
-    );
+    assert_eq!(no_match.reason, "no tenant revision of think/ollama (only service: 0.1.10)");
 }
 
 #[tokio::test]
 async fn when_redis_goes_away_reads_go_on_from_the_snapshot_and_the_entry_is_repaired_after() {
     let mut world = world(&["a"]).await;
     let catalog = replica(&world).await;
-    write(
-        &world,
-        "a",
-        vec![package("1.0.0", PackageType::Tenant, None)],
-    )
-    .await;
+    write(&world, "a", vec![package("1.0.0", PackageType::Tenant, None)]).await;
     eventually(&catalog, "a", &["1.0.0"]).await;
 
     world.redis.kill();
-    assert!(
-        catalog.ingest("a").await.is_err(),
-        "the store is unreachable"
-    );
+    assert!(catalog.ingest("a").await.is_err(), "the store is unreachable");
     assert!(catalog.is_degraded());
-    assert_eq!(
-        tags(&catalog, "a").await,
-        ["1.0.0"],
-        "reads go on from the last snapshot"
-    );
+    assert_eq!(tags(&catalog, "a").await, ["1.0.0"], "reads go on from the last snapshot");
 
     // Redis comes back empty (no persistence); the scanner writes the status again.
     world.redis.restart().await.unwrap();
@@ -350,12 +237,7 @@ async fn when_redis_goes_away_reads_go_on_from_the_snapshot_and_the_entry_is_rep
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    write(
-        &world,
-        "a",
-        vec![package("2.0.0", PackageType::Tenant, None)],
-    )
-    .await;
+    write(&world, "a", vec![package("2.0.0", PackageType::Tenant, None)]).await;
     eventually(&catalog, "a", &["2.0.0"]).await;
     for _ in 0..100 {
         if !catalog.is_degraded() {
@@ -364,18 +246,9 @@ async fn when_redis_goes_away_reads_go_on_from_the_snapshot_and_the_entry_is_rep
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(!catalog.is_degraded(), "healthy again once Redis answers");
-    let mut connection = redis::Client::open(world.redis.url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
-    let stored: Option<String> = redis::cmd("GET")
-        .arg("vynil:v1:catalog:entry:a")
-        .query_async(&mut connection)
-        .await
-        .unwrap();
-    assert!(
-        stored.unwrap().contains("2.0.0"),
-        "the shared entry was repaired"
-    );
+    let mut connection =
+        redis::Client::open(world.redis.url()).unwrap().get_multiplexed_async_connection().await.unwrap();
+    let stored: Option<String> =
+        redis::cmd("GET").arg("vynil:v1:catalog:entry:a").query_async(&mut connection).await.unwrap();
+    assert!(stored.unwrap().contains("2.0.0"), "the shared entry was repaired");
 }

@@ -11,9 +11,7 @@ const SERVICE: &str = "vynil.catalog.v1.Catalog";
 
 #[tokio::test]
 async fn the_binary_serves_health_and_reflection_then_exits_cleanly_on_sigterm() {
-    let service = ServiceProcess::start(Path::new(env!("CARGO_BIN_EXE_vynil-catalog")), &[])
-        .await
-        .unwrap();
+    let service = ServiceProcess::start(Path::new(env!("CARGO_BIN_EXE_vynil-catalog")), &[]).await.unwrap();
     service.check_serves_then_stops(SERVICE).await.unwrap();
 }
 
@@ -26,9 +24,6 @@ async fn before_anything_is_loaded_the_catalog_is_unavailable_never_empty() {
     .await
     .unwrap();
     let mut client = CatalogClient::new(service.channel().await.unwrap());
-    let status = client
-        .list_jukeboxes(ListJukeboxesRequest::default())
-        .await
-        .unwrap_err();
+    let status = client.list_jukeboxes(ListJukeboxesRequest::default()).await.unwrap_err();
     assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
 }

@@ -39,44 +39,25 @@ async fn three_catalog_processes_serve_the_new_catalog_after_a_status_change() {
         "apiVersion: vynil.solidite.fr/v1\nkind: JukeBox\nmetadata:\n  name: box\nspec:\n  schedule: '0 * * * *'\n",
     )
     .unwrap();
-    let writer = LocalStore::with_redis(dir.path().to_path_buf(), &redis.url())
-        .await
-        .unwrap();
+    let writer = LocalStore::with_redis(dir.path().to_path_buf(), &redis.url()).await.unwrap();
     writer
-        .write_status(
-            "box",
-            0,
-            &JukeBoxStatus {
-                conditions: vec![],
-                packages: vec![package("1.0.0")],
-            },
-        )
+        .write_status("box", 0, &JukeBoxStatus { conditions: vec![], packages: vec![package("1.0.0")] })
         .await
         .unwrap();
 
     let (url, jukeboxes) = (redis.url(), dir.path().to_str().unwrap().to_string());
     let mut replicas = Vec::new();
     for _ in 0..3 {
-        let args = [
-            "--redis-url",
-            url.as_str(),
-            "--jukebox-dir",
-            jukeboxes.as_str(),
-        ];
+        let args = ["--redis-url", url.as_str(), "--jukebox-dir", jukeboxes.as_str()];
         replicas.push(
-            ServiceProcess::start(Path::new(env!("CARGO_BIN_EXE_vynil-catalog")), &args)
-                .await
-                .unwrap(),
+            ServiceProcess::start(Path::new(env!("CARGO_BIN_EXE_vynil-catalog")), &args).await.unwrap(),
         );
     }
     let mut clients = Vec::new();
     for replica in &replicas {
         clients.push(CatalogClient::new(replica.channel().await.unwrap()));
     }
-    let request = || GetCatalogRequest {
-        jukebox: "box".into(),
-        ..GetCatalogRequest::default()
-    };
+    let request = || GetCatalogRequest { jukebox: "box".into(), ..GetCatalogRequest::default() };
     for client in &mut clients {
         let tags: Vec<String> = client
             .get_catalog(request())
@@ -91,14 +72,7 @@ async fn three_catalog_processes_serve_the_new_catalog_after_a_status_change() {
     }
 
     writer
-        .write_status(
-            "box",
-            1,
-            &JukeBoxStatus {
-                conditions: vec![],
-                packages: vec![package("2.0.0")],
-            },
-        )
+        .write_status("box", 1, &JukeBoxStatus { conditions: vec![], packages: vec![package("2.0.0")] })
         .await
         .unwrap();
     for (index, client) in clients.iter_mut().enumerate() {

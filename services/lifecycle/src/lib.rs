@@ -29,10 +29,7 @@ pub struct LifecycleService;
 impl Lifecycle for LifecycleService {}
 
 /// Binds, serves until `shutdown` resolves, then drains.
-pub async fn run(
-    config: Config,
-    shutdown: impl Future<Output = ()> + Send,
-) -> Result<(), RuntimeError> {
+pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> Result<(), RuntimeError> {
     let server = GrpcServer::bind(config.listen).await?;
     let service = ServedService::new(LifecycleServer::new(LifecycleService));
     server.serve(vec![service], shutdown).await

@@ -11,21 +11,14 @@ const SERVICE: &str = "vynil.lifecycle.v1.Lifecycle";
 
 #[tokio::test]
 async fn the_binary_serves_health_and_reflection_then_exits_cleanly_on_sigterm() {
-    let service = ServiceProcess::start(Path::new(env!("CARGO_BIN_EXE_vynil-lifecycle")), &[])
-        .await
-        .unwrap();
+    let service = ServiceProcess::start(Path::new(env!("CARGO_BIN_EXE_vynil-lifecycle")), &[]).await.unwrap();
     service.check_serves_then_stops(SERVICE).await.unwrap();
 }
 
 #[tokio::test]
 async fn an_rpc_not_implemented_yet_answers_unimplemented() {
-    let service = ServiceProcess::start(Path::new(env!("CARGO_BIN_EXE_vynil-lifecycle")), &[])
-        .await
-        .unwrap();
+    let service = ServiceProcess::start(Path::new(env!("CARGO_BIN_EXE_vynil-lifecycle")), &[]).await.unwrap();
     let mut client = LifecycleClient::new(service.channel().await.unwrap());
-    let status = client
-        .list_instances(ListInstancesRequest::default())
-        .await
-        .unwrap_err();
+    let status = client.list_instances(ListInstancesRequest::default()).await.unwrap_err();
     assert_eq!(status.code(), tonic::Code::Unimplemented, "{status:?}");
 }

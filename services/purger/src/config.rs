@@ -8,11 +8,7 @@ use crate::PurgerError;
 
 /// Configuration of the purger.
 #[derive(Debug, Clone, clap::Parser)]
-#[command(
-    name = "vynil-purger",
-    version,
-    about = "Type-aware, usage-aware registry retention"
-)]
+#[command(name = "vynil-purger", version, about = "Type-aware, usage-aware registry retention")]
 pub struct Config {
     /// Address the gRPC server listens on.
     #[arg(long, env = "VYNIL_PURGER_LISTEN", default_value = "0.0.0.0:50053")]
@@ -94,16 +90,9 @@ impl RetentionFile {
             return Ok(Self::default());
         };
         let text = std::fs::read_to_string(path).map_err(|e| {
-            PurgerError::Config(format!(
-                "cannot read the retention config {}: {e}",
-                path.display()
-            ))
+            PurgerError::Config(format!("cannot read the retention config {}: {e}", path.display()))
         })?;
-        serde_yaml_ng::from_str(&text).map_err(|e| {
-            PurgerError::Config(format!(
-                "retention config {} is invalid: {e}",
-                path.display()
-            ))
-        })
+        serde_yaml_ng::from_str(&text)
+            .map_err(|e| PurgerError::Config(format!("retention config {} is invalid: {e}", path.display())))
     }
 }

@@ -53,37 +53,24 @@ pub fn check_confirmation(plan: &StoredPlan, request: &ExecuteRequest) -> Result
 /// What changed since planning, from a fresh read of the repository and of
 /// usage. Tags the plan deletes may be gone (deleted by an earlier run).
 pub fn staleness(plan: &RepositoryPlan, fresh: &[RepositoryTag], usage: &Usage) -> Vec<String> {
-    let now: HashMap<&str, &str> = fresh
-        .iter()
-        .map(|t| (t.name.as_str(), t.digest.as_str()))
-        .collect();
-    let planned: HashMap<&str, &str> = plan
-        .entries
-        .iter()
-        .map(|e| (e.tag.as_str(), e.digest.as_str()))
-        .collect();
+    let now: HashMap<&str, &str> = fresh.iter().map(|t| (t.name.as_str(), t.digest.as_str())).collect();
+    let planned: HashMap<&str, &str> =
+        plan.entries.iter().map(|e| (e.tag.as_str(), e.digest.as_str())).collect();
     let mut changes = Vec::new();
     for entry in &plan.entries {
         match now.get(entry.tag.as_str()) {
-            Some(digest) if *digest != entry.digest => changes.push(format!(
-                "{} now points to {digest} (planned {})",
-                entry.tag, entry.digest
-            )),
-            None if entry.keep => changes.push(format!(
-                "{}: kept tag {} disappeared",
-                plan.name(),
-                entry.tag
-            )),
+            Some(digest) if *digest != entry.digest => {
+                changes.push(format!("{} now points to {digest} (planned {})", entry.tag, entry.digest))
+            }
+            None if entry.keep => {
+                changes.push(format!("{}: kept tag {} disappeared", plan.name(), entry.tag))
+            }
             _ => {}
         }
     }
     for tag in fresh {
         if !planned.contains_key(tag.name.as_str()) {
-            changes.push(format!(
-                "{}: {} was pushed since planning",
-                plan.name(),
-                tag.name
-            ));
+            changes.push(format!("{}: {} was pushed since planning", plan.name(), tag.name));
         }
     }
     if let Usage::Known(used) = usage {
@@ -92,10 +79,7 @@ pub fn staleness(plan: &RepositoryPlan, fresh: &[RepositoryTag], usage: &Usage) 
                 if revision.digest.as_deref() == Some(deletion.digest.as_str())
                     || deletion.tags.contains(&revision.tag)
                 {
-                    changes.push(format!(
-                        "{} is now used by {}",
-                        revision.tag, revision.instance
-                    ));
+                    changes.push(format!("{} is now used by {}", revision.tag, revision.instance));
                 }
             }
         }
@@ -116,12 +100,8 @@ pub async fn delete_all(
     let repo = RepositoryRef::new(&plan.registry, &plan.repository)?;
     let mut outcomes = Vec::new();
     for artifacts in [false, true] {
-        let phase: Vec<StoredDeletion> = plan
-            .deletions
-            .iter()
-            .filter(|d| d.artifacts_only == artifacts)
-            .cloned()
-            .collect();
+        let phase: Vec<StoredDeletion> =
+            plan.deletions.iter().filter(|d| d.artifacts_only == artifacts).cloned().collect();
         let mut results = futures::stream::iter(phase)
             .map(|deletion| {
                 let (client, repo) = (client.clone(), repo.clone());
@@ -146,11 +126,7 @@ async fn delete_one(
     let outcome = match client.head_digest(repo, &deletion.digest).await {
         // Already gone (an earlier run, or someone else): no DELETE.
         Ok(None) => DeletionOutcome::AlreadyGone,
-        Ok(Some(_)) => {
-            client
-                .delete_digest(repo, &deletion.digest, &deletion.tags)
-                .await
-        }
+        Ok(Some(_)) => client.delete_digest(repo, &deletion.digest, &deletion.tags).await,
         Err(error) => DeletionOutcome::Failed {
             status: None,
             code: "UNVERIFIABLE".into(),
@@ -160,11 +136,7 @@ async fn delete_one(
     let (state, http_status, error_code, error_message) = match outcome {
         DeletionOutcome::Deleted { .. } => ("deleted", None, String::new(), String::new()),
         DeletionOutcome::AlreadyGone => ("already_gone", None, String::new(), String::new()),
-        DeletionOutcome::Failed {
-            status,
-            code,
-            message,
-        } => ("failed", status, code, message),
+        DeletionOutcome::Failed { status, code, message } => ("failed", status, code, message),
     };
     StoredOutcome {
         registry: repo.registry.clone(),
@@ -198,12 +170,7 @@ pub struct LeaseKeeper {
 }
 
 impl LeaseKeeper {
-    pub fn start(
-        store: Arc<dyn PlanStore>,
-        targets: Vec<String>,
-        owner: String,
-        ttl: Duration,
-    ) -> Self {
+    pub fn start(store: Arc<dyn PlanStore>, targets: Vec<String>, owner: String, ttl: Duration) -> Self {
         let task = tokio::spawn(async move {
             loop {
                 tokio::time::sleep(ttl / 3).await;

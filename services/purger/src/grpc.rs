@@ -8,9 +8,9 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 use vynil_proto::purger::v1::{
-    DeletionOutcome, DeletionState, ExecuteProgress, ExecuteRequest, GetPlanRequest,
-    GetReportRequest, PlanEntry, PlanRequest, PurgePlan, PurgeReport, execute_progress::Event,
-    plan_request::Target, purger_server::Purger as PurgerApi,
+    DeletionOutcome, DeletionState, ExecuteProgress, ExecuteRequest, GetPlanRequest, GetReportRequest,
+    PlanEntry, PlanRequest, PurgePlan, PurgeReport, execute_progress::Event, plan_request::Target,
+    purger_server::Purger as PurgerApi,
 };
 use vynil_registry::RepositoryRef;
 
@@ -37,9 +37,7 @@ impl From<PurgerError> for Status {
             | PurgerError::Rules(_)
             | PurgerError::Config(_) => Status::failed_precondition(message),
             PurgerError::Busy(_) => Status::aborted(message),
-            PurgerError::Registry(ref e) if !e.is_transient() => {
-                Status::failed_precondition(message)
-            }
+            PurgerError::Registry(ref e) if !e.is_transient() => Status::failed_precondition(message),
             PurgerError::Registry(_) | PurgerError::Store(_) => Status::unavailable(message),
             PurgerError::Serve(_) => Status::internal(message),
         }
@@ -47,11 +45,7 @@ impl From<PurgerError> for Status {
 }
 
 pub fn plan_to_proto(plan: &StoredPlan) -> PurgePlan {
-    let entries = || {
-        plan.repositories
-            .iter()
-            .flat_map(|r| r.entries.iter().map(move |e| (r, e)))
-    };
+    let entries = || plan.repositories.iter().flat_map(|r| r.entries.iter().map(move |e| (r, e)));
     PurgePlan {
         plan_id: plan.id.clone(),
         target: plan.target.clone(),
@@ -116,14 +110,11 @@ type ProgressStream = Pin<Box<dyn Stream<Item = Result<ExecuteProgress, Status>>
 impl PurgerApi for PurgerService {
     #[tracing::instrument(skip_all)]
     async fn plan(&self, request: Request<PlanRequest>) -> Result<Response<PurgePlan>, Status> {
-        let target = request
-            .into_inner()
-            .target
-            .ok_or_else(|| Status::invalid_argument("a target is required"))?;
+        let target =
+            request.into_inner().target.ok_or_else(|| Status::invalid_argument("a target is required"))?;
         let plan = match target {
             Target::Repository(r) => {
-                let repo =
-                    RepositoryRef::new(&r.registry, &r.repository).map_err(PurgerError::from)?;
+                let repo = RepositoryRef::new(&r.registry, &r.repository).map_err(PurgerError::from)?;
                 self.purger.plan(&repo).await?
             }
             Target::Jukebox(name) => self.purger.plan_jukebox(&name).await?,
@@ -131,19 +122,13 @@ impl PurgerApi for PurgerService {
         Ok(Response::new(plan_to_proto(&plan)))
     }
 
-    async fn get_plan(
-        &self,
-        request: Request<GetPlanRequest>,
-    ) -> Result<Response<PurgePlan>, Status> {
+    async fn get_plan(&self, request: Request<GetPlanRequest>) -> Result<Response<PurgePlan>, Status> {
         let plan = self.purger.get_plan(&request.into_inner().plan_id).await?;
         Ok(Response::new(plan_to_proto(&plan)))
     }
 
     #[tracing::instrument(skip_all)]
-    async fn execute(
-        &self,
-        request: Request<ExecuteRequest>,
-    ) -> Result<Response<ProgressStream>, Status> {
+    async fn execute(&self, request: Request<ExecuteRequest>) -> Result<Response<ProgressStream>, Status> {
         let caller = request
             .metadata()
             .get(CALLER_HEADER)
@@ -168,14 +153,12 @@ impl PurgerApi for PurgerService {
         tokio::spawn(async move {
             while let Some(outcome) = outcomes.recv().await {
                 let event = Event::Outcome(outcome_to_proto(&outcome));
-                let _ = sender
-                    .send(Ok(ExecuteProgress { event: Some(event) }))
-                    .await;
+                let _ = sender.send(Ok(ExecuteProgress { event: Some(event) })).await;
             }
             let last = match run.await {
-                Ok(Ok(report)) => Ok(ExecuteProgress {
-                    event: Some(Event::Report(report_to_proto(&report))),
-                }),
+                Ok(Ok(report)) => {
+                    Ok(ExecuteProgress { event: Some(Event::Report(report_to_proto(&report))) })
+                }
                 Ok(Err(error)) => Err(Status::from(error)),
                 Err(join) => Err(Status::internal(format!("execution task failed: {join}"))),
             };
@@ -184,14 +167,8 @@ impl PurgerApi for PurgerService {
         Ok(Response::new(Box::pin(ReceiverStream::new(receiver))))
     }
 
-    async fn get_report(
-        &self,
-        request: Request<GetReportRequest>,
-    ) -> Result<Response<PurgeReport>, Status> {
-        let report = self
-            .purger
-            .get_report(&request.into_inner().plan_id)
-            .await?;
+    async fn get_report(&self, request: Request<GetReportRequest>) -> Result<Response<PurgeReport>, Status> {
+        let report = self.purger.get_report(&request.into_inner().plan_id).await?;
         Ok(Response::new(report_to_proto(&report)))
     }
 }

@@ -21,8 +21,7 @@ use std::{future::Future, sync::Arc, time::Duration};
 use tokio::sync::mpsc;
 use vynil_proto::purger::v1::purger_server::PurgerServer;
 use vynil_registry::{
-    CredentialStore, Credentials, InMemoryMetadataCache, RegistryClient, RepositoryRef,
-    TransportConfig,
+    CredentialStore, Credentials, InMemoryMetadataCache, RegistryClient, RepositoryRef, TransportConfig,
 };
 use vynil_rules::RetentionConfig;
 use vynil_runtime::{GrpcServer, ServedService};
@@ -96,17 +95,14 @@ pub struct Prepared {
 
 impl std::fmt::Debug for Prepared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Prepared")
-            .field("plan", &self.plan.id)
-            .finish_non_exhaustive()
+        f.debug_struct("Prepared").field("plan", &self.plan.id).finish_non_exhaustive()
     }
 }
 
 impl Purger {
     pub async fn from_config(config: &Config) -> Result<Self, PurgerError> {
         let retention_file = RetentionFile::load(config.retention_config.as_ref())?;
-        let retention =
-            RetentionConfig::new(config.shared.vynil_version.clone(), &retention_file.pinned)?;
+        let retention = RetentionConfig::new(config.shared.vynil_version.clone(), &retention_file.pinned)?;
         let credentials = match &config.dockerconfig {
             Some(path) => credentials_from(path, &config.shared.insecure_registries)?,
             None => CredentialStore::default(),
@@ -116,27 +112,19 @@ impl Purger {
             timeout: Duration::from_secs(config.registry_timeout_seconds.max(1)),
             ..TransportConfig::default()
         };
-        let client = RegistryClient::new(
-            transport,
-            credentials,
-            Arc::new(InMemoryMetadataCache::default()),
-        )?;
+        let client = RegistryClient::new(transport, credentials, Arc::new(InMemoryMetadataCache::default()))?;
         let directory = config.shared.jukebox_dir.clone();
-        let (store, jukeboxes): (Arc<dyn PlanStore>, Arc<dyn JukeboxStore>) =
-            match &config.shared.redis_url {
-                Some(url) => (
-                    Arc::new(RedisStore::connect(url).await?),
-                    Arc::new(
-                        LocalStore::with_redis(directory, url)
-                            .await
-                            .map_err(|e| PurgerError::Store(e.to_string()))?,
-                    ),
+        let (store, jukeboxes): (Arc<dyn PlanStore>, Arc<dyn JukeboxStore>) = match &config.shared.redis_url {
+            Some(url) => (
+                Arc::new(RedisStore::connect(url).await?),
+                Arc::new(
+                    LocalStore::with_redis(directory, url)
+                        .await
+                        .map_err(|e| PurgerError::Store(e.to_string()))?,
                 ),
-                None => (
-                    Arc::new(MemoryStore::default()),
-                    Arc::new(LocalStore::in_memory(directory)),
-                ),
-            };
+            ),
+            None => (Arc::new(MemoryStore::default()), Arc::new(LocalStore::in_memory(directory))),
+        };
         let (metrics, registry) = metrics::PurgerMetrics::register();
         Ok(Self {
             metrics,
@@ -208,25 +196,18 @@ impl Purger {
 
     pub async fn get_plan(&self, id: &str) -> Result<StoredPlan, PurgerError> {
         self.store.get_plan(id).await?.ok_or_else(|| {
-            PurgerError::NotFound(format!(
-                "no plan {id:?}: it expired or never existed; make a new plan"
-            ))
+            PurgerError::NotFound(format!("no plan {id:?}: it expired or never existed; make a new plan"))
         })
     }
 
     pub async fn get_report(&self, plan_id: &str) -> Result<StoredReport, PurgerError> {
         self.store.get_report(plan_id).await?.ok_or_else(|| {
-            PurgerError::NotFound(format!(
-                "no report for plan {plan_id:?}: it was not executed to the end"
-            ))
+            PurgerError::NotFound(format!("no report for plan {plan_id:?}: it was not executed to the end"))
         })
     }
 
     /// Every check before anything is deleted: confirmation, leases, staleness.
-    pub async fn prepare(
-        &self,
-        request: &executor::ExecuteRequest,
-    ) -> Result<Prepared, PurgerError> {
+    pub async fn prepare(&self, request: &executor::ExecuteRequest) -> Result<Prepared, PurgerError> {
         let prepared = self.checked(request).await;
         if prepared.is_err() {
             self.metrics.refusals.inc();
@@ -247,20 +228,13 @@ impl Purger {
                 )));
             }
         }
-        let lease = executor::LeaseKeeper::start(
-            self.store.clone(),
-            names.clone(),
-            self.owner.clone(),
-            self.lease,
-        );
+        let lease =
+            executor::LeaseKeeper::start(self.store.clone(), names.clone(), self.owner.clone(), self.lease);
         if let Err(error) = self.still_valid(&plan, request).await {
             self.release(&names).await;
             return Err(error);
         }
-        Ok(Prepared {
-            plan,
-            _lease: lease,
-        })
+        Ok(Prepared { plan, _lease: lease })
     }
 
     /// Re-reads every repository and what instances use; refuses a stale plan.
@@ -282,16 +256,13 @@ impl Purger {
                 && !request.acknowledge_usage_unknown
             {
                 return Err(PurgerError::Refused(
-                    "lifecycle cannot confirm what instances use now: retry, or acknowledge_usage_unknown".into(),
+                    "lifecycle cannot confirm what instances use now: retry, or acknowledge_usage_unknown"
+                        .into(),
                 ));
             }
             changes.extend(executor::staleness(repository, &fresh, &usage));
         }
-        if changes.is_empty() {
-            Ok(())
-        } else {
-            Err(PurgerError::Stale(changes))
-        }
+        if changes.is_empty() { Ok(()) } else { Err(PurgerError::Stale(changes)) }
     }
 
     async fn release(&self, names: &[String]) {
@@ -331,26 +302,14 @@ impl Purger {
                 }
             }
         }
-        self.release(
-            &plan
-                .repositories
-                .iter()
-                .map(RepositoryPlan::name)
-                .collect::<Vec<_>>(),
-        )
-        .await;
+        self.release(&plan.repositories.iter().map(RepositoryPlan::name).collect::<Vec<_>>()).await;
         if let Some(error) = failure {
             return Err(error);
         }
         let report = executor::report(plan, &request.caller, started_at, outcomes);
         self.store.put_report(&report).await?;
         for outcome in &report.outcomes {
-            self.metrics
-                .deletions
-                .get_or_create(&metrics::State {
-                    state: outcome.state.clone(),
-                })
-                .inc();
+            self.metrics.deletions.get_or_create(&metrics::State { state: outcome.state.clone() }).inc();
         }
         tracing::info!(
             target: "audit",
@@ -366,11 +325,7 @@ impl Purger {
     }
 
     /// Plans and executes, as a scheduled purge does.
-    pub async fn execute_as(
-        &self,
-        plan: &StoredPlan,
-        caller: &str,
-    ) -> Result<StoredReport, PurgerError> {
+    pub async fn execute_as(&self, plan: &StoredPlan, caller: &str) -> Result<StoredReport, PurgerError> {
         let request = executor::ExecuteRequest {
             plan_id: plan.id.clone(),
             confirm: plan.target.clone(),
@@ -387,46 +342,27 @@ impl Purger {
     }
 }
 
-fn credentials_from(
-    path: &std::path::Path,
-    registries: &[String],
-) -> Result<CredentialStore, PurgerError> {
-    let document = std::fs::read(path).map_err(|e| {
-        PurgerError::Config(format!(
-            "cannot read the dockerconfig {}: {e}",
-            path.display()
-        ))
-    })?;
+fn credentials_from(path: &std::path::Path, registries: &[String]) -> Result<CredentialStore, PurgerError> {
+    let document = std::fs::read(path)
+        .map_err(|e| PurgerError::Config(format!("cannot read the dockerconfig {}: {e}", path.display())))?;
     let mut store = CredentialStore::default();
     #[derive(serde::Deserialize)]
     struct Auths {
         #[serde(default)]
         auths: std::collections::HashMap<String, serde_json::Value>,
     }
-    let auths: Auths = serde_json::from_slice(&document).map_err(|_| {
-        PurgerError::Config(format!(
-            "{} is not a dockerconfigjson document",
-            path.display()
-        ))
-    })?;
+    let auths: Auths = serde_json::from_slice(&document)
+        .map_err(|_| PurgerError::Config(format!("{} is not a dockerconfigjson document", path.display())))?;
     for registry in auths.auths.keys().chain(registries) {
-        store.set(
-            registry,
-            Credentials::from_dockerconfigjson(&document, registry)?,
-        );
+        store.set(registry, Credentials::from_dockerconfigjson(&document, registry)?);
     }
     Ok(store)
 }
 
 /// Binds, serves until `shutdown` resolves, then drains.
-pub async fn run(
-    config: Config,
-    shutdown: impl Future<Output = ()> + Send,
-) -> Result<(), PurgerError> {
+pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> Result<(), PurgerError> {
     let purger = Arc::new(Purger::from_config(&config).await?);
-    let server = GrpcServer::bind(config.listen)
-        .await?
-        .with_metrics(purger.registry.clone());
+    let server = GrpcServer::bind(config.listen).await?.with_metrics(purger.registry.clone());
     let scheduler = tokio::spawn(schedule::run_all(purger.clone()));
     let service = ServedService::new(PurgerServer::new(PurgerService { purger }));
     let served = server.serve(vec![service], shutdown).await;

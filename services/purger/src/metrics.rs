@@ -19,22 +19,15 @@ pub struct PurgerMetrics {
 impl PurgerMetrics {
     pub fn register() -> (Self, Arc<Registry>) {
         let mut registry = Registry::with_prefix("vynil_purger");
-        let metrics = Self {
-            plans: Counter::default(),
-            refusals: Counter::default(),
-            deletions: Family::default(),
-        };
+        let metrics =
+            Self { plans: Counter::default(), refusals: Counter::default(), deletions: Family::default() };
         registry.register("plans", "Plans made", metrics.plans.clone());
         registry.register(
             "refusals",
             "Executions refused (confirmation, stale plan, busy)",
             metrics.refusals.clone(),
         );
-        registry.register(
-            "deletions",
-            "Verified deletion outcomes by state",
-            metrics.deletions.clone(),
-        );
+        registry.register("deletions", "Verified deletion outcomes by state", metrics.deletions.clone());
         (metrics, Arc::new(registry))
     }
 }

@@ -4,8 +4,7 @@
 
 use futures::{StreamExt, TryStreamExt};
 use vynil_proto::lifecycle::v1::{
-    InstanceKind, ListInstalledRevisionsRequest, RevisionUse as ProtoUse,
-    lifecycle_client::LifecycleClient,
+    InstanceKind, ListInstalledRevisionsRequest, RevisionUse as ProtoUse, lifecycle_client::LifecycleClient,
 };
 use vynil_registry::{ManifestMetadata, RegistryClient, RepositoryRef};
 use vynil_rules::{
@@ -39,21 +38,14 @@ pub async fn snapshot(
                     ManifestMetadata::NotVynil => TagMetadata::NotVynil,
                     ManifestMetadata::Malformed(why) => TagMetadata::Unreadable(why),
                 };
-                Ok(Some(RepositoryTag {
-                    name: tag,
-                    digest: found.digest,
-                    metadata,
-                }))
+                Ok(Some(RepositoryTag { name: tag, digest: found.digest, metadata }))
             } else {
                 // Non-version tags need no metadata: their name says what they are.
-                Ok(client
-                    .head_digest(repo, &tag)
-                    .await?
-                    .map(|digest| RepositoryTag {
-                        name: tag,
-                        digest,
-                        metadata: TagMetadata::NotVynil,
-                    }))
+                Ok(client.head_digest(repo, &tag).await?.map(|digest| RepositoryTag {
+                    name: tag,
+                    digest,
+                    metadata: TagMetadata::NotVynil,
+                }))
             }
         })
         .buffer_unordered(READ_CONCURRENCY)
@@ -76,10 +68,7 @@ pub async fn usage(lifecycle: Option<&str>, repo: &RepositoryRef) -> Usage {
     }
 }
 
-async fn installed_revisions(
-    endpoint: &str,
-    repo: &RepositoryRef,
-) -> Result<Vec<InstalledRevision>, String> {
+async fn installed_revisions(endpoint: &str, repo: &RepositoryRef) -> Result<Vec<InstalledRevision>, String> {
     let channel = tonic::transport::Channel::from_shared(endpoint.to_string())
         .map_err(|e| e.to_string())?
         .connect_timeout(std::time::Duration::from_secs(5))
@@ -93,13 +82,7 @@ async fn installed_revisions(
             repository: repo.repository.clone(),
         })
         .await
-        .map_err(|status| {
-            format!(
-                "lifecycle answered {:?}: {}",
-                status.code(),
-                status.message()
-            )
-        })?;
+        .map_err(|status| format!("lifecycle answered {:?}: {}", status.code(), status.message()))?;
     Ok(response
         .into_inner()
         .revisions
@@ -159,11 +142,7 @@ pub fn plan_repository(
         deletions: plan
             .deletions()
             .into_iter()
-            .map(|d| StoredDeletion {
-                digest: d.digest,
-                tags: d.tags,
-                artifacts_only: d.artifacts_only,
-            })
+            .map(|d| StoredDeletion { digest: d.digest, tags: d.tags, artifacts_only: d.artifacts_only })
             .collect(),
     })
 }
@@ -175,9 +154,7 @@ pub fn assemble(
     now: jiff::Timestamp,
     ttl: std::time::Duration,
 ) -> StoredPlan {
-    let expires = now
-        .checked_add(jiff::SignedDuration::try_from(ttl).unwrap_or_default())
-        .unwrap_or(now);
+    let expires = now.checked_add(jiff::SignedDuration::try_from(ttl).unwrap_or_default()).unwrap_or(now);
     let fingerprint = match repositories.as_slice() {
         [single] => single.fingerprint.clone(),
         many => {

@@ -14,16 +14,12 @@ use crate::{Purger, PurgerError, StoredPlan, config::Schedule};
 pub fn over_limits(plan: &StoredPlan, schedule: &Schedule) -> Option<String> {
     if plan.usage_unknown {
         return Some(
-            "installed revisions are unknown (lifecycle unreachable): a human must acknowledge"
-                .into(),
+            "installed revisions are unknown (lifecycle unreachable): a human must acknowledge".into(),
         );
     }
     let deletions: usize = plan.repositories.iter().map(|r| r.deletions.len()).sum();
     if deletions > schedule.max_deletions {
-        return Some(format!(
-            "{deletions} deletions exceed max_deletions {}",
-            schedule.max_deletions
-        ));
+        return Some(format!("{deletions} deletions exceed max_deletions {}", schedule.max_deletions));
     }
     for repository in &plan.repositories {
         let tags = repository.entries.len().max(1);
@@ -50,12 +46,8 @@ fn parse(cron: &str) -> Result<croner::Cron, PurgerError> {
 
 /// Runs every schedule until aborted.
 pub async fn run_all(purger: Arc<Purger>) {
-    let tasks: Vec<_> = purger
-        .schedules
-        .clone()
-        .into_iter()
-        .map(|s| tokio::spawn(run_one(purger.clone(), s)))
-        .collect();
+    let tasks: Vec<_> =
+        purger.schedules.clone().into_iter().map(|s| tokio::spawn(run_one(purger.clone(), s))).collect();
     for task in tasks {
         let _ = task.await;
     }
@@ -82,10 +74,7 @@ async fn run_one(purger: Arc<Purger>, schedule: Schedule) {
                 Some(why) => {
                     tracing::warn!(target: "audit", plan = %plan.id, jukebox = %schedule.jukebox, %why, "scheduled purge left for a human")
                 }
-                None => match purger
-                    .execute_as(&plan, &format!("scheduler ({})", schedule.cron))
-                    .await
-                {
+                None => match purger.execute_as(&plan, &format!("scheduler ({})", schedule.cron)).await {
                     Ok(report) => {
                         tracing::info!(plan = %plan.id, outcomes = report.outcomes.len(), "scheduled purge done")
                     }
@@ -143,12 +132,7 @@ mod tests {
     }
 
     fn schedule(max_deletions: usize, max_percent: f64) -> Schedule {
-        Schedule {
-            jukebox: "box".into(),
-            cron: "* * * * *".into(),
-            max_deletions,
-            max_percent,
-        }
+        Schedule { jukebox: "box".into(), cron: "* * * * *".into(), max_deletions, max_percent }
     }
 
     #[test]
@@ -159,27 +143,14 @@ mod tests {
                 .unwrap()
                 .contains("3 deletions exceed max_deletions 2")
         );
-        assert!(
-            over_limits(&plan(7, 3, false), &schedule(10, 25.0))
-                .unwrap()
-                .contains("r/a would lose 30%")
-        );
-        assert!(
-            over_limits(&plan(7, 3, true), &schedule(10, 100.0))
-                .unwrap()
-                .contains("unknown")
-        );
+        assert!(over_limits(&plan(7, 3, false), &schedule(10, 25.0)).unwrap().contains("r/a would lose 30%"));
+        assert!(over_limits(&plan(7, 3, true), &schedule(10, 100.0)).unwrap().contains("unknown"));
     }
 
     #[test]
     fn cron_expressions_take_five_or_six_fields_and_bad_ones_are_named() {
         assert!(parse("0 4 * * *").is_ok());
         assert!(parse("*/10 * * * * *").is_ok());
-        assert!(
-            parse("every day")
-                .unwrap_err()
-                .to_string()
-                .contains("\"every day\"")
-        );
+        assert!(parse("every day").unwrap_err().to_string().contains("\"every day\""));
     }
 }

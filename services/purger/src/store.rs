@@ -110,8 +110,7 @@ fn encode<T: Serialize>(value: &T) -> Result<String, PurgerError> {
 }
 
 fn decode<T: for<'de> Deserialize<'de>>(text: &str) -> Result<T, PurgerError> {
-    serde_json::from_str(text)
-        .map_err(|e| PurgerError::Store(format!("stored record is unreadable: {e}")))
+    serde_json::from_str(text).map_err(|e| PurgerError::Store(format!("stored record is unreadable: {e}")))
 }
 
 /// The Redis store.
@@ -133,9 +132,7 @@ fn redis_error(e: redis::RedisError) -> PurgerError {
 impl RedisStore {
     pub async fn connect(url: &str) -> Result<Self, PurgerError> {
         let client = redis::Client::open(url).map_err(redis_error)?;
-        let connection = redis::aio::ConnectionManager::new(client)
-            .await
-            .map_err(redis_error)?;
+        let connection = redis::aio::ConnectionManager::new(client).await.map_err(redis_error)?;
         Ok(Self { connection })
     }
 }
@@ -175,32 +172,21 @@ impl PlanStore for RedisStore {
     async fn journal(&self, plan_id: &str, outcome: &StoredOutcome) -> Result<(), PurgerError> {
         let mut c = self.connection.clone();
         let k = key("journal", plan_id);
-        c.hset::<_, _, _, ()>(&k, &outcome.digest, encode(outcome)?)
-            .await
-            .map_err(redis_error)?;
-        c.expire::<_, ()>(&k, REPORT_TTL.as_secs() as i64)
-            .await
-            .map_err(redis_error)
+        c.hset::<_, _, _, ()>(&k, &outcome.digest, encode(outcome)?).await.map_err(redis_error)?;
+        c.expire::<_, ()>(&k, REPORT_TTL.as_secs() as i64).await.map_err(redis_error)
     }
 
     async fn journaled(&self, plan_id: &str) -> Result<Vec<StoredOutcome>, PurgerError> {
         let mut c = self.connection.clone();
-        let all: HashMap<String, String> = c
-            .hgetall(key("journal", plan_id))
-            .await
-            .map_err(redis_error)?;
+        let all: HashMap<String, String> = c.hgetall(key("journal", plan_id)).await.map_err(redis_error)?;
         all.values().map(|v| decode(v)).collect()
     }
 
     async fn put_report(&self, report: &StoredReport) -> Result<(), PurgerError> {
         let mut c = self.connection.clone();
-        c.set_ex::<_, _, ()>(
-            key("report", &report.plan_id),
-            encode(report)?,
-            REPORT_TTL.as_secs(),
-        )
-        .await
-        .map_err(redis_error)
+        c.set_ex::<_, _, ()>(key("report", &report.plan_id), encode(report)?, REPORT_TTL.as_secs())
+            .await
+            .map_err(redis_error)
     }
 
     async fn get_report(&self, plan_id: &str) -> Result<Option<StoredReport>, PurgerError> {
@@ -257,20 +243,13 @@ impl MemoryStore {
 #[async_trait::async_trait]
 impl PlanStore for MemoryStore {
     async fn put_plan(&self, plan: &StoredPlan, ttl: Duration) -> Result<(), PurgerError> {
-        self.with(|m| {
-            m.plans
-                .insert(plan.id.clone(), (plan.clone(), Instant::now() + ttl))
-        });
+        self.with(|m| m.plans.insert(plan.id.clone(), (plan.clone(), Instant::now() + ttl)));
         Ok(())
     }
 
     async fn get_plan(&self, id: &str) -> Result<Option<StoredPlan>, PurgerError> {
-        Ok(self.with(|m| {
-            m.plans
-                .get(id)
-                .filter(|(_, until)| *until > Instant::now())
-                .map(|(p, _)| p.clone())
-        }))
+        Ok(self
+            .with(|m| m.plans.get(id).filter(|(_, until)| *until > Instant::now()).map(|(p, _)| p.clone())))
     }
 
     async fn journal(&self, plan_id: &str, outcome: &StoredOutcome) -> Result<(), PurgerError> {
@@ -284,12 +263,7 @@ impl PlanStore for MemoryStore {
     }
 
     async fn journaled(&self, plan_id: &str) -> Result<Vec<StoredOutcome>, PurgerError> {
-        Ok(self.with(|m| {
-            m.journals
-                .get(plan_id)
-                .map(|j| j.values().cloned().collect())
-                .unwrap_or_default()
-        }))
+        Ok(self.with(|m| m.journals.get(plan_id).map(|j| j.values().cloned().collect()).unwrap_or_default()))
     }
 
     async fn put_report(&self, report: &StoredReport) -> Result<(), PurgerError> {
@@ -307,8 +281,7 @@ impl PlanStore for MemoryStore {
             match m.leases.get(target) {
                 Some((holder, until)) if holder != owner && *until > now => false,
                 _ => {
-                    m.leases
-                        .insert(target.to_string(), (owner.to_string(), now + ttl));
+                    m.leases.insert(target.to_string(), (owner.to_string(), now + ttl));
                     true
                 }
             }
@@ -317,10 +290,7 @@ impl PlanStore for MemoryStore {
 
     async fn release(&self, target: &str, owner: &str) -> Result<(), PurgerError> {
         self.with(|m| {
-            if m.leases
-                .get(target)
-                .is_some_and(|(holder, _)| holder == owner)
-            {
+            if m.leases.get(target).is_some_and(|(holder, _)| holder == owner) {
                 m.leases.remove(target);
             }
         });

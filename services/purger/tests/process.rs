@@ -13,36 +13,17 @@ const SERVICE: &str = "vynil.purger.v1.Purger";
 
 #[tokio::test]
 async fn the_binary_serves_health_and_reflection_then_exits_cleanly_on_sigterm() {
-    let service = ServiceProcess::start(Path::new(env!("CARGO_BIN_EXE_vynil-purger")), &[])
-        .await
-        .unwrap();
+    let service = ServiceProcess::start(Path::new(env!("CARGO_BIN_EXE_vynil-purger")), &[]).await.unwrap();
     service.check_serves_then_stops(SERVICE).await.unwrap();
 }
 
 #[tokio::test]
 async fn with_embedded_defaults_it_answers_without_redis_or_lifecycle() {
-    let service = ServiceProcess::start(Path::new(env!("CARGO_BIN_EXE_vynil-purger")), &[])
-        .await
-        .unwrap();
+    let service = ServiceProcess::start(Path::new(env!("CARGO_BIN_EXE_vynil-purger")), &[]).await.unwrap();
     let mut client = PurgerClient::new(service.channel().await.unwrap());
-    let status = client
-        .get_plan(GetPlanRequest {
-            plan_id: "nope".into(),
-        })
-        .await
-        .unwrap_err();
+    let status = client.get_plan(GetPlanRequest { plan_id: "nope".into() }).await.unwrap_err();
     assert_eq!(status.code(), tonic::Code::NotFound, "{status:?}");
-    let status = client
-        .plan(PlanRequest {
-            target: Some(Target::Jukebox("box".into())),
-        })
-        .await
-        .unwrap_err();
+    let status = client.plan(PlanRequest { target: Some(Target::Jukebox("box".into())) }).await.unwrap_err();
     assert_eq!(status.code(), tonic::Code::FailedPrecondition, "{status:?}");
-    assert!(
-        status
-            .message()
-            .contains("cannot read the JukeBox directory"),
-        "{status:?}"
-    );
+    assert!(status.message().contains("cannot read the JukeBox directory"), "{status:?}");
 }

@@ -15,13 +15,13 @@ use vynil_proto::{
         lifecycle_server::{Lifecycle, LifecycleServer},
     },
     purger::v1::{
-        DeletionState, ExecuteRequest, GetReportRequest, PlanRequest, PurgePlan, PurgeReport,
-        Repository, execute_progress::Event, plan_request::Target, purger_client::PurgerClient,
+        DeletionState, ExecuteRequest, GetReportRequest, PlanRequest, PurgePlan, PurgeReport, Repository,
+        execute_progress::Event, plan_request::Target, purger_client::PurgerClient,
     },
 };
 use vynil_testkit::{
-    ArtifactKind, Fault, FaultAction, HttpFront, PackageSpec, PackageType, RedisServer,
-    RegistryServer, ServiceProcess,
+    ArtifactKind, Fault, FaultAction, HttpFront, PackageSpec, PackageType, RedisServer, RegistryServer,
+    ServiceProcess,
 };
 
 const REPO: &str = "think/ollama";
@@ -33,30 +33,17 @@ async fn publish_history(registry: &RegistryServer) {
     let spec = |kind, tag: &str| PackageSpec::new("think", "ollama", kind, tag);
     use PackageType::{Service, Tenant};
     let d015 = p.publish(REPO, &spec(Tenant, "0.1.5")).await.unwrap();
-    let d018 = p
-        .publish(REPO, &spec(Tenant, "0.1.8").min("0.1.0"))
-        .await
-        .unwrap();
-    p.publish(REPO, &spec(Service, "0.1.9").min("0.1.8"))
-        .await
-        .unwrap();
+    let d018 = p.publish(REPO, &spec(Tenant, "0.1.8").min("0.1.0")).await.unwrap();
+    p.publish(REPO, &spec(Service, "0.1.9").min("0.1.8")).await.unwrap();
     let d0110 = p.publish(REPO, &spec(Service, "0.1.10")).await.unwrap();
-    p.publish(REPO, &spec(Service, "0.2.0-beta.1").min("0.1.8"))
-        .await
-        .unwrap();
-    p.publish(REPO, &spec(Service, "0.2.0-beta.2").min("0.1.8"))
-        .await
-        .unwrap();
-    p.publish(REPO, &spec(Service, "0.3.0-alpha.1").min("0.1.8"))
-        .await
-        .unwrap();
+    p.publish(REPO, &spec(Service, "0.2.0-beta.1").min("0.1.8")).await.unwrap();
+    p.publish(REPO, &spec(Service, "0.2.0-beta.2").min("0.1.8")).await.unwrap();
+    p.publish(REPO, &spec(Service, "0.3.0-alpha.1").min("0.1.8")).await.unwrap();
     p.publish_plain(REPO, "0.1.7").await.unwrap();
     p.publish_plain(REPO, "latest").await.unwrap();
     p.alias(REPO, "0.1.10", "stable").await.unwrap();
     for digest in [&d015, &d018, &d0110] {
-        p.attach(REPO, digest, ArtifactKind::Signature)
-            .await
-            .unwrap();
+        p.attach(REPO, digest, ArtifactKind::Signature).await.unwrap();
     }
 }
 
@@ -66,13 +53,12 @@ fn sig_of(registry: &RegistryServer, tag_digest: &str) -> String {
 }
 
 async fn tags(registry: &RegistryServer) -> BTreeSet<String> {
-    let body: serde_json::Value =
-        reqwest::get(format!("{}/v2/{REPO}/tags/list", registry.base_url()))
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+    let body: serde_json::Value = reqwest::get(format!("{}/v2/{REPO}/tags/list", registry.base_url()))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     body["tags"]
         .as_array()
         .map(|a| a.iter().map(|t| t.as_str().unwrap().to_string()).collect())
@@ -86,12 +72,8 @@ async fn digest_of(registry: &RegistryServer, tag: &str) -> Option<String> {
         .send()
         .await
         .unwrap();
-    (response.status() == 200).then(|| {
-        response.headers()["docker-content-digest"]
-            .to_str()
-            .unwrap()
-            .to_string()
-    })
+    (response.status() == 200)
+        .then(|| response.headers()["docker-content-digest"].to_str().unwrap().to_string())
 }
 
 /// Answers ListInstalledRevisions from a fixed list.
@@ -104,19 +86,14 @@ impl Lifecycle for LifecycleStub {
         &self,
         _: Request<ListInstalledRevisionsRequest>,
     ) -> Result<Response<ListInstalledRevisionsResponse>, Status> {
-        Ok(Response::new(ListInstalledRevisionsResponse {
-            revisions: self.0.to_vec(),
-        }))
+        Ok(Response::new(ListInstalledRevisionsResponse { revisions: self.0.to_vec() }))
     }
 }
 
 async fn lifecycle_stub(revisions: Vec<InstalledRevision>) -> String {
-    let server = vynil_runtime::GrpcServer::bind("127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
+    let server = vynil_runtime::GrpcServer::bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
     let addr = server.local_addr().unwrap();
-    let service =
-        vynil_runtime::ServedService::new(LifecycleServer::new(LifecycleStub(Arc::new(revisions))));
+    let service = vynil_runtime::ServedService::new(LifecycleServer::new(LifecycleStub(Arc::new(revisions))));
     tokio::spawn(server.serve(vec![service], std::future::pending()));
     format!("http://{addr}")
 }
@@ -132,23 +109,12 @@ async fn setup() -> Setup {
     publish_history(&registry).await;
     let front = HttpFront::start(&registry.base_url()).await.unwrap();
     let redis = RedisServer::start().await.unwrap();
-    Setup {
-        registry,
-        front,
-        redis,
-    }
+    Setup { registry, front, redis }
 }
 
 async fn purger(setup: &Setup, lifecycle: &str, extra: &[&str]) -> ServiceProcess {
     let (redis, front) = (setup.redis.url(), setup.front.host());
-    let mut args = vec![
-        "--redis-url",
-        &redis,
-        "--insecure-registry",
-        &front,
-        "--vynil-version",
-        "0.8.0",
-    ];
+    let mut args = vec!["--redis-url", &redis, "--insecure-registry", &front, "--vynil-version", "0.8.0"];
     args.extend([
         "--lifecycle-endpoint",
         lifecycle,
@@ -158,23 +124,12 @@ async fn purger(setup: &Setup, lifecycle: &str, extra: &[&str]) -> ServiceProces
         "5",
     ]);
     args.extend(extra);
-    ServiceProcess::start(Path::new(env!("CARGO_BIN_EXE_vynil-purger")), &args)
-        .await
-        .unwrap()
+    ServiceProcess::start(Path::new(env!("CARGO_BIN_EXE_vynil-purger")), &args).await.unwrap()
 }
 
 async fn make_plan(client: &mut PurgerClient<tonic::transport::Channel>, host: &str) -> PurgePlan {
-    let target = Target::Repository(Repository {
-        registry: host.into(),
-        repository: REPO.into(),
-    });
-    client
-        .plan(PlanRequest {
-            target: Some(target),
-        })
-        .await
-        .unwrap()
-        .into_inner()
+    let target = Target::Repository(Repository { registry: host.into(), repository: REPO.into() });
+    client.plan(PlanRequest { target: Some(target) }).await.unwrap().into_inner()
 }
 
 fn execute_request(plan: &PurgePlan) -> Request<ExecuteRequest> {
@@ -184,9 +139,7 @@ fn execute_request(plan: &PurgePlan) -> Request<ExecuteRequest> {
         fingerprint: plan.fingerprint.clone(),
         acknowledge_usage_unknown: false,
     });
-    request
-        .metadata_mut()
-        .insert("x-vynil-caller", "alice@example".parse().unwrap());
+    request.metadata_mut().insert("x-vynil-caller", "alice@example".parse().unwrap());
     request
 }
 
@@ -204,10 +157,7 @@ async fn execute(
 }
 
 fn entry<'a>(plan: &'a PurgePlan, tag: &str) -> &'a vynil_proto::purger::v1::PlanEntry {
-    plan.entries
-        .iter()
-        .find(|e| e.tag == tag)
-        .unwrap_or_else(|| panic!("no entry {tag}"))
+    plan.entries.iter().find(|e| e.tag == tag).unwrap_or_else(|| panic!("no entry {tag}"))
 }
 
 #[tokio::test]
@@ -223,21 +173,12 @@ async fn a_multi_type_history_is_purged_to_exactly_what_consumers_can_be_shown()
     let d015 = digest_of(&setup.registry, "0.1.5").await.unwrap();
     let d018 = digest_of(&setup.registry, "0.1.8").await.unwrap();
     let d0110 = digest_of(&setup.registry, "0.1.10").await.unwrap();
-    let deleted: BTreeSet<String> = plan
-        .entries
-        .iter()
-        .filter(|e| !e.keep)
-        .map(|e| e.tag.clone())
-        .collect();
-    let expected_deleted: BTreeSet<String> = [
-        "0.2.0-beta.1",
-        "0.1.9",
-        "0.1.5",
-        &sig_of(&setup.registry, &d015),
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let deleted: BTreeSet<String> = plan.entries.iter().filter(|e| !e.keep).map(|e| e.tag.clone()).collect();
+    let expected_deleted: BTreeSet<String> =
+        ["0.2.0-beta.1", "0.1.9", "0.1.5", &sig_of(&setup.registry, &d015)]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
     assert_eq!(deleted, expected_deleted);
     assert_eq!(plan.delete_count, 4);
     assert_eq!(plan.keep_count, 9);
@@ -250,70 +191,31 @@ async fn a_multi_type_history_is_purged_to_exactly_what_consumers_can_be_shown()
         ]
     );
     assert_eq!(entry(&plan, "0.2.0-beta.2").reasons, ["head of beta"]);
-    assert_eq!(
-        entry(&plan, "0.3.0-alpha.1").reasons,
-        ["head of alpha", "last service revision"]
-    );
-    assert!(
-        entry(&plan, "0.1.8")
-            .reasons
-            .contains(&"last tenant revision".to_string())
-    );
-    assert_eq!(
-        entry(&plan, "stable").reasons,
-        ["alias of 0.1.10 (same digest)"]
-    );
+    assert_eq!(entry(&plan, "0.3.0-alpha.1").reasons, ["head of alpha", "last service revision"]);
+    assert!(entry(&plan, "0.1.8").reasons.contains(&"last tenant revision".to_string()));
+    assert_eq!(entry(&plan, "stable").reasons, ["alias of 0.1.10 (same digest)"]);
     assert_eq!(entry(&plan, "latest").reasons, ["unmanaged"]);
     assert_eq!(entry(&plan, "0.1.7").reasons, ["unmanaged"]);
-    assert_eq!(
-        entry(&plan, &sig_of(&setup.registry, &d0110)).reasons,
-        ["signature of 0.1.10"]
-    );
+    assert_eq!(entry(&plan, &sig_of(&setup.registry, &d0110)).reasons, ["signature of 0.1.10"]);
     assert_eq!(entry(&plan, "0.1.5").reasons, ["superseded"]);
 
     let report = execute(&mut client, execute_request(&plan)).await.unwrap();
     assert_eq!(report.executed_by, "alice@example");
     assert_eq!(report.fingerprint, plan.fingerprint);
     assert_eq!(report.outcomes.len(), 4, "one DELETE per digest");
-    assert!(
-        report
-            .outcomes
-            .iter()
-            .all(|o| o.state == DeletionState::Deleted as i32),
-        "{report:?}"
-    );
+    assert!(report.outcomes.iter().all(|o| o.state == DeletionState::Deleted as i32), "{report:?}");
 
-    let kept: BTreeSet<String> = plan
-        .entries
-        .iter()
-        .filter(|e| e.keep)
-        .map(|e| e.tag.clone())
-        .collect();
-    assert_eq!(
-        tags(&setup.registry).await,
-        kept,
-        "the registry holds exactly the kept set"
-    );
+    let kept: BTreeSet<String> = plan.entries.iter().filter(|e| e.keep).map(|e| e.tag.clone()).collect();
+    assert_eq!(tags(&setup.registry).await, kept, "the registry holds exactly the kept set");
     for digest in [&d018, &d0110] {
         assert!(
-            digest_of(&setup.registry, &sig_of(&setup.registry, digest))
-                .await
-                .is_some(),
+            digest_of(&setup.registry, &sig_of(&setup.registry, digest)).await.is_some(),
             "kept signature removed"
         );
     }
-    assert_eq!(
-        views(&setup.registry).await,
-        before_views,
-        "the scanner's view is unchanged"
-    );
-    let stored = client
-        .get_report(GetReportRequest {
-            plan_id: plan.plan_id.clone(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    assert_eq!(views(&setup.registry).await, before_views, "the scanner's view is unchanged");
+    let stored =
+        client.get_report(GetReportRequest { plan_id: plan.plan_id.clone() }).await.unwrap().into_inner();
     assert_eq!(stored, report);
 }
 
@@ -324,10 +226,7 @@ async fn views(registry: &RegistryServer) -> Vec<Vec<String>> {
         TransportConfig,
     };
     let client = RegistryClient::new(
-        TransportConfig {
-            insecure_registries: vec![registry.host()],
-            ..TransportConfig::default()
-        },
+        TransportConfig { insecure_registries: vec![registry.host()], ..TransportConfig::default() },
         CredentialStore::default(),
         Arc::new(InMemoryMetadataCache::default()),
     )
@@ -345,10 +244,7 @@ async fn views(registry: &RegistryServer) -> Vec<Vec<String>> {
     vynil_rules::Channel::ALL
         .iter()
         .map(|channel| {
-            let viewer = vynil_rules::Viewer {
-                channel: *channel,
-                framework: semver::Version::new(0, 8, 0),
-            };
+            let viewer = vynil_rules::Viewer { channel: *channel, framework: semver::Version::new(0, 8, 0) };
             vynil_rules::compute_view(tags.iter().map(String::as_str), &viewer, true, |t| {
                 contents.get(t.as_str())
             })
@@ -379,14 +275,8 @@ async fn an_installed_revision_is_kept_and_unknown_usage_needs_an_acknowledgemen
     let service = purger(&setup, &lifecycle, &[]).await;
     let mut client = PurgerClient::new(service.channel().await.unwrap());
     let plan = make_plan(&mut client, &setup.front.host()).await;
-    assert!(
-        entry(&plan, "0.1.9").keep,
-        "the rules alone would delete it"
-    );
-    assert_eq!(
-        entry(&plan, "0.1.9").reasons,
-        ["installed by service ai/llm"]
-    );
+    assert!(entry(&plan, "0.1.9").keep, "the rules alone would delete it");
+    assert_eq!(entry(&plan, "0.1.9").reasons, ["installed by service ai/llm"]);
 
     // Lifecycle unreachable: usage unknown, and Execute needs the acknowledgement.
     let closed = format!("http://127.0.0.1:{}", vynil_testkit::free_port().unwrap());
@@ -395,14 +285,9 @@ async fn an_installed_revision_is_kept_and_unknown_usage_needs_an_acknowledgemen
     let plan = make_plan(&mut client, &setup.front.host()).await;
     assert!(plan.usage_unknown);
     let before = tags(&setup.registry).await;
-    let status = execute(&mut client, execute_request(&plan))
-        .await
-        .unwrap_err();
+    let status = execute(&mut client, execute_request(&plan)).await.unwrap_err();
     assert_eq!(status.code(), tonic::Code::FailedPrecondition, "{status:?}");
-    assert!(
-        status.message().contains("acknowledge_usage_unknown"),
-        "{status:?}"
-    );
+    assert!(status.message().contains("acknowledge_usage_unknown"), "{status:?}");
     assert_eq!(tags(&setup.registry).await, before, "nothing deleted");
 }
 
@@ -419,38 +304,24 @@ async fn a_wrong_confirm_a_wrong_fingerprint_or_a_tag_pushed_since_planning_dele
     wrong_target.get_mut().confirm = format!("{}/other", setup.front.host());
     let status = execute(&mut client, wrong_target).await.unwrap_err();
     assert_eq!(status.code(), tonic::Code::FailedPrecondition);
-    assert!(
-        status.message().contains("confirm must name the target"),
-        "{status:?}"
-    );
+    assert!(status.message().contains("confirm must name the target"), "{status:?}");
 
     let mut wrong_fingerprint = execute_request(&plan);
     wrong_fingerprint.get_mut().fingerprint = "sha256:0000".into();
     let status = execute(&mut client, wrong_fingerprint).await.unwrap_err();
-    assert!(
-        status.message().contains("fingerprint does not match"),
-        "{status:?}"
-    );
+    assert!(status.message().contains("fingerprint does not match"), "{status:?}");
     assert_eq!(tags(&setup.registry).await, before);
 
     setup
         .registry
         .publisher()
-        .publish(
-            REPO,
-            &PackageSpec::new("think", "ollama", PackageType::Service, "0.4.0"),
-        )
+        .publish(REPO, &PackageSpec::new("think", "ollama", PackageType::Service, "0.4.0"))
         .await
         .unwrap();
     let before = tags(&setup.registry).await;
-    let status = execute(&mut client, execute_request(&plan))
-        .await
-        .unwrap_err();
+    let status = execute(&mut client, execute_request(&plan)).await.unwrap_err();
     assert_eq!(status.code(), tonic::Code::FailedPrecondition);
-    assert!(
-        status.message().contains("0.4.0 was pushed since planning"),
-        "{status:?}"
-    );
+    assert!(status.message().contains("0.4.0 was pushed since planning"), "{status:?}");
     assert_eq!(tags(&setup.registry).await, before, "nothing deleted");
     assert_eq!(setup.front.count(&Method::DELETE, "/manifests/"), 0);
 }
@@ -463,28 +334,15 @@ async fn failed_deletes_are_reported_with_their_status_and_nothing_reported_dele
     let mut client = PurgerClient::new(service.channel().await.unwrap());
     let plan = make_plan(&mut client, &setup.front.host()).await;
     let d015 = digest_of(&setup.registry, "0.1.5").await.unwrap();
-    setup.front.inject(Fault::new(
-        Some(Method::DELETE),
-        &d015,
-        usize::MAX,
-        FaultAction::Status(500),
-    ));
+    setup.front.inject(Fault::new(Some(Method::DELETE), &d015, usize::MAX, FaultAction::Status(500)));
 
     let report = execute(&mut client, execute_request(&plan)).await.unwrap();
-    let failed: Vec<_> = report
-        .outcomes
-        .iter()
-        .filter(|o| o.state == DeletionState::Failed as i32)
-        .collect();
+    let failed: Vec<_> = report.outcomes.iter().filter(|o| o.state == DeletionState::Failed as i32).collect();
     assert_eq!(failed.len(), 1, "{report:?}");
     assert_eq!(failed[0].digest, d015);
     assert_eq!(failed[0].http_status, 500);
     assert_eq!(failed[0].error_code, "INJECTED");
-    for outcome in report
-        .outcomes
-        .iter()
-        .filter(|o| o.state == DeletionState::Deleted as i32)
-    {
+    for outcome in report.outcomes.iter().filter(|o| o.state == DeletionState::Deleted as i32) {
         assert_eq!(
             digest_of(&setup.registry, &outcome.digest).await,
             None,
@@ -492,10 +350,7 @@ async fn failed_deletes_are_reported_with_their_status_and_nothing_reported_dele
             outcome.digest
         );
     }
-    assert!(
-        digest_of(&setup.registry, "0.1.5").await.is_some(),
-        "the failed one is still there"
-    );
+    assert!(digest_of(&setup.registry, "0.1.5").await.is_some(), "the failed one is still there");
 }
 
 #[tokio::test]
@@ -513,11 +368,7 @@ async fn a_purger_killed_mid_execution_converges_when_run_again_without_deleting
         usize::MAX,
         FaultAction::DelayAnswer(Duration::from_millis(700)),
     ));
-    let mut stream = client
-        .execute(execute_request(&plan))
-        .await
-        .unwrap()
-        .into_inner();
+    let mut stream = client.execute(execute_request(&plan)).await.unwrap().into_inner();
     let _ = tokio::time::timeout(Duration::from_secs(10), stream.message()).await;
     for _ in 0..200 {
         if setup.front.count(&Method::DELETE, "/manifests/") >= 2 {
@@ -540,25 +391,9 @@ async fn a_purger_killed_mid_execution_converges_when_run_again_without_deleting
             Err(status) => panic!("{status:?}"),
         }
     };
-    assert_eq!(
-        report.outcomes.len(),
-        4,
-        "the report is complete: {report:?}"
-    );
-    assert!(
-        report
-            .outcomes
-            .iter()
-            .all(|o| o.state != DeletionState::Failed as i32),
-        "{report:?}"
-    );
-    assert!(
-        report
-            .outcomes
-            .iter()
-            .any(|o| o.state == DeletionState::AlreadyGone as i32),
-        "{report:?}"
-    );
+    assert_eq!(report.outcomes.len(), 4, "the report is complete: {report:?}");
+    assert!(report.outcomes.iter().all(|o| o.state != DeletionState::Failed as i32), "{report:?}");
+    assert!(report.outcomes.iter().any(|o| o.state == DeletionState::AlreadyGone as i32), "{report:?}");
     for outcome in &report.outcomes {
         assert_eq!(
             setup.front.count(&Method::DELETE, &outcome.digest),
@@ -567,12 +402,7 @@ async fn a_purger_killed_mid_execution_converges_when_run_again_without_deleting
             outcome.digest
         );
     }
-    let kept: BTreeSet<String> = plan
-        .entries
-        .iter()
-        .filter(|e| e.keep)
-        .map(|e| e.tag.clone())
-        .collect();
+    let kept: BTreeSet<String> = plan.entries.iter().filter(|e| e.keep).map(|e| e.tag.clone()).collect();
     assert_eq!(tags(&setup.registry).await, kept);
 }
 
@@ -580,12 +410,7 @@ async fn a_purger_killed_mid_execution_converges_when_run_again_without_deleting
 async fn jukebox_world(setup: &Setup) -> tempfile::TempDir {
     let p = setup.registry.publisher();
     for tag in ["1.0.0", "2.0.0", "3.0.0"] {
-        p.publish(
-            "apps/x",
-            &PackageSpec::new("apps", "x", PackageType::Tenant, tag),
-        )
-        .await
-        .unwrap();
+        p.publish("apps/x", &PackageSpec::new("apps", "x", PackageType::Tenant, tag)).await.unwrap();
     }
     let dir = tempfile::tempdir().unwrap();
     let host = setup.front.host();
@@ -613,73 +438,38 @@ async fn a_jukebox_is_planned_and_purged_across_its_repositories_under_one_confi
     let setup = setup().await;
     let dir = jukebox_world(&setup).await;
     let lifecycle = lifecycle_stub(vec![]).await;
-    let service = purger(
-        &setup,
-        &lifecycle,
-        &["--jukebox-dir", dir.path().to_str().unwrap()],
-    )
-    .await;
+    let service = purger(&setup, &lifecycle, &["--jukebox-dir", dir.path().to_str().unwrap()]).await;
     let mut client = PurgerClient::new(service.channel().await.unwrap());
-    let plan = client
-        .plan(PlanRequest {
-            target: Some(Target::Jukebox("box".into())),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let plan =
+        client.plan(PlanRequest { target: Some(Target::Jukebox("box".into())) }).await.unwrap().into_inner();
     assert_eq!(plan.target, "jukebox/box");
-    assert_eq!(
-        plan.delete_count, 6,
-        "4 in the history, 2 superseded in apps/x"
-    );
-    assert!(
-        plan.entries
-            .iter()
-            .any(|e| e.repository == "apps/x" && e.tag == "3.0.0" && e.keep)
-    );
+    assert_eq!(plan.delete_count, 6, "4 in the history, 2 superseded in apps/x");
+    assert!(plan.entries.iter().any(|e| e.repository == "apps/x" && e.tag == "3.0.0" && e.keep));
 
     let mut wrong = execute_request(&plan);
     wrong.get_mut().confirm = format!("{}/{REPO}", setup.front.host());
-    assert_eq!(
-        execute(&mut client, wrong).await.unwrap_err().code(),
-        tonic::Code::FailedPrecondition
-    );
+    assert_eq!(execute(&mut client, wrong).await.unwrap_err().code(), tonic::Code::FailedPrecondition);
 
     let report = execute(&mut client, execute_request(&plan)).await.unwrap();
     assert_eq!(report.outcomes.len(), 6);
-    assert!(
-        report
-            .outcomes
-            .iter()
-            .all(|o| o.state == DeletionState::Deleted as i32),
-        "{report:?}"
-    );
+    assert!(report.outcomes.iter().all(|o| o.state == DeletionState::Deleted as i32), "{report:?}");
     assert!(report.outcomes.iter().any(|o| o.repository == "apps/x"));
-    assert_eq!(
-        tags_of(&setup.registry, "apps/x").await,
-        BTreeSet::from(["3.0.0".to_string()])
-    );
+    assert_eq!(tags_of(&setup.registry, "apps/x").await, BTreeSet::from(["3.0.0".to_string()]));
 }
 
 async fn scheduled(setup: &Setup, dir: &tempfile::TempDir, max_deletions: usize) -> ServiceProcess {
     let retention = dir.path().join("retention.yaml");
-    std::fs::write(&retention, format!("schedules:\n  - jukebox: box\n    cron: '* * * * * *'\n    max_deletions: {max_deletions}\n")).unwrap();
-    let lifecycle = lifecycle_stub(vec![]).await;
-    let (jukeboxes, retention) = (
-        dir.path().to_str().unwrap().to_string(),
-        retention.to_str().unwrap().to_string(),
-    );
-    purger(
-        setup,
-        &lifecycle,
-        &[
-            "--jukebox-dir",
-            &jukeboxes,
-            "--retention-config",
-            &retention,
-        ],
+    std::fs::write(
+        &retention,
+        format!(
+            "schedules:\n  - jukebox: box\n    cron: '* * * * * *'\n    max_deletions: {max_deletions}\n"
+        ),
     )
-    .await
+    .unwrap();
+    let lifecycle = lifecycle_stub(vec![]).await;
+    let (jukeboxes, retention) =
+        (dir.path().to_str().unwrap().to_string(), retention.to_str().unwrap().to_string());
+    purger(setup, &lifecycle, &["--jukebox-dir", &jukeboxes, "--retention-config", &retention]).await
 }
 
 #[tokio::test]
@@ -693,36 +483,18 @@ async fn a_scheduled_purge_within_its_limits_runs_by_itself() {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(
-        tags_of(&setup.registry, "apps/x").await,
-        BTreeSet::from(["3.0.0".to_string()])
-    );
-    assert!(
-        !tags(&setup.registry).await.contains("0.1.5"),
-        "the history was purged too"
-    );
+    assert_eq!(tags_of(&setup.registry, "apps/x").await, BTreeSet::from(["3.0.0".to_string()]));
+    assert!(!tags(&setup.registry).await.contains("0.1.5"), "the history was purged too");
 }
 
 #[tokio::test]
 async fn a_scheduled_purge_over_its_limits_is_left_for_a_human() {
     let setup = setup().await;
     let dir = jukebox_world(&setup).await;
-    let before = (
-        tags(&setup.registry).await,
-        tags_of(&setup.registry, "apps/x").await,
-    );
+    let before = (tags(&setup.registry).await, tags_of(&setup.registry, "apps/x").await);
     let _service = scheduled(&setup, &dir, 1).await;
     tokio::time::sleep(Duration::from_millis(2500)).await;
-    assert!(
-        setup.front.count(&Method::GET, "/tags/list") >= 2,
-        "the schedule did plan"
-    );
+    assert!(setup.front.count(&Method::GET, "/tags/list") >= 2, "the schedule did plan");
     assert_eq!(setup.front.count(&Method::DELETE, "/manifests/"), 0);
-    assert_eq!(
-        (
-            tags(&setup.registry).await,
-            tags_of(&setup.registry, "apps/x").await
-        ),
-        before
-    );
+    assert_eq!((tags(&setup.registry).await, tags_of(&setup.registry, "apps/x").await), before);
 }

@@ -21,9 +21,7 @@ impl std::fmt::Debug for RedisMetadataCache {
 impl RedisMetadataCache {
     pub async fn connect(url: &str) -> Result<Self, crate::ScannerError> {
         let client = redis::Client::open(url).map_err(crate::redis_error)?;
-        let connection = redis::aio::ConnectionManager::new(client)
-            .await
-            .map_err(crate::redis_error)?;
+        let connection = redis::aio::ConnectionManager::new(client).await.map_err(crate::redis_error)?;
         Ok(Self { connection })
     }
 }
@@ -40,9 +38,7 @@ impl MetadataCache for RedisMetadataCache {
     async fn put(&self, digest: &str, metadata: &ManifestMetadata) {
         let mut c = self.connection.clone();
         if let Ok(body) = serde_json::to_string(metadata) {
-            let result: Result<(), _> = c
-                .set_ex(format!("{PREFIX}:{digest}"), body, TTL_SECONDS)
-                .await;
+            let result: Result<(), _> = c.set_ex(format!("{PREFIX}:{digest}"), body, TTL_SECONDS).await;
             if let Err(error) = result {
                 tracing::warn!(%error, "cannot cache manifest metadata");
             }

@@ -67,21 +67,14 @@ pub async fn scan(
     filter: Option<&ScanFilter>,
     on_progress: &(dyn Fn(&Progress) + Send + Sync),
 ) -> ScanOutput {
-    let known = record
-        .status
-        .as_ref()
-        .map(|s| s.packages.clone())
-        .unwrap_or_default();
+    let known = record.status.as_ref().map(|s| s.packages.clone()).unwrap_or_default();
     let repositories: Result<Vec<RepositoryRef>, String> = match filter {
         Some(filter) => {
             let selected = repositories_for(&known, filter);
             if selected.is_empty() {
                 return ScanOutput::NothingToScan;
             }
-            selected
-                .iter()
-                .map(|(r, i)| RepositoryRef::new(r, i).map_err(|e| e.to_string()))
-                .collect()
+            selected.iter().map(|(r, i)| RepositoryRef::new(r, i).map_err(|e| e.to_string())).collect()
         }
         None => match source_of(&record.spec) {
             Ok(source) => client.enumerate(&source).await.map_err(|e| e.to_string()),
@@ -95,10 +88,7 @@ pub async fn scan(
         }
     };
 
-    let viewer = Viewer {
-        channel: record.spec.channel(),
-        framework: settings.framework.clone(),
-    };
+    let viewer = Viewer { channel: record.spec.channel(), framework: settings.framework.clone() };
     let progress = Arc::new(std::sync::Mutex::new(Progress {
         repositories_total: repositories.len() as u32,
         ..Progress::default()
@@ -119,19 +109,13 @@ pub async fn scan(
                 };
                 on_progress(&snapshot);
                 let key = (repo.registry.clone(), repo.repository.clone());
-                (
-                    key,
-                    outcome.map_or(RepositoryOutcome::Failed, RepositoryOutcome::Scanned),
-                )
+                (key, outcome.map_or(RepositoryOutcome::Failed, RepositoryOutcome::Scanned))
             }
         })
         .buffered(settings.repository_concurrency.max(1))
         .collect()
         .await;
-    let errors = progress
-        .lock()
-        .map(|p| p.errors.clone())
-        .unwrap_or_default();
+    let errors = progress.lock().map(|p| p.errors.clone()).unwrap_or_default();
     ScanOutput::Scanned { outcomes, errors }
 }
 
@@ -152,33 +136,16 @@ pub fn new_status(
         ScanOutput::SourceFailed(why) => Some(failed_status(previous, why, generation, now)),
         ScanOutput::Scanned { outcomes, errors } => {
             let packages = merge_packages(&previous.packages, filter, outcomes);
-            let status = JukeBoxStatus {
-                conditions: previous.conditions.clone(),
-                packages,
-            };
+            let status = JukeBoxStatus { conditions: previous.conditions.clone(), packages };
             if errors.is_empty() {
-                let ok = |t| {
-                    Condition::new(
-                        t,
-                        ConditionStatus::True,
-                        "Updated succesfully",
-                        generation,
-                        now,
-                    )
-                };
+                let ok = |t| Condition::new(t, ConditionStatus::True, "Updated succesfully", generation, now);
                 return Some(JukeBoxStatus {
-                    conditions: vec![
-                        ok(JukeBoxConditionType::Updated),
-                        ok(JukeBoxConditionType::Ready),
-                    ],
+                    conditions: vec![ok(JukeBoxConditionType::Updated), ok(JukeBoxConditionType::Ready)],
                     ..status
                 });
             }
-            let detail = errors
-                .iter()
-                .map(|(repo, why)| format!("{repo}: {why}"))
-                .collect::<Vec<_>>()
-                .join("; ");
+            let detail =
+                errors.iter().map(|(repo, why)| format!("{repo}: {why}")).collect::<Vec<_>>().join("; ");
             let why = format!(
                 "{} of {} repositories failed, their previous entries are kept: {detail}",
                 errors.len(),
@@ -197,19 +164,9 @@ fn failed_status(
 ) -> JukeBoxStatus {
     set_condition(
         &mut status.conditions,
-        Condition::new(
-            JukeBoxConditionType::Updated,
-            ConditionStatus::False,
-            why,
-            generation,
-            now,
-        ),
+        Condition::new(JukeBoxConditionType::Updated, ConditionStatus::False, why, generation, now),
     );
-    if !status
-        .conditions
-        .iter()
-        .any(|c| c.condition_type == JukeBoxConditionType::Ready)
-    {
+    if !status.conditions.iter().any(|c| c.condition_type == JukeBoxConditionType::Ready) {
         let ready = Condition::new(
             JukeBoxConditionType::Ready,
             ConditionStatus::False,
@@ -248,42 +205,26 @@ async fn scan_repository(
     let mut contents = Vec::new();
     let manifests_before = client.counters().total("get_manifest");
     while let Some(tag) = builder.next_needed() {
-        let found = client
-            .tag_metadata(repo, tag.as_str())
-            .await
-            .map_err(|e| e.to_string())?;
+        let found = client.tag_metadata(repo, tag.as_str()).await.map_err(|e| e.to_string())?;
         match found.map(|f| f.metadata) {
             Some(ManifestMetadata::Vynil(content)) => {
                 builder.provide(Some(content.as_ref()));
                 contents.push((tag.as_str().to_string(), *content));
             }
             Some(ManifestMetadata::Malformed(why)) => return Err(format!("tag {tag}: {why}")),
-            Some(ManifestMetadata::NotVynil) | None => {
-                builder.provide(None::<&vynil_rules::PackageContent>)
-            }
+            Some(ManifestMetadata::NotVynil) | None => builder.provide(None::<&vynil_rules::PackageContent>),
         }
     }
     if let Ok(mut p) = progress.lock() {
-        p.manifests_read += client
-            .counters()
-            .total("get_manifest")
-            .saturating_sub(manifests_before);
+        p.manifests_read += client.counters().total("get_manifest").saturating_sub(manifests_before);
     }
     let view = builder.finish();
     Ok(view
         .entries
         .iter()
         .filter_map(|entry| {
-            let content = contents
-                .iter()
-                .find(|(t, _)| t == entry.tag.as_str())
-                .map(|(_, c)| c.clone())?;
-            Some(Package::new(
-                &repo.registry,
-                &repo.repository,
-                entry.tag.as_str(),
-                content,
-            ))
+            let content = contents.iter().find(|(t, _)| t == entry.tag.as_str()).map(|(_, c)| c.clone())?;
+            Some(Package::new(&repo.registry, &repo.repository, entry.tag.as_str(), content))
         })
         .collect())
 }

@@ -5,8 +5,8 @@ use std::{pin::Pin, sync::Arc, time::Duration};
 use futures::Stream;
 use tonic::{Request, Response, Status};
 use vynil_proto::scanner::v1::{
-    GetScanRequest, RepositoryError, ScanRequest, ScanResponse, ScanState, ScanStatus,
-    WatchScanRequest, scanner_server::Scanner as ScannerApi,
+    GetScanRequest, RepositoryError, ScanRequest, ScanResponse, ScanState, ScanStatus, WatchScanRequest,
+    scanner_server::Scanner as ScannerApi,
 };
 
 use crate::{ScannerError, requests::ScanRecord, worker::Scanner};
@@ -66,9 +66,11 @@ type StatusStream = Pin<Box<dyn Stream<Item = Result<ScanStatus, Status>> + Send
 
 impl ScannerService {
     async fn record(&self, id: &str) -> Result<ScanRecord, Status> {
-        self.scanner.queue.record(id).await?.ok_or_else(|| {
-            Status::not_found(format!("no scan {id:?} (scan records are kept 24 h)"))
-        })
+        self.scanner
+            .queue
+            .record(id)
+            .await?
+            .ok_or_else(|| Status::not_found(format!("no scan {id:?} (scan records are kept 24 h)")))
     }
 }
 
@@ -76,31 +78,17 @@ impl ScannerService {
 impl ScannerApi for ScannerService {
     async fn scan(&self, request: Request<ScanRequest>) -> Result<Response<ScanResponse>, Status> {
         let request = request.into_inner();
-        let (scan_id, joined_existing) = self
-            .scanner
-            .request(&request.jukebox, &request.filter)
-            .await?;
-        Ok(Response::new(ScanResponse {
-            scan_id,
-            joined_existing,
-        }))
+        let (scan_id, joined_existing) = self.scanner.request(&request.jukebox, &request.filter).await?;
+        Ok(Response::new(ScanResponse { scan_id, joined_existing }))
     }
 
-    async fn get_scan(
-        &self,
-        request: Request<GetScanRequest>,
-    ) -> Result<Response<ScanStatus>, Status> {
-        Ok(Response::new(to_proto(
-            &self.record(&request.into_inner().scan_id).await?,
-        )))
+    async fn get_scan(&self, request: Request<GetScanRequest>) -> Result<Response<ScanStatus>, Status> {
+        Ok(Response::new(to_proto(&self.record(&request.into_inner().scan_id).await?)))
     }
 
     /// Streams each change of the scan's record until it is final. Records
     /// live in the shared queue, so any replica can answer.
-    async fn watch_scan(
-        &self,
-        request: Request<WatchScanRequest>,
-    ) -> Result<Response<StatusStream>, Status> {
+    async fn watch_scan(&self, request: Request<WatchScanRequest>) -> Result<Response<StatusStream>, Status> {
         let id = request.into_inner().scan_id;
         let first = self.record(&id).await?;
         let this = self.clone();
@@ -126,10 +114,7 @@ impl ScannerApi for ScannerService {
 }
 
 /// `first`, then each value `next` yields from the previous one.
-fn async_stream<F, Fut>(
-    first: ScanRecord,
-    next: F,
-) -> impl Stream<Item = Result<ScanStatus, Status>> + Send
+fn async_stream<F, Fut>(first: ScanRecord, next: F) -> impl Stream<Item = Result<ScanStatus, Status>> + Send
 where
     F: Fn(ScanRecord) -> Fut + Send + 'static,
     Fut: std::future::Future<Output = Option<ScanRecord>> + Send,

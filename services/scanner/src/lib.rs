@@ -31,11 +31,7 @@ pub use worker::Scanner;
 
 /// Configuration of the scanner: flags, each with an environment fallback.
 #[derive(Debug, Clone, clap::Parser)]
-#[command(
-    name = "vynil-scanner",
-    version,
-    about = "Scans registries into JukeBox status"
-)]
+#[command(name = "vynil-scanner", version, about = "Scans registries into JukeBox status")]
 pub struct Config {
     /// Address the gRPC server listens on.
     #[arg(long, env = "VYNIL_SCANNER_LISTEN", default_value = "0.0.0.0:50052")]
@@ -91,22 +87,19 @@ pub(crate) fn redis_error(e: redis::RedisError) -> ScannerError {
 
 /// Builds the scanner from its configuration.
 pub async fn build(config: &Config) -> Result<Arc<Scanner>, ScannerError> {
-    let (store, queue, cache): (
-        Arc<dyn JukeboxStore>,
-        Arc<dyn RequestQueue>,
-        Arc<dyn MetadataCache>,
-    ) = match &config.shared.redis_url {
-        Some(url) => (
-            Arc::new(LocalStore::with_redis(config.shared.jukebox_dir.clone(), url).await?),
-            Arc::new(RedisQueue::connect(url).await?),
-            Arc::new(cache::RedisMetadataCache::connect(url).await?),
-        ),
-        None => (
-            Arc::new(LocalStore::in_memory(config.shared.jukebox_dir.clone())),
-            Arc::new(MemoryQueue::default()),
-            Arc::new(InMemoryMetadataCache::default()),
-        ),
-    };
+    let (store, queue, cache): (Arc<dyn JukeboxStore>, Arc<dyn RequestQueue>, Arc<dyn MetadataCache>) =
+        match &config.shared.redis_url {
+            Some(url) => (
+                Arc::new(LocalStore::with_redis(config.shared.jukebox_dir.clone(), url).await?),
+                Arc::new(RedisQueue::connect(url).await?),
+                Arc::new(cache::RedisMetadataCache::connect(url).await?),
+            ),
+            None => (
+                Arc::new(LocalStore::in_memory(config.shared.jukebox_dir.clone())),
+                Arc::new(MemoryQueue::default()),
+                Arc::new(InMemoryMetadataCache::default()),
+            ),
+        };
     let transport = TransportConfig {
         insecure_registries: config.shared.insecure_registries.clone(),
         ..TransportConfig::default()
@@ -132,14 +125,9 @@ pub async fn build(config: &Config) -> Result<Arc<Scanner>, ScannerError> {
 }
 
 /// Binds, serves and works until `shutdown` resolves, then drains.
-pub async fn run(
-    config: Config,
-    shutdown: impl Future<Output = ()> + Send,
-) -> Result<(), ScannerError> {
+pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> Result<(), ScannerError> {
     let scanner = build(&config).await?;
-    let server = GrpcServer::bind(config.listen)
-        .await?
-        .with_metrics(scanner.registry.clone());
+    let server = GrpcServer::bind(config.listen).await?.with_metrics(scanner.registry.clone());
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let worker = tokio::spawn(scanner.clone().work(async move {
         let mut stopped = stopped;

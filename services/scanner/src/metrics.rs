@@ -2,9 +2,7 @@
 
 use std::sync::Arc;
 
-use vynil_runtime::metrics::{
-    Counter, EncodeLabelSet, Family, Histogram, Registry, duration_buckets,
-};
+use vynil_runtime::metrics::{Counter, EncodeLabelSet, Family, Histogram, Registry, duration_buckets};
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct Outcome {
@@ -36,11 +34,7 @@ impl ScannerMetrics {
             repository_failures: Family::default(),
         };
         registry.register("scans", "Scans by outcome", metrics.scans.clone());
-        registry.register(
-            "scan_duration_seconds",
-            "Duration of scans",
-            metrics.duration.clone(),
-        );
+        registry.register("scan_duration_seconds", "Duration of scans", metrics.duration.clone());
         registry.register("tags_seen", "Tags listed", metrics.tags_seen.clone());
         registry.register(
             "manifests_read",

@@ -35,10 +35,7 @@ fn field(filter: Option<&str>) -> String {
 }
 
 fn item(field: &str, id: &str) -> ScanItem {
-    ScanItem {
-        id: id.to_string(),
-        filter: field.strip_prefix("partial:").map(String::from),
-    }
+    ScanItem { id: id.to_string(), filter: field.strip_prefix("partial:").map(String::from) }
 }
 
 /// The state of one scan, as `GetScan` and `WatchScan` show it.
@@ -60,21 +57,14 @@ pub struct ScanRecord {
 
 impl ScanRecord {
     pub fn is_final(&self) -> bool {
-        matches!(
-            self.state.as_str(),
-            "succeeded" | "partially_failed" | "failed"
-        )
+        matches!(self.state.as_str(), "succeeded" | "partially_failed" | "failed")
     }
 }
 
 #[async_trait::async_trait]
 pub trait RequestQueue: Send + Sync + std::fmt::Debug {
     /// Records a request; returns its scan id and whether it joined an existing one.
-    async fn submit(
-        &self,
-        jukebox: &str,
-        filter: Option<&str>,
-    ) -> Result<(String, bool), ScannerError>;
+    async fn submit(&self, jukebox: &str, filter: Option<&str>) -> Result<(String, bool), ScannerError>;
     /// Takes the JukeBox's lease and the items to run now, if any.
     async fn claim(
         &self,
@@ -82,12 +72,7 @@ pub trait RequestQueue: Send + Sync + std::fmt::Debug {
         holder: &str,
         lease: Duration,
     ) -> Result<Option<Vec<ScanItem>>, ScannerError>;
-    async fn renew(
-        &self,
-        jukebox: &str,
-        holder: &str,
-        lease: Duration,
-    ) -> Result<bool, ScannerError>;
+    async fn renew(&self, jukebox: &str, holder: &str, lease: Duration) -> Result<bool, ScannerError>;
     /// The claimed items are done: forget them and release the lease.
     async fn complete(&self, jukebox: &str, holder: &str) -> Result<(), ScannerError>;
     async fn with_work(&self) -> Result<Vec<String>, ScannerError>;
@@ -111,11 +96,7 @@ struct Memory {
 
 #[async_trait::async_trait]
 impl RequestQueue for MemoryQueue {
-    async fn submit(
-        &self,
-        jukebox: &str,
-        filter: Option<&str>,
-    ) -> Result<(String, bool), ScannerError> {
+    async fn submit(&self, jukebox: &str, filter: Option<&str>) -> Result<(String, bool), ScannerError> {
         let mut m = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         let wanted = field(filter);
         for table in [&m.running, &m.pending] {
@@ -127,10 +108,7 @@ impl RequestQueue for MemoryQueue {
             return Ok((id.clone(), true));
         }
         let id = new_id();
-        m.pending
-            .entry(jukebox.to_string())
-            .or_default()
-            .insert(wanted, id.clone());
+        m.pending.entry(jukebox.to_string()).or_default().insert(wanted, id.clone());
         Ok((id, false))
     }
 
@@ -142,10 +120,7 @@ impl RequestQueue for MemoryQueue {
     ) -> Result<Option<Vec<ScanItem>>, ScannerError> {
         let mut m = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         let now = Instant::now();
-        if m.leases
-            .get(jukebox)
-            .is_some_and(|(h, until)| h != holder && *until > now)
-        {
+        if m.leases.get(jukebox).is_some_and(|(h, until)| h != holder && *until > now) {
             return Ok(None);
         }
         let running = m.running.get(jukebox).cloned().unwrap_or_default();
@@ -160,17 +135,11 @@ impl RequestQueue for MemoryQueue {
         } else {
             running
         };
-        m.leases
-            .insert(jukebox.to_string(), (holder.to_string(), now + lease));
+        m.leases.insert(jukebox.to_string(), (holder.to_string(), now + lease));
         Ok(Some(items.iter().map(|(f, id)| item(f, id)).collect()))
     }
 
-    async fn renew(
-        &self,
-        jukebox: &str,
-        holder: &str,
-        lease: Duration,
-    ) -> Result<bool, ScannerError> {
+    async fn renew(&self, jukebox: &str, holder: &str, lease: Duration) -> Result<bool, ScannerError> {
         let mut m = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         match m.leases.get_mut(jukebox) {
             Some((h, until)) if h == holder => {
@@ -206,13 +175,7 @@ impl RequestQueue for MemoryQueue {
     }
 
     async fn record(&self, id: &str) -> Result<Option<ScanRecord>, ScannerError> {
-        Ok(self
-            .inner
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .records
-            .get(id)
-            .cloned())
+        Ok(self.inner.lock().unwrap_or_else(|p| p.into_inner()).records.get(id).cloned())
     }
 }
 
@@ -283,20 +246,14 @@ return 1";
 impl RedisQueue {
     pub async fn connect(url: &str) -> Result<Self, ScannerError> {
         let client = redis::Client::open(url).map_err(redis_error)?;
-        let connection = redis::aio::ConnectionManager::new(client)
-            .await
-            .map_err(redis_error)?;
+        let connection = redis::aio::ConnectionManager::new(client).await.map_err(redis_error)?;
         Ok(Self { connection })
     }
 }
 
 #[async_trait::async_trait]
 impl RequestQueue for RedisQueue {
-    async fn submit(
-        &self,
-        jukebox: &str,
-        filter: Option<&str>,
-    ) -> Result<(String, bool), ScannerError> {
+    async fn submit(&self, jukebox: &str, filter: Option<&str>) -> Result<(String, bool), ScannerError> {
         let mut c = self.connection.clone();
         let (id, joined): (String, i64) = redis::Script::new(SUBMIT)
             .key(key("pending", jukebox))
@@ -329,19 +286,11 @@ impl RequestQueue for RedisQueue {
             .invoke_async(&mut c)
             .await
             .map_err(redis_error)?;
-        Ok(claimed.map(|flat| {
-            flat.chunks(2)
-                .filter_map(|pair| Some(item(pair.first()?, pair.get(1)?)))
-                .collect()
-        }))
+        Ok(claimed
+            .map(|flat| flat.chunks(2).filter_map(|pair| Some(item(pair.first()?, pair.get(1)?))).collect()))
     }
 
-    async fn renew(
-        &self,
-        jukebox: &str,
-        holder: &str,
-        lease: Duration,
-    ) -> Result<bool, ScannerError> {
+    async fn renew(&self, jukebox: &str, holder: &str, lease: Duration) -> Result<bool, ScannerError> {
         let mut c = self.connection.clone();
         let renewed: i64 = redis::Script::new(RENEW)
             .key(key("lease", jukebox))
@@ -368,18 +317,14 @@ impl RequestQueue for RedisQueue {
     async fn with_work(&self) -> Result<Vec<String>, ScannerError> {
         use redis::AsyncCommands;
         let mut c = self.connection.clone();
-        c.smembers(format!("{PREFIX}:with-work"))
-            .await
-            .map_err(redis_error)
+        c.smembers(format!("{PREFIX}:with-work")).await.map_err(redis_error)
     }
 
     async fn put_record(&self, record: &ScanRecord) -> Result<(), ScannerError> {
         use redis::AsyncCommands;
         let mut c = self.connection.clone();
         let body = serde_json::to_string(record).map_err(|e| ScannerError::Store(e.to_string()))?;
-        c.set_ex(key("scan", &record.id), body, RECORD_TTL.as_secs())
-            .await
-            .map_err(redis_error)
+        c.set_ex(key("scan", &record.id), body, RECORD_TTL.as_secs()).await.map_err(redis_error)
     }
 
     async fn record(&self, id: &str) -> Result<Option<ScanRecord>, ScannerError> {
@@ -387,8 +332,7 @@ impl RequestQueue for RedisQueue {
         let mut c = self.connection.clone();
         let text: Option<String> = c.get(key("scan", id)).await.map_err(redis_error)?;
         text.map(|t| {
-            serde_json::from_str(&t)
-                .map_err(|e| ScannerError::Store(format!("scan record unreadable: {e}")))
+            serde_json::from_str(&t).map_err(|e| ScannerError::Store(format!("scan record unreadable: {e}")))
         })
         .transpose()
     }

@@ -36,11 +36,7 @@ pub struct Scanner {
 impl Scanner {
     /// Records a scan request (validated); returns its id and whether it
     /// joined an existing request.
-    pub async fn request(
-        &self,
-        jukebox: &str,
-        filter: &str,
-    ) -> Result<(String, bool), ScannerError> {
+    pub async fn request(&self, jukebox: &str, filter: &str) -> Result<(String, bool), ScannerError> {
         let filter = match filter.trim() {
             "" | "true" => None,
             raw => Some(ScanFilter::parse(raw)?.to_string()),
@@ -88,12 +84,8 @@ impl Scanner {
     async fn run_claimed(&self, jukebox: &str) -> Result<(), ScannerError> {
         while let Some(items) = self.queue.claim(jukebox, &self.holder, self.lease).await? {
             let renew = {
-                let (queue, jukebox, holder, lease) = (
-                    self.queue.clone(),
-                    jukebox.to_string(),
-                    self.holder.clone(),
-                    self.lease,
-                );
+                let (queue, jukebox, holder, lease) =
+                    (self.queue.clone(), jukebox.to_string(), self.holder.clone(), self.lease);
                 tokio::spawn(async move {
                     loop {
                         tokio::time::sleep(lease / 3).await;
@@ -119,8 +111,7 @@ impl Scanner {
         }
         for item in items {
             let filter = item.filter.as_deref().map(ScanFilter::parse).transpose()?;
-            self.run_scan(jukebox, filter, std::slice::from_ref(&item.id))
-                .await?;
+            self.run_scan(jukebox, filter, std::slice::from_ref(&item.id)).await?;
         }
         Ok(())
     }
@@ -145,10 +136,7 @@ impl Scanner {
         let Some(record) = self.store.get(jukebox).await? else {
             let mut gone = base.clone();
             gone.state = "failed".into();
-            gone.errors = vec![(
-                "jukebox".into(),
-                format!("JukeBox {jukebox} no longer exists"),
-            )];
+            gone.errors = vec![("jukebox".into(), format!("JukeBox {jukebox} no longer exists"))];
             self.put_records(ids, &gone).await;
             return Ok(());
         };
@@ -168,14 +156,7 @@ impl Scanner {
         let on_progress = move |p: &Progress| {
             let _ = progress_tx.send(p.clone());
         };
-        let output = engine::scan(
-            &self.client,
-            &self.settings,
-            &record,
-            filter.as_ref(),
-            &on_progress,
-        )
-        .await;
+        let output = engine::scan(&self.client, &self.settings, &record, filter.as_ref(), &on_progress).await;
         drop(on_progress);
         let _ = writer.await;
 
@@ -194,33 +175,17 @@ impl Scanner {
         }
         last.finished_at = jiff::Timestamp::now().to_string();
         for id in ids {
-            let mut final_record = self
-                .queue
-                .record(id)
-                .await
-                .ok()
-                .flatten()
-                .unwrap_or_else(|| last.clone());
+            let mut final_record = self.queue.record(id).await.ok().flatten().unwrap_or_else(|| last.clone());
             final_record.id = id.clone();
             final_record.state = last.state.clone();
             final_record.errors = last.errors.clone();
             final_record.finished_at = last.finished_at.clone();
             let _ = self.queue.put_record(&final_record).await;
         }
-        self.metrics
-            .scans
-            .get_or_create(&Outcome {
-                outcome: last.state.clone(),
-            })
-            .inc();
+        self.metrics.scans.get_or_create(&Outcome { outcome: last.state.clone() }).inc();
         self.metrics.duration.observe(clock.elapsed().as_secs_f64());
         for (_, why) in &last.errors {
-            self.metrics
-                .repository_failures
-                .get_or_create(&Cause {
-                    cause: cause(why).to_string(),
-                })
-                .inc();
+            self.metrics.repository_failures.get_or_create(&Cause { cause: cause(why).to_string() }).inc();
         }
         let first = ids.first().map(String::as_str).unwrap_or_default();
         if let Ok(Some(progress)) = self.queue.record(first).await {
@@ -240,24 +205,14 @@ impl Scanner {
     ) -> Result<(), ScannerError> {
         for _ in 0..WRITE_ATTEMPTS {
             let Some(record) = self.store.get(jukebox).await? else {
-                return Err(ScannerError::NotFound(format!(
-                    "JukeBox {jukebox} disappeared during its scan"
-                )));
+                return Err(ScannerError::NotFound(format!("JukeBox {jukebox} disappeared during its scan")));
             };
-            let Some(status) = engine::new_status(
-                record.status.as_ref(),
-                output,
-                filter,
-                0,
-                jiff::Timestamp::now(),
-            ) else {
+            let Some(status) =
+                engine::new_status(record.status.as_ref(), output, filter, 0, jiff::Timestamp::now())
+            else {
                 return Ok(());
             };
-            match self
-                .store
-                .write_status(jukebox, record.status_version, &status)
-                .await
-            {
+            match self.store.write_status(jukebox, record.status_version, &status).await {
                 Ok(_) => return Ok(()),
                 Err(vynil_store::StoreError::Conflict(_)) => continue,
                 Err(other) => return Err(other.into()),

@@ -10,8 +10,7 @@ use vynil_proto::scanner::v1::{
     GetScanRequest, ScanRequest, ScanState, WatchScanRequest, scanner_client::ScannerClient,
 };
 use vynil_testkit::{
-    Fault, FaultAction, HttpFront, PackageSpec, PackageType, RedisServer, RegistryServer,
-    ServiceProcess,
+    Fault, FaultAction, HttpFront, PackageSpec, PackageType, RedisServer, RegistryServer, ServiceProcess,
 };
 
 const REPOSITORIES: [&str; 3] = ["apps/a", "apps/b", "apps/c"];
@@ -29,20 +28,14 @@ async fn world() -> World {
         let name = repository.trim_start_matches("apps/");
         registry
             .publisher()
-            .publish(
-                repository,
-                &PackageSpec::new("apps", name, PackageType::Tenant, "1.0.0"),
-            )
+            .publish(repository, &PackageSpec::new("apps", name, PackageType::Tenant, "1.0.0"))
             .await
             .unwrap();
     }
     let front = HttpFront::start(&registry.base_url()).await.unwrap();
     let redis = RedisServer::start().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let list: Vec<String> = REPOSITORIES
-        .iter()
-        .map(|r| format!("      - {}/{r}", front.host()))
-        .collect();
+    let list: Vec<String> = REPOSITORIES.iter().map(|r| format!("      - {}/{r}", front.host())).collect();
     std::fs::write(
         dir.path().join("box.yaml"),
         format!("apiVersion: vynil.solidite.fr/v1\nkind: JukeBox\nmetadata:\n  name: box\nspec:\n  schedule: '0 * * * *'\n  source:\n    list:\n{}\n", list.join("\n")),
@@ -55,20 +48,12 @@ async fn world() -> World {
         usize::MAX,
         FaultAction::DelayAnswer(Duration::from_millis(600)),
     ));
-    World {
-        _registry: registry,
-        front,
-        redis,
-        dir,
-    }
+    World { _registry: registry, front, redis, dir }
 }
 
 async fn replica(world: &World) -> ServiceProcess {
-    let (redis, front, dir) = (
-        world.redis.url(),
-        world.front.host(),
-        world.dir.path().to_str().unwrap().to_string(),
-    );
+    let (redis, front, dir) =
+        (world.redis.url(), world.front.host(), world.dir.path().to_str().unwrap().to_string());
     let args = [
         "--jukebox-dir",
         &dir,
@@ -83,25 +68,15 @@ async fn replica(world: &World) -> ServiceProcess {
         "--repository-concurrency",
         "1",
     ];
-    ServiceProcess::start(Path::new(env!("CARGO_BIN_EXE_vynil-scanner")), &args)
-        .await
-        .unwrap()
+    ServiceProcess::start(Path::new(env!("CARGO_BIN_EXE_vynil-scanner")), &args).await.unwrap()
 }
 
 async fn wait_final(client: &mut ScannerClient<tonic::transport::Channel>, id: &str) -> i32 {
     for _ in 0..600 {
-        let status = client
-            .get_scan(GetScanRequest { scan_id: id.into() })
-            .await
-            .unwrap()
-            .into_inner();
-        if [
-            ScanState::Succeeded,
-            ScanState::PartiallyFailed,
-            ScanState::Failed,
-        ]
-        .iter()
-        .any(|s| *s as i32 == status.state)
+        let status = client.get_scan(GetScanRequest { scan_id: id.into() }).await.unwrap().into_inner();
+        if [ScanState::Succeeded, ScanState::PartiallyFailed, ScanState::Failed]
+            .iter()
+            .any(|s| *s as i32 == status.state)
         {
             return status.state;
         }
@@ -111,10 +86,7 @@ async fn wait_final(client: &mut ScannerClient<tonic::transport::Channel>, id: &
 }
 
 fn full() -> ScanRequest {
-    ScanRequest {
-        jukebox: "box".into(),
-        filter: String::new(),
-    }
+    ScanRequest { jukebox: "box".into(), filter: String::new() }
 }
 
 #[tokio::test]
@@ -125,20 +97,12 @@ async fn two_replicas_asked_to_scan_the_same_jukebox_list_each_repository_once()
     let mut client_b = ScannerClient::new(b.channel().await.unwrap());
     let (first, second) = tokio::join!(client_a.scan(full()), client_b.scan(full()));
     let (first, second) = (first.unwrap().into_inner(), second.unwrap().into_inner());
-    assert_eq!(
-        first.scan_id, second.scan_id,
-        "one request joined the other"
-    );
+    assert_eq!(first.scan_id, second.scan_id, "one request joined the other");
     assert!(first.joined_existing ^ second.joined_existing);
-    assert_eq!(
-        wait_final(&mut client_b, &first.scan_id).await,
-        ScanState::Succeeded as i32
-    );
+    assert_eq!(wait_final(&mut client_b, &first.scan_id).await, ScanState::Succeeded as i32);
     for repository in REPOSITORIES {
         assert_eq!(
-            world
-                .front
-                .count(&Method::GET, &format!("/v2/{repository}/tags/list")),
+            world.front.count(&Method::GET, &format!("/v2/{repository}/tags/list")),
             1,
             "{repository}"
         );
@@ -160,20 +124,10 @@ async fn when_the_lease_holder_dies_mid_scan_another_replica_finishes_the_same_r
     let other = replica(&world).await;
     drop(holder); // SIGKILL, mid-scan
     let mut client = ScannerClient::new(other.channel().await.unwrap());
-    assert_eq!(
-        wait_final(&mut client, &id).await,
-        ScanState::Succeeded as i32
-    );
-    let status = client
-        .get_scan(GetScanRequest { scan_id: id })
-        .await
-        .unwrap()
-        .into_inner();
+    assert_eq!(wait_final(&mut client, &id).await, ScanState::Succeeded as i32);
+    let status = client.get_scan(GetScanRequest { scan_id: id }).await.unwrap().into_inner();
     assert_eq!(status.repositories_done, 3);
-    assert!(
-        world.front.count(&Method::GET, "/tags/list") >= 4,
-        "the scan ran again from the start"
-    );
+    assert!(world.front.count(&Method::GET, "/tags/list") >= 4, "the scan ran again from the start");
 }
 
 #[tokio::test]
@@ -182,11 +136,7 @@ async fn watch_scan_streams_progress_until_the_scan_ends() {
     let a = replica(&world).await;
     let mut client = ScannerClient::new(a.channel().await.unwrap());
     let id = client.scan(full()).await.unwrap().into_inner().scan_id;
-    let mut stream = client
-        .watch_scan(WatchScanRequest { scan_id: id })
-        .await
-        .unwrap()
-        .into_inner();
+    let mut stream = client.watch_scan(WatchScanRequest { scan_id: id }).await.unwrap().into_inner();
     let mut seen = Vec::new();
     while let Some(status) = stream.message().await.unwrap() {
         seen.push((status.state, status.repositories_done));
@@ -194,12 +144,6 @@ async fn watch_scan_streams_progress_until_the_scan_ends() {
     let last = *seen.last().unwrap();
     assert_eq!(last, (ScanState::Succeeded as i32, 3));
     let done: Vec<u32> = seen.iter().map(|(_, d)| *d).collect();
-    assert!(
-        done.windows(2).all(|w| w[0] <= w[1]),
-        "progress only grows: {done:?}"
-    );
-    assert!(
-        done.contains(&1) || done.contains(&2),
-        "intermediate progress was streamed: {seen:?}"
-    );
+    assert!(done.windows(2).all(|w| w[0] <= w[1]), "progress only grows: {done:?}");
+    assert!(done.contains(&1) || done.contains(&2), "intermediate progress was streamed: {seen:?}");
 }

@@ -8,9 +8,7 @@ use std::{sync::Arc, time::Duration};
 use axum::http::Method;
 use clap::Parser;
 use vynil_scanner::{Config, Scanner};
-use vynil_testkit::{
-    Fault, FaultAction, HttpFront, PackageSpec, PackageType, RedisServer, RegistryServer,
-};
+use vynil_testkit::{Fault, FaultAction, HttpFront, PackageSpec, PackageType, RedisServer, RegistryServer};
 
 struct Harness {
     registry: RegistryServer,
@@ -29,10 +27,7 @@ async fn harness_with(registry: RegistryServer, repositories: &[&str], extra: &[
     let front = HttpFront::start(&registry.base_url()).await.unwrap();
     let redis = RedisServer::start().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let list: Vec<String> = repositories
-        .iter()
-        .map(|r| format!("      - {}/{r}", front.host()))
-        .collect();
+    let list: Vec<String> = repositories.iter().map(|r| format!("      - {}/{r}", front.host())).collect();
     std::fs::write(
         dir.path().join("box.yaml"),
         format!("apiVersion: vynil.solidite.fr/v1\nkind: JukeBox\nmetadata:\n  name: box\nspec:\n  schedule: '0 * * * *'\n  source:\n    list:\n{}\n", list.join("\n")),
@@ -61,14 +56,7 @@ async fn harness_with(registry: RegistryServer, repositories: &[&str], extra: &[
     tokio::spawn(scanner.clone().work(async move {
         let _ = stopped.await;
     }));
-    Harness {
-        registry,
-        front,
-        _redis: redis,
-        dir,
-        scanner,
-        _stop: stop,
-    }
+    Harness { registry, front, _redis: redis, dir, scanner, _stop: stop }
 }
 
 async fn scan(h: &Harness, filter: &str) -> vynil_scanner::ScanRecord {
@@ -88,12 +76,7 @@ async fn catalog(h: &Harness) -> Vec<String> {
     let record = h.scanner.store.get("box").await.unwrap().unwrap();
     record
         .status
-        .map(|s| {
-            s.packages
-                .iter()
-                .map(|p| format!("{}:{}", p.image, p.tag))
-                .collect()
-        })
+        .map(|s| s.packages.iter().map(|p| format!("{}:{}", p.image, p.tag)).collect())
         .unwrap_or_default()
 }
 
@@ -105,181 +88,81 @@ fn spec(category: &str, name: &str, kind: PackageType, tag: &str) -> PackageSpec
 async fn the_type_change_story_shows_the_last_tenant_revision_beside_the_new_service() {
     let registry = RegistryServer::start().await.unwrap();
     let p = registry.publisher();
-    p.publish(
-        "think/ollama",
-        &spec("think", "ollama", PackageType::Tenant, "0.1.5"),
-    )
-    .await
-    .unwrap();
-    p.publish(
-        "think/ollama",
-        &spec("think", "ollama", PackageType::Tenant, "0.1.8").min("0.1.0"),
-    )
-    .await
-    .unwrap();
-    p.publish(
-        "think/ollama",
-        &spec("think", "ollama", PackageType::Service, "0.1.9").min("0.1.8"),
-    )
-    .await
-    .unwrap();
-    p.publish(
-        "think/ollama",
-        &spec("think", "ollama", PackageType::Service, "0.1.10"),
-    )
-    .await
-    .unwrap();
+    p.publish("think/ollama", &spec("think", "ollama", PackageType::Tenant, "0.1.5")).await.unwrap();
+    p.publish("think/ollama", &spec("think", "ollama", PackageType::Tenant, "0.1.8").min("0.1.0"))
+        .await
+        .unwrap();
+    p.publish("think/ollama", &spec("think", "ollama", PackageType::Service, "0.1.9").min("0.1.8"))
+        .await
+        .unwrap();
+    p.publish("think/ollama", &spec("think", "ollama", PackageType::Service, "0.1.10")).await.unwrap();
     let h = harness(registry, &["think/ollama"]).await;
     let record = scan(&h, "").await;
     assert_eq!(record.state, "succeeded", "{record:?}");
-    assert_eq!(
-        catalog(&h).await,
-        ["think/ollama:0.1.10", "think/ollama:0.1.8"]
-    );
-    let status = h
-        .scanner
-        .store
-        .get("box")
-        .await
-        .unwrap()
-        .unwrap()
-        .status
-        .unwrap();
-    let conditions: Vec<(String, String)> = status
-        .conditions
-        .iter()
-        .map(|c| (format!("{:?}", c.condition_type), c.message.clone()))
-        .collect();
+    assert_eq!(catalog(&h).await, ["think/ollama:0.1.10", "think/ollama:0.1.8"]);
+    let status = h.scanner.store.get("box").await.unwrap().unwrap().status.unwrap();
+    let conditions: Vec<(String, String)> =
+        status.conditions.iter().map(|c| (format!("{:?}", c.condition_type), c.message.clone())).collect();
     assert_eq!(
         conditions,
-        [
-            ("Updated".into(), "Updated succesfully".into()),
-            ("Ready".into(), "Updated succesfully".into())
-        ]
+        [("Updated".into(), "Updated succesfully".into()), ("Ready".into(), "Updated succesfully".into())]
     );
 }
 
 async fn three_repositories() -> RegistryServer {
     let registry = RegistryServer::start().await.unwrap();
     let p = registry.publisher();
-    for (repository, category, name) in [
-        ("db/pg", "db", "pg"),
-        ("db/mysql", "db", "mysql"),
-        ("monitoring/prom", "monitoring", "prom"),
-    ] {
-        p.publish(
-            repository,
-            &spec(category, name, PackageType::System, "1.0.0"),
-        )
-        .await
-        .unwrap();
+    for (repository, category, name) in
+        [("db/pg", "db", "pg"), ("db/mysql", "db", "mysql"), ("monitoring/prom", "monitoring", "prom")]
+    {
+        p.publish(repository, &spec(category, name, PackageType::System, "1.0.0")).await.unwrap();
     }
     registry
 }
 
 #[tokio::test]
 async fn partial_scans_replace_only_what_their_filter_names() {
-    let h = harness(
-        three_repositories().await,
-        &["db/pg", "db/mysql", "monitoring/prom"],
-    )
-    .await;
+    let h = harness(three_repositories().await, &["db/pg", "db/mysql", "monitoring/prom"]).await;
     assert_eq!(scan(&h, "").await.state, "succeeded");
     let p = h.registry.publisher();
-    for (repository, category, name) in [
-        ("db/pg", "db", "pg"),
-        ("db/mysql", "db", "mysql"),
-        ("monitoring/prom", "monitoring", "prom"),
-    ] {
-        p.publish(
-            repository,
-            &spec(category, name, PackageType::System, "2.0.0"),
-        )
-        .await
-        .unwrap();
+    for (repository, category, name) in
+        [("db/pg", "db", "pg"), ("db/mysql", "db", "mysql"), ("monitoring/prom", "monitoring", "prom")]
+    {
+        p.publish(repository, &spec(category, name, PackageType::System, "2.0.0")).await.unwrap();
     }
 
     h.front.reset_counts();
     assert_eq!(scan(&h, "db/pg").await.state, "succeeded");
-    assert_eq!(
-        catalog(&h).await,
-        ["db/mysql:1.0.0", "monitoring/prom:1.0.0", "db/pg:2.0.0"]
-    );
-    assert_eq!(
-        h.front.count(&Method::GET, "/tags/list"),
-        1,
-        "only db/pg was listed"
-    );
+    assert_eq!(catalog(&h).await, ["db/mysql:1.0.0", "monitoring/prom:1.0.0", "db/pg:2.0.0"]);
+    assert_eq!(h.front.count(&Method::GET, "/tags/list"), 1, "only db/pg was listed");
 
     assert_eq!(scan(&h, "db").await.state, "succeeded");
-    assert_eq!(
-        catalog(&h).await,
-        ["monitoring/prom:1.0.0", "db/mysql:2.0.0", "db/pg:2.0.0"]
-    );
+    assert_eq!(catalog(&h).await, ["monitoring/prom:1.0.0", "db/mysql:2.0.0", "db/pg:2.0.0"]);
 
     h.front.reset_counts();
     let before = catalog(&h).await;
     let record = scan(&h, "apps/x").await;
     assert_eq!(record.state, "succeeded");
-    assert!(
-        h.front.seen().is_empty(),
-        "a filter matching nothing reads nothing: {:?}",
-        h.front.seen()
-    );
+    assert!(h.front.seen().is_empty(), "a filter matching nothing reads nothing: {:?}", h.front.seen());
     assert_eq!(catalog(&h).await, before, "and changes nothing");
 }
 
 #[tokio::test]
 async fn a_failed_repository_keeps_its_entries_while_the_others_update() {
-    let h = harness(
-        three_repositories().await,
-        &["db/pg", "db/mysql", "monitoring/prom"],
-    )
-    .await;
+    let h = harness(three_repositories().await, &["db/pg", "db/mysql", "monitoring/prom"]).await;
     assert_eq!(scan(&h, "").await.state, "succeeded");
     let p = h.registry.publisher();
-    p.publish(
-        "db/mysql",
-        &spec("db", "mysql", PackageType::System, "2.0.0"),
-    )
-    .await
-    .unwrap();
-    p.publish("db/pg", &spec("db", "pg", PackageType::System, "2.0.0"))
-        .await
-        .unwrap();
-    h.front.inject(Fault::new(
-        None,
-        "/v2/db/pg/",
-        usize::MAX,
-        FaultAction::Status(500),
-    ));
+    p.publish("db/mysql", &spec("db", "mysql", PackageType::System, "2.0.0")).await.unwrap();
+    p.publish("db/pg", &spec("db", "pg", PackageType::System, "2.0.0")).await.unwrap();
+    h.front.inject(Fault::new(None, "/v2/db/pg/", usize::MAX, FaultAction::Status(500)));
 
     let record = scan(&h, "").await;
     assert_eq!(record.state, "partially_failed");
-    assert_eq!(
-        catalog(&h).await,
-        ["db/pg:1.0.0", "db/mysql:2.0.0", "monitoring/prom:1.0.0"]
-    );
-    let status = h
-        .scanner
-        .store
-        .get("box")
-        .await
-        .unwrap()
-        .unwrap()
-        .status
-        .unwrap();
-    let updated = status
-        .conditions
-        .iter()
-        .find(|c| format!("{:?}", c.condition_type) == "Updated")
-        .unwrap();
+    assert_eq!(catalog(&h).await, ["db/pg:1.0.0", "db/mysql:2.0.0", "monitoring/prom:1.0.0"]);
+    let status = h.scanner.store.get("box").await.unwrap().unwrap().status.unwrap();
+    let updated = status.conditions.iter().find(|c| format!("{:?}", c.condition_type) == "Updated").unwrap();
     assert_eq!(format!("{:?}", updated.status), "False");
-    assert!(
-        updated.message.contains("/db/pg") && updated.message.contains("500"),
-        "{}",
-        updated.message
-    );
+    assert!(updated.message.contains("/db/pg") && updated.message.contains("500"), "{}", updated.message);
 }
 
 #[tokio::test]
@@ -287,11 +170,7 @@ async fn a_repository_of_1200_tags_is_scanned_completely_and_a_rescan_reads_no_m
     let registry = RegistryServer::from_fixture("scanner-1200-tags-v1", |registry| async move {
         let items: Vec<(String, PackageSpec)> = (0..1200)
             .map(|i| {
-                let kind = if i == 3 {
-                    PackageType::Service
-                } else {
-                    PackageType::Tenant
-                };
+                let kind = if i == 3 { PackageType::Service } else { PackageType::Tenant };
                 let tag = format!("{}.{}.{}", i / 100, (i / 10) % 10, i % 10);
                 ("big/repo".to_string(), spec("big", "repo", kind, &tag))
             })
@@ -313,34 +192,19 @@ async fn a_repository_of_1200_tags_is_scanned_completely_and_a_rescan_reads_no_m
 
     h.front.reset_counts();
     assert_eq!(scan(&h, "").await.state, "succeeded");
-    assert_eq!(
-        h.front.count(&Method::GET, "/manifests/"),
-        0,
-        "an immediate rescan makes zero manifest GETs"
-    );
+    assert_eq!(h.front.count(&Method::GET, "/manifests/"), 0, "an immediate rescan makes zero manifest GETs");
     let _ = h.dir.path();
 }
 
 #[tokio::test]
 async fn a_repository_over_the_tag_cap_is_reported_not_truncated() {
-    let h = harness_with(
-        three_repositories().await,
-        &["db/pg", "db/mysql"],
-        &["--max-tags-per-repository", "1"],
-    )
-    .await;
-    h.registry
-        .publisher()
-        .publish("db/pg", &spec("db", "pg", PackageType::System, "2.0.0"))
-        .await
-        .unwrap();
+    let h =
+        harness_with(three_repositories().await, &["db/pg", "db/mysql"], &["--max-tags-per-repository", "1"])
+            .await;
+    h.registry.publisher().publish("db/pg", &spec("db", "pg", PackageType::System, "2.0.0")).await.unwrap();
     let record = scan(&h, "").await;
     assert_eq!(record.state, "partially_failed");
-    assert_eq!(
-        catalog(&h).await,
-        ["db/mysql:1.0.0"],
-        "db/pg had no previous entries to keep"
-    );
+    assert_eq!(catalog(&h).await, ["db/mysql:1.0.0"], "db/pg had no previous entries to keep");
     let (repository, why) = &record.errors[0];
     assert!(repository.ends_with("/db/pg"), "{repository}");
     assert!(why.contains("2 tags, over the cap of 1"), "{why}");
@@ -357,28 +221,8 @@ async fn a_failing_source_script_is_a_condition_and_keeps_the_catalog() {
     .unwrap();
     let record = scan(&h, "").await;
     assert_eq!(record.state, "failed");
-    assert_eq!(
-        catalog(&h).await,
-        ["db/pg:1.0.0"],
-        "the edited file is read at the next scan; nothing lost"
-    );
-    let status = h
-        .scanner
-        .store
-        .get("box")
-        .await
-        .unwrap()
-        .unwrap()
-        .status
-        .unwrap();
-    let updated = status
-        .conditions
-        .iter()
-        .find(|c| format!("{:?}", c.condition_type) == "Updated")
-        .unwrap();
-    assert!(
-        updated.message.contains("no registry today"),
-        "{}",
-        updated.message
-    );
+    assert_eq!(catalog(&h).await, ["db/pg:1.0.0"], "the edited file is read at the next scan; nothing lost");
+    let status = h.scanner.store.get("box").await.unwrap().unwrap().status.unwrap();
+    let updated = status.conditions.iter().find(|c| format!("{:?}", c.condition_type) == "Updated").unwrap();
+    assert!(updated.message.contains("no registry today"), "{}", updated.message);
 }

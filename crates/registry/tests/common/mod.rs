@@ -22,12 +22,7 @@ pub fn config(host: &str) -> TransportConfig {
 }
 
 pub fn client(host: &str, credentials: CredentialStore) -> RegistryClient {
-    RegistryClient::new(
-        config(host),
-        credentials,
-        Arc::new(InMemoryMetadataCache::default()),
-    )
-    .unwrap()
+    RegistryClient::new(config(host), credentials, Arc::new(InMemoryMetadataCache::default())).unwrap()
 }
 
 pub fn repo(host: &str, repository: &str) -> RepositoryRef {

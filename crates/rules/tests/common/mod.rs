@@ -54,12 +54,7 @@ pub fn content(kind_name: &str, min: Option<&str>, vynil: Option<&str>) -> Packa
 }
 
 pub fn package(tag: &str, kind_name: &str, min: Option<&str>, vynil: Option<&str>) -> Package {
-    Package::new(
-        "registry.example",
-        "think/ollama",
-        tag,
-        content(kind_name, min, vynil),
-    )
+    Package::new("registry.example", "think/ollama", tag, content(kind_name, min, vynil))
 }
 
 /// A fake digest `sha256:<n repeated>` for a short label.
@@ -87,19 +82,12 @@ pub fn vynil_tag(
 }
 
 pub fn plain_tag(name: &str, digest_label: &str) -> RepositoryTag {
-    RepositoryTag {
-        name: name.into(),
-        digest: digest(digest_label),
-        metadata: TagMetadata::NotVynil,
-    }
+    RepositoryTag { name: name.into(), digest: digest(digest_label), metadata: TagMetadata::NotVynil }
 }
 
 /// `sha256-<hex of digest(subject_label)>.<suffix>` on its own digest.
 pub fn artifact_tag(subject_label: &str, suffix: &str, own_label: &str) -> RepositoryTag {
-    plain_tag(
-        &format!("{}.{suffix}", digest(subject_label).replacen(':', "-", 1)),
-        own_label,
-    )
+    plain_tag(&format!("{}.{suffix}", digest(subject_label).replacen(':', "-", 1)), own_label)
 }
 
 pub fn framework(v: &str) -> Version {
