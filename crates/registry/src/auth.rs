@@ -124,6 +124,29 @@ pub struct CredentialStore {
 }
 
 impl CredentialStore {
+    /// Every registry of a `.dockerconfigjson` document with its credentials.
+    pub fn from_dockerconfigjson(document: &[u8]) -> Result<Self, RegistryError> {
+        let config: DockerConfig = serde_json::from_slice(document).map_err(|e| {
+            RegistryError::Credentials(format!("not a dockerconfigjson document ({})", e.classify_name()))
+        })?;
+        let mut store = Self::default();
+        for registry in config.auths.keys() {
+            store.set(registry, Credentials::from_dockerconfigjson(document, registry)?);
+        }
+        Ok(store)
+    }
+
+    /// The credentials of a `.dockerconfigjson` file, or none without a file.
+    pub fn from_file(path: Option<&std::path::Path>) -> Result<Self, RegistryError> {
+        let Some(path) = path else {
+            return Ok(Self::default());
+        };
+        let document = std::fs::read(path).map_err(|e| {
+            RegistryError::Credentials(format!("cannot read {}: {}", path.display(), e.kind()))
+        })?;
+        Self::from_dockerconfigjson(&document)
+    }
+
     pub fn with(mut self, registry: &str, credentials: Credentials) -> Self {
         self.set(registry, credentials);
         self
@@ -221,6 +244,19 @@ mod tests {
             Credentials::from_dockerconfigjson(doc.as_bytes(), "quay.io").unwrap(),
             Credentials::Anonymous
         );
+    }
+
+    #[test]
+    fn a_credential_store_holds_every_registry_of_a_document() {
+        let auth = base64::engine::general_purpose::STANDARD.encode("robot:s3cret");
+        let doc = format!(
+            r#"{{"auths":{{"https://index.docker.io/v1/":{{"auth":"{auth}"}},"ghcr.io":{{"username":"u","password":"p"}}}}}}"#
+        );
+        let store = CredentialStore::from_dockerconfigjson(doc.as_bytes()).unwrap();
+        assert_eq!(store.get("docker.io"), Credentials::basic("robot", "s3cret"));
+        assert_eq!(store.get("ghcr.io"), Credentials::basic("u", "p"));
+        assert_eq!(store.get("quay.io"), Credentials::Anonymous);
+        assert!(!format!("{store:?}").contains("s3cret"));
     }
 
     #[test]

@@ -46,6 +46,10 @@ pub struct SharedConfig {
     /// The framework version consumers run (scanner, catalog and purger agree on it).
     #[arg(long, env = "VYNIL_VERSION", default_value = DEFAULT_VYNIL_VERSION)]
     pub vynil_version: semver::Version,
+    /// A `.dockerconfigjson` document with the registries' credentials
+    /// (outside a cluster; inside, JukeBox pull secrets).
+    #[arg(long, env = "VYNIL_DOCKERCONFIG")]
+    pub dockerconfig: Option<std::path::PathBuf>,
     /// Registries reached over plain http; every other one over https.
     #[arg(long = "insecure-registry", env = "VYNIL_INSECURE_REGISTRIES", value_delimiter = ',')]
     pub insecure_registries: Vec<String>,

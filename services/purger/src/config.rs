@@ -19,9 +19,6 @@ pub struct Config {
     /// plans say "usage unknown" and executing needs an acknowledgement.
     #[arg(long, env = "VYNIL_LIFECYCLE_ENDPOINT")]
     pub lifecycle_endpoint: Option<String>,
-    /// A `.dockerconfigjson` document with the registries' credentials.
-    #[arg(long, env = "VYNIL_DOCKERCONFIG")]
-    pub dockerconfig: Option<PathBuf>,
     /// Retention settings (YAML): `pinned` tag patterns, `excluded_repositories`.
     #[arg(long, env = "VYNIL_RETENTION_CONFIG")]
     pub retention_config: Option<PathBuf>,

@@ -21,7 +21,7 @@ use std::{future::Future, sync::Arc, time::Duration};
 use tokio::sync::mpsc;
 use vynil_proto::purger::v1::purger_server::PurgerServer;
 use vynil_registry::{
-    CredentialStore, Credentials, InMemoryMetadataCache, RegistryClient, RepositoryRef, TransportConfig,
+    CredentialStore, InMemoryMetadataCache, RegistryClient, RepositoryRef, TransportConfig,
 };
 use vynil_rules::RetentionConfig;
 use vynil_runtime::{GrpcServer, ServedService};
@@ -103,10 +103,7 @@ impl Purger {
     pub async fn from_config(config: &Config) -> Result<Self, PurgerError> {
         let retention_file = RetentionFile::load(config.retention_config.as_ref())?;
         let retention = RetentionConfig::new(config.shared.vynil_version.clone(), &retention_file.pinned)?;
-        let credentials = match &config.dockerconfig {
-            Some(path) => credentials_from(path, &config.shared.insecure_registries)?,
-            None => CredentialStore::default(),
-        };
+        let credentials = CredentialStore::from_file(config.shared.dockerconfig.as_deref())?;
         let transport = TransportConfig {
             insecure_registries: config.shared.insecure_registries.clone(),
             timeout: Duration::from_secs(config.registry_timeout_seconds.max(1)),
@@ -340,23 +337,6 @@ impl Purger {
         let _ = drain.await;
         report
     }
-}
-
-fn credentials_from(path: &std::path::Path, registries: &[String]) -> Result<CredentialStore, PurgerError> {
-    let document = std::fs::read(path)
-        .map_err(|e| PurgerError::Config(format!("cannot read the dockerconfig {}: {e}", path.display())))?;
-    let mut store = CredentialStore::default();
-    #[derive(serde::Deserialize)]
-    struct Auths {
-        #[serde(default)]
-        auths: std::collections::HashMap<String, serde_json::Value>,
-    }
-    let auths: Auths = serde_json::from_slice(&document)
-        .map_err(|_| PurgerError::Config(format!("{} is not a dockerconfigjson document", path.display())))?;
-    for registry in auths.auths.keys().chain(registries) {
-        store.set(registry, Credentials::from_dockerconfigjson(&document, registry)?);
-    }
-    Ok(store)
 }
 
 /// Binds, serves until `shutdown` resolves, then drains.

@@ -104,7 +104,8 @@ pub async fn build(config: &Config) -> Result<Arc<Scanner>, ScannerError> {
         insecure_registries: config.shared.insecure_registries.clone(),
         ..TransportConfig::default()
     };
-    let client = RegistryClient::new(transport, CredentialStore::default(), cache)?;
+    let credentials = CredentialStore::from_file(config.shared.dockerconfig.as_deref())?;
+    let client = RegistryClient::new(transport, credentials, cache)?;
     let (metrics, registry) = metrics::ScannerMetrics::register();
     Ok(Arc::new(Scanner {
         metrics,

@@ -20,13 +20,19 @@ struct Harness {
 }
 
 async fn harness(registry: RegistryServer, repositories: &[&str]) -> Harness {
-    harness_with(registry, repositories, &[]).await
+    harness_with(registry, repositories, &|_, _| vec![]).await
 }
 
-async fn harness_with(registry: RegistryServer, repositories: &[&str], extra: &[&str]) -> Harness {
+/// `extra` flags may depend on the front's host and the JukeBox directory.
+async fn harness_with(
+    registry: RegistryServer,
+    repositories: &[&str],
+    extra: &dyn Fn(&HttpFront, &std::path::Path) -> Vec<String>,
+) -> Harness {
     let front = HttpFront::start(&registry.base_url()).await.unwrap();
     let redis = RedisServer::start().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
+    let extra = extra(&front, dir.path());
     let list: Vec<String> = repositories.iter().map(|r| format!("      - {}/{r}", front.host())).collect();
     std::fs::write(
         dir.path().join("box.yaml"),
@@ -198,9 +204,10 @@ async fn a_repository_of_1200_tags_is_scanned_completely_and_a_rescan_reads_no_m
 
 #[tokio::test]
 async fn a_repository_over_the_tag_cap_is_reported_not_truncated() {
-    let h =
-        harness_with(three_repositories().await, &["db/pg", "db/mysql"], &["--max-tags-per-repository", "1"])
-            .await;
+    let h = harness_with(three_repositories().await, &["db/pg", "db/mysql"], &|_, _| {
+        vec!["--max-tags-per-repository".into(), "1".into()]
+    })
+    .await;
     h.registry.publisher().publish("db/pg", &spec("db", "pg", PackageType::System, "2.0.0")).await.unwrap();
     let record = scan(&h, "").await;
     assert_eq!(record.state, "partially_failed");
@@ -225,4 +232,28 @@ async fn a_failing_source_script_is_a_condition_and_keeps_the_catalog() {
     let status = h.scanner.store.get("box").await.unwrap().unwrap().status.unwrap();
     let updated = status.conditions.iter().find(|c| format!("{:?}", c.condition_type) == "Updated").unwrap();
     assert!(updated.message.contains("no registry today"), "{}", updated.message);
+}
+
+#[tokio::test]
+async fn a_private_registry_is_scanned_with_the_dockerconfig_credentials() {
+    let options = vynil_testkit::RegistryOptions { basic_auth: Some(("robot".into(), "pull-only".into())) };
+    let private = || async {
+        let registry = RegistryServer::start_with(options.clone()).await.unwrap();
+        registry.publisher().publish("db/pg", &spec("db", "pg", PackageType::System, "1.0.0")).await.unwrap();
+        registry
+    };
+    let with_secret = |front: &HttpFront, dir: &std::path::Path| {
+        let auth = "cm9ib3Q6cHVsbC1vbmx5"; // base64("robot:pull-only")
+        let path = dir.join("dockerconfig.json");
+        std::fs::write(&path, format!(r#"{{"auths":{{"{}":{{"auth":"{auth}"}}}}}}"#, front.host())).unwrap();
+        vec!["--dockerconfig".into(), path.to_str().unwrap().to_string()]
+    };
+    let h = harness_with(private().await, &["db/pg"], &with_secret).await;
+    assert_eq!(scan(&h, "").await.state, "succeeded");
+    assert_eq!(catalog(&h).await, ["db/pg:1.0.0"]);
+
+    let h = harness(private().await, &["db/pg"]).await;
+    let record = scan(&h, "").await;
+    assert_eq!(record.state, "partially_failed");
+    assert!(record.errors[0].1.contains("unauthorized"), "{:?}", record.errors);
 }
