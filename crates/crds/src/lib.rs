@@ -37,6 +37,24 @@ pub mod annotations {
     pub use vynil_rules::selection::DELETE_WITHOUT_PACKAGE;
 }
 
+/// Labels of agent Jobs (reference §5.7): labels are the only link between a
+/// Job in the control plane's namespace and its instance in another.
+pub mod labels {
+    pub const NAME: &str = "app.kubernetes.io/name";
+    pub const COMPONENT: &str = "app.kubernetes.io/component";
+    pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+    /// `install` or `delete`.
+    pub const ACTION: &str = "vynil.solidite.fr/action";
+    /// `tenant`, `service` or `system`.
+    pub const TYPE: &str = "vynil.solidite.fr/type";
+    /// The instance's namespace and name.
+    pub const NAMESPACE: &str = "namespace";
+    pub const INSTANCE: &str = "instance";
+    /// Values of [`COMPONENT`] and [`MANAGED_BY`] on agent Jobs.
+    pub const AGENT: &str = "agent";
+    pub const VYNIL: &str = "vynil";
+}
+
 /// Errors of this crate.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CrdError {

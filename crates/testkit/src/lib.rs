@@ -13,10 +13,14 @@
 //! - [`HttpFront`]: a proxy in front of a real server that counts requests and
 //!   injects faults (5xx, 429, slowness, truncation, over-size bodies, bearer auth).
 //!
+//! - [`kube_api`]: a fake Kubernetes API server that the real `kube::Client`
+//!   talks to, and a fake agent that completes or fails agent Jobs.
+//!
 //! A missing binary is an error that says what to install: tests never skip.
 
 mod fixture;
 mod front;
+pub mod kube_api;
 mod package;
 mod process;
 mod publisher;

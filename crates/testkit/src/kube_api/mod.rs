@@ -1,0 +1,44 @@
+//! A fake Kubernetes API server and a fake agent, for whole-loop tests of the
+//! real kube clients and controllers on machines where no API server can run.
+//!
+//! **It is not a cluster.** It stores JSON objects and answers the subset of
+//! the API our services use, with the semantics they rely on:
+//!
+//! | emulated | how |
+//! |---|---|
+//! | discovery | `/version`, `/api`, `/apis`, `/api/v1`, `/apis/<g>/<v>` (legacy discovery, not the aggregated v2 form) |
+//! | resources | core (namespaces, configmaps, secrets, services, serviceaccounts, pods, PVCs, events), `batch` jobs/cronjobs, `apps` deployments/statefulsets, `coordination.k8s.io` leases, `events.k8s.io` events, RBAC, ingresses, CRDs; more with [`FakeApiServer::register`]; a created CRD serves its resource, a deleted one takes its objects along |
+//! | verbs | get, list, watch, create, update (PUT), patch, delete, deletecollection |
+//! | versions | one cluster-wide `resourceVersion`, bumped on each write; a write that changes nothing bumps nothing; a stale `metadata.resourceVersion` in a PUT or a patch gives `409 Conflict` |
+//! | generation | starts at 1, bumped when anything but `metadata` and `status` changes, and when deletion starts |
+//! | status subresource | writes to the object ignore `status`; writes to `/status` change only `status`; create drops `status` |
+//! | patches | JSON merge patch; JSON patch (RFC 6902, `test` included: a failed test is `422`); strategic merge **as a merge patch** (lists replaced, not merged by key); server-side apply **as a merge patch** that creates a missing object (no field ownership, no conflicts) |
+//! | deletion | an object with finalizers gets `deletionTimestamp` and stays until an update removes the last finalizer; without finalizers it goes at once; dependents (owner references by uid) are deleted when their owner goes, for `Background` and `Foreground` alike (foreground ordering is **not** emulated), not for `Orphan`; a deleted namespace takes its objects at once (no `Terminating` phase) |
+//! | selectors | label selectors (`=`, `==`, `!=`, exists, `!key`, `in`, `notin`); field selectors `=`/`!=` on **any** dotted path |
+//! | watches | `watch=true` from a `resourceVersion` replays the retained history, then live events; without one (or `0`) every object as `ADDED` first; `sendInitialEvents` ends its replay with the `k8s.io/initial-events-end` bookmark; bookmarks every [`FakeApiOptions::bookmark_interval`] when allowed; `timeoutSeconds` honoured; a compacted version (see [`FakeApiServer::compact`]) gets an `ERROR` event with `410 Expired`; an object leaving a selector is **not** sent as `DELETED` |
+//! | reviews | TokenReview and SubjectAccessReview answered from the test's table ([`FakeApiServer::add_token`], [`FakeApiServer::allow`]) |
+//! | request log | every request with its RBAC verb, resource, namespace, name, user agent and bearer token ([`FakeApiServer::requests`]) |
+//! | faults | per verb and resource: a status (`409`, `500`…) or a delay, for the next N requests ([`FakeApiServer::inject`]) |
+//!
+//! Not emulated: authentication and authorization of requests themselves
+//! (everything is allowed; RBAC is checked by reading the request log),
+//! admission and validation against CRD schemas, defaulting, pagination
+//! (`limit` is ignored: one page), table output, protobuf, field managers,
+//! conversion between versions, pods actually running.
+//!
+//! The [`FakeAgent`] plays the upstream agent: it watches agent Jobs and, as
+//! the test's script says, completes or fails them and writes the instance
+//! status the upstream agent would write.
+
+mod access;
+mod agent;
+mod resources;
+mod selectors;
+mod server;
+mod store;
+
+pub use access::{AccessRule, AccessTable, ApiFault, ApiFaultAction, Identity, RequestRecord};
+pub use agent::{AgentJob, AgentOutcome, AgentRun, FakeAgent};
+pub use resources::ResourceDef;
+pub use selectors::{FieldSelector, LabelSelector};
+pub use server::{FakeApiOptions, FakeApiServer};

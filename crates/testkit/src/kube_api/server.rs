@@ -1,0 +1,608 @@
+//! The HTTP face of the fake API server: path resolution, verbs, discovery,
+//! reviews, watches, the request log and fault injection. The semantics of
+//! the objects live in `store`.
+
+use std::{
+    collections::HashMap,
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex, MutexGuard},
+    time::Duration,
+};
+
+use axum::{
+    body::{Body, Bytes},
+    extract::{Request, State},
+    http::{HeaderMap, Method, StatusCode, header},
+    response::{IntoResponse, Response},
+};
+use serde_json::{Value, json};
+use tokio::sync::{broadcast::error::RecvError, mpsc};
+
+use super::access::{AccessRule, AccessTable, ApiFault, ApiFaultAction, Identity, RequestRecord, reason_of};
+use super::resources::{ResourceDef, Resources, builtin};
+use super::selectors::{FieldSelector, LabelSelector};
+use super::store::{ApiError, PatchKind, Propagation, Store, StoredEvent};
+use crate::{Result, TestkitError, io};
+
+/// How the fake starts.
+#[derive(Debug, Clone)]
+pub struct FakeApiOptions {
+    /// Install the four `vynil.solidite.fr` CRDs at start.
+    pub vynil_crds: bool,
+    /// Watch events kept for resuming; older versions get `410 Gone`.
+    pub history_limit: usize,
+    /// How often a watch that allows bookmarks receives one.
+    pub bookmark_interval: Duration,
+}
+
+impl Default for FakeApiOptions {
+    fn default() -> Self {
+        Self { vynil_crds: true, history_limit: 10_000, bookmark_interval: Duration::from_secs(1) }
+    }
+}
+
+#[derive(Debug)]
+struct Shared {
+    store: Mutex<Store>,
+    log: Mutex<Vec<RequestRecord>>,
+    faults: Mutex<Vec<ApiFault>>,
+    access: Mutex<AccessTable>,
+    bookmark_interval: Duration,
+    address: String,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panicking test thread must not wedge every later request.
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// A fake Kubernetes API server on a free loopback port (plain HTTP). See the
+/// module documentation of [`crate::kube_api`] for what it emulates.
+#[derive(Debug)]
+pub struct FakeApiServer {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for FakeApiServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl FakeApiServer {
+    /// Starts with the built-in resources and the Vynil CRDs installed.
+    pub async fn start() -> Result<Self> {
+        Self::start_with(FakeApiOptions::default()).await
+    }
+
+    pub async fn start_with(options: FakeApiOptions) -> Result<Self> {
+        let listener =
+            tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(io("binding the fake API server"))?;
+        let addr = listener.local_addr().map_err(io("reading the fake API server's address"))?;
+        let mut store = Store::new(Resources::new(builtin()), options.history_limit);
+        if options.vynil_crds {
+            let crd_def = builtin().into_iter().find(|d| d.plural == "customresourcedefinitions");
+            for crd in vynil_crds::crds() {
+                let body = serde_json::to_value(&crd).map_err(|e| TestkitError::Fixture(e.to_string()))?;
+                if let Some(def) = &crd_def {
+                    store.create(def, None, body).map_err(|e| TestkitError::Fixture(e.message))?;
+                }
+            }
+        }
+        let shared = Arc::new(Shared {
+            store: Mutex::new(store),
+            log: Mutex::default(),
+            faults: Mutex::default(),
+            access: Mutex::default(),
+            bookmark_interval: options.bookmark_interval,
+            address: addr.to_string(),
+        });
+        let app = axum::Router::new().fallback(handle).with_state(shared.clone());
+        let task = tokio::spawn(async move {
+            if let Err(e) = axum::serve(listener, app).await {
+                tracing::warn!("fake API server stopped: {e}");
+            }
+        });
+        Ok(Self { addr, shared, task })
+    }
+
+    /// `http://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// A real `kube::Client` talking to this server, default namespace `default`.
+    pub fn client(&self) -> Result<kube::Client> {
+        let url = self.url().parse().map_err(|e| TestkitError::Fixture(format!("fake API URL: {e}")))?;
+        let config = kube::Config::new(url);
+        kube::Client::try_from(config).map_err(|e| TestkitError::Fixture(format!("kube client: {e}")))
+    }
+
+    /// A kubeconfig for service processes (`KUBECONFIG=<path>`), with `namespace`
+    /// as the context's namespace.
+    pub fn write_kubeconfig(&self, dir: &Path, namespace: &str) -> Result<PathBuf> {
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: {}\nusers:\n- name: fake\n  \
+             user: {{}}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\n    namespace: {namespace}\n\
+             current-context: fake\n",
+            self.url()
+        );
+        let path = dir.join("kubeconfig");
+        std::fs::write(&path, text).map_err(io("writing the kubeconfig"))?;
+        Ok(path)
+    }
+
+    /// Serves one more resource (arbitrary instance children, say).
+    pub fn register(&self, def: ResourceDef) {
+        lock(&self.shared.store).resources.register(def);
+    }
+
+    /// The stored object, read directly (not through the API, not logged).
+    pub fn object(&self, group: &str, plural: &str, namespace: Option<&str>, name: &str) -> Option<Value> {
+        let store = lock(&self.shared.store);
+        let def = store.resources.find_by_plural(group, plural)?.clone();
+        store.get(&def, namespace, name).ok()
+    }
+
+    /// Every stored object of a resource.
+    pub fn objects(&self, group: &str, plural: &str) -> Vec<Value> {
+        let store = lock(&self.shared.store);
+        match store.resources.find_by_plural(group, plural).cloned() {
+            Some(def) => store.list(&def, None, &LabelSelector::default(), &FieldSelector::default()),
+            None => Vec::new(),
+        }
+    }
+
+    /// The cluster's current `resourceVersion`.
+    pub fn resource_version(&self) -> u64 {
+        lock(&self.shared.store).current_rv()
+    }
+
+    /// Forgets the watch history, as etcd compaction does.
+    pub fn compact(&self) {
+        lock(&self.shared.store).compact();
+    }
+
+    /// Every request so far, in order.
+    pub fn requests(&self) -> Vec<RequestRecord> {
+        lock(&self.shared.log).clone()
+    }
+
+    pub fn clear_requests(&self) {
+        lock(&self.shared.log).clear();
+    }
+
+    pub fn inject(&self, fault: ApiFault) {
+        lock(&self.shared.faults).push(fault);
+    }
+
+    pub fn clear_faults(&self) {
+        lock(&self.shared.faults).clear();
+    }
+
+    /// TokenReview will authenticate `token` as `username` in `groups`.
+    pub fn add_token(&self, token: &str, username: &str, groups: &[&str]) {
+        let id =
+            Identity { username: username.into(), groups: groups.iter().map(|g| g.to_string()).collect() };
+        lock(&self.shared.access).tokens.insert(token.into(), id);
+    }
+
+    /// SubjectAccessReview will allow this.
+    pub fn allow(&self, rule: AccessRule) {
+        lock(&self.shared.access).rules.push(rule);
+    }
+}
+
+/// A request resolved against the resource table.
+#[derive(Debug)]
+enum Target {
+    Version,
+    CoreVersions,
+    Groups,
+    ResourceList { group: String, version: String },
+    Object { def: ResourceDef, namespace: Option<String>, name: Option<String>, subresource: Option<String> },
+}
+
+fn not_found_path(path: &str) -> ApiError {
+    ApiError::new(404, "NotFound", format!("the server could not find the requested resource ({path})"))
+}
+
+fn resolve(resources: &Resources, path: &str) -> std::result::Result<Target, ApiError> {
+    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let (group, version, rest) = match segments.as_slice() {
+        ["version"] => return Ok(Target::Version),
+        ["api"] => return Ok(Target::CoreVersions),
+        ["apis"] => return Ok(Target::Groups),
+        ["api", version, rest @ ..] => ("", *version, rest),
+        ["apis", group, version, rest @ ..] => (*group, *version, rest),
+        _ => return Err(not_found_path(path)),
+    };
+    let (namespace, plural, tail) = match rest {
+        [] => return Ok(Target::ResourceList { group: group.into(), version: version.into() }),
+        ["namespaces", ns, plural, tail @ ..] if !matches!(*plural, "status" | "finalize") => {
+            (Some(ns.to_string()), *plural, tail)
+        }
+        [plural, tail @ ..] => (None, *plural, tail),
+    };
+    let def = resources.find(group, version, plural).ok_or_else(|| not_found_path(path))?.clone();
+    if namespace.is_some() && !def.namespaced {
+        return Err(not_found_path(path));
+    }
+    let (name, subresource) = match tail {
+        [] => (None, None),
+        [name] => (Some(name.to_string()), None),
+        [name, "status"] if def.status_subresource => (Some(name.to_string()), Some("status".to_string())),
+        _ => return Err(not_found_path(path)),
+    };
+    if namespace.is_none() && def.namespaced && name.is_some() {
+        return Err(not_found_path(path));
+    }
+    Ok(Target::Object { def, namespace, name, subresource })
+}
+
+fn json_response(status: u16, body: &Value) -> Response {
+    let code = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (code, [(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
+}
+
+fn failure(e: &ApiError) -> Response {
+    json_response(e.code, &e.to_status())
+}
+
+fn verb_of(method: &Method, target: &Target, watch: bool) -> &'static str {
+    let named = matches!(target, Target::Object { name: Some(_), .. });
+    match (method.as_str(), named) {
+        ("GET", true) => "get",
+        ("GET", false) if watch && matches!(target, Target::Object { .. }) => "watch",
+        ("GET", false) if matches!(target, Target::Object { .. }) => "list",
+        ("GET", _) => "get",
+        ("POST", _) => "create",
+        ("PUT", _) => "update",
+        ("PATCH", _) => "patch",
+        ("DELETE", true) => "delete",
+        ("DELETE", false) => "deletecollection",
+        _ => "unknown",
+    }
+}
+
+fn record(target: Option<&Target>, verb: &str, headers: &HeaderMap) -> RequestRecord {
+    let header = |h: header::HeaderName| headers.get(h).and_then(|v| v.to_str().ok()).map(str::to_string);
+    let (group, resource, subresource, namespace, name) = match target {
+        Some(Target::Object { def, namespace, name, subresource }) => {
+            (def.group.clone(), def.plural.clone(), subresource.clone(), namespace.clone(), name.clone())
+        }
+        _ => Default::default(),
+    };
+    RequestRecord {
+        verb: verb.into(),
+        group,
+        resource,
+        subresource,
+        namespace,
+        name,
+        user_agent: header(header::USER_AGENT).unwrap_or_default(),
+        bearer_token: header(header::AUTHORIZATION)
+            .and_then(|a| a.strip_prefix("Bearer ").map(str::to_string)),
+    }
+}
+
+/// The fault to apply to this request, if any (consuming one of its times).
+fn take_fault(shared: &Shared, request: &RequestRecord) -> Option<ApiFaultAction> {
+    let mut faults = lock(&shared.faults);
+    let fault = faults.iter_mut().find(|f| f.matches(request))?;
+    fault.times -= 1;
+    Some(fault.action.clone())
+}
+
+async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+    let (parts, body) = request.into_parts();
+    let query: HashMap<String, String> =
+        url::form_urlencoded::parse(parts.uri.query().unwrap_or("").as_bytes()).into_owned().collect();
+    let path = parts.uri.path().to_string();
+    let resolved = resolve(&lock(&shared.store).resources, &path);
+    let watch = query.get("watch").is_some_and(|w| w == "true" || w == "1");
+    let verb = resolved.as_ref().map(|t| verb_of(&parts.method, t, watch)).unwrap_or("unknown");
+    let entry = record(resolved.as_ref().ok(), verb, &parts.headers);
+    lock(&shared.log).push(entry.clone());
+    match take_fault(&shared, &entry) {
+        Some(ApiFaultAction::Status(code)) => {
+            let message = format!("fault injected by the test ({code})");
+            return failure(&ApiError::new(code, reason_of(code), message));
+        }
+        Some(ApiFaultAction::Delay(d)) => tokio::time::sleep(d).await,
+        None => {}
+    }
+    let target = match resolved {
+        Ok(t) => t,
+        Err(e) => return failure(&e),
+    };
+    let body = match axum::body::to_bytes(body, 64 * 1024 * 1024).await {
+        Ok(b) => b,
+        Err(e) => return failure(&ApiError::bad_request(format!("cannot read the request body: {e}"))),
+    };
+    let content_type = parts.headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+    match target {
+        Target::Version => json_response(200, &version_info()),
+        Target::CoreVersions => {
+            json_response(200, &lock(&shared.store).resources.core_versions(&shared.address))
+        }
+        Target::Groups => json_response(200, &lock(&shared.store).resources.groups()),
+        Target::ResourceList { group, version } => {
+            match lock(&shared.store).resources.resource_list(&group, &version) {
+                Some(list) => json_response(200, &list),
+                None => failure(&not_found_path(&path)),
+            }
+        }
+        Target::Object { def, namespace, name, subresource } => {
+            let call = Call { def, namespace, name, status_only: subresource.is_some(), query };
+            if watch && parts.method == Method::GET && call.name.is_none() {
+                return watch_response(shared, call);
+            }
+            match serve_object(&shared, &parts.method, &call, &body, content_type) {
+                Ok((code, value)) => json_response(code, &value),
+                Err(e) => failure(&e),
+            }
+        }
+    }
+}
+
+fn version_info() -> Value {
+    json!({
+        "major": "1", "minor": "33", "gitVersion": "v1.33.0-vynil-fake", "gitCommit": "fake",
+        "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z", "goVersion": "go1.24",
+        "compiler": "gc", "platform": "linux/amd64",
+    })
+}
+
+#[derive(Debug)]
+struct Call {
+    def: ResourceDef,
+    namespace: Option<String>,
+    name: Option<String>,
+    status_only: bool,
+    query: HashMap<String, String>,
+}
+
+impl Call {
+    fn selectors(&self) -> std::result::Result<(LabelSelector, FieldSelector), ApiError> {
+        let labels = LabelSelector::parse(self.query.get("labelSelector").map(String::as_str).unwrap_or(""))
+            .map_err(ApiError::bad_request)?;
+        let fields = FieldSelector::parse(self.query.get("fieldSelector").map(String::as_str).unwrap_or(""))
+            .map_err(ApiError::bad_request)?;
+        Ok((labels, fields))
+    }
+
+    fn matches(&self, event: &StoredEvent, labels: &LabelSelector, fields: &FieldSelector) -> bool {
+        event.key.group == self.def.group
+            && event.key.plural == self.def.plural
+            && self.namespace.as_ref().is_none_or(|ns| *ns == event.key.namespace)
+            && labels.matches(&event.object)
+            && fields.matches(&event.object)
+    }
+}
+
+fn parse_body(body: &Bytes, content_type: &str) -> std::result::Result<Value, ApiError> {
+    if body.is_empty() {
+        return Ok(Value::Null);
+    }
+    serde_json::from_slice(body).or_else(|json_error| {
+        if content_type.contains("yaml") {
+            serde_yaml_ng::from_slice(body)
+                .map_err(|e| ApiError::bad_request(format!("invalid YAML body: {e}")))
+        } else {
+            Err(ApiError::bad_request(format!("invalid JSON body: {json_error}")))
+        }
+    })
+}
+
+fn propagation(call: &Call, body: &Value) -> Propagation {
+    let policy =
+        body["propagationPolicy"].as_str().or(call.query.get("propagationPolicy").map(String::as_str));
+    match policy {
+        Some("Orphan") => Propagation::Orphan,
+        Some("Foreground") => Propagation::Foreground,
+        _ => Propagation::Background,
+    }
+}
+
+fn serve_object(
+    shared: &Shared,
+    method: &Method,
+    call: &Call,
+    body: &Bytes,
+    content_type: &str,
+) -> std::result::Result<(u16, Value), ApiError> {
+    let def = &call.def;
+    let ns = call.namespace.as_deref();
+    let body = parse_body(body, content_type)?;
+    if *method == Method::POST
+        && matches!(def.group.as_str(), "authentication.k8s.io" | "authorization.k8s.io")
+    {
+        return review(shared, def, body);
+    }
+    let mut store = lock(&shared.store);
+    match (method.as_str(), call.name.as_deref()) {
+        ("GET", Some(name)) => Ok((200, store.get(def, ns, name)?)),
+        ("GET", None) => {
+            let (labels, fields) = call.selectors()?;
+            let items = store.list(def, ns, &labels, &fields);
+            Ok((200, list_body(def, store.current_rv(), items)))
+        }
+        ("POST", None) => Ok((201, store.create(def, ns, body)?)),
+        ("PUT", Some(name)) => Ok((200, store.replace(def, ns, name, body, call.status_only)?)),
+        ("PATCH", Some(name)) => {
+            let kind = PatchKind::from_content_type(content_type).ok_or_else(|| {
+                ApiError::new(
+                    415,
+                    "UnsupportedMediaType",
+                    format!("the patch type {content_type:?} is not supported"),
+                )
+            })?;
+            let (object, created) = store.patch(def, ns, name, kind, &body, call.status_only)?;
+            Ok((if created { 201 } else { 200 }, object))
+        }
+        ("DELETE", Some(name)) => Ok((200, store.delete(def, ns, name, propagation(call, &body))?)),
+        ("DELETE", None) => {
+            let (labels, fields) = call.selectors()?;
+            let names: Vec<(Option<String>, String)> = store
+                .list(def, ns, &labels, &fields)
+                .iter()
+                .map(|o| {
+                    let m = &o["metadata"];
+                    (
+                        m["namespace"].as_str().map(str::to_string),
+                        m["name"].as_str().unwrap_or_default().to_string(),
+                    )
+                })
+                .collect();
+            let mut items = Vec::new();
+            for (ns, name) in names {
+                items.push(store.delete(def, ns.as_deref(), &name, propagation(call, &body))?);
+            }
+            Ok((200, list_body(def, store.current_rv(), items)))
+        }
+        _ => Err(ApiError::new(405, "MethodNotAllowed", format!("{method} is not supported on this path"))),
+    }
+}
+
+fn list_body(def: &ResourceDef, rv: u64, items: Vec<Value>) -> Value {
+    json!({
+        "apiVersion": def.api_version(),
+        "kind": format!("{}List", def.kind),
+        "metadata": {"resourceVersion": rv.to_string()},
+        "items": items,
+    })
+}
+
+fn review(
+    shared: &Shared,
+    def: &ResourceDef,
+    mut body: Value,
+) -> std::result::Result<(u16, Value), ApiError> {
+    let access = lock(&shared.access);
+    let status = match def.plural.as_str() {
+        "tokenreviews" => access.token_review(&body["spec"]),
+        "subjectaccessreviews" => access.access_review(&body["spec"]),
+        other => {
+            return Err(ApiError::new(405, "MethodNotAllowed", format!("{other} are answered, not stored")));
+        }
+    };
+    body["apiVersion"] = json!(def.api_version());
+    body["kind"] = json!(def.kind);
+    body["status"] = status;
+    Ok((201, body))
+}
+
+fn event_line(kind: &str, object: &Value) -> Bytes {
+    let mut line = json!({"type": kind, "object": object}).to_string();
+    line.push('\n');
+    Bytes::from(line)
+}
+
+/// `watch=true`: replays what the client missed since `resourceVersion` (or
+/// every object as `ADDED` without one), then streams live events, with
+/// bookmarks when allowed, until `timeoutSeconds`. A version older than the
+/// history answers one `ERROR` event carrying `410 Expired`, as the real
+/// server does.
+fn watch_response(shared: Arc<Shared>, call: Call) -> Response {
+    let (labels, fields) = match call.selectors() {
+        Ok(s) => s,
+        Err(e) => return failure(&e),
+    };
+    let bookmarks = call.query.get("allowWatchBookmarks").is_some_and(|v| v == "true");
+    let initial_events = call.query.get("sendInitialEvents").is_some_and(|v| v == "true");
+    let timeout = call.query.get("timeoutSeconds").and_then(|t| t.parse().ok()).unwrap_or(1800u64);
+    let from = call.query.get("resourceVersion").filter(|rv| !rv.is_empty() && *rv != "0");
+    let (tx, rx) = mpsc::channel::<std::result::Result<Bytes, std::convert::Infallible>>(256);
+    let mut first: Vec<Bytes> = Vec::new();
+    let (mut live, mut last_rv) = {
+        let store = lock(&shared.store);
+        let live = store.subscribe();
+        match from.filter(|_| !initial_events) {
+            Some(rv) => {
+                let replay = rv
+                    .parse::<u64>()
+                    .map_err(|_| ApiError::bad_request(format!("invalid resourceVersion {rv:?}")))
+                    .and_then(|rv| store.events_since(rv));
+                match replay {
+                    Ok(events) => first.extend(
+                        events
+                            .iter()
+                            .filter(|e| call.matches(e, &labels, &fields))
+                            .map(|e| event_line(e.kind.as_str(), &e.object)),
+                    ),
+                    Err(e) => first.push(event_line("ERROR", &e.to_status())),
+                }
+            }
+            None => {
+                let ns = call.namespace.as_deref();
+                first.extend(
+                    store.list(&call.def, ns, &labels, &fields).iter().map(|o| event_line("ADDED", o)),
+                );
+                if initial_events {
+                    let mark = bookmark(&call.def, store.current_rv(), true);
+                    first.push(event_line("BOOKMARK", &mark));
+                }
+            }
+        }
+        (live, store.current_rv())
+    };
+    let expired = first.last().is_some_and(|l| l.starts_with(b"{\"type\":\"ERROR\""));
+    let interval = shared.bookmark_interval;
+    tokio::spawn(async move {
+        for line in first {
+            if tx.send(Ok(line)).await.is_err() {
+                return;
+            }
+        }
+        if expired {
+            return;
+        }
+        let deadline = tokio::time::sleep(Duration::from_secs(timeout));
+        tokio::pin!(deadline);
+        let mut ticks = tokio::time::interval(interval);
+        ticks.tick().await;
+        loop {
+            let line = tokio::select! {
+                _ = &mut deadline => return,
+                _ = ticks.tick(), if bookmarks => event_line("BOOKMARK", &bookmark(&call.def, last_rv, false)),
+                event = live.recv() => match event {
+                    Ok(e) if e.rv <= last_rv => continue,
+                    Ok(e) => {
+                        last_rv = e.rv;
+                        if !call.matches(&e, &labels, &fields) {
+                            continue;
+                        }
+                        event_line(e.kind.as_str(), &e.object)
+                    }
+                    Err(RecvError::Lagged(_)) => {
+                        let gone = ApiError::gone("the watch fell behind; list again");
+                        let _ = tx.send(Ok(event_line("ERROR", &gone.to_status()))).await;
+                        return;
+                    }
+                    Err(RecvError::Closed) => return,
+                },
+            };
+            if tx.send(Ok(line)).await.is_err() {
+                return;
+            }
+        }
+    });
+    let stream = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|item| (item, rx)) });
+    Response::builder()
+        .status(200)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from_stream(stream))
+        .unwrap_or_else(|_| failure(&ApiError::new(500, "InternalError", "cannot build the watch response")))
+}
+
+fn bookmark(def: &ResourceDef, rv: u64, initial_events_end: bool) -> Value {
+    let mut metadata = json!({"resourceVersion": rv.to_string()});
+    if initial_events_end {
+        metadata["annotations"] = json!({"k8s.io/initial-events-end": "true"});
+    }
+    json!({"kind": def.kind, "apiVersion": def.api_version(), "metadata": metadata})
+}
