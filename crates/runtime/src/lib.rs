@@ -37,6 +37,10 @@ pub const DEFAULT_VYNIL_VERSION: &str = "0.7.7";
 /// (`#[command(flatten)]` in a service's `Config`).
 #[derive(Debug, Clone, clap::Args)]
 pub struct SharedConfig {
+    /// JukeBoxes (and their status) from the Kubernetes API, through the
+    /// kubeconfig or the in-cluster service account, instead of files.
+    #[arg(long, env = "VYNIL_KUBERNETES")]
+    pub kubernetes: bool,
     /// Directory of JukeBox YAML files (outside a cluster).
     #[arg(long, env = "VYNIL_JUKEBOX_DIR", default_value = "jukeboxes")]
     pub jukebox_dir: std::path::PathBuf,

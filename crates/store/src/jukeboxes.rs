@@ -6,7 +6,7 @@
 //! Here: the **local** store — specs from a directory of JukeBox YAML files,
 //! read afresh at each use so an edited file is seen at the next scan, and
 //! status in memory or in Redis (shared by replicas, announced on pub/sub).
-//! The Kubernetes store comes with its own issue.
+//! The Kubernetes store is in `kube.rs`.
 
 use std::{
     collections::HashMap,
@@ -20,6 +20,8 @@ use vynil_crds::{JukeBox, JukeBoxSpec, JukeBoxStatus};
 
 use crate::{StoreError, redis_error};
 
+type Annotations = std::collections::BTreeMap<String, String>;
+
 /// Redis pub/sub channel announcing a JukeBox status change (payload: name).
 pub const CHANGES_CHANNEL: &str = "vynil:v1:jukebox-status-changes";
 const STATUS_PREFIX: &str = "vynil:v1:jukebox-status";
@@ -31,6 +33,8 @@ pub struct JukeboxRecord {
     pub spec: JukeBoxSpec,
     pub status: Option<JukeBoxStatus>,
     pub status_version: u64,
+    /// `metadata.annotations` (the force-scan request lives there).
+    pub annotations: std::collections::BTreeMap<String, String>,
 }
 
 #[async_trait::async_trait]
@@ -208,7 +212,7 @@ impl LocalStore {
         })
     }
 
-    fn read_specs(&self) -> Result<Vec<(String, JukeBoxSpec)>, StoreError> {
+    fn read_specs(&self) -> Result<Vec<(String, JukeBoxSpec, Annotations)>, StoreError> {
         let entries = std::fs::read_dir(&self.directory).map_err(|e| {
             StoreError::Config(format!("cannot read the JukeBox directory {}: {e}", self.directory.display()))
         })?;
@@ -233,7 +237,9 @@ impl LocalStore {
                 .and_then(|value| serde_json::from_value::<JukeBox>(value).map_err(|e| e.to_string()));
             match parsed {
                 Ok(jukebox) => match jukebox.metadata.name {
-                    Some(name) => specs.push((name, jukebox.spec)),
+                    Some(name) => {
+                        specs.push((name, jukebox.spec, jukebox.metadata.annotations.unwrap_or_default()))
+                    }
                     None => {
                         tracing::warn!(path = %path.display(), "JukeBox without metadata.name skipped")
                     }
@@ -247,13 +253,17 @@ impl LocalStore {
         Ok(specs)
     }
 
-    async fn record(&self, name: String, spec: JukeBoxSpec) -> Result<JukeboxRecord, StoreError> {
+    async fn record(
+        &self,
+        (name, spec, annotations): (String, JukeBoxSpec, Annotations),
+    ) -> Result<JukeboxRecord, StoreError> {
         let stored = self.backend.get(&name).await?;
         Ok(JukeboxRecord {
             status_version: stored.as_ref().map_or(0, |s| s.version),
             status: stored.map(|s| s.status),
             name,
             spec,
+            annotations,
         })
     }
 }
@@ -262,17 +272,17 @@ impl LocalStore {
 impl JukeboxStore for LocalStore {
     async fn list(&self) -> Result<Vec<JukeboxRecord>, StoreError> {
         let mut records = Vec::new();
-        for (name, spec) in self.read_specs()? {
-            records.push(self.record(name, spec).await?);
+        for spec in self.read_specs()? {
+            records.push(self.record(spec).await?);
         }
         Ok(records)
     }
 
     async fn get(&self, name: &str) -> Result<Option<JukeboxRecord>, StoreError> {
-        let Some((name, spec)) = self.read_specs()?.into_iter().find(|(n, _)| n == name) else {
+        let Some(spec) = self.read_specs()?.into_iter().find(|(n, _, _)| n == name) else {
             return Ok(None);
         };
-        Ok(Some(self.record(name, spec).await?))
+        Ok(Some(self.record(spec).await?))
     }
 
     async fn write_status(

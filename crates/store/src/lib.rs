@@ -5,13 +5,19 @@
 //! - [`JukeboxStore`] and the local [`LocalStore`]: specs from a directory of
 //!   JukeBox YAML files, status with compare-and-set in memory or Redis,
 //!   change notifications (Redis pub/sub across processes).
+//! - [`KubeStore`]: JukeBoxes from the Kubernetes API, status through the
+//!   `status` subresource with `resourceVersion` preconditions, changes from a
+//!   watcher.
+//! - [`open`]: the store the flags ask for, so every service opens it alike.
 //! - [`source_of`]: the repositories a JukeBox's source names, `source.script`
 //!   included (a bounded Rhai engine).
 
 mod jukeboxes;
+mod kube;
 mod script;
 
 pub use jukeboxes::{CHANGES_CHANNEL, JukeboxRecord, JukeboxStore, LocalStore};
+pub use kube::KubeStore;
 use vynil_crds::{JukeBoxSource, JukeBoxSpec};
 use vynil_registry::sources::Source;
 
@@ -24,6 +30,44 @@ pub enum StoreError {
     Unavailable(String),
     #[error("the status of {0} changed concurrently; re-read and merge again")]
     Conflict(String),
+}
+
+/// Where JukeBoxes come from.
+#[derive(Debug, Clone)]
+pub enum StoreSettings {
+    /// The Kubernetes API (kubeconfig or in-cluster).
+    Kubernetes,
+    /// YAML files in a directory; status in Redis when a URL is given, else in memory.
+    Local { directory: std::path::PathBuf, redis_url: Option<String> },
+}
+
+impl StoreSettings {
+    /// From the shared flags `--kubernetes`, `--jukebox-dir` and `--redis-url`.
+    pub fn from_flags(kubernetes: bool, directory: &std::path::Path, redis_url: Option<&str>) -> Self {
+        if kubernetes {
+            Self::Kubernetes
+        } else {
+            Self::Local { directory: directory.to_path_buf(), redis_url: redis_url.map(str::to_string) }
+        }
+    }
+}
+
+/// Opens the store `settings` name.
+pub async fn open(settings: &StoreSettings) -> Result<std::sync::Arc<dyn JukeboxStore>, StoreError> {
+    Ok(match settings {
+        StoreSettings::Kubernetes => {
+            let client = ::kube::Client::try_default()
+                .await
+                .map_err(|e| kube::kube_error("connecting (kubeconfig or in-cluster)", e))?;
+            std::sync::Arc::new(KubeStore::new(client))
+        }
+        StoreSettings::Local { directory, redis_url: Some(url) } => {
+            std::sync::Arc::new(LocalStore::with_redis(directory.clone(), url).await?)
+        }
+        StoreSettings::Local { directory, redis_url: None } => {
+            std::sync::Arc::new(LocalStore::in_memory(directory.clone()))
+        }
+    })
 }
 
 pub(crate) fn redis_error(e: redis::RedisError) -> StoreError {

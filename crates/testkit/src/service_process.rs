@@ -20,10 +20,15 @@ impl ServiceProcess {
     /// Starts `binary --listen 127.0.0.1:<free port> <args>` and waits until its
     /// gRPC health check says SERVING.
     pub async fn start(binary: &Path, args: &[&str]) -> Result<Self> {
+        Self::start_with_env(binary, args, &[]).await
+    }
+
+    /// [`ServiceProcess::start`] with extra environment variables (`KUBECONFIG`…).
+    pub async fn start_with_env(binary: &Path, args: &[&str], env: &[(&str, &str)]) -> Result<Self> {
         let dir = tempfile::tempdir().map_err(io("creating a service directory"))?;
         let port = crate::free_port()?;
         let mut command = Command::new(binary);
-        command.arg("--listen").arg(format!("127.0.0.1:{port}")).args(args);
+        command.arg("--listen").arg(format!("127.0.0.1:{port}")).args(args).envs(env.iter().copied());
         let name = binary.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let mut process =
             Supervised::spawn(format!("{name} :{port}"), command, &dir.path().join("service.log"))?;

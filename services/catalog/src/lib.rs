@@ -9,8 +9,9 @@
 //! An answer the catalog cannot give (nothing loaded yet) is `UNAVAILABLE`,
 //! never "not found".
 //!
-//! Here JukeBoxes come from the local store (YAML files, status written by the
-//! scanner); the Kubernetes watcher comes with the cluster store.
+//! JukeBoxes come from the store the flags choose: in a cluster
+//! (`--kubernetes`) a kube watcher on JukeBoxes, status included; outside one,
+//! the local store (YAML files, status written by the scanner).
 
 mod cache;
 mod catalog;
@@ -21,7 +22,7 @@ use std::{future::Future, net::SocketAddr, sync::Arc};
 
 use vynil_proto::catalog::v1::catalog_server::CatalogServer;
 use vynil_runtime::{GrpcServer, ServedService};
-use vynil_store::{JukeboxStore, LocalStore};
+use vynil_store::StoreSettings;
 
 pub use cache::{CHANGES, Entry};
 pub use catalog::{Catalog, Change};
@@ -52,17 +53,12 @@ pub enum CatalogError {
     Serve(#[from] vynil_runtime::RuntimeError),
 }
 
-/// The catalog over the local store, loaded once.
+/// The catalog over the configured store, loaded once.
 pub async fn build(config: &Config) -> Result<Arc<Catalog>, CatalogError> {
-    let directory = config.shared.jukebox_dir.clone();
-    let store: Arc<dyn JukeboxStore> = match &config.shared.redis_url {
-        Some(url) => Arc::new(
-            LocalStore::with_redis(directory, url)
-                .await
-                .map_err(|e| CatalogError::Unavailable(e.to_string()))?,
-        ),
-        None => Arc::new(LocalStore::in_memory(directory)),
-    };
+    let shared = &config.shared;
+    let settings =
+        StoreSettings::from_flags(shared.kubernetes, &shared.jukebox_dir, shared.redis_url.as_deref());
+    let store = vynil_store::open(&settings).await.map_err(|e| CatalogError::Unavailable(e.to_string()))?;
     let catalog = Arc::new(
         Catalog::new(store, config.shared.redis_url.as_deref(), config.shared.vynil_version.clone()).await?,
     );

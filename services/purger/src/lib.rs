@@ -31,7 +31,7 @@ pub use grpc::{CALLER_HEADER, PurgerService};
 pub use store::{
     MemoryStore, PlanStore, RedisStore, RepositoryPlan, StoredOutcome, StoredPlan, StoredReport,
 };
-use vynil_store::{JukeboxStore, LocalStore};
+use vynil_store::JukeboxStore;
 
 /// Errors of the purger, mapped to gRPC codes in one place (`grpc.rs`).
 #[derive(Debug, thiserror::Error)]
@@ -110,17 +110,15 @@ impl Purger {
             ..TransportConfig::default()
         };
         let client = RegistryClient::new(transport, credentials, Arc::new(InMemoryMetadataCache::default()))?;
-        let directory = config.shared.jukebox_dir.clone();
-        let (store, jukeboxes): (Arc<dyn PlanStore>, Arc<dyn JukeboxStore>) = match &config.shared.redis_url {
-            Some(url) => (
-                Arc::new(RedisStore::connect(url).await?),
-                Arc::new(
-                    LocalStore::with_redis(directory, url)
-                        .await
-                        .map_err(|e| PurgerError::Store(e.to_string()))?,
-                ),
-            ),
-            None => (Arc::new(MemoryStore::default()), Arc::new(LocalStore::in_memory(directory))),
+        let settings = vynil_store::StoreSettings::from_flags(
+            config.shared.kubernetes,
+            &config.shared.jukebox_dir,
+            config.shared.redis_url.as_deref(),
+        );
+        let jukeboxes = vynil_store::open(&settings).await.map_err(|e| PurgerError::Store(e.to_string()))?;
+        let store: Arc<dyn PlanStore> = match &config.shared.redis_url {
+            Some(url) => Arc::new(RedisStore::connect(url).await?),
+            None => Arc::new(MemoryStore::default()),
         };
         let (metrics, registry) = metrics::PurgerMetrics::register();
         Ok(Self {

@@ -26,7 +26,7 @@ use vynil_runtime::{GrpcServer, ServedService};
 pub use engine::{EngineSettings, ScanOutput, new_status};
 pub use grpc::ScannerService;
 pub use requests::{MemoryQueue, RedisQueue, RequestQueue, ScanRecord};
-pub use vynil_store::{CHANGES_CHANNEL, JukeboxRecord, JukeboxStore, LocalStore};
+pub use vynil_store::{CHANGES_CHANNEL, JukeboxRecord, JukeboxStore, LocalStore, StoreSettings};
 pub use worker::Scanner;
 
 /// Configuration of the scanner: flags, each with an environment fallback.
@@ -87,19 +87,17 @@ pub(crate) fn redis_error(e: redis::RedisError) -> ScannerError {
 
 /// Builds the scanner from its configuration.
 pub async fn build(config: &Config) -> Result<Arc<Scanner>, ScannerError> {
-    let (store, queue, cache): (Arc<dyn JukeboxStore>, Arc<dyn RequestQueue>, Arc<dyn MetadataCache>) =
-        match &config.shared.redis_url {
-            Some(url) => (
-                Arc::new(LocalStore::with_redis(config.shared.jukebox_dir.clone(), url).await?),
-                Arc::new(RedisQueue::connect(url).await?),
-                Arc::new(cache::RedisMetadataCache::connect(url).await?),
-            ),
-            None => (
-                Arc::new(LocalStore::in_memory(config.shared.jukebox_dir.clone())),
-                Arc::new(MemoryQueue::default()),
-                Arc::new(InMemoryMetadataCache::default()),
-            ),
-        };
+    let shared = &config.shared;
+    let settings =
+        StoreSettings::from_flags(shared.kubernetes, &shared.jukebox_dir, shared.redis_url.as_deref());
+    let store = vynil_store::open(&settings).await?;
+    let (queue, cache): (Arc<dyn RequestQueue>, Arc<dyn MetadataCache>) = match &shared.redis_url {
+        Some(url) => (
+            Arc::new(RedisQueue::connect(url).await?),
+            Arc::new(cache::RedisMetadataCache::connect(url).await?),
+        ),
+        None => (Arc::new(MemoryQueue::default()), Arc::new(InMemoryMetadataCache::default())),
+    };
     let transport = TransportConfig {
         insecure_registries: config.shared.insecure_registries.clone(),
         ..TransportConfig::default()

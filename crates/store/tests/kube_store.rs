@@ -1,0 +1,89 @@
+//! The Kubernetes store against the fake API server, through the real kube client.
+
+use std::time::Duration;
+
+use kube::{
+    Api,
+    api::{Patch, PatchParams, PostParams},
+};
+use serde_json::json;
+use vynil_crds::{JukeBox, JukeBoxStatus};
+use vynil_store::{JukeboxStore, KubeStore, StoreError};
+use vynil_testkit::kube_api::{ApiFault, ApiFaultAction, FakeApiServer};
+
+type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
+
+fn jukebox(name: &str) -> Result<JukeBox, serde_json::Error> {
+    serde_json::from_value(json!({
+        "apiVersion": "vynil.solidite.fr/v1", "kind": "JukeBox",
+        "metadata": {"name": name, "annotations": {"vynil.solidite.fr/force-scan": "apps/x"}},
+        "spec": {"source": {"list": ["registry.example/apps/x"]}, "schedule": "0 * * * *"},
+    }))
+}
+
+async fn next_name(changes: &mut tokio::sync::broadcast::Receiver<String>, wanted: &str) -> bool {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while let Ok(Ok(name)) = tokio::time::timeout_at(deadline, changes.recv()).await {
+        if name == wanted {
+            return true;
+        }
+    }
+    false
+}
+
+#[tokio::test]
+async fn status_writes_are_compare_and_set_on_the_resource_version() -> TestResult {
+    let server = FakeApiServer::start().await?;
+    let client = server.client()?;
+    let store = KubeStore::new(client.clone());
+    let mut changes = store.subscribe();
+    Api::<JukeBox>::all(client.clone()).create(&PostParams::default(), &jukebox("box")?).await?;
+    assert!(next_name(&mut changes, "box").await, "the watcher announces the new JukeBox");
+
+    let read = store.get("box").await?.ok_or("no record")?;
+    assert_eq!(read.annotations.get("vynil.solidite.fr/force-scan").map(String::as_str), Some("apps/x"));
+    assert!(read.status.is_none());
+    let version = store.write_status("box", read.status_version, &JukeBoxStatus::default()).await?;
+    assert!(version > read.status_version);
+    assert!(next_name(&mut changes, "box").await, "the status change is announced");
+
+    // The version read before is stale now: a conflict, the stored status untouched.
+    let stale = store.write_status("box", read.status_version, &JukeBoxStatus::default()).await;
+    assert!(matches!(stale, Err(StoreError::Conflict(_))), "{stale:?}");
+    // A conflict injected by the API server is a conflict too; an outage is not.
+    server.inject(ApiFault::new(Some("update"), Some("jukeboxes/status"), 1, ApiFaultAction::Status(409)));
+    let injected = store.write_status("box", version, &JukeBoxStatus::default()).await;
+    assert!(matches!(injected, Err(StoreError::Conflict(_))), "{injected:?}");
+    server.inject(ApiFault::new(Some("update"), Some("jukeboxes/status"), 1, ApiFaultAction::Status(500)));
+    let outage = store.write_status("box", version, &JukeBoxStatus::default()).await;
+    assert!(matches!(outage, Err(StoreError::Unavailable(_))), "{outage:?}");
+    assert_eq!(store.list().await?.len(), 1);
+
+    // A JukeBox deleted meanwhile: a conflict, and the re-read finds it gone.
+    Api::<JukeBox>::all(client.clone()).delete("box", &Default::default()).await?;
+    assert!(matches!(
+        store.write_status("box", version, &JukeBoxStatus::default()).await,
+        Err(StoreError::Conflict(_))
+    ));
+    assert!(store.get("box").await?.is_none());
+    assert!(next_name(&mut changes, "box").await, "the deletion is announced");
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_annotation_is_removed_only_while_it_keeps_its_value() -> TestResult {
+    let server = FakeApiServer::start().await?;
+    let client = server.client()?;
+    let store = KubeStore::new(client.clone());
+    let api = Api::<JukeBox>::all(client.clone());
+    api.create(&PostParams::default(), &jukebox("box")?).await?;
+    // A newer request replaced the value: removing the old one keeps it.
+    let newer = json!({"metadata": {"annotations": {"vynil.solidite.fr/force-scan": "true"}}});
+    api.patch("box", &PatchParams::default(), &Patch::Merge(&newer)).await?;
+    assert!(!store.remove_annotation("box", "vynil.solidite.fr/force-scan", "apps/x").await?);
+    assert!(store.remove_annotation("box", "vynil.solidite.fr/force-scan", "true").await?);
+    let annotations = store.get("box").await?.map(|r| r.annotations).unwrap_or_default();
+    assert!(annotations.is_empty(), "{annotations:?}");
+    assert!(!store.remove_annotation("gone", "vynil.solidite.fr/force-scan", "true").await?);
+    Ok(())
+}
