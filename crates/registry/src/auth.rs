@@ -159,6 +159,13 @@ impl CredentialStore {
     pub fn get(&self, registry: &str) -> Credentials {
         self.by_registry.get(&normalise_host(registry)).cloned().unwrap_or_default()
     }
+
+    /// These credentials, with `other`'s taking precedence for the registries it names.
+    pub fn overlaid_with(&self, other: &CredentialStore) -> Self {
+        let mut merged = self.clone();
+        merged.by_registry.extend(other.by_registry.iter().map(|(k, v)| (k.clone(), v.clone())));
+        merged
+    }
 }
 
 /// A parsed `WWW-Authenticate` challenge.

@@ -134,6 +134,12 @@ impl RegistryClient {
         Ok(Self { transport: Arc::new(Transport::new(config, credentials)?), cache })
     }
 
+    /// This client with a JukeBox's pull-secret credentials over the
+    /// configured ones (same metadata cache and counters).
+    pub fn with_credentials(&self, extra: &CredentialStore) -> Result<Self> {
+        Ok(Self { transport: Arc::new(self.transport.with_credentials(extra)?), cache: self.cache.clone() })
+    }
+
     pub fn counters(&self) -> RequestCounters {
         self.transport.counters.clone()
     }

@@ -159,6 +159,15 @@ impl Transport {
         })
     }
 
+    /// A transport with other credentials (and its own token cache, since
+    /// tokens belong to the credentials that obtained them), counting into
+    /// the same counters.
+    pub fn with_credentials(&self, extra: &CredentialStore) -> Result<Self> {
+        let mut transport = Self::new(self.config.clone(), self.credentials.overlaid_with(extra))?;
+        transport.counters = self.counters.clone();
+        Ok(transport)
+    }
+
     pub fn config(&self) -> &TransportConfig {
         &self.config
     }

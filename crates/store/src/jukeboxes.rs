@@ -35,6 +35,16 @@ pub struct JukeboxRecord {
     pub status_version: u64,
     /// `metadata.annotations` (the force-scan request lives there).
     pub annotations: std::collections::BTreeMap<String, String>,
+    /// `metadata.generation`, which conditions carry (0 outside a cluster).
+    pub generation: i64,
+}
+
+/// A scan's outcome, as a Kubernetes Event on the JukeBox (upstream's
+/// `ScanSucceed` / `ScanFailed`, action `Scan`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScanEvent {
+    pub succeeded: bool,
+    pub note: String,
 }
 
 #[async_trait::async_trait]
@@ -52,6 +62,19 @@ pub trait JukeboxStore: Send + Sync + std::fmt::Debug {
     /// Names of JukeBoxes whose status changed; an empty name means
     /// notifications may have been lost (Redis went away): re-read everything.
     fn subscribe(&self) -> broadcast::Receiver<String>;
+    /// Removes annotation `key` if it still has `value`; `false` when it
+    /// changed, is gone, or the store cannot remove annotations (files are the
+    /// user's: the local store never edits them).
+    async fn remove_annotation(&self, _name: &str, _key: &str, _value: &str) -> Result<bool, StoreError> {
+        Ok(false)
+    }
+    /// The `.dockerconfigjson` of a pull secret, or `None` where pull secrets
+    /// are not read (outside a cluster: `--dockerconfig` applies).
+    async fn pull_secret(&self, _secret: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(None)
+    }
+    /// Records a scan outcome where users look for it (nowhere outside a cluster).
+    async fn record_scan_event(&self, _name: &str, _event: &ScanEvent) {}
 }
 
 /// Status with its version.
@@ -264,6 +287,7 @@ impl LocalStore {
             name,
             spec,
             annotations,
+            generation: 0,
         })
     }
 }

@@ -7,26 +7,43 @@
 //! overwrites blindly. A kube-runtime watcher announces every JukeBox that
 //! changed (spec, annotations or status) or went away, and a relist (start,
 //! reconnection after `410 Gone`) as an empty name: re-read everything.
+//! Pull secrets are read from the control plane's namespace (the client's
+//! default namespace: the kubeconfig context's, or the pod's in a cluster),
+//! afresh at each scan so a rotated secret is used at once. Scan outcomes
+//! are published as Events on the JukeBox, as upstream does.
 
 use futures::StreamExt;
+use k8s_openapi::api::core::v1::{ObjectReference, Secret};
 use kube::{
-    Api, Client, ResourceExt,
+    Api, Client, Resource, ResourceExt,
     api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams},
-    runtime::{WatchStreamExt, watcher},
+    runtime::{
+        WatchStreamExt,
+        events::{Event, EventType, Recorder, Reporter},
+        watcher,
+    },
 };
 use serde_json::json;
 use tokio::sync::broadcast;
 use vynil_crds::{JukeBox, JukeBoxStatus};
 
-use crate::{JukeboxRecord, JukeboxStore, StoreError};
+use crate::{JukeboxRecord, JukeboxStore, ScanEvent, StoreError};
 
 /// See the module documentation.
-#[derive(Debug)]
 pub struct KubeStore {
     api: Api<JukeBox>,
     dynamic: Api<DynamicObject>,
+    secrets: Api<Secret>,
+    namespace: String,
+    recorder: Recorder,
     changes: broadcast::Sender<String>,
     watcher: tokio::task::JoinHandle<()>,
+}
+
+impl std::fmt::Debug for KubeStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeStore").field("namespace", &self.namespace).finish_non_exhaustive()
+    }
 }
 
 impl Drop for KubeStore {
@@ -48,16 +65,23 @@ fn record(jukebox: JukeBox) -> JukeboxRecord {
         name: jukebox.name_any(),
         status_version: jukebox.resource_version().and_then(|rv| rv.parse().ok()).unwrap_or(0),
         annotations: jukebox.metadata.annotations.clone().unwrap_or_default(),
+        generation: jukebox.metadata.generation.unwrap_or(0),
         spec: jukebox.spec,
         status: jukebox.status,
     }
 }
 
 impl KubeStore {
-    /// Starts following JukeBoxes (cluster-scoped) through `client`.
+    /// Starts following JukeBoxes (cluster-scoped) through `client`; pull
+    /// secrets are read in the client's default namespace.
     pub fn new(client: Client) -> Self {
         let api: Api<JukeBox> = Api::all(client.clone());
-        let dynamic = Api::all_with(client, &ApiResource::erase::<JukeBox>(&()));
+        let dynamic = Api::all_with(client.clone(), &ApiResource::erase::<JukeBox>(&()));
+        let namespace = client.default_namespace().to_string();
+        let secrets = Api::namespaced(client.clone(), &namespace);
+        let reporter =
+            Reporter { controller: "vynil-scanner".into(), instance: std::env::var("POD_NAME").ok() };
+        let recorder = Recorder::new(client, reporter);
         let (changes, _) = broadcast::channel(1024);
         let relay = changes.clone();
         let watched = api.clone();
@@ -81,25 +105,7 @@ impl KubeStore {
                 let _ = relay.send(name);
             }
         });
-        Self { api, dynamic, changes, watcher }
-    }
-
-    /// Removes an annotation if it still has `value` (a JSON patch `test`
-    /// guards it: a newer request written meanwhile is kept). Returns whether
-    /// it was removed.
-    pub async fn remove_annotation(&self, name: &str, key: &str, value: &str) -> Result<bool, StoreError> {
-        let pointer = format!("/metadata/annotations/{}", key.replace('~', "~0").replace('/', "~1"));
-        let patch: json_patch::Patch = serde_json::from_value(json!([
-            {"op": "test", "path": pointer, "value": value},
-            {"op": "remove", "path": pointer},
-        ]))
-        .map_err(|e| StoreError::Config(format!("annotation patch: {e}")))?;
-        match self.api.patch(name, &PatchParams::default(), &Patch::Json::<()>(patch)).await {
-            Ok(_) => Ok(true),
-            // The test failed (the value changed or is gone) or the JukeBox is gone.
-            Err(e) if is_status(&e, 422) || is_status(&e, 404) => Ok(false),
-            Err(e) => Err(kube_error("removing an annotation", e)),
-        }
+        Self { api, dynamic, secrets, namespace, recorder, changes, watcher }
     }
 }
 
@@ -143,5 +149,65 @@ impl JukeboxStore for KubeStore {
 
     fn subscribe(&self) -> broadcast::Receiver<String> {
         self.changes.subscribe()
+    }
+
+    /// Removes an annotation if it still has `value` (a JSON patch `test`
+    /// guards it: a newer request written meanwhile is kept). Returns whether
+    /// it was removed.
+    async fn remove_annotation(&self, name: &str, key: &str, value: &str) -> Result<bool, StoreError> {
+        let pointer = format!("/metadata/annotations/{}", key.replace('~', "~0").replace('/', "~1"));
+        let patch: json_patch::Patch = serde_json::from_value(json!([
+            {"op": "test", "path": pointer, "value": value},
+            {"op": "remove", "path": pointer},
+        ]))
+        .map_err(|e| StoreError::Config(format!("annotation patch: {e}")))?;
+        match self.api.patch(name, &PatchParams::default(), &Patch::Json::<()>(patch)).await {
+            Ok(_) => Ok(true),
+            // The test failed (the value changed or is gone) or the JukeBox is gone.
+            Err(e) if is_status(&e, 422) || is_status(&e, 404) => Ok(false),
+            Err(e) => Err(kube_error("removing an annotation", e)),
+        }
+    }
+
+    async fn pull_secret(&self, secret: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let namespace = &self.namespace;
+        let found = self.secrets.get_opt(secret).await.map_err(|e| kube_error("reading a pull secret", e))?;
+        let Some(found) = found else {
+            return Err(StoreError::Config(format!(
+                "pull secret {secret:?} does not exist in namespace {namespace:?}: create a \
+                 kubernetes.io/dockerconfigjson Secret there"
+            )));
+        };
+        match found.data.as_ref().and_then(|d| d.get(".dockerconfigjson")) {
+            Some(bytes) => Ok(Some(bytes.0.clone())),
+            None => Err(StoreError::Config(format!(
+                "pull secret {secret:?} in namespace {namespace:?} has no .dockerconfigjson key (type {}): \
+                 it must be a kubernetes.io/dockerconfigjson Secret",
+                found.type_.as_deref().unwrap_or("unset")
+            ))),
+        }
+    }
+
+    async fn record_scan_event(&self, name: &str, event: &ScanEvent) {
+        let reference = match self.api.get_opt(name).await {
+            Ok(Some(jukebox)) => jukebox.object_ref(&()),
+            _ => ObjectReference {
+                api_version: Some(JukeBox::api_version(&()).into_owned()),
+                kind: Some(JukeBox::kind(&()).into_owned()),
+                name: Some(name.to_string()),
+                ..Default::default()
+            },
+        };
+        let note: String = event.note.chars().take(1023).collect();
+        let published = Event {
+            type_: if event.succeeded { EventType::Normal } else { EventType::Warning },
+            reason: if event.succeeded { "ScanSucceed" } else { "ScanFailed" }.into(),
+            note: Some(note),
+            action: "Scan".into(),
+            secondary: None,
+        };
+        if let Err(error) = self.recorder.publish(&published, &reference).await {
+            tracing::warn!(jukebox = %name, %error, "cannot publish the scan Event");
+        }
     }
 }

@@ -532,6 +532,15 @@ async fn injected_faults_hit_the_named_verb_and_resource_only() -> TestResult {
     assert_eq!(api_code(boxes.get("box").await), Some(500));
     assert!(boxes.get("box").await.is_ok());
 
+    // A concurrent writer slipped in first: the read version is stale for real.
+    let read = boxes.get("box").await?;
+    let other = json!({"metadata": {"labels": {"by": "other"}}});
+    server.inject(ApiFault::new(Some("patch"), Some("jukeboxes"), 1, ApiFaultAction::WriteFirst(other)));
+    let mine =
+        json!({"metadata": {"resourceVersion": read.resource_version()}, "spec": {"schedule": "1 * * * *"}});
+    assert_eq!(api_code(boxes.patch("box", &PatchParams::default(), &Patch::Merge(&mine)).await), Some(409));
+    assert_eq!(boxes.get("box").await?.labels().get("by").map(String::as_str), Some("other"));
+
     server.inject(ApiFault::new(Some("list"), None, 1, ApiFaultAction::Delay(Duration::from_millis(300))));
     let started = Instant::now();
     boxes.list(&ListParams::default()).await?;

@@ -156,7 +156,26 @@ pub fn new_status(
     }
 }
 
-fn failed_status(
+/// Every status the scanner writes tells when the JukeBox's schedule cannot
+/// run (`Ready=False` with the reason), so a successful manual scan cannot
+/// hide it.
+pub fn with_schedule_problem(
+    mut status: JukeBoxStatus,
+    problem: Option<&str>,
+    generation: i64,
+    now: jiff::Timestamp,
+) -> JukeBoxStatus {
+    if let Some(problem) = problem {
+        let ready =
+            Condition::new(JukeBoxConditionType::Ready, ConditionStatus::False, problem, generation, now);
+        set_condition(&mut status.conditions, ready);
+    }
+    status
+}
+
+/// Upstream's failure: `Updated=False` with the reason, other conditions
+/// kept, `Ready=False` only when there was no `Ready` yet.
+pub fn failed_status(
     mut status: JukeBoxStatus,
     why: &str,
     generation: i64,

@@ -4,15 +4,18 @@
 //! own. Scans run here (no scan Jobs), requested through `Scan` and recorded
 //! durably: one scan per JukeBox at a time across replicas.
 //!
-//! This is the core with the **local** store (JukeBox YAML files, status in
-//! memory or Redis); the Kubernetes store, `force-scan` and cron schedules come
-//! with their own issue.
+//! JukeBoxes come from the store the flags choose (Kubernetes with
+//! `--kubernetes`, else YAML files with status in memory or Redis). Scans are
+//! requested by `Scan`, the `force-scan` annotation and `spec.schedule`
+//! (`triggers`); a JukeBox's pull secret gives the credentials of its scans.
 
 mod cache;
 mod engine;
 mod grpc;
 mod metrics;
 mod requests;
+mod schedule;
+mod triggers;
 mod worker;
 
 use std::{future::Future, net::SocketAddr, sync::Arc, time::Duration};
@@ -26,6 +29,7 @@ use vynil_runtime::{GrpcServer, ServedService};
 pub use engine::{EngineSettings, ScanOutput, new_status};
 pub use grpc::ScannerService;
 pub use requests::{MemoryQueue, RedisQueue, RequestQueue, ScanRecord};
+pub use triggers::{ForceScan, Triggers, read_force_scan};
 pub use vynil_store::{CHANGES_CHANNEL, JukeboxRecord, JukeboxStore, LocalStore, StoreSettings};
 pub use worker::Scanner;
 
@@ -50,6 +54,14 @@ pub struct Config {
     /// How often pending requests are looked for.
     #[arg(long, env = "VYNIL_SCAN_POLL_MILLISECONDS", default_value_t = 1000)]
     pub poll_milliseconds: u64,
+    /// At most this long after a schedule's tick, chosen at random per tick,
+    /// so JukeBoxes sharing a schedule do not hit registries at once.
+    #[arg(long, env = "VYNIL_SCHEDULE_JITTER_MILLISECONDS", default_value_t = 0)]
+    pub schedule_jitter_milliseconds: u64,
+    /// Full pass over JukeBoxes for force-scan and schedules (repairs missed
+    /// notifications).
+    #[arg(long, env = "VYNIL_TRIGGER_RESYNC_SECONDS", default_value_t = 30)]
+    pub trigger_resync_seconds: u64,
 }
 
 /// Errors of the scanner, mapped to gRPC codes in `grpc.rs`.
@@ -128,14 +140,21 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
     let scanner = build(&config).await?;
     let server = GrpcServer::bind(config.listen).await?.with_metrics(scanner.registry.clone());
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    let worker = tokio::spawn(scanner.clone().work(async move {
-        let mut stopped = stopped;
-        let _ = stopped.wait_for(|s| *s).await;
-    }));
+    let stopped = move || {
+        let mut stopped = stopped.clone();
+        async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        }
+    };
+    let worker = tokio::spawn(scanner.clone().work(stopped()));
+    let triggers = Triggers::new(scanner.clone(), Duration::from_millis(config.schedule_jitter_milliseconds));
+    let triggers =
+        tokio::spawn(triggers.run(Duration::from_secs(config.trigger_resync_seconds.max(1)), stopped()));
     let service = ServedService::new(ScannerServer::new(ScannerService { scanner }));
     let served = server.serve(vec![service], shutdown).await;
     let _ = stop.send(true);
     let _ = worker.await;
+    let _ = triggers.await;
     served?;
     Ok(())
 }

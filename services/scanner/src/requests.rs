@@ -78,6 +78,10 @@ pub trait RequestQueue: Send + Sync + std::fmt::Debug {
     async fn with_work(&self) -> Result<Vec<String>, ScannerError>;
     async fn put_record(&self, record: &ScanRecord) -> Result<(), ScannerError>;
     async fn record(&self, id: &str) -> Result<Option<ScanRecord>, ScannerError>;
+    /// Claims a scheduled tick (`at`: its Unix time) of a JukeBox for this
+    /// replica: `true` for exactly one caller per tick, whichever replica asks
+    /// first; the claim is forgotten after `keep`.
+    async fn claim_tick(&self, jukebox: &str, at: i64, keep: Duration) -> Result<bool, ScannerError>;
 }
 
 /// The queue of a single process.
@@ -92,6 +96,7 @@ struct Memory {
     running: HashMap<String, BTreeMap<String, String>>,
     leases: HashMap<String, (String, Instant)>,
     records: HashMap<String, ScanRecord>,
+    ticks: HashMap<(String, i64), Instant>,
 }
 
 #[async_trait::async_trait]
@@ -176,6 +181,13 @@ impl RequestQueue for MemoryQueue {
 
     async fn record(&self, id: &str) -> Result<Option<ScanRecord>, ScannerError> {
         Ok(self.inner.lock().unwrap_or_else(|p| p.into_inner()).records.get(id).cloned())
+    }
+
+    async fn claim_tick(&self, jukebox: &str, at: i64, keep: Duration) -> Result<bool, ScannerError> {
+        let mut m = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        m.ticks.retain(|_, until| *until > now);
+        Ok(m.ticks.insert((jukebox.to_string(), at), now + keep).is_none())
     }
 }
 
@@ -335,5 +347,19 @@ impl RequestQueue for RedisQueue {
             serde_json::from_str(&t).map_err(|e| ScannerError::Store(format!("scan record unreadable: {e}")))
         })
         .transpose()
+    }
+
+    async fn claim_tick(&self, jukebox: &str, at: i64, keep: Duration) -> Result<bool, ScannerError> {
+        let mut c = self.connection.clone();
+        let claimed: Option<String> = redis::cmd("SET")
+            .arg(format!("{}:{at}", key("tick", jukebox)))
+            .arg(1)
+            .arg("NX")
+            .arg("PX")
+            .arg(keep.as_millis().max(1) as u64)
+            .query_async(&mut c)
+            .await
+            .map_err(redis_error)?;
+        Ok(claimed.is_some())
     }
 }

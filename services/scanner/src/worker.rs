@@ -5,15 +5,17 @@
 use std::{sync::Arc, time::Duration};
 
 use tokio::sync::{Notify, mpsc};
-use vynil_registry::RegistryClient;
+use vynil_crds::{JukeBoxStatus, coded_message};
+use vynil_registry::{CredentialStore, RegistryClient};
 use vynil_rules::ScanFilter;
-use vynil_store::JukeboxStore;
+use vynil_store::{JukeboxRecord, JukeboxStore, ScanEvent};
 
 use crate::{
     ScannerError,
     engine::{self, EngineSettings, Progress, ScanOutput},
     metrics::{Cause, Outcome, ScannerMetrics, cause},
     requests::{RequestQueue, ScanItem, ScanRecord},
+    schedule,
 };
 
 const WRITE_ATTEMPTS: usize = 8;
@@ -156,7 +158,10 @@ impl Scanner {
         let on_progress = move |p: &Progress| {
             let _ = progress_tx.send(p.clone());
         };
-        let output = engine::scan(&self.client, &self.settings, &record, filter.as_ref(), &on_progress).await;
+        let output = match self.client_for(&record).await {
+            Ok(client) => engine::scan(&client, &self.settings, &record, filter.as_ref(), &on_progress).await,
+            Err(why) => ScanOutput::SourceFailed(why),
+        };
         drop(on_progress);
         let _ = writer.await;
 
@@ -193,27 +198,101 @@ impl Scanner {
             self.metrics.manifests_read.inc_by(progress.manifests_read);
         }
         tracing::info!(%jukebox, state = %last.state, seconds = clock.elapsed().as_secs_f64(), "scan finished");
-        write
+        let event = match (&write, &output, filter.as_ref()) {
+            (Ok(_), ScanOutput::NothingToScan, _) => None,
+            (Ok(_), _, _) if !last.errors.is_empty() => {
+                Some(ScanEvent { succeeded: false, note: describe(&last.errors) })
+            }
+            (Ok(_), _, Some(filter)) => {
+                Some(ScanEvent { succeeded: true, note: format!("Partial scan updated filter: {filter}") })
+            }
+            (Ok(count), _, None) => {
+                Some(ScanEvent { succeeded: true, note: format!("Found {count} packages") })
+            }
+            (Err(_), _, _) => Some(ScanEvent { succeeded: false, note: describe(&last.errors) }),
+        };
+        if let Some(event) = event {
+            self.store.record_scan_event(jukebox, &event).await;
+        }
+        write.map(|_| ())
     }
 
-    /// Compare-and-set: on a lost race, re-read and merge again.
+    /// The registry client for this JukeBox: with its pull secret's
+    /// credentials when it names one (read afresh: a rotated secret counts at
+    /// once); an unusable secret fails this JukeBox's scan, readably.
+    async fn client_for(&self, record: &JukeboxRecord) -> Result<RegistryClient, String> {
+        let Some(secret) = record.spec.pull_secret.as_deref().filter(|s| !s.is_empty()) else {
+            return Ok(self.client.clone());
+        };
+        let document = match self.store.pull_secret(secret).await {
+            Ok(Some(document)) => document,
+            Ok(None) => return Ok(self.client.clone()),
+            Err(e) => return Err(coded_message("E_PULL_SECRET", &e.to_string())),
+        };
+        let credentials = CredentialStore::from_dockerconfigjson(&document)
+            .map_err(|e| coded_message("E_PULL_SECRET", &format!("pull secret {secret:?}: {e}")))?;
+        self.client.with_credentials(&credentials).map_err(|e| e.to_string())
+    }
+
+    /// Changes the status with `change` (compare-and-set, re-applied on a lost
+    /// race); writes nothing when `change` changes nothing.
+    pub async fn amend_status(
+        &self,
+        jukebox: &str,
+        change: impl Fn(JukeBoxStatus, i64, jiff::Timestamp) -> JukeBoxStatus,
+    ) -> Result<(), ScannerError> {
+        for _ in 0..WRITE_ATTEMPTS {
+            let Some(record) = self.store.get(jukebox).await? else {
+                return Err(ScannerError::NotFound(format!("no JukeBox {jukebox:?}")));
+            };
+            let current = record.status.clone().unwrap_or_default();
+            let status = change(current.clone(), record.generation, jiff::Timestamp::now());
+            if record.status.is_some() && status == current {
+                return Ok(());
+            }
+            match self.store.write_status(jukebox, record.status_version, &status).await {
+                Ok(_) => return Ok(()),
+                Err(vynil_store::StoreError::Conflict(_)) => continue,
+                Err(other) => return Err(other.into()),
+            }
+        }
+        Err(ScannerError::Conflict(jukebox.to_string()))
+    }
+
+    /// Waits until scan `id` has an outcome (its status write is done by then).
+    pub async fn wait_for_outcome(&self, id: &str) {
+        loop {
+            if let Ok(Some(record)) = self.queue.record(id).await
+                && record.is_final()
+            {
+                return;
+            }
+            tokio::time::sleep(self.poll.min(Duration::from_millis(200))).await;
+        }
+    }
+
+    /// Compare-and-set: on a lost race, re-read and merge again. Returns the
+    /// number of packages the status now lists.
     async fn write_status(
         &self,
         jukebox: &str,
         output: &ScanOutput,
         filter: Option<&ScanFilter>,
-    ) -> Result<(), ScannerError> {
+    ) -> Result<usize, ScannerError> {
         for _ in 0..WRITE_ATTEMPTS {
             let Some(record) = self.store.get(jukebox).await? else {
                 return Err(ScannerError::NotFound(format!("JukeBox {jukebox} disappeared during its scan")));
             };
-            let Some(status) =
-                engine::new_status(record.status.as_ref(), output, filter, 0, jiff::Timestamp::now())
+            let (generation, now) = (record.generation, jiff::Timestamp::now());
+            let Some(status) = engine::new_status(record.status.as_ref(), output, filter, generation, now)
             else {
-                return Ok(());
+                return Ok(record.status.map_or(0, |s| s.packages.len()));
             };
+            let problem = schedule::problem(&record.spec.schedule);
+            let status = engine::with_schedule_problem(status, problem.as_deref(), generation, now);
+            let count = status.packages.len();
             match self.store.write_status(jukebox, record.status_version, &status).await {
-                Ok(_) => return Ok(()),
+                Ok(_) => return Ok(count),
                 Err(vynil_store::StoreError::Conflict(_)) => continue,
                 Err(other) => return Err(other.into()),
             }
@@ -230,6 +309,10 @@ impl Scanner {
             }
         }
     }
+}
+
+fn describe(errors: &[(String, String)]) -> String {
+    errors.iter().map(|(what, why)| format!("{what}: {why}")).collect::<Vec<_>>().join("; ")
 }
 
 fn with_progress(base: &ScanRecord, id: &str, p: &Progress) -> ScanRecord {

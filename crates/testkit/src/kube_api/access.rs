@@ -86,6 +86,10 @@ pub enum ApiFaultAction {
     Status(u16),
     /// Wait, then serve the request.
     Delay(Duration),
+    /// A concurrent writer: this JSON merge patch is applied to the
+    /// request's object (through `status` for a status request) just before
+    /// the request is served, so a precondition it carries is stale for real.
+    WriteFirst(serde_json::Value),
 }
 
 /// A fault for the next `times` requests whose verb and resource (plural, and

@@ -307,18 +307,34 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
     let verb = resolved.as_ref().map(|t| verb_of(&parts.method, t, watch)).unwrap_or("unknown");
     let entry = record(resolved.as_ref().ok(), verb, &parts.headers);
     lock(&shared.log).push(entry.clone());
+    let target = match resolved {
+        Ok(t) => t,
+        Err(e) => return failure(&e),
+    };
     match take_fault(&shared, &entry) {
         Some(ApiFaultAction::Status(code)) => {
             let message = format!("fault injected by the test ({code})");
             return failure(&ApiError::new(code, reason_of(code), message));
         }
         Some(ApiFaultAction::Delay(d)) => tokio::time::sleep(d).await,
+        Some(ApiFaultAction::WriteFirst(patch)) => {
+            if let Target::Object { def, namespace, name: Some(name), subresource } = &target {
+                let mut store = lock(&shared.store);
+                let written = store.patch(
+                    def,
+                    namespace.as_deref(),
+                    name,
+                    PatchKind::Merge,
+                    &patch,
+                    subresource.is_some(),
+                );
+                if let Err(e) = written {
+                    tracing::warn!("the injected concurrent write failed: {}", e.message);
+                }
+            }
+        }
         None => {}
     }
-    let target = match resolved {
-        Ok(t) => t,
-        Err(e) => return failure(&e),
-    };
     let body = match axum::body::to_bytes(body, 64 * 1024 * 1024).await {
         Ok(b) => b,
         Err(e) => return failure(&ApiError::bad_request(format!("cannot read the request body: {e}"))),

@@ -1,0 +1,243 @@
+//! What starts a scan besides the `Scan` RPC, replacing upstream's operator
+//! bookkeeping of scan Jobs and CronJobs (the source of upstream #17 and #9):
+//!
+//! - the `vynil.solidite.fr/force-scan` annotation: `true` or empty asks for
+//!   a full scan, any other value for a partial one (validated: an invalid
+//!   filter becomes an `Updated=False` condition and the annotation is
+//!   removed). A valid request's annotation is removed **after** the scan's
+//!   outcome is recorded, and only if it still has the value served, so a
+//!   scanner dying mid-scan leaves it for the next one, and a newer request
+//!   is never lost;
+//! - `spec.schedule`: one timer per JukeBox (see `schedule`), restarted when
+//!   the expression changes; an invalid one is reported in `Ready=False`.
+//!
+//! Every replica follows the store's change notifications (plus a periodic
+//! full pass); requests go through the durable queue, so replicas that see
+//! the same annotation join one scan.
+
+use std::{collections::HashMap, sync::Arc, time::Duration};
+
+use tokio::{sync::broadcast::error::RecvError, task::JoinHandle};
+use vynil_crds::annotations::FORCE_SCAN;
+use vynil_rules::ScanFilter;
+use vynil_store::JukeboxRecord;
+
+use crate::{Scanner, engine, schedule};
+
+/// What a `force-scan` value asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ForceScan {
+    Full,
+    Partial(ScanFilter),
+    /// The condition message explaining why the value was refused.
+    Invalid(String),
+}
+
+/// Reads a `force-scan` annotation value.
+pub fn read_force_scan(value: &str) -> ForceScan {
+    match value.trim() {
+        "" | "true" => ForceScan::Full,
+        raw => match ScanFilter::parse(raw) {
+            Ok(filter) => ForceScan::Partial(filter),
+            Err(e) => ForceScan::Invalid(vynil_crds::coded_message(
+                "E_INVALID_SCAN_FILTER",
+                &format!("force-scan {raw:?} is not `true`, `<category>` or `<category>/<name>`: {e}"),
+            )),
+        },
+    }
+}
+
+/// Per-JukeBox trigger state of this replica.
+#[derive(Debug)]
+pub struct Triggers {
+    scanner: Arc<Scanner>,
+    jitter: Duration,
+    /// The expression each timer runs (no timer for an invalid one).
+    schedules: HashMap<String, (String, Option<JoinHandle<()>>)>,
+    /// The force-scan value already requested, per JukeBox.
+    served: HashMap<String, String>,
+}
+
+impl Drop for Triggers {
+    fn drop(&mut self) {
+        for (_, task) in self.schedules.values_mut() {
+            if let Some(task) = task.take() {
+                task.abort();
+            }
+        }
+    }
+}
+
+impl Triggers {
+    pub fn new(scanner: Arc<Scanner>, jitter: Duration) -> Self {
+        Self { scanner, jitter, schedules: HashMap::new(), served: HashMap::new() }
+    }
+
+    /// Follows every JukeBox until `shutdown` resolves.
+    pub async fn run(mut self, resync: Duration, shutdown: impl std::future::Future<Output = ()>) {
+        tokio::pin!(shutdown);
+        let mut changes = self.scanner.store.subscribe();
+        self.observe_all().await;
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => return,
+                change = changes.recv() => match change {
+                    Ok(name) if !name.is_empty() => self.observe(&name).await,
+                    Ok(_) | Err(RecvError::Lagged(_)) => self.observe_all().await,
+                    Err(RecvError::Closed) => return,
+                },
+                _ = tokio::time::sleep(resync) => self.observe_all().await,
+            }
+        }
+    }
+
+    pub async fn observe_all(&mut self) {
+        match self.scanner.store.list().await {
+            Ok(records) => {
+                let names: Vec<String> = records.iter().map(|r| r.name.clone()).collect();
+                for record in records {
+                    self.observe_record(record).await;
+                }
+                let gone: Vec<String> =
+                    self.schedules.keys().filter(|n| !names.contains(n)).cloned().collect();
+                for name in gone {
+                    self.forget(&name);
+                }
+            }
+            Err(error) => tracing::warn!(%error, "cannot list JukeBoxes; triggers retry at the next change"),
+        }
+    }
+
+    async fn observe(&mut self, name: &str) {
+        match self.scanner.store.get(name).await {
+            Ok(Some(record)) => self.observe_record(record).await,
+            Ok(None) => self.forget(name),
+            Err(error) => tracing::warn!(jukebox = %name, %error, "cannot read a changed JukeBox"),
+        }
+    }
+
+    fn forget(&mut self, name: &str) {
+        if let Some((_, Some(task))) = self.schedules.remove(name) {
+            task.abort();
+        }
+        self.served.remove(name);
+    }
+
+    async fn observe_record(&mut self, record: JukeboxRecord) {
+        self.follow_schedule(&record).await;
+        self.follow_force_scan(&record).await;
+    }
+
+    async fn follow_schedule(&mut self, record: &JukeboxRecord) {
+        let (name, expression) = (&record.name, &record.spec.schedule);
+        if self.schedules.get(name).is_some_and(|(current, _)| current == expression) {
+            return;
+        }
+        if let Some((_, Some(task))) = self.schedules.remove(name) {
+            task.abort();
+        }
+        match schedule::parse(expression) {
+            Ok(cron) => {
+                let task = tokio::spawn(schedule::run(self.scanner.clone(), name.clone(), cron, self.jitter));
+                self.schedules.insert(name.clone(), (expression.clone(), Some(task)));
+            }
+            Err(problem) => {
+                self.schedules.insert(name.clone(), (expression.clone(), None));
+                let written = self
+                    .scanner
+                    .amend_status(name, |status, generation, now| {
+                        engine::with_schedule_problem(status, Some(&problem), generation, now)
+                    })
+                    .await;
+                if let Err(error) = written {
+                    tracing::warn!(jukebox = %name, %error, "cannot report the invalid schedule");
+                }
+            }
+        }
+    }
+
+    async fn follow_force_scan(&mut self, record: &JukeboxRecord) {
+        let name = &record.name;
+        let Some(value) = record.annotations.get(FORCE_SCAN) else {
+            self.served.remove(name);
+            return;
+        };
+        if self.served.get(name) == Some(value) {
+            return;
+        }
+        self.served.insert(name.clone(), value.clone());
+        let filter = match read_force_scan(value) {
+            ForceScan::Full => String::new(),
+            ForceScan::Partial(filter) => filter.to_string(),
+            ForceScan::Invalid(why) => {
+                let written = self
+                    .scanner
+                    .amend_status(name, |status, generation, now| {
+                        engine::failed_status(status, &why, generation, now)
+                    })
+                    .await;
+                match written {
+                    Ok(()) => self.remove_annotation(name, value).await,
+                    Err(error) => {
+                        tracing::warn!(jukebox = %name, %error, "cannot report the invalid force-scan; retrying");
+                        self.served.remove(name);
+                    }
+                }
+                return;
+            }
+        };
+        match self.scanner.request(name, &filter).await {
+            Ok((id, joined)) => {
+                tracing::info!(jukebox = %name, %id, joined, %filter, "force-scan requested");
+                let (scanner, name, value) = (self.scanner.clone(), name.clone(), value.clone());
+                tokio::spawn(async move {
+                    scanner.wait_for_outcome(&id).await;
+                    Triggers::remove_annotation_with(&scanner, &name, &value).await;
+                });
+            }
+            Err(error) => {
+                tracing::warn!(jukebox = %name, %error, "cannot request the forced scan; retrying");
+                self.served.remove(name);
+            }
+        }
+    }
+
+    async fn remove_annotation(&self, name: &str, value: &str) {
+        Self::remove_annotation_with(&self.scanner, name, value).await;
+    }
+
+    async fn remove_annotation_with(scanner: &Scanner, name: &str, value: &str) {
+        match scanner.store.remove_annotation(name, FORCE_SCAN, value).await {
+            Ok(removed) => tracing::debug!(jukebox = %name, removed, "force-scan served"),
+            Err(error) => {
+                tracing::warn!(jukebox = %name, %error, "cannot remove force-scan; it stays for a retry")
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn force_scan_values_read_as_upstream_with_filters_validated() {
+        assert_eq!(read_force_scan("true"), ForceScan::Full);
+        assert_eq!(read_force_scan(""), ForceScan::Full);
+        assert_eq!(read_force_scan(" true "), ForceScan::Full);
+        for (value, expected) in [("apps", "apps"), ("apps/x", "apps/x")] {
+            match read_force_scan(value) {
+                ForceScan::Partial(filter) => assert_eq!(filter.to_string(), expected),
+                other => unreachable!("{value}: {other:?}"),
+            }
+        }
+        for value in ["apps/x/y", "/x", "apps/", "a b"] {
+            match read_force_scan(value) {
+                ForceScan::Invalid(why) => {
+                    assert!(why.starts_with("[E_INVALID_SCAN_FILTER] force-scan"), "{why}")
+                }
+                other => unreachable!("{value}: {other:?}"),
+            }
+        }
+    }
+}

@@ -1,0 +1,348 @@
+//! The scanner in a cluster: scanner processes with `--kubernetes` against
+//! the fake API server, a real registry (behind a counting front) and real
+//! Redis. Force-scan (reference §9 item 14 in this design), concurrent status
+//! writes, cron schedules across replicas, pull secrets.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::{
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use axum::http::Method;
+use base64::Engine;
+use k8s_openapi::api::core::v1::Secret;
+use kube::{
+    Api, ResourceExt,
+    api::{Patch, PatchParams, PostParams},
+};
+use serde_json::json;
+use vynil_crds::{JukeBox, annotations::FORCE_SCAN};
+use vynil_testkit::{
+    Fault, FaultAction, HttpFront, PackageSpec, PackageType, RedisServer, RegistryOptions, RegistryServer,
+    ServiceProcess,
+    kube_api::{ApiFault, ApiFaultAction, FakeApiServer},
+};
+
+struct World {
+    registry: RegistryServer,
+    front: HttpFront,
+    redis: RedisServer,
+    api: FakeApiServer,
+    boxes: Api<JukeBox>,
+    dir: tempfile::TempDir,
+    kubeconfig: PathBuf,
+}
+
+async fn world() -> World {
+    let registry = RegistryServer::start().await.unwrap();
+    for name in ["a", "b"] {
+        let spec = PackageSpec::new("apps", name, PackageType::Tenant, "1.0.0");
+        registry.publisher().publish(&format!("apps/{name}"), &spec).await.unwrap();
+    }
+    let front = HttpFront::start(&registry.base_url()).await.unwrap();
+    let redis = RedisServer::start().await.unwrap();
+    let api = FakeApiServer::start().await.unwrap();
+    let boxes: Api<JukeBox> = Api::all(api.client().unwrap());
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = api.write_kubeconfig(dir.path(), "vynil-system").unwrap();
+    World { registry, front, redis, api, boxes, dir, kubeconfig }
+}
+
+impl World {
+    async fn jukebox(&self, name: &str, repositories: &[&str], schedule: &str, pull_secret: Option<&str>) {
+        let list: Vec<String> = repositories.iter().map(|r| format!("{}/{r}", self.front.host())).collect();
+        let jukebox: JukeBox = serde_json::from_value(json!({
+            "apiVersion": "vynil.solidite.fr/v1", "kind": "JukeBox", "metadata": {"name": name},
+            "spec": {"source": {"list": list}, "schedule": schedule, "pull_secret": pull_secret},
+        }))
+        .unwrap();
+        self.boxes.create(&PostParams::default(), &jukebox).await.unwrap();
+    }
+
+    async fn scanner(&self, extra: &[&str]) -> ServiceProcess {
+        let (redis, front) = (self.redis.url(), self.front.host());
+        let insecure = format!("{front},{}", self.registry.host());
+        let mut args = vec![
+            "--kubernetes",
+            "--redis-url",
+            &redis,
+            "--insecure-registry",
+            &insecure,
+            "--scan-lease-seconds",
+            "2",
+            "--poll-milliseconds",
+            "100",
+            "--trigger-resync-seconds",
+            "1",
+        ];
+        args.extend_from_slice(extra);
+        let kubeconfig = self.kubeconfig.to_str().unwrap();
+        let _ = &self.dir;
+        ServiceProcess::start_with_env(
+            Path::new(env!("CARGO_BIN_EXE_vynil-scanner")),
+            &args,
+            &[("KUBECONFIG", kubeconfig), ("RUST_LOG", "info")],
+        )
+        .await
+        .unwrap()
+    }
+
+    async fn annotate(&self, name: &str, value: &str) {
+        let patch = json!({"metadata": {"annotations": {FORCE_SCAN: value}}});
+        self.boxes.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+    }
+
+    async fn tags(&self, name: &str) -> Vec<String> {
+        let jukebox = self.boxes.get(name).await.unwrap();
+        let packages = jukebox.status.map(|s| s.packages).unwrap_or_default();
+        packages.iter().map(|p| format!("{}:{}", p.content.metadata.name, p.tag)).collect()
+    }
+
+    async fn annotation(&self, name: &str) -> Option<String> {
+        self.boxes.get(name).await.unwrap().annotations().get(FORCE_SCAN).cloned()
+    }
+
+    /// Waits for `check` on the JukeBox; panics with the scanner's log.
+    async fn until(&self, what: &str, scanner: &ServiceProcess, check: impl Fn(&JukeBox) -> bool) -> JukeBox {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let jukebox = self.boxes.get("box").await.unwrap();
+            if check(&jukebox) {
+                return jukebox;
+            }
+            if Instant::now() > deadline {
+                panic!("{what} never happened: {jukebox:?}\nscanner log:\n{}", scanner.log());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+fn no_annotation(jukebox: &JukeBox) -> bool {
+    !jukebox.annotations().contains_key(FORCE_SCAN)
+}
+
+fn condition(jukebox: &JukeBox, kind: &str) -> Option<(String, String)> {
+    let status = jukebox.status.as_ref()?;
+    let value = serde_json::to_value(&status.conditions).ok()?;
+    value.as_array()?.iter().find(|c| c["type"] == kind).map(|c| {
+        (
+            c["status"].as_str().unwrap_or_default().to_string(),
+            c["message"].as_str().unwrap_or_default().to_string(),
+        )
+    })
+}
+
+#[tokio::test]
+async fn force_scan_true_scans_everything_and_the_annotation_goes_after_the_status_write() {
+    let world = world().await;
+    world.jukebox("box", &["apps/a", "apps/b"], "0 0 1 1 *", None).await;
+    let scanner = world.scanner(&[]).await;
+    world.annotate("box", "true").await;
+    world.until("the force-scan to be served", &scanner, no_annotation).await;
+    assert_eq!(world.tags("box").await, ["a:1.0.0", "b:1.0.0"]);
+
+    // Order in the API server's log: the status write, then the annotation removal.
+    let log = world.api.requests();
+    let status_write =
+        log.iter().position(|r| r.verb == "update" && r.subresource.as_deref() == Some("status"));
+    let removal =
+        log.iter().rposition(|r| r.verb == "patch" && r.resource == "jukeboxes" && r.subresource.is_none());
+    assert!(status_write.is_some() && removal.is_some() && status_write < removal, "{log:#?}");
+    let events = world.api.objects("events.k8s.io", "events");
+    assert!(
+        events.iter().any(|e| e["reason"] == "ScanSucceed" && e["note"] == "Found 2 packages"),
+        "{events:#?}"
+    );
+}
+
+#[tokio::test]
+async fn force_scan_with_a_filter_scans_only_that_package_and_a_bad_filter_is_reported() {
+    let world = world().await;
+    world.jukebox("box", &["apps/a", "apps/b"], "0 0 1 1 *", None).await;
+    let scanner = world.scanner(&[]).await;
+    world.annotate("box", "true").await;
+    world.until("the first scan", &scanner, no_annotation).await;
+    for name in ["a", "b"] {
+        let spec = PackageSpec::new("apps", name, PackageType::Tenant, "1.1.0");
+        world.registry.publisher().publish(&format!("apps/{name}"), &spec).await.unwrap();
+    }
+    world.front.reset_counts();
+    world.annotate("box", "apps/a").await;
+    world.until("the partial scan", &scanner, no_annotation).await;
+    assert_eq!(world.tags("box").await, ["b:1.0.0", "a:1.1.0"], "only apps/a was rescanned");
+    assert_eq!(world.front.count(&Method::GET, "apps/b/tags/list"), 0);
+
+    world.annotate("box", "apps/a/extra").await;
+    let jukebox = world.until("the invalid filter to be handled", &scanner, no_annotation).await;
+    let (status, message) = condition(&jukebox, "Updated").unwrap();
+    assert_eq!(status, "False");
+    assert!(message.starts_with("[E_INVALID_SCAN_FILTER] force-scan \"apps/a/extra\""), "{message}");
+    assert_eq!(world.tags("box").await, ["b:1.0.0", "a:1.1.0"], "nothing lost");
+}
+
+#[tokio::test]
+async fn a_scanner_dying_mid_scan_leaves_the_annotation_and_the_next_one_scans_again() {
+    let world = world().await;
+    world.jukebox("box", &["apps/a", "apps/b"], "0 0 1 1 *", None).await;
+    world.front.inject(Fault::new(
+        Some(Method::GET),
+        "/tags/list",
+        2,
+        FaultAction::DelayAnswer(Duration::from_secs(3)),
+    ));
+    let first = world.scanner(&["--repository-concurrency", "1"]).await;
+    world.annotate("box", "true").await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while world.front.count(&Method::GET, "/tags/list") == 0 {
+        assert!(Instant::now() < deadline, "the scan never started:\n{}", first.log());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(first); // SIGKILL, mid-scan
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(world.annotation("box").await.as_deref(), Some("true"), "the annotation stays");
+    assert!(world.tags("box").await.is_empty());
+
+    let second = world.scanner(&[]).await;
+    world.until("the scan to run again", &second, no_annotation).await;
+    assert_eq!(world.tags("box").await, ["a:1.0.0", "b:1.0.0"]);
+}
+
+#[tokio::test]
+async fn a_status_write_meeting_a_concurrent_change_re_merges_and_loses_neither() {
+    let world = world().await;
+    world.jukebox("box", &["apps/a", "apps/b"], "0 0 1 1 *", None).await;
+    let scanner = world.scanner(&[]).await;
+    world.annotate("box", "true").await;
+    world.until("the first scan", &scanner, no_annotation).await;
+    let before = world.boxes.get("box").await.unwrap().status.unwrap();
+
+    // Another writer (a partial scan of another category, say) adds a package
+    // just before the scanner's next status write.
+    let mut other = serde_json::to_value(&before.packages).unwrap();
+    let mut extra = other[0].clone();
+    extra["image"] = json!("other/x");
+    extra["metadata"]["category"] = json!("other");
+    extra["metadata"]["name"] = json!("x");
+    other.as_array_mut().unwrap().push(extra);
+    let concurrent = json!({"status": {"packages": other}});
+    world.api.inject(ApiFault::new(
+        Some("update"),
+        Some("jukeboxes/status"),
+        1,
+        ApiFaultAction::WriteFirst(concurrent),
+    ));
+    let spec = PackageSpec::new("apps", "a", PackageType::Tenant, "1.1.0");
+    world.registry.publisher().publish("apps/a", &spec).await.unwrap();
+    world.annotate("box", "apps/a").await;
+    world.until("the partial scan", &scanner, no_annotation).await;
+    let mut tags = world.tags("box").await;
+    tags.sort();
+    assert_eq!(tags, ["a:1.1.0", "b:1.0.0", "x:1.0.0"], "both writes are in the status");
+    let conflicts =
+        world.api.requests().iter().filter(|r| r.subresource.as_deref() == Some("status")).count();
+    assert!(conflicts >= 3, "a first write, its conflict, the re-merged write");
+}
+
+#[tokio::test]
+async fn a_schedule_scans_once_per_tick_across_two_replicas() {
+    let world = world().await;
+    world.jukebox("box", &["apps/a"], "*/2 * * * * *", None).await;
+    let jitter = ["--schedule-jitter-milliseconds", "1500"];
+    let (first, second) = (world.scanner(&jitter).await, world.scanner(&jitter).await);
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    // Stop the ticks, let the last scan finish, then count.
+    let stop = json!({"spec": {"schedule": "0 0 1 1 *"}});
+    world.boxes.patch("box", &PatchParams::default(), &Patch::Merge(&stop)).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let scans = world.front.count(&Method::GET, "apps/a/tags/list");
+    let mut redis =
+        redis::Client::open(world.redis.url()).unwrap().get_multiplexed_async_connection().await.unwrap();
+    let ticks: Vec<String> = redis::cmd("KEYS").arg("*tick*").query_async(&mut redis).await.unwrap();
+    assert!(ticks.len() >= 2, "{ticks:?}\n{}\n{}", first.log(), second.log());
+    assert_eq!(scans, ticks.len(), "one scan per tick: {ticks:?}\n{}\n{}", first.log(), second.log());
+    assert_eq!(world.tags("box").await, ["a:1.0.0"]);
+}
+
+#[tokio::test]
+async fn an_invalid_schedule_is_a_readable_condition() {
+    let world = world().await;
+    world.jukebox("box", &["apps/a"], "every hour", None).await;
+    let scanner = world.scanner(&[]).await;
+    let jukebox = world.until("the schedule problem", &scanner, |j| condition(j, "Ready").is_some()).await;
+    let (status, message) = condition(&jukebox, "Ready").unwrap();
+    assert_eq!(status, "False");
+    assert!(message.starts_with("[E_INVALID_SCHEDULE] schedule \"every hour\""), "{message}");
+}
+
+#[tokio::test]
+async fn pull_secrets_give_credentials_and_a_bad_one_is_reported_without_stopping_others() {
+    let world = world().await;
+    let private =
+        RegistryServer::start_with(RegistryOptions { basic_auth: Some(("bob".into(), "s3cret".into())) })
+            .await
+            .unwrap();
+    let spec = PackageSpec::new("apps", "p", PackageType::Tenant, "2.0.0");
+    private.publisher().publish("apps/p", &spec).await.unwrap();
+    let create_box = |name: &str, secret: &str| {
+        serde_json::from_value::<JukeBox>(json!({
+            "apiVersion": "vynil.solidite.fr/v1", "kind": "JukeBox", "metadata": {"name": name},
+            "spec": {"source": {"list": [format!("{}/apps/p", private.host())]}, "schedule": "0 0 1 1 *",
+                     "pull_secret": secret},
+        }))
+        .unwrap()
+    };
+    world.boxes.create(&PostParams::default(), &create_box("box", "registry-auth")).await.unwrap();
+    world.boxes.create(&PostParams::default(), &create_box("broken", "not-docker")).await.unwrap();
+    world.jukebox("public", &["apps/a"], "0 0 1 1 *", None).await;
+    let secrets: Api<Secret> = Api::namespaced(world.api.client().unwrap(), "vynil-system");
+    let opaque: Secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "not-docker"}, "type": "Opaque",
+        "data": {"password": base64::engine::general_purpose::STANDARD.encode("x")},
+    }))
+    .unwrap();
+    secrets.create(&PostParams::default(), &opaque).await.unwrap();
+
+    let scanner = world.scanner(&["--insecure-registry", &private.host()]).await;
+    for name in ["box", "broken", "public"] {
+        world.annotate(name, "true").await;
+    }
+    // The secret does not exist yet: a readable condition, and the other JukeBoxes go on.
+    let jukebox = world.until("the missing secret to be reported", &scanner, no_annotation).await;
+    let (status, message) = condition(&jukebox, "Updated").unwrap();
+    assert_eq!(status, "False");
+    assert!(
+        message.starts_with(
+            "[E_PULL_SECRET] pull secret \"registry-auth\" does not exist in namespace \"vynil-system\""
+        ),
+        "{message}"
+    );
+    for _ in 0..200 {
+        if world.tags("public").await == ["a:1.0.0"] && world.annotation("broken").await.is_none() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(world.tags("public").await, ["a:1.0.0"]);
+    let broken = world.boxes.get("broken").await.unwrap();
+    let (_, message) = condition(&broken, "Updated").unwrap();
+    assert!(message.contains("has no .dockerconfigjson key (type Opaque)"), "{message}");
+
+    // With the secret, the private registry is scanned with its credentials.
+    let auth = base64::engine::general_purpose::STANDARD.encode("bob:s3cret");
+    let config = json!({"auths": {private.host(): {"auth": auth}}}).to_string();
+    let secret: Secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "registry-auth"},
+        "type": "kubernetes.io/dockerconfigjson",
+        "data": {".dockerconfigjson": base64::engine::general_purpose::STANDARD.encode(config)},
+    }))
+    .unwrap();
+    secrets.create(&PostParams::default(), &secret).await.unwrap();
+    world.annotate("box", "true").await;
+    world
+        .until("the private scan", &scanner, |j| j.status.as_ref().is_some_and(|s| !s.packages.is_empty()))
+        .await;
+    assert_eq!(world.tags("box").await, ["p:2.0.0"]);
+}
