@@ -1,17 +1,20 @@
 //! The package cache: one entry per JukeBox (its packages, pull secret, last
-//! scan time, conditions) and a hash of that content.
+//! scan time, conditions) and a hash of that content, behind one trait with
+//! two implementations: [`RedisCache`] (shared by replicas) and
+//! [`MemoryCache`] (one process, the embedded default of local mode).
 //!
 //! Writes are "upsert if changed": an identical entry costs one read and no
-//! write. Every write is announced on Redis pub/sub so every replica refreshes
-//! its in-process snapshot, from which all answers are served — so a Redis
-//! outage leaves reads working (degraded, not down). Keys carry a schema
+//! write. In Redis every write is announced on pub/sub so every replica
+//! refreshes its in-process snapshot, from which all answers are served — so a
+//! Redis outage leaves reads working (degraded, not down). Keys carry a schema
 //! version so a later layout can live beside this one during an upgrade.
 
-use std::collections::HashMap;
+use std::{collections::HashMap, sync::Mutex};
 
 use redis::AsyncCommands;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+use tokio::sync::mpsc;
 use vynil_crds::{Condition, JukeBoxConditionType, JukeBoxStatus};
 use vynil_rules::Package;
 
@@ -52,6 +55,66 @@ impl Entry {
     }
 }
 
+/// Where cache entries live.
+#[async_trait::async_trait]
+pub trait PackageCache: Send + Sync + std::fmt::Debug {
+    /// Writes `entry` unless its hash is already stored; true when written.
+    async fn upsert_if_changed(&self, entry: &Entry) -> Result<bool, CatalogError>;
+    /// Removes an entry; true when there was one.
+    async fn remove(&self, jukebox: &str) -> Result<bool, CatalogError>;
+    async fn get(&self, jukebox: &str) -> Result<Option<Entry>, CatalogError>;
+    async fn all(&self) -> Result<HashMap<String, Entry>, CatalogError>;
+    /// Names of entries written by anyone (other replicas included); nothing
+    /// for a cache no one else writes.
+    fn invalidations(&self) -> mpsc::Receiver<String>;
+}
+
+/// The cache `redis_url` names: Redis when given, else process memory.
+pub async fn open(redis_url: Option<&str>) -> Result<std::sync::Arc<dyn PackageCache>, CatalogError> {
+    Ok(match redis_url {
+        Some(url) => std::sync::Arc::new(RedisCache::connect(url).await?),
+        None => std::sync::Arc::new(MemoryCache::default()),
+    })
+}
+
+/// The cache of a single process.
+#[derive(Debug, Default)]
+pub struct MemoryCache {
+    entries: Mutex<HashMap<String, Entry>>,
+    /// Kept so `invalidations` receivers stay open (and silent).
+    silent: Mutex<Vec<mpsc::Sender<String>>>,
+}
+
+#[async_trait::async_trait]
+impl PackageCache for MemoryCache {
+    async fn upsert_if_changed(&self, entry: &Entry) -> Result<bool, CatalogError> {
+        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        if entries.get(&entry.jukebox).is_some_and(|e| e.hash == entry.hash) {
+            return Ok(false);
+        }
+        entries.insert(entry.jukebox.clone(), entry.clone());
+        Ok(true)
+    }
+
+    async fn remove(&self, jukebox: &str) -> Result<bool, CatalogError> {
+        Ok(self.entries.lock().unwrap_or_else(|p| p.into_inner()).remove(jukebox).is_some())
+    }
+
+    async fn get(&self, jukebox: &str) -> Result<Option<Entry>, CatalogError> {
+        Ok(self.entries.lock().unwrap_or_else(|p| p.into_inner()).get(jukebox).cloned())
+    }
+
+    async fn all(&self) -> Result<HashMap<String, Entry>, CatalogError> {
+        Ok(self.entries.lock().unwrap_or_else(|p| p.into_inner()).clone())
+    }
+
+    fn invalidations(&self) -> mpsc::Receiver<String> {
+        let (sender, receiver) = mpsc::channel(1);
+        self.silent.lock().unwrap_or_else(|p| p.into_inner()).push(sender);
+        receiver
+    }
+}
+
 fn redis_error(e: redis::RedisError) -> CatalogError {
     CatalogError::Unavailable(format!("Redis: {e}"))
 }
@@ -73,6 +136,7 @@ return existed";
 /// The shared cache in Redis.
 #[derive(Clone)]
 pub struct RedisCache {
+    client: redis::Client,
     connection: redis::aio::ConnectionManager,
 }
 
@@ -83,13 +147,16 @@ impl std::fmt::Debug for RedisCache {
 }
 
 impl RedisCache {
-    pub async fn connect(client: &redis::Client) -> Result<Self, CatalogError> {
+    pub async fn connect(url: &str) -> Result<Self, CatalogError> {
+        let client = redis::Client::open(url).map_err(redis_error)?;
         let connection = redis::aio::ConnectionManager::new(client.clone()).await.map_err(redis_error)?;
-        Ok(Self { connection })
+        Ok(Self { client, connection })
     }
+}
 
-    /// Writes `entry` unless its hash is already stored; true when written.
-    pub async fn upsert_if_changed(&self, entry: &Entry) -> Result<bool, CatalogError> {
+#[async_trait::async_trait]
+impl PackageCache for RedisCache {
+    async fn upsert_if_changed(&self, entry: &Entry) -> Result<bool, CatalogError> {
         let mut c = self.connection.clone();
         let body = serde_json::to_string(entry).map_err(|e| CatalogError::Unavailable(e.to_string()))?;
         let written: i64 = redis::Script::new(UPSERT_IF_CHANGED)
@@ -106,7 +173,7 @@ impl RedisCache {
         Ok(written == 1)
     }
 
-    pub async fn remove(&self, jukebox: &str) -> Result<bool, CatalogError> {
+    async fn remove(&self, jukebox: &str) -> Result<bool, CatalogError> {
         let mut c = self.connection.clone();
         let removed: i64 = redis::Script::new(REMOVE)
             .key(format!("{PREFIX}:hash:{jukebox}"))
@@ -120,7 +187,7 @@ impl RedisCache {
         Ok(removed > 0)
     }
 
-    pub async fn get(&self, jukebox: &str) -> Result<Option<Entry>, CatalogError> {
+    async fn get(&self, jukebox: &str) -> Result<Option<Entry>, CatalogError> {
         let mut c = self.connection.clone();
         let text: Option<String> = c.get(format!("{PREFIX}:entry:{jukebox}")).await.map_err(redis_error)?;
         text.map(|t| {
@@ -130,7 +197,7 @@ impl RedisCache {
         .transpose()
     }
 
-    pub async fn all(&self) -> Result<HashMap<String, Entry>, CatalogError> {
+    async fn all(&self) -> Result<HashMap<String, Entry>, CatalogError> {
         let mut c = self.connection.clone();
         let names: Vec<String> = c.smembers(format!("{PREFIX}:names")).await.map_err(redis_error)?;
         let mut entries = HashMap::new();
@@ -140,5 +207,55 @@ impl RedisCache {
             }
         }
         Ok(entries)
+    }
+
+    /// Cache writes announced on pub/sub, resubscribing after an outage.
+    fn invalidations(&self) -> mpsc::Receiver<String> {
+        let (sender, receiver) = mpsc::channel(1024);
+        let client = self.client.clone();
+        tokio::spawn(async move {
+            use futures::StreamExt;
+            loop {
+                if let Ok(mut pubsub) = client.get_async_pubsub().await
+                    && pubsub.subscribe(CHANGES).await.is_ok()
+                {
+                    let mut messages = pubsub.into_on_message();
+                    while let Some(message) = messages.next().await {
+                        let payload: String = message.get_payload().unwrap_or_default();
+                        let name = payload.split(' ').next().unwrap_or_default().to_string();
+                        if sender.send(name).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+                if sender.is_closed() {
+                    return;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            }
+        });
+        receiver
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_memory_cache_writes_only_what_changed() -> Result<(), CatalogError> {
+        let cache = MemoryCache::default();
+        let empty = Entry::from_status("box", None, &JukeBoxStatus::default());
+        let with_secret = Entry::from_status("box", Some("pull".into()), &JukeBoxStatus::default());
+        assert_ne!(empty.hash, with_secret.hash);
+        assert!(cache.upsert_if_changed(&empty).await?);
+        assert!(!cache.upsert_if_changed(&empty).await?, "identical content writes nothing");
+        assert!(cache.upsert_if_changed(&with_secret).await?);
+        assert_eq!(cache.get("box").await?.map(|e| e.hash), Some(with_secret.hash));
+        assert_eq!(cache.all().await?.len(), 1);
+        assert!(cache.remove("box").await?);
+        assert!(!cache.remove("box").await?);
+        assert!(cache.invalidations().try_recv().is_err(), "nobody else writes a process's cache");
+        Ok(())
     }
 }

@@ -16,7 +16,7 @@ use vynil_store::JukeboxStore;
 
 use crate::{
     CatalogError,
-    cache::{CHANGES, Entry, RedisCache},
+    cache::{Entry, PackageCache},
 };
 
 /// A change of one entry: its new hash, or `None` when removed.
@@ -32,7 +32,7 @@ pub struct Catalog {
     loaded: AtomicBool,
     resync_due: AtomicBool,
     degraded: AtomicBool,
-    redis: Option<(redis::Client, RedisCache)>,
+    cache: Arc<dyn PackageCache>,
     store: Arc<dyn JukeboxStore>,
     changes: broadcast::Sender<Change>,
     pub framework: semver::Version,
@@ -40,32 +40,32 @@ pub struct Catalog {
 }
 
 impl Catalog {
+    /// The catalog with the cache `redis_url` names (memory without one).
     pub async fn new(
         store: Arc<dyn JukeboxStore>,
         redis_url: Option<&str>,
         framework: semver::Version,
     ) -> Result<Self, CatalogError> {
-        let redis = match redis_url {
-            Some(url) => {
-                let client =
-                    redis::Client::open(url).map_err(|e| CatalogError::Unavailable(format!("Redis: {e}")))?;
-                let cache = RedisCache::connect(&client).await?;
-                Some((client, cache))
-            }
-            None => None,
-        };
+        Ok(Self::with_cache(store, crate::cache::open(redis_url).await?, framework))
+    }
+
+    pub fn with_cache(
+        store: Arc<dyn JukeboxStore>,
+        cache: Arc<dyn PackageCache>,
+        framework: semver::Version,
+    ) -> Self {
         let (changes, _) = broadcast::channel(1024);
-        Ok(Self {
+        Self {
             snapshot: RwLock::default(),
             loaded: AtomicBool::new(false),
             resync_due: AtomicBool::new(false),
             degraded: AtomicBool::new(false),
-            redis,
+            cache,
             store,
             changes,
             framework,
             metrics: crate::metrics::CatalogMetrics::default(),
-        })
+        }
     }
 
     /// An entry, or `Unavailable` when nothing was ever loaded (never "not found").
@@ -127,14 +127,12 @@ impl Catalog {
         let entry = record.and_then(|r| {
             r.status.map(|status| Entry::from_status(&r.name, r.spec.pull_secret.clone(), &status))
         });
-        if let Some((_, cache)) = &self.redis {
-            match &entry {
-                Some(entry) if cache.upsert_if_changed(entry).await? => self.metrics.upserts.inc(),
-                Some(_) => self.metrics.skipped_identical.inc(),
-                None if cache.remove(jukebox).await? => self.metrics.removals.inc(),
-                None => 0,
-            };
-        }
+        match &entry {
+            Some(entry) if self.cache.upsert_if_changed(entry).await? => self.metrics.upserts.inc(),
+            Some(_) => self.metrics.skipped_identical.inc(),
+            None if self.cache.remove(jukebox).await? => self.metrics.removals.inc(),
+            None => 0,
+        };
         self.apply(jukebox, entry);
         Ok(())
     }
@@ -148,9 +146,7 @@ impl Catalog {
         }
         let mut stale: Vec<String> =
             self.snapshot.read().unwrap_or_else(|p| p.into_inner()).keys().cloned().collect();
-        if let Some((_, cache)) = &self.redis {
-            stale.extend(cache.all().await?.into_keys());
-        }
+        stale.extend(self.cache.all().await?.into_keys());
         stale.retain(|n| !names.contains(n));
         stale.sort();
         stale.dedup();
@@ -166,7 +162,7 @@ impl Catalog {
     /// JukeBox file removed announces nothing).
     pub async fn follow(self: Arc<Self>, resync_every: std::time::Duration) {
         let mut store_changes = self.store.subscribe();
-        let mut invalidations = self.invalidations().await;
+        let mut invalidations = self.cache.invalidations();
         loop {
             if self.resync_due.swap(false, Ordering::AcqRel)
                 || !self.loaded.load(Ordering::Acquire)
@@ -200,37 +196,9 @@ impl Catalog {
 
     /// Another replica wrote `jukebox`: read it back into the snapshot.
     async fn reload(&self, jukebox: &str) {
-        if let Some((_, cache)) = &self.redis {
-            match cache.get(jukebox).await {
-                Ok(entry) => self.apply(jukebox, entry),
-                Err(error) => tracing::warn!(%jukebox, %error, "cannot reload a cache entry"),
-            }
+        match self.cache.get(jukebox).await {
+            Ok(entry) => self.apply(jukebox, entry),
+            Err(error) => tracing::warn!(%jukebox, %error, "cannot reload a cache entry"),
         }
-    }
-
-    async fn invalidations(&self) -> tokio::sync::mpsc::Receiver<String> {
-        let (sender, receiver) = tokio::sync::mpsc::channel(1024);
-        if let Some((client, _)) = &self.redis {
-            let client = client.clone();
-            tokio::spawn(async move {
-                use futures::StreamExt;
-                loop {
-                    if let Ok(mut pubsub) = client.get_async_pubsub().await {
-                        if pubsub.subscribe(CHANGES).await.is_ok() {
-                            let mut messages = pubsub.into_on_message();
-                            while let Some(message) = messages.next().await {
-                                let payload: String = message.get_payload().unwrap_or_default();
-                                let name = payload.split(' ').next().unwrap_or_default().to_string();
-                                if sender.send(name).await.is_err() {
-                                    return;
-                                }
-                            }
-                        }
-                    }
-                    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-                }
-            });
-        }
-        receiver
     }
 }

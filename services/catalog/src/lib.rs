@@ -24,7 +24,7 @@ use vynil_proto::catalog::v1::catalog_server::CatalogServer;
 use vynil_runtime::{GrpcServer, ServedService};
 use vynil_store::StoreSettings;
 
-pub use cache::{CHANGES, Entry};
+pub use cache::{CHANGES, Entry, MemoryCache, PackageCache, RedisCache};
 pub use catalog::{Catalog, Change};
 pub use grpc::CatalogService;
 
