@@ -94,6 +94,56 @@ async fn discovery_lists_our_crds_and_the_builtins() -> TestResult {
         >(&()),
     );
     assert_eq!(crds.list(&ListParams::default()).await?.items.len(), 4);
+    let widget_crd: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": "widgets.example.com"},
+        "spec": {"group": "example.com", "scope": "Namespaced",
+                 "names": {"kind": "Widget", "plural": "widgets", "singular": "widget"},
+                 "versions": [{"name": "v1", "served": true, "storage": true, "subresources": {"status": {}}}]},
+    }))?;
+    crds.create(&PostParams::default(), &widget_crd).await?;
+    let widget = ApiResource {
+        group: "example.com".into(),
+        version: "v1".into(),
+        api_version: "example.com/v1".into(),
+        kind: "Widget".into(),
+        plural: "widgets".into(),
+    };
+    let widgets: Api<DynamicObject> = Api::namespaced_with(client.clone(), "apps", &widget);
+    let one: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "one"}, "spec": {"size": 1},
+    }))?;
+    widgets.create(&PostParams::default(), &one).await?;
+    assert_eq!(widgets.list(&ListParams::default()).await?.items.len(), 1);
+    crds.delete("widgets.example.com", &DeleteParams::default()).await?;
+    assert_eq!(
+        api_code(widgets.list(&ListParams::default()).await),
+        Some(404),
+        "the resource went with its CRD"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_watch_with_initial_events_ends_them_with_a_bookmark() -> TestResult {
+    let (_server, client) = server().await?;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "apps");
+    cms.create(&PostParams::default(), &config_map("one", &[])).await?;
+    let params = WatchParams::default().initial_events();
+    let mut events = cms.watch(&params, "").await?.boxed();
+    match tokio::time::timeout(Duration::from_secs(5), events.try_next()).await?? {
+        Some(WatchEvent::Added(cm)) => assert_eq!(cm.name_any(), "one"),
+        other => return Err(format!("expected one added, got {other:?}").into()),
+    }
+    match tokio::time::timeout(Duration::from_secs(5), events.try_next()).await?? {
+        Some(WatchEvent::Bookmark(mark)) => {
+            assert_eq!(
+                mark.metadata.annotations.get("k8s.io/initial-events-end").map(String::as_str),
+                Some("true")
+            )
+        }
+        other => return Err(format!("expected the initial-events-end bookmark, got {other:?}").into()),
+    }
     Ok(())
 }
 
