@@ -4,6 +4,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+
+use common::{eventually, set_calls};
 use std::{path::Path, sync::Arc, time::Duration};
 
 use kube::{
@@ -62,36 +65,6 @@ async fn write(world: &World, name: &str, tags: &[&str], message: &str) {
         {"type": "Updated", "status": "True", "message": message, "generation": 1},
     ]}});
     world.boxes.patch_status(name, &PatchParams::default(), &Patch::Merge(&status)).await.unwrap();
-}
-
-fn tags(catalog: &Catalog, name: &str) -> Vec<String> {
-    catalog
-        .entry(name)
-        .unwrap()
-        .map(|e| e.packages.iter().map(|p| p.tag.clone()).collect())
-        .unwrap_or_default()
-}
-
-async fn eventually(catalog: &Catalog, name: &str, expected: &[&str]) {
-    for _ in 0..500 {
-        if tags(catalog, name) == expected {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("{name} never showed {expected:?}: {:?}", tags(catalog, name));
-}
-
-async fn set_calls(redis: &RedisServer) -> u64 {
-    let mut connection =
-        redis::Client::open(redis.url()).unwrap().get_multiplexed_async_connection().await.unwrap();
-    let info: String = redis::cmd("INFO").arg("commandstats").query_async(&mut connection).await.unwrap();
-    info.lines()
-        .find(|l| l.starts_with("cmdstat_set:"))
-        .and_then(|l| l.split("calls=").nth(1))
-        .and_then(|v| v.split(',').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
 }
 
 #[tokio::test]

@@ -4,6 +4,9 @@
 
 #![allow(clippy::unwrap_used, clippy::panic)]
 
+mod common;
+
+use common::{eventually, set_calls, tags};
 use std::{sync::Arc, time::Duration};
 
 use tonic::Request;
@@ -73,36 +76,6 @@ async fn replica(world: &World) -> Arc<Catalog> {
 async fn write(world: &World, name: &str, packages: Vec<Package>) {
     let version = world.writer.get(name).await.unwrap().unwrap().status_version;
     world.writer.write_status(name, version, &status(packages)).await.unwrap();
-}
-
-async fn tags(catalog: &Catalog, name: &str) -> Vec<String> {
-    catalog
-        .entry(name)
-        .unwrap()
-        .map(|e| e.packages.iter().map(|p| p.tag.clone()).collect())
-        .unwrap_or_default()
-}
-
-async fn eventually(catalog: &Catalog, name: &str, expected: &[&str]) {
-    for _ in 0..200 {
-        if tags(catalog, name).await == expected {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("{name} never showed {expected:?}: {:?}", tags(catalog, name).await);
-}
-
-async fn set_calls(redis: &RedisServer) -> u64 {
-    let mut connection =
-        redis::Client::open(redis.url()).unwrap().get_multiplexed_async_connection().await.unwrap();
-    let info: String = redis::cmd("INFO").arg("commandstats").query_async(&mut connection).await.unwrap();
-    info.lines()
-        .find(|l| l.starts_with("cmdstat_set:"))
-        .and_then(|l| l.split("calls=").nth(1))
-        .and_then(|v| v.split(',').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
 }
 
 #[tokio::test]
@@ -227,7 +200,7 @@ async fn when_redis_goes_away_reads_go_on_from_the_snapshot_and_the_entry_is_rep
     world.redis.kill();
     assert!(catalog.ingest("a").await.is_err(), "the store is unreachable");
     assert!(catalog.is_degraded());
-    assert_eq!(tags(&catalog, "a").await, ["1.0.0"], "reads go on from the last snapshot");
+    assert_eq!(tags(&catalog, "a"), ["1.0.0"], "reads go on from the last snapshot");
 
     // Redis comes back empty (no persistence); the scanner writes the status again.
     world.redis.restart().await.unwrap();
