@@ -89,14 +89,11 @@ impl KubeStore {
             let mut events = watcher(watched, watcher::Config::default()).default_backoff().boxed();
             while let Some(event) = events.next().await {
                 let name = match event {
-                    Ok(
-                        watcher::Event::Apply(jb)
-                        | watcher::Event::Delete(jb)
-                        | watcher::Event::InitApply(jb),
-                    ) => jb.name_any(),
-                    // A (re)list is complete: deletions missed meanwhile are found by a full re-read.
+                    Ok(watcher::Event::Apply(jb) | watcher::Event::Delete(jb)) => jb.name_any(),
+                    // A (re)list is complete: one full re-read covers every object
+                    // it listed and the deletions missed meanwhile.
                     Ok(watcher::Event::InitDone) => String::new(),
-                    Ok(watcher::Event::Init) => continue,
+                    Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => continue,
                     Err(error) => {
                         tracing::warn!(%error, "JukeBox watch interrupted; retrying with backoff");
                         continue;
