@@ -33,6 +33,15 @@ pub enum RuntimeError {
 /// Scanner, catalog and purger share this one setting.
 pub const DEFAULT_VYNIL_VERSION: &str = "0.7.7";
 
+/// `<crate name>/<version>` of the crate invoking it: the user agent a service
+/// presents to the APIs it calls (Kubernetes audit logs name it).
+#[macro_export]
+macro_rules! user_agent {
+    () => {
+        concat!(env!("CARGO_PKG_NAME"), "/", env!("CARGO_PKG_VERSION"))
+    };
+}
+
 /// Flags every stateful service shares, each with its environment fallback
 /// (`#[command(flatten)]` in a service's `Config`).
 #[derive(Debug, Clone, clap::Args)]

@@ -35,17 +35,24 @@ pub enum StoreError {
 /// Where JukeBoxes come from.
 #[derive(Debug, Clone)]
 pub enum StoreSettings {
-    /// The Kubernetes API (kubeconfig or in-cluster).
-    Kubernetes,
+    /// The Kubernetes API (kubeconfig or in-cluster); requests carry
+    /// `user_agent`, so the API server's audit log names the service.
+    Kubernetes { user_agent: String },
     /// YAML files in a directory; status in Redis when a URL is given, else in memory.
     Local { directory: std::path::PathBuf, redis_url: Option<String> },
 }
 
 impl StoreSettings {
-    /// From the shared flags `--kubernetes`, `--jukebox-dir` and `--redis-url`.
-    pub fn from_flags(kubernetes: bool, directory: &std::path::Path, redis_url: Option<&str>) -> Self {
+    /// From the shared flags `--kubernetes`, `--jukebox-dir` and `--redis-url`,
+    /// for the service `user_agent` (`vynil-scanner/0.1.0`).
+    pub fn from_flags(
+        kubernetes: bool,
+        directory: &std::path::Path,
+        redis_url: Option<&str>,
+        user_agent: &str,
+    ) -> Self {
         if kubernetes {
-            Self::Kubernetes
+            Self::Kubernetes { user_agent: user_agent.to_string() }
         } else {
             Self::Local { directory: directory.to_path_buf(), redis_url: redis_url.map(str::to_string) }
         }
@@ -55,10 +62,14 @@ impl StoreSettings {
 /// Opens the store `settings` name.
 pub async fn open(settings: &StoreSettings) -> Result<std::sync::Arc<dyn JukeboxStore>, StoreError> {
     Ok(match settings {
-        StoreSettings::Kubernetes => {
-            let client = ::kube::Client::try_default()
-                .await
-                .map_err(|e| kube::kube_error("connecting (kubeconfig or in-cluster)", e))?;
+        StoreSettings::Kubernetes { user_agent } => {
+            let connecting = |e| kube::kube_error("connecting (kubeconfig or in-cluster)", e);
+            let mut config =
+                ::kube::Config::infer().await.map_err(|e| connecting(::kube::Error::InferConfig(e)))?;
+            let agent = ::http::HeaderValue::from_str(user_agent)
+                .map_err(|e| StoreError::Config(format!("user agent {user_agent:?}: {e}")))?;
+            config.headers.push((::http::header::USER_AGENT, agent));
+            let client = ::kube::Client::try_from(config).map_err(connecting)?;
             std::sync::Arc::new(KubeStore::new(client))
         }
         StoreSettings::Local { directory, redis_url: Some(url) } => {

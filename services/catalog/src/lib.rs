@@ -56,8 +56,12 @@ pub enum CatalogError {
 /// The catalog over the configured store, loaded once.
 pub async fn build(config: &Config) -> Result<Arc<Catalog>, CatalogError> {
     let shared = &config.shared;
-    let settings =
-        StoreSettings::from_flags(shared.kubernetes, &shared.jukebox_dir, shared.redis_url.as_deref());
+    let settings = StoreSettings::from_flags(
+        shared.kubernetes,
+        &shared.jukebox_dir,
+        shared.redis_url.as_deref(),
+        vynil_runtime::user_agent!(),
+    );
     let store = vynil_store::open(&settings).await.map_err(|e| CatalogError::Unavailable(e.to_string()))?;
     let catalog = Arc::new(
         Catalog::new(store, config.shared.redis_url.as_deref(), config.shared.vynil_version.clone()).await?,

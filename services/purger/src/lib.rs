@@ -114,6 +114,7 @@ impl Purger {
             config.shared.kubernetes,
             &config.shared.jukebox_dir,
             config.shared.redis_url.as_deref(),
+            vynil_runtime::user_agent!(),
         );
         let jukeboxes = vynil_store::open(&settings).await.map_err(|e| PurgerError::Store(e.to_string()))?;
         let store: Arc<dyn PlanStore> = match &config.shared.redis_url {

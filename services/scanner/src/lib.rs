@@ -100,8 +100,12 @@ pub(crate) fn redis_error(e: redis::RedisError) -> ScannerError {
 /// Builds the scanner from its configuration.
 pub async fn build(config: &Config) -> Result<Arc<Scanner>, ScannerError> {
     let shared = &config.shared;
-    let settings =
-        StoreSettings::from_flags(shared.kubernetes, &shared.jukebox_dir, shared.redis_url.as_deref());
+    let settings = StoreSettings::from_flags(
+        shared.kubernetes,
+        &shared.jukebox_dir,
+        shared.redis_url.as_deref(),
+        vynil_runtime::user_agent!(),
+    );
     let store = vynil_store::open(&settings).await?;
     let (queue, cache): (Arc<dyn RequestQueue>, Arc<dyn MetadataCache>) = match &shared.redis_url {
         Some(url) => (
