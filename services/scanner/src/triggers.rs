@@ -145,8 +145,9 @@ impl Triggers {
                 self.schedules.insert(name.clone(), (expression.clone(), None));
                 let written = self
                     .scanner
-                    .amend_status(name, |status, generation, now| {
-                        engine::with_schedule_problem(status, Some(&problem), generation, now)
+                    .amend_status(name, |record, now| {
+                        let status = record.status.clone().unwrap_or_default();
+                        Some(engine::with_schedule_problem(status, Some(&problem), record.generation, now))
                     })
                     .await;
                 if let Err(error) = written {
@@ -172,12 +173,13 @@ impl Triggers {
             ForceScan::Invalid(why) => {
                 let written = self
                     .scanner
-                    .amend_status(name, |status, generation, now| {
-                        engine::failed_status(status, &why, generation, now)
+                    .amend_status(name, |record, now| {
+                        let status = record.status.clone().unwrap_or_default();
+                        Some(engine::failed_status(status, &why, record.generation, now))
                     })
                     .await;
                 match written {
-                    Ok(()) => self.remove_annotation(name, value).await,
+                    Ok(_) => self.remove_annotation(name, value).await,
                     Err(error) => {
                         tracing::warn!(jukebox = %name, %error, "cannot report the invalid force-scan; retrying");
                         self.served.remove(name);

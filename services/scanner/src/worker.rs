@@ -234,24 +234,25 @@ impl Scanner {
         self.client.with_credentials(&credentials).map_err(|e| e.to_string())
     }
 
-    /// Changes the status with `change` (compare-and-set, re-applied on a lost
-    /// race); writes nothing when `change` changes nothing.
+    /// Writes the status `change` computes from the current record
+    /// (compare-and-set, recomputed from a fresh read on a lost race); `None`
+    /// or an identical status writes nothing. Returns the status now stored.
     pub async fn amend_status(
         &self,
         jukebox: &str,
-        change: impl Fn(JukeBoxStatus, i64, jiff::Timestamp) -> JukeBoxStatus,
-    ) -> Result<(), ScannerError> {
+        change: impl Fn(&JukeboxRecord, jiff::Timestamp) -> Option<JukeBoxStatus>,
+    ) -> Result<Option<JukeBoxStatus>, ScannerError> {
         for _ in 0..WRITE_ATTEMPTS {
             let Some(record) = self.store.get(jukebox).await? else {
-                return Err(ScannerError::NotFound(format!("no JukeBox {jukebox:?}")));
+                return Err(ScannerError::NotFound(format!("no JukeBox {jukebox:?} (deleted meanwhile?)")));
             };
-            let current = record.status.clone().unwrap_or_default();
-            let status = change(current.clone(), record.generation, jiff::Timestamp::now());
-            if record.status.is_some() && status == current {
-                return Ok(());
-            }
+            let Some(status) =
+                change(&record, jiff::Timestamp::now()).filter(|s| record.status.as_ref() != Some(s))
+            else {
+                return Ok(record.status);
+            };
             match self.store.write_status(jukebox, record.status_version, &status).await {
-                Ok(_) => return Ok(()),
+                Ok(_) => return Ok(Some(status)),
                 Err(vynil_store::StoreError::Conflict(_)) => continue,
                 Err(other) => return Err(other.into()),
             }
@@ -271,33 +272,23 @@ impl Scanner {
         }
     }
 
-    /// Compare-and-set: on a lost race, re-read and merge again. Returns the
-    /// number of packages the status now lists.
+    /// The scan's result merged into the status (again into a fresher one
+    /// after a lost race). Returns the number of packages the status lists.
     async fn write_status(
         &self,
         jukebox: &str,
         output: &ScanOutput,
         filter: Option<&ScanFilter>,
     ) -> Result<usize, ScannerError> {
-        for _ in 0..WRITE_ATTEMPTS {
-            let Some(record) = self.store.get(jukebox).await? else {
-                return Err(ScannerError::NotFound(format!("JukeBox {jukebox} disappeared during its scan")));
-            };
-            let (generation, now) = (record.generation, jiff::Timestamp::now());
-            let Some(status) = engine::new_status(record.status.as_ref(), output, filter, generation, now)
-            else {
-                return Ok(record.status.map_or(0, |s| s.packages.len()));
-            };
-            let problem = schedule::problem(&record.spec.schedule);
-            let status = engine::with_schedule_problem(status, problem.as_deref(), generation, now);
-            let count = status.packages.len();
-            match self.store.write_status(jukebox, record.status_version, &status).await {
-                Ok(_) => return Ok(count),
-                Err(vynil_store::StoreError::Conflict(_)) => continue,
-                Err(other) => return Err(other.into()),
-            }
-        }
-        Err(ScannerError::Conflict(jukebox.to_string()))
+        let status = self
+            .amend_status(jukebox, |record, now| {
+                let generation = record.generation;
+                let status = engine::new_status(record.status.as_ref(), output, filter, generation, now)?;
+                let problem = schedule::problem(&record.spec.schedule);
+                Some(engine::with_schedule_problem(status, problem.as_deref(), generation, now))
+            })
+            .await?;
+        Ok(status.map_or(0, |s| s.packages.len()))
     }
 
     async fn put_records(&self, ids: &[String], base: &ScanRecord) {
