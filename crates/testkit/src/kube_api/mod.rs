@@ -36,6 +36,7 @@ mod resources;
 mod selectors;
 mod server;
 mod store;
+mod watch;
 
 pub use access::{AccessRule, AccessTable, ApiFault, ApiFaultAction, Identity, RequestRecord};
 pub use agent::{AgentJob, AgentOutcome, AgentRun, FakeAgent};

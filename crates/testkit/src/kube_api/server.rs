@@ -1,6 +1,6 @@
 //! The HTTP face of the fake API server: path resolution, verbs, discovery,
-//! reviews, watches, the request log and fault injection. The semantics of
-//! the objects live in `store`.
+//! reviews, the request log and fault injection. The semantics of the objects
+//! live in `store`, watches in `watch`.
 
 use std::{
     collections::HashMap,
@@ -11,13 +11,12 @@ use std::{
 };
 
 use axum::{
-    body::{Body, Bytes},
+    body::Bytes,
     extract::{Request, State},
     http::{HeaderMap, Method, StatusCode, header},
     response::{IntoResponse, Response},
 };
 use serde_json::{Value, json};
-use tokio::sync::{broadcast::error::RecvError, mpsc};
 
 use super::access::{AccessRule, AccessTable, ApiFault, ApiFaultAction, Identity, RequestRecord, reason_of};
 use super::resources::{ResourceDef, Resources, builtin};
@@ -43,16 +42,16 @@ impl Default for FakeApiOptions {
 }
 
 #[derive(Debug)]
-struct Shared {
-    store: Mutex<Store>,
+pub(super) struct Shared {
+    pub(super) store: Mutex<Store>,
     log: Mutex<Vec<RequestRecord>>,
     faults: Mutex<Vec<ApiFault>>,
     access: Mutex<AccessTable>,
-    bookmark_interval: Duration,
+    pub(super) bookmark_interval: Duration,
     address: String,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panicking test thread must not wedge every later request.
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
@@ -248,7 +247,7 @@ fn json_response(status: u16, body: &Value) -> Response {
     (code, [(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
 }
 
-fn failure(e: &ApiError) -> Response {
+pub(super) fn failure(e: &ApiError) -> Response {
     json_response(e.code, &e.to_status())
 }
 
@@ -355,7 +354,7 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
         Target::Object { def, namespace, name, subresource } => {
             let call = Call { def, namespace, name, status_only: subresource.is_some(), query };
             if watch && parts.method == Method::GET && call.name.is_none() {
-                return watch_response(shared, call);
+                return super::watch::watch_response(shared, call);
             }
             match serve_object(&shared, &parts.method, &call, &body, content_type) {
                 Ok((code, value)) => json_response(code, &value),
@@ -374,16 +373,16 @@ fn version_info() -> Value {
 }
 
 #[derive(Debug)]
-struct Call {
-    def: ResourceDef,
-    namespace: Option<String>,
-    name: Option<String>,
-    status_only: bool,
-    query: HashMap<String, String>,
+pub(super) struct Call {
+    pub(super) def: ResourceDef,
+    pub(super) namespace: Option<String>,
+    pub(super) name: Option<String>,
+    pub(super) status_only: bool,
+    pub(super) query: HashMap<String, String>,
 }
 
 impl Call {
-    fn selectors(&self) -> std::result::Result<(LabelSelector, FieldSelector), ApiError> {
+    pub(super) fn selectors(&self) -> std::result::Result<(LabelSelector, FieldSelector), ApiError> {
         let labels = LabelSelector::parse(self.query.get("labelSelector").map(String::as_str).unwrap_or(""))
             .map_err(ApiError::bad_request)?;
         let fields = FieldSelector::parse(self.query.get("fieldSelector").map(String::as_str).unwrap_or(""))
@@ -391,7 +390,12 @@ impl Call {
         Ok((labels, fields))
     }
 
-    fn matches(&self, event: &StoredEvent, labels: &LabelSelector, fields: &FieldSelector) -> bool {
+    pub(super) fn matches(
+        &self,
+        event: &StoredEvent,
+        labels: &LabelSelector,
+        fields: &FieldSelector,
+    ) -> bool {
         event.key.group == self.def.group
             && event.key.plural == self.def.plural
             && self.namespace.as_ref().is_none_or(|ns| *ns == event.key.namespace)
@@ -510,115 +514,4 @@ fn review(
     body["kind"] = json!(def.kind);
     body["status"] = status;
     Ok((201, body))
-}
-
-fn event_line(kind: &str, object: &Value) -> Bytes {
-    let mut line = json!({"type": kind, "object": object}).to_string();
-    line.push('\n');
-    Bytes::from(line)
-}
-
-/// `watch=true`: replays what the client missed since `resourceVersion` (or
-/// every object as `ADDED` without one), then streams live events, with
-/// bookmarks when allowed, until `timeoutSeconds`. A version older than the
-/// history answers one `ERROR` event carrying `410 Expired`, as the real
-/// server does.
-fn watch_response(shared: Arc<Shared>, call: Call) -> Response {
-    let (labels, fields) = match call.selectors() {
-        Ok(s) => s,
-        Err(e) => return failure(&e),
-    };
-    let bookmarks = call.query.get("allowWatchBookmarks").is_some_and(|v| v == "true");
-    let initial_events = call.query.get("sendInitialEvents").is_some_and(|v| v == "true");
-    let timeout = call.query.get("timeoutSeconds").and_then(|t| t.parse().ok()).unwrap_or(1800u64);
-    let from = call.query.get("resourceVersion").filter(|rv| !rv.is_empty() && *rv != "0");
-    let (tx, rx) = mpsc::channel::<std::result::Result<Bytes, std::convert::Infallible>>(256);
-    let mut first: Vec<Bytes> = Vec::new();
-    let (mut live, mut last_rv) = {
-        let store = lock(&shared.store);
-        let live = store.subscribe();
-        match from.filter(|_| !initial_events) {
-            Some(rv) => {
-                let replay = rv
-                    .parse::<u64>()
-                    .map_err(|_| ApiError::bad_request(format!("invalid resourceVersion {rv:?}")))
-                    .and_then(|rv| store.events_since(rv));
-                match replay {
-                    Ok(events) => first.extend(
-                        events
-                            .iter()
-                            .filter(|e| call.matches(e, &labels, &fields))
-                            .map(|e| event_line(e.kind.as_str(), &e.object)),
-                    ),
-                    Err(e) => first.push(event_line("ERROR", &e.to_status())),
-                }
-            }
-            None => {
-                let ns = call.namespace.as_deref();
-                first.extend(
-                    store.list(&call.def, ns, &labels, &fields).iter().map(|o| event_line("ADDED", o)),
-                );
-                if initial_events {
-                    let mark = bookmark(&call.def, store.current_rv(), true);
-                    first.push(event_line("BOOKMARK", &mark));
-                }
-            }
-        }
-        (live, store.current_rv())
-    };
-    let expired = first.last().is_some_and(|l| l.starts_with(b"{\"type\":\"ERROR\""));
-    let interval = shared.bookmark_interval;
-    tokio::spawn(async move {
-        for line in first {
-            if tx.send(Ok(line)).await.is_err() {
-                return;
-            }
-        }
-        if expired {
-            return;
-        }
-        let deadline = tokio::time::sleep(Duration::from_secs(timeout));
-        tokio::pin!(deadline);
-        let mut ticks = tokio::time::interval(interval);
-        ticks.tick().await;
-        loop {
-            let line = tokio::select! {
-                _ = &mut deadline => return,
-                _ = ticks.tick(), if bookmarks => event_line("BOOKMARK", &bookmark(&call.def, last_rv, false)),
-                event = live.recv() => match event {
-                    Ok(e) if e.rv <= last_rv => continue,
-                    Ok(e) => {
-                        last_rv = e.rv;
-                        if !call.matches(&e, &labels, &fields) {
-                            continue;
-                        }
-                        event_line(e.kind.as_str(), &e.object)
-                    }
-                    Err(RecvError::Lagged(_)) => {
-                        let gone = ApiError::gone("the watch fell behind; list again");
-                        let _ = tx.send(Ok(event_line("ERROR", &gone.to_status()))).await;
-                        return;
-                    }
-                    Err(RecvError::Closed) => return,
-                },
-            };
-            if tx.send(Ok(line)).await.is_err() {
-                return;
-            }
-        }
-    });
-    let stream = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|item| (item, rx)) });
-    Response::builder()
-        .status(200)
-        .header(header::CONTENT_TYPE, "application/json")
-        .body(Body::from_stream(stream))
-        .unwrap_or_else(|_| failure(&ApiError::new(500, "InternalError", "cannot build the watch response")))
-}
-
-fn bookmark(def: &ResourceDef, rv: u64, initial_events_end: bool) -> Value {
-    let mut metadata = json!({"resourceVersion": rv.to_string()});
-    if initial_events_end {
-        metadata["annotations"] = json!({"k8s.io/initial-events-end": "true"});
-    }
-    json!({"kind": def.kind, "apiVersion": def.api_version(), "metadata": metadata})
 }
