@@ -161,19 +161,24 @@ impl Catalog {
     /// process ends; resyncs after a failure and every `resync_every` (a
     /// JukeBox file removed announces nothing).
     pub async fn follow(self: Arc<Self>, resync_every: std::time::Duration) {
+        const FIRST_RETRY: std::time::Duration = std::time::Duration::from_millis(500);
+        const LAST_RETRY: std::time::Duration = std::time::Duration::from_secs(30);
         let mut store_changes = self.store.subscribe();
         let mut invalidations = self.cache.invalidations();
+        let mut retry = FIRST_RETRY;
         loop {
             if self.resync_due.swap(false, Ordering::AcqRel)
                 || !self.loaded.load(Ordering::Acquire)
                 || self.is_degraded()
             {
                 if let Err(error) = self.resync().await {
-                    tracing::warn!(%error, "catalog resync failed; serving the last snapshot");
+                    tracing::warn!(%error, retry_in = ?retry, "catalog resync failed; serving the last snapshot");
                     self.set_degraded(true);
-                    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                    tokio::time::sleep(retry).await;
+                    retry = (retry * 2).min(LAST_RETRY);
                     continue;
                 }
+                retry = FIRST_RETRY;
                 self.set_degraded(false);
             }
             tokio::select! {
