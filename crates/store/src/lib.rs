@@ -8,10 +8,13 @@
 //! - [`KubeStore`]: JukeBoxes from the Kubernetes API, status through the
 //!   `status` subresource with `resourceVersion` preconditions, changes from a
 //!   watcher.
+//! - [`cache`]: the catalog's package cache, one trait with a Redis and an
+//!   in-memory implementation.
 //! - [`open`]: the store the flags ask for, so every service opens it alike.
 //! - [`source_of`]: the repositories a JukeBox's source names, `source.script`
 //!   included (a bounded Rhai engine).
 
+pub mod cache;
 mod jukeboxes;
 mod kube;
 mod script;

@@ -14,10 +14,9 @@ use std::{
 use tokio::sync::broadcast;
 use vynil_store::JukeboxStore;
 
-use crate::{
-    CatalogError,
-    cache::{Entry, PackageCache},
-};
+use vynil_store::cache::{Entry, PackageCache};
+
+use crate::CatalogError;
 
 /// A change of one entry: its new hash, or `None` when removed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,7 +45,7 @@ impl Catalog {
         redis_url: Option<&str>,
         framework: semver::Version,
     ) -> Result<Self, CatalogError> {
-        Ok(Self::with_cache(store, crate::cache::open(redis_url).await?, framework))
+        Ok(Self::with_cache(store, vynil_store::cache::open(redis_url).await?, framework))
     }
 
     pub fn with_cache(

@@ -13,7 +13,6 @@
 //! (`--kubernetes`) a kube watcher on JukeBoxes, status included; outside one,
 //! the local store (YAML files, status written by the scanner).
 
-mod cache;
 mod catalog;
 mod grpc;
 mod metrics;
@@ -24,9 +23,9 @@ use vynil_proto::catalog::v1::catalog_server::CatalogServer;
 use vynil_runtime::{GrpcServer, ServedService};
 use vynil_store::StoreSettings;
 
-pub use cache::{CHANGES, Entry, MemoryCache, PackageCache, RedisCache};
 pub use catalog::{Catalog, Change};
 pub use grpc::CatalogService;
+pub use vynil_store::cache::{CHANGES, Entry, MemoryCache, PackageCache, RedisCache};
 
 /// Configuration of the catalog service: flags, each with an environment fallback.
 #[derive(Debug, Clone, clap::Parser)]
@@ -51,6 +50,12 @@ pub enum CatalogError {
     InvalidArgument(String),
     #[error(transparent)]
     Serve(#[from] vynil_runtime::RuntimeError),
+}
+
+impl From<vynil_store::StoreError> for CatalogError {
+    fn from(error: vynil_store::StoreError) -> Self {
+        CatalogError::Unavailable(error.to_string())
+    }
 }
 
 /// The catalog over the configured store, loaded once.

@@ -1,4 +1,4 @@
-//! The package cache: one entry per JukeBox (its packages, pull secret, last
+//! The package cache the catalog keeps: one entry per JukeBox (its packages, pull secret, last
 //! scan time, conditions) and a hash of that content, behind one trait with
 //! two implementations: [`RedisCache`] (shared by replicas) and
 //! [`MemoryCache`] (one process, the embedded default of local mode).
@@ -18,7 +18,7 @@ use tokio::sync::mpsc;
 use vynil_crds::{Condition, JukeBoxConditionType, JukeBoxStatus};
 use vynil_rules::Package;
 
-use crate::CatalogError;
+use crate::StoreError;
 
 const PREFIX: &str = "vynil:v1:catalog";
 /// Pub/sub channel of cache changes; payload `<jukebox> <hash>` (empty hash: removed).
@@ -59,18 +59,18 @@ impl Entry {
 #[async_trait::async_trait]
 pub trait PackageCache: Send + Sync + std::fmt::Debug {
     /// Writes `entry` unless its hash is already stored; true when written.
-    async fn upsert_if_changed(&self, entry: &Entry) -> Result<bool, CatalogError>;
+    async fn upsert_if_changed(&self, entry: &Entry) -> Result<bool, StoreError>;
     /// Removes an entry; true when there was one.
-    async fn remove(&self, jukebox: &str) -> Result<bool, CatalogError>;
-    async fn get(&self, jukebox: &str) -> Result<Option<Entry>, CatalogError>;
-    async fn all(&self) -> Result<HashMap<String, Entry>, CatalogError>;
+    async fn remove(&self, jukebox: &str) -> Result<bool, StoreError>;
+    async fn get(&self, jukebox: &str) -> Result<Option<Entry>, StoreError>;
+    async fn all(&self) -> Result<HashMap<String, Entry>, StoreError>;
     /// Names of entries written by anyone (other replicas included); nothing
     /// for a cache no one else writes.
     fn invalidations(&self) -> mpsc::Receiver<String>;
 }
 
 /// The cache `redis_url` names: Redis when given, else process memory.
-pub async fn open(redis_url: Option<&str>) -> Result<std::sync::Arc<dyn PackageCache>, CatalogError> {
+pub async fn open(redis_url: Option<&str>) -> Result<std::sync::Arc<dyn PackageCache>, StoreError> {
     Ok(match redis_url {
         Some(url) => std::sync::Arc::new(RedisCache::connect(url).await?),
         None => std::sync::Arc::new(MemoryCache::default()),
@@ -87,7 +87,7 @@ pub struct MemoryCache {
 
 #[async_trait::async_trait]
 impl PackageCache for MemoryCache {
-    async fn upsert_if_changed(&self, entry: &Entry) -> Result<bool, CatalogError> {
+    async fn upsert_if_changed(&self, entry: &Entry) -> Result<bool, StoreError> {
         let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
         if entries.get(&entry.jukebox).is_some_and(|e| e.hash == entry.hash) {
             return Ok(false);
@@ -96,15 +96,15 @@ impl PackageCache for MemoryCache {
         Ok(true)
     }
 
-    async fn remove(&self, jukebox: &str) -> Result<bool, CatalogError> {
+    async fn remove(&self, jukebox: &str) -> Result<bool, StoreError> {
         Ok(self.entries.lock().unwrap_or_else(|p| p.into_inner()).remove(jukebox).is_some())
     }
 
-    async fn get(&self, jukebox: &str) -> Result<Option<Entry>, CatalogError> {
+    async fn get(&self, jukebox: &str) -> Result<Option<Entry>, StoreError> {
         Ok(self.entries.lock().unwrap_or_else(|p| p.into_inner()).get(jukebox).cloned())
     }
 
-    async fn all(&self) -> Result<HashMap<String, Entry>, CatalogError> {
+    async fn all(&self) -> Result<HashMap<String, Entry>, StoreError> {
         Ok(self.entries.lock().unwrap_or_else(|p| p.into_inner()).clone())
     }
 
@@ -115,8 +115,8 @@ impl PackageCache for MemoryCache {
     }
 }
 
-fn redis_error(e: redis::RedisError) -> CatalogError {
-    CatalogError::Unavailable(format!("Redis: {e}"))
+fn redis_error(e: redis::RedisError) -> StoreError {
+    StoreError::Unavailable(format!("Redis: {e}"))
 }
 
 const UPSERT_IF_CHANGED: &str = r"
@@ -147,7 +147,7 @@ impl std::fmt::Debug for RedisCache {
 }
 
 impl RedisCache {
-    pub async fn connect(url: &str) -> Result<Self, CatalogError> {
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
         let client = redis::Client::open(url).map_err(redis_error)?;
         let connection = redis::aio::ConnectionManager::new(client.clone()).await.map_err(redis_error)?;
         Ok(Self { client, connection })
@@ -156,9 +156,9 @@ impl RedisCache {
 
 #[async_trait::async_trait]
 impl PackageCache for RedisCache {
-    async fn upsert_if_changed(&self, entry: &Entry) -> Result<bool, CatalogError> {
+    async fn upsert_if_changed(&self, entry: &Entry) -> Result<bool, StoreError> {
         let mut c = self.connection.clone();
-        let body = serde_json::to_string(entry).map_err(|e| CatalogError::Unavailable(e.to_string()))?;
+        let body = serde_json::to_string(entry).map_err(|e| StoreError::Unavailable(e.to_string()))?;
         let written: i64 = redis::Script::new(UPSERT_IF_CHANGED)
             .key(format!("{PREFIX}:hash:{}", entry.jukebox))
             .key(format!("{PREFIX}:entry:{}", entry.jukebox))
@@ -173,7 +173,7 @@ impl PackageCache for RedisCache {
         Ok(written == 1)
     }
 
-    async fn remove(&self, jukebox: &str) -> Result<bool, CatalogError> {
+    async fn remove(&self, jukebox: &str) -> Result<bool, StoreError> {
         let mut c = self.connection.clone();
         let removed: i64 = redis::Script::new(REMOVE)
             .key(format!("{PREFIX}:hash:{jukebox}"))
@@ -187,17 +187,17 @@ impl PackageCache for RedisCache {
         Ok(removed > 0)
     }
 
-    async fn get(&self, jukebox: &str) -> Result<Option<Entry>, CatalogError> {
+    async fn get(&self, jukebox: &str) -> Result<Option<Entry>, StoreError> {
         let mut c = self.connection.clone();
         let text: Option<String> = c.get(format!("{PREFIX}:entry:{jukebox}")).await.map_err(redis_error)?;
         text.map(|t| {
             serde_json::from_str(&t)
-                .map_err(|e| CatalogError::Unavailable(format!("cache entry unreadable: {e}")))
+                .map_err(|e| StoreError::Unavailable(format!("cache entry unreadable: {e}")))
         })
         .transpose()
     }
 
-    async fn all(&self) -> Result<HashMap<String, Entry>, CatalogError> {
+    async fn all(&self) -> Result<HashMap<String, Entry>, StoreError> {
         let mut c = self.connection.clone();
         let names: Vec<String> = c.smembers(format!("{PREFIX}:names")).await.map_err(redis_error)?;
         let mut entries = HashMap::new();
@@ -243,7 +243,7 @@ mod tests {
     use super::*;
 
     #[tokio::test]
-    async fn the_memory_cache_writes_only_what_changed() -> Result<(), CatalogError> {
+    async fn the_memory_cache_writes_only_what_changed() -> Result<(), StoreError> {
         let cache = MemoryCache::default();
         let empty = Entry::from_status("box", None, &JukeBoxStatus::default());
         let with_secret = Entry::from_status("box", Some("pull".into()), &JukeBoxStatus::default());
