@@ -21,7 +21,7 @@ use std::{future::Future, net::SocketAddr, sync::Arc};
 
 use vynil_proto::catalog::v1::catalog_server::CatalogServer;
 use vynil_runtime::{GrpcServer, ServedService};
-use vynil_store::StoreSettings;
+use vynil_store::{JukeboxStore, StoreSettings};
 
 pub use catalog::{Catalog, Change};
 pub use grpc::CatalogService;
@@ -58,8 +58,8 @@ impl From<vynil_store::StoreError> for CatalogError {
     }
 }
 
-/// The catalog over the configured store, loaded once.
-pub async fn build(config: &Config) -> Result<Arc<Catalog>, CatalogError> {
+/// The store the flags name.
+async fn open_store(config: &Config) -> Result<Arc<dyn JukeboxStore>, CatalogError> {
     let shared = &config.shared;
     let settings = StoreSettings::from_flags(
         shared.kubernetes,
@@ -67,7 +67,19 @@ pub async fn build(config: &Config) -> Result<Arc<Catalog>, CatalogError> {
         shared.redis_url.as_deref(),
         vynil_runtime::user_agent!(),
     );
-    let store = vynil_store::open(&settings).await.map_err(|e| CatalogError::Unavailable(e.to_string()))?;
+    Ok(vynil_store::open(&settings).await?)
+}
+
+/// The catalog over the configured store, loaded once.
+pub async fn build(config: &Config) -> Result<Arc<Catalog>, CatalogError> {
+    build_with_store(config, open_store(config).await?).await
+}
+
+/// The catalog over a store opened by the caller (local mode shares one).
+pub async fn build_with_store(
+    config: &Config,
+    store: Arc<dyn JukeboxStore>,
+) -> Result<Arc<Catalog>, CatalogError> {
     let catalog = Arc::new(
         Catalog::new(store, config.shared.redis_url.as_deref(), config.shared.vynil_version.clone()).await?,
     );
@@ -79,7 +91,17 @@ pub async fn build(config: &Config) -> Result<Arc<Catalog>, CatalogError> {
 
 /// Binds, serves and follows changes until `shutdown` resolves, then drains.
 pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> Result<(), CatalogError> {
-    let catalog = build(&config).await?;
+    let store = open_store(&config).await?;
+    run_with_store(config, store, shutdown).await
+}
+
+/// [`run`] over a store opened by the caller.
+pub async fn run_with_store(
+    config: Config,
+    store: Arc<dyn JukeboxStore>,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), CatalogError> {
+    let catalog = build_with_store(&config, store).await?;
     let follower =
         tokio::spawn(catalog.clone().follow(std::time::Duration::from_secs(config.resync_seconds.max(1))));
     let server = GrpcServer::bind(config.listen).await?.with_metrics(catalog.metrics.register());

@@ -5,7 +5,13 @@
 
 use std::{future::Future, net::SocketAddr};
 
-use vynil_proto::lifecycle::v1::lifecycle_server::{Lifecycle, LifecycleServer};
+use tonic::{Request, Response, Status};
+use vynil_proto::lifecycle::v1::{
+    AllowDeleteWithoutPackageRequest, AllowDeleteWithoutPackageResponse, ExplainRequest, ExplainResponse,
+    ListInstalledRevisionsRequest, ListInstalledRevisionsResponse, ListInstancesRequest,
+    ListInstancesResponse,
+    lifecycle_server::{Lifecycle, LifecycleServer},
+};
 use vynil_runtime::{GrpcServer, RuntimeError, ServedService};
 
 /// Configuration of the lifecycle service: flags, each with an environment fallback.
@@ -21,16 +27,62 @@ pub struct Config {
     pub listen: SocketAddr,
 }
 
-/// The gRPC service. Every RPC still answers `UNIMPLEMENTED`.
+/// The gRPC service. With `disabled` (local mode: "no cluster") every RPC
+/// answers `FAILED_PRECONDITION` naming why; otherwise each still answers
+/// `UNIMPLEMENTED`.
 #[derive(Debug, Default)]
-pub struct LifecycleService;
+pub struct LifecycleService {
+    pub disabled: Option<String>,
+}
+
+impl LifecycleService {
+    fn refuse<T>(&self, rpc: &str) -> Result<Response<T>, Status> {
+        Err(match &self.disabled {
+            Some(why) => Status::failed_precondition(format!("lifecycle is disabled: {why}")),
+            None => Status::unimplemented(format!("{rpc} is not implemented yet")),
+        })
+    }
+}
 
 #[tonic::async_trait]
-impl Lifecycle for LifecycleService {}
+impl Lifecycle for LifecycleService {
+    async fn list_instances(
+        &self,
+        _: Request<ListInstancesRequest>,
+    ) -> Result<Response<ListInstancesResponse>, Status> {
+        self.refuse("ListInstances")
+    }
+
+    async fn explain(&self, _: Request<ExplainRequest>) -> Result<Response<ExplainResponse>, Status> {
+        self.refuse("Explain")
+    }
+
+    async fn list_installed_revisions(
+        &self,
+        _: Request<ListInstalledRevisionsRequest>,
+    ) -> Result<Response<ListInstalledRevisionsResponse>, Status> {
+        self.refuse("ListInstalledRevisions")
+    }
+
+    async fn allow_delete_without_package(
+        &self,
+        _: Request<AllowDeleteWithoutPackageRequest>,
+    ) -> Result<Response<AllowDeleteWithoutPackageResponse>, Status> {
+        self.refuse("AllowDeleteWithoutPackage")
+    }
+}
 
 /// Binds, serves until `shutdown` resolves, then drains.
 pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> Result<(), RuntimeError> {
+    serve(config, LifecycleService::default(), shutdown).await
+}
+
+/// Serves `service` (local mode passes a disabled one).
+pub async fn serve(
+    config: Config,
+    service: LifecycleService,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), RuntimeError> {
     let server = GrpcServer::bind(config.listen).await?;
-    let service = ServedService::new(LifecycleServer::new(LifecycleService));
-    server.serve(vec![service], shutdown).await
+    server.serve(vec![ServedService::new(LifecycleServer::new(service))], shutdown).await
 }

@@ -101,6 +101,21 @@ impl std::fmt::Debug for Prepared {
 
 impl Purger {
     pub async fn from_config(config: &Config) -> Result<Self, PurgerError> {
+        let settings = vynil_store::StoreSettings::from_flags(
+            config.shared.kubernetes,
+            &config.shared.jukebox_dir,
+            config.shared.redis_url.as_deref(),
+            vynil_runtime::user_agent!(),
+        );
+        let jukeboxes = vynil_store::open(&settings).await.map_err(|e| PurgerError::Store(e.to_string()))?;
+        Self::from_config_with_store(config, jukeboxes).await
+    }
+
+    /// The purger over a JukeBox store opened by the caller (local mode shares one).
+    pub async fn from_config_with_store(
+        config: &Config,
+        jukeboxes: Arc<dyn JukeboxStore>,
+    ) -> Result<Self, PurgerError> {
         let retention_file = RetentionFile::load(config.retention_config.as_ref())?;
         let retention = RetentionConfig::new(config.shared.vynil_version.clone(), &retention_file.pinned)?;
         let credentials = CredentialStore::from_file(config.shared.dockerconfig.as_deref())?;
@@ -110,13 +125,6 @@ impl Purger {
             ..TransportConfig::default()
         };
         let client = RegistryClient::new(transport, credentials, Arc::new(InMemoryMetadataCache::default()))?;
-        let settings = vynil_store::StoreSettings::from_flags(
-            config.shared.kubernetes,
-            &config.shared.jukebox_dir,
-            config.shared.redis_url.as_deref(),
-            vynil_runtime::user_agent!(),
-        );
-        let jukeboxes = vynil_store::open(&settings).await.map_err(|e| PurgerError::Store(e.to_string()))?;
         let store: Arc<dyn PlanStore> = match &config.shared.redis_url {
             Some(url) => Arc::new(RedisStore::connect(url).await?),
             None => Arc::new(MemoryStore::default()),
@@ -340,7 +348,26 @@ impl Purger {
 
 /// Binds, serves until `shutdown` resolves, then drains.
 pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> Result<(), PurgerError> {
-    let purger = Arc::new(Purger::from_config(&config).await?);
+    let purger = Purger::from_config(&config).await?;
+    serve(config, purger, shutdown).await
+}
+
+/// [`run`] over a JukeBox store opened by the caller.
+pub async fn run_with_store(
+    config: Config,
+    jukeboxes: Arc<dyn JukeboxStore>,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), PurgerError> {
+    let purger = Purger::from_config_with_store(&config, jukeboxes).await?;
+    serve(config, purger, shutdown).await
+}
+
+async fn serve(
+    config: Config,
+    purger: Purger,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), PurgerError> {
+    let purger = Arc::new(purger);
     let server = GrpcServer::bind(config.listen).await?.with_metrics(purger.registry.clone());
     let scheduler = tokio::spawn(schedule::run_all(purger.clone()));
     let service = ServedService::new(PurgerServer::new(PurgerService { purger }));

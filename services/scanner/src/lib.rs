@@ -97,8 +97,8 @@ pub(crate) fn redis_error(e: redis::RedisError) -> ScannerError {
     ScannerError::Store(format!("Redis: {e}"))
 }
 
-/// Builds the scanner from its configuration.
-pub async fn build(config: &Config) -> Result<Arc<Scanner>, ScannerError> {
+/// The store the flags name.
+async fn open_store(config: &Config) -> Result<Arc<dyn JukeboxStore>, ScannerError> {
     let shared = &config.shared;
     let settings = StoreSettings::from_flags(
         shared.kubernetes,
@@ -106,7 +106,20 @@ pub async fn build(config: &Config) -> Result<Arc<Scanner>, ScannerError> {
         shared.redis_url.as_deref(),
         vynil_runtime::user_agent!(),
     );
-    let store = vynil_store::open(&settings).await?;
+    Ok(vynil_store::open(&settings).await?)
+}
+
+/// Builds the scanner from its configuration.
+pub async fn build(config: &Config) -> Result<Arc<Scanner>, ScannerError> {
+    build_with_store(config, open_store(config).await?).await
+}
+
+/// Builds the scanner over a store opened by the caller (local mode shares one).
+pub async fn build_with_store(
+    config: &Config,
+    store: Arc<dyn JukeboxStore>,
+) -> Result<Arc<Scanner>, ScannerError> {
+    let shared = &config.shared;
     let (queue, cache): (Arc<dyn RequestQueue>, Arc<dyn MetadataCache>) = match &shared.redis_url {
         Some(url) => (
             Arc::new(RedisQueue::connect(url).await?),
@@ -141,7 +154,17 @@ pub async fn build(config: &Config) -> Result<Arc<Scanner>, ScannerError> {
 
 /// Binds, serves and works until `shutdown` resolves, then drains.
 pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> Result<(), ScannerError> {
-    let scanner = build(&config).await?;
+    let store = open_store(&config).await?;
+    run_with_store(config, store, shutdown).await
+}
+
+/// [`run`] over a store opened by the caller.
+pub async fn run_with_store(
+    config: Config,
+    store: Arc<dyn JukeboxStore>,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ScannerError> {
+    let scanner = build_with_store(&config, store).await?;
     let server = GrpcServer::bind(config.listen).await?.with_metrics(scanner.registry.clone());
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let stopped = move || {

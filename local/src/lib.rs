@@ -1,0 +1,151 @@
+//! Local mode: catalog, scanner, purger, lifecycle and gateway in one
+//! process, each serving its real API on its own loopback port and calling
+//! the others over gRPC, as they would as separate deployments.
+//!
+//! JukeBoxes are YAML files in `--jukebox-dir`; their status lives in one
+//! local store shared by the services: in process memory (the embedded
+//! default: nothing to install) or in Redis with `--redis-url`. There is no
+//! cluster, so the lifecycle answers every call with "disabled: no cluster"
+//! and the purger plans with usage unknown.
+
+use std::{future::Future, net::SocketAddr, sync::Arc};
+
+use clap::Parser;
+use tokio::task::JoinSet;
+use vynil_runtime::SharedConfig;
+use vynil_store::{JukeboxStore, StoreSettings};
+
+/// Flags of local mode, each with an environment fallback.
+#[derive(Debug, Clone, clap::Parser)]
+#[command(name = "vynil", version, about = "The Vynil control plane in one process, without a cluster")]
+pub struct Config {
+    #[arg(long, env = "VYNIL_CATALOG_LISTEN", default_value = "127.0.0.1:50051")]
+    pub catalog_listen: SocketAddr,
+    #[arg(long, env = "VYNIL_SCANNER_LISTEN", default_value = "127.0.0.1:50052")]
+    pub scanner_listen: SocketAddr,
+    #[arg(long, env = "VYNIL_PURGER_LISTEN", default_value = "127.0.0.1:50053")]
+    pub purger_listen: SocketAddr,
+    #[arg(long, env = "VYNIL_LIFECYCLE_LISTEN", default_value = "127.0.0.1:50054")]
+    pub lifecycle_listen: SocketAddr,
+    #[arg(long, env = "VYNIL_GATEWAY_LISTEN", default_value = "127.0.0.1:8080")]
+    pub gateway_listen: SocketAddr,
+    #[command(flatten)]
+    pub shared: SharedConfig,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LocalError {
+    #[error("local mode reads JukeBox files; for a cluster run each service with --kubernetes")]
+    ClusterRequested,
+    #[error("cannot open the local store: {0}")]
+    Store(#[from] vynil_store::StoreError),
+    #[error("{service} stopped: {error}")]
+    Service { service: &'static str, error: String },
+}
+
+/// A service's own configuration, from its own flags and defaults, with the
+/// shared flags of local mode.
+fn service_config<C: Parser>(binary: &str, listen: SocketAddr, extra: &[String]) -> C {
+    let mut args = vec![binary.to_string(), "--listen".into(), listen.to_string()];
+    args.extend_from_slice(extra);
+    C::parse_from(args)
+}
+
+/// Runs every service until `shutdown` resolves (or one of them fails, which
+/// stops the others).
+pub async fn run(
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), LocalError> {
+    if config.shared.kubernetes {
+        return Err(LocalError::ClusterRequested);
+    }
+    let settings = StoreSettings::from_flags(
+        false,
+        &config.shared.jukebox_dir,
+        config.shared.redis_url.as_deref(),
+        vynil_runtime::user_agent!(),
+    );
+    let store: Arc<dyn JukeboxStore> = vynil_store::open(&settings).await?;
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let stopped = move || {
+        let mut stopped = stopped.clone();
+        async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        }
+    };
+    let mut services: JoinSet<(&'static str, Result<(), String>)> = JoinSet::new();
+
+    let mut catalog: vynil_catalog::Config = service_config("vynil-catalog", config.catalog_listen, &[]);
+    catalog.shared = config.shared.clone();
+    let (store_c, done) = (store.clone(), stopped());
+    services.spawn(async move {
+        ("catalog", vynil_catalog::run_with_store(catalog, store_c, done).await.map_err(|e| e.to_string()))
+    });
+
+    let mut scanner: vynil_scanner::Config = service_config("vynil-scanner", config.scanner_listen, &[]);
+    scanner.shared = config.shared.clone();
+    let (store_s, done) = (store.clone(), stopped());
+    services.spawn(async move {
+        ("scanner", vynil_scanner::run_with_store(scanner, store_s, done).await.map_err(|e| e.to_string()))
+    });
+
+    let lifecycle_endpoint = format!("http://{}", config.lifecycle_listen);
+    let mut purger: vynil_purger::Config = service_config(
+        "vynil-purger",
+        config.purger_listen,
+        &["--lifecycle-endpoint".into(), lifecycle_endpoint],
+    );
+    purger.shared = config.shared.clone();
+    let (store_p, done) = (store.clone(), stopped());
+    services.spawn(async move {
+        ("purger", vynil_purger::run_with_store(purger, store_p, done).await.map_err(|e| e.to_string()))
+    });
+
+    let lifecycle: vynil_lifecycle::Config = service_config("vynil-lifecycle", config.lifecycle_listen, &[]);
+    let disabled = vynil_lifecycle::LifecycleService { disabled: Some("no cluster (local mode)".into()) };
+    let done = stopped();
+    services.spawn(async move {
+        ("lifecycle", vynil_lifecycle::serve(lifecycle, disabled, done).await.map_err(|e| e.to_string()))
+    });
+
+    let gateway: vynil_gateway::Config = service_config("vynil-gateway", config.gateway_listen, &[]);
+    let done = stopped();
+    services.spawn(
+        async move { ("gateway", vynil_gateway::run(gateway, done).await.map_err(|e| e.to_string())) },
+    );
+
+    tracing::info!(
+        catalog = %config.catalog_listen,
+        scanner = %config.scanner_listen,
+        purger = %config.purger_listen,
+        lifecycle = %config.lifecycle_listen,
+        gateway = %config.gateway_listen,
+        jukeboxes = %config.shared.jukebox_dir.display(),
+        "local mode: starting every service"
+    );
+    tokio::pin!(shutdown);
+    let mut failure = None;
+    tokio::select! {
+        _ = &mut shutdown => {}
+        Some(ended) = services.join_next() => failure = Some(ended),
+    }
+    let _ = stop.send(true);
+    let mut first_error = None;
+    let mut record = |ended: Result<(&'static str, Result<(), String>), tokio::task::JoinError>| {
+        let error = match ended {
+            Ok((_, Ok(()))) => return,
+            Ok((service, Err(error))) => LocalError::Service { service, error },
+            Err(error) => LocalError::Service { service: "a service task", error: error.to_string() },
+        };
+        tracing::error!(%error, "local mode is stopping");
+        first_error.get_or_insert(error);
+    };
+    if let Some(ended) = failure {
+        record(ended);
+    }
+    while let Some(ended) = services.join_next().await {
+        record(ended);
+    }
+    first_error.map_or(Ok(()), Err)
+}

@@ -1,0 +1,170 @@
+//! Local mode as a newcomer runs it: the `vynil` binary, a directory of
+//! JukeBox files, a real registry, no cluster and no Redis. Every service
+//! answers on its port; a scan's status reaches the catalog through the one
+//! shared store; the purger plans with usage unknown because the lifecycle
+//! says "disabled: no cluster"; SIGTERM stops everything cleanly.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::{
+    net::SocketAddr,
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use nix::{sys::signal::Signal, unistd::Pid};
+use tonic_health::pb::{
+    HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
+};
+use vynil_proto::{
+    catalog::v1::{GetCatalogRequest, catalog_client::CatalogClient},
+    lifecycle::v1::{ListInstalledRevisionsRequest, lifecycle_client::LifecycleClient},
+    purger::v1::{PlanRequest, plan_request::Target, purger_client::PurgerClient},
+    scanner::v1::{GetScanRequest, ScanRequest, ScanState, scanner_client::ScannerClient},
+};
+use vynil_testkit::{PackageSpec, PackageType, RegistryServer, free_port};
+
+struct Local {
+    child: Child,
+    ports: [SocketAddr; 5],
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Local {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn loopback() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], free_port().unwrap()))
+}
+
+async fn channel(addr: SocketAddr) -> Option<tonic::transport::Channel> {
+    tonic::transport::Channel::from_shared(format!("http://{addr}")).ok()?.connect().await.ok()
+}
+
+async fn serving(addr: SocketAddr) -> bool {
+    let Some(channel) = channel(addr).await else { return false };
+    let answer = HealthClient::new(channel).check(HealthCheckRequest { service: String::new() }).await;
+    matches!(answer, Ok(r) if r.get_ref().status() == ServingStatus::Serving)
+}
+
+async fn start(registry: &RegistryServer) -> Local {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = format!(
+        "apiVersion: vynil.solidite.fr/v1\nkind: JukeBox\nmetadata:\n  name: box\nspec:\n  schedule: '0 0 1 1 *'\n  source:\n    list:\n      - {}/apps/web\n",
+        registry.host()
+    );
+    std::fs::write(dir.path().join("box.yaml"), yaml).unwrap();
+    let ports = [loopback(), loopback(), loopback(), loopback(), loopback()];
+    let flags =
+        ["--catalog-listen", "--scanner-listen", "--purger-listen", "--lifecycle-listen", "--gateway-listen"];
+    let mut command = Command::new(env!("CARGO_BIN_EXE_vynil"));
+    for (flag, port) in flags.iter().zip(ports) {
+        command.arg(flag).arg(port.to_string());
+    }
+    command
+        .arg("--jukebox-dir")
+        .arg(dir.path())
+        .arg("--insecure-registry")
+        .arg(registry.host())
+        .env_remove("REDIS_URL")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let child = command.spawn().unwrap();
+    let local = Local { child, ports, _dir: dir };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for addr in &local.ports[..4] {
+        while !serving(*addr).await {
+            assert!(Instant::now() < deadline, "{addr} never served");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    local
+}
+
+#[tokio::test]
+async fn one_process_serves_every_service_and_they_work_together() {
+    let registry = RegistryServer::start().await.unwrap();
+    let spec = PackageSpec::new("apps", "web", PackageType::Tenant, "1.2.0");
+    registry.publisher().publish("apps/web", &spec).await.unwrap();
+    let mut local = start(&registry).await;
+    let [catalog, scanner, purger, lifecycle, gateway] = local.ports;
+
+    let health = reqwest::get(format!("http://{gateway}/healthz")).await.unwrap();
+    assert!(health.status().is_success());
+
+    // A scan through the scanner's API…
+    let mut scans = ScannerClient::new(channel(scanner).await.unwrap());
+    let id = scans
+        .scan(ScanRequest { jukebox: "box".into(), filter: String::new() })
+        .await
+        .unwrap()
+        .into_inner()
+        .scan_id;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let state = scans.get_scan(GetScanRequest { scan_id: id.clone() }).await.unwrap().into_inner().state;
+        if state == ScanState::Succeeded as i32 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the scan never succeeded (state {state})");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // …is in the catalog's answers: they share one store.
+    let mut catalog = CatalogClient::new(channel(catalog).await.unwrap());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let answer =
+            catalog.get_catalog(GetCatalogRequest { jukebox: "box".into(), ..Default::default() }).await;
+        if let Ok(answer) = answer
+            && answer.get_ref().packages.iter().any(|p| p.tag == "1.2.0")
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the catalog never showed the scanned package");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // No cluster: the lifecycle says so, and the purger plans with usage unknown.
+    let mut lifecycle = LifecycleClient::new(channel(lifecycle).await.unwrap());
+    let refused =
+        lifecycle.list_installed_revisions(ListInstalledRevisionsRequest::default()).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
+    assert!(refused.message().contains("no cluster"), "{refused:?}");
+    let mut purger = PurgerClient::new(channel(purger).await.unwrap());
+    let plan =
+        purger.plan(PlanRequest { target: Some(Target::Jukebox("box".into())) }).await.unwrap().into_inner();
+    assert!(plan.usage_unknown, "{plan:?}");
+
+    // SIGTERM stops every service and the process exits 0.
+    nix::sys::signal::kill(Pid::from_raw(local.child.id() as i32), Signal::SIGTERM).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let status = loop {
+        if let Some(status) = local.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "local mode did not stop on SIGTERM");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(status.success(), "{status:?}");
+}
+
+#[tokio::test]
+async fn a_port_in_use_stops_local_mode_with_an_error() {
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = busy.local_addr().unwrap().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_vynil"))
+        .args(["--gateway-listen", &port, "--jukebox-dir"])
+        .arg(dir.path())
+        .args(["--catalog-listen", &loopback().to_string(), "--scanner-listen", &loopback().to_string()])
+        .args(["--purger-listen", &loopback().to_string(), "--lifecycle-listen", &loopback().to_string()])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("gateway stopped") && stderr.contains(&port), "{stderr}");
+}
