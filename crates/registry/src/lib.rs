@@ -26,7 +26,7 @@ mod transport;
 pub use auth::{CredentialStore, Credentials};
 pub use cache::{InMemoryMetadataCache, ManifestMetadata, MetadataCache};
 pub use client::{Artifact, DeletionOutcome, Manifest, RegistryClient, RepositoryRef, TagMetadata};
-pub use counters::RequestCounters;
+pub use counters::{RequestCounters, RequestLabels};
 pub use transport::TransportConfig;
 
 /// What can go wrong talking to a registry. Each message names the registry

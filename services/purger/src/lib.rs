@@ -129,7 +129,7 @@ impl Purger {
             Some(url) => Arc::new(RedisStore::connect(url).await?),
             None => Arc::new(MemoryStore::default()),
         };
-        let (metrics, registry) = metrics::PurgerMetrics::register();
+        let (metrics, registry) = metrics::PurgerMetrics::register(&client.counters());
         Ok(Self {
             metrics,
             registry,

@@ -17,7 +17,8 @@ pub struct PurgerMetrics {
 }
 
 impl PurgerMetrics {
-    pub fn register() -> (Self, Arc<Registry>) {
+    /// Registers the purger's metrics and the registry client's request counts.
+    pub fn register(requests: &vynil_registry::RequestCounters) -> (Self, Arc<Registry>) {
         let mut registry = Registry::with_prefix("vynil_purger");
         let metrics =
             Self { plans: Counter::default(), refusals: Counter::default(), deletions: Family::default() };
@@ -28,6 +29,7 @@ impl PurgerMetrics {
             metrics.refusals.clone(),
         );
         registry.register("deletions", "Verified deletion outcomes by state", metrics.deletions.clone());
+        registry.register("registry_requests", "Registry requests by kind and outcome", requests.family());
         (metrics, Arc::new(registry))
     }
 }

@@ -133,7 +133,7 @@ pub async fn build_with_store(
     };
     let credentials = CredentialStore::from_file(config.shared.dockerconfig.as_deref())?;
     let client = RegistryClient::new(transport, credentials, cache)?;
-    let (metrics, registry) = metrics::ScannerMetrics::register();
+    let (metrics, registry) = metrics::ScannerMetrics::register(&client.counters());
     Ok(Arc::new(Scanner {
         metrics,
         registry,

@@ -24,7 +24,8 @@ pub struct ScannerMetrics {
 }
 
 impl ScannerMetrics {
-    pub fn register() -> (Self, Arc<Registry>) {
+    /// Registers the scanner's metrics and the registry client's request counts.
+    pub fn register(requests: &vynil_registry::RequestCounters) -> (Self, Arc<Registry>) {
         let mut registry = Registry::with_prefix("vynil_scanner");
         let metrics = Self {
             scans: Family::default(),
@@ -46,6 +47,7 @@ impl ScannerMetrics {
             "Repositories that failed, by cause",
             metrics.repository_failures.clone(),
         );
+        registry.register("registry_requests", "Registry requests by kind and outcome", requests.family());
         (metrics, Arc::new(registry))
     }
 }

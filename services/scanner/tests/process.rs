@@ -32,3 +32,34 @@ async fn with_embedded_defaults_an_unknown_scan_is_not_found() {
         .unwrap_err();
     assert_eq!(status.code(), tonic::Code::NotFound, "{status:?}");
 }
+
+#[tokio::test]
+async fn registry_requests_are_counted_in_the_metrics() {
+    use vynil_testkit::{PackageSpec, PackageType, RegistryServer};
+    let registry = RegistryServer::start().await.unwrap();
+    let spec = PackageSpec::new("apps", "web", PackageType::Tenant, "1.0.0");
+    registry.publisher().publish("apps/web", &spec).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = format!(
+        "apiVersion: vynil.solidite.fr/v1\nkind: JukeBox\nmetadata:\n  name: box\nspec:\n  schedule: '0 0 1 1 *'\n  source:\n    list:\n      - {}/apps/web\n",
+        registry.host()
+    );
+    std::fs::write(dir.path().join("box.yaml"), yaml).unwrap();
+    let args = ["--jukebox-dir", dir.path().to_str().unwrap(), "--insecure-registry", &registry.host()];
+    let service = ServiceProcess::start(Path::new(env!("CARGO_BIN_EXE_vynil-scanner")), &args).await.unwrap();
+    let mut client = ScannerClient::new(service.channel().await.unwrap());
+    let request = vynil_proto::scanner::v1::ScanRequest { jukebox: "box".into(), filter: String::new() };
+    let id = client.scan(request).await.unwrap().into_inner().scan_id;
+    for _ in 0..300 {
+        let state = client.get_scan(GetScanRequest { scan_id: id.clone() }).await.unwrap().into_inner().state;
+        if state == vynil_proto::scanner::v1::ScanState::Succeeded as i32 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let metrics =
+        reqwest::get(format!("{}/metrics", service.endpoint())).await.unwrap().text().await.unwrap();
+    let line = "vynil_scanner_registry_requests_total{kind=\"list_tags\",outcome=\"200\"} 1";
+    assert!(metrics.contains(line), "{metrics}");
+    assert!(metrics.contains("vynil_scanner_registry_requests_total{kind=\"get_manifest\",outcome=\"200\"}"));
+}
