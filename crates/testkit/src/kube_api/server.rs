@@ -100,6 +100,13 @@ impl FakeApiServer {
             address: addr.to_string(),
         });
         let app = axum::Router::new().fallback(handle).with_state(shared.clone());
+        // Watch events are small writes: without TCP_NODELAY each waits for
+        // the client's delayed ACK (tens of milliseconds).
+        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+            if let Err(error) = tcp.set_nodelay(true) {
+                tracing::warn!(%error, "fake API server: cannot set TCP_NODELAY");
+            }
+        });
         let task = tokio::spawn(async move {
             if let Err(e) = axum::serve(listener, app).await {
                 tracing::warn!("fake API server stopped: {e}");
