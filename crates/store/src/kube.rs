@@ -12,6 +12,8 @@
 //! afresh at each scan so a rotated secret is used at once. Scan outcomes
 //! are published as Events on the JukeBox, as upstream does.
 
+use std::sync::Mutex;
+
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ObjectReference, Secret};
 use kube::{
@@ -37,7 +39,7 @@ pub struct KubeStore {
     namespace: String,
     recorder: Recorder,
     changes: broadcast::Sender<String>,
-    watcher: tokio::task::JoinHandle<()>,
+    watcher: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl std::fmt::Debug for KubeStore {
@@ -48,7 +50,9 @@ impl std::fmt::Debug for KubeStore {
 
 impl Drop for KubeStore {
     fn drop(&mut self) {
-        self.watcher.abort();
+        if let Some(watcher) = self.watcher.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            watcher.abort();
+        }
     }
 }
 
@@ -83,10 +87,20 @@ impl KubeStore {
             Reporter { controller: "vynil-scanner".into(), instance: std::env::var("POD_NAME").ok() };
         let recorder = Recorder::new(client, reporter);
         let (changes, _) = broadcast::channel(1024);
-        let relay = changes.clone();
-        let watched = api.clone();
-        let watcher = tokio::spawn(async move {
-            let mut events = watcher(watched, watcher::Config::default()).default_backoff().boxed();
+        Self { api, dynamic, secrets, namespace, recorder, changes, watcher: Mutex::default() }
+    }
+
+    /// The watcher starts with the first subscriber (a store nobody follows,
+    /// the purger's, never watches).
+    fn follow(&self) {
+        let mut watcher = self.watcher.lock().unwrap_or_else(|p| p.into_inner());
+        if watcher.is_some() {
+            return;
+        }
+        let (relay, watched) = (self.changes.clone(), self.api.clone());
+        *watcher = Some(tokio::spawn(async move {
+            let mut events =
+                kube::runtime::watcher(watched, watcher::Config::default()).default_backoff().boxed();
             while let Some(event) = events.next().await {
                 let name = match event {
                     Ok(watcher::Event::Apply(jb) | watcher::Event::Delete(jb)) => jb.name_any(),
@@ -101,8 +115,7 @@ impl KubeStore {
                 };
                 let _ = relay.send(name);
             }
-        });
-        Self { api, dynamic, secrets, namespace, recorder, changes, watcher }
+        }));
     }
 }
 
@@ -145,7 +158,9 @@ impl JukeboxStore for KubeStore {
     }
 
     fn subscribe(&self) -> broadcast::Receiver<String> {
-        self.changes.subscribe()
+        let receiver = self.changes.subscribe();
+        self.follow();
+        receiver
     }
 
     /// Removes an annotation if it still has `value` (a JSON patch `test`

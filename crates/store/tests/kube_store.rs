@@ -85,5 +85,7 @@ async fn an_annotation_is_removed_only_while_it_keeps_its_value() -> TestResult 
     let annotations = store.get("box").await?.map(|r| r.annotations).unwrap_or_default();
     assert!(annotations.is_empty(), "{annotations:?}");
     assert!(!store.remove_annotation("gone", "vynil.solidite.fr/force-scan", "true").await?);
+    // Nobody subscribed to this store (as the purger's): it never watched.
+    assert!(!server.requests().iter().any(|r| r.verb == "watch"), "{:?}", server.requests());
     Ok(())
 }
