@@ -20,10 +20,8 @@ fn to_json_schema(value: Value) -> Value {
             let nullable = map.remove("nullable") == Some(Value::Bool(true));
             let mut map: serde_json::Map<String, Value> =
                 map.into_iter().map(|(k, v)| (k, to_json_schema(v))).collect();
-            if nullable {
-                if let Some(Value::String(t)) = map.get("type").cloned() {
-                    map.insert("type".into(), json!([t, "null"]));
-                }
+            if nullable && let Some(Value::String(t)) = map.get("type").cloned() {
+                map.insert("type".into(), json!([t, "null"]));
             }
             Value::Object(map)
         }

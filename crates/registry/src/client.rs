@@ -223,16 +223,16 @@ impl RegistryClient {
         let Some(manifest) = self.get_one(repo, reference).await? else {
             return Ok(None);
         };
-        if manifest.1.is_some() && !manifest.0.annotations.contains_key(vynil_rules::annotations::METADATA) {
-            if let Some(first) = manifest.1.as_deref() {
-                if let Some((child, _)) = self.get_one(repo, first).await? {
-                    return Ok(Some(Manifest {
-                        digest: manifest.0.digest,
-                        media_type: manifest.0.media_type,
-                        annotations: child.annotations,
-                    }));
-                }
-            }
+        if manifest.1.is_some()
+            && !manifest.0.annotations.contains_key(vynil_rules::annotations::METADATA)
+            && let Some(first) = manifest.1.as_deref()
+            && let Some((child, _)) = self.get_one(repo, first).await?
+        {
+            return Ok(Some(Manifest {
+                digest: manifest.0.digest,
+                media_type: manifest.0.media_type,
+                annotations: child.annotations,
+            }));
         }
         Ok(Some(manifest.0))
     }
@@ -318,19 +318,18 @@ impl RegistryClient {
         );
         request.accept = &[OCI_IMAGE_INDEX_MEDIA_TYPE];
         let response = self.transport.send(&request).await?;
-        if response.status == StatusCode::OK {
-            if let Ok(OciManifest::ImageIndex(index)) = serde_json::from_slice::<OciManifest>(&response.body)
-            {
-                return Ok(index
-                    .manifests
-                    .into_iter()
-                    .map(|m| Artifact {
-                        tag: None,
-                        digest: m.digest,
-                        kind: m.artifact_type.unwrap_or(m.media_type),
-                    })
-                    .collect());
-            }
+        if response.status == StatusCode::OK
+            && let Ok(OciManifest::ImageIndex(index)) = serde_json::from_slice::<OciManifest>(&response.body)
+        {
+            return Ok(index
+                .manifests
+                .into_iter()
+                .map(|m| Artifact {
+                    tag: None,
+                    digest: m.digest,
+                    kind: m.artifact_type.unwrap_or(m.media_type),
+                })
+                .collect());
         }
         let mut artifacts = Vec::new();
         for tag in tags {

@@ -233,16 +233,15 @@ impl Transport {
             let last = attempt >= self.config.max_attempts;
             match outcome {
                 Ok(response) if response.status == StatusCode::UNAUTHORIZED => {
-                    if !token_fetched && request.token_scope.is_some() {
-                        if let Some(challenge) = response.header("www-authenticate").and_then(parse_challenge)
-                        {
-                            if challenge.scheme == "bearer" {
-                                token_fetched = true;
-                                self.fetch_token(request, &challenge.params).await?;
-                                attempt -= 1;
-                                continue;
-                            }
-                        }
+                    if !token_fetched
+                        && request.token_scope.is_some()
+                        && let Some(challenge) = response.header("www-authenticate").and_then(parse_challenge)
+                        && challenge.scheme == "bearer"
+                    {
+                        token_fetched = true;
+                        self.fetch_token(request, &challenge.params).await?;
+                        attempt -= 1;
+                        continue;
                     }
                     let (code, message) = response.error_code();
                     let detail = if code.is_empty() { String::new() } else { format!(" {code}: {message}") };

@@ -224,10 +224,10 @@ impl<'v> ViewBuilder<'v> {
             return;
         }
         let minimum = content.minimum();
-        if let (Some(last), Some(min)) = (&self.last_minimum, &minimum) {
-            if min.cmp_precedence(last) != std::cmp::Ordering::Less {
-                return;
-            }
+        if let (Some(last), Some(min)) = (&self.last_minimum, &minimum)
+            && min.cmp_precedence(last) != std::cmp::Ordering::Less
+        {
+            return;
         }
         let role = if self.view.entries.is_empty() {
             Role::Head

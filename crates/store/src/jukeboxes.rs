@@ -218,12 +218,12 @@ impl LocalStore {
                 // Redis went away: subscribe again once it is back. Changes
                 // made meanwhile are repaired by the subscribers' resyncs.
                 tokio::time::sleep(std::time::Duration::from_millis(250)).await;
-                if let Ok(mut again) = client.get_async_pubsub().await {
-                    if again.subscribe(CHANGES_CHANNEL).await.is_ok() {
-                        tracing::info!("JukeBox status notifications resumed");
-                        pubsub = Some(again);
-                        let _ = relay.send(String::new());
-                    }
+                if let Ok(mut again) = client.get_async_pubsub().await
+                    && again.subscribe(CHANGES_CHANNEL).await.is_ok()
+                {
+                    tracing::info!("JukeBox status notifications resumed");
+                    pubsub = Some(again);
+                    let _ = relay.send(String::new());
                 }
             }
         });

@@ -235,10 +235,10 @@ async fn views(registry: &RegistryServer) -> Vec<Vec<String>> {
     let tags = client.list_tags(&repo).await.unwrap();
     let mut contents = std::collections::HashMap::new();
     for tag in &tags {
-        if let Some(meta) = client.tag_metadata(&repo, tag).await.unwrap() {
-            if let ManifestMetadata::Vynil(content) = meta.metadata {
-                contents.insert(tag.clone(), *content);
-            }
+        if let Some(meta) = client.tag_metadata(&repo, tag).await.unwrap()
+            && let ManifestMetadata::Vynil(content) = meta.metadata
+        {
+            contents.insert(tag.clone(), *content);
         }
     }
     vynil_rules::Channel::ALL
