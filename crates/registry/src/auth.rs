@@ -218,6 +218,8 @@ pub(crate) fn parse_challenge(header: &str) -> Option<Challenge> {
 pub(crate) struct TokenResponse {
     pub token: Option<String>,
     pub access_token: Option<String>,
+    /// Seconds the token stays valid.
+    pub expires_in: Option<u64>,
 }
 
 #[cfg(test)]

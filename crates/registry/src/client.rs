@@ -71,6 +71,31 @@ impl RepositoryRef {
     }
 }
 
+/// Docker Hub's names as users write them; its API answers elsewhere.
+const DOCKER_HUB_NAMES: &[&str] = &["docker.io", "index.docker.io"];
+const DOCKER_HUB_API: &str = "registry-1.docker.io";
+
+/// The host serving `registry`'s distribution API: Docker Hub's user-facing
+/// names (`docker.io`, `index.docker.io`) resolve to `registry-1.docker.io`,
+/// as every OCI client does; any other registry serves its own name.
+pub fn api_host(registry: &str) -> &str {
+    if DOCKER_HUB_NAMES.contains(&registry) { DOCKER_HUB_API } else { registry }
+}
+
+impl RepositoryRef {
+    /// The repository name the distribution API knows: on Docker Hub an
+    /// official image `docker.io/redis` is `library/redis`. Statuses and
+    /// errors keep the name as the user wrote it (`Display`).
+    pub fn api_repository(&self) -> std::borrow::Cow<'_, str> {
+        let hub = DOCKER_HUB_NAMES.contains(&self.registry.as_str()) || self.registry == DOCKER_HUB_API;
+        if hub && !self.repository.contains('/') {
+            format!("library/{}", self.repository).into()
+        } else {
+            self.repository.as_str().into()
+        }
+    }
+}
+
 impl fmt::Display for RepositoryRef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/{}", self.registry, self.repository)
@@ -163,7 +188,7 @@ impl RegistryClient {
             method,
             url: format!("{}{path}", self.transport.base_url(&repo.registry)),
             accept: MANIFEST_TYPES,
-            token_scope: Some((repo.repository.clone(), Access::Read)),
+            token_scope: Some((repo.api_repository().into_owned(), Access::Read)),
             authorization: None,
             max_body: self.transport.config().max_manifest_bytes,
         }
@@ -177,7 +202,7 @@ impl RegistryClient {
         }
         let what = format!("tags of {repo}");
         let mut tags = Vec::new();
-        let mut path = format!("/v2/{}/tags/list?n={PAGE_SIZE}", repo.repository);
+        let mut path = format!("/v2/{}/tags/list?n={PAGE_SIZE}", repo.api_repository());
         let mut pages = 0;
         loop {
             pages += 1;
@@ -314,7 +339,7 @@ impl RegistryClient {
             what.clone(),
             repo,
             Method::GET,
-            &format!("/v2/{}/referrers/{subject}", repo.repository),
+            &format!("/v2/{}/referrers/{subject}", repo.api_repository()),
         );
         request.accept = &[OCI_IMAGE_INDEX_MEDIA_TYPE];
         let response = self.transport.send(&request).await?;
@@ -362,7 +387,7 @@ impl RegistryClient {
         let what = format!("delete {repo}@{digest}");
         let mut request =
             self.request("delete", what.clone(), repo, Method::DELETE, &manifest_path(repo, digest));
-        request.token_scope = Some((repo.repository.clone(), Access::Delete));
+        request.token_scope = Some((repo.api_repository().into_owned(), Access::Delete));
         let response = match self.transport.send(&request).await {
             Ok(response) => response,
             Err(error) => return failed_from(error),
@@ -431,7 +456,7 @@ fn failed_from(error: RegistryError) -> DeletionOutcome {
 }
 
 fn manifest_path(repo: &RepositoryRef, reference: &str) -> String {
-    format!("/v2/{}/manifests/{reference}", repo.repository)
+    format!("/v2/{}/manifests/{reference}", repo.api_repository())
 }
 
 /// Maps a non-success status to a typed error (404 → `NotFound`).
@@ -496,5 +521,22 @@ mod tests {
         for bad in ["noslash", "/a", "r/", "r/A", "r/a/../b", "r/a?x=1", "r/a b", "r/-a", "h\u{0}st/a"] {
             assert!(RepositoryRef::parse(bad).is_err(), "{bad:?} accepted");
         }
+    }
+
+    #[test]
+    fn docker_hub_names_reach_its_api_host_and_official_images_live_under_library() {
+        let transport = Transport::new(TransportConfig::default(), CredentialStore::default()).unwrap();
+        for hub in ["docker.io", "index.docker.io"] {
+            assert_eq!(api_host(hub), "registry-1.docker.io");
+            assert_eq!(transport.base_url(hub), "https://registry-1.docker.io");
+        }
+        assert_eq!(api_host("ghcr.io"), "ghcr.io");
+        assert_eq!(transport.base_url("ghcr.io"), "https://ghcr.io");
+        let official = RepositoryRef::parse("docker.io/redis").unwrap();
+        assert_eq!(official.api_repository(), "library/redis");
+        assert_eq!(official.to_string(), "docker.io/redis", "users keep seeing their own name");
+        let user = RepositoryRef::parse("docker.io/sebt3/vynil-ollama").unwrap();
+        assert_eq!(user.api_repository(), "sebt3/vynil-ollama");
+        assert_eq!(RepositoryRef::parse("ghcr.io/redis").unwrap().api_repository(), "redis");
     }
 }

@@ -3,11 +3,21 @@
 //! 5xx, connection errors, timeouts and truncated bodies, `429` honoured with
 //! `Retry-After`, a concurrency limit per registry, a body size cap, bearer
 //! tokens from the challenge, and a counter per request.
+//!
+//! The concurrency permit is held for one HTTP exchange only, never across a
+//! backoff sleep or a token fetch: a token request goes to the same registry
+//! limit, so a request holding its permit while it waits for a token would
+//! deadlock as soon as `per_registry_concurrency` requests are answered 401 at
+//! once (a token expiring mid-purge). Token fetches are single-flight per
+//! (registry, repository, access): N concurrent 401s cause one token request,
+//! and the others use its token. A token is used until its `expires_in` (60 s
+//! when the token service says nothing, as the distribution token spec
+//! defines), then fetched again before the registry has to refuse it.
 
 use std::{
     collections::HashMap,
     sync::{Arc, Mutex},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use bytes::Bytes;
@@ -118,11 +128,27 @@ impl Response {
     }
 }
 
+/// Whose token: registry, repository, access.
+type TokenKey = (String, String, Access);
+
+#[derive(Debug, Clone)]
+struct CachedToken {
+    value: String,
+    expires_at: Instant,
+    /// The challenge it answered, to renew it before the registry refuses it.
+    challenge: HashMap<String, String>,
+}
+
+/// How long a token lives when the token service gives no `expires_in`.
+const DEFAULT_TOKEN_LIFETIME: Duration = Duration::from_secs(60);
+
 pub(crate) struct Transport {
     http: reqwest::Client,
     config: TransportConfig,
     credentials: CredentialStore,
-    tokens: Mutex<HashMap<(String, String, Access), String>>,
+    tokens: Mutex<HashMap<TokenKey, CachedToken>>,
+    /// One token fetch in flight per key; waiters reuse its token.
+    token_flights: Mutex<HashMap<TokenKey, Arc<tokio::sync::Mutex<()>>>>,
     limits: Mutex<HashMap<String, Arc<Semaphore>>>,
     pub counters: RequestCounters,
 }
@@ -154,6 +180,7 @@ impl Transport {
             config,
             credentials,
             tokens: Mutex::default(),
+            token_flights: Mutex::default(),
             limits: Mutex::default(),
             counters: RequestCounters::default(),
         })
@@ -172,10 +199,11 @@ impl Transport {
         &self.config
     }
 
-    /// `https://<registry>`, or `http://` for a registry declared insecure.
+    /// `https://<API host>`, or `http://` for a registry declared insecure;
+    /// the API host of Docker Hub is not its name ([`crate::client::api_host`]).
     pub fn base_url(&self, registry: &str) -> String {
         let insecure = self.config.insecure_registries.iter().any(|r| r == registry);
-        format!("{}://{registry}", if insecure { "http" } else { "https" })
+        format!("{}://{}", if insecure { "http" } else { "https" }, crate::client::api_host(registry))
     }
 
     fn limit(&self, registry: &str) -> Arc<Semaphore> {
@@ -203,15 +231,31 @@ impl Transport {
         wait.unwrap_or(self.config.backoff_base).min(self.config.max_retry_after)
     }
 
-    fn authorization(&self, request: &Request) -> Option<String> {
+    fn token_key(request: &Request) -> Option<TokenKey> {
+        let (repository, access) = request.token_scope.as_ref()?;
+        Some((request.registry.clone(), repository.clone(), access.clone()))
+    }
+
+    /// The cached, unexpired token for this request's scope.
+    fn cached_token(&self, request: &Request) -> Option<String> {
+        let key = Self::token_key(request)?;
+        let tokens = self.tokens.lock().unwrap_or_else(|p| p.into_inner());
+        tokens.get(&key).filter(|t| t.expires_at > Instant::now()).map(|t| t.value.clone())
+    }
+
+    /// The challenge of this scope's expired token, if it has one.
+    fn expired_challenge(&self, request: &Request) -> Option<HashMap<String, String>> {
+        let key = Self::token_key(request)?;
+        let tokens = self.tokens.lock().unwrap_or_else(|p| p.into_inner());
+        tokens.get(&key).filter(|t| t.expires_at <= Instant::now()).map(|t| t.challenge.clone())
+    }
+
+    fn authorization(&self, request: &Request, token: Option<&str>) -> Option<String> {
         if let Some(explicit) = &request.authorization {
             return Some(explicit.clone());
         }
-        if let Some((repository, access)) = &request.token_scope {
-            let tokens = self.tokens.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(token) = tokens.get(&(request.registry.clone(), repository.clone(), access.clone())) {
-                return Some(format!("Bearer {token}"));
-            }
+        if let Some(token) = token {
+            return Some(format!("Bearer {token}"));
         }
         self.credentials.get(&request.registry).basic_header()
     }
@@ -219,17 +263,16 @@ impl Transport {
     /// Sends `request`, retrying per the policy; any final HTTP status is
     /// returned to the caller except 401 (after the token flow), 429 and 5xx.
     pub async fn send(&self, request: &Request) -> Result<Response> {
-        let limit = self.limit(&request.registry);
-        let _permit = limit.acquire().await.map_err(|_| RegistryError::Unreachable {
-            what: request.what.clone(),
-            attempts: 0,
-            problem: "transport shut down".into(),
-        })?;
         let mut attempt = 0;
         let mut token_fetched = false;
+        if let Some(challenge) = self.expired_challenge(request) {
+            token_fetched = true;
+            self.refresh_token(request, None, &challenge).await?;
+        }
         loop {
             attempt += 1;
-            let outcome = self.attempt(request).await;
+            let token = self.cached_token(request);
+            let outcome = self.attempt(request, token.as_deref()).await;
             let last = attempt >= self.config.max_attempts;
             match outcome {
                 Ok(response) if response.status == StatusCode::UNAUTHORIZED => {
@@ -239,7 +282,7 @@ impl Transport {
                         && challenge.scheme == "bearer"
                     {
                         token_fetched = true;
-                        self.fetch_token(request, &challenge.params).await?;
+                        self.refresh_token(request, token.as_deref(), &challenge.params).await?;
                         attempt -= 1;
                         continue;
                     }
@@ -303,12 +346,21 @@ impl Transport {
     async fn attempt(
         &self,
         request: &Request,
+        token: Option<&str>,
     ) -> std::result::Result<Response, std::result::Result<RegistryError, Failure>> {
+        let limit = self.limit(&request.registry);
+        let Ok(_permit) = limit.acquire().await else {
+            return Err(Ok(RegistryError::Unreachable {
+                what: request.what.clone(),
+                attempts: 0,
+                problem: "transport shut down".into(),
+            }));
+        };
         let mut builder = self.http.request(request.method.clone(), &request.url);
         if !request.accept.is_empty() {
             builder = builder.header("Accept", request.accept.join(", "));
         }
-        if let Some(authorization) = self.authorization(request) {
+        if let Some(authorization) = self.authorization(request, token) {
             builder = builder.header("Authorization", authorization);
         }
         let response = match builder.send().await {
@@ -350,10 +402,32 @@ impl Transport {
         Ok(Response { status, headers, body: Bytes::from(body) })
     }
 
-    async fn fetch_token(&self, request: &Request, params: &HashMap<String, String>) -> Result<()> {
-        let Some((repository, access)) = &request.token_scope else {
+    /// Replaces `rejected` (the token a 401 refused, or none) once: the
+    /// first caller fetches, the ones waiting meanwhile find its token.
+    async fn refresh_token(
+        &self,
+        request: &Request,
+        rejected: Option<&str>,
+        params: &HashMap<String, String>,
+    ) -> Result<()> {
+        let Some(key) = Self::token_key(request) else {
             return Ok(());
         };
+        let flight = {
+            let mut flights = self.token_flights.lock().unwrap_or_else(|p| p.into_inner());
+            flights.entry(key.clone()).or_default().clone()
+        };
+        let _flight = flight.lock().await;
+        if let Some(current) = self.cached_token(request)
+            && Some(current.as_str()) != rejected
+        {
+            return Ok(());
+        }
+        self.fetch_token(request, &key, params).await
+    }
+
+    async fn fetch_token(&self, request: &Request, key: &TokenKey, params: &HashMap<String, String>) -> Result<()> {
+        let (_, repository, access) = key;
         let realm = params.get("realm").ok_or_else(|| RegistryError::InvalidBody {
             what: request.what.clone(),
             problem: "bearer challenge without realm".into(),
@@ -398,14 +472,17 @@ impl Transport {
                 what: token_request.what.clone(),
                 problem: "the token service did not answer a token".into(),
             })?;
-        let token = token.token.or(token.access_token).ok_or_else(|| RegistryError::InvalidBody {
+        let lifetime = token.expires_in.map(Duration::from_secs).unwrap_or(DEFAULT_TOKEN_LIFETIME);
+        let value = token.token.or(token.access_token).ok_or_else(|| RegistryError::InvalidBody {
             what: token_request.what.clone(),
             problem: "the token service answered no token".into(),
         })?;
+        // Renewed a little before the end, so a request in flight is not refused.
+        let expires_at = Instant::now() + lifetime.mul_f64(0.9);
         self.tokens
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert((request.registry.clone(), repository.clone(), access.clone()), token);
+            .insert(key.clone(), CachedToken { value, expires_at, challenge: params.clone() });
         Ok(())
     }
 

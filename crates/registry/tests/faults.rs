@@ -169,3 +169,76 @@ async fn the_bearer_flow_gets_a_token_from_the_challenge_realm() {
     assert!(matches!(error, RegistryError::Unauthorized { .. }), "{error:?}");
     assert!(!format!("{error} {error:?}").contains("nope"));
 }
+
+async fn bearer_front() -> (RegistryServer, HttpFront) {
+    let registry = RegistryServer::start().await.unwrap();
+    registry
+        .publisher()
+        .publish("apps/t", &PackageSpec::new("apps", "t", PackageType::Tenant, "1.0.0"))
+        .await
+        .unwrap();
+    let front = HttpFront::start_with_bearer(&registry.base_url(), "robot", "token-pass").await.unwrap();
+    (registry, front)
+}
+
+#[tokio::test]
+async fn more_concurrent_401s_than_permits_fetch_one_token_and_all_complete() {
+    let (_registry, front) = bearer_front().await;
+    let host = front.host();
+    let mut config = config(&host);
+    config.per_registry_concurrency = 2;
+    let credentials = CredentialStore::default().with(&host, Credentials::basic("robot", "token-pass"));
+    let client = std::sync::Arc::new(
+        vynil_registry::RegistryClient::new(
+            config,
+            credentials,
+            std::sync::Arc::new(vynil_registry::InMemoryMetadataCache::default()),
+        )
+        .unwrap(),
+    );
+    let mut requests = tokio::task::JoinSet::new();
+    for _ in 0..8 {
+        let client = client.clone();
+        let repo = repo(&host, "apps/t");
+        requests.spawn(async move { client.list_tags(&repo).await });
+    }
+    // A deadlock detector, not a performance bound: the requests never end without the fix.
+    let all = tokio::time::timeout(Duration::from_secs(30), requests.join_all()).await;
+    let all = all.expect("requests holding every permit while waiting for a token deadlock");
+    for tags in all {
+        assert_eq!(tags.unwrap(), ["1.0.0"]);
+    }
+    assert_eq!(front.count(&Method::GET, "/token"), 1, "one token request for eight 401s");
+}
+
+#[tokio::test]
+async fn a_token_is_renewed_after_its_expires_in_without_being_refused_first() {
+    let (_registry, front) = bearer_front().await;
+    front.set_token_lifetime(1);
+    let host = front.host();
+    let client =
+        client(&host, CredentialStore::default().with(&host, Credentials::basic("robot", "token-pass")));
+    assert_eq!(client.list_tags(&repo(&host, "apps/t")).await.unwrap(), ["1.0.0"]);
+    assert_eq!(front.seen().len(), 3, "refused, token, served");
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    front.expire_tokens();
+    front.reset_counts();
+    assert_eq!(client.list_tags(&repo(&host, "apps/t")).await.unwrap(), ["1.0.0"]);
+    let seen: Vec<_> = front.seen().into_iter().map(|s| s.path).collect();
+    assert_eq!(seen.len(), 2, "a new token, then the request, with no 401 in between: {seen:?}");
+    assert!(seen[0].starts_with("/token"), "{seen:?}");
+}
+
+#[tokio::test]
+async fn a_revoked_token_is_replaced_once_and_the_request_succeeds() {
+    let (_registry, front) = bearer_front().await;
+    let host = front.host();
+    let client =
+        client(&host, CredentialStore::default().with(&host, Credentials::basic("robot", "token-pass")));
+    assert_eq!(client.list_tags(&repo(&host, "apps/t")).await.unwrap(), ["1.0.0"]);
+    front.expire_tokens();
+    front.reset_counts();
+    assert_eq!(client.list_tags(&repo(&host, "apps/t")).await.unwrap(), ["1.0.0"]);
+    assert_eq!(front.count(&Method::GET, "/token"), 1);
+    assert_eq!(front.count(&Method::GET, "/tags/list"), 2, "refused once, then served");
+}

@@ -74,6 +74,10 @@ struct FrontState {
     seen: Mutex<Vec<Seen>>,
     bearer: Option<(String, String)>,
     own_url: Mutex<String>,
+    /// Tokens issued before the last `expire_tokens` are refused.
+    token_generation: std::sync::atomic::AtomicU64,
+    /// The `expires_in` the token endpoint announces, if any.
+    token_lifetime: Mutex<Option<u64>>,
 }
 
 /// A running front, stopped on drop.
@@ -83,8 +87,6 @@ pub struct HttpFront {
     state: Arc<FrontState>,
     task: tokio::task::JoinHandle<()>,
 }
-
-const TOKEN: &str = "front-issued-token";
 
 impl HttpFront {
     /// Proxies to `upstream` (`http://127.0.0.1:<port>`).
@@ -141,6 +143,19 @@ impl HttpFront {
         self.seen().iter().filter(|s| s.method == *method && s.path.contains(fragment)).count()
     }
 
+    /// Every token issued so far is refused from now on (as when tokens
+    /// expire on the registry's side).
+    pub fn expire_tokens(&self) {
+        self.state.token_generation.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Tokens issued from now on announce `expires_in: seconds`.
+    pub fn set_token_lifetime(&self, seconds: u64) {
+        if let Ok(mut lifetime) = self.state.token_lifetime.lock() {
+            *lifetime = Some(seconds);
+        }
+    }
+
     pub fn reset_counts(&self) {
         if let Ok(mut seen) = self.state.seen.lock() {
             seen.clear();
@@ -176,13 +191,13 @@ async fn handle(State(state): State<Arc<FrontState>>, request: Request) -> Respo
     }
     if let Some((user, password)) = &state.bearer {
         if path.starts_with("/token") {
-            return issue_token(request.headers(), user, password);
+            return issue_token(&state, request.headers(), user, password);
         }
         let authorised = request
             .headers()
             .get("authorization")
             .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v == format!("Bearer {TOKEN}"));
+            .is_some_and(|v| v == format!("Bearer {}", current_token(&state)));
         if !authorised {
             let realm = state.own_url.lock().map(|u| format!("{u}/token")).unwrap_or_default();
             let challenge =
@@ -232,13 +247,21 @@ async fn handle(State(state): State<Arc<FrontState>>, request: Request) -> Respo
     }
 }
 
-fn issue_token(headers: &HeaderMap, user: &str, password: &str) -> Response {
+fn current_token(state: &FrontState) -> String {
+    format!("front-token-{}", state.token_generation.load(std::sync::atomic::Ordering::SeqCst))
+}
+
+fn issue_token(state: &FrontState, headers: &HeaderMap, user: &str, password: &str) -> Response {
     let expected =
         format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}")));
     let ok = headers.get("authorization").and_then(|v| v.to_str().ok()) == Some(expected.as_str());
     if ok {
-        (StatusCode::OK, [("content-type", "application/json")], format!(r#"{{"token":"{TOKEN}"}}"#))
-            .into_response()
+        let token = current_token(state);
+        let body = match state.token_lifetime.lock().ok().and_then(|l| *l) {
+            Some(seconds) => format!(r#"{{"token":"{token}","expires_in":{seconds}}}"#),
+            None => format!(r#"{{"token":"{token}"}}"#),
+        };
+        (StatusCode::OK, [("content-type", "application/json")], body).into_response()
     } else {
         error_body(StatusCode::UNAUTHORIZED, "DENIED", "bad credentials")
     }
