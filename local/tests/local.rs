@@ -106,7 +106,12 @@ async fn one_process_serves_every_service_and_they_work_together() {
         .scan_id;
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let state = scans.get_scan(GetScanRequest { scan_id: id.clone() }).await.unwrap().into_inner().state;
+        let state = scans
+            .get_scan(GetScanRequest { scan_id: id.clone(), ..Default::default() })
+            .await
+            .unwrap()
+            .into_inner()
+            .state;
         if state == ScanState::Succeeded as i32 {
             break;
         }

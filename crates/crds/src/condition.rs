@@ -70,13 +70,21 @@ impl<T: PartialEq + Clone> Condition<T> {
 }
 
 /// Sets `condition`, replacing one of the same type. Returns `false`, leaving
-/// the list untouched, when an identical condition is already there.
+/// the list untouched, when an identical condition is already there. As
+/// Kubernetes conventions say, `lastTransitionTime` moves only when `status`
+/// does: a new message or generation under the same status keeps the time of
+/// the last transition.
 pub fn set_condition<T: PartialEq + Clone>(
     conditions: &mut Vec<Condition<T>>,
-    condition: Condition<T>,
+    mut condition: Condition<T>,
 ) -> bool {
-    if conditions.iter().any(|c| c.same_as(&condition)) {
-        return false;
+    if let Some(existing) = conditions.iter().find(|c| c.condition_type == condition.condition_type) {
+        if existing.same_as(&condition) {
+            return false;
+        }
+        if existing.status == condition.status {
+            condition.last_transition_time = existing.last_transition_time.clone();
+        }
     }
     conditions.retain(|c| c.condition_type != condition.condition_type);
     conditions.push(condition);
@@ -134,6 +142,22 @@ mod tests {
         let types: Vec<_> = list.iter().map(|c| c.condition_type).collect();
         assert_eq!(types, [JukeBoxConditionType::Updated, JukeBoxConditionType::Ready]);
         assert_eq!(list[1].status, ConditionStatus::False);
+    }
+
+    #[test]
+    fn the_transition_time_moves_only_when_the_status_does() {
+        let mut list = vec![Condition::new(JukeBoxConditionType::Ready, true, "ok", 1, at(0))];
+        assert!(set_condition(
+            &mut list,
+            Condition::new(JukeBoxConditionType::Ready, true, "fine", 2, at(60))
+        ));
+        assert_eq!((list[0].message.as_str(), list[0].generation), ("fine", 2));
+        assert_eq!(list[0].last_transition_time.as_deref(), Some("1970-01-01T00:00:00Z"));
+        assert!(set_condition(
+            &mut list,
+            Condition::new(JukeBoxConditionType::Ready, false, "down", 2, at(90))
+        ));
+        assert_eq!(list[0].last_transition_time.as_deref(), Some("1970-01-01T00:01:30Z"));
     }
 
     #[test]

@@ -116,6 +116,9 @@ pub struct TagMetadata {
     pub tag: String,
     pub digest: String,
     pub metadata: ManifestMetadata,
+    /// The manifest was read for this answer (its digest was not cached):
+    /// what a scan counts as `manifests_read`, its own and no other's.
+    pub manifest_read: bool,
 }
 
 /// An artifact attached to a subject digest.
@@ -311,7 +314,7 @@ impl RegistryClient {
             return Ok(None);
         };
         if let Some(metadata) = self.cache.get(&digest).await {
-            return Ok(Some(TagMetadata { tag: tag.to_string(), digest, metadata }));
+            return Ok(Some(TagMetadata { tag: tag.to_string(), digest, metadata, manifest_read: false }));
         }
         let Some(manifest) = self.get_manifest(repo, &digest).await? else {
             return Ok(None);
@@ -322,7 +325,7 @@ impl RegistryClient {
             Err(error) => ManifestMetadata::Malformed(error.to_string()),
         };
         self.cache.put(&digest, &metadata).await;
-        Ok(Some(TagMetadata { tag: tag.to_string(), digest, metadata }))
+        Ok(Some(TagMetadata { tag: tag.to_string(), digest, metadata, manifest_read: true }))
     }
 
     /// Artifacts of `subject` (`sha256:…`): the OCI referrers API where the

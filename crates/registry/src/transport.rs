@@ -426,7 +426,12 @@ impl Transport {
         self.fetch_token(request, &key, params).await
     }
 
-    async fn fetch_token(&self, request: &Request, key: &TokenKey, params: &HashMap<String, String>) -> Result<()> {
+    async fn fetch_token(
+        &self,
+        request: &Request,
+        key: &TokenKey,
+        params: &HashMap<String, String>,
+    ) -> Result<()> {
         let (_, repository, access) = key;
         let realm = params.get("realm").ok_or_else(|| RegistryError::InvalidBody {
             what: request.what.clone(),

@@ -8,10 +8,12 @@
 
 mod grpc;
 pub mod metrics;
+mod shutdown;
 mod signal;
 mod telemetry;
 
 pub use grpc::{GrpcServer, ServedService};
+pub use shutdown::Shutdown;
 pub use signal::termination_signal;
 pub use telemetry::init_tracing;
 

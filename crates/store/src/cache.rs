@@ -30,14 +30,16 @@ pub struct Entry {
     pub jukebox: String,
     pub packages: Vec<Package>,
     pub pull_secret: Option<String>,
-    pub last_scan_time: Option<String>,
+    /// When the scanner last changed the packages or `Updated` (see `new_status`).
+    #[serde(alias = "last_scan_time")]
+    pub last_change_time: Option<String>,
     pub conditions: Vec<Condition<JukeBoxConditionType>>,
     pub hash: String,
 }
 
 impl Entry {
     pub fn from_status(jukebox: &str, pull_secret: Option<String>, status: &JukeBoxStatus) -> Self {
-        let last_scan_time = status
+        let last_change_time = status
             .conditions
             .iter()
             .find(|c| c.condition_type == JukeBoxConditionType::Updated)
@@ -48,7 +50,7 @@ impl Entry {
             jukebox: jukebox.to_string(),
             packages: status.packages.clone(),
             pull_secret,
-            last_scan_time,
+            last_change_time,
             conditions: status.conditions.clone(),
             hash,
         }

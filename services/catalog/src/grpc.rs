@@ -2,6 +2,7 @@
 //! the in-process snapshot. Errors become `Status` codes here only.
 
 use std::{pin::Pin, sync::Arc};
+use vynil_runtime::Shutdown;
 
 use futures::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
@@ -75,7 +76,15 @@ pub fn package_to_proto(p: &Package) -> pb::Package {
 
 #[derive(Debug, Clone)]
 pub struct CatalogService {
-    pub catalog: Arc<Catalog>,
+    catalog: Arc<Catalog>,
+    /// Ends `WatchCatalog` streams, so the server's drain can finish.
+    shutdown: Shutdown,
+}
+
+impl CatalogService {
+    pub fn new(catalog: Arc<Catalog>, shutdown: Shutdown) -> Self {
+        Self { catalog, shutdown }
+    }
 }
 
 type ChangeStream = Pin<Box<dyn Stream<Item = Result<CatalogChange, Status>> + Send>>;
@@ -94,7 +103,7 @@ impl CatalogApi for CatalogService {
                 name: e.jukebox.clone(),
                 package_count: e.packages.len() as u32,
                 pull_secret: e.pull_secret.clone().unwrap_or_default(),
-                last_scan_time: e.last_scan_time.clone().unwrap_or_default(),
+                last_change_time: e.last_change_time.clone().unwrap_or_default(),
                 conditions: e
                     .conditions
                     .iter()
@@ -240,7 +249,7 @@ impl CatalogApi for CatalogService {
     ) -> Result<Response<ChangeStream>, Status> {
         let wanted = request.into_inner().jukeboxes;
         let changes = tokio_stream::wrappers::BroadcastStream::new(self.catalog.subscribe());
-        let stream = changes.filter_map(move |change| {
+        let stream = changes.take_until(self.shutdown.signaled()).filter_map(move |change| {
             let keep = change.ok().filter(|c| wanted.is_empty() || wanted.contains(&c.jukebox));
             async move {
                 keep.map(|c| {

@@ -20,7 +20,7 @@ mod metrics;
 use std::{future::Future, net::SocketAddr, sync::Arc};
 
 use vynil_proto::catalog::v1::catalog_server::CatalogServer;
-use vynil_runtime::{GrpcServer, ServedService};
+use vynil_runtime::{GrpcServer, ServedService, Shutdown};
 use vynil_store::{JukeboxStore, StoreSettings};
 
 pub use catalog::{Catalog, Change};
@@ -105,9 +105,9 @@ pub async fn run_with_store(
     let follower =
         tokio::spawn(catalog.clone().follow(std::time::Duration::from_secs(config.resync_seconds.max(1))));
     let server = GrpcServer::bind(config.listen).await?.with_metrics(catalog.metrics.register());
-    let served = server
-        .serve(vec![ServedService::new(CatalogServer::new(CatalogService { catalog }))], shutdown)
-        .await;
+    let drain = Shutdown::new();
+    let service = CatalogServer::new(CatalogService::new(catalog, drain.clone()));
+    let served = server.serve(vec![ServedService::new(service)], drain.after(shutdown)).await;
     follower.abort();
     served?;
     Ok(())

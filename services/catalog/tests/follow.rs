@@ -139,7 +139,7 @@ async fn a_deleted_jukebox_loses_its_entry() {
 async fn resolve_install_answers_per_instance_type_and_says_what_is_missing() {
     let world = world(&["box"]).await;
     let catalog = replica(&world).await;
-    let service = CatalogService { catalog: catalog.clone() };
+    let service = CatalogService::new(catalog.clone(), vynil_runtime::Shutdown::new());
     let resolve = |kind: ProtoType| ResolveInstallRequest {
         jukebox: "box".into(),
         category: "think".into(),

@@ -120,29 +120,57 @@ pub async fn scan(
 }
 
 /// The status after `output`, merged into `previous`; `None` when nothing
-/// changes. Conditions are upstream's: success replaces them all with
-/// `Updated`/`Ready` "Updated succesfully" (sic); a failure keeps the others,
-/// sets `Updated=False <why>` and `Ready=False` only if no `Ready` exists.
+/// changes. Conditions are upstream's: success keeps only `Updated`/`Ready`,
+/// both True "Updated succesfully" (sic); a failure keeps the others, sets
+/// `Updated=False <why>` and `Ready=False` only if no `Ready` exists. A
+/// schedule that cannot run makes `Ready=False` with its reason whatever the
+/// outcome, so a successful manual scan cannot hide it.
+///
+/// Conditions follow Kubernetes conventions (`lastTransitionTime` moves only
+/// when `status` does), so a scan that changes nothing computes exactly the
+/// previous status and nothing is written. One exception, on purpose: when
+/// the packages change, `Updated` is stamped anew, so its time is the last
+/// change of the catalog (what the catalog's `last_change_time` serves).
 pub fn new_status(
     previous: Option<&JukeBoxStatus>,
     output: &ScanOutput,
     filter: Option<&ScanFilter>,
+    schedule_problem: Option<&str>,
     generation: i64,
     now: jiff::Timestamp,
 ) -> Option<JukeBoxStatus> {
     let previous = previous.cloned().unwrap_or_default();
-    match output {
-        ScanOutput::NothingToScan => None,
-        ScanOutput::SourceFailed(why) => Some(failed_status(previous, why, generation, now)),
+    let status = match output {
+        ScanOutput::NothingToScan => return None,
+        ScanOutput::SourceFailed(why) => failed_status(previous, why, generation, now),
         ScanOutput::Scanned { outcomes, errors } => {
             let packages = merge_packages(&previous.packages, filter, outcomes);
-            let status = JukeBoxStatus { conditions: previous.conditions.clone(), packages };
+            let mut conditions = previous.conditions.clone();
+            if packages != previous.packages {
+                conditions.retain(|c| c.condition_type != JukeBoxConditionType::Updated);
+            }
+            let status = JukeBoxStatus { conditions, packages };
             if errors.is_empty() {
-                let ok = |t| Condition::new(t, ConditionStatus::True, "Updated succesfully", generation, now);
-                return Some(JukeBoxStatus {
-                    conditions: vec![ok(JukeBoxConditionType::Updated), ok(JukeBoxConditionType::Ready)],
-                    ..status
+                let mut status = status;
+                status.conditions.retain(|c| {
+                    matches!(c.condition_type, JukeBoxConditionType::Updated | JukeBoxConditionType::Ready)
                 });
+                for kind in [JukeBoxConditionType::Updated, JukeBoxConditionType::Ready] {
+                    let ok = match (kind, schedule_problem) {
+                        (JukeBoxConditionType::Ready, Some(problem)) => {
+                            Condition::new(kind, ConditionStatus::False, problem, generation, now)
+                        }
+                        _ => Condition::new(
+                            kind,
+                            ConditionStatus::True,
+                            "Updated succesfully",
+                            generation,
+                            now,
+                        ),
+                    };
+                    set_condition(&mut status.conditions, ok);
+                }
+                return Some(status);
             }
             let detail =
                 errors.iter().map(|(repo, why)| format!("{repo}: {why}")).collect::<Vec<_>>().join("; ");
@@ -151,9 +179,10 @@ pub fn new_status(
                 errors.len(),
                 outcomes.len()
             );
-            Some(failed_status(status, &why, generation, now))
+            failed_status(status, &why, generation, now)
         }
-    }
+    };
+    Some(with_schedule_problem(status, schedule_problem, generation, now))
 }
 
 /// Every status the scanner writes tells when the JukeBox's schedule cannot
@@ -199,6 +228,7 @@ pub fn failed_status(
 }
 
 /// The view of one repository, reading only the manifests the descent needs.
+#[tracing::instrument(skip_all, fields(repository = %repo))]
 async fn scan_repository(
     client: &RegistryClient,
     settings: &EngineSettings,
@@ -206,8 +236,6 @@ async fn scan_repository(
     viewer: &Viewer,
     progress: &std::sync::Mutex<Progress>,
 ) -> Result<Vec<Package>, String> {
-    let span = tracing::info_span!("scan_repository", repository = %repo);
-    let _entered = span.enter();
     let tags = client.list_tags(repo).await.map_err(|e| e.to_string())?;
     if let Ok(mut p) = progress.lock() {
         p.tags_seen += tags.len() as u64;
@@ -222,9 +250,13 @@ async fn scan_repository(
     let versions = Versions::parse(tags.iter().map(String::as_str));
     let mut builder = ViewBuilder::new(&versions, viewer.clone(), true);
     let mut contents = Vec::new();
-    let manifests_before = client.counters().total("get_manifest");
     while let Some(tag) = builder.next_needed() {
         let found = client.tag_metadata(repo, tag.as_str()).await.map_err(|e| e.to_string())?;
+        if found.as_ref().is_some_and(|f| f.manifest_read)
+            && let Ok(mut p) = progress.lock()
+        {
+            p.manifests_read += 1;
+        }
         match found.map(|f| f.metadata) {
             Some(ManifestMetadata::Vynil(content)) => {
                 builder.provide(Some(content.as_ref()));
@@ -233,9 +265,6 @@ async fn scan_repository(
             Some(ManifestMetadata::Malformed(why)) => return Err(format!("tag {tag}: {why}")),
             Some(ManifestMetadata::NotVynil) | None => builder.provide(None::<&vynil_rules::PackageContent>),
         }
-    }
-    if let Ok(mut p) = progress.lock() {
-        p.manifests_read += client.counters().total("get_manifest").saturating_sub(manifests_before);
     }
     let view = builder.finish();
     Ok(view

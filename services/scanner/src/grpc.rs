@@ -83,7 +83,20 @@ impl ScannerApi for ScannerService {
     }
 
     async fn get_scan(&self, request: Request<GetScanRequest>) -> Result<Response<ScanStatus>, Status> {
-        Ok(Response::new(to_proto(&self.record(&request.into_inner().scan_id).await?)))
+        let request = request.into_inner();
+        if !request.scan_id.is_empty() {
+            return Ok(Response::new(to_proto(&self.record(&request.scan_id).await?)));
+        }
+        if request.jukebox.is_empty() {
+            return Err(Status::invalid_argument("name a scan_id, or a jukebox for its latest scan"));
+        }
+        let latest = self.scanner.queue.latest(&request.jukebox).await?.ok_or_else(|| {
+            Status::not_found(format!(
+                "no finished scan of JukeBox {:?} in the last 24 h; request one with Scan",
+                request.jukebox
+            ))
+        })?;
+        Ok(Response::new(to_proto(&latest)))
     }
 
     /// Streams each change of the scan's record until it is final. Records

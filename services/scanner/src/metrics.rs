@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use vynil_runtime::metrics::{Counter, EncodeLabelSet, Family, Histogram, Registry, duration_buckets};
+use vynil_runtime::metrics::{Counter, EncodeLabelSet, Family, Gauge, Histogram, Registry, duration_buckets};
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct Outcome {
@@ -14,8 +14,16 @@ pub struct Cause {
     pub cause: String,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Jukebox {
+    pub jukebox: String,
+}
+
 #[derive(Debug, Clone)]
 pub struct ScannerMetrics {
+    /// Unix time each JukeBox's last scan ended, whatever its outcome: an
+    /// unchanged scan writes no status, so this is where scans are seen.
+    pub last_scan: Family<Jukebox, Gauge>,
     pub scans: Family<Outcome, Counter>,
     pub duration: Histogram,
     pub tags_seen: Counter,
@@ -28,6 +36,7 @@ impl ScannerMetrics {
     pub fn register(requests: &vynil_registry::RequestCounters) -> (Self, Arc<Registry>) {
         let mut registry = Registry::with_prefix("vynil_scanner");
         let metrics = Self {
+            last_scan: Family::default(),
             scans: Family::default(),
             duration: Histogram::new(duration_buckets()),
             tags_seen: Counter::default(),
@@ -35,6 +44,11 @@ impl ScannerMetrics {
             repository_failures: Family::default(),
         };
         registry.register("scans", "Scans by outcome", metrics.scans.clone());
+        registry.register(
+            "last_scan_timestamp_seconds",
+            "Unix time the last scan of each JukeBox ended",
+            metrics.last_scan.clone(),
+        );
         registry.register("scan_duration_seconds", "Duration of scans", metrics.duration.clone());
         registry.register("tags_seen", "Tags listed", metrics.tags_seen.clone());
         registry.register(

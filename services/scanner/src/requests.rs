@@ -3,10 +3,14 @@
 //! A request is recorded before anyone runs it (so it survives a restart and
 //! any replica may run it), then claimed under a lease that expires with its
 //! holder: a replica that dies mid-scan leaves its items "running", and the
-//! next claimer, once the lease has expired, runs them again. A full request
-//! waits behind a running partial one; a request joins a running or pending
-//! full scan (two replicas asked at once scan once), or a pending identical
-//! partial one.
+//! next claimer, once the lease has expired, runs them again.
+//!
+//! A request is satisfied only by a scan that starts after it was made, so a
+//! tag pushed just before a request is always seen by its scan: it joins a
+//! queued full scan or a queued identical partial one (two replicas asked at
+//! once scan once), and otherwise queues behind whatever runs. At most one
+//! scan runs and one is queued per JukeBox: the queued items are claimed
+//! together, and any full item among them makes that one full scan.
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
@@ -78,6 +82,9 @@ pub trait RequestQueue: Send + Sync + std::fmt::Debug {
     async fn with_work(&self) -> Result<Vec<String>, ScannerError>;
     async fn put_record(&self, record: &ScanRecord) -> Result<(), ScannerError>;
     async fn record(&self, id: &str) -> Result<Option<ScanRecord>, ScannerError>;
+    /// The latest finished scan of a JukeBox (`put_record` of a final record
+    /// makes it the latest).
+    async fn latest(&self, jukebox: &str) -> Result<Option<ScanRecord>, ScannerError>;
     /// Claims a scheduled tick (`at`: its Unix time) of a JukeBox for this
     /// replica: `true` for exactly one caller per tick, whichever replica asks
     /// first; the claim is forgotten after `keep`.
@@ -96,6 +103,7 @@ struct Memory {
     running: HashMap<String, BTreeMap<String, String>>,
     leases: HashMap<String, (String, Instant)>,
     records: HashMap<String, ScanRecord>,
+    latest: HashMap<String, String>,
     ticks: HashMap<(String, i64), Instant>,
 }
 
@@ -104,10 +112,8 @@ impl RequestQueue for MemoryQueue {
     async fn submit(&self, jukebox: &str, filter: Option<&str>) -> Result<(String, bool), ScannerError> {
         let mut m = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         let wanted = field(filter);
-        for table in [&m.running, &m.pending] {
-            if let Some(id) = table.get(jukebox).and_then(|t| t.get(FULL)) {
-                return Ok((id.clone(), true));
-            }
+        if let Some(id) = m.pending.get(jukebox).and_then(|t| t.get(FULL)) {
+            return Ok((id.clone(), true));
         }
         if let Some(id) = m.pending.get(jukebox).and_then(|t| t.get(&wanted)) {
             return Ok((id.clone(), true));
@@ -171,16 +177,21 @@ impl RequestQueue for MemoryQueue {
     }
 
     async fn put_record(&self, record: &ScanRecord) -> Result<(), ScannerError> {
-        self.inner
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .records
-            .insert(record.id.clone(), record.clone());
+        let mut m = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        if record.is_final() {
+            m.latest.insert(record.jukebox.clone(), record.id.clone());
+        }
+        m.records.insert(record.id.clone(), record.clone());
         Ok(())
     }
 
     async fn record(&self, id: &str) -> Result<Option<ScanRecord>, ScannerError> {
         Ok(self.inner.lock().unwrap_or_else(|p| p.into_inner()).records.get(id).cloned())
+    }
+
+    async fn latest(&self, jukebox: &str) -> Result<Option<ScanRecord>, ScannerError> {
+        let m = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(m.latest.get(jukebox).and_then(|id| m.records.get(id)).cloned())
     }
 
     async fn claim_tick(&self, jukebox: &str, at: i64, keep: Duration) -> Result<bool, ScannerError> {
@@ -213,14 +224,12 @@ fn key(kind: &str, jukebox: &str) -> String {
 
 const SUBMIT: &str = r"
 local field = ARGV[1]
-local id = redis.call('HGET', KEYS[2], 'full')
-if id then return {id, 1} end
-id = redis.call('HGET', KEYS[1], 'full')
+local id = redis.call('HGET', KEYS[1], 'full')
 if id then return {id, 1} end
 local existing = redis.call('HGET', KEYS[1], field)
 if existing then return {existing, 1} end
 redis.call('HSET', KEYS[1], field, ARGV[2])
-redis.call('SADD', KEYS[3], ARGV[3])
+redis.call('SADD', KEYS[2], ARGV[3])
 return {ARGV[2], 0}";
 
 const CLAIM: &str = r"
@@ -269,7 +278,6 @@ impl RequestQueue for RedisQueue {
         let mut c = self.connection.clone();
         let (id, joined): (String, i64) = redis::Script::new(SUBMIT)
             .key(key("pending", jukebox))
-            .key(key("running", jukebox))
             .key(format!("{PREFIX}:with-work"))
             .arg(field(filter))
             .arg(new_id())
@@ -333,10 +341,24 @@ impl RequestQueue for RedisQueue {
     }
 
     async fn put_record(&self, record: &ScanRecord) -> Result<(), ScannerError> {
-        use redis::AsyncCommands;
         let mut c = self.connection.clone();
         let body = serde_json::to_string(record).map_err(|e| ScannerError::Store(e.to_string()))?;
-        c.set_ex(key("scan", &record.id), body, RECORD_TTL.as_secs()).await.map_err(redis_error)
+        let mut pipe = redis::pipe();
+        pipe.set_ex(key("scan", &record.id), body, RECORD_TTL.as_secs());
+        if record.is_final() {
+            pipe.set_ex(key("latest", &record.jukebox), &record.id, RECORD_TTL.as_secs());
+        }
+        pipe.query_async(&mut c).await.map_err(redis_error)
+    }
+
+    async fn latest(&self, jukebox: &str) -> Result<Option<ScanRecord>, ScannerError> {
+        use redis::AsyncCommands;
+        let mut c = self.connection.clone();
+        let id: Option<String> = c.get(key("latest", jukebox)).await.map_err(redis_error)?;
+        match id {
+            Some(id) => self.record(&id).await,
+            None => Ok(None),
+        }
     }
 
     async fn record(&self, id: &str) -> Result<Option<ScanRecord>, ScannerError> {

@@ -13,7 +13,7 @@ use vynil_store::{JukeboxRecord, JukeboxStore, ScanEvent};
 use crate::{
     ScannerError,
     engine::{self, EngineSettings, Progress, ScanOutput},
-    metrics::{Cause, Outcome, ScannerMetrics, cause},
+    metrics::{Cause, Jukebox, Outcome, ScannerMetrics, cause},
     requests::{RequestQueue, ScanItem, ScanRecord},
     schedule,
 };
@@ -188,6 +188,8 @@ impl Scanner {
             let _ = self.queue.put_record(&final_record).await;
         }
         self.metrics.scans.get_or_create(&Outcome { outcome: last.state.clone() }).inc();
+        let ended = jiff::Timestamp::now().as_second();
+        self.metrics.last_scan.get_or_create(&Jukebox { jukebox: jukebox.to_string() }).set(ended);
         self.metrics.duration.observe(clock.elapsed().as_secs_f64());
         for (_, why) in &last.errors {
             self.metrics.repository_failures.get_or_create(&Cause { cause: cause(why).to_string() }).inc();
@@ -282,10 +284,9 @@ impl Scanner {
     ) -> Result<usize, ScannerError> {
         let status = self
             .amend_status(jukebox, |record, now| {
-                let generation = record.generation;
-                let status = engine::new_status(record.status.as_ref(), output, filter, generation, now)?;
                 let problem = schedule::problem(&record.spec.schedule);
-                Some(engine::with_schedule_problem(status, problem.as_deref(), generation, now))
+                let previous = record.status.as_ref();
+                engine::new_status(previous, output, filter, problem.as_deref(), record.generation, now)
             })
             .await?;
         Ok(status.map_or(0, |s| s.packages.len()))

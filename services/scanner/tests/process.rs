@@ -24,7 +24,8 @@ async fn with_embedded_defaults_an_unknown_scan_is_not_found() {
             .await
             .unwrap();
     let mut client = ScannerClient::new(service.channel().await.unwrap());
-    let status = client.get_scan(GetScanRequest { scan_id: "nope".into() }).await.unwrap_err();
+    let status =
+        client.get_scan(GetScanRequest { scan_id: "nope".into(), ..Default::default() }).await.unwrap_err();
     assert_eq!(status.code(), tonic::Code::NotFound, "{status:?}");
     let status = client
         .scan(vynil_proto::scanner::v1::ScanRequest { jukebox: "absent".into(), filter: String::new() })
@@ -51,7 +52,12 @@ async fn registry_requests_are_counted_in_the_metrics() {
     let request = vynil_proto::scanner::v1::ScanRequest { jukebox: "box".into(), filter: String::new() };
     let id = client.scan(request).await.unwrap().into_inner().scan_id;
     for _ in 0..300 {
-        let state = client.get_scan(GetScanRequest { scan_id: id.clone() }).await.unwrap().into_inner().state;
+        let state = client
+            .get_scan(GetScanRequest { scan_id: id.clone(), ..Default::default() })
+            .await
+            .unwrap()
+            .into_inner()
+            .state;
         if state == vynil_proto::scanner::v1::ScanState::Succeeded as i32 {
             break;
         }

@@ -73,7 +73,11 @@ async fn replica(world: &World) -> ServiceProcess {
 
 async fn wait_final(client: &mut ScannerClient<tonic::transport::Channel>, id: &str) -> i32 {
     for _ in 0..600 {
-        let status = client.get_scan(GetScanRequest { scan_id: id.into() }).await.unwrap().into_inner();
+        let status = client
+            .get_scan(GetScanRequest { scan_id: id.into(), ..Default::default() })
+            .await
+            .unwrap()
+            .into_inner();
         if [ScanState::Succeeded, ScanState::PartiallyFailed, ScanState::Failed]
             .iter()
             .any(|s| *s as i32 == status.state)
@@ -90,21 +94,38 @@ fn full() -> ScanRequest {
 }
 
 #[tokio::test]
-async fn two_replicas_asked_to_scan_the_same_jukebox_list_each_repository_once() {
+async fn requests_made_on_two_replicas_during_a_scan_share_one_scan_queued_behind_it() {
     let world = world().await;
     let (a, b) = (replica(&world).await, replica(&world).await);
     let mut client_a = ScannerClient::new(a.channel().await.unwrap());
     let mut client_b = ScannerClient::new(b.channel().await.unwrap());
-    let (first, second) = tokio::join!(client_a.scan(full()), client_b.scan(full()));
-    let (first, second) = (first.unwrap().into_inner(), second.unwrap().into_inner());
-    assert_eq!(first.scan_id, second.scan_id, "one request joined the other");
-    assert!(first.joined_existing ^ second.joined_existing);
-    assert_eq!(wait_final(&mut client_b, &first.scan_id).await, ScanState::Succeeded as i32);
+    let running = client_a.scan(full()).await.unwrap().into_inner();
+    for _ in 0..200 {
+        if world.front.count(&Method::GET, "/tags/list") >= 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut client_c = client_b.clone();
+    let (first, second, third) =
+        tokio::join!(client_a.scan(full()), client_b.scan(full()), client_c.scan(full()));
+    let queued: Vec<_> = [first, second, third].into_iter().map(|r| r.unwrap().into_inner()).collect();
+    assert!(
+        queued.iter().all(|q| q.scan_id != running.scan_id),
+        "a running scan started before them: {queued:?}"
+    );
+    assert!(
+        queued.iter().all(|q| q.scan_id == queued[0].scan_id),
+        "one queued scan serves them all: {queued:?}"
+    );
+    assert_eq!(queued.iter().filter(|q| !q.joined_existing).count(), 1, "{queued:?}");
+    assert_eq!(wait_final(&mut client_b, &running.scan_id).await, ScanState::Succeeded as i32);
+    assert_eq!(wait_final(&mut client_a, &queued[0].scan_id).await, ScanState::Succeeded as i32);
     for repository in REPOSITORIES {
         assert_eq!(
             world.front.count(&Method::GET, &format!("/v2/{repository}/tags/list")),
-            1,
-            "{repository}"
+            2,
+            "{repository}: the running scan and the queued one"
         );
     }
 }
@@ -125,7 +146,8 @@ async fn when_the_lease_holder_dies_mid_scan_another_replica_finishes_the_same_r
     drop(holder); // SIGKILL, mid-scan
     let mut client = ScannerClient::new(other.channel().await.unwrap());
     assert_eq!(wait_final(&mut client, &id).await, ScanState::Succeeded as i32);
-    let status = client.get_scan(GetScanRequest { scan_id: id }).await.unwrap().into_inner();
+    let status =
+        client.get_scan(GetScanRequest { scan_id: id, ..Default::default() }).await.unwrap().into_inner();
     assert_eq!(status.repositories_done, 3);
     assert!(world.front.count(&Method::GET, "/tags/list") >= 4, "the scan ran again from the start");
 }

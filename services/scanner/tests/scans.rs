@@ -154,6 +154,55 @@ async fn partial_scans_replace_only_what_their_filter_names() {
 }
 
 #[tokio::test]
+async fn a_scan_requested_after_a_push_sees_the_tag_even_while_an_older_scan_runs() {
+    let h = harness(three_repositories().await, &["db/pg"]).await;
+    // The running scan's tag list is read at once but answered slowly, so
+    // the push below lands after that scan has read the registry.
+    h.front.inject(Fault::new(
+        Some(Method::GET),
+        "/tags/list",
+        1,
+        FaultAction::DelayAnswer(Duration::from_millis(800)),
+    ));
+    let (running, _) = h.scanner.request("box", "").await.unwrap();
+    for _ in 0..400 {
+        if h.front.count(&Method::GET, "/tags/list") >= 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    h.registry.publisher().publish("db/pg", &spec("db", "pg", PackageType::System, "2.0.0")).await.unwrap();
+    let record = scan(&h, "").await;
+    assert_ne!(record.id, running, "the running scan started before the request");
+    assert_eq!(record.state, "succeeded", "{record:?}");
+    assert_eq!(catalog(&h).await, ["db/pg:2.0.0"]);
+}
+
+#[tokio::test]
+async fn manifests_read_counts_this_scans_reads_while_repositories_scan_concurrently() {
+    let registry = three_repositories().await;
+    let p = registry.publisher();
+    for (repository, category, name) in [("db/pg", "db", "pg"), ("db/mysql", "db", "mysql")] {
+        for tag in ["1.0.1", "1.0.2", "1.0.3", "1.0.4"] {
+            p.publish(repository, &spec(category, name, PackageType::System, tag)).await.unwrap();
+        }
+    }
+    let h = harness(registry, &["db/pg", "db/mysql", "monitoring/prom"]).await;
+    // Slow manifests keep the repositories' reads overlapping.
+    h.front.inject(Fault::new(
+        Some(Method::GET),
+        "/manifests/",
+        usize::MAX,
+        FaultAction::Delay(Duration::from_millis(30)),
+    ));
+    let record = scan(&h, "").await;
+    assert_eq!(record.state, "succeeded", "{record:?}");
+    let sent = h.front.count(&Method::GET, "/manifests/") as u64;
+    assert_eq!(sent, 11, "5 + 5 + 1 manifests, each read once");
+    assert_eq!(record.manifests_read, sent);
+}
+
+#[tokio::test]
 async fn a_failed_repository_keeps_its_entries_while_the_others_update() {
     let h = harness(three_repositories().await, &["db/pg", "db/mysql", "monitoring/prom"]).await;
     assert_eq!(scan(&h, "").await.state, "succeeded");
