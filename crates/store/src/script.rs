@@ -1,15 +1,36 @@
 //! `source.script` JukeBoxes: a Rhai script returns the repository list
-//! (reference §3.2). The engine is sandboxed (bounded operations, no modules);
-//! a script error or a wrong return type is a condition, never a crash.
+//! (upstream's `source.script`). The script comes from the cluster, so it
+//! runs sandboxed: a raw engine with only the standard language packages (no
+//! module resolver, so `import` cannot read the scanner's files; no `eval`),
+//! and limits on operations, call depth, expression depth, string, array and
+//! map sizes and wall time. A script error, a limit or a wrong return type is
+//! a condition, never a crash.
+
+use std::time::{Duration, Instant};
+
+use rhai::packages::Package;
 
 const MAX_OPERATIONS: u64 = 1_000_000;
+const MAX_TIME: Duration = Duration::from_secs(2);
+
+fn sandbox() -> rhai::Engine {
+    let mut engine = rhai::Engine::new_raw();
+    engine.register_global_module(rhai::packages::StandardPackage::new().as_shared_module());
+    engine.disable_symbol("eval");
+    engine.set_max_operations(MAX_OPERATIONS);
+    engine.set_max_call_levels(32);
+    engine.set_max_expr_depths(64, 32);
+    engine.set_max_string_size(64 * 1024);
+    engine.set_max_array_size(100_000);
+    engine.set_max_map_size(10_000);
+    let started = Instant::now();
+    engine.on_progress(move |_| (started.elapsed() > MAX_TIME).then(|| "time limit".into()));
+    engine
+}
 
 /// The `registry/repository` strings the script returns.
 pub fn repositories(source: &str) -> Result<Vec<String>, String> {
-    let mut engine = rhai::Engine::new();
-    engine.set_max_operations(MAX_OPERATIONS);
-    engine.set_max_string_size(64 * 1024);
-    engine.set_max_array_size(100_000);
+    let engine = sandbox();
     let value: rhai::Dynamic = engine.eval(source).map_err(|e| format!("the source script failed: {e}"))?;
     let array = value.try_cast::<rhai::Array>().ok_or_else(|| {
         "the source script must return an array of \"registry/repository\" strings".to_string()
@@ -44,5 +65,21 @@ mod tests {
         assert!(repositories("42").unwrap_err().contains("must return an array"));
         assert!(repositories("[1, 2]").unwrap_err().contains("returned a i64"));
         assert!(repositories("loop { }").unwrap_err().contains("failed"), "bounded operations");
+    }
+
+    #[test]
+    fn a_script_cannot_import_the_scanners_files() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("secret.rhai"), r#"export const value = "stolen/secret";"#).unwrap();
+        let path = dir.path().join("secret").to_string_lossy().into_owned();
+        let error = repositories(&format!("import {path:?} as s; [s::value]")).unwrap_err();
+        assert!(error.contains("failed") && error.contains("secret"), "{error}");
+    }
+
+    #[test]
+    fn eval_deep_recursion_and_huge_values_are_refused() {
+        assert!(repositories(r#"eval("[\"a/b\"]")"#).is_err(), "eval is disabled");
+        assert!(repositories("fn f(n) { f(n + 1) } f(0)").unwrap_err().contains("failed"));
+        assert!(repositories(r#"let s = "x"; loop { s += s; }"#).unwrap_err().contains("failed"));
     }
 }

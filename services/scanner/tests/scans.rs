@@ -270,17 +270,30 @@ async fn a_repository_over_the_tag_cap_is_reported_not_truncated() {
 async fn a_failing_source_script_is_a_condition_and_keeps_the_catalog() {
     let h = harness(three_repositories().await, &["db/pg"]).await;
     assert_eq!(scan(&h, "").await.state, "succeeded");
-    std::fs::write(
-        h.dir.path().join("box.yaml"),
-        "apiVersion: vynil.solidite.fr/v1\nkind: JukeBox\nmetadata:\n  name: box\nspec:\n  schedule: '0 * * * *'\n  source:\n    script: 'throw \"no registry today\"'\n",
-    )
-    .unwrap();
-    let record = scan(&h, "").await;
-    assert_eq!(record.state, "failed");
-    assert_eq!(catalog(&h).await, ["db/pg:1.0.0"], "the edited file is read at the next scan; nothing lost");
-    let status = h.scanner.store.get("box").await.unwrap().unwrap().status.unwrap();
-    let updated = status.conditions.iter().find(|c| format!("{:?}", c.condition_type) == "Updated").unwrap();
-    assert!(updated.message.contains("no registry today"), "{}", updated.message);
+    std::fs::write(h.dir.path().join("leak.rhai"), r#"export const value = "leaked/repository";"#).unwrap();
+    let module = h.dir.path().join("leak").to_string_lossy().into_owned();
+    for (script, says) in [
+        ("throw \"no registry today\"".to_string(), "no registry today"),
+        (format!("import {module:?} as m; [m::value]"), "leak"),
+        ("loop { }".to_string(), "operations"),
+    ] {
+        let yaml = serde_json::json!({
+            "apiVersion": "vynil.solidite.fr/v1", "kind": "JukeBox", "metadata": {"name": "box"},
+            "spec": {"schedule": "0 * * * *", "source": {"script": script}},
+        });
+        std::fs::write(h.dir.path().join("box.yaml"), serde_json::to_string(&yaml).unwrap()).unwrap();
+        let record = scan(&h, "").await;
+        assert_eq!(record.state, "failed", "{script}");
+        assert_eq!(
+            catalog(&h).await,
+            ["db/pg:1.0.0"],
+            "the edited file is read at the next scan; nothing lost"
+        );
+        let status = h.scanner.store.get("box").await.unwrap().unwrap().status.unwrap();
+        let updated =
+            status.conditions.iter().find(|c| format!("{:?}", c.condition_type) == "Updated").unwrap();
+        assert!(updated.message.contains(says), "{script}: {}", updated.message);
+    }
 }
 
 #[tokio::test]
