@@ -53,9 +53,10 @@ pub struct ServiceEndpoint {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Published {
     pub key: String,
+    /// The tenant using the published service, as the upstream agent writes
+    /// it: a nullable string.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "crate::schema::optional_free_object")]
-    pub tenant: Option<Value>,
+    pub tenant: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service: Option<ServiceEndpoint>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
