@@ -39,16 +39,25 @@ pub enum LocalError {
     ClusterRequested,
     #[error("cannot open the local store: {0}")]
     Store(#[from] vynil_store::StoreError),
+    #[error("{service}: invalid configuration: {error}")]
+    Config { service: &'static str, error: String },
     #[error("{service} stopped: {error}")]
     Service { service: &'static str, error: String },
 }
 
 /// A service's own configuration, from its own flags and defaults, with the
 /// shared flags of local mode.
-fn service_config<C: Parser>(binary: &str, listen: SocketAddr, extra: &[String]) -> C {
-    let mut args = vec![binary.to_string(), "--listen".into(), listen.to_string()];
+/// A bad value (from a service's own environment variable, say) is an error
+/// naming the service, never an exit of the whole process.
+fn service_config<C: Parser>(
+    service: &'static str,
+    listen: SocketAddr,
+    extra: &[String],
+) -> Result<C, LocalError> {
+    let mut args = vec![format!("vynil-{service}"), "--listen".into(), listen.to_string()];
     args.extend_from_slice(extra);
-    C::parse_from(args)
+    C::try_parse_from(args)
+        .map_err(|e| LocalError::Config { service, error: e.to_string().trim().to_string() })
 }
 
 /// Runs every service until `shutdown` resolves (or one of them fails, which
@@ -76,14 +85,14 @@ pub async fn run(
     };
     let mut services: JoinSet<(&'static str, Result<(), String>)> = JoinSet::new();
 
-    let mut catalog: vynil_catalog::Config = service_config("vynil-catalog", config.catalog_listen, &[]);
+    let mut catalog: vynil_catalog::Config = service_config("catalog", config.catalog_listen, &[])?;
     catalog.shared = config.shared.clone();
     let (store_c, done) = (store.clone(), stopped());
     services.spawn(async move {
         ("catalog", vynil_catalog::run_with_store(catalog, store_c, done).await.map_err(|e| e.to_string()))
     });
 
-    let mut scanner: vynil_scanner::Config = service_config("vynil-scanner", config.scanner_listen, &[]);
+    let mut scanner: vynil_scanner::Config = service_config("scanner", config.scanner_listen, &[])?;
     scanner.shared = config.shared.clone();
     let (store_s, done) = (store.clone(), stopped());
     services.spawn(async move {
@@ -91,25 +100,22 @@ pub async fn run(
     });
 
     let lifecycle_endpoint = format!("http://{}", config.lifecycle_listen);
-    let mut purger: vynil_purger::Config = service_config(
-        "vynil-purger",
-        config.purger_listen,
-        &["--lifecycle-endpoint".into(), lifecycle_endpoint],
-    );
+    let mut purger: vynil_purger::Config =
+        service_config("purger", config.purger_listen, &["--lifecycle-endpoint".into(), lifecycle_endpoint])?;
     purger.shared = config.shared.clone();
     let (store_p, done) = (store.clone(), stopped());
     services.spawn(async move {
         ("purger", vynil_purger::run_with_store(purger, store_p, done).await.map_err(|e| e.to_string()))
     });
 
-    let lifecycle: vynil_lifecycle::Config = service_config("vynil-lifecycle", config.lifecycle_listen, &[]);
+    let lifecycle: vynil_lifecycle::Config = service_config("lifecycle", config.lifecycle_listen, &[])?;
     let disabled = vynil_lifecycle::LifecycleService { disabled: Some("no cluster (local mode)".into()) };
     let done = stopped();
     services.spawn(async move {
         ("lifecycle", vynil_lifecycle::serve(lifecycle, disabled, done).await.map_err(|e| e.to_string()))
     });
 
-    let gateway: vynil_gateway::Config = service_config("vynil-gateway", config.gateway_listen, &[]);
+    let gateway: vynil_gateway::Config = service_config("gateway", config.gateway_listen, &[])?;
     let done = stopped();
     services.spawn(
         async move { ("gateway", vynil_gateway::run(gateway, done).await.map_err(|e| e.to_string())) },
@@ -148,4 +154,19 @@ pub async fn run(
         record(ended);
     }
     first_error.map_or(Ok(()), Err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bad_service_flag_is_an_error_naming_the_service_not_an_exit() {
+        let listen = SocketAddr::from(([127, 0, 0, 1], 0));
+        let extra = ["--repository-concurrency".to_string(), "many".to_string()];
+        let error = service_config::<vynil_scanner::Config>("scanner", listen, &extra).unwrap_err();
+        let text = error.to_string();
+        assert!(text.starts_with("scanner: invalid configuration"), "{text}");
+        assert!(text.contains("many") && text.contains("--repository-concurrency"), "{text}");
+    }
 }

@@ -17,7 +17,7 @@ use tonic_health::pb::{
     HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
 };
 use vynil_proto::{
-    catalog::v1::{GetCatalogRequest, catalog_client::CatalogClient},
+    catalog::v1::{GetCatalogRequest, ListJukeboxesRequest, catalog_client::CatalogClient},
     lifecycle::v1::{ListInstalledRevisionsRequest, lifecycle_client::LifecycleClient},
     purger::v1::{PlanRequest, plan_request::Target, purger_client::PurgerClient},
     scanner::v1::{GetScanRequest, ScanRequest, ScanState, scanner_client::ScannerClient},
@@ -58,6 +58,10 @@ async fn start(registry: &RegistryServer) -> Local {
         registry.host()
     );
     std::fs::write(dir.path().join("box.yaml"), yaml).unwrap();
+    // A typo a newcomer makes: `sources` for `source`.
+    let broken =
+        "apiVersion: vynil.solidite.fr/v1\nkind: JukeBox\nmetadata:\n  name: broken\nspec:\n  sources: {}\n";
+    std::fs::write(dir.path().join("broken.yaml"), broken).unwrap();
     let ports = [loopback(), loopback(), loopback(), loopback(), loopback()];
     let flags =
         ["--catalog-listen", "--scanner-listen", "--purger-listen", "--lifecycle-listen", "--gateway-listen"];
@@ -75,7 +79,8 @@ async fn start(registry: &RegistryServer) -> Local {
         .stderr(Stdio::null());
     let child = command.spawn().unwrap();
     let local = Local { child, ports, _dir: dir };
-    let deadline = Instant::now() + Duration::from_secs(30);
+    // Generous: the binary may start slowly while other test binaries build.
+    let deadline = Instant::now() + Duration::from_secs(90);
     for addr in &local.ports[..4] {
         while !serving(*addr).await {
             assert!(Instant::now() < deadline, "{addr} never served");
@@ -96,8 +101,24 @@ async fn one_process_serves_every_service_and_they_work_together() {
     let health = reqwest::get(format!("http://{gateway}/healthz")).await.unwrap();
     assert!(health.status().is_success());
 
-    // A scan through the scanner's API…
+    // A file that is not a JukeBox is named, with its error, where users look.
     let mut scans = ScannerClient::new(channel(scanner).await.unwrap());
+    let missing =
+        scans.scan(ScanRequest { jukebox: "broken".into(), filter: String::new() }).await.unwrap_err();
+    assert_eq!(missing.code(), tonic::Code::NotFound);
+    assert!(
+        missing.message().contains("broken.yaml") && missing.message().contains("missing field"),
+        "{missing:?}"
+    );
+    let listed = CatalogClient::new(channel(catalog).await.unwrap())
+        .list_jukeboxes(ListJukeboxesRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(listed.skipped.len(), 1, "{listed:?}");
+    assert!(listed.skipped[0].source.ends_with("broken.yaml"), "{listed:?}");
+
+    // A scan through the scanner's API…
     let id = scans
         .scan(ScanRequest { jukebox: "box".into(), filter: String::new() })
         .await

@@ -21,6 +21,8 @@ use vynil_crds::{JukeBox, JukeBoxSpec, JukeBoxStatus};
 use crate::{StoreError, redis_error};
 
 type Annotations = std::collections::BTreeMap<String, String>;
+/// A JukeBox file as read: its name, spec and annotations.
+type Spec = (String, JukeBoxSpec, Annotations);
 
 /// Redis pub/sub channel announcing a JukeBox status change (payload: name).
 pub const CHANGES_CHANNEL: &str = "vynil:v1:jukebox-status-changes";
@@ -37,6 +39,21 @@ pub struct JukeboxRecord {
     pub annotations: std::collections::BTreeMap<String, String>,
     /// `metadata.generation`, which conditions carry (0 outside a cluster).
     pub generation: i64,
+}
+
+/// A JukeBox source the store could not read, and why: answers that say "no
+/// JukeBox x" name these too, so a typo in a file is not a mystery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SkippedSource {
+    /// The file (or object) skipped.
+    pub source: String,
+    pub problem: String,
+}
+
+impl std::fmt::Display for SkippedSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} was skipped: {}", self.source, self.problem)
+    }
 }
 
 /// A scan's outcome, as a Kubernetes Event on the JukeBox (upstream's
@@ -75,6 +92,10 @@ pub trait JukeboxStore: Send + Sync + std::fmt::Debug {
     }
     /// Records a scan outcome where users look for it (nowhere outside a cluster).
     async fn record_scan_event(&self, _name: &str, _event: &ScanEvent) {}
+    /// Sources that could not be read as JukeBoxes (bad YAML files).
+    async fn skipped(&self) -> Vec<SkippedSource> {
+        Vec::new()
+    }
 }
 
 /// Status with its version.
@@ -235,21 +256,28 @@ impl LocalStore {
         })
     }
 
-    fn read_specs(&self) -> Result<Vec<(String, JukeBoxSpec, Annotations)>, StoreError> {
+    fn read_specs(&self) -> Result<Vec<Spec>, StoreError> {
+        Ok(self.read_directory()?.0)
+    }
+
+    /// The JukeBoxes of the directory, and the files that are not.
+    fn read_directory(&self) -> Result<(Vec<Spec>, Vec<SkippedSource>), StoreError> {
         let entries = std::fs::read_dir(&self.directory).map_err(|e| {
             StoreError::Config(format!("cannot read the JukeBox directory {}: {e}", self.directory.display()))
         })?;
         let mut specs = Vec::new();
+        let mut skipped = Vec::new();
         for entry in entries.flatten() {
             let path = entry.path();
             let is_yaml = path.extension().is_some_and(|e| e == "yaml" || e == "yml");
             if !is_yaml {
                 continue;
             }
+            let skip = |problem: String| SkippedSource { source: path.display().to_string(), problem };
             let text = match std::fs::read_to_string(&path) {
                 Ok(text) => text,
                 Err(e) => {
-                    tracing::warn!(path = %path.display(), error = %e, "unreadable JukeBox file skipped");
+                    skipped.push(skip(format!("unreadable: {e}")));
                     continue;
                 }
             };
@@ -263,17 +291,18 @@ impl LocalStore {
                     Some(name) => {
                         specs.push((name, jukebox.spec, jukebox.metadata.annotations.unwrap_or_default()))
                     }
-                    None => {
-                        tracing::warn!(path = %path.display(), "JukeBox without metadata.name skipped")
-                    }
+                    None => skipped.push(skip("a JukeBox without metadata.name".into())),
                 },
-                Err(e) => {
-                    tracing::warn!(path = %path.display(), error = %e, "invalid JukeBox file skipped")
-                }
+                Err(e) => skipped
+                    .push(skip(format!("not a JukeBox: {e}; fix the file, it is read again at each use"))),
             }
         }
+        for skip in &skipped {
+            tracing::warn!(source = %skip.source, problem = %skip.problem, "JukeBox file skipped");
+        }
         specs.sort_by(|a, b| a.0.cmp(&b.0));
-        Ok(specs)
+        skipped.sort_by(|a, b| a.source.cmp(&b.source));
+        Ok((specs, skipped))
     }
 
     async fn record(
@@ -324,6 +353,10 @@ impl JukeboxStore for LocalStore {
 
     fn subscribe(&self) -> broadcast::Receiver<String> {
         self.changes.subscribe()
+    }
+
+    async fn skipped(&self) -> Vec<SkippedSource> {
+        self.read_directory().map(|(_, skipped)| skipped).unwrap_or_default()
     }
 }
 

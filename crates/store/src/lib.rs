@@ -19,7 +19,7 @@ mod jukeboxes;
 mod kube;
 mod script;
 
-pub use jukeboxes::{CHANGES_CHANNEL, JukeboxRecord, JukeboxStore, LocalStore, ScanEvent};
+pub use jukeboxes::{CHANGES_CHANNEL, JukeboxRecord, JukeboxStore, LocalStore, ScanEvent, SkippedSource};
 pub use kube::KubeStore;
 use vynil_crds::{JukeBoxSource, JukeBoxSpec};
 use vynil_registry::sources::Source;

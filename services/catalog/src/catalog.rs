@@ -75,6 +75,11 @@ impl Catalog {
         Ok(self.snapshot.read().unwrap_or_else(|p| p.into_inner()).get(jukebox).cloned())
     }
 
+    /// JukeBox sources the store could not read (they have no entry).
+    pub async fn skipped(&self) -> Vec<vynil_store::SkippedSource> {
+        self.store.skipped().await
+    }
+
     pub fn entries(&self) -> Result<Vec<Entry>, CatalogError> {
         if !self.loaded.load(Ordering::Acquire) {
             return Err(CatalogError::Unavailable("the catalog has not loaded yet; retry".into()));

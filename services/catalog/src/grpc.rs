@@ -118,7 +118,14 @@ impl CatalogApi for CatalogService {
                 content_hash: e.hash,
             })
             .collect();
-        Ok(Response::new(ListJukeboxesResponse { jukeboxes }))
+        let skipped = self
+            .catalog
+            .skipped()
+            .await
+            .into_iter()
+            .map(|s| pb::SkippedSource { source: s.source, problem: s.problem })
+            .collect();
+        Ok(Response::new(ListJukeboxesResponse { jukeboxes, skipped }))
     }
 
     async fn get_catalog(

@@ -44,7 +44,7 @@ impl Scanner {
             raw => Some(ScanFilter::parse(raw)?.to_string()),
         };
         if self.store.get(jukebox).await?.is_none() {
-            return Err(ScannerError::NotFound(format!("no JukeBox {jukebox:?}")));
+            return Err(ScannerError::NotFound(no_jukebox(&*self.store, jukebox).await));
         }
         let (id, joined) = self.queue.submit(jukebox, filter.as_deref()).await?;
         if !joined {
@@ -301,6 +301,16 @@ impl Scanner {
             }
         }
     }
+}
+
+/// "no JukeBox x", naming the sources the store skipped (one may be it).
+async fn no_jukebox(store: &dyn JukeboxStore, jukebox: &str) -> String {
+    let skipped = store.skipped().await;
+    if skipped.is_empty() {
+        return format!("no JukeBox {jukebox:?}");
+    }
+    let list = skipped.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ");
+    format!("no JukeBox {jukebox:?}; skipped, and perhaps meant: {list}")
 }
 
 fn describe(errors: &[(String, String)]) -> String {
