@@ -109,7 +109,7 @@ pub async fn run(
     });
 
     let lifecycle: vynil_lifecycle::Config = service_config("lifecycle", config.lifecycle_listen, &[])?;
-    let disabled = vynil_lifecycle::LifecycleService { disabled: Some("no cluster (local mode)".into()) };
+    let disabled = vynil_lifecycle::LifecycleService::disabled("no cluster (local mode)");
     let done = stopped();
     services.spawn(async move {
         ("lifecycle", vynil_lifecycle::serve(lifecycle, disabled, done).await.map_err(|e| e.to_string()))

@@ -39,6 +39,7 @@ pub fn packages(_: &mut SchemaGenerator) -> Schema {
                 "registry": string(),
                 "image": string(),
                 "tag": string(),
+                "digest": nullable_string(),
                 "metadata": {
                     "type": "object",
                     "required": ["name", "category", "description", "type", "features"],

@@ -52,7 +52,7 @@ pub use retention::{RetentionConfig, RetentionPlan, plan_retention};
 pub use scan::{ScanFilter, merge_packages, repositories_for};
 pub use selection::{CleanupDecision, InstallQuery, NoMatch, select_cleanup, select_install};
 pub use tag::{ArtifactTag, Tag};
-pub use view::{Versions, View, ViewBuilder, Viewer, compute_view, view_of_versions};
+pub use view::{Versions, View, ViewBuilder, Viewer, catalog_view, compute_view, view_of_versions};
 
 /// Every way input to the rules can be wrong. Each names what was wrong and
 /// what to do.
@@ -68,4 +68,8 @@ pub enum RulesError {
         "cannot plan retention: the metadata of some versions could not be read ({0}); fix the registry or exclude the repository, nothing is deleted on a guess"
     )]
     UnreadableMetadata(String),
+    #[error(
+        "this JukeBox is scanned for the {scanned} channel, and the {asked} view cannot be derived from the {scanned} view (a view is not a filter: the {asked} view may hold releases the {scanned} waypoints skip); ask without a channel, or use a JukeBox whose spec.maturity is {asked}"
+    )]
+    ChannelNotScanned { asked: Channel, scanned: Channel },
 }

@@ -136,6 +136,10 @@ pub struct Package {
     pub registry: String,
     pub image: String,
     pub tag: String,
+    /// Ours (upstream has none): the manifest digest `sha256:…` the tag
+    /// resolved to when scanned, so an install records exactly what it ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
     #[serde(flatten)]
     pub content: PackageContent,
 }
@@ -178,7 +182,13 @@ impl PackageContent {
 
 impl Package {
     pub fn new(registry: &str, image: &str, tag: &str, content: PackageContent) -> Self {
-        Self { registry: registry.into(), image: image.into(), tag: tag.into(), content }
+        Self { registry: registry.into(), image: image.into(), tag: tag.into(), digest: None, content }
+    }
+
+    /// The same package, recorded with the digest its tag resolved to.
+    pub fn with_digest(mut self, digest: &str) -> Self {
+        self.digest = Some(digest.to_string()).filter(|d| !d.is_empty());
+        self
     }
 
     pub fn name(&self) -> &str {

@@ -296,6 +296,24 @@ pub fn compute_view<'a, 'c, R: Revision + 'c>(
     view_of_versions(&Versions::parse(tags), viewer, type_aware, lookup)
 }
 
+/// What a JukeBox's catalog may answer for `asked`, given the `packages` its
+/// scans keep for the JukeBox's own channel (`scanned`): exactly that view, or
+/// a refusal. A view is not a filter of a wider one: the stable view of a
+/// repository can hold a stable release that the alpha view skipped (not a
+/// waypoint there), and a wider view holds tags the narrower scan never read.
+/// So only the scanned channel has an answer.
+pub fn catalog_view(
+    packages: &[crate::Package],
+    scanned: Channel,
+    asked: Option<Channel>,
+) -> Result<&[crate::Package], crate::RulesError> {
+    match asked {
+        None => Ok(packages),
+        Some(asked) if asked == scanned => Ok(packages),
+        Some(asked) => Err(crate::RulesError::ChannelNotScanned { asked, scanned }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::HashMap;

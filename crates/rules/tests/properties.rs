@@ -311,6 +311,29 @@ proptest! {
         prop_assert_eq!(typed.tags(), plain.tags());
     }
 
+    /// (g) What a catalog answers for a channel is exactly the rules' view of
+    /// that channel, or a refusal; never a filter of another channel's view.
+    #[test]
+    fn a_catalog_answers_a_channel_with_its_exact_view_or_refuses(
+        case in case(),
+        scanned in 0usize..3,
+        asked in prop::option::of(0usize..3),
+    ) {
+        let fw = framework("0.8.0");
+        let (scanned, asked) = (Channel::ALL[scanned], asked.map(|a| Channel::ALL[a]));
+        let contents = contents(&case);
+        let stored: Vec<Package> = view_of(&case, scanned, &fw)
+            .tags()
+            .into_iter()
+            .map(|tag| Package::new("reg", "r/x", tag, contents[tag].clone()))
+            .collect();
+        if let Ok(answer) = vynil_rules::catalog_view(&stored, scanned, asked) {
+            let expected = view_of(&case, asked.unwrap_or(scanned), &fw);
+            let answered: Vec<&str> = answer.iter().map(|p| p.tag.as_str()).collect();
+            prop_assert_eq!(answered, expected.tags());
+        }
+    }
+
     /// (e) A merge never loses an entry outside its filter, nor one of a failed repository.
     #[test]
     fn a_merge_never_loses_an_entry_outside_the_filter(

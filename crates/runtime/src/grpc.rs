@@ -49,6 +49,7 @@ impl ServedService {
 pub struct GrpcServer {
     listener: TcpListener,
     metrics: Option<std::sync::Arc<prometheus_client::registry::Registry>>,
+    components: Vec<(&'static str, tokio::sync::watch::Receiver<bool>)>,
 }
 
 impl std::fmt::Debug for GrpcServer {
@@ -60,13 +61,22 @@ impl std::fmt::Debug for GrpcServer {
 impl GrpcServer {
     pub async fn bind(addr: SocketAddr) -> Result<Self, RuntimeError> {
         let listener = TcpListener::bind(addr).await.map_err(|source| RuntimeError::Bind { addr, source })?;
-        Ok(Self { listener, metrics: None })
+        Ok(Self { listener, metrics: None, components: Vec::new() })
     }
 
     /// Also answers `GET /metrics` (Prometheus text) on the same port, over
     /// HTTP/1.1: one port per service, nothing to collide in tests.
     pub fn with_metrics(mut self, registry: std::sync::Arc<prometheus_client::registry::Registry>) -> Self {
         self.metrics = Some(registry);
+        self
+    }
+
+    /// Also reports `name` in `grpc.health.v1`: SERVING while `healthy` says
+    /// `true`, NOT_SERVING otherwise. A component's trouble (the catalog's
+    /// cache, say) shows under its own name while the server as a whole (`""`
+    /// and the service names, what readiness probes ask) stays SERVING.
+    pub fn with_component(mut self, name: &'static str, healthy: tokio::sync::watch::Receiver<bool>) -> Self {
+        self.components.push((name, healthy));
         self
     }
 
@@ -108,12 +118,34 @@ impl GrpcServer {
         }
         set_all(&health, &names, ServingStatus::Serving).await;
         tracing::info!(address = ?self.listener.local_addr().ok(), services = ?names, "serving gRPC");
+        let mut followers = tokio::task::JoinSet::new();
+        let component_names: Vec<&'static str> = self.components.iter().map(|(name, _)| *name).collect();
+        for (name, mut healthy) in self.components {
+            let reporter = health.clone();
+            followers.spawn(async move {
+                loop {
+                    let status = if *healthy.borrow_and_update() {
+                        ServingStatus::Serving
+                    } else {
+                        ServingStatus::NotServing
+                    };
+                    reporter.set_service_status(name, status).await;
+                    if healthy.changed().await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
 
         let reporter = health.clone();
         let drain = async move {
             shutdown.await;
             tracing::info!("shutdown requested: reporting NOT_SERVING and draining");
+            followers.abort_all();
             set_all(&reporter, &names, ServingStatus::NotServing).await;
+            for name in component_names {
+                reporter.set_service_status(name, ServingStatus::NotServing).await;
+            }
         };
         tonic::transport::Server::builder()
             .accept_http1(true)

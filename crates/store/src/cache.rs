@@ -30,6 +30,9 @@ pub struct Entry {
     pub jukebox: String,
     pub packages: Vec<Package>,
     pub pull_secret: Option<String>,
+    /// The channel (`spec.maturity`) the packages are the view of.
+    #[serde(default)]
+    pub channel: vynil_rules::Channel,
     /// When the scanner last changed the packages or `Updated` (see `new_status`).
     #[serde(alias = "last_scan_time")]
     pub last_change_time: Option<String>,
@@ -38,18 +41,24 @@ pub struct Entry {
 }
 
 impl Entry {
-    pub fn from_status(jukebox: &str, pull_secret: Option<String>, status: &JukeBoxStatus) -> Self {
+    pub fn from_status(
+        jukebox: &str,
+        pull_secret: Option<String>,
+        channel: vynil_rules::Channel,
+        status: &JukeBoxStatus,
+    ) -> Self {
         let last_change_time = status
             .conditions
             .iter()
             .find(|c| c.condition_type == JukeBoxConditionType::Updated)
             .and_then(|c| c.last_transition_time.clone());
-        let content = serde_json::json!([status.packages, pull_secret, status.conditions]);
+        let content = serde_json::json!([status.packages, pull_secret, status.conditions, channel]);
         let hash = format!("sha256:{}", hex::encode(Sha256::digest(content.to_string().as_bytes())));
         Self {
             jukebox: jukebox.to_string(),
             packages: status.packages.clone(),
             pull_secret,
+            channel,
             last_change_time,
             conditions: status.conditions.clone(),
             hash,
@@ -247,8 +256,9 @@ mod tests {
     #[tokio::test]
     async fn the_memory_cache_writes_only_what_changed() -> Result<(), StoreError> {
         let cache = MemoryCache::default();
-        let empty = Entry::from_status("box", None, &JukeBoxStatus::default());
-        let with_secret = Entry::from_status("box", Some("pull".into()), &JukeBoxStatus::default());
+        let empty = Entry::from_status("box", None, Default::default(), &JukeBoxStatus::default());
+        let with_secret =
+            Entry::from_status("box", Some("pull".into()), Default::default(), &JukeBoxStatus::default());
         assert_ne!(empty.hash, with_secret.hash);
         assert!(cache.upsert_if_changed(&empty).await?);
         assert!(!cache.upsert_if_changed(&empty).await?, "identical content writes nothing");

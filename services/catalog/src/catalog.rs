@@ -25,12 +25,19 @@ pub struct Change {
     pub hash: Option<String>,
 }
 
+/// The health service name under which the cache's state is reported: NOT_SERVING
+/// while the catalog serves from its snapshot only. The server as a whole
+/// stays SERVING (it keeps answering), so a Redis blip un-readies no pod.
+pub const CACHE_HEALTH: &str = "vynil.catalog.v1.Catalog/cache";
+
 #[derive(Debug)]
 pub struct Catalog {
     snapshot: RwLock<HashMap<String, Entry>>,
     loaded: AtomicBool,
     resync_due: AtomicBool,
-    degraded: AtomicBool,
+    /// `true` while the shared cache answers (`false`: degraded, serving
+    /// from the snapshot); health reports it under [`CACHE_HEALTH`].
+    cache_healthy: tokio::sync::watch::Sender<bool>,
     cache: Arc<dyn PackageCache>,
     store: Arc<dyn JukeboxStore>,
     changes: broadcast::Sender<Change>,
@@ -58,7 +65,7 @@ impl Catalog {
             snapshot: RwLock::default(),
             loaded: AtomicBool::new(false),
             resync_due: AtomicBool::new(false),
-            degraded: AtomicBool::new(false),
+            cache_healthy: tokio::sync::watch::Sender::new(true),
             cache,
             store,
             changes,
@@ -91,11 +98,16 @@ impl Catalog {
     }
 
     pub fn is_degraded(&self) -> bool {
-        self.degraded.load(Ordering::Acquire)
+        !*self.cache_healthy.borrow()
+    }
+
+    /// Follows the cache's health (for `grpc.health.v1`).
+    pub fn cache_health(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.cache_healthy.subscribe()
     }
 
     fn set_degraded(&self, degraded: bool) {
-        self.degraded.store(degraded, Ordering::Release);
+        self.cache_healthy.send_if_modified(|healthy| std::mem::replace(healthy, !degraded) == degraded);
         self.metrics.degraded.set(i64::from(degraded));
     }
 
@@ -129,7 +141,8 @@ impl Catalog {
     async fn try_ingest(&self, jukebox: &str) -> Result<(), CatalogError> {
         let record = self.store.get(jukebox).await.map_err(|e| CatalogError::Unavailable(e.to_string()))?;
         let entry = record.and_then(|r| {
-            r.status.map(|status| Entry::from_status(&r.name, r.spec.pull_secret.clone(), &status))
+            let (pull_secret, channel) = (r.spec.pull_secret.clone(), r.spec.channel());
+            r.status.map(|status| Entry::from_status(&r.name, pull_secret, channel, &status))
         });
         match &entry {
             Some(entry) if self.cache.upsert_if_changed(entry).await? => self.metrics.upserts.inc(),

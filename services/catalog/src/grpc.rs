@@ -70,7 +70,7 @@ pub fn package_to_proto(p: &Package) -> pb::Package {
         recommandations_json: p.content.recommandations.as_ref().map(json).unwrap_or_default(),
         options_json: p.content.options.as_ref().map(json).unwrap_or_default(),
         value_script: p.content.value_script_source().ok().flatten().unwrap_or_default(),
-        digest: String::new(),
+        digest: p.digest.clone().unwrap_or_default(),
     }
 }
 
@@ -144,13 +144,13 @@ impl CatalogApi for CatalogService {
             Ok(ProtoChannel::Stable) => Some(Channel::Stable),
             _ => None,
         };
-        let packages = entry
-            .packages
+        let view = vynil_rules::catalog_view(&entry.packages, entry.channel, channel)
+            .map_err(|e| Status::invalid_argument(format!("JukeBox {:?}: {e}", request.jukebox)))?;
+        let packages = view
             .iter()
             .filter(|p| request.category.is_empty() || p.category() == request.category)
             .filter(|p| request.name.is_empty() || p.name() == request.name)
             .filter(|p| wanted_type.is_none_or(|t| p.package_type() == t))
-            .filter(|p| channel.is_none_or(|c| c.admits(&p.tag)))
             .map(package_to_proto)
             .collect();
         Ok(Response::new(GetCatalogResponse { jukebox: entry.jukebox, content_hash: entry.hash, packages }))
@@ -207,8 +207,18 @@ impl CatalogApi for CatalogService {
             digest: r.digest.clone(),
             package_type: package_type_or(r.r#type, package_type),
         });
-        let check =
-            if request.recorded_still_resolves { RecordedCheck::Resolves } else { RecordedCheck::Gone };
+        let check = match pb::RecordedCheck::try_from(request.recorded_check) {
+            Ok(pb::RecordedCheck::Resolves) => RecordedCheck::Resolves,
+            Ok(pb::RecordedCheck::Gone) => RecordedCheck::Gone,
+            Ok(pb::RecordedCheck::Unknown) => RecordedCheck::Unknown(request.recorded_check_problem.clone()),
+            Ok(pb::RecordedCheck::Unspecified) | Err(_) if recorded.is_some() => {
+                return Err(Status::invalid_argument(
+                    "a recorded revision needs its recorded_check (RESOLVES, GONE or UNKNOWN): \
+                     check the recorded tag's digest in the registry first",
+                ));
+            }
+            _ => RecordedCheck::Unknown("no recorded revision".into()),
+        };
         let query = vynil_rules::selection::CleanupQuery {
             install: InstallQuery {
                 jukebox: &request.jukebox,
@@ -220,8 +230,7 @@ impl CatalogApi for CatalogService {
             },
             recorded: recorded.as_ref().map(|r| (r, check.clone())),
             catalog,
-            // The caller only asks when the instance has children to delete.
-            has_children: true,
+            has_children: request.children > 0,
             delete_without_package: request.delete_without_package_allowed,
         };
         let decision = match vynil_rules::select_cleanup(&query) {
@@ -242,9 +251,7 @@ impl CatalogApi for CatalogService {
             CleanupDecision::DeleteWithoutPackage { warning } => {
                 Decision::DeleteWithoutPackage(pb::DeleteWithoutPackage { warning })
             }
-            CleanupDecision::NothingToDelete => {
-                return Err(Status::internal("cleanup asked for an instance without children"));
-            }
+            CleanupDecision::NothingToDelete => Decision::NothingToDelete(pb::NothingToDelete {}),
             CleanupDecision::Retry { why } => return Err(Status::unavailable(why)),
         };
         Ok(Response::new(ResolveCleanupResponse { decision: Some(decision) }))

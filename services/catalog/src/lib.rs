@@ -5,7 +5,8 @@
 //! content writes nothing, a deleted JukeBox loses its entry. Answers come from
 //! the rules crate over an in-process snapshot; with Redis, replicas share the
 //! entries and refresh their snapshots on pub/sub invalidations, and a Redis
-//! outage leaves reads working from the last snapshot (health says degraded).
+//! outage leaves reads working from the last snapshot: health stays SERVING
+//! and reports the cache as NOT_SERVING under `vynil.catalog.v1.Catalog/cache`.
 //! An answer the catalog cannot give (nothing loaded yet) is `UNAVAILABLE`,
 //! never "not found".
 //!
@@ -23,7 +24,7 @@ use vynil_proto::catalog::v1::catalog_server::CatalogServer;
 use vynil_runtime::{GrpcServer, ServedService, Shutdown};
 use vynil_store::{JukeboxStore, StoreSettings};
 
-pub use catalog::{Catalog, Change};
+pub use catalog::{CACHE_HEALTH, Catalog, Change};
 pub use grpc::CatalogService;
 pub use vynil_store::cache::{CHANGES, Entry, MemoryCache, PackageCache, RedisCache};
 
@@ -104,7 +105,10 @@ pub async fn run_with_store(
     let catalog = build_with_store(&config, store).await?;
     let follower =
         tokio::spawn(catalog.clone().follow(std::time::Duration::from_secs(config.resync_seconds.max(1))));
-    let server = GrpcServer::bind(config.listen).await?.with_metrics(catalog.metrics.register());
+    let server = GrpcServer::bind(config.listen)
+        .await?
+        .with_metrics(catalog.metrics.register())
+        .with_component(catalog::CACHE_HEALTH, catalog.cache_health());
     let drain = Shutdown::new();
     let service = CatalogServer::new(CatalogService::new(catalog, drain.clone()));
     let served = server.serve(vec![ServedService::new(service)], drain.after(shutdown)).await;

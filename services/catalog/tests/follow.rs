@@ -225,3 +225,96 @@ async fn when_redis_goes_away_reads_go_on_from_the_snapshot_and_the_entry_is_rep
         redis::cmd("GET").arg("vynil:v1:catalog:entry:a").query_async(&mut connection).await.unwrap();
     assert!(stored.unwrap().contains("2.0.0"), "the shared entry was repaired");
 }
+
+#[tokio::test]
+async fn resolve_cleanup_carries_the_recorded_check_and_the_children_over_the_wire() {
+    use vynil_proto::catalog::v1::{
+        RecordedCheck, RecordedRevision, ResolveCleanupRequest, resolve_cleanup_response::Decision,
+    };
+    let world = world(&["box"]).await;
+    let catalog = replica(&world).await;
+    let service = CatalogService::new(catalog.clone(), vynil_runtime::Shutdown::new());
+    // After the type change: no tenant revision is left in the catalog.
+    write(&world, "box", vec![package("0.1.10", PackageType::Service, None)]).await;
+    eventually(&catalog, "box", &["0.1.10"]).await;
+    let request = |check: RecordedCheck, children: u32| ResolveCleanupRequest {
+        jukebox: "box".into(),
+        category: "think".into(),
+        name: "ollama".into(),
+        r#type: ProtoType::Tenant as i32,
+        installed_tag: "0.1.8".into(),
+        recorded: Some(RecordedRevision {
+            registry: "registry.example".into(),
+            image: "think/ollama".into(),
+            tag: "0.1.8".into(),
+            digest: "sha256:aa".into(),
+            r#type: ProtoType::Tenant as i32,
+        }),
+        recorded_check: check as i32,
+        recorded_check_problem: "registry.example: connection refused".into(),
+        children,
+        delete_without_package_allowed: false,
+    };
+    let decide = |check, children| {
+        let service = service.clone();
+        async move { service.resolve_cleanup(Request::new(request(check, children))).await }
+    };
+
+    let used = decide(RecordedCheck::Resolves, 3).await.unwrap().into_inner().decision;
+    assert!(matches!(&used, Some(Decision::UsePackage(p)) if p.tag == "0.1.8"), "{used:?}");
+
+    // Unreachable is not gone: retry, never [E_PACKAGE_GONE].
+    let unknown = decide(RecordedCheck::Unknown, 3).await.unwrap_err();
+    assert_eq!(unknown.code(), tonic::Code::Unavailable, "{unknown:?}");
+    assert!(unknown.message().contains("connection refused"), "{unknown:?}");
+
+    let gone = decide(RecordedCheck::Gone, 3).await.unwrap().into_inner().decision;
+    let Some(Decision::Gone(gone)) = gone else { panic!("{gone:?}") };
+    assert_eq!(gone.code, "E_PACKAGE_GONE");
+
+    let nothing = decide(RecordedCheck::Gone, 0).await.unwrap().into_inner().decision;
+    assert!(matches!(nothing, Some(Decision::NothingToDelete(_))), "{nothing:?}");
+
+    let missing = decide(RecordedCheck::Unspecified, 3).await.unwrap_err();
+    assert_eq!(missing.code(), tonic::Code::InvalidArgument, "{missing:?}");
+}
+
+#[tokio::test]
+async fn get_catalog_answers_the_scanned_channel_with_digests_and_refuses_a_view_it_cannot_derive() {
+    use vynil_proto::catalog::v1::{Channel as ProtoChannel, GetCatalogRequest};
+    let world = world(&[]).await;
+    let yaml = "apiVersion: vynil.solidite.fr/v1\nkind: JukeBox\nmetadata:\n  name: edge\nspec:\n  maturity: alpha\n  schedule: '0 * * * *'\n";
+    std::fs::write(world.dir.path().join("edge.yaml"), yaml).unwrap();
+    let catalog = replica(&world).await;
+    let service = CatalogService::new(catalog.clone(), vynil_runtime::Shutdown::new());
+    // The alpha view of 2.0.0-alpha.1(min 1.0.0), 1.5.0(min 1.0.0), 1.0.0: the
+    // stable release 1.5.0 is no alpha waypoint, yet it heads the stable view.
+    write(
+        &world,
+        "edge",
+        vec![
+            package("2.0.0-alpha.1", PackageType::Tenant, Some("1.0.0")).with_digest("sha256:a2"),
+            package("1.0.0", PackageType::Tenant, None).with_digest("sha256:a1"),
+        ],
+    )
+    .await;
+    eventually(&catalog, "edge", &["2.0.0-alpha.1", "1.0.0"]).await;
+    let ask = |channel: ProtoChannel| {
+        let service = service.clone();
+        let request =
+            GetCatalogRequest { jukebox: "edge".into(), channel: channel as i32, ..Default::default() };
+        async move { service.get_catalog(Request::new(request)).await }
+    };
+    for channel in [ProtoChannel::Unspecified, ProtoChannel::Alpha] {
+        let answer = ask(channel).await.unwrap().into_inner();
+        let shown: Vec<(String, String)> = answer.packages.into_iter().map(|p| (p.tag, p.digest)).collect();
+        assert_eq!(
+            shown,
+            [("2.0.0-alpha.1".into(), "sha256:a2".into()), ("1.0.0".into(), "sha256:a1".into())],
+            "{channel:?}"
+        );
+    }
+    let refused = ask(ProtoChannel::Stable).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument);
+    assert!(refused.message().contains("alpha") && refused.message().contains("stable"), "{refused:?}");
+}

@@ -27,3 +27,36 @@ async fn before_anything_is_loaded_the_catalog_is_unavailable_never_empty() {
     let status = client.list_jukeboxes(ListJukeboxesRequest::default()).await.unwrap_err();
     assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
 }
+
+#[tokio::test]
+async fn a_redis_outage_shows_under_the_cache_health_name_while_the_server_stays_serving() {
+    use vynil_testkit::ServingStatus;
+    let mut redis = vynil_testkit::RedisServer::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = "apiVersion: vynil.solidite.fr/v1\nkind: JukeBox\nmetadata:\n  name: box\nspec:\n  schedule: '0 * * * *'\n";
+    std::fs::write(dir.path().join("box.yaml"), yaml).unwrap();
+    let args =
+        ["--jukebox-dir", dir.path().to_str().unwrap(), "--redis-url", &redis.url(), "--resync-seconds", "1"];
+    let service = ServiceProcess::start(Path::new(env!("CARGO_BIN_EXE_vynil-catalog")), &args).await.unwrap();
+    let status_of = async |name: &str, wanted: ServingStatus| {
+        for _ in 0..200 {
+            if service.health(name).await.unwrap() == wanted {
+                return true;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        false
+    };
+    assert!(status_of(vynil_catalog::CACHE_HEALTH, ServingStatus::Serving).await);
+
+    redis.kill();
+    assert!(
+        status_of(vynil_catalog::CACHE_HEALTH, ServingStatus::NotServing).await,
+        "the cache is reported down"
+    );
+    for name in ["", SERVICE] {
+        assert_eq!(service.health(name).await.unwrap(), ServingStatus::Serving, "{name:?} keeps serving");
+    }
+    redis.restart().await.unwrap();
+    assert!(status_of(vynil_catalog::CACHE_HEALTH, ServingStatus::Serving).await, "and back once Redis is");
+}

@@ -3,6 +3,8 @@
 //! This crate is the library behind the `vynil-lifecycle` binary: its configuration
 //! and its gRPC server. RPCs not implemented yet answer `UNIMPLEMENTED`.
 
+mod metrics;
+
 use std::{future::Future, net::SocketAddr};
 
 use tonic::{Request, Response, Status};
@@ -30,17 +32,34 @@ pub struct Config {
 /// The gRPC service. With `disabled` (local mode: "no cluster") every RPC
 /// answers `FAILED_PRECONDITION` naming why; otherwise each still answers
 /// `UNIMPLEMENTED`.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct LifecycleService {
-    pub disabled: Option<String>,
+    disabled: Option<String>,
+    metrics: metrics::LifecycleMetrics,
+    registry: std::sync::Arc<vynil_runtime::metrics::Registry>,
+}
+
+impl Default for LifecycleService {
+    fn default() -> Self {
+        let (metrics, registry) = metrics::LifecycleMetrics::register();
+        Self { disabled: None, metrics, registry }
+    }
 }
 
 impl LifecycleService {
+    /// Every RPC answers `FAILED_PRECONDITION` naming `why` (local mode: no cluster).
+    pub fn disabled(why: impl Into<String>) -> Self {
+        Self { disabled: Some(why.into()), ..Self::default() }
+    }
+
     fn refuse<T>(&self, rpc: &str) -> Result<Response<T>, Status> {
-        Err(match &self.disabled {
+        let status = match &self.disabled {
             Some(why) => Status::failed_precondition(format!("lifecycle is disabled: {why}")),
             None => Status::unimplemented(format!("{rpc} is not implemented yet")),
-        })
+        };
+        let code = format!("{:?}", status.code()).to_ascii_lowercase();
+        self.metrics.requests.get_or_create(&metrics::Rpc { rpc: rpc.into(), code }).inc();
+        Err(status)
     }
 }
 
@@ -83,6 +102,6 @@ pub async fn serve(
     service: LifecycleService,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), RuntimeError> {
-    let server = GrpcServer::bind(config.listen).await?;
+    let server = GrpcServer::bind(config.listen).await?.with_metrics(service.registry.clone());
     server.serve(vec![ServedService::new(LifecycleServer::new(service))], shutdown).await
 }

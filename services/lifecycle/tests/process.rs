@@ -22,3 +22,22 @@ async fn an_rpc_not_implemented_yet_answers_unimplemented() {
     let status = client.list_instances(ListInstancesRequest::default()).await.unwrap_err();
     assert_eq!(status.code(), tonic::Code::Unimplemented, "{status:?}");
 }
+
+#[tokio::test]
+async fn metrics_are_served_with_upstreams_reconcile_names_and_rpcs_are_counted() {
+    let service = ServiceProcess::start(Path::new(env!("CARGO_BIN_EXE_vynil-lifecycle")), &[]).await.unwrap();
+    let mut client = LifecycleClient::new(service.channel().await.unwrap());
+    client.list_instances(ListInstancesRequest::default()).await.unwrap_err();
+    let text = reqwest::get(format!("{}/metrics", service.endpoint())).await.unwrap().text().await.unwrap();
+    for kind in ["tenant", "service", "system"] {
+        assert!(text.contains(&format!("{kind}_instance_reconcile_runs_total")), "{text}");
+        assert!(text.contains(&format!("# TYPE {kind}_instance_reconcile_duration histogram")), "{text}");
+    }
+    assert!(
+        text.lines().any(|l| l.starts_with("vynil_lifecycle_requests_total{")
+            && l.contains("rpc=\"ListInstances\"")
+            && l.contains("code=\"unimplemented\"")
+            && l.ends_with(" 1")),
+        "{text}"
+    );
+}

@@ -257,13 +257,15 @@ async fn scan_repository(
         {
             p.manifests_read += 1;
         }
-        match found.map(|f| f.metadata) {
-            Some(ManifestMetadata::Vynil(content)) => {
+        match found.map(|f| (f.metadata, f.digest)) {
+            Some((ManifestMetadata::Vynil(content), digest)) => {
                 builder.provide(Some(content.as_ref()));
-                contents.push((tag.as_str().to_string(), *content));
+                contents.push((tag.as_str().to_string(), digest, *content));
             }
-            Some(ManifestMetadata::Malformed(why)) => return Err(format!("tag {tag}: {why}")),
-            Some(ManifestMetadata::NotVynil) | None => builder.provide(None::<&vynil_rules::PackageContent>),
+            Some((ManifestMetadata::Malformed(why), _)) => return Err(format!("tag {tag}: {why}")),
+            Some((ManifestMetadata::NotVynil, _)) | None => {
+                builder.provide(None::<&vynil_rules::PackageContent>)
+            }
         }
     }
     let view = builder.finish();
@@ -271,8 +273,9 @@ async fn scan_repository(
         .entries
         .iter()
         .filter_map(|entry| {
-            let content = contents.iter().find(|(t, _)| t == entry.tag.as_str()).map(|(_, c)| c.clone())?;
-            Some(Package::new(&repo.registry, &repo.repository, entry.tag.as_str(), content))
+            let (_, digest, content) = contents.iter().find(|(t, _, _)| t == entry.tag.as_str())?;
+            let package = Package::new(&repo.registry, &repo.repository, entry.tag.as_str(), content.clone());
+            Some(package.with_digest(digest))
         })
         .collect())
 }

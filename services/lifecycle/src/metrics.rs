@@ -1,0 +1,86 @@
+//! The lifecycle's Prometheus metrics (`GET /metrics` on its gRPC port).
+//!
+//! The instance controllers keep upstream's metric names, so dashboards built
+//! on upstream keep working: one registry per kind with the prefixes
+//! `tenant_instance_reconcile`, `service_instance_reconcile` and
+//! `system_instance_reconcile`, each with `runs`, `failures` (labels of the
+//! instance and the `error`) and `duration` (seconds, upstream's buckets).
+//! The service's own RPCs are counted under `vynil_lifecycle_requests`.
+
+use std::sync::Arc;
+
+use vynil_runtime::metrics::{Counter, EncodeLabelSet, Family, Histogram, Registry, duration_buckets};
+
+/// Identity of an instance, as upstream labels it.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct InstanceFailure {
+    pub name: String,
+    pub namespace: String,
+    pub jukebox: String,
+    pub category: String,
+    pub package: String,
+    pub error: String,
+}
+
+/// The reconcile metrics of one instance kind.
+#[derive(Debug, Clone)]
+pub struct ReconcileMetrics {
+    pub runs: Counter,
+    pub failures: Family<InstanceFailure, Counter>,
+    pub duration: Histogram,
+}
+
+impl ReconcileMetrics {
+    fn register(registry: &mut Registry) -> Self {
+        let metrics = Self {
+            runs: Counter::default(),
+            failures: Family::default(),
+            duration: Histogram::new(duration_buckets()),
+        };
+        registry.register("runs", "Reconciliations", metrics.runs.clone());
+        registry.register(
+            "failures",
+            "Reconciliations that failed, by instance and error",
+            metrics.failures.clone(),
+        );
+        registry.register("duration", "Duration of reconciliations in seconds", metrics.duration.clone());
+        metrics
+    }
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Rpc {
+    pub rpc: String,
+    pub code: String,
+}
+
+#[derive(Debug, Clone)]
+#[allow(
+    dead_code,
+    reason = "the instance controllers record into the reconcile metrics; served from the start"
+)]
+pub struct LifecycleMetrics {
+    pub tenant: ReconcileMetrics,
+    pub service: ReconcileMetrics,
+    pub system: ReconcileMetrics,
+    pub requests: Family<Rpc, Counter>,
+}
+
+impl LifecycleMetrics {
+    pub fn register() -> (Self, Arc<Registry>) {
+        let mut registry = Registry::default();
+        let tenant =
+            ReconcileMetrics::register(registry.sub_registry_with_prefix("tenant_instance_reconcile"));
+        let service =
+            ReconcileMetrics::register(registry.sub_registry_with_prefix("service_instance_reconcile"));
+        let system =
+            ReconcileMetrics::register(registry.sub_registry_with_prefix("system_instance_reconcile"));
+        let requests = Family::default();
+        registry.sub_registry_with_prefix("vynil_lifecycle").register(
+            "requests",
+            "Lifecycle RPCs by name and answer code",
+            requests.clone(),
+        );
+        (Self { tenant, service, system, requests }, Arc::new(registry))
+    }
+}
