@@ -6,12 +6,14 @@
 //! and `NOT_SERVING` as soon as shutdown starts, so load balancers drain it
 //! before in-flight calls are cut.
 
+mod errors;
 mod grpc;
 pub mod metrics;
 mod shutdown;
 mod signal;
 mod telemetry;
 
+pub use errors::{Classify, Failure};
 pub use grpc::{GrpcServer, ServedService};
 pub use shutdown::Shutdown;
 pub use signal::termination_signal;

@@ -2,7 +2,7 @@
 //! the in-process snapshot. Errors become `Status` codes here only.
 
 use std::{pin::Pin, sync::Arc};
-use vynil_runtime::Shutdown;
+use vynil_runtime::{Classify, Failure, Shutdown};
 
 use futures::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
@@ -20,13 +20,19 @@ use vynil_rules::{
 
 use crate::{CatalogError, catalog::Catalog};
 
+impl Classify for CatalogError {
+    fn failure(&self) -> Failure {
+        match self {
+            CatalogError::Unavailable(_) => Failure::Transient,
+            CatalogError::InvalidArgument(_) => Failure::BadInput,
+            CatalogError::Serve(e) => e.failure(),
+        }
+    }
+}
+
 impl From<CatalogError> for Status {
     fn from(error: CatalogError) -> Self {
-        match error {
-            CatalogError::Unavailable(_) => Status::unavailable(error.to_string()),
-            CatalogError::InvalidArgument(_) => Status::invalid_argument(error.to_string()),
-            CatalogError::Serve(_) => Status::internal(error.to_string()),
-        }
+        error.to_status()
     }
 }
 
@@ -145,7 +151,7 @@ impl CatalogApi for CatalogService {
             _ => None,
         };
         let view = vynil_rules::catalog_view(&entry.packages, entry.channel, channel)
-            .map_err(|e| Status::invalid_argument(format!("JukeBox {:?}: {e}", request.jukebox)))?;
+            .map_err(|e| Status::new(e.failure().code(), format!("JukeBox {:?}: {e}", request.jukebox)))?;
         let packages = view
             .iter()
             .filter(|p| request.category.is_empty() || p.category() == request.category)

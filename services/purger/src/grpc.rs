@@ -13,6 +13,7 @@ use vynil_proto::purger::v1::{
     purger_server::Purger as PurgerApi,
 };
 use vynil_registry::RepositoryRef;
+use vynil_runtime::{Classify, Failure};
 
 use crate::{
     Purger, PurgerError, executor,
@@ -22,25 +23,27 @@ use crate::{
 /// Who executes, as the gateway tells after authenticating the caller.
 pub const CALLER_HEADER: &str = "x-vynil-caller";
 
-impl From<PurgerError> for Status {
-    fn from(error: PurgerError) -> Self {
-        let message = error.to_string();
-        match error {
-            PurgerError::NotFound(_) => Status::not_found(message),
-            PurgerError::InvalidArgument(_)
-            | PurgerError::Registry(vynil_registry::RegistryError::InvalidReference { .. }) => {
-                Status::invalid_argument(message)
-            }
+impl Classify for PurgerError {
+    fn failure(&self) -> Failure {
+        match self {
+            PurgerError::NotFound(_) => Failure::Missing,
+            PurgerError::InvalidArgument(_) => Failure::BadInput,
             PurgerError::Refused(_)
             | PurgerError::Stale(_)
             | PurgerError::Excluded(_)
-            | PurgerError::Rules(_)
-            | PurgerError::Config(_) => Status::failed_precondition(message),
-            PurgerError::Busy(_) => Status::aborted(message),
-            PurgerError::Registry(ref e) if !e.is_transient() => Status::failed_precondition(message),
-            PurgerError::Registry(_) | PurgerError::Store(_) => Status::unavailable(message),
-            PurgerError::Serve(_) => Status::internal(message),
+            | PurgerError::Config(_) => Failure::Refused,
+            PurgerError::Busy(_) | PurgerError::Conflict(_) => Failure::Concurrent,
+            PurgerError::Store(_) => Failure::Transient,
+            PurgerError::Registry(e) => e.failure(),
+            PurgerError::Rules(e) => e.failure(),
+            PurgerError::Serve(e) => e.failure(),
         }
+    }
+}
+
+impl From<PurgerError> for Status {
+    fn from(error: PurgerError) -> Self {
+        error.to_status()
     }
 }
 
@@ -170,5 +173,24 @@ impl PurgerApi for PurgerService {
     async fn get_report(&self, request: Request<GetReportRequest>) -> Result<Response<PurgeReport>, Status> {
         let report = self.purger.get_report(&request.into_inner().plan_id).await?;
         Ok(Response::new(report_to_proto(&report)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tonic::Code;
+    use vynil_store::StoreError;
+
+    use super::*;
+
+    #[test]
+    fn shared_failures_answer_the_codes_every_service_answers() {
+        let timeout = vynil_registry::RegistryError::Timeout { what: "tags".into(), seconds: 1, attempts: 1 };
+        assert_eq!(Status::from(PurgerError::Registry(timeout)).code(), Code::Unavailable);
+        assert_eq!(Status::from(PurgerError::from(StoreError::Conflict("box".into()))).code(), Code::Aborted);
+        assert_eq!(
+            Status::from(PurgerError::from(StoreError::Unavailable("r".into()))).code(),
+            Code::Unavailable
+        );
     }
 }

@@ -56,6 +56,8 @@ pub enum PurgerError {
     Excluded(String),
     #[error("{0}")]
     Busy(String),
+    #[error("the status of {0} changed concurrently; retry")]
+    Conflict(String),
     #[error(transparent)]
     Serve(#[from] vynil_runtime::RuntimeError),
 }
@@ -64,7 +66,8 @@ impl From<vynil_store::StoreError> for PurgerError {
     fn from(error: vynil_store::StoreError) -> Self {
         match error {
             vynil_store::StoreError::Config(why) => PurgerError::Config(why),
-            other => PurgerError::Store(other.to_string()),
+            vynil_store::StoreError::Conflict(name) => PurgerError::Conflict(name),
+            vynil_store::StoreError::Unavailable(why) => PurgerError::Store(why),
         }
     }
 }

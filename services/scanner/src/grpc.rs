@@ -9,20 +9,27 @@ use vynil_proto::scanner::v1::{
     scanner_server::Scanner as ScannerApi,
 };
 
+use vynil_runtime::{Classify, Failure};
+
 use crate::{ScannerError, requests::ScanRecord, worker::Scanner};
+
+impl Classify for ScannerError {
+    fn failure(&self) -> Failure {
+        match self {
+            ScannerError::NotFound(_) => Failure::Missing,
+            ScannerError::Rules(e) => e.failure(),
+            ScannerError::Registry(e) => e.failure(),
+            ScannerError::Conflict(_) => Failure::Concurrent,
+            ScannerError::Store(_) => Failure::Transient,
+            ScannerError::Config(_) => Failure::Refused,
+            ScannerError::Serve(e) => e.failure(),
+        }
+    }
+}
 
 impl From<ScannerError> for Status {
     fn from(error: ScannerError) -> Self {
-        let message = error.to_string();
-        match error {
-            ScannerError::NotFound(_) => Status::not_found(message),
-            ScannerError::Rules(_) => Status::invalid_argument(message),
-            ScannerError::Conflict(_) => Status::aborted(message),
-            ScannerError::Store(_) => Status::unavailable(message),
-            ScannerError::Config(_) | ScannerError::Registry(_) | ScannerError::Serve(_) => {
-                Status::internal(message)
-            }
-        }
+        error.to_status()
     }
 }
 
@@ -137,4 +144,26 @@ where
         let following = next(current.clone()).await;
         Some((Ok(to_proto(&current)), (following, next)))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use tonic::Code;
+    use vynil_store::StoreError;
+
+    use super::*;
+
+    #[test]
+    fn shared_failures_answer_the_codes_every_service_answers() {
+        let timeout = vynil_registry::RegistryError::Timeout { what: "tags".into(), seconds: 1, attempts: 1 };
+        assert_eq!(Status::from(ScannerError::Registry(timeout)).code(), Code::Unavailable);
+        assert_eq!(
+            Status::from(ScannerError::from(StoreError::Conflict("box".into()))).code(),
+            Code::Aborted
+        );
+        assert_eq!(
+            Status::from(ScannerError::from(StoreError::Unavailable("r".into()))).code(),
+            Code::Unavailable
+        );
+    }
 }
