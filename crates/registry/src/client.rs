@@ -194,6 +194,7 @@ impl RegistryClient {
             token_scope: Some((repo.api_repository().into_owned(), Access::Read)),
             authorization: None,
             max_body: self.transport.config().max_manifest_bytes,
+            max_attempts: None,
         }
     }
 
@@ -391,6 +392,10 @@ impl RegistryClient {
         let mut request =
             self.request("delete", what.clone(), repo, Method::DELETE, &manifest_path(repo, digest));
         request.token_scope = Some((repo.api_repository().into_owned(), Access::Delete));
+        // Sent once: a purger checks its lease right before a DELETE, and a
+        // retry would widen the window in which a lost lease still deletes.
+        // A failed DELETE is reported, and the next run (HEAD first) retries it.
+        request.max_attempts = Some(1);
         let response = match self.transport.send(&request).await {
             Ok(response) => response,
             Err(error) => return failed_from(error),

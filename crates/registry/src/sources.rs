@@ -51,6 +51,7 @@ impl RegistryClient {
             token_scope: None,
             authorization,
             max_body: MAX_API_BYTES,
+            max_attempts: None,
         };
         let response = self.transport().send(&request).await?;
         if response.status.is_success() {

@@ -89,6 +89,8 @@ pub(crate) struct Request {
     /// An explicit `Authorization` value (REST APIs), instead of the registry's credentials.
     pub authorization: Option<String>,
     pub max_body: usize,
+    /// Attempts for this request, when not the policy's (`max_attempts`).
+    pub max_attempts: Option<u32>,
 }
 
 #[derive(Debug)]
@@ -273,7 +275,7 @@ impl Transport {
             attempt += 1;
             let token = self.cached_token(request);
             let outcome = self.attempt(request, token.as_deref()).await;
-            let last = attempt >= self.config.max_attempts;
+            let last = attempt >= request.max_attempts.unwrap_or(self.config.max_attempts);
             match outcome {
                 Ok(response) if response.status == StatusCode::UNAUTHORIZED => {
                     if !token_fetched
@@ -462,6 +464,7 @@ impl Transport {
             token_scope: None,
             authorization: self.credentials.get(&request.registry).basic_header(),
             max_body: 1024 * 1024,
+            max_attempts: None,
         };
         let response = Box::pin(self.send(&token_request)).await?;
         if !response.status.is_success() {

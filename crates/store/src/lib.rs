@@ -10,6 +10,8 @@
 //!   watcher.
 //! - [`cache`]: the catalog's package cache, one trait with a Redis and an
 //!   in-memory implementation.
+//! - [`lease`]: fenced leases (one worker per JukeBox or repository across
+//!   replicas), shared by the scanner and the purger.
 //! - [`open`]: the store the flags ask for, so every service opens it alike.
 //! - [`source_of`]: the repositories a JukeBox's source names, `source.script`
 //!   included (a bounded Rhai engine).
@@ -17,6 +19,7 @@
 pub mod cache;
 mod jukeboxes;
 mod kube;
+pub mod lease;
 mod script;
 
 pub use jukeboxes::{CHANGES_CHANNEL, JukeboxRecord, JukeboxStore, LocalStore, ScanEvent, SkippedSource};
@@ -62,6 +65,10 @@ impl StoreSettings {
     }
 }
 
+/// Connect and write timeouts of the Kubernetes client: a status write is
+/// sent within twice this after the scanner checked its lease.
+pub const KUBE_WRITE_WINDOW: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Opens the store `settings` name.
 pub async fn open(settings: &StoreSettings) -> Result<std::sync::Arc<dyn JukeboxStore>, StoreError> {
     Ok(match settings {
@@ -72,6 +79,10 @@ pub async fn open(settings: &StoreSettings) -> Result<std::sync::Arc<dyn Jukebox
             let agent = ::http::HeaderValue::from_str(user_agent)
                 .map_err(|e| StoreError::Config(format!("user agent {user_agent:?}: {e}")))?;
             config.headers.push((::http::header::USER_AGENT, agent));
+            // A write reaches the API server within connect + write timeouts:
+            // what bounds the window after a worker's lease check (see `lease`).
+            config.connect_timeout = Some(KUBE_WRITE_WINDOW);
+            config.write_timeout = Some(KUBE_WRITE_WINDOW);
             let client = ::kube::Client::try_from(config).map_err(connecting)?;
             std::sync::Arc::new(KubeStore::new(client))
         }

@@ -32,8 +32,10 @@ pub struct Config {
     /// a crashed holder releases it when it expires.
     #[arg(long, env = "VYNIL_EXECUTION_LEASE_SECONDS", default_value_t = 30)]
     pub execution_lease_seconds: u64,
-    /// Per registry request timeout.
-    #[arg(long, env = "VYNIL_REGISTRY_TIMEOUT_SECONDS", default_value_t = 30)]
+    /// Per registry request timeout. A DELETE is sent once, right after the
+    /// execution lease was checked: the lease must outlast twice this (the
+    /// DELETE and a token fetch), or the purger refuses to start.
+    #[arg(long, env = "VYNIL_REGISTRY_TIMEOUT_SECONDS", default_value_t = 10)]
     pub registry_timeout_seconds: u64,
 }
 
@@ -44,6 +46,18 @@ impl Config {
 
     pub fn lease(&self) -> Duration {
         Duration::from_secs(self.execution_lease_seconds.max(1))
+    }
+
+    /// A lease no longer than twice the registry timeout could expire while
+    /// a DELETE sent under it is still on its way: refused.
+    pub fn check_lease(&self) -> Result<(), crate::PurgerError> {
+        if self.execution_lease_seconds > 2 * self.registry_timeout_seconds.max(1) {
+            return Ok(());
+        }
+        Err(crate::PurgerError::Config(format!(
+            "--execution-lease-seconds ({}) must exceed twice --registry-timeout-seconds ({}): a DELETE sent right after the lease check must land before the lease can expire",
+            self.execution_lease_seconds, self.registry_timeout_seconds
+        )))
     }
 }
 

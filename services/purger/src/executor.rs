@@ -2,20 +2,29 @@
 //! fingerprint (and acknowledged unknown usage), take the repository's lease,
 //! re-read the repository and refuse a stale plan, then delete by digest —
 //! subjects before their orphaned artifacts, with bounded concurrency — and
-//! report only verified outcomes. Each outcome is journaled as it happens, so
-//! a crashed execution run again converges: what is already gone is seen by
-//! a HEAD and never deleted twice.
+//! report only verified outcomes. Each outcome is journaled as it happens,
+//! and each DELETE is journaled (`deleting`) right before it is sent, so a
+//! crashed execution run again converges into one complete report: what the
+//! first run verified is reported as its `deleted` (with its time), what it
+//! sent but never heard back about is `deleted` by it once a HEAD shows it
+//! gone, and nothing is deleted twice. Every DELETE and journal write is made
+//! under the execution's lease, checked right before (see `vynil_store::lease`).
 
-use std::{collections::HashMap, sync::Arc, time::Duration};
+use std::{collections::HashMap, sync::Arc};
 
 use futures::StreamExt;
 use tokio::sync::mpsc;
 use vynil_registry::{DeletionOutcome, RegistryClient, RepositoryRef};
 use vynil_rules::retention::{RepositoryTag, Usage};
 
+use vynil_store::lease::Lease;
+
 use crate::{
     PurgerError,
-    store::{PlanStore, RepositoryPlan, StoredDeletion, StoredOutcome, StoredPlan, StoredReport},
+    store::{
+        DeletionState, PlanStore, ReportState, RepositoryPlan, StoredDeletion, StoredOutcome, StoredPlan,
+        StoredReport,
+    },
 };
 
 /// What Execute was asked.
@@ -87,29 +96,36 @@ pub fn staleness(plan: &RepositoryPlan, fresh: &[RepositoryTag], usage: &Usage) 
     changes
 }
 
-/// Deletes what one repository's plan deletes. The caller holds the lease
-/// and has checked confirmation and staleness.
+/// Deletes what one repository's plan deletes, under `lease`. The caller has
+/// checked confirmation and staleness; `journaled` is what earlier runs of
+/// this plan journaled, by digest.
+#[allow(clippy::too_many_arguments)]
 pub async fn delete_all(
     client: &RegistryClient,
     store: &Arc<dyn PlanStore>,
+    lease: &Lease,
     plan_id: &str,
     plan: &RepositoryPlan,
+    journaled: &HashMap<String, StoredOutcome>,
     concurrency: usize,
     progress: &mpsc::Sender<StoredOutcome>,
 ) -> Result<Vec<StoredOutcome>, PurgerError> {
     let repo = RepositoryRef::new(&plan.registry, &plan.repository)?;
+    let run = Run { client, store, lease, plan_id, fence_name: plan.name() };
     let mut outcomes = Vec::new();
     for artifacts in [false, true] {
         let phase: Vec<StoredDeletion> =
             plan.deletions.iter().filter(|d| d.artifacts_only == artifacts).cloned().collect();
         let mut results = futures::stream::iter(phase)
             .map(|deletion| {
-                let (client, repo) = (client.clone(), repo.clone());
-                async move { delete_one(&client, &repo, &deletion).await }
+                let (run, repo) = (&run, repo.clone());
+                let earlier = journaled.get(&deletion.digest).cloned();
+                async move { run.delete_one(&repo, &deletion, earlier).await }
             })
             .buffer_unordered(concurrency.max(1));
         while let Some(outcome) = results.next().await {
-            store.journal(plan_id, &outcome).await?;
+            let outcome = outcome?;
+            run.journal(&outcome).await?;
             audit(plan_id, &outcome);
             let _ = progress.send(outcome.clone()).await;
             outcomes.push(outcome);
@@ -118,35 +134,92 @@ pub async fn delete_all(
     Ok(outcomes)
 }
 
-async fn delete_one(
-    client: &RegistryClient,
+/// One repository's execution: what every deletion needs.
+struct Run<'a> {
+    client: &'a RegistryClient,
+    store: &'a Arc<dyn PlanStore>,
+    lease: &'a Lease,
+    plan_id: &'a str,
+    fence_name: String,
+}
+
+impl Run<'_> {
+    async fn journal(&self, outcome: &StoredOutcome) -> Result<(), PurgerError> {
+        if self.store.journal(self.plan_id, outcome, &self.lease.fence(&self.fence_name)).await? {
+            Ok(())
+        } else {
+            Err(PurgerError::LeaseLost(self.fence_name.clone()))
+        }
+    }
+
+    async fn delete_one(
+        &self,
+        repo: &RepositoryRef,
+        deletion: &StoredDeletion,
+        earlier: Option<StoredOutcome>,
+    ) -> Result<StoredOutcome, PurgerError> {
+        if let Some(done) = earlier.as_ref().filter(|e| e.state == DeletionState::Deleted) {
+            return Ok(StoredOutcome {
+                note: "verified by an earlier run of this plan".into(),
+                ..done.clone()
+            });
+        }
+        let outcome = match self.client.head_digest(repo, &deletion.digest).await {
+            Ok(None) => match earlier.filter(|e| e.state == DeletionState::Deleting) {
+                // The earlier run sent this DELETE and died before the answer.
+                Some(sent) => {
+                    let note = format!("deleted by an earlier run of this plan (DELETE sent at {})", sent.at);
+                    return Ok(StoredOutcome { state: DeletionState::Deleted, note, ..sent });
+                }
+                // Already gone (someone else): no DELETE.
+                None => DeletionOutcome::AlreadyGone,
+            },
+            Ok(Some(_)) => {
+                self.lease.check().await?;
+                let sent =
+                    record(repo, deletion, DeletionState::Deleting, None, String::new(), String::new());
+                self.journal(&sent).await?;
+                self.client.delete_digest(repo, &deletion.digest, &deletion.tags).await
+            }
+            Err(error) => DeletionOutcome::Failed {
+                status: None,
+                code: "UNVERIFIABLE".into(),
+                message: format!("cannot check the digest before deleting: {error}"),
+            },
+        };
+        Ok(match outcome {
+            DeletionOutcome::Deleted { .. } => {
+                record(repo, deletion, DeletionState::Deleted, None, String::new(), String::new())
+            }
+            DeletionOutcome::AlreadyGone => {
+                record(repo, deletion, DeletionState::AlreadyGone, None, String::new(), String::new())
+            }
+            DeletionOutcome::Failed { status, code, message } => {
+                record(repo, deletion, DeletionState::Failed, status, code, message)
+            }
+        })
+    }
+}
+
+fn record(
     repo: &RepositoryRef,
     deletion: &StoredDeletion,
+    state: DeletionState,
+    http_status: Option<u16>,
+    error_code: String,
+    error_message: String,
 ) -> StoredOutcome {
-    let outcome = match client.head_digest(repo, &deletion.digest).await {
-        // Already gone (an earlier run, or someone else): no DELETE.
-        Ok(None) => DeletionOutcome::AlreadyGone,
-        Ok(Some(_)) => client.delete_digest(repo, &deletion.digest, &deletion.tags).await,
-        Err(error) => DeletionOutcome::Failed {
-            status: None,
-            code: "UNVERIFIABLE".into(),
-            message: format!("cannot check the digest before deleting: {error}"),
-        },
-    };
-    let (state, http_status, error_code, error_message) = match outcome {
-        DeletionOutcome::Deleted { .. } => ("deleted", None, String::new(), String::new()),
-        DeletionOutcome::AlreadyGone => ("already_gone", None, String::new(), String::new()),
-        DeletionOutcome::Failed { status, code, message } => ("failed", status, code, message),
-    };
     StoredOutcome {
         registry: repo.registry.clone(),
         repository: repo.repository.clone(),
         digest: deletion.digest.clone(),
         tags: deletion.tags.clone(),
-        state: state.into(),
+        state,
         http_status,
         error_code,
         error_message,
+        at: jiff::Timestamp::now().to_string(),
+        note: String::new(),
     }
 }
 
@@ -157,38 +230,11 @@ fn audit(plan_id: &str, outcome: &StoredOutcome) {
         repository = %format!("{}/{}", outcome.registry, outcome.repository),
         digest = %outcome.digest,
         tags = ?outcome.tags,
-        state = %outcome.state,
+        state = %outcome.state.as_str(),
         status = ?outcome.http_status,
         code = %outcome.error_code,
         "purge deletion"
     );
-}
-
-/// Keeps renewing the leases of `targets` until dropped.
-pub struct LeaseKeeper {
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl LeaseKeeper {
-    pub fn start(store: Arc<dyn PlanStore>, targets: Vec<String>, owner: String, ttl: Duration) -> Self {
-        let task = tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(ttl / 3).await;
-                for target in &targets {
-                    if !matches!(store.acquire(target, &owner, ttl).await, Ok(true)) {
-                        tracing::warn!(%target, "lost the execution lease");
-                    }
-                }
-            }
-        });
-        Self { task }
-    }
-}
-
-impl Drop for LeaseKeeper {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
 }
 
 pub fn report(
@@ -205,5 +251,6 @@ pub fn report(
         started_at,
         finished_at: jiff::Timestamp::now().to_string(),
         outcomes,
+        state: ReportState::Completed,
     }
 }

@@ -9,15 +9,15 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 use vynil_proto::purger::v1::{
     DeletionOutcome, DeletionState, ExecuteProgress, ExecuteRequest, GetPlanRequest, GetReportRequest,
-    PlanEntry, PlanRequest, PurgePlan, PurgeReport, execute_progress::Event, plan_request::Target,
-    purger_server::Purger as PurgerApi,
+    PlanEntry, PlanRequest, PurgePlan, PurgeReport, ReportState, execute_progress::Event,
+    plan_request::Target, purger_server::Purger as PurgerApi,
 };
 use vynil_registry::RepositoryRef;
 use vynil_runtime::{Classify, Failure};
 
 use crate::{
     Purger, PurgerError, executor,
-    store::{StoredOutcome, StoredPlan, StoredReport},
+    store::{self, StoredOutcome, StoredPlan, StoredReport},
 };
 
 /// Who executes, as the gateway tells after authenticating the caller.
@@ -32,7 +32,9 @@ impl Classify for PurgerError {
             | PurgerError::Stale(_)
             | PurgerError::Excluded(_)
             | PurgerError::Config(_) => Failure::Refused,
-            PurgerError::Busy(_) | PurgerError::Conflict(_) => Failure::Concurrent,
+            PurgerError::Busy(_) | PurgerError::Conflict(_) | PurgerError::LeaseLost(_) => {
+                Failure::Concurrent
+            }
             PurgerError::Store(_) => Failure::Transient,
             PurgerError::Registry(e) => e.failure(),
             PurgerError::Rules(e) => e.failure(),
@@ -72,10 +74,12 @@ pub fn plan_to_proto(plan: &StoredPlan) -> PurgePlan {
 }
 
 fn outcome_to_proto(o: &StoredOutcome) -> DeletionOutcome {
-    let state = match o.state.as_str() {
-        "deleted" => DeletionState::Deleted,
-        "already_gone" => DeletionState::AlreadyGone,
-        _ => DeletionState::Failed,
+    let state = match o.state {
+        store::DeletionState::Deleted => DeletionState::Deleted,
+        store::DeletionState::AlreadyGone => DeletionState::AlreadyGone,
+        store::DeletionState::Failed => DeletionState::Failed,
+        // Journal-only; never reported as an outcome.
+        store::DeletionState::Deleting => DeletionState::Unspecified,
     };
     DeletionOutcome {
         registry: o.registry.clone(),
@@ -86,6 +90,8 @@ fn outcome_to_proto(o: &StoredOutcome) -> DeletionOutcome {
         http_status: o.http_status.map(u32::from).unwrap_or_default(),
         error_code: o.error_code.clone(),
         error_message: o.error_message.clone(),
+        at: o.at.clone(),
+        note: o.note.clone(),
     }
 }
 
@@ -98,6 +104,20 @@ pub fn report_to_proto(report: &StoredReport) -> PurgeReport {
         started_at: report.started_at.clone(),
         finished_at: report.finished_at.clone(),
         outcomes: report.outcomes.iter().map(outcome_to_proto).collect(),
+        state: match report.state {
+            store::ReportState::Running => ReportState::Running,
+            store::ReportState::Completed => ReportState::Completed,
+            store::ReportState::Interrupted => ReportState::Interrupted,
+        } as i32,
+        note: match report.state {
+            store::ReportState::Running => "an execution is running: the outcomes so far".into(),
+            store::ReportState::Completed => String::new(),
+            store::ReportState::Interrupted => format!(
+                "interrupted: the execution stopped before its end; these {} outcomes were verified; Execute plan {} again to finish (nothing is deleted twice)",
+                report.outcomes.len(),
+                report.plan_id
+            ),
+        },
     }
 }
 

@@ -16,7 +16,7 @@ mod planner;
 mod schedule;
 mod store;
 
-use std::{future::Future, sync::Arc, time::Duration};
+use std::{collections::HashMap, future::Future, sync::Arc, time::Duration};
 
 use tokio::sync::mpsc;
 use vynil_proto::purger::v1::purger_server::PurgerServer;
@@ -29,9 +29,10 @@ use vynil_runtime::{GrpcServer, ServedService};
 pub use config::{Config, RetentionFile};
 pub use grpc::{CALLER_HEADER, PurgerService};
 pub use store::{
-    MemoryStore, PlanStore, RedisStore, RepositoryPlan, StoredOutcome, StoredPlan, StoredReport,
+    DeletionState, MemoryStore, PlanStore, RedisStore, ReportState, RepositoryPlan, StoredOutcome,
+    StoredPlan, StoredReport,
 };
-use vynil_store::JukeboxStore;
+use vynil_store::{JukeboxStore, lease::Lease};
 
 /// Errors of the purger, mapped to gRPC codes in one place (`grpc.rs`).
 #[derive(Debug, thiserror::Error)]
@@ -56,10 +57,21 @@ pub enum PurgerError {
     Excluded(String),
     #[error("{0}")]
     Busy(String),
+    #[error("the execution lease on {0} was lost to another replica; this execution stopped")]
+    LeaseLost(String),
     #[error("the status of {0} changed concurrently; retry")]
     Conflict(String),
     #[error(transparent)]
     Serve(#[from] vynil_runtime::RuntimeError),
+}
+
+impl From<vynil_store::lease::LeaseError> for PurgerError {
+    fn from(error: vynil_store::lease::LeaseError) -> Self {
+        match error {
+            vynil_store::lease::LeaseError::Lost(what) => PurgerError::LeaseLost(what),
+            vynil_store::lease::LeaseError::Store(store) => store.into(),
+        }
+    }
 }
 
 impl From<vynil_store::StoreError> for PurgerError {
@@ -93,7 +105,7 @@ pub struct Purger {
 /// A plan that passed the checks, and the lease that guards its execution.
 pub struct Prepared {
     plan: StoredPlan,
-    _lease: executor::LeaseKeeper,
+    lease: Lease,
 }
 
 impl std::fmt::Debug for Prepared {
@@ -119,6 +131,7 @@ impl Purger {
         config: &Config,
         jukeboxes: Arc<dyn JukeboxStore>,
     ) -> Result<Self, PurgerError> {
+        config.check_lease()?;
         let retention_file = RetentionFile::load(config.retention_config.as_ref())?;
         let retention = RetentionConfig::new(config.shared.vynil_version.clone(), &retention_file.pinned)?;
         let credentials = CredentialStore::from_file(config.shared.dockerconfig.as_deref())?;
@@ -207,10 +220,34 @@ impl Purger {
         })
     }
 
+    /// The report of a plan's execution: complete, or — while it runs or
+    /// after it was interrupted — the verified outcomes journaled so far.
     pub async fn get_report(&self, plan_id: &str) -> Result<StoredReport, PurgerError> {
-        self.store.get_report(plan_id).await?.ok_or_else(|| {
-            PurgerError::NotFound(format!("no report for plan {plan_id:?}: it was not executed to the end"))
-        })
+        let mut report = self.store.get_report(plan_id).await?.ok_or_else(|| {
+            PurgerError::NotFound(format!("no report for plan {plan_id:?}: it was never executed"))
+        })?;
+        if report.state != ReportState::Running {
+            return Ok(report);
+        }
+        report.outcomes = self
+            .store
+            .journaled(plan_id)
+            .await?
+            .into_iter()
+            .filter(|o| o.state != DeletionState::Deleting)
+            .collect();
+        let plan = self.store.get_plan(plan_id).await?;
+        let names: Vec<String> =
+            plan.map(|p| p.repositories.iter().map(RepositoryPlan::name).collect()).unwrap_or_default();
+        let leases = self.store.leases();
+        let mut held = false;
+        for name in &names {
+            held |= leases.holder(name).await?.is_some();
+        }
+        if !held {
+            report.state = ReportState::Interrupted;
+        }
+        Ok(report)
     }
 
     /// Every check before anything is deleted: confirmation, leases, staleness.
@@ -226,22 +263,18 @@ impl Purger {
         let plan = self.get_plan(&request.plan_id).await?;
         executor::check_confirmation(&plan, request)?;
         let names: Vec<String> = plan.repositories.iter().map(RepositoryPlan::name).collect();
-        for (index, name) in names.iter().enumerate() {
-            if !self.store.acquire(name, &self.owner, self.lease).await? {
-                self.release(&names[..index]).await;
-                return Err(PurgerError::Busy(format!(
-                    "another execution holds {name}; retry when it ends (its lease expires within {}s if it died)",
-                    self.lease.as_secs()
-                )));
-            }
-        }
-        let lease =
-            executor::LeaseKeeper::start(self.store.clone(), names.clone(), self.owner.clone(), self.lease);
+        let Some(lease) = Lease::acquire(self.store.leases(), names, &self.owner, self.lease).await? else {
+            return Err(PurgerError::Busy(format!(
+                "another execution holds a repository of plan {}; retry when it ends (its lease expires within {}s if it died)",
+                plan.id,
+                self.lease.as_secs()
+            )));
+        };
         if let Err(error) = self.still_valid(&plan, request).await {
-            self.release(&names).await;
+            lease.release().await;
             return Err(error);
         }
-        Ok(Prepared { plan, _lease: lease })
+        Ok(Prepared { plan, lease })
     }
 
     /// Re-reads every repository and what instances use; refuses a stale plan.
@@ -272,60 +305,80 @@ impl Purger {
         if changes.is_empty() { Ok(()) } else { Err(PurgerError::Stale(changes)) }
     }
 
-    async fn release(&self, names: &[String]) {
-        for name in names {
-            if let Err(error) = self.store.release(name, &self.owner).await {
-                tracing::warn!(%name, %error, "cannot release an execution lease; it expires by itself");
-            }
-        }
-    }
-
-    /// Deletes, journals, reports; releases the leases at the end.
+    /// Deletes, journals, reports; releases the leases at the end. Every
+    /// write is fenced by the lease: a worker that lost it stops.
     pub async fn run(
         &self,
         prepared: Prepared,
         request: executor::ExecuteRequest,
         progress: mpsc::Sender<StoredOutcome>,
     ) -> Result<StoredReport, PurgerError> {
+        let Prepared { plan, lease } = prepared;
         let started_at = jiff::Timestamp::now().to_string();
-        let plan = &prepared.plan;
+        let fence = lease.fence(lease.names().first().map(String::as_str).unwrap_or_default());
+        let mut report = executor::report(&plan, &request.caller, started_at, Vec::new());
+        report.state = ReportState::Running;
+        let result = self.run_under(&plan, &lease, &fence, report, &progress).await;
+        if matches!(result, Err(PurgerError::LeaseLost(_))) {
+            // Another execution holds the repositories: nothing more from here.
+            tracing::warn!(plan = %plan.id, "execution abandoned: the lease was lost");
+            return result;
+        }
+        lease.release().await;
+        result
+    }
+
+    async fn run_under(
+        &self,
+        plan: &StoredPlan,
+        lease: &Lease,
+        fence: &vynil_store::lease::Fence,
+        running: StoredReport,
+        progress: &mpsc::Sender<StoredOutcome>,
+    ) -> Result<StoredReport, PurgerError> {
+        let lost = || PurgerError::LeaseLost(plan.target.clone());
+        if !self.store.put_report(&running, fence).await? {
+            return Err(lost());
+        }
+        let journaled: HashMap<String, StoredOutcome> =
+            self.store.journaled(&plan.id).await?.into_iter().map(|o| (o.digest.clone(), o)).collect();
         let mut outcomes = Vec::new();
-        let mut failure = None;
         for repository in &plan.repositories {
-            match executor::delete_all(
+            let done = executor::delete_all(
                 &self.client,
                 &self.store,
+                lease,
                 &plan.id,
                 repository,
+                &journaled,
                 self.concurrency,
-                &progress,
+                progress,
             )
-            .await
-            {
-                Ok(done) => outcomes.extend(done),
-                Err(error) => {
-                    failure = Some(error);
-                    break;
-                }
-            }
+            .await?;
+            outcomes.extend(done);
         }
-        self.release(&plan.repositories.iter().map(RepositoryPlan::name).collect::<Vec<_>>()).await;
-        if let Some(error) = failure {
-            return Err(error);
+        let report = StoredReport {
+            outcomes,
+            state: ReportState::Completed,
+            finished_at: jiff::Timestamp::now().to_string(),
+            ..running
+        };
+        if !self.store.put_report(&report, fence).await? {
+            return Err(lost());
         }
-        let report = executor::report(plan, &request.caller, started_at, outcomes);
-        self.store.put_report(&report).await?;
         for outcome in &report.outcomes {
-            self.metrics.deletions.get_or_create(&metrics::State { state: outcome.state.clone() }).inc();
+            let state = outcome.state.as_str().to_string();
+            self.metrics.deletions.get_or_create(&metrics::State { state }).inc();
         }
+        let count = |state| report.outcomes.iter().filter(|o| o.state == state).count();
         tracing::info!(
             target: "audit",
             plan = %plan.id,
             target_name = %plan.target,
             fingerprint = %plan.fingerprint,
-            executed_by = %request.caller,
-            deleted = report.outcomes.iter().filter(|o| o.state == "deleted").count(),
-            failed = report.outcomes.iter().filter(|o| o.state == "failed").count(),
+            executed_by = %report.executed_by,
+            deleted = count(DeletionState::Deleted),
+            failed = count(DeletionState::Failed),
             "purge executed (deleted manifests are eligible for registry garbage collection)"
         );
         Ok(report)

@@ -1,6 +1,8 @@
 //! Where plans, journals, reports and execution leases live: Redis when
 //! configured (shared by replicas, survives a crash), else process memory.
 //! Keys carry a schema version so a later layout can live beside this one.
+//! Journal and report writes of an execution are fenced by its lease
+//! (`vynil_store::lease`): a worker that lost it cannot write them.
 
 use std::{
     collections::HashMap,
@@ -10,6 +12,7 @@ use std::{
 
 use redis::AsyncCommands;
 use serde::{Deserialize, Serialize};
+use vynil_store::lease::{Fence, LeaseStore, MemoryLeases, RedisLeases};
 
 use crate::PurgerError;
 
@@ -63,18 +66,57 @@ pub struct StoredDeletion {
     pub artifacts_only: bool,
 }
 
-/// One verified outcome, as journaled and reported.
+/// Where a deletion stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeletionState {
+    /// Journaled right before the DELETE is sent (never reported): a rerun
+    /// that finds the digest gone knows this execution deleted it.
+    Deleting,
+    /// Deleted and verified gone.
+    Deleted,
+    AlreadyGone,
+    Failed,
+}
+
+impl DeletionState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeletionState::Deleting => "deleting",
+            DeletionState::Deleted => "deleted",
+            DeletionState::AlreadyGone => "already_gone",
+            DeletionState::Failed => "failed",
+        }
+    }
+}
+
+/// One outcome, as journaled and reported.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StoredOutcome {
     pub registry: String,
     pub repository: String,
     pub digest: String,
     pub tags: Vec<String>,
-    /// `deleted`, `already_gone` or `failed`.
-    pub state: String,
+    pub state: DeletionState,
     pub http_status: Option<u16>,
     pub error_code: String,
     pub error_message: String,
+    /// RFC 3339: when verified (for `deleting`, when the DELETE was sent).
+    #[serde(default)]
+    pub at: String,
+    /// How it is known, when not by this run alone.
+    #[serde(default)]
+    pub note: String,
+}
+
+/// Where an execution stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReportState {
+    Running,
+    Completed,
+    /// Running, but no execution holds its repositories any more.
+    Interrupted,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -86,19 +128,31 @@ pub struct StoredReport {
     pub started_at: String,
     pub finished_at: String,
     pub outcomes: Vec<StoredOutcome>,
+    #[serde(default = "completed")]
+    pub state: ReportState,
+}
+
+fn completed() -> ReportState {
+    ReportState::Completed
 }
 
 #[async_trait::async_trait]
 pub trait PlanStore: Send + Sync + std::fmt::Debug {
     async fn put_plan(&self, plan: &StoredPlan, ttl: Duration) -> Result<(), PurgerError>;
     async fn get_plan(&self, id: &str) -> Result<Option<StoredPlan>, PurgerError>;
-    async fn journal(&self, plan_id: &str, outcome: &StoredOutcome) -> Result<(), PurgerError>;
+    /// Journals `outcome` while `fence` holds (`false`: the lease is lost, nothing written).
+    async fn journal(
+        &self,
+        plan_id: &str,
+        outcome: &StoredOutcome,
+        fence: &Fence,
+    ) -> Result<bool, PurgerError>;
     async fn journaled(&self, plan_id: &str) -> Result<Vec<StoredOutcome>, PurgerError>;
-    async fn put_report(&self, report: &StoredReport) -> Result<(), PurgerError>;
+    /// Writes `report` while `fence` holds (`false`: the lease is lost, nothing written).
+    async fn put_report(&self, report: &StoredReport, fence: &Fence) -> Result<bool, PurgerError>;
     async fn get_report(&self, plan_id: &str) -> Result<Option<StoredReport>, PurgerError>;
-    /// Takes (or renews, for the same `owner`) the lease on `target`.
-    async fn acquire(&self, target: &str, owner: &str, ttl: Duration) -> Result<bool, PurgerError>;
-    async fn release(&self, target: &str, owner: &str) -> Result<(), PurgerError>;
+    /// Where execution leases live (one per repository, `registry/repository`).
+    fn leases(&self) -> Arc<dyn LeaseStore>;
 }
 
 fn key(kind: &str, id: &str) -> String {
@@ -117,6 +171,7 @@ fn decode<T: for<'de> Deserialize<'de>>(text: &str) -> Result<T, PurgerError> {
 #[derive(Clone)]
 pub struct RedisStore {
     connection: redis::aio::ConnectionManager,
+    leases: Arc<RedisLeases>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -133,26 +188,21 @@ impl RedisStore {
     pub async fn connect(url: &str) -> Result<Self, PurgerError> {
         let client = redis::Client::open(url).map_err(redis_error)?;
         let connection = redis::aio::ConnectionManager::new(client).await.map_err(redis_error)?;
-        Ok(Self { connection })
+        let leases = Arc::new(RedisLeases::new(connection.clone(), &format!("{PREFIX}:lease")));
+        Ok(Self { connection, leases })
     }
 }
 
-const RENEW_OR_ACQUIRE: &str = r"
-local current = redis.call('GET', KEYS[1])
-if current == false then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  return 1
-elseif current == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
-end
-return 0";
+/// After [`Fence::GUARD`]: one journal field, with the journal's expiry.
+const JOURNAL: &str = r"
+redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
+redis.call('EXPIRE', KEYS[2], ARGV[4])
+return 1";
 
-const RELEASE: &str = r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
-end
-return 0";
+/// After [`Fence::GUARD`]: the report.
+const REPORT: &str = r"
+redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[3])
+return 1";
 
 #[async_trait::async_trait]
 impl PlanStore for RedisStore {
@@ -169,11 +219,24 @@ impl PlanStore for RedisStore {
         text.as_deref().map(decode).transpose()
     }
 
-    async fn journal(&self, plan_id: &str, outcome: &StoredOutcome) -> Result<(), PurgerError> {
+    async fn journal(
+        &self,
+        plan_id: &str,
+        outcome: &StoredOutcome,
+        fence: &Fence,
+    ) -> Result<bool, PurgerError> {
         let mut c = self.connection.clone();
-        let k = key("journal", plan_id);
-        c.hset::<_, _, _, ()>(&k, &outcome.digest, encode(outcome)?).await.map_err(redis_error)?;
-        c.expire::<_, ()>(&k, REPORT_TTL.as_secs() as i64).await.map_err(redis_error)
+        let written: i64 = redis::Script::new(&format!("{}{JOURNAL}", Fence::GUARD))
+            .key(&fence.key)
+            .key(key("journal", plan_id))
+            .arg(&fence.token)
+            .arg(&outcome.digest)
+            .arg(encode(outcome)?)
+            .arg(REPORT_TTL.as_secs())
+            .invoke_async(&mut c)
+            .await
+            .map_err(redis_error)?;
+        Ok(written == 1)
     }
 
     async fn journaled(&self, plan_id: &str) -> Result<Vec<StoredOutcome>, PurgerError> {
@@ -182,11 +245,18 @@ impl PlanStore for RedisStore {
         all.values().map(|v| decode(v)).collect()
     }
 
-    async fn put_report(&self, report: &StoredReport) -> Result<(), PurgerError> {
+    async fn put_report(&self, report: &StoredReport, fence: &Fence) -> Result<bool, PurgerError> {
         let mut c = self.connection.clone();
-        c.set_ex::<_, _, ()>(key("report", &report.plan_id), encode(report)?, REPORT_TTL.as_secs())
+        let written: i64 = redis::Script::new(&format!("{}{REPORT}", Fence::GUARD))
+            .key(&fence.key)
+            .key(key("report", &report.plan_id))
+            .arg(&fence.token)
+            .arg(encode(report)?)
+            .arg(REPORT_TTL.as_secs())
+            .invoke_async(&mut c)
             .await
-            .map_err(redis_error)
+            .map_err(redis_error)?;
+        Ok(written == 1)
     }
 
     async fn get_report(&self, plan_id: &str) -> Result<Option<StoredReport>, PurgerError> {
@@ -195,27 +265,8 @@ impl PlanStore for RedisStore {
         text.as_deref().map(decode).transpose()
     }
 
-    async fn acquire(&self, target: &str, owner: &str, ttl: Duration) -> Result<bool, PurgerError> {
-        let mut c = self.connection.clone();
-        let taken: i64 = redis::Script::new(RENEW_OR_ACQUIRE)
-            .key(key("lease", target))
-            .arg(owner)
-            .arg(ttl.as_millis() as u64)
-            .invoke_async(&mut c)
-            .await
-            .map_err(redis_error)?;
-        Ok(taken == 1)
-    }
-
-    async fn release(&self, target: &str, owner: &str) -> Result<(), PurgerError> {
-        let mut c = self.connection.clone();
-        let _: i64 = redis::Script::new(RELEASE)
-            .key(key("lease", target))
-            .arg(owner)
-            .invoke_async(&mut c)
-            .await
-            .map_err(redis_error)?;
-        Ok(())
+    fn leases(&self) -> Arc<dyn LeaseStore> {
+        self.leases.clone()
     }
 }
 
@@ -223,6 +274,7 @@ impl PlanStore for RedisStore {
 #[derive(Debug, Default, Clone)]
 pub struct MemoryStore {
     inner: Arc<Mutex<Memory>>,
+    leases: Arc<MemoryLeases>,
 }
 
 #[derive(Debug, Default)]
@@ -230,13 +282,16 @@ struct Memory {
     plans: HashMap<String, (StoredPlan, Instant)>,
     journals: HashMap<String, HashMap<String, StoredOutcome>>,
     reports: HashMap<String, StoredReport>,
-    leases: HashMap<String, (String, Instant)>,
 }
 
 impl MemoryStore {
     fn with<T>(&self, f: impl FnOnce(&mut Memory) -> T) -> T {
         let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         f(&mut guard)
+    }
+
+    async fn holds(&self, fence: &Fence) -> Result<bool, PurgerError> {
+        Ok(self.leases.holder(&fence.key).await?.as_deref() == Some(fence.token.as_str()))
     }
 }
 
@@ -252,48 +307,41 @@ impl PlanStore for MemoryStore {
             .with(|m| m.plans.get(id).filter(|(_, until)| *until > Instant::now()).map(|(p, _)| p.clone())))
     }
 
-    async fn journal(&self, plan_id: &str, outcome: &StoredOutcome) -> Result<(), PurgerError> {
+    async fn journal(
+        &self,
+        plan_id: &str,
+        outcome: &StoredOutcome,
+        fence: &Fence,
+    ) -> Result<bool, PurgerError> {
+        if !self.holds(fence).await? {
+            return Ok(false);
+        }
         self.with(|m| {
             m.journals
                 .entry(plan_id.to_string())
                 .or_default()
                 .insert(outcome.digest.clone(), outcome.clone());
         });
-        Ok(())
+        Ok(true)
     }
 
     async fn journaled(&self, plan_id: &str) -> Result<Vec<StoredOutcome>, PurgerError> {
         Ok(self.with(|m| m.journals.get(plan_id).map(|j| j.values().cloned().collect()).unwrap_or_default()))
     }
 
-    async fn put_report(&self, report: &StoredReport) -> Result<(), PurgerError> {
+    async fn put_report(&self, report: &StoredReport, fence: &Fence) -> Result<bool, PurgerError> {
+        if !self.holds(fence).await? {
+            return Ok(false);
+        }
         self.with(|m| m.reports.insert(report.plan_id.clone(), report.clone()));
-        Ok(())
+        Ok(true)
     }
 
     async fn get_report(&self, plan_id: &str) -> Result<Option<StoredReport>, PurgerError> {
         Ok(self.with(|m| m.reports.get(plan_id).cloned()))
     }
 
-    async fn acquire(&self, target: &str, owner: &str, ttl: Duration) -> Result<bool, PurgerError> {
-        Ok(self.with(|m| {
-            let now = Instant::now();
-            match m.leases.get(target) {
-                Some((holder, until)) if holder != owner && *until > now => false,
-                _ => {
-                    m.leases.insert(target.to_string(), (owner.to_string(), now + ttl));
-                    true
-                }
-            }
-        }))
-    }
-
-    async fn release(&self, target: &str, owner: &str) -> Result<(), PurgerError> {
-        self.with(|m| {
-            if m.leases.get(target).is_some_and(|(holder, _)| holder == owner) {
-                m.leases.remove(target);
-            }
-        });
-        Ok(())
+    fn leases(&self) -> Arc<dyn LeaseStore> {
+        self.leases.clone()
     }
 }

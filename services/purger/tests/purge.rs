@@ -15,8 +15,8 @@ use vynil_proto::{
         lifecycle_server::{Lifecycle, LifecycleServer},
     },
     purger::v1::{
-        DeletionState, ExecuteRequest, GetReportRequest, PlanRequest, PurgePlan, PurgeReport, Repository,
-        execute_progress::Event, plan_request::Target, purger_client::PurgerClient,
+        DeletionState, ExecuteRequest, GetReportRequest, PlanRequest, PurgePlan, PurgeReport, ReportState,
+        Repository, execute_progress::Event, plan_request::Target, purger_client::PurgerClient,
     },
 };
 use vynil_testkit::{
@@ -119,9 +119,9 @@ async fn purger(setup: &Setup, lifecycle: &str, extra: &[&str]) -> ServiceProces
         "--lifecycle-endpoint",
         lifecycle,
         "--execution-lease-seconds",
-        "2",
+        "3",
         "--registry-timeout-seconds",
-        "5",
+        "1",
     ]);
     args.extend(extra);
     ServiceProcess::start(Path::new(env!("CARGO_BIN_EXE_vynil-purger")), &args).await.unwrap()
@@ -381,6 +381,20 @@ async fn a_purger_killed_mid_execution_converges_when_run_again_without_deleting
 
     let second = purger(&setup, &lifecycle, &[]).await;
     let mut client = PurgerClient::new(second.channel().await.unwrap());
+    // Any replica tells what the interrupted run did, once its lease is gone.
+    let interrupted = loop {
+        let request = GetReportRequest { plan_id: plan.plan_id.clone() };
+        let report = client.get_report(request).await.unwrap().into_inner();
+        if report.state != ReportState::Running as i32 {
+            break report;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(interrupted.state, ReportState::Interrupted as i32, "{interrupted:?}");
+    assert!(interrupted.note.contains("Execute plan"), "{interrupted:?}");
+    assert!(!interrupted.outcomes.is_empty(), "the first verified deletion is in it: {interrupted:?}");
+    assert!(interrupted.outcomes.iter().all(|o| o.state == DeletionState::Deleted as i32), "{interrupted:?}");
+
     let report = loop {
         match execute(&mut client, execute_request(&plan)).await {
             Ok(report) => break report,
@@ -392,8 +406,15 @@ async fn a_purger_killed_mid_execution_converges_when_run_again_without_deleting
         }
     };
     assert_eq!(report.outcomes.len(), 4, "the report is complete: {report:?}");
-    assert!(report.outcomes.iter().all(|o| o.state != DeletionState::Failed as i32), "{report:?}");
-    assert!(report.outcomes.iter().any(|o| o.state == DeletionState::AlreadyGone as i32), "{report:?}");
+    assert_eq!(report.state, ReportState::Completed as i32);
+    // What the first run deleted is its deletion, with its time, not "already gone".
+    assert!(report.outcomes.iter().all(|o| o.state == DeletionState::Deleted as i32), "{report:?}");
+    let earlier: Vec<_> = report.outcomes.iter().filter(|o| o.note.contains("earlier run")).collect();
+    assert!(earlier.len() >= 2, "the verified one and the one answered too late: {report:?}");
+    for first in &earlier {
+        let at = interrupted.outcomes.iter().find(|o| o.digest == first.digest).map(|o| o.at.clone());
+        assert!(at.is_none() || at.as_deref() == Some(first.at.as_str()), "its time is kept: {report:?}");
+    }
     for outcome in &report.outcomes {
         assert_eq!(
             setup.front.count(&Method::DELETE, &outcome.digest),

@@ -19,7 +19,7 @@ impl Classify for ScannerError {
             ScannerError::NotFound(_) => Failure::Missing,
             ScannerError::Rules(e) => e.failure(),
             ScannerError::Registry(e) => e.failure(),
-            ScannerError::Conflict(_) => Failure::Concurrent,
+            ScannerError::Conflict(_) | ScannerError::LeaseLost(_) => Failure::Concurrent,
             ScannerError::Store(_) => Failure::Transient,
             ScannerError::Config(_) => Failure::Refused,
             ScannerError::Serve(e) => e.failure(),

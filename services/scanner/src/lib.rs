@@ -75,6 +75,8 @@ pub enum ScannerError {
     Store(String),
     #[error("the status of {0} changed concurrently too many times; retry")]
     Conflict(String),
+    #[error("{0}: the scan lease was lost to another replica, which runs the scan now")]
+    LeaseLost(String),
     #[error(transparent)]
     Rules(#[from] vynil_rules::RulesError),
     #[error(transparent)]
@@ -89,6 +91,15 @@ impl From<vynil_store::StoreError> for ScannerError {
             vynil_store::StoreError::Config(why) => ScannerError::Config(why),
             vynil_store::StoreError::Unavailable(why) => ScannerError::Store(why),
             vynil_store::StoreError::Conflict(name) => ScannerError::Conflict(name),
+        }
+    }
+}
+
+impl From<vynil_store::lease::LeaseError> for ScannerError {
+    fn from(error: vynil_store::lease::LeaseError) -> Self {
+        match error {
+            vynil_store::lease::LeaseError::Lost(what) => ScannerError::LeaseLost(what),
+            vynil_store::lease::LeaseError::Store(store) => store.into(),
         }
     }
 }

@@ -14,11 +14,12 @@
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
-    sync::Mutex,
+    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
 use serde::{Deserialize, Serialize};
+use vynil_store::lease::{Fence, LeaseStore, MemoryLeases, RedisLeases};
 
 use crate::{ScannerError, redis_error};
 
@@ -69,18 +70,22 @@ impl ScanRecord {
 pub trait RequestQueue: Send + Sync + std::fmt::Debug {
     /// Records a request; returns its scan id and whether it joined an existing one.
     async fn submit(&self, jukebox: &str, filter: Option<&str>) -> Result<(String, bool), ScannerError>;
-    /// Takes the JukeBox's lease and the items to run now, if any.
+    /// Takes the JukeBox's lease for `token` and the items to run now, if any.
     async fn claim(
         &self,
         jukebox: &str,
-        holder: &str,
+        token: &str,
         lease: Duration,
     ) -> Result<Option<Vec<ScanItem>>, ScannerError>;
-    async fn renew(&self, jukebox: &str, holder: &str, lease: Duration) -> Result<bool, ScannerError>;
-    /// The claimed items are done: forget them and release the lease.
-    async fn complete(&self, jukebox: &str, holder: &str) -> Result<(), ScannerError>;
+    /// Where the JukeBox leases `claim` takes live (renewed and checked there).
+    fn leases(&self) -> Arc<dyn LeaseStore>;
+    /// The claimed items are done: forget them and release the lease, if
+    /// `token` still holds it.
+    async fn complete(&self, jukebox: &str, token: &str) -> Result<(), ScannerError>;
     async fn with_work(&self) -> Result<Vec<String>, ScannerError>;
-    async fn put_record(&self, record: &ScanRecord) -> Result<(), ScannerError>;
+    /// Writes a scan record; under a `fence`, only while its lease holds
+    /// (`false`: refused, the lease is lost).
+    async fn put_record(&self, record: &ScanRecord, fence: Option<&Fence>) -> Result<bool, ScannerError>;
     async fn record(&self, id: &str) -> Result<Option<ScanRecord>, ScannerError>;
     /// The latest finished scan of a JukeBox (`put_record` of a final record
     /// makes it the latest).
@@ -95,13 +100,13 @@ pub trait RequestQueue: Send + Sync + std::fmt::Debug {
 #[derive(Debug, Default)]
 pub struct MemoryQueue {
     inner: Mutex<Memory>,
+    leases: Arc<MemoryLeases>,
 }
 
 #[derive(Debug, Default)]
 struct Memory {
     pending: HashMap<String, BTreeMap<String, String>>,
     running: HashMap<String, BTreeMap<String, String>>,
-    leases: HashMap<String, (String, Instant)>,
     records: HashMap<String, ScanRecord>,
     latest: HashMap<String, String>,
     ticks: HashMap<(String, i64), Instant>,
@@ -126,46 +131,40 @@ impl RequestQueue for MemoryQueue {
     async fn claim(
         &self,
         jukebox: &str,
-        holder: &str,
+        token: &str,
         lease: Duration,
     ) -> Result<Option<Vec<ScanItem>>, ScannerError> {
-        let mut m = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        let now = Instant::now();
-        if m.leases.get(jukebox).is_some_and(|(h, until)| h != holder && *until > now) {
+        if !self.leases.acquire(jukebox, token, lease).await? {
             return Ok(None);
         }
-        let running = m.running.get(jukebox).cloned().unwrap_or_default();
-        let items = if running.is_empty() {
-            let pending = m.pending.remove(jukebox).unwrap_or_default();
-            if pending.is_empty() {
-                m.leases.remove(jukebox);
-                return Ok(None);
+        let items = {
+            let mut m = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            let running = m.running.get(jukebox).cloned().unwrap_or_default();
+            if running.is_empty() {
+                let pending = m.pending.remove(jukebox).unwrap_or_default();
+                if !pending.is_empty() {
+                    m.running.insert(jukebox.to_string(), pending.clone());
+                }
+                pending
+            } else {
+                running
             }
-            m.running.insert(jukebox.to_string(), pending.clone());
-            pending
-        } else {
-            running
         };
-        m.leases.insert(jukebox.to_string(), (holder.to_string(), now + lease));
+        if items.is_empty() {
+            self.leases.release(jukebox, token).await?;
+            return Ok(None);
+        }
         Ok(Some(items.iter().map(|(f, id)| item(f, id)).collect()))
     }
 
-    async fn renew(&self, jukebox: &str, holder: &str, lease: Duration) -> Result<bool, ScannerError> {
-        let mut m = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        match m.leases.get_mut(jukebox) {
-            Some((h, until)) if h == holder => {
-                *until = Instant::now() + lease;
-                Ok(true)
-            }
-            _ => Ok(false),
-        }
+    fn leases(&self) -> Arc<dyn LeaseStore> {
+        self.leases.clone()
     }
 
-    async fn complete(&self, jukebox: &str, holder: &str) -> Result<(), ScannerError> {
-        let mut m = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        if m.leases.get(jukebox).is_some_and(|(h, _)| h == holder) {
-            m.running.remove(jukebox);
-            m.leases.remove(jukebox);
+    async fn complete(&self, jukebox: &str, token: &str) -> Result<(), ScannerError> {
+        if self.leases.holder(jukebox).await?.as_deref() == Some(token) {
+            self.inner.lock().unwrap_or_else(|p| p.into_inner()).running.remove(jukebox);
+            self.leases.release(jukebox, token).await?;
         }
         Ok(())
     }
@@ -176,13 +175,18 @@ impl RequestQueue for MemoryQueue {
         Ok(names.into_iter().cloned().collect())
     }
 
-    async fn put_record(&self, record: &ScanRecord) -> Result<(), ScannerError> {
+    async fn put_record(&self, record: &ScanRecord, fence: Option<&Fence>) -> Result<bool, ScannerError> {
+        if let Some(fence) = fence
+            && self.leases.holder(&fence.key).await?.as_deref() != Some(fence.token.as_str())
+        {
+            return Ok(false);
+        }
         let mut m = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         if record.is_final() {
             m.latest.insert(record.jukebox.clone(), record.id.clone());
         }
         m.records.insert(record.id.clone(), record.clone());
-        Ok(())
+        Ok(true)
     }
 
     async fn record(&self, id: &str) -> Result<Option<ScanRecord>, ScannerError> {
@@ -210,6 +214,7 @@ fn new_id() -> String {
 #[derive(Clone)]
 pub struct RedisQueue {
     connection: redis::aio::ConnectionManager,
+    leases: Arc<RedisLeases>,
 }
 
 impl std::fmt::Debug for RedisQueue {
@@ -251,12 +256,6 @@ redis.call('DEL', KEYS[2])
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return pending";
 
-const RENEW: &str = r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
-return 0";
-
 const COMPLETE: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[2])
@@ -264,11 +263,19 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
 end
 return 1";
 
+/// A record, and the JukeBox's latest pointer when final; after
+/// [`Fence::GUARD`] when written under a lease.
+const PUT_RECORD: &str = r"
+redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[3])
+if ARGV[5] == '1' then redis.call('SET', KEYS[3], ARGV[4], 'EX', ARGV[3]) end
+return 1";
+
 impl RedisQueue {
     pub async fn connect(url: &str) -> Result<Self, ScannerError> {
         let client = redis::Client::open(url).map_err(redis_error)?;
         let connection = redis::aio::ConnectionManager::new(client).await.map_err(redis_error)?;
-        Ok(Self { connection })
+        let leases = Arc::new(RedisLeases::new(connection.clone(), &format!("{PREFIX}:lease")));
+        Ok(Self { connection, leases })
     }
 }
 
@@ -310,24 +317,16 @@ impl RequestQueue for RedisQueue {
             .map(|flat| flat.chunks(2).filter_map(|pair| Some(item(pair.first()?, pair.get(1)?))).collect()))
     }
 
-    async fn renew(&self, jukebox: &str, holder: &str, lease: Duration) -> Result<bool, ScannerError> {
-        let mut c = self.connection.clone();
-        let renewed: i64 = redis::Script::new(RENEW)
-            .key(key("lease", jukebox))
-            .arg(holder)
-            .arg(lease.as_millis() as u64)
-            .invoke_async(&mut c)
-            .await
-            .map_err(redis_error)?;
-        Ok(renewed == 1)
+    fn leases(&self) -> Arc<dyn LeaseStore> {
+        self.leases.clone()
     }
 
-    async fn complete(&self, jukebox: &str, holder: &str) -> Result<(), ScannerError> {
+    async fn complete(&self, jukebox: &str, token: &str) -> Result<(), ScannerError> {
         let mut c = self.connection.clone();
         let _: i64 = redis::Script::new(COMPLETE)
             .key(key("lease", jukebox))
             .key(key("running", jukebox))
-            .arg(holder)
+            .arg(token)
             .invoke_async(&mut c)
             .await
             .map_err(redis_error)?;
@@ -340,15 +339,25 @@ impl RequestQueue for RedisQueue {
         c.smembers(format!("{PREFIX}:with-work")).await.map_err(redis_error)
     }
 
-    async fn put_record(&self, record: &ScanRecord) -> Result<(), ScannerError> {
+    async fn put_record(&self, record: &ScanRecord, fence: Option<&Fence>) -> Result<bool, ScannerError> {
         let mut c = self.connection.clone();
         let body = serde_json::to_string(record).map_err(|e| ScannerError::Store(e.to_string()))?;
-        let mut pipe = redis::pipe();
-        pipe.set_ex(key("scan", &record.id), body, RECORD_TTL.as_secs());
-        if record.is_final() {
-            pipe.set_ex(key("latest", &record.jukebox), &record.id, RECORD_TTL.as_secs());
-        }
-        pipe.query_async(&mut c).await.map_err(redis_error)
+        let (lease_key, token) =
+            fence.map_or((String::new(), String::new()), |f| (f.key.clone(), f.token.clone()));
+        let written: i64 =
+            redis::Script::new(&format!("{}{PUT_RECORD}", if fence.is_some() { Fence::GUARD } else { "" }))
+                .key(lease_key)
+                .key(key("scan", &record.id))
+                .key(key("latest", &record.jukebox))
+                .arg(token)
+                .arg(body)
+                .arg(RECORD_TTL.as_secs())
+                .arg(&record.id)
+                .arg(i64::from(record.is_final()))
+                .invoke_async(&mut c)
+                .await
+                .map_err(redis_error)?;
+        Ok(written == 1)
     }
 
     async fn latest(&self, jukebox: &str) -> Result<Option<ScanRecord>, ScannerError> {

@@ -8,7 +8,10 @@ use tokio::sync::{Notify, mpsc};
 use vynil_crds::{JukeBoxStatus, coded_message};
 use vynil_registry::{CredentialStore, RegistryClient};
 use vynil_rules::ScanFilter;
-use vynil_store::{JukeboxRecord, JukeboxStore, ScanEvent};
+use vynil_store::{
+    JukeboxRecord, JukeboxStore, ScanEvent,
+    lease::{Fence, Lease, new_token},
+};
 
 use crate::{
     ScannerError,
@@ -55,7 +58,7 @@ impl Scanner {
                 state: "queued".into(),
                 ..ScanRecord::default()
             };
-            self.queue.put_record(&record).await?;
+            self.queue.put_record(&record, None).await?;
         }
         self.wake.notify_one();
         Ok((id, joined))
@@ -84,47 +87,49 @@ impl Scanner {
     }
 
     async fn run_claimed(&self, jukebox: &str) -> Result<(), ScannerError> {
-        while let Some(items) = self.queue.claim(jukebox, &self.holder, self.lease).await? {
-            let renew = {
-                let (queue, jukebox, holder, lease) =
-                    (self.queue.clone(), jukebox.to_string(), self.holder.clone(), self.lease);
-                tokio::spawn(async move {
-                    loop {
-                        tokio::time::sleep(lease / 3).await;
-                        if !matches!(queue.renew(&jukebox, &holder, lease).await, Ok(true)) {
-                            tracing::warn!(%jukebox, "lost the scan lease");
-                        }
-                    }
-                })
+        loop {
+            let token = new_token(&self.holder);
+            let Some(items) = self.queue.claim(jukebox, &token, self.lease).await? else {
+                return Ok(());
             };
-            let result = self.run_items(jukebox, &items).await;
-            renew.abort();
-            result?;
-            self.queue.complete(jukebox, &self.holder).await?;
+            let lease = Lease::adopt(self.queue.leases(), vec![jukebox.to_string()], token, self.lease);
+            match self.run_items(jukebox, &items, &lease).await {
+                Err(ScannerError::LeaseLost(why)) => {
+                    // Another replica runs these items now: write nothing more.
+                    tracing::warn!(%jukebox, %why, "scan abandoned");
+                    self.metrics.scans.get_or_create(&Outcome { outcome: "abandoned".into() }).inc();
+                    return Ok(());
+                }
+                result => result?,
+            }
+            self.queue.complete(jukebox, lease.token()).await?;
         }
-        Ok(())
     }
 
     /// A full item satisfies every item claimed with it; partial ones run in turn.
-    async fn run_items(&self, jukebox: &str, items: &[ScanItem]) -> Result<(), ScannerError> {
+    async fn run_items(&self, jukebox: &str, items: &[ScanItem], lease: &Lease) -> Result<(), ScannerError> {
         if items.iter().any(|i| i.filter.is_none()) {
             let ids: Vec<String> = items.iter().map(|i| i.id.clone()).collect();
-            return self.run_scan(jukebox, None, &ids).await;
+            return self.run_scan(jukebox, None, &ids, lease).await;
         }
         for item in items {
             let filter = item.filter.as_deref().map(ScanFilter::parse).transpose()?;
-            self.run_scan(jukebox, filter, std::slice::from_ref(&item.id)).await?;
+            self.run_scan(jukebox, filter, std::slice::from_ref(&item.id), lease).await?;
         }
         Ok(())
     }
 
-    #[tracing::instrument(skip(self, ids), fields(filter = ?filter.as_ref().map(ToString::to_string)))]
+    /// One scan under `lease`: every write it makes (records, status, Event)
+    /// is fenced by it, and a lost lease ends it with `LeaseLost`.
+    #[tracing::instrument(skip(self, ids, lease), fields(filter = ?filter.as_ref().map(ToString::to_string)))]
     async fn run_scan(
         &self,
         jukebox: &str,
         filter: Option<ScanFilter>,
         ids: &[String],
+        lease: &Lease,
     ) -> Result<(), ScannerError> {
+        let fence = lease.fence(jukebox);
         let started_at = jiff::Timestamp::now().to_string();
         let clock = std::time::Instant::now();
         let base = ScanRecord {
@@ -134,23 +139,23 @@ impl Scanner {
             started_at: started_at.clone(),
             ..ScanRecord::default()
         };
-        self.put_records(ids, &base).await;
+        self.put_records(ids, &base, &fence).await?;
         let Some(record) = self.store.get(jukebox).await? else {
             let mut gone = base.clone();
             gone.state = "failed".into();
             gone.errors = vec![("jukebox".into(), format!("JukeBox {jukebox} no longer exists"))];
-            self.put_records(ids, &gone).await;
+            self.put_records(ids, &gone, &fence).await?;
             return Ok(());
         };
 
         // Progress is written by a task, so the engine never waits on Redis.
         let (progress_tx, mut progress_rx) = mpsc::unbounded_channel::<Progress>();
         let writer = {
-            let (queue, ids, base) = (self.queue.clone(), ids.to_vec(), base.clone());
+            let (queue, ids, base, fence) = (self.queue.clone(), ids.to_vec(), base.clone(), fence.clone());
             tokio::spawn(async move {
                 while let Some(progress) = progress_rx.recv().await {
                     for id in &ids {
-                        let _ = queue.put_record(&with_progress(&base, id, &progress)).await;
+                        let _ = queue.put_record(&with_progress(&base, id, &progress), Some(&fence)).await;
                     }
                 }
             })
@@ -165,7 +170,10 @@ impl Scanner {
         drop(on_progress);
         let _ = writer.await;
 
-        let write = self.write_status(jukebox, &output, filter.as_ref()).await;
+        let write = self.write_status(jukebox, &output, filter.as_ref(), lease).await;
+        if let Err(ScannerError::LeaseLost(why)) = write {
+            return Err(ScannerError::LeaseLost(why));
+        }
         let errors = output.errors();
         let mut last = base.clone();
         last.state = match (&output, &write, errors.is_empty()) {
@@ -185,7 +193,9 @@ impl Scanner {
             final_record.state = last.state.clone();
             final_record.errors = last.errors.clone();
             final_record.finished_at = last.finished_at.clone();
-            let _ = self.queue.put_record(&final_record).await;
+            if !self.queue.put_record(&final_record, Some(&fence)).await? {
+                return Err(ScannerError::LeaseLost(format!("scan records of {jukebox}")));
+            }
         }
         self.metrics.scans.get_or_create(&Outcome { outcome: last.state.clone() }).inc();
         let ended = jiff::Timestamp::now().as_second();
@@ -214,6 +224,7 @@ impl Scanner {
             (Err(_), _, _) => Some(ScanEvent { succeeded: false, note: describe(&last.errors) }),
         };
         if let Some(event) = event {
+            lease.check().await?;
             self.store.record_scan_event(jukebox, &event).await;
         }
         write.map(|_| ())
@@ -244,6 +255,17 @@ impl Scanner {
         jukebox: &str,
         change: impl Fn(&JukeboxRecord, jiff::Timestamp) -> Option<JukeBoxStatus>,
     ) -> Result<Option<JukeBoxStatus>, ScannerError> {
+        self.amend_status_under(jukebox, None, change).await
+    }
+
+    /// [`Scanner::amend_status`] by a worker holding `lease`: each write is
+    /// made only right after the lease was checked.
+    async fn amend_status_under(
+        &self,
+        jukebox: &str,
+        lease: Option<&Lease>,
+        change: impl Fn(&JukeboxRecord, jiff::Timestamp) -> Option<JukeBoxStatus>,
+    ) -> Result<Option<JukeBoxStatus>, ScannerError> {
         for _ in 0..WRITE_ATTEMPTS {
             let Some(record) = self.store.get(jukebox).await? else {
                 return Err(ScannerError::NotFound(format!("no JukeBox {jukebox:?} (deleted meanwhile?)")));
@@ -253,6 +275,9 @@ impl Scanner {
             else {
                 return Ok(record.status);
             };
+            if let Some(lease) = lease {
+                lease.check().await?;
+            }
             match self.store.write_status(jukebox, record.status_version, &status).await {
                 Ok(_) => return Ok(Some(status)),
                 Err(vynil_store::StoreError::Conflict(_)) => continue,
@@ -281,9 +306,10 @@ impl Scanner {
         jukebox: &str,
         output: &ScanOutput,
         filter: Option<&ScanFilter>,
+        lease: &Lease,
     ) -> Result<usize, ScannerError> {
         let status = self
-            .amend_status(jukebox, |record, now| {
+            .amend_status_under(jukebox, Some(lease), |record, now| {
                 let problem = schedule::problem(&record.spec.schedule);
                 let previous = record.status.as_ref();
                 engine::new_status(previous, output, filter, problem.as_deref(), record.generation, now)
@@ -292,14 +318,24 @@ impl Scanner {
         Ok(status.map_or(0, |s| s.packages.len()))
     }
 
-    async fn put_records(&self, ids: &[String], base: &ScanRecord) {
+    async fn put_records(
+        &self,
+        ids: &[String],
+        base: &ScanRecord,
+        fence: &Fence,
+    ) -> Result<(), ScannerError> {
         for id in ids {
             let mut record = base.clone();
             record.id = id.clone();
-            if let Err(error) = self.queue.put_record(&record).await {
-                tracing::warn!(%error, "cannot record scan progress");
+            match self.queue.put_record(&record, Some(fence)).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    return Err(ScannerError::LeaseLost(format!("scan records of {}", base.jukebox)));
+                }
+                Err(error) => tracing::warn!(%error, "cannot record scan progress"),
             }
         }
+        Ok(())
     }
 }
 
