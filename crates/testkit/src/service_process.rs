@@ -111,6 +111,24 @@ impl ServiceProcess {
         Ok(())
     }
 
+    /// Freezes the process (SIGSTOP), as a long pause or a partition would:
+    /// it answers nothing and renews nothing until [`ServiceProcess::resume`].
+    pub fn pause(&self) -> Result<()> {
+        self.signal(Signal::SIGSTOP)
+    }
+
+    /// Thaws a paused process (SIGCONT): it goes on from where it stood.
+    pub fn resume(&self) -> Result<()> {
+        self.signal(Signal::SIGCONT)
+    }
+
+    fn signal(&self, signal: Signal) -> Result<()> {
+        let pid = i32::try_from(self.process.pid())
+            .map_err(|_| TestkitError::Fixture("pid out of range".into()))?;
+        nix::sys::signal::kill(Pid::from_raw(pid), signal)?;
+        Ok(())
+    }
+
     /// Sends SIGTERM and waits for the exit status.
     pub async fn terminate(mut self, timeout: Duration) -> Result<std::process::ExitStatus> {
         let pid = i32::try_from(self.process.pid())

@@ -519,3 +519,72 @@ async fn a_scheduled_purge_over_its_limits_is_left_for_a_human() {
     assert_eq!(setup.front.count(&Method::DELETE, "/manifests/"), 0);
     assert_eq!((tags(&setup.registry).await, tags_of(&setup.registry, "apps/x").await), before);
 }
+
+#[tokio::test]
+async fn a_purger_frozen_past_its_lease_deletes_and_journals_nothing_after_it_thaws() {
+    let setup = setup().await;
+    let lifecycle = lifecycle_stub(vec![]).await;
+    let frozen = purger(&setup, &lifecycle, &["--delete-concurrency", "1"]).await;
+    let mut client = PurgerClient::new(frozen.channel().await.unwrap());
+    let plan = make_plan(&mut client, &setup.front.host()).await;
+    let deletions = plan.entries.iter().filter(|e| !e.keep).count();
+    assert!(deletions >= 3, "{plan:?}");
+    // The first DELETE is applied at once and answered late, so the frozen
+    // purger still has work when it thaws.
+    setup.front.inject(Fault::new(
+        Some(Method::DELETE),
+        "/manifests/",
+        1,
+        FaultAction::DelayAnswer(Duration::from_millis(800)),
+    ));
+    let mut stream = client.execute(execute_request(&plan)).await.unwrap().into_inner();
+    for _ in 0..400 {
+        if setup.front.count(&Method::DELETE, "/manifests/") >= 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    frozen.pause().unwrap();
+
+    let other = purger(&setup, &lifecycle, &[]).await;
+    let mut other_client = PurgerClient::new(other.channel().await.unwrap());
+    let report = loop {
+        match execute(&mut other_client, execute_request(&plan)).await {
+            Ok(report) => break report,
+            // The frozen purger's lease expires within 3 s.
+            Err(status) if status.code() == tonic::Code::Aborted => {
+                tokio::time::sleep(Duration::from_millis(300)).await
+            }
+            Err(status) => panic!("{status:?}"),
+        }
+    };
+    assert!(report.outcomes.iter().all(|o| o.state != DeletionState::Failed as i32), "{report:?}");
+    let sent_before_thaw = setup.front.count(&Method::DELETE, "/manifests/");
+
+    frozen.resume().unwrap();
+    // The thawed purger's execution ends, refused: its lease is gone.
+    let ended = loop {
+        match stream.message().await {
+            Ok(Some(_)) => continue,
+            Ok(None) => break None,
+            Err(status) => break Some(status),
+        }
+    };
+    let ended = ended.expect("the thawed execution ends with an error, not a report");
+    assert_eq!(ended.code(), tonic::Code::Aborted, "{ended:?}");
+    assert!(ended.message().contains("lease"), "{ended:?}");
+    assert_eq!(
+        setup.front.count(&Method::DELETE, "/manifests/"),
+        sent_before_thaw,
+        "no DELETE after thawing"
+    );
+    let final_report = other_client
+        .get_report(GetReportRequest { plan_id: plan.plan_id.clone() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(final_report.state, ReportState::Completed as i32);
+    assert_eq!(final_report.outcomes, report.outcomes, "the thawed purger overwrote no report");
+    let kept: BTreeSet<String> = plan.entries.iter().filter(|e| e.keep).map(|e| e.tag.clone()).collect();
+    assert_eq!(tags(&setup.registry).await, kept);
+}

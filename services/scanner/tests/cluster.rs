@@ -346,3 +346,70 @@ async fn pull_secrets_give_credentials_and_a_bad_one_is_reported_without_stoppin
         .await;
     assert_eq!(world.tags("box").await, ["p:2.0.0"]);
 }
+
+#[tokio::test]
+async fn a_scanner_frozen_past_its_lease_writes_nothing_after_it_thaws() {
+    use vynil_proto::scanner::v1::{ScanRequest, scanner_client::ScannerClient};
+    let world = world().await;
+    world.jukebox("box", &["apps/a", "apps/b"], "0 0 1 1 *", None).await;
+    // The frozen replica's first tag list is read at once and answered late.
+    world.front.inject(Fault::new(
+        Some(Method::GET),
+        "/tags/list",
+        1,
+        FaultAction::DelayAnswer(Duration::from_millis(1500)),
+    ));
+    let frozen = world.scanner(&["--repository-concurrency", "1"]).await;
+    let mut client = ScannerClient::new(frozen.channel().await.unwrap());
+    client.scan(ScanRequest { jukebox: "box".into(), filter: String::new() }).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while world.front.count(&Method::GET, "/tags/list") == 0 {
+        assert!(Instant::now() < deadline, "the scan never started:\n{}", frozen.log());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    frozen.pause().unwrap();
+    // Meanwhile apps/a gets a release the frozen replica's answer does not hold.
+    let spec = PackageSpec::new("apps", "a", PackageType::Tenant, "2.0.0");
+    world.registry.publisher().publish("apps/a", &spec).await.unwrap();
+
+    let other = world.scanner(&[]).await;
+    world
+        .until("the other replica to take over once the lease expired", &other, |jukebox| {
+            jukebox.status.as_ref().is_some_and(|s| s.packages.iter().any(|p| p.tag == "2.0.0"))
+        })
+        .await;
+    frozen.resume().unwrap();
+    // The thawed replica's scan ends one way or another: its outcome is counted.
+    let outcome = loop {
+        let metrics =
+            reqwest::get(format!("{}/metrics", frozen.endpoint())).await.unwrap().text().await.unwrap();
+        let ended =
+            metrics.lines().find(|l| l.starts_with("vynil_scanner_scans_total{") && l.ends_with(" 1"));
+        if let Some(line) = ended {
+            break line.to_string();
+        }
+        assert!(Instant::now() < deadline + Duration::from_secs(20), "never ended:\n{}", frozen.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(
+        world.tags("box").await,
+        ["a:2.0.0", "b:1.0.0"],
+        "the thawed replica's stale result was not written"
+    );
+    let requests = world.api.requests();
+    let status_writes = requests
+        .iter()
+        .filter(|r| {
+            r.resource == "jukeboxes"
+                && r.subresource.as_deref() == Some("status")
+                && matches!(r.verb.as_str(), "update" | "patch")
+        })
+        .count();
+    assert_eq!(status_writes, 1, "only the replica holding the lease wrote: {requests:?}");
+    let events = requests
+        .iter()
+        .filter(|r| r.resource == "events" && matches!(r.verb.as_str(), "create" | "patch"))
+        .count();
+    assert_eq!(events, 1, "and only its Event: {requests:?}");
+    assert!(outcome.contains("outcome=\"abandoned\""), "{outcome}");
+}
