@@ -99,6 +99,18 @@ impl RetentionConfig {
     pub fn framework(&self) -> &Version {
         &self.framework
     }
+
+    /// A hash of the inputs a plan takes besides the repository and usage
+    /// (framework version, pins, in a canonical order): a plan whose
+    /// fingerprint differs from the fresh inputs' is stale, even when the
+    /// tags did not move.
+    pub fn fingerprint(&self) -> String {
+        let mut pins: Vec<&str> = self.pins.iter().map(|(p, _)| p.as_str()).collect();
+        pins.sort_unstable();
+        pins.dedup();
+        let input = json!({"schema": 1, "framework": self.framework.to_string(), "pins": pins});
+        format!("sha256:{}", hex::encode(Sha256::digest(canonical(&input).as_bytes())))
+    }
 }
 
 /// Why a tag is kept. Each reason names what makes it true, so it can be checked.

@@ -268,3 +268,13 @@ fn an_invalid_pin_pattern_is_a_clear_error() {
     let error = RetentionConfig::new(framework("0.8.0"), &["[1.0".to_string()]).unwrap_err();
     assert!(error.to_string().contains("retention pattern \"[1.0\" is invalid"), "{error}");
 }
+
+#[test]
+fn the_config_fingerprint_follows_pins_and_framework_but_not_their_order() {
+    let v = |s: &str| semver::Version::parse(s).unwrap();
+    let pins = |p: &[&str]| p.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let fingerprint = |fw: &str, p: &[&str]| RetentionConfig::new(v(fw), &pins(p)).unwrap().fingerprint();
+    assert_eq!(fingerprint("0.8.0", &["1.*", "latest"]), fingerprint("0.8.0", &["latest", "1.*"]));
+    assert_ne!(fingerprint("0.8.0", &["1.*", "latest"]), fingerprint("0.8.0", &["1.*"]));
+    assert_ne!(fingerprint("0.8.0", &["1.*"]), fingerprint("0.9.0", &["1.*"]));
+}

@@ -56,12 +56,28 @@ impl std::fmt::Display for SkippedSource {
     }
 }
 
-/// A scan's outcome, as a Kubernetes Event on the JukeBox (upstream's
-/// `ScanSucceed` / `ScanFailed`, action `Scan`).
+/// Something that happened to a JukeBox, as a Kubernetes Event on it: a
+/// scan's outcome (upstream's `ScanSucceed` / `ScanFailed`, action `Scan`),
+/// an executed purge of its repositories (`PurgeExecuted` / `PurgeFailed`,
+/// action `Purge`: the audit record outlives a Redis without persistence).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ScanEvent {
-    pub succeeded: bool,
+pub struct JukeboxEvent {
+    pub warning: bool,
+    pub reason: &'static str,
+    pub action: &'static str,
     pub note: String,
+}
+
+impl JukeboxEvent {
+    pub fn scan(succeeded: bool, note: String) -> Self {
+        let reason = if succeeded { "ScanSucceed" } else { "ScanFailed" };
+        Self { warning: !succeeded, reason, action: "Scan", note }
+    }
+
+    pub fn purge(failures: bool, note: String) -> Self {
+        let reason = if failures { "PurgeFailed" } else { "PurgeExecuted" };
+        Self { warning: failures, reason, action: "Purge", note }
+    }
 }
 
 #[async_trait::async_trait]
@@ -90,8 +106,8 @@ pub trait JukeboxStore: Send + Sync + std::fmt::Debug {
     async fn pull_secret(&self, _secret: &str) -> Result<Option<Vec<u8>>, StoreError> {
         Ok(None)
     }
-    /// Records a scan outcome where users look for it (nowhere outside a cluster).
-    async fn record_scan_event(&self, _name: &str, _event: &ScanEvent) {}
+    /// Records an event where users look for it (nowhere outside a cluster).
+    async fn record_event(&self, _name: &str, _event: &JukeboxEvent) {}
     /// Sources that could not be read as JukeBoxes (bad YAML files).
     async fn skipped(&self) -> Vec<SkippedSource> {
         Vec::new()

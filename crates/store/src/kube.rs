@@ -29,7 +29,7 @@ use serde_json::json;
 use tokio::sync::broadcast;
 use vynil_crds::{JukeBox, JukeBoxStatus};
 
-use crate::{JukeboxRecord, JukeboxStore, ScanEvent, StoreError};
+use crate::{JukeboxEvent, JukeboxRecord, JukeboxStore, StoreError};
 
 /// See the module documentation.
 pub struct KubeStore {
@@ -79,12 +79,17 @@ impl KubeStore {
     /// Starts following JukeBoxes (cluster-scoped) through `client`; pull
     /// secrets are read in the client's default namespace.
     pub fn new(client: Client) -> Self {
+        Self::reporting_as(client, "vynil")
+    }
+
+    /// [`KubeStore::new`], its Events reported by `service` (`vynil-purger`)
+    /// and the pod `POD_NAME` names.
+    pub fn reporting_as(client: Client, service: &str) -> Self {
         let api: Api<JukeBox> = Api::all(client.clone());
         let dynamic = Api::all_with(client.clone(), &ApiResource::erase::<JukeBox>(&()));
         let namespace = client.default_namespace().to_string();
         let secrets = Api::namespaced(client.clone(), &namespace);
-        let reporter =
-            Reporter { controller: "vynil-scanner".into(), instance: std::env::var("POD_NAME").ok() };
+        let reporter = Reporter { controller: service.into(), instance: std::env::var("POD_NAME").ok() };
         let recorder = Recorder::new(client, reporter);
         let (changes, _) = broadcast::channel(1024);
         Self { api, dynamic, secrets, namespace, recorder, changes, watcher: Mutex::default() }
@@ -200,7 +205,7 @@ impl JukeboxStore for KubeStore {
         }
     }
 
-    async fn record_scan_event(&self, name: &str, event: &ScanEvent) {
+    async fn record_event(&self, name: &str, event: &JukeboxEvent) {
         let reference = match self.api.get_opt(name).await {
             Ok(Some(jukebox)) => jukebox.object_ref(&()),
             _ => ObjectReference {
@@ -212,14 +217,14 @@ impl JukeboxStore for KubeStore {
         };
         let note: String = event.note.chars().take(1023).collect();
         let published = Event {
-            type_: if event.succeeded { EventType::Normal } else { EventType::Warning },
-            reason: if event.succeeded { "ScanSucceed" } else { "ScanFailed" }.into(),
+            type_: if event.warning { EventType::Warning } else { EventType::Normal },
+            reason: event.reason.into(),
             note: Some(note),
-            action: "Scan".into(),
+            action: event.action.into(),
             secondary: None,
         };
         if let Err(error) = self.recorder.publish(&published, &reference).await {
-            tracing::warn!(jukebox = %name, %error, "cannot publish the scan Event");
+            tracing::warn!(jukebox = %name, %error, reason = event.reason, "cannot publish the Event");
         }
     }
 }

@@ -22,7 +22,7 @@ mod kube;
 pub mod lease;
 mod script;
 
-pub use jukeboxes::{CHANGES_CHANNEL, JukeboxRecord, JukeboxStore, LocalStore, ScanEvent, SkippedSource};
+pub use jukeboxes::{CHANGES_CHANNEL, JukeboxEvent, JukeboxRecord, JukeboxStore, LocalStore, SkippedSource};
 pub use kube::KubeStore;
 use vynil_crds::{JukeBoxSource, JukeBoxSpec};
 use vynil_registry::sources::Source;
@@ -84,7 +84,8 @@ pub async fn open(settings: &StoreSettings) -> Result<std::sync::Arc<dyn Jukebox
             config.connect_timeout = Some(KUBE_WRITE_WINDOW);
             config.write_timeout = Some(KUBE_WRITE_WINDOW);
             let client = ::kube::Client::try_from(config).map_err(connecting)?;
-            std::sync::Arc::new(KubeStore::new(client))
+            let service = user_agent.split('/').next().unwrap_or("vynil");
+            std::sync::Arc::new(KubeStore::reporting_as(client, service))
         }
         StoreSettings::Local { directory, redis_url: Some(url) } => {
             std::sync::Arc::new(LocalStore::with_redis(directory.clone(), url).await?)

@@ -91,8 +91,10 @@ pub struct Purger {
     store: Arc<dyn PlanStore>,
     jukeboxes: Arc<dyn JukeboxStore>,
     lifecycle: Option<String>,
-    retention: RetentionConfig,
-    excluded: Vec<String>,
+    /// Re-read at every plan and execution, so a plan made under other pins,
+    /// exclusions or framework version is refused as stale.
+    retention_path: Option<std::path::PathBuf>,
+    framework: semver::Version,
     schedules: Vec<config::Schedule>,
     plan_ttl: Duration,
     concurrency: usize,
@@ -133,7 +135,7 @@ impl Purger {
     ) -> Result<Self, PurgerError> {
         config.check_lease()?;
         let retention_file = RetentionFile::load(config.retention_config.as_ref())?;
-        let retention = RetentionConfig::new(config.shared.vynil_version.clone(), &retention_file.pinned)?;
+        RetentionConfig::new(config.shared.vynil_version.clone(), &retention_file.pinned)?;
         let credentials = CredentialStore::from_file(config.shared.dockerconfig.as_deref())?;
         let transport = TransportConfig {
             insecure_registries: config.shared.insecure_registries.clone(),
@@ -153,8 +155,8 @@ impl Purger {
             store,
             jukeboxes,
             lifecycle: config.lifecycle_endpoint.clone(),
-            retention,
-            excluded: retention_file.excluded_repositories,
+            retention_path: config.retention_config.clone(),
+            framework: config.shared.vynil_version.clone(),
             schedules: retention_file.schedules,
             plan_ttl: config.plan_ttl(),
             concurrency: config.delete_concurrency,
@@ -163,14 +165,21 @@ impl Purger {
         })
     }
 
-    fn is_excluded(&self, repo: &RepositoryRef) -> bool {
-        self.excluded.contains(&repo.to_string())
+    /// The retention inputs as they are now: pins and framework, exclusions.
+    fn inputs(&self) -> Result<(RetentionConfig, Vec<String>), PurgerError> {
+        let file = RetentionFile::load(self.retention_path.as_ref())?;
+        let retention = RetentionConfig::new(self.framework.clone(), &file.pinned)?;
+        Ok((retention, file.excluded_repositories))
+    }
+
+    fn is_excluded(&self, repo: &RepositoryRef) -> Result<bool, PurgerError> {
+        Ok(self.inputs()?.1.contains(&repo.to_string()))
     }
 
     async fn plan_one(&self, repo: &RepositoryRef) -> Result<RepositoryPlan, PurgerError> {
         let tags = planner::snapshot(&self.client, repo).await?;
         let usage = planner::usage(self.lifecycle.as_deref(), repo).await;
-        planner::plan_repository(repo, &tags, &usage, &self.retention)
+        planner::plan_repository(repo, &tags, &usage, &self.inputs()?.0)
     }
 
     async fn store_plan(
@@ -189,7 +198,7 @@ impl Purger {
     /// Plans one repository and stores the plan for `plan_ttl`.
     #[tracing::instrument(skip(self), fields(repository = %repo))]
     pub async fn plan(&self, repo: &RepositoryRef) -> Result<StoredPlan, PurgerError> {
-        if self.is_excluded(repo) {
+        if self.is_excluded(repo)? {
             return Err(PurgerError::Excluded(repo.to_string()));
         }
         let plan = self.plan_one(repo).await?;
@@ -207,7 +216,7 @@ impl Purger {
         let source = vynil_store::source_of(&record.spec).map_err(PurgerError::InvalidArgument)?;
         let mut plans = Vec::new();
         for repo in self.client.enumerate(&source).await? {
-            if !self.is_excluded(&repo) {
+            if !self.is_excluded(&repo)? {
                 plans.push(self.plan_one(&repo).await?);
             }
         }
@@ -283,21 +292,28 @@ impl Purger {
         plan: &StoredPlan,
         request: &executor::ExecuteRequest,
     ) -> Result<(), PurgerError> {
+        let (retention, excluded) = self.inputs()?;
         let mut changes = Vec::new();
         for repository in &plan.repositories {
             let repo = RepositoryRef::new(&repository.registry, &repository.repository)?;
-            if self.is_excluded(&repo) {
+            if excluded.contains(&repo.to_string()) {
                 return Err(PurgerError::Excluded(repo.to_string()));
             }
             let fresh = planner::snapshot(&self.client, &repo).await?;
             let usage = planner::usage(self.lifecycle.as_deref(), &repo).await;
-            if !repository.usage_unknown
-                && matches!(usage, vynil_rules::retention::Usage::Unknown)
-                && !request.acknowledge_usage_unknown
-            {
+            let usage_lost =
+                !repository.usage_unknown && matches!(usage, vynil_rules::retention::Usage::Unknown);
+            if usage_lost && !request.acknowledge_usage_unknown {
                 return Err(PurgerError::Refused(
                     "lifecycle cannot confirm what instances use now: retry, or acknowledge_usage_unknown"
                         .into(),
+                ));
+            }
+            // Every input counts, not only the tags: pins and framework too.
+            if retention.fingerprint() != repository.config_fingerprint {
+                changes.push(format!(
+                    "{}: the retention inputs changed since planning (pinned tags or the framework version --vynil-version)",
+                    repository.name()
                 ));
             }
             changes.extend(executor::staleness(repository, &fresh, &usage));
@@ -325,7 +341,57 @@ impl Purger {
             return result;
         }
         lease.release().await;
+        self.record_event(&plan, &request.caller, &result).await;
         result
+    }
+
+    /// The audit record of an execution, as an Event on each JukeBox it
+    /// concerns (the JukeBox a `jukebox/<name>` plan names, or those listing
+    /// the repository): in a cluster it outlives a Redis without persistence.
+    async fn record_event(
+        &self,
+        plan: &StoredPlan,
+        caller: &str,
+        result: &Result<StoredReport, PurgerError>,
+    ) {
+        let note = match result {
+            Ok(report) => {
+                let count = |state| report.outcomes.iter().filter(|o| o.state == state).count();
+                format!(
+                    "Purge of {} (plan {}, fingerprint {}) executed by {caller}: {} deleted (eligible for registry garbage collection), {} already gone, {} failed",
+                    plan.target,
+                    plan.id,
+                    plan.fingerprint,
+                    count(DeletionState::Deleted),
+                    count(DeletionState::AlreadyGone),
+                    count(DeletionState::Failed)
+                )
+            }
+            Err(error) => format!("Purge of {} (plan {}) by {caller} stopped: {error}", plan.target, plan.id),
+        };
+        let failures =
+            result.as_ref().map_or(true, |r| r.outcomes.iter().any(|o| o.state == DeletionState::Failed));
+        let event = vynil_store::JukeboxEvent::purge(failures, note);
+        for jukebox in self.jukeboxes_of(plan).await {
+            self.jukeboxes.record_event(&jukebox, &event).await;
+        }
+    }
+
+    async fn jukeboxes_of(&self, plan: &StoredPlan) -> Vec<String> {
+        if let Some(name) = plan.target.strip_prefix("jukebox/") {
+            return vec![name.to_string()];
+        }
+        let Ok(records) = self.jukeboxes.list().await else { return Vec::new() };
+        records
+            .into_iter()
+            .filter(|record| {
+                let packages = record.status.as_ref().map(|s| s.packages.as_slice()).unwrap_or_default();
+                plan.repositories
+                    .iter()
+                    .any(|r| packages.iter().any(|p| p.registry == r.registry && p.image == r.repository))
+            })
+            .map(|record| record.name)
+            .collect()
     }
 
     async fn run_under(

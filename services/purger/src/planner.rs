@@ -128,6 +128,7 @@ pub fn plan_repository(
         registry: repo.registry.clone(),
         repository: repo.repository.clone(),
         fingerprint: plan.fingerprint.clone(),
+        config_fingerprint: retention.fingerprint(),
         usage_unknown: plan.usage_unknown,
         entries: plan
             .entries

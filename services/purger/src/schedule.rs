@@ -119,6 +119,7 @@ mod tests {
             registry: "r".into(),
             repository: "a".into(),
             fingerprint: String::new(),
+            config_fingerprint: String::new(),
             usage_unknown,
             entries,
             deletions,

@@ -39,6 +39,9 @@ pub struct RepositoryPlan {
     pub registry: String,
     pub repository: String,
     pub fingerprint: String,
+    /// [`vynil_rules::RetentionConfig::fingerprint`] of the inputs it was made with.
+    #[serde(default)]
+    pub config_fingerprint: String,
     pub usage_unknown: bool,
     pub entries: Vec<StoredEntry>,
     pub deletions: Vec<StoredDeletion>,

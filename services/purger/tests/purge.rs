@@ -114,7 +114,10 @@ async fn setup() -> Setup {
 
 async fn purger(setup: &Setup, lifecycle: &str, extra: &[&str]) -> ServiceProcess {
     let (redis, front) = (setup.redis.url(), setup.front.host());
-    let mut args = vec!["--redis-url", &redis, "--insecure-registry", &front, "--vynil-version", "0.8.0"];
+    let mut args = vec!["--redis-url", &redis, "--insecure-registry", &front];
+    if !extra.contains(&"--vynil-version") {
+        args.extend(["--vynil-version", "0.8.0"]);
+    }
     args.extend([
         "--lifecycle-endpoint",
         lifecycle,
@@ -587,4 +590,89 @@ async fn a_purger_frozen_past_its_lease_deletes_and_journals_nothing_after_it_th
     assert_eq!(final_report.outcomes, report.outcomes, "the thawed purger overwrote no report");
     let kept: BTreeSet<String> = plan.entries.iter().filter(|e| e.keep).map(|e| e.tag.clone()).collect();
     assert_eq!(tags(&setup.registry).await, kept);
+}
+
+#[tokio::test]
+async fn a_plan_made_under_other_pins_or_another_framework_version_is_refused_as_stale() {
+    let setup = setup().await;
+    let lifecycle = lifecycle_stub(vec![]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let retention = dir.path().join("retention.yaml");
+    std::fs::write(&retention, "pinned: []\n").unwrap();
+    let retention_flag = retention.to_str().unwrap().to_string();
+    let service = purger(&setup, &lifecycle, &["--retention-config", &retention_flag]).await;
+    let mut client = PurgerClient::new(service.channel().await.unwrap());
+    let plan = make_plan(&mut client, &setup.front.host()).await;
+    let before = tags(&setup.registry).await;
+
+    // A pin added since planning would keep a tag the plan deletes.
+    std::fs::write(&retention, "pinned: ['0.1.7']\n").unwrap();
+    let status = execute(&mut client, execute_request(&plan)).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::FailedPrecondition, "{status:?}");
+    assert!(status.message().contains("retention inputs changed"), "{status:?}");
+    std::fs::write(&retention, "pinned: []\n").unwrap();
+
+    // A replica running another framework version would plan otherwise.
+    let other =
+        purger(&setup, &lifecycle, &["--retention-config", &retention_flag, "--vynil-version", "0.9.0"])
+            .await;
+    let mut other_client = PurgerClient::new(other.channel().await.unwrap());
+    let status = execute(&mut other_client, execute_request(&plan)).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::FailedPrecondition, "{status:?}");
+    assert!(status.message().contains("retention inputs changed"), "{status:?}");
+    assert_eq!(tags(&setup.registry).await, before, "nothing deleted");
+    assert_eq!(setup.front.count(&Method::DELETE, "/manifests/"), 0);
+
+    // Under the inputs it was made with, the same plan executes.
+    let report = execute(&mut client, execute_request(&plan)).await.unwrap();
+    assert!(report.outcomes.iter().all(|o| o.state == DeletionState::Deleted as i32), "{report:?}");
+}
+
+#[tokio::test]
+async fn in_a_cluster_each_execution_is_also_an_event_on_its_jukebox() {
+    use kube::{Api, api::PostParams};
+    let setup = setup().await;
+    let lifecycle = lifecycle_stub(vec![]).await;
+    let api = vynil_testkit::kube_api::FakeApiServer::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = api.write_kubeconfig(dir.path(), "vynil-system").unwrap();
+    let jukebox: vynil_crds::JukeBox = serde_json::from_value(serde_json::json!({
+        "apiVersion": "vynil.solidite.fr/v1", "kind": "JukeBox", "metadata": {"name": "box"},
+        "spec": {"source": {"list": [format!("{}/{REPO}", setup.front.host())]}, "schedule": "0 0 1 1 *"},
+    }))
+    .unwrap();
+    Api::<vynil_crds::JukeBox>::all(api.client().unwrap())
+        .create(&PostParams::default(), &jukebox)
+        .await
+        .unwrap();
+    let (redis, front) = (setup.redis.url(), setup.front.host());
+    let args = [
+        "--kubernetes",
+        "--redis-url",
+        &redis,
+        "--insecure-registry",
+        &front,
+        "--lifecycle-endpoint",
+        &lifecycle,
+    ];
+    let service = ServiceProcess::start_with_env(
+        Path::new(env!("CARGO_BIN_EXE_vynil-purger")),
+        &args,
+        &[("KUBECONFIG", kubeconfig.to_str().unwrap())],
+    )
+    .await
+    .unwrap();
+    let mut client = PurgerClient::new(service.channel().await.unwrap());
+    let plan =
+        client.plan(PlanRequest { target: Some(Target::Jukebox("box".into())) }).await.unwrap().into_inner();
+    let report = execute(&mut client, execute_request(&plan)).await.unwrap();
+    let deleted = report.outcomes.iter().filter(|o| o.state == DeletionState::Deleted as i32).count();
+    assert!(deleted > 0, "{report:?}");
+    let events = api.objects("events.k8s.io", "events");
+    let purge: Vec<_> = events.iter().filter(|e| e["reason"] == "PurgeExecuted").collect();
+    assert_eq!(purge.len(), 1, "{events:?}");
+    let note = purge[0]["note"].as_str().unwrap();
+    assert!(note.contains("alice@example") && note.contains(&format!("{deleted} deleted")), "{note}");
+    assert_eq!(purge[0]["regarding"]["name"], "box");
+    assert_eq!(purge[0]["reportingController"], "vynil-purger");
 }

@@ -9,7 +9,7 @@ use vynil_crds::{JukeBoxStatus, coded_message};
 use vynil_registry::{CredentialStore, RegistryClient};
 use vynil_rules::ScanFilter;
 use vynil_store::{
-    JukeboxRecord, JukeboxStore, ScanEvent,
+    JukeboxEvent, JukeboxRecord, JukeboxStore,
     lease::{Fence, Lease, new_token},
 };
 
@@ -213,19 +213,17 @@ impl Scanner {
         let event = match (&write, &output, filter.as_ref()) {
             (Ok(_), ScanOutput::NothingToScan, _) => None,
             (Ok(_), _, _) if !last.errors.is_empty() => {
-                Some(ScanEvent { succeeded: false, note: describe(&last.errors) })
+                Some(JukeboxEvent::scan(false, describe(&last.errors)))
             }
             (Ok(_), _, Some(filter)) => {
-                Some(ScanEvent { succeeded: true, note: format!("Partial scan updated filter: {filter}") })
+                Some(JukeboxEvent::scan(true, format!("Partial scan updated filter: {filter}")))
             }
-            (Ok(count), _, None) => {
-                Some(ScanEvent { succeeded: true, note: format!("Found {count} packages") })
-            }
-            (Err(_), _, _) => Some(ScanEvent { succeeded: false, note: describe(&last.errors) }),
+            (Ok(count), _, None) => Some(JukeboxEvent::scan(true, format!("Found {count} packages"))),
+            (Err(_), _, _) => Some(JukeboxEvent::scan(false, describe(&last.errors))),
         };
         if let Some(event) = event {
             lease.check().await?;
-            self.store.record_scan_event(jukebox, &event).await;
+            self.store.record_event(jukebox, &event).await;
         }
         write.map(|_| ())
     }
