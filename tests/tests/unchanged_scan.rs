@@ -5,41 +5,20 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+
 use std::{
-    net::SocketAddr,
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
-use clap::Parser;
+use common::{Cluster, channel};
 use futures::StreamExt;
-use kube::{Api, api::PostParams};
-use vynil_crds::JukeBox;
 use vynil_proto::{
     catalog::v1::{GetCatalogRequest, WatchCatalogRequest, catalog_client::CatalogClient},
     scanner::v1::{GetScanRequest, ScanRequest, ScanState, scanner_client::ScannerClient},
 };
-use vynil_store::KubeStore;
-use vynil_testkit::{
-    PackageSpec, PackageType, RedisServer, RegistryServer, free_port, kube_api::FakeApiServer,
-};
-
-fn loopback() -> SocketAddr {
-    SocketAddr::from(([127, 0, 0, 1], free_port().unwrap()))
-}
-
-async fn channel(addr: SocketAddr) -> tonic::transport::Channel {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Ok(channel) =
-            tonic::transport::Channel::from_shared(format!("http://{addr}")).unwrap().connect().await
-        {
-            return channel;
-        }
-        assert!(Instant::now() < deadline, "{addr} never answered");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
+use vynil_testkit::RedisServer;
 
 async fn scan_to_the_end(scanner: &mut ScannerClient<tonic::transport::Channel>) -> String {
     let request = ScanRequest { jukebox: "box".into(), filter: String::new() };
@@ -59,54 +38,9 @@ async fn scan_to_the_end(scanner: &mut ScannerClient<tonic::transport::Channel>)
 
 #[tokio::test]
 async fn a_second_scan_of_an_unchanged_registry_writes_nothing_anywhere() {
-    let registry = RegistryServer::start().await.unwrap();
-    let spec = PackageSpec::new("apps", "web", PackageType::Tenant, "2.1.0");
-    registry.publisher().publish("apps/web", &spec).await.unwrap();
     let redis = RedisServer::start().await.unwrap();
-    let api = FakeApiServer::start().await.unwrap();
-    let boxes: Api<JukeBox> = Api::all(api.client().unwrap());
-    let jukebox: JukeBox = serde_json::from_value(serde_json::json!({
-        "apiVersion": "vynil.solidite.fr/v1", "kind": "JukeBox", "metadata": {"name": "box"},
-        "spec": {"source": {"list": [format!("{}/apps/web", registry.host())]}, "schedule": "0 0 1 1 *"},
-    }))
-    .unwrap();
-    boxes.create(&PostParams::default(), &jukebox).await.unwrap();
-
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    let shutdown = move || {
-        let mut stopped = stopped.clone();
-        async move {
-            let _ = stopped.wait_for(|s| *s).await;
-        }
-    };
-    let (scanner_addr, catalog_addr) = (loopback(), loopback());
-    let host = registry.host();
-    let scanner_config = vynil_scanner::Config::parse_from([
-        "vynil-scanner",
-        "--listen",
-        &scanner_addr.to_string(),
-        "--insecure-registry",
-        &host,
-        "--poll-milliseconds",
-        "50",
-    ]);
-    let catalog_config = vynil_catalog::Config::parse_from([
-        "vynil-catalog",
-        "--listen",
-        &catalog_addr.to_string(),
-        "--redis-url",
-        &redis.url(),
-    ]);
-    let mut services = tokio::task::JoinSet::new();
-    let (store, done) = (Arc::new(KubeStore::new(api.client().unwrap())), shutdown());
-    services.spawn(async move {
-        vynil_scanner::run_with_store(scanner_config, store, done).await.map_err(|e| e.to_string())
-    });
-    let (store, done) = (Arc::new(KubeStore::new(api.client().unwrap())), shutdown());
-    services.spawn(async move {
-        vynil_catalog::run_with_store(catalog_config, store, done).await.map_err(|e| e.to_string())
-    });
-
+    let cluster = Cluster::start(&["--redis-url", &redis.url()]).await;
+    let (api, scanner_addr, catalog_addr) = (&cluster.api, cluster.scanner_addr, cluster.catalog_addr);
     let mut scanner = ScannerClient::new(channel(scanner_addr).await);
     let mut catalog = CatalogClient::new(channel(catalog_addr).await);
     scan_to_the_end(&mut scanner).await;
@@ -193,8 +127,6 @@ async fn a_second_scan_of_an_unchanged_registry_writes_nothing_anywhere() {
         "{metrics}"
     );
 
-    stop.send(true).unwrap();
-    while let Some(done) = services.join_next().await {
-        done.unwrap().unwrap();
-    }
+    // The open WatchCatalog stream must not hold the catalog's drain.
+    cluster.stop().await;
 }

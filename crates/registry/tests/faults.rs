@@ -149,13 +149,7 @@ async fn metadata_is_read_once_per_digest_counted_at_the_front() {
 
 #[tokio::test]
 async fn the_bearer_flow_gets_a_token_from_the_challenge_realm() {
-    let registry = RegistryServer::start().await.unwrap();
-    registry
-        .publisher()
-        .publish("apps/t", &PackageSpec::new("apps", "t", PackageType::Tenant, "1.0.0"))
-        .await
-        .unwrap();
-    let front = HttpFront::start_with_bearer(&registry.base_url(), "robot", "token-pass").await.unwrap();
+    let (_registry, front) = bearer_front().await;
     let host = front.host();
 
     let good =

@@ -65,6 +65,20 @@ impl RedisLeases {
     pub fn new(connection: redis::aio::ConnectionManager, prefix: &str) -> Self {
         Self { connection, prefix: prefix.to_string() }
     }
+
+    /// `script(KEYS[1] = the lease, ARGV = token, ttl in ms)`, answering 1 or 0.
+    async fn run(&self, script: &str, name: &str, token: &str, ttl: Duration) -> Result<bool, StoreError> {
+        let mut c = self.connection.clone();
+        let script = redis::Script::new(script);
+        let answer: i64 = script
+            .key(self.key(name))
+            .arg(token)
+            .arg(millis(ttl))
+            .invoke_async(&mut c)
+            .await
+            .map_err(redis_error)?;
+        Ok(answer == 1)
+    }
 }
 
 const ACQUIRE: &str = r"
@@ -94,29 +108,11 @@ fn millis(ttl: Duration) -> u64 {
 #[async_trait::async_trait]
 impl LeaseStore for RedisLeases {
     async fn acquire(&self, name: &str, token: &str, ttl: Duration) -> Result<bool, StoreError> {
-        let mut c = self.connection.clone();
-        let script = redis::Script::new(ACQUIRE);
-        let taken: i64 = script
-            .key(self.key(name))
-            .arg(token)
-            .arg(millis(ttl))
-            .invoke_async(&mut c)
-            .await
-            .map_err(redis_error)?;
-        Ok(taken == 1)
+        self.run(ACQUIRE, name, token, ttl).await
     }
 
     async fn renew(&self, name: &str, token: &str, ttl: Duration) -> Result<bool, StoreError> {
-        let mut c = self.connection.clone();
-        let script = redis::Script::new(RENEW);
-        let renewed: i64 = script
-            .key(self.key(name))
-            .arg(token)
-            .arg(millis(ttl))
-            .invoke_async(&mut c)
-            .await
-            .map_err(redis_error)?;
-        Ok(renewed == 1)
+        self.run(RENEW, name, token, ttl).await
     }
 
     async fn holder(&self, name: &str) -> Result<Option<String>, StoreError> {
@@ -316,7 +312,33 @@ pub struct Fence {
 impl Fence {
     /// Lua ending the script with `0` unless `KEYS[1]` (the lease) holds
     /// `ARGV[1]` (the token): a script's first key and argument.
-    pub const GUARD: &'static str = "if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end\n";
+    const GUARD: &'static str = "if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end\n";
+}
+
+/// Runs the Lua `body` in one script, after the fence's check when `fence` is
+/// given: `Ok(false)` (nothing written) when the lease no longer holds its
+/// token. The body's own keys start at `KEYS[2]` and its arguments at
+/// `ARGV[2]`; it returns 1.
+pub async fn run_fenced(
+    connection: &redis::aio::ConnectionManager,
+    fence: Option<&Fence>,
+    body: &str,
+    keys: &[&str],
+    args: &[&str],
+) -> Result<bool, StoreError> {
+    let guard = if fence.is_some() { Fence::GUARD } else { "" };
+    let script = redis::Script::new(&format!("{guard}{body}"));
+    let mut invocation = script.prepare_invoke();
+    invocation.key(fence.map_or("", |f| f.key.as_str())).arg(fence.map_or("", |f| f.token.as_str()));
+    for key in keys {
+        invocation.key(*key);
+    }
+    for arg in args {
+        invocation.arg(*arg);
+    }
+    let mut c = connection.clone();
+    let written: i64 = invocation.invoke_async(&mut c).await.map_err(redis_error)?;
+    Ok(written == 1)
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ use std::{
 
 use redis::AsyncCommands;
 use serde::{Deserialize, Serialize};
-use vynil_store::lease::{Fence, LeaseStore, MemoryLeases, RedisLeases};
+use vynil_store::lease::{Fence, LeaseStore, MemoryLeases, RedisLeases, run_fenced};
 
 use crate::PurgerError;
 
@@ -196,13 +196,13 @@ impl RedisStore {
     }
 }
 
-/// After [`Fence::GUARD`]: one journal field, with the journal's expiry.
+/// Under the fence: one journal field, with the journal's expiry.
 const JOURNAL: &str = r"
 redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
 redis.call('EXPIRE', KEYS[2], ARGV[4])
 return 1";
 
-/// After [`Fence::GUARD`]: the report.
+/// Under the fence: the report.
 const REPORT: &str = r"
 redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[3])
 return 1";
@@ -228,18 +228,10 @@ impl PlanStore for RedisStore {
         outcome: &StoredOutcome,
         fence: &Fence,
     ) -> Result<bool, PurgerError> {
-        let mut c = self.connection.clone();
-        let written: i64 = redis::Script::new(&format!("{}{JOURNAL}", Fence::GUARD))
-            .key(&fence.key)
-            .key(key("journal", plan_id))
-            .arg(&fence.token)
-            .arg(&outcome.digest)
-            .arg(encode(outcome)?)
-            .arg(REPORT_TTL.as_secs())
-            .invoke_async(&mut c)
-            .await
-            .map_err(redis_error)?;
-        Ok(written == 1)
+        let (journal, body, ttl) =
+            (key("journal", plan_id), encode(outcome)?, REPORT_TTL.as_secs().to_string());
+        let args = [outcome.digest.as_str(), body.as_str(), ttl.as_str()];
+        Ok(run_fenced(&self.connection, Some(fence), JOURNAL, &[&journal], &args).await?)
     }
 
     async fn journaled(&self, plan_id: &str) -> Result<Vec<StoredOutcome>, PurgerError> {
@@ -249,17 +241,9 @@ impl PlanStore for RedisStore {
     }
 
     async fn put_report(&self, report: &StoredReport, fence: &Fence) -> Result<bool, PurgerError> {
-        let mut c = self.connection.clone();
-        let written: i64 = redis::Script::new(&format!("{}{REPORT}", Fence::GUARD))
-            .key(&fence.key)
-            .key(key("report", &report.plan_id))
-            .arg(&fence.token)
-            .arg(encode(report)?)
-            .arg(REPORT_TTL.as_secs())
-            .invoke_async(&mut c)
-            .await
-            .map_err(redis_error)?;
-        Ok(written == 1)
+        let (target, body, ttl) =
+            (key("report", &report.plan_id), encode(report)?, REPORT_TTL.as_secs().to_string());
+        Ok(run_fenced(&self.connection, Some(fence), REPORT, &[&target], &[&body, &ttl]).await?)
     }
 
     async fn get_report(&self, plan_id: &str) -> Result<Option<StoredReport>, PurgerError> {

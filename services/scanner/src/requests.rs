@@ -19,7 +19,7 @@ use std::{
 };
 
 use serde::{Deserialize, Serialize};
-use vynil_store::lease::{Fence, LeaseStore, MemoryLeases, RedisLeases};
+use vynil_store::lease::{Fence, LeaseStore, MemoryLeases, RedisLeases, run_fenced};
 
 use crate::{ScannerError, redis_error};
 
@@ -263,8 +263,8 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
 end
 return 1";
 
-/// A record, and the JukeBox's latest pointer when final; after
-/// [`Fence::GUARD`] when written under a lease.
+/// A record, and the JukeBox's latest pointer when final (under a lease's
+/// fence when given).
 const PUT_RECORD: &str = r"
 redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[3])
 if ARGV[5] == '1' then redis.call('SET', KEYS[3], ARGV[4], 'EX', ARGV[3]) end
@@ -340,24 +340,11 @@ impl RequestQueue for RedisQueue {
     }
 
     async fn put_record(&self, record: &ScanRecord, fence: Option<&Fence>) -> Result<bool, ScannerError> {
-        let mut c = self.connection.clone();
         let body = serde_json::to_string(record).map_err(|e| ScannerError::Store(e.to_string()))?;
-        let (lease_key, token) =
-            fence.map_or((String::new(), String::new()), |f| (f.key.clone(), f.token.clone()));
-        let written: i64 =
-            redis::Script::new(&format!("{}{PUT_RECORD}", if fence.is_some() { Fence::GUARD } else { "" }))
-                .key(lease_key)
-                .key(key("scan", &record.id))
-                .key(key("latest", &record.jukebox))
-                .arg(token)
-                .arg(body)
-                .arg(RECORD_TTL.as_secs())
-                .arg(&record.id)
-                .arg(i64::from(record.is_final()))
-                .invoke_async(&mut c)
-                .await
-                .map_err(redis_error)?;
-        Ok(written == 1)
+        let (scan, latest) = (key("scan", &record.id), key("latest", &record.jukebox));
+        let (ttl, last) = (RECORD_TTL.as_secs().to_string(), if record.is_final() { "1" } else { "0" });
+        let args = [body.as_str(), ttl.as_str(), record.id.as_str(), last];
+        Ok(run_fenced(&self.connection, fence, PUT_RECORD, &[&scan, &latest], &args).await?)
     }
 
     async fn latest(&self, jukebox: &str) -> Result<Option<ScanRecord>, ScannerError> {

@@ -1,0 +1,99 @@
+//! The cluster path as the cross-service tests start it: a real registry with
+//! one package, the fake API server holding JukeBox `box` that lists it, and a
+//! scanner and a catalog each on its own Kubernetes store (as separate
+//! deployments would), serving real gRPC until `stop`.
+
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::{
+    net::SocketAddr,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use clap::Parser;
+use kube::{Api, api::PostParams};
+use vynil_crds::JukeBox;
+use vynil_runtime::Shutdown;
+use vynil_store::KubeStore;
+use vynil_testkit::{PackageSpec, PackageType, RegistryServer, free_port, kube_api::FakeApiServer};
+
+pub struct Cluster {
+    pub registry: RegistryServer,
+    pub api: FakeApiServer,
+    pub boxes: Api<JukeBox>,
+    pub scanner_addr: SocketAddr,
+    pub catalog_addr: SocketAddr,
+    shutdown: Shutdown,
+    services: tokio::task::JoinSet<Result<(), String>>,
+}
+
+fn loopback() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], free_port().unwrap()))
+}
+
+impl Cluster {
+    /// `apps/web:2.1.0` in JukeBox `box`; `catalog_flags` are added to the catalog's.
+    pub async fn start(catalog_flags: &[&str]) -> Self {
+        let registry = RegistryServer::start().await.unwrap();
+        let spec = PackageSpec::new("apps", "web", PackageType::Tenant, "2.1.0");
+        registry.publisher().publish("apps/web", &spec).await.unwrap();
+        let api = FakeApiServer::start().await.unwrap();
+        let boxes: Api<JukeBox> = Api::all(api.client().unwrap());
+        let jukebox: JukeBox = serde_json::from_value(serde_json::json!({
+            "apiVersion": "vynil.solidite.fr/v1", "kind": "JukeBox", "metadata": {"name": "box"},
+            "spec": {"source": {"list": [format!("{}/apps/web", registry.host())]}, "schedule": "0 0 1 1 *"},
+        }))
+        .unwrap();
+        boxes.create(&PostParams::default(), &jukebox).await.unwrap();
+
+        let (scanner_addr, catalog_addr) = (loopback(), loopback());
+        let (scanner_listen, catalog_listen, host) =
+            (scanner_addr.to_string(), catalog_addr.to_string(), registry.host());
+        let scanner = vynil_scanner::Config::parse_from([
+            "vynil-scanner",
+            "--listen",
+            &scanner_listen,
+            "--insecure-registry",
+            &host,
+            "--poll-milliseconds",
+            "50",
+        ]);
+        let mut catalog_args = vec!["vynil-catalog", "--listen", &catalog_listen];
+        catalog_args.extend_from_slice(catalog_flags);
+        let catalog = vynil_catalog::Config::parse_from(catalog_args);
+        let shutdown = Shutdown::new();
+        let mut services = tokio::task::JoinSet::new();
+        let (store, done) = (Arc::new(KubeStore::new(api.client().unwrap())), shutdown.signaled());
+        services.spawn(async move {
+            vynil_scanner::run_with_store(scanner, store, done).await.map_err(|e| e.to_string())
+        });
+        let (store, done) = (Arc::new(KubeStore::new(api.client().unwrap())), shutdown.signaled());
+        services.spawn(async move {
+            vynil_catalog::run_with_store(catalog, store, done).await.map_err(|e| e.to_string())
+        });
+        Self { registry, api, boxes, scanner_addr, catalog_addr, shutdown, services }
+    }
+
+    /// Stops both services; each must end cleanly.
+    pub async fn stop(mut self) {
+        self.shutdown.trigger();
+        while let Some(done) = self.services.join_next().await {
+            done.unwrap().unwrap();
+        }
+    }
+}
+
+/// A channel to `addr`, once it answers.
+pub async fn channel(addr: SocketAddr) -> tonic::transport::Channel {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(channel) =
+            tonic::transport::Channel::from_shared(format!("http://{addr}")).unwrap().connect().await
+        {
+            return channel;
+        }
+        assert!(Instant::now() < deadline, "{addr} never answered");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
