@@ -35,6 +35,7 @@
 
 pub mod annotations;
 pub mod channel;
+pub mod jukebox;
 pub mod package;
 pub mod retention;
 pub mod scan;

@@ -36,6 +36,17 @@ impl ScanFilter {
         Ok(ScanFilter { category: segments[0].to_string(), name: segments.get(1).map(|s| s.to_string()) })
     }
 
+    /// What a scan request asks, read once wherever it comes from (the
+    /// `vynil.solidite.fr/force-scan` annotation as upstream reads it, or the
+    /// `Scan` RPC's filter): `true` or empty is a full scan (`None`), any
+    /// other value a partial scan whose filter must be valid.
+    pub fn from_request(value: &str) -> Result<Option<Self>, RulesError> {
+        match value.trim() {
+            "" | "true" => Ok(None),
+            raw => Self::parse(raw).map(Some),
+        }
+    }
+
     pub fn matches(&self, package: &Package) -> bool {
         package.category() == self.category && self.name.as_deref().is_none_or(|n| package.name() == n)
     }

@@ -252,3 +252,15 @@ fn item_27_a_purge_keeps_heads_waypoints_each_types_newest_and_their_artifacts()
     assert_eq!(deleted, ["1.0.5", "0.8.0", old_sig.as_str()]);
     assert_eq!(plan.kept().count(), 7);
 }
+
+#[test]
+fn force_scan_true_or_empty_is_a_full_scan_and_any_other_value_a_validated_filter() {
+    for full in ["true", "", " true ", "  "] {
+        assert_eq!(ScanFilter::from_request(full).unwrap(), None, "{full:?}");
+    }
+    let partial = ScanFilter::from_request(" db/pg ").unwrap().unwrap();
+    assert_eq!((partial.category.as_str(), partial.name.as_deref()), ("db", Some("pg")));
+    for bad in ["a/b/c", "/x", "a b"] {
+        assert!(ScanFilter::from_request(bad).is_err(), "{bad:?}");
+    }
+}

@@ -6,10 +6,12 @@
 use std::sync::Arc;
 
 use futures::StreamExt;
-use vynil_crds::{Condition, ConditionStatus, JukeBoxConditionType, JukeBoxStatus, set_condition};
+use vynil_crds::{Condition, JukeBoxConditionType, JukeBoxStatus, set_condition};
 use vynil_registry::{ManifestMetadata, RegistryClient, RepositoryRef};
 use vynil_rules::{
-    Package, ScanFilter, Versions, ViewBuilder, Viewer, merge_packages, repositories_for,
+    Package, ScanFilter, Versions, ViewBuilder, Viewer,
+    jukebox::{self, ConditionChange, ConditionTransition, JukeboxCondition, ScanVerdict},
+    merge_packages, repositories_for,
     scan::{Repository, RepositoryOutcome},
 };
 
@@ -120,17 +122,9 @@ pub async fn scan(
 }
 
 /// The status after `output`, merged into `previous`; `None` when nothing
-/// changes. Conditions are upstream's: success keeps only `Updated`/`Ready`,
-/// both True "Updated succesfully" (sic); a failure keeps the others, sets
-/// `Updated=False <why>` and `Ready=False` only if no `Ready` exists. A
-/// schedule that cannot run makes `Ready=False` with its reason whatever the
-/// outcome, so a successful manual scan cannot hide it.
-///
-/// Conditions follow Kubernetes conventions (`lastTransitionTime` moves only
-/// when `status` does), so a scan that changes nothing computes exactly the
-/// previous status and nothing is written. One exception, on purpose: when
-/// the packages change, `Updated` is stamped anew, so its time is the last
-/// change of the catalog (what the catalog's `last_change_time` serves).
+/// changes. The conditions are the rules' ([`vynil_rules::jukebox`]), applied
+/// with Kubernetes' transition rule, so a scan that changes nothing computes
+/// exactly the previous status and nothing is written.
 pub fn new_status(
     previous: Option<&JukeBoxStatus>,
     output: &ScanOutput,
@@ -140,91 +134,87 @@ pub fn new_status(
     now: jiff::Timestamp,
 ) -> Option<JukeBoxStatus> {
     let previous = previous.cloned().unwrap_or_default();
-    let status = match output {
+    let (packages, verdict) = match output {
         ScanOutput::NothingToScan => return None,
-        ScanOutput::SourceFailed(why) => failed_status(previous, why, generation, now),
+        ScanOutput::SourceFailed(why) => (previous.packages.clone(), ScanVerdict::Failed(why.clone())),
         ScanOutput::Scanned { outcomes, errors } => {
             let packages = merge_packages(&previous.packages, filter, outcomes);
-            let mut conditions = previous.conditions.clone();
-            if packages != previous.packages {
-                conditions.retain(|c| c.condition_type != JukeBoxConditionType::Updated);
-            }
-            let status = JukeBoxStatus { conditions, packages };
-            if errors.is_empty() {
-                let mut status = status;
-                status.conditions.retain(|c| {
-                    matches!(c.condition_type, JukeBoxConditionType::Updated | JukeBoxConditionType::Ready)
-                });
-                for kind in [JukeBoxConditionType::Updated, JukeBoxConditionType::Ready] {
-                    let ok = match (kind, schedule_problem) {
-                        (JukeBoxConditionType::Ready, Some(problem)) => {
-                            Condition::new(kind, ConditionStatus::False, problem, generation, now)
-                        }
-                        _ => Condition::new(
-                            kind,
-                            ConditionStatus::True,
-                            "Updated succesfully",
-                            generation,
-                            now,
-                        ),
-                    };
-                    set_condition(&mut status.conditions, ok);
-                }
-                return Some(status);
-            }
-            let detail =
-                errors.iter().map(|(repo, why)| format!("{repo}: {why}")).collect::<Vec<_>>().join("; ");
-            let why = format!(
-                "{} of {} repositories failed, their previous entries are kept: {detail}",
-                errors.len(),
-                outcomes.len()
-            );
-            failed_status(status, &why, generation, now)
+            let verdict = if errors.is_empty() {
+                ScanVerdict::Succeeded
+            } else {
+                ScanVerdict::Failed(jukebox::partial_failure(errors, outcomes.len()))
+            };
+            (packages, verdict)
         }
     };
-    Some(with_schedule_problem(status, schedule_problem, generation, now))
+    let has_ready = previous.conditions.iter().any(|c| c.condition_type == JukeBoxConditionType::Ready);
+    let transition =
+        jukebox::after_scan(&verdict, has_ready, packages != previous.packages, schedule_problem);
+    let mut conditions = previous.conditions;
+    apply(&mut conditions, &transition, generation, now);
+    Some(JukeBoxStatus { conditions, packages })
 }
 
-/// Every status the scanner writes tells when the JukeBox's schedule cannot
-/// run (`Ready=False` with the reason), so a successful manual scan cannot
-/// hide it.
-pub fn with_schedule_problem(
-    mut status: JukeBoxStatus,
-    problem: Option<&str>,
-    generation: i64,
-    now: jiff::Timestamp,
-) -> JukeBoxStatus {
-    if let Some(problem) = problem {
-        let ready =
-            Condition::new(JukeBoxConditionType::Ready, ConditionStatus::False, problem, generation, now);
-        set_condition(&mut status.conditions, ready);
-    }
-    status
-}
-
-/// Upstream's failure: `Updated=False` with the reason, other conditions
-/// kept, `Ready=False` only when there was no `Ready` yet.
+/// A failure that is no scan (an invalid force-scan value): the rules'
+/// conditions of a failed scan, packages untouched.
 pub fn failed_status(
     mut status: JukeBoxStatus,
     why: &str,
     generation: i64,
     now: jiff::Timestamp,
 ) -> JukeBoxStatus {
-    set_condition(
-        &mut status.conditions,
-        Condition::new(JukeBoxConditionType::Updated, ConditionStatus::False, why, generation, now),
-    );
-    if !status.conditions.iter().any(|c| c.condition_type == JukeBoxConditionType::Ready) {
-        let ready = Condition::new(
-            JukeBoxConditionType::Ready,
-            ConditionStatus::False,
-            "No successful update",
-            generation,
-            now,
-        );
-        set_condition(&mut status.conditions, ready);
-    }
+    let has_ready = status.conditions.iter().any(|c| c.condition_type == JukeBoxConditionType::Ready);
+    let transition = jukebox::after_scan(&ScanVerdict::Failed(why.to_string()), has_ready, false, None);
+    apply(&mut status.conditions, &transition, generation, now);
     status
+}
+
+/// The schedule cannot run: `Ready=False` naming why.
+pub fn with_schedule_problem(
+    mut status: JukeBoxStatus,
+    problem: &str,
+    generation: i64,
+    now: jiff::Timestamp,
+) -> JukeBoxStatus {
+    set(&mut status.conditions, &jukebox::schedule_problem_condition(problem), generation, now);
+    status
+}
+
+fn kind(condition: JukeboxCondition) -> JukeBoxConditionType {
+    match condition {
+        JukeboxCondition::Updated => JukeBoxConditionType::Updated,
+        JukeboxCondition::Ready => JukeBoxConditionType::Ready,
+    }
+}
+
+fn set(
+    conditions: &mut Vec<Condition<JukeBoxConditionType>>,
+    change: &ConditionChange,
+    generation: i64,
+    now: jiff::Timestamp,
+) {
+    let condition =
+        Condition::new(kind(change.condition), change.ok, change.message.clone(), generation, now);
+    set_condition(conditions, condition);
+}
+
+fn apply(
+    conditions: &mut Vec<Condition<JukeBoxConditionType>>,
+    transition: &ConditionTransition,
+    generation: i64,
+    now: jiff::Timestamp,
+) {
+    if transition.only_ours {
+        conditions.retain(|c| {
+            matches!(c.condition_type, JukeBoxConditionType::Updated | JukeBoxConditionType::Ready)
+        });
+    }
+    if transition.restamp_updated {
+        conditions.retain(|c| c.condition_type != JukeBoxConditionType::Updated);
+    }
+    for change in &transition.set {
+        set(conditions, change, generation, now);
+    }
 }
 
 /// The view of one repository, reading only the manifests the descent needs.

@@ -85,7 +85,8 @@ impl ScannerService {
 impl ScannerApi for ScannerService {
     async fn scan(&self, request: Request<ScanRequest>) -> Result<Response<ScanResponse>, Status> {
         let request = request.into_inner();
-        let (scan_id, joined_existing) = self.scanner.request(&request.jukebox, &request.filter).await?;
+        let filter = vynil_rules::ScanFilter::from_request(&request.filter).map_err(ScannerError::from)?;
+        let (scan_id, joined_existing) = self.scanner.request(&request.jukebox, filter).await?;
         Ok(Response::new(ScanResponse { scan_id, joined_existing }))
     }
 

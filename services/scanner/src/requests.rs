@@ -19,6 +19,7 @@ use std::{
 };
 
 use serde::{Deserialize, Serialize};
+use vynil_rules::ScanFilter;
 use vynil_store::lease::{Fence, LeaseStore, MemoryLeases, RedisLeases, run_fenced};
 
 use crate::{ScannerError, redis_error};
@@ -32,15 +33,28 @@ const FULL: &str = "full";
 pub struct ScanItem {
     pub id: String,
     /// `None`: full scan.
-    pub filter: Option<String>,
+    pub filter: Option<ScanFilter>,
 }
 
-fn field(filter: Option<&str>) -> String {
+/// The queue's field for a request (its serialised form).
+fn field(filter: Option<&ScanFilter>) -> String {
     filter.map_or_else(|| FULL.to_string(), |f| format!("partial:{f}"))
 }
 
-fn item(field: &str, id: &str) -> ScanItem {
-    ScanItem { id: id.to_string(), filter: field.strip_prefix("partial:").map(String::from) }
+/// An item read back from the queue; a field that no longer parses (written
+/// by another version) is dropped with a warning rather than run as full.
+fn item(field: &str, id: &str) -> Option<ScanItem> {
+    let filter = match field.strip_prefix("partial:") {
+        None => None,
+        Some(raw) => match ScanFilter::parse(raw) {
+            Ok(filter) => Some(filter),
+            Err(error) => {
+                tracing::warn!(%id, %error, "a queued scan request is unreadable; dropped");
+                return None;
+            }
+        },
+    };
+    Some(ScanItem { id: id.to_string(), filter })
 }
 
 /// The state of one scan, as `GetScan` and `WatchScan` show it.
@@ -69,7 +83,11 @@ impl ScanRecord {
 #[async_trait::async_trait]
 pub trait RequestQueue: Send + Sync + std::fmt::Debug {
     /// Records a request; returns its scan id and whether it joined an existing one.
-    async fn submit(&self, jukebox: &str, filter: Option<&str>) -> Result<(String, bool), ScannerError>;
+    async fn submit(
+        &self,
+        jukebox: &str,
+        filter: Option<&ScanFilter>,
+    ) -> Result<(String, bool), ScannerError>;
     /// Takes the JukeBox's lease for `token` and the items to run now, if any.
     async fn claim(
         &self,
@@ -114,7 +132,11 @@ struct Memory {
 
 #[async_trait::async_trait]
 impl RequestQueue for MemoryQueue {
-    async fn submit(&self, jukebox: &str, filter: Option<&str>) -> Result<(String, bool), ScannerError> {
+    async fn submit(
+        &self,
+        jukebox: &str,
+        filter: Option<&ScanFilter>,
+    ) -> Result<(String, bool), ScannerError> {
         let mut m = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         let wanted = field(filter);
         if let Some(id) = m.pending.get(jukebox).and_then(|t| t.get(FULL)) {
@@ -154,7 +176,7 @@ impl RequestQueue for MemoryQueue {
             self.leases.release(jukebox, token).await?;
             return Ok(None);
         }
-        Ok(Some(items.iter().map(|(f, id)| item(f, id)).collect()))
+        Ok(Some(items.iter().filter_map(|(f, id)| item(f, id)).collect()))
     }
 
     fn leases(&self) -> Arc<dyn LeaseStore> {
@@ -281,7 +303,11 @@ impl RedisQueue {
 
 #[async_trait::async_trait]
 impl RequestQueue for RedisQueue {
-    async fn submit(&self, jukebox: &str, filter: Option<&str>) -> Result<(String, bool), ScannerError> {
+    async fn submit(
+        &self,
+        jukebox: &str,
+        filter: Option<&ScanFilter>,
+    ) -> Result<(String, bool), ScannerError> {
         let mut c = self.connection.clone();
         let (id, joined): (String, i64) = redis::Script::new(SUBMIT)
             .key(key("pending", jukebox))
@@ -313,8 +339,7 @@ impl RequestQueue for RedisQueue {
             .invoke_async(&mut c)
             .await
             .map_err(redis_error)?;
-        Ok(claimed
-            .map(|flat| flat.chunks(2).filter_map(|pair| Some(item(pair.first()?, pair.get(1)?))).collect()))
+        Ok(claimed.map(|flat| flat.chunks(2).filter_map(|pair| item(pair.first()?, pair.get(1)?)).collect()))
     }
 
     fn leases(&self) -> Arc<dyn LeaseStore> {

@@ -41,7 +41,7 @@ pub async fn run(scanner: Arc<Scanner>, jukebox: String, cron: croner::Cron, jit
         tokio::time::sleep(wait + spread).await;
         // Claims outlive any clock skew between replicas.
         match scanner.queue.claim_tick(&jukebox, next.timestamp(), Duration::from_secs(3600)).await {
-            Ok(true) => match scanner.request(&jukebox, "").await {
+            Ok(true) => match scanner.request(&jukebox, None).await {
                 Ok((id, joined)) => tracing::info!(%jukebox, %id, joined, "scheduled scan requested"),
                 Err(error) => tracing::warn!(%jukebox, %error, "cannot request the scheduled scan"),
             },

@@ -24,27 +24,15 @@ use vynil_store::JukeboxRecord;
 
 use crate::{Scanner, engine, schedule};
 
-/// What a `force-scan` value asks for.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ForceScan {
-    Full,
-    Partial(ScanFilter),
-    /// The condition message explaining why the value was refused.
-    Invalid(String),
-}
-
-/// Reads a `force-scan` annotation value.
-pub fn read_force_scan(value: &str) -> ForceScan {
-    match value.trim() {
-        "" | "true" => ForceScan::Full,
-        raw => match ScanFilter::parse(raw) {
-            Ok(filter) => ForceScan::Partial(filter),
-            Err(e) => ForceScan::Invalid(vynil_crds::coded_message(
-                "E_INVALID_SCAN_FILTER",
-                &format!("force-scan {raw:?} is not `true`, `<category>` or `<category>/<name>`: {e}"),
-            )),
-        },
-    }
+/// A `force-scan` value, read by the rules (`None`: a full scan), or the
+/// condition message explaining why it was refused.
+pub fn read_force_scan(value: &str) -> Result<Option<ScanFilter>, String> {
+    ScanFilter::from_request(value).map_err(|e| {
+        vynil_crds::coded_message(
+            "E_INVALID_SCAN_FILTER",
+            &format!("force-scan {:?} is not `true`, `<category>` or `<category>/<name>`: {e}", value.trim()),
+        )
+    })
 }
 
 /// Per-JukeBox trigger state of this replica.
@@ -147,7 +135,7 @@ impl Triggers {
                     .scanner
                     .amend_status(name, |record, now| {
                         let status = record.status.clone().unwrap_or_default();
-                        Some(engine::with_schedule_problem(status, Some(&problem), record.generation, now))
+                        Some(engine::with_schedule_problem(status, &problem, record.generation, now))
                     })
                     .await;
                 if let Err(error) = written {
@@ -168,9 +156,8 @@ impl Triggers {
         }
         self.served.insert(name.clone(), value.clone());
         let filter = match read_force_scan(value) {
-            ForceScan::Full => String::new(),
-            ForceScan::Partial(filter) => filter.to_string(),
-            ForceScan::Invalid(why) => {
+            Ok(filter) => filter,
+            Err(why) => {
                 let written = self
                     .scanner
                     .amend_status(name, |record, now| {
@@ -188,8 +175,9 @@ impl Triggers {
                 return;
             }
         };
-        match self.scanner.request(name, &filter).await {
+        match self.scanner.request(name, filter.clone()).await {
             Ok((id, joined)) => {
+                let filter = filter.map(|f| f.to_string()).unwrap_or_default();
                 tracing::info!(jukebox = %name, %id, joined, %filter, "force-scan requested");
                 let (scanner, name, value) = (self.scanner.clone(), name.clone(), value.clone());
                 tokio::spawn(async move {
@@ -223,23 +211,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn force_scan_values_read_as_upstream_with_filters_validated() {
-        assert_eq!(read_force_scan("true"), ForceScan::Full);
-        assert_eq!(read_force_scan(""), ForceScan::Full);
-        assert_eq!(read_force_scan(" true "), ForceScan::Full);
-        for (value, expected) in [("apps", "apps"), ("apps/x", "apps/x")] {
-            match read_force_scan(value) {
-                ForceScan::Partial(filter) => assert_eq!(filter.to_string(), expected),
-                other => unreachable!("{value}: {other:?}"),
-            }
-        }
+    fn an_invalid_force_scan_is_a_coded_condition_message() {
         for value in ["apps/x/y", "/x", "apps/", "a b"] {
-            match read_force_scan(value) {
-                ForceScan::Invalid(why) => {
-                    assert!(why.starts_with("[E_INVALID_SCAN_FILTER] force-scan"), "{why}")
-                }
-                other => unreachable!("{value}: {other:?}"),
-            }
+            let why = read_force_scan(value).unwrap_err();
+            assert!(why.starts_with("[E_INVALID_SCAN_FILTER] force-scan"), "{why}");
         }
     }
 }

@@ -41,20 +41,20 @@ pub struct Scanner {
 impl Scanner {
     /// Records a scan request (validated); returns its id and whether it
     /// joined an existing request.
-    pub async fn request(&self, jukebox: &str, filter: &str) -> Result<(String, bool), ScannerError> {
-        let filter = match filter.trim() {
-            "" | "true" => None,
-            raw => Some(ScanFilter::parse(raw)?.to_string()),
-        };
+    pub async fn request(
+        &self,
+        jukebox: &str,
+        filter: Option<ScanFilter>,
+    ) -> Result<(String, bool), ScannerError> {
         if self.store.get(jukebox).await?.is_none() {
             return Err(ScannerError::NotFound(no_jukebox(&*self.store, jukebox).await));
         }
-        let (id, joined) = self.queue.submit(jukebox, filter.as_deref()).await?;
+        let (id, joined) = self.queue.submit(jukebox, filter.as_ref()).await?;
         if !joined {
             let record = ScanRecord {
                 id: id.clone(),
                 jukebox: jukebox.to_string(),
-                filter: filter.unwrap_or_default(),
+                filter: filter.map(|f| f.to_string()).unwrap_or_default(),
                 state: "queued".into(),
                 ..ScanRecord::default()
             };
@@ -113,8 +113,7 @@ impl Scanner {
             return self.run_scan(jukebox, None, &ids, lease).await;
         }
         for item in items {
-            let filter = item.filter.as_deref().map(ScanFilter::parse).transpose()?;
-            self.run_scan(jukebox, filter, std::slice::from_ref(&item.id), lease).await?;
+            self.run_scan(jukebox, item.filter.clone(), std::slice::from_ref(&item.id), lease).await?;
         }
         Ok(())
     }

@@ -66,6 +66,7 @@ async fn harness_with(
 }
 
 async fn scan(h: &Harness, filter: &str) -> vynil_scanner::ScanRecord {
+    let filter = vynil_rules::ScanFilter::from_request(filter).unwrap();
     let (id, _) = h.scanner.request("box", filter).await.unwrap();
     // Generous: a first scan of a large repository reads its manifests one by one.
     for _ in 0..7200 {
@@ -164,7 +165,7 @@ async fn a_scan_requested_after_a_push_sees_the_tag_even_while_an_older_scan_run
         1,
         FaultAction::DelayAnswer(Duration::from_millis(800)),
     ));
-    let (running, _) = h.scanner.request("box", "").await.unwrap();
+    let (running, _) = h.scanner.request("box", None).await.unwrap();
     for _ in 0..400 {
         if h.front.count(&Method::GET, "/tags/list") >= 1 {
             break;
