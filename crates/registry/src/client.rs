@@ -9,7 +9,7 @@ use oci_client::manifest::{
 };
 use reqwest::{Method, StatusCode};
 use sha2::{Digest, Sha256};
-use vynil_rules::{ArtifactTag, parse_annotations, tag::ArtifactKind};
+use vynil_rules::{ArtifactTag, parse_annotations};
 
 use crate::{
     CredentialStore, ManifestMetadata, MetadataCache, RegistryError, RequestCounters, Result,
@@ -369,11 +369,7 @@ impl RegistryClient {
                 artifacts.push(Artifact {
                     tag: Some(tag.clone()),
                     digest,
-                    kind: match artifact.kind {
-                        ArtifactKind::Signature => "signature".into(),
-                        ArtifactKind::Attestation => "attestation".into(),
-                        ArtifactKind::Sbom => "SBOM".into(),
-                    },
+                    kind: artifact.kind.noun().into(),
                 });
             }
         }

@@ -13,7 +13,7 @@
 //! makes the plan fail rather than guess.
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::{BTreeMap, BTreeSet, HashMap},
     fmt,
 };
 
@@ -65,6 +65,14 @@ pub struct InstalledRevision {
     /// The instance, e.g. `tenant ns/name`.
     pub instance: String,
     pub usage: RevisionUse,
+}
+
+impl InstalledRevision {
+    /// Whether this revision is the manifest `digest` (recorded digest) or
+    /// one of its `tags` (by tag): the one test of "is it used".
+    pub fn uses(&self, digest: &str, tags: &[String]) -> bool {
+        self.digest.as_deref() == Some(digest) || tags.contains(&self.tag)
+    }
 }
 
 /// What instances use, or that it could not be learnt.
@@ -287,7 +295,7 @@ pub fn plan_retention(
         let entry = reasons.entry(tag.name.clone()).or_default();
         if let Usage::Known(used) = usage {
             for revision in used {
-                if revision.tag == tag.name || revision.digest.as_deref() == Some(tag.digest.as_str()) {
+                if revision.uses(&tag.digest, std::slice::from_ref(&tag.name)) {
                     entry.insert(KeepReason::Used {
                         instance: revision.instance.clone(),
                         usage: revision.usage,
@@ -472,6 +480,75 @@ fn add_digest_reasons(tags: &[RepositoryTag], classes: &[Class], reasons: &mut R
         }
         if !added {
             return;
+        }
+    }
+}
+
+/// A tag as a stored plan recorded it.
+#[derive(Debug, Clone, Copy)]
+pub struct PlannedTag<'a> {
+    pub tag: &'a str,
+    pub digest: &'a str,
+    pub keep: bool,
+}
+
+/// A deletion as a stored plan recorded it.
+#[derive(Debug, Clone, Copy)]
+pub struct PlannedDeletion<'a> {
+    pub digest: &'a str,
+    pub tags: &'a [String],
+}
+
+/// What changed in repository `name` since its plan was made, from a fresh
+/// read of its tags and of usage: a tag re-pointed, a kept tag gone, a tag
+/// pushed, a revision to delete now used. A tag the plan deletes may be gone
+/// (deleted by an earlier run of the same plan). Empty: the plan still holds
+/// as far as the repository and usage go (its retention inputs are compared
+/// by [`RetentionConfig::fingerprint`]).
+pub fn changes_since_planning(
+    name: &str,
+    planned: &[PlannedTag<'_>],
+    deletions: &[PlannedDeletion<'_>],
+    fresh: &[RepositoryTag],
+    usage: &Usage,
+) -> Vec<String> {
+    let now: HashMap<&str, &str> = fresh.iter().map(|t| (t.name.as_str(), t.digest.as_str())).collect();
+    let mut changes = Vec::new();
+    for entry in planned {
+        match now.get(entry.tag) {
+            Some(digest) if *digest != entry.digest => {
+                changes.push(format!("{} now points to {digest} (planned {})", entry.tag, entry.digest))
+            }
+            None if entry.keep => changes.push(format!("{name}: kept tag {} disappeared", entry.tag)),
+            _ => {}
+        }
+    }
+    for tag in fresh {
+        if !planned.iter().any(|p| p.tag == tag.name) {
+            changes.push(format!("{name}: {} was pushed since planning", tag.name));
+        }
+    }
+    if let Usage::Known(used) = usage {
+        for deletion in deletions {
+            for revision in used.iter().filter(|r| r.uses(deletion.digest, deletion.tags)) {
+                changes.push(format!("{} is now used by {}", revision.tag, revision.instance));
+            }
+        }
+    }
+    changes
+}
+
+/// The fingerprint of a plan over several repositories (`(name, fingerprint)`
+/// in plan order); a single repository's plan keeps its own.
+pub fn combined_fingerprint<'a>(parts: &[(&'a str, &'a str)]) -> String {
+    match parts {
+        [(_, single)] => single.to_string(),
+        many => {
+            let mut hasher = Sha256::new();
+            for (name, fingerprint) in many {
+                hasher.update(format!("{name}\0{fingerprint}\n").as_bytes());
+            }
+            format!("sha256:{}", hex::encode(hasher.finalize()))
         }
     }
 }

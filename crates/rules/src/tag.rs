@@ -81,6 +81,19 @@ pub enum ArtifactKind {
 }
 
 impl ArtifactKind {
+    pub const ALL: [ArtifactKind; 3] =
+        [ArtifactKind::Signature, ArtifactKind::Attestation, ArtifactKind::Sbom];
+
+    /// The cosign tag suffix: `sig`, `att`, `sbom`.
+    pub fn suffix(self) -> &'static str {
+        match self {
+            ArtifactKind::Signature => "sig",
+            ArtifactKind::Attestation => "att",
+            ArtifactKind::Sbom => "sbom",
+        }
+    }
+
+    /// What reports call it.
     pub fn noun(self) -> &'static str {
         match self {
             ArtifactKind::Signature => "signature",
@@ -100,15 +113,15 @@ pub struct ArtifactTag {
 }
 
 impl ArtifactTag {
+    /// The tag name: `sha256-<hex>.<suffix>`.
+    pub fn name(&self) -> String {
+        format!("{}.{}", self.subject.replacen(':', "-", 1), self.kind.suffix())
+    }
+
     pub fn parse(raw: &str) -> Option<ArtifactTag> {
         let rest = raw.strip_prefix("sha256-")?;
         let (hex, suffix) = rest.split_once('.')?;
-        let kind = match suffix {
-            "sig" => ArtifactKind::Signature,
-            "att" => ArtifactKind::Attestation,
-            "sbom" => ArtifactKind::Sbom,
-            _ => return None,
-        };
+        let kind = ArtifactKind::ALL.into_iter().find(|k| k.suffix() == suffix)?;
         let valid_hex = hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
         valid_hex.then(|| ArtifactTag { kind, subject: format!("sha256:{hex}") })
     }
@@ -169,6 +182,7 @@ mod tests {
     fn cosign_artifact_tags_name_their_subject_digest() {
         let hex = "a".repeat(64);
         let sig = ArtifactTag::parse(&format!("sha256-{hex}.sig")).unwrap();
+        assert_eq!(sig.name(), format!("sha256-{hex}.sig"), "a name round-trips");
         assert_eq!(sig.kind, ArtifactKind::Signature);
         assert_eq!(sig.subject, format!("sha256:{hex}"));
         assert_eq!(ArtifactTag::parse(&format!("sha256-{hex}.sbom")).unwrap().kind, ArtifactKind::Sbom);

@@ -278,3 +278,46 @@ fn the_config_fingerprint_follows_pins_and_framework_but_not_their_order() {
     assert_ne!(fingerprint("0.8.0", &["1.*", "latest"]), fingerprint("0.8.0", &["1.*"]));
     assert_ne!(fingerprint("0.8.0", &["1.*"]), fingerprint("0.9.0", &["1.*"]));
 }
+
+#[test]
+fn a_stored_plan_is_stale_when_its_repository_or_usage_moved_but_not_for_its_own_deletions() {
+    use vynil_rules::retention::{PlannedDeletion, PlannedTag, changes_since_planning};
+    let (a, b) = (digest("a"), digest("b"));
+    let planned = [
+        PlannedTag { tag: "2.0.0", digest: &b, keep: true },
+        PlannedTag { tag: "1.0.0", digest: &a, keep: false },
+    ];
+    let old_tags = vec!["1.0.0".to_string()];
+    let deletions = [PlannedDeletion { digest: &a, tags: &old_tags }];
+    let nobody = Usage::Known(vec![]);
+    let changes = |fresh: &[(&str, &str)], usage: &Usage| {
+        let fresh: Vec<_> = fresh.iter().map(|(name, label)| plain_tag(name, label)).collect();
+        changes_since_planning("r/x", &planned, &deletions, &fresh, usage)
+    };
+    assert!(changes(&[("2.0.0", "b"), ("1.0.0", "a")], &nobody).is_empty());
+    assert!(changes(&[("2.0.0", "b")], &nobody).is_empty(), "deleted by an earlier run of the plan");
+    assert_eq!(changes(&[("1.0.0", "a")], &nobody), ["r/x: kept tag 2.0.0 disappeared"]);
+    assert_eq!(
+        changes(&[("2.0.0", "b"), ("1.0.0", "a"), ("3.0.0", "c")], &nobody),
+        ["r/x: 3.0.0 was pushed since planning"]
+    );
+    let moved = changes(&[("2.0.0", "c"), ("1.0.0", "a")], &nobody);
+    assert_eq!(moved.len(), 1);
+    assert!(moved[0].starts_with("2.0.0 now points to"), "{moved:?}");
+    let used = Usage::Known(vec![InstalledRevision {
+        tag: "1.0.0".into(),
+        digest: None,
+        instance: "tenant ns/app".into(),
+        usage: RevisionUse::Installed,
+    }]);
+    assert_eq!(changes(&[("2.0.0", "b"), ("1.0.0", "a")], &used), ["1.0.0 is now used by tenant ns/app"]);
+}
+
+#[test]
+fn a_plan_over_several_repositories_has_one_order_sensitive_fingerprint() {
+    use vynil_rules::retention::combined_fingerprint;
+    assert_eq!(combined_fingerprint(&[("r/a", "sha256:1")]), "sha256:1", "one repository keeps its own");
+    let both = combined_fingerprint(&[("r/a", "sha256:1"), ("r/b", "sha256:2")]);
+    assert!(both.starts_with("sha256:") && both != "sha256:1");
+    assert_ne!(both, combined_fingerprint(&[("r/a", "sha256:1"), ("r/b", "sha256:3")]));
+}

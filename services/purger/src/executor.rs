@@ -15,7 +15,7 @@ use std::{collections::HashMap, sync::Arc};
 use futures::StreamExt;
 use tokio::sync::mpsc;
 use vynil_registry::{DeletionOutcome, RegistryClient, RepositoryRef};
-use vynil_rules::retention::{RepositoryTag, Usage};
+use vynil_rules::retention::{PlannedDeletion, PlannedTag, RepositoryTag, Usage, changes_since_planning};
 
 use vynil_store::lease::Lease;
 
@@ -59,41 +59,13 @@ pub fn check_confirmation(plan: &StoredPlan, request: &ExecuteRequest) -> Result
     Ok(())
 }
 
-/// What changed since planning, from a fresh read of the repository and of
-/// usage. Tags the plan deletes may be gone (deleted by an earlier run).
+/// What changed since planning (the rules' [`changes_since_planning`]).
 pub fn staleness(plan: &RepositoryPlan, fresh: &[RepositoryTag], usage: &Usage) -> Vec<String> {
-    let now: HashMap<&str, &str> = fresh.iter().map(|t| (t.name.as_str(), t.digest.as_str())).collect();
-    let planned: HashMap<&str, &str> =
-        plan.entries.iter().map(|e| (e.tag.as_str(), e.digest.as_str())).collect();
-    let mut changes = Vec::new();
-    for entry in &plan.entries {
-        match now.get(entry.tag.as_str()) {
-            Some(digest) if *digest != entry.digest => {
-                changes.push(format!("{} now points to {digest} (planned {})", entry.tag, entry.digest))
-            }
-            None if entry.keep => {
-                changes.push(format!("{}: kept tag {} disappeared", plan.name(), entry.tag))
-            }
-            _ => {}
-        }
-    }
-    for tag in fresh {
-        if !planned.contains_key(tag.name.as_str()) {
-            changes.push(format!("{}: {} was pushed since planning", plan.name(), tag.name));
-        }
-    }
-    if let Usage::Known(used) = usage {
-        for deletion in &plan.deletions {
-            for revision in used {
-                if revision.digest.as_deref() == Some(deletion.digest.as_str())
-                    || deletion.tags.contains(&revision.tag)
-                {
-                    changes.push(format!("{} is now used by {}", revision.tag, revision.instance));
-                }
-            }
-        }
-    }
-    changes
+    let planned: Vec<PlannedTag<'_>> =
+        plan.entries.iter().map(|e| PlannedTag { tag: &e.tag, digest: &e.digest, keep: e.keep }).collect();
+    let deletions: Vec<PlannedDeletion<'_>> =
+        plan.deletions.iter().map(|d| PlannedDeletion { digest: &d.digest, tags: &d.tags }).collect();
+    changes_since_planning(&plan.name(), &planned, &deletions, fresh, usage)
 }
 
 /// Deletes what one repository's plan deletes, under `lease`. The caller has

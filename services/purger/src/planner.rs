@@ -12,8 +12,6 @@ use vynil_rules::{
     retention::{InstalledRevision, RepositoryTag, RevisionUse, TagMetadata, Usage},
 };
 
-use sha2::{Digest, Sha256};
-
 use crate::{
     PurgerError,
     store::{RepositoryPlan, StoredDeletion, StoredEntry, StoredPlan},
@@ -156,16 +154,10 @@ pub fn assemble(
     ttl: std::time::Duration,
 ) -> StoredPlan {
     let expires = now.checked_add(jiff::SignedDuration::try_from(ttl).unwrap_or_default()).unwrap_or(now);
-    let fingerprint = match repositories.as_slice() {
-        [single] => single.fingerprint.clone(),
-        many => {
-            let mut hasher = Sha256::new();
-            for plan in many {
-                hasher.update(format!("{}\0{}\n", plan.name(), plan.fingerprint).as_bytes());
-            }
-            format!("sha256:{}", hex::encode(hasher.finalize()))
-        }
-    };
+    let names: Vec<String> = repositories.iter().map(RepositoryPlan::name).collect();
+    let parts: Vec<(&str, &str)> =
+        names.iter().zip(&repositories).map(|(n, r)| (n.as_str(), r.fingerprint.as_str())).collect();
+    let fingerprint = vynil_rules::retention::combined_fingerprint(&parts);
     StoredPlan {
         id: format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..)),
         target,
