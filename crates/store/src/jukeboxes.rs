@@ -28,13 +28,40 @@ type Spec = (String, JukeBoxSpec, Annotations);
 pub const CHANGES_CHANNEL: &str = "vynil:v1:jukebox-status-changes";
 const STATUS_PREFIX: &str = "vynil:v1:jukebox-status";
 
+/// The version a status write must find to succeed: opaque (Kubernetes
+/// defines `resourceVersion` as such; the local store's counter is kept in it
+/// as text). Compared for equality only, never parsed by callers.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct StatusVersion(String);
+
+impl StatusVersion {
+    pub fn new(version: impl Into<String>) -> Self {
+        Self(version.into())
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The local store's counter.
+    fn local(&self) -> u64 {
+        self.0.parse().unwrap_or(0)
+    }
+}
+
+impl std::fmt::Display for StatusVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 /// A JukeBox and the version of its status (for compare-and-set).
 #[derive(Debug, Clone, PartialEq)]
 pub struct JukeboxRecord {
     pub name: String,
     pub spec: JukeBoxSpec,
     pub status: Option<JukeBoxStatus>,
-    pub status_version: u64,
+    pub status_version: StatusVersion,
     /// `metadata.annotations` (the force-scan request lives there).
     pub annotations: std::collections::BTreeMap<String, String>,
     /// `metadata.generation`, which conditions carry (0 outside a cluster).
@@ -89,9 +116,9 @@ pub trait JukeboxStore: Send + Sync + std::fmt::Debug {
     async fn write_status(
         &self,
         name: &str,
-        expected: u64,
+        expected: &StatusVersion,
         status: &JukeBoxStatus,
-    ) -> Result<u64, StoreError>;
+    ) -> Result<StatusVersion, StoreError>;
     /// Names of JukeBoxes whose status changed; an empty name means
     /// notifications may have been lost (Redis went away): re-read everything.
     fn subscribe(&self) -> broadcast::Receiver<String>;
@@ -327,7 +354,7 @@ impl LocalStore {
     ) -> Result<JukeboxRecord, StoreError> {
         let stored = self.backend.get(&name).await?;
         Ok(JukeboxRecord {
-            status_version: stored.as_ref().map_or(0, |s| s.version),
+            status_version: StatusVersion::new(stored.as_ref().map_or(0, |s| s.version).to_string()),
             status: stored.map(|s| s.status),
             name,
             spec,
@@ -357,14 +384,14 @@ impl JukeboxStore for LocalStore {
     async fn write_status(
         &self,
         name: &str,
-        expected: u64,
+        expected: &StatusVersion,
         status: &JukeBoxStatus,
-    ) -> Result<u64, StoreError> {
-        let version = self.backend.compare_and_set(name, expected, status).await?;
+    ) -> Result<StatusVersion, StoreError> {
+        let version = self.backend.compare_and_set(name, expected.local(), status).await?;
         if self.announce_writes {
             let _ = self.changes.send(name.to_string());
         }
-        Ok(version)
+        Ok(StatusVersion::new(version.to_string()))
     }
 
     fn subscribe(&self) -> broadcast::Receiver<String> {
@@ -401,8 +428,9 @@ mod tests {
         let store = LocalStore::in_memory(dir.path().to_path_buf());
         let mut changes = store.subscribe();
         let status = JukeBoxStatus::default();
-        assert_eq!(store.write_status("box", 0, &status).await.unwrap(), 1);
-        assert!(matches!(store.write_status("box", 0, &status).await, Err(StoreError::Conflict(_))));
+        let first = StatusVersion::default();
+        assert_eq!(store.write_status("box", &first, &status).await.unwrap(), StatusVersion::new("1"));
+        assert!(matches!(store.write_status("box", &first, &status).await, Err(StoreError::Conflict(_))));
         assert_eq!(changes.recv().await.unwrap(), "box");
     }
 }

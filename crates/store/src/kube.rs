@@ -29,7 +29,7 @@ use serde_json::json;
 use tokio::sync::broadcast;
 use vynil_crds::{JukeBox, JukeBoxStatus};
 
-use crate::{JukeboxEvent, JukeboxRecord, JukeboxStore, StoreError};
+use crate::{JukeboxEvent, JukeboxRecord, JukeboxStore, StatusVersion, StoreError};
 
 /// See the module documentation.
 pub struct KubeStore {
@@ -67,7 +67,7 @@ fn is_status(e: &kube::Error, code: u16) -> bool {
 fn record(jukebox: JukeBox) -> JukeboxRecord {
     JukeboxRecord {
         name: jukebox.name_any(),
-        status_version: jukebox.resource_version().and_then(|rv| rv.parse().ok()).unwrap_or(0),
+        status_version: StatusVersion::new(jukebox.resource_version().unwrap_or_default()),
         annotations: jukebox.metadata.annotations.clone().unwrap_or_default(),
         generation: jukebox.metadata.generation.unwrap_or(0),
         spec: jukebox.spec,
@@ -144,19 +144,19 @@ impl JukeboxStore for KubeStore {
     async fn write_status(
         &self,
         name: &str,
-        expected: u64,
+        expected: &StatusVersion,
         status: &JukeBoxStatus,
-    ) -> Result<u64, StoreError> {
+    ) -> Result<StatusVersion, StoreError> {
         let body = json!({
             "apiVersion": "vynil.solidite.fr/v1",
             "kind": "JukeBox",
-            "metadata": {"name": name, "resourceVersion": expected.to_string()},
+            "metadata": {"name": name, "resourceVersion": expected.as_str()},
             "status": status,
         });
         let object: DynamicObject =
             serde_json::from_value(body).map_err(|e| StoreError::Config(format!("status body: {e}")))?;
         match self.dynamic.replace_status(name, &PostParams::default(), &object).await {
-            Ok(written) => Ok(written.resource_version().and_then(|rv| rv.parse().ok()).unwrap_or(0)),
+            Ok(written) => Ok(StatusVersion::new(written.resource_version().unwrap_or_default())),
             Err(e) if is_status(&e, 409) || is_status(&e, 404) => Err(StoreError::Conflict(name.to_string())),
             Err(e) => Err(kube_error("writing a JukeBox status", e)),
         }

@@ -22,7 +22,9 @@ mod kube;
 pub mod lease;
 mod script;
 
-pub use jukeboxes::{CHANGES_CHANNEL, JukeboxEvent, JukeboxRecord, JukeboxStore, LocalStore, SkippedSource};
+pub use jukeboxes::{
+    CHANGES_CHANNEL, JukeboxEvent, JukeboxRecord, JukeboxStore, LocalStore, SkippedSource, StatusVersion,
+};
 pub use kube::KubeStore;
 use vynil_crds::{JukeBoxSource, JukeBoxSpec};
 use vynil_registry::sources::Source;

@@ -76,12 +76,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut fresh = Vec::new();
     for i in 0..CHANGES {
         let mut receivers: Vec<_> = replicas.iter().map(|r| r.subscribe()).collect();
-        let version = writer.get("box").await?.map(|r| r.status_version).unwrap_or(0);
+        let version = writer.get("box").await?.map(|r| r.status_version).unwrap_or_default();
         let start = Instant::now();
         writer
             .write_status(
                 "box",
-                version,
+                &version,
                 &JukeBoxStatus { conditions: vec![], packages: vec![package(&format!("1.0.{i}"))] },
             )
             .await?;

@@ -75,7 +75,7 @@ async fn replica(world: &World) -> Arc<Catalog> {
 /// What the scanner does: a compare-and-set status write.
 async fn write(world: &World, name: &str, packages: Vec<Package>) {
     let version = world.writer.get(name).await.unwrap().unwrap().status_version;
-    world.writer.write_status(name, version, &status(packages)).await.unwrap();
+    world.writer.write_status(name, &version, &status(packages)).await.unwrap();
 }
 
 #[tokio::test]

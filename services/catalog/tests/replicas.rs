@@ -41,7 +41,11 @@ async fn three_catalog_processes_serve_the_new_catalog_after_a_status_change() {
     .unwrap();
     let writer = LocalStore::with_redis(dir.path().to_path_buf(), &redis.url()).await.unwrap();
     writer
-        .write_status("box", 0, &JukeBoxStatus { conditions: vec![], packages: vec![package("1.0.0")] })
+        .write_status(
+            "box",
+            &vynil_store::StatusVersion::new("0"),
+            &JukeBoxStatus { conditions: vec![], packages: vec![package("1.0.0")] },
+        )
         .await
         .unwrap();
 
@@ -72,7 +76,11 @@ async fn three_catalog_processes_serve_the_new_catalog_after_a_status_change() {
     }
 
     writer
-        .write_status("box", 1, &JukeBoxStatus { conditions: vec![], packages: vec![package("2.0.0")] })
+        .write_status(
+            "box",
+            &vynil_store::StatusVersion::new("1"),
+            &JukeBoxStatus { conditions: vec![], packages: vec![package("2.0.0")] },
+        )
         .await
         .unwrap();
     for (index, client) in clients.iter_mut().enumerate() {

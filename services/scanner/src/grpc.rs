@@ -11,7 +11,11 @@ use vynil_proto::scanner::v1::{
 
 use vynil_runtime::{Classify, Failure};
 
-use crate::{ScannerError, requests::ScanRecord, worker::Scanner};
+use crate::{
+    ScannerError,
+    requests::{RecordState, ScanRecord},
+    worker::Scanner,
+};
 
 impl Classify for ScannerError {
     fn failure(&self) -> Failure {
@@ -34,13 +38,12 @@ impl From<ScannerError> for Status {
 }
 
 fn to_proto(record: &ScanRecord) -> ScanStatus {
-    let state = match record.state.as_str() {
-        "queued" => ScanState::Queued,
-        "running" => ScanState::Running,
-        "succeeded" => ScanState::Succeeded,
-        "partially_failed" => ScanState::PartiallyFailed,
-        "failed" => ScanState::Failed,
-        _ => ScanState::Unspecified,
+    let state = match record.state {
+        RecordState::Queued => ScanState::Queued,
+        RecordState::Running => ScanState::Running,
+        RecordState::Succeeded => ScanState::Succeeded,
+        RecordState::PartiallyFailed => ScanState::PartiallyFailed,
+        RecordState::Failed => ScanState::Failed,
     };
     ScanStatus {
         scan_id: record.id.clone(),

@@ -28,7 +28,7 @@ use vynil_runtime::{GrpcServer, ServedService};
 
 pub use engine::{EngineSettings, ScanOutput, new_status};
 pub use grpc::ScannerService;
-pub use requests::{MemoryQueue, RedisQueue, RequestQueue, ScanRecord};
+pub use requests::{MemoryQueue, RecordState, RedisQueue, RequestQueue, ScanRecord};
 pub use triggers::{Triggers, read_force_scan};
 pub use vynil_store::{CHANGES_CHANNEL, JukeboxRecord, JukeboxStore, LocalStore, StoreSettings};
 pub use worker::Scanner;

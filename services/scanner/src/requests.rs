@@ -57,14 +57,48 @@ fn item(field: &str, id: &str) -> Option<ScanItem> {
     Some(ScanItem { id: id.to_string(), filter })
 }
 
+/// Where a scan stands.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RecordState {
+    #[default]
+    Queued,
+    Running,
+    Succeeded,
+    /// Some repositories failed; their previous entries were kept.
+    PartiallyFailed,
+    Failed,
+}
+
+impl RecordState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RecordState::Queued => "queued",
+            RecordState::Running => "running",
+            RecordState::Succeeded => "succeeded",
+            RecordState::PartiallyFailed => "partially_failed",
+            RecordState::Failed => "failed",
+        }
+    }
+
+    pub fn is_final(self) -> bool {
+        matches!(self, RecordState::Succeeded | RecordState::PartiallyFailed | RecordState::Failed)
+    }
+}
+
+impl std::fmt::Display for RecordState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// The state of one scan, as `GetScan` and `WatchScan` show it.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ScanRecord {
     pub id: String,
     pub jukebox: String,
     pub filter: String,
-    /// `queued`, `running`, `succeeded`, `partially_failed`, `failed`.
-    pub state: String,
+    pub state: RecordState,
     pub repositories_done: u32,
     pub repositories_total: u32,
     pub tags_seen: u64,
@@ -76,7 +110,7 @@ pub struct ScanRecord {
 
 impl ScanRecord {
     pub fn is_final(&self) -> bool {
-        matches!(self.state.as_str(), "succeeded" | "partially_failed" | "failed")
+        self.state.is_final()
     }
 }
 

@@ -17,7 +17,7 @@ use crate::{
     ScannerError,
     engine::{self, EngineSettings, Progress, ScanOutput},
     metrics::{Cause, Jukebox, Outcome, ScannerMetrics, cause},
-    requests::{RequestQueue, ScanItem, ScanRecord},
+    requests::{RecordState, RequestQueue, ScanItem, ScanRecord},
     schedule,
 };
 
@@ -55,7 +55,7 @@ impl Scanner {
                 id: id.clone(),
                 jukebox: jukebox.to_string(),
                 filter: filter.map(|f| f.to_string()).unwrap_or_default(),
-                state: "queued".into(),
+                state: RecordState::Queued,
                 ..ScanRecord::default()
             };
             self.queue.put_record(&record, None).await?;
@@ -134,14 +134,14 @@ impl Scanner {
         let base = ScanRecord {
             jukebox: jukebox.to_string(),
             filter: filter.as_ref().map(ToString::to_string).unwrap_or_default(),
-            state: "running".into(),
+            state: RecordState::Running,
             started_at: started_at.clone(),
             ..ScanRecord::default()
         };
         self.put_records(ids, &base, &fence).await?;
         let Some(record) = self.store.get(jukebox).await? else {
             let mut gone = base.clone();
-            gone.state = "failed".into();
+            gone.state = RecordState::Failed;
             gone.errors = vec![("jukebox".into(), format!("JukeBox {jukebox} no longer exists"))];
             self.put_records(ids, &gone, &fence).await?;
             return Ok(());
@@ -176,11 +176,10 @@ impl Scanner {
         let errors = output.errors();
         let mut last = base.clone();
         last.state = match (&output, &write, errors.is_empty()) {
-            (_, Err(_), _) | (ScanOutput::SourceFailed(_), _, _) => "failed",
-            (_, _, true) => "succeeded",
-            _ => "partially_failed",
-        }
-        .into();
+            (_, Err(_), _) | (ScanOutput::SourceFailed(_), _, _) => RecordState::Failed,
+            (_, _, true) => RecordState::Succeeded,
+            _ => RecordState::PartiallyFailed,
+        };
         last.errors = errors;
         if let Err(error) = &write {
             last.errors.push(("status".into(), error.to_string()));
@@ -189,14 +188,14 @@ impl Scanner {
         for id in ids {
             let mut final_record = self.queue.record(id).await.ok().flatten().unwrap_or_else(|| last.clone());
             final_record.id = id.clone();
-            final_record.state = last.state.clone();
+            final_record.state = last.state;
             final_record.errors = last.errors.clone();
             final_record.finished_at = last.finished_at.clone();
             if !self.queue.put_record(&final_record, Some(&fence)).await? {
                 return Err(ScannerError::LeaseLost(format!("scan records of {jukebox}")));
             }
         }
-        self.metrics.scans.get_or_create(&Outcome { outcome: last.state.clone() }).inc();
+        self.metrics.scans.get_or_create(&Outcome { outcome: last.state.as_str().into() }).inc();
         let ended = jiff::Timestamp::now().as_second();
         self.metrics.last_scan.get_or_create(&Jukebox { jukebox: jukebox.to_string() }).set(ended);
         self.metrics.duration.observe(clock.elapsed().as_secs_f64());
@@ -275,7 +274,7 @@ impl Scanner {
             if let Some(lease) = lease {
                 lease.check().await?;
             }
-            match self.store.write_status(jukebox, record.status_version, &status).await {
+            match self.store.write_status(jukebox, &record.status_version, &status).await {
                 Ok(_) => return Ok(Some(status)),
                 Err(vynil_store::StoreError::Conflict(_)) => continue,
                 Err(other) => return Err(other.into()),

@@ -7,7 +7,7 @@ use std::{sync::Arc, time::Duration};
 
 use axum::http::Method;
 use clap::Parser;
-use vynil_scanner::{Config, Scanner};
+use vynil_scanner::{Config, RecordState, Scanner};
 use vynil_testkit::{Fault, FaultAction, HttpFront, PackageSpec, PackageType, RedisServer, RegistryServer};
 
 struct Harness {
@@ -105,7 +105,7 @@ async fn the_type_change_story_shows_the_last_tenant_revision_beside_the_new_ser
     p.publish("think/ollama", &spec("think", "ollama", PackageType::Service, "0.1.10")).await.unwrap();
     let h = harness(registry, &["think/ollama"]).await;
     let record = scan(&h, "").await;
-    assert_eq!(record.state, "succeeded", "{record:?}");
+    assert_eq!(record.state, RecordState::Succeeded, "{record:?}");
     assert_eq!(catalog(&h).await, ["think/ollama:0.1.10", "think/ollama:0.1.8"]);
     let status = h.scanner.store.get("box").await.unwrap().unwrap().status.unwrap();
     let conditions: Vec<(String, String)> =
@@ -130,7 +130,7 @@ async fn three_repositories() -> RegistryServer {
 #[tokio::test]
 async fn partial_scans_replace_only_what_their_filter_names() {
     let h = harness(three_repositories().await, &["db/pg", "db/mysql", "monitoring/prom"]).await;
-    assert_eq!(scan(&h, "").await.state, "succeeded");
+    assert_eq!(scan(&h, "").await.state, RecordState::Succeeded);
     let p = h.registry.publisher();
     for (repository, category, name) in
         [("db/pg", "db", "pg"), ("db/mysql", "db", "mysql"), ("monitoring/prom", "monitoring", "prom")]
@@ -139,17 +139,17 @@ async fn partial_scans_replace_only_what_their_filter_names() {
     }
 
     h.front.reset_counts();
-    assert_eq!(scan(&h, "db/pg").await.state, "succeeded");
+    assert_eq!(scan(&h, "db/pg").await.state, RecordState::Succeeded);
     assert_eq!(catalog(&h).await, ["db/mysql:1.0.0", "monitoring/prom:1.0.0", "db/pg:2.0.0"]);
     assert_eq!(h.front.count(&Method::GET, "/tags/list"), 1, "only db/pg was listed");
 
-    assert_eq!(scan(&h, "db").await.state, "succeeded");
+    assert_eq!(scan(&h, "db").await.state, RecordState::Succeeded);
     assert_eq!(catalog(&h).await, ["monitoring/prom:1.0.0", "db/mysql:2.0.0", "db/pg:2.0.0"]);
 
     h.front.reset_counts();
     let before = catalog(&h).await;
     let record = scan(&h, "apps/x").await;
-    assert_eq!(record.state, "succeeded");
+    assert_eq!(record.state, RecordState::Succeeded);
     assert!(h.front.seen().is_empty(), "a filter matching nothing reads nothing: {:?}", h.front.seen());
     assert_eq!(catalog(&h).await, before, "and changes nothing");
 }
@@ -175,7 +175,7 @@ async fn a_scan_requested_after_a_push_sees_the_tag_even_while_an_older_scan_run
     h.registry.publisher().publish("db/pg", &spec("db", "pg", PackageType::System, "2.0.0")).await.unwrap();
     let record = scan(&h, "").await;
     assert_ne!(record.id, running, "the running scan started before the request");
-    assert_eq!(record.state, "succeeded", "{record:?}");
+    assert_eq!(record.state, RecordState::Succeeded, "{record:?}");
     assert_eq!(catalog(&h).await, ["db/pg:2.0.0"]);
 }
 
@@ -197,7 +197,7 @@ async fn manifests_read_counts_this_scans_reads_while_repositories_scan_concurre
         FaultAction::Delay(Duration::from_millis(30)),
     ));
     let record = scan(&h, "").await;
-    assert_eq!(record.state, "succeeded", "{record:?}");
+    assert_eq!(record.state, RecordState::Succeeded, "{record:?}");
     let sent = h.front.count(&Method::GET, "/manifests/") as u64;
     assert_eq!(sent, 11, "5 + 5 + 1 manifests, each read once");
     assert_eq!(record.manifests_read, sent);
@@ -206,14 +206,14 @@ async fn manifests_read_counts_this_scans_reads_while_repositories_scan_concurre
 #[tokio::test]
 async fn a_failed_repository_keeps_its_entries_while_the_others_update() {
     let h = harness(three_repositories().await, &["db/pg", "db/mysql", "monitoring/prom"]).await;
-    assert_eq!(scan(&h, "").await.state, "succeeded");
+    assert_eq!(scan(&h, "").await.state, RecordState::Succeeded);
     let p = h.registry.publisher();
     p.publish("db/mysql", &spec("db", "mysql", PackageType::System, "2.0.0")).await.unwrap();
     p.publish("db/pg", &spec("db", "pg", PackageType::System, "2.0.0")).await.unwrap();
     h.front.inject(Fault::new(None, "/v2/db/pg/", usize::MAX, FaultAction::Status(500)));
 
     let record = scan(&h, "").await;
-    assert_eq!(record.state, "partially_failed");
+    assert_eq!(record.state, RecordState::PartiallyFailed);
     assert_eq!(catalog(&h).await, ["db/pg:1.0.0", "db/mysql:2.0.0", "monitoring/prom:1.0.0"]);
     let status = h.scanner.store.get("box").await.unwrap().unwrap().status.unwrap();
     let updated = status.conditions.iter().find(|c| format!("{:?}", c.condition_type) == "Updated").unwrap();
@@ -238,7 +238,7 @@ async fn a_repository_of_1200_tags_is_scanned_completely_and_a_rescan_reads_no_m
     .unwrap();
     let h = harness(registry, &["big/repo"]).await;
     let record = scan(&h, "").await;
-    assert_eq!(record.state, "succeeded", "{record:?}");
+    assert_eq!(record.state, RecordState::Succeeded, "{record:?}");
     assert_eq!(record.tags_seen, 1200);
     // The newest tenant, then the type-aware descent finds the only service revision.
     assert_eq!(catalog(&h).await, ["big/repo:11.9.9", "big/repo:0.0.3"]);
@@ -247,7 +247,7 @@ async fn a_repository_of_1200_tags_is_scanned_completely_and_a_rescan_reads_no_m
     assert_eq!(h.front.count(&Method::GET, "/manifests/"), 1200);
 
     h.front.reset_counts();
-    assert_eq!(scan(&h, "").await.state, "succeeded");
+    assert_eq!(scan(&h, "").await.state, RecordState::Succeeded);
     assert_eq!(h.front.count(&Method::GET, "/manifests/"), 0, "an immediate rescan makes zero manifest GETs");
     let _ = h.dir.path();
 }
@@ -260,7 +260,7 @@ async fn a_repository_over_the_tag_cap_is_reported_not_truncated() {
     .await;
     h.registry.publisher().publish("db/pg", &spec("db", "pg", PackageType::System, "2.0.0")).await.unwrap();
     let record = scan(&h, "").await;
-    assert_eq!(record.state, "partially_failed");
+    assert_eq!(record.state, RecordState::PartiallyFailed);
     assert_eq!(catalog(&h).await, ["db/mysql:1.0.0"], "db/pg had no previous entries to keep");
     let (repository, why) = &record.errors[0];
     assert!(repository.ends_with("/db/pg"), "{repository}");
@@ -270,7 +270,7 @@ async fn a_repository_over_the_tag_cap_is_reported_not_truncated() {
 #[tokio::test]
 async fn a_failing_source_script_is_a_condition_and_keeps_the_catalog() {
     let h = harness(three_repositories().await, &["db/pg"]).await;
-    assert_eq!(scan(&h, "").await.state, "succeeded");
+    assert_eq!(scan(&h, "").await.state, RecordState::Succeeded);
     std::fs::write(h.dir.path().join("leak.rhai"), r#"export const value = "leaked/repository";"#).unwrap();
     let module = h.dir.path().join("leak").to_string_lossy().into_owned();
     for (script, says) in [
@@ -284,7 +284,7 @@ async fn a_failing_source_script_is_a_condition_and_keeps_the_catalog() {
         });
         std::fs::write(h.dir.path().join("box.yaml"), serde_json::to_string(&yaml).unwrap()).unwrap();
         let record = scan(&h, "").await;
-        assert_eq!(record.state, "failed", "{script}");
+        assert_eq!(record.state, RecordState::Failed, "{script}");
         assert_eq!(
             catalog(&h).await,
             ["db/pg:1.0.0"],
@@ -312,11 +312,11 @@ async fn a_private_registry_is_scanned_with_the_dockerconfig_credentials() {
         vec!["--dockerconfig".into(), path.to_str().unwrap().to_string()]
     };
     let h = harness_with(private().await, &["db/pg"], &with_secret).await;
-    assert_eq!(scan(&h, "").await.state, "succeeded");
+    assert_eq!(scan(&h, "").await.state, RecordState::Succeeded);
     assert_eq!(catalog(&h).await, ["db/pg:1.0.0"]);
 
     let h = harness(private().await, &["db/pg"]).await;
     let record = scan(&h, "").await;
-    assert_eq!(record.state, "partially_failed");
+    assert_eq!(record.state, RecordState::PartiallyFailed);
     assert!(record.errors[0].1.contains("unauthorized"), "{:?}", record.errors);
 }
