@@ -10,19 +10,7 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-use serde::{Deserialize, Serialize};
-use vynil_rules::PackageContent;
-
-/// What a manifest's annotations say.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", content = "value", rename_all = "snake_case")]
-pub enum ManifestMetadata {
-    Vynil(Box<PackageContent>),
-    /// No `fr.solidite.vynil.metadata`/`requirements` annotation.
-    NotVynil,
-    /// Annotations present but malformed: the error, kept as text.
-    Malformed(String),
-}
+pub use vynil_rules::ManifestMetadata;
 
 #[async_trait::async_trait]
 pub trait MetadataCache: Send + Sync + std::fmt::Debug {

@@ -9,7 +9,7 @@ use oci_client::manifest::{
 };
 use reqwest::{Method, StatusCode};
 use sha2::{Digest, Sha256};
-use vynil_rules::{ArtifactTag, parse_annotations};
+use vynil_rules::ArtifactTag;
 
 use crate::{
     CredentialStore, ManifestMetadata, MetadataCache, RegistryError, RequestCounters, Result,
@@ -112,7 +112,7 @@ pub struct Manifest {
 
 /// A tag, its digest and what its annotations say.
 #[derive(Debug, Clone, PartialEq)]
-pub struct TagMetadata {
+pub struct TaggedManifest {
     pub tag: String,
     pub digest: String,
     pub metadata: ManifestMetadata,
@@ -310,23 +310,19 @@ impl RegistryClient {
 
     /// The digest of `tag` and its Vynil metadata; the manifest is read only
     /// when this digest was never seen before. `None` if the tag is absent.
-    pub async fn tag_metadata(&self, repo: &RepositoryRef, tag: &str) -> Result<Option<TagMetadata>> {
+    pub async fn tag_metadata(&self, repo: &RepositoryRef, tag: &str) -> Result<Option<TaggedManifest>> {
         let Some(digest) = self.head_digest(repo, tag).await? else {
             return Ok(None);
         };
         if let Some(metadata) = self.cache.get(&digest).await {
-            return Ok(Some(TagMetadata { tag: tag.to_string(), digest, metadata, manifest_read: false }));
+            return Ok(Some(TaggedManifest { tag: tag.to_string(), digest, metadata, manifest_read: false }));
         }
         let Some(manifest) = self.get_manifest(repo, &digest).await? else {
             return Ok(None);
         };
-        let metadata = match parse_annotations(|key| manifest.annotations.get(key).map(String::as_str)) {
-            Ok(Some(content)) => ManifestMetadata::Vynil(Box::new(content)),
-            Ok(None) => ManifestMetadata::NotVynil,
-            Err(error) => ManifestMetadata::Malformed(error.to_string()),
-        };
+        let metadata = ManifestMetadata::read(|key| manifest.annotations.get(key).map(String::as_str));
         self.cache.put(&digest, &metadata).await;
-        Ok(Some(TagMetadata { tag: tag.to_string(), digest, metadata, manifest_read: true }))
+        Ok(Some(TaggedManifest { tag: tag.to_string(), digest, metadata, manifest_read: true }))
     }
 
     /// Artifacts of `subject` (`sha256:…`): the OCI referrers API where the

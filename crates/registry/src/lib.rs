@@ -25,7 +25,7 @@ mod transport;
 
 pub use auth::{CredentialStore, Credentials};
 pub use cache::{InMemoryMetadataCache, ManifestMetadata, MetadataCache};
-pub use client::{Artifact, DeletionOutcome, Manifest, RegistryClient, RepositoryRef, TagMetadata};
+pub use client::{Artifact, DeletionOutcome, Manifest, RegistryClient, RepositoryRef, TaggedManifest};
 pub use counters::{RequestCounters, RequestLabels};
 pub use transport::TransportConfig;
 

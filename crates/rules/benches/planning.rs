@@ -7,7 +7,7 @@ use std::{hint::black_box, time::Instant};
 use semver::Version;
 use vynil_rules::{
     PackageContent, PackageMeta, PackageType, Requirement, RetentionConfig, plan_retention,
-    retention::{RepositoryTag, TagMetadata, Usage},
+    retention::{ManifestMetadata, RepositoryTag, Usage},
     tag::versions_newest_first,
 };
 
@@ -36,7 +36,7 @@ fn repository(seed: usize) -> Vec<RepositoryTag> {
             RepositoryTag {
                 name: format!("{major}.{minor}.{patch}{pre}"),
                 digest: format!("sha256:{seed:032x}{i:032x}"),
-                metadata: TagMetadata::Vynil(Box::new(PackageContent {
+                metadata: ManifestMetadata::Vynil(Box::new(PackageContent {
                     metadata: PackageMeta {
                         name: format!("pkg{seed}"),
                         category: "bench".into(),

@@ -19,6 +19,30 @@ pub const OPTIONS: &str = "fr.solidite.vynil.options";
 pub const RECOMMANDATIONS: &str = "fr.solidite.vynil.recommandations";
 pub const VALUE_SCRIPT: &str = "fr.solidite.vynil.value_script";
 
+/// What a manifest's annotations say: the one metadata type every consumer
+/// (scanner, purger, the registry client's cache) shares.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "kind", content = "value", rename_all = "snake_case")]
+pub enum ManifestMetadata {
+    Vynil(Box<PackageContent>),
+    /// No `fr.solidite.vynil.metadata`/`requirements` annotation.
+    NotVynil,
+    /// The annotations are present but malformed, or the manifest could not be
+    /// read: the reason, kept as text. Planning refuses to guess over it.
+    Malformed(String),
+}
+
+impl ManifestMetadata {
+    /// Reads the Vynil annotations found through `get` (a map lookup).
+    pub fn read<'a>(get: impl Fn(&str) -> Option<&'a str>) -> Self {
+        match parse_annotations(get) {
+            Ok(Some(content)) => ManifestMetadata::Vynil(Box::new(content)),
+            Ok(None) => ManifestMetadata::NotVynil,
+            Err(error) => ManifestMetadata::Malformed(error.to_string()),
+        }
+    }
+}
+
 /// Parses the Vynil annotations found through `get` (a map lookup).
 pub fn parse_annotations<'a>(
     get: impl Fn(&str) -> Option<&'a str>,

@@ -46,7 +46,7 @@ pub mod view;
 #[cfg(test)]
 mod testing;
 
-pub use annotations::parse_annotations;
+pub use annotations::{ManifestMetadata, parse_annotations};
 pub use channel::{Channel, runs_on};
 pub use package::{Package, PackageContent, PackageMeta, PackageType, Requirement};
 pub use retention::{RetentionConfig, RetentionPlan, plan_retention};

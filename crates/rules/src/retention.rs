@@ -35,17 +35,11 @@ pub struct RepositoryTag {
     pub name: String,
     /// `sha256:<hex>` of the manifest the tag points to.
     pub digest: String,
-    pub metadata: TagMetadata,
+    pub metadata: ManifestMetadata,
 }
 
-/// What is known of a tag's manifest annotations. Only version tags need it.
-#[derive(Debug, Clone, PartialEq)]
-pub enum TagMetadata {
-    Vynil(Box<PackageContent>),
-    NotVynil,
-    /// The manifest could not be read or parsed; planning refuses to guess.
-    Unreadable(String),
-}
+/// What is known of a tag's manifest annotations (only version tags need it).
+pub use crate::annotations::ManifestMetadata;
 
 /// How an instance uses a revision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -269,7 +263,7 @@ pub fn plan_retention(
     let unreadable: Vec<String> = tags
         .iter()
         .filter_map(|t| match (&t.metadata, Tag::parse(&t.name)) {
-            (TagMetadata::Unreadable(why), Some(_)) => Some(format!("{}: {why}", t.name)),
+            (ManifestMetadata::Malformed(why), Some(_)) => Some(format!("{}: {why}", t.name)),
             _ => None,
         })
         .collect();
@@ -358,7 +352,7 @@ type Reasons = BTreeMap<String, BTreeSet<KeepReason>>;
 fn classify(tag: &RepositoryTag) -> Class<'_> {
     if let Some(version) = Tag::parse(&tag.name) {
         return match &tag.metadata {
-            TagMetadata::Vynil(content) => Class::Version(version, content),
+            ManifestMetadata::Vynil(content) => Class::Version(version, content),
             _ => Class::VersionWithoutVynil,
         };
     }
@@ -560,9 +554,9 @@ fn fingerprint(tags: &[RepositoryTag], usage: &Usage, config: &RetentionConfig) 
         .iter()
         .map(|t| {
             let metadata = match &t.metadata {
-                TagMetadata::Vynil(content) => serde_json::to_string(content).unwrap_or_default(),
-                TagMetadata::NotVynil => "not-vynil".into(),
-                TagMetadata::Unreadable(_) => "unreadable".into(),
+                ManifestMetadata::Vynil(content) => serde_json::to_string(content).unwrap_or_default(),
+                ManifestMetadata::NotVynil => "not-vynil".into(),
+                ManifestMetadata::Malformed(_) => "unreadable".into(),
             };
             // Tag names and digests never hold a NUL: an unambiguous separator.
             format!("{}\0{}\0{metadata}", t.name, t.digest)

@@ -12,7 +12,9 @@ use semver::Version;
 use vynil_rules::{
     Channel, Package, PackageContent, PackageType, RetentionConfig, RetentionPlan, ScanFilter, Tag, Viewer,
     compute_view, merge_packages, plan_retention,
-    retention::{Decision, InstalledRevision, KeepReason, RepositoryTag, RevisionUse, TagMetadata, Usage},
+    retention::{
+        Decision, InstalledRevision, KeepReason, ManifestMetadata, RepositoryTag, RevisionUse, Usage,
+    },
     scan::RepositoryOutcome,
     view::Role,
 };
@@ -103,7 +105,7 @@ fn case() -> impl Strategy<Value = Case> {
                     Spec::Version { tag, kind, min, vynil, annotated } => {
                         let mut t = vynil_tag(&tag, &digest_label, kind, min.as_deref(), vynil);
                         if !annotated {
-                            t.metadata = TagMetadata::NotVynil;
+                            t.metadata = ManifestMetadata::NotVynil;
                         }
                         t
                     }
@@ -152,7 +154,9 @@ fn contents(case: &Case) -> HashMap<String, PackageContent> {
     case.tags
         .iter()
         .filter_map(|t| match &t.metadata {
-            TagMetadata::Vynil(c) if Tag::parse(&t.name).is_some() => Some((t.name.clone(), (**c).clone())),
+            ManifestMetadata::Vynil(c) if Tag::parse(&t.name).is_some() => {
+                Some((t.name.clone(), (**c).clone()))
+            }
             _ => None,
         })
         .collect()
@@ -280,8 +284,8 @@ proptest! {
             0 if len > 0 => changed.tags[target].digest = digest("changed"),
             1 if len > 0 => changed.tags[target].name.push_str("-x"),
             2 if len > 0 => changed.tags[target].metadata = match &changed.tags[target].metadata {
-                TagMetadata::Vynil(_) => TagMetadata::NotVynil,
-                _ => TagMetadata::Vynil(Box::new(content("system", Some("9.9.9"), None))),
+                ManifestMetadata::Vynil(_) => ManifestMetadata::NotVynil,
+                _ => ManifestMetadata::Vynil(Box::new(content("system", Some("9.9.9"), None))),
             },
             3 => changed.usage = match &case.usage {
                 Usage::Unknown => Usage::Known(vec![]),

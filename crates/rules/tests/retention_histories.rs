@@ -257,7 +257,7 @@ fn unknown_usage_is_said_in_the_plan_and_changes_its_fingerprint() {
 #[test]
 fn unreadable_metadata_of_a_version_refuses_the_plan_instead_of_guessing() {
     let mut broken = plain_tag("1.0.0", "a");
-    broken.metadata = vynil_rules::retention::TagMetadata::Unreadable("HTTP 500".into());
+    broken.metadata = vynil_rules::retention::ManifestMetadata::Malformed("HTTP 500".into());
     let config = RetentionConfig::new(framework("0.8.0"), &[]).unwrap();
     let error = plan_retention(&[broken], &Usage::Known(vec![]), &config).unwrap_err();
     assert!(error.to_string().contains("1.0.0: HTTP 500"), "{error}");

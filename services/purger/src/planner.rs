@@ -9,7 +9,7 @@ use vynil_proto::lifecycle::v1::{
 use vynil_registry::{ManifestMetadata, RegistryClient, RepositoryRef};
 use vynil_rules::{
     RetentionConfig, Tag, plan_retention,
-    retention::{InstalledRevision, RepositoryTag, RevisionUse, TagMetadata, Usage},
+    retention::{InstalledRevision, RepositoryTag, RevisionUse, Usage},
 };
 
 use crate::{
@@ -31,18 +31,13 @@ pub async fn snapshot(
                 let Some(found) = client.tag_metadata(repo, &tag).await? else {
                     return Ok(None);
                 };
-                let metadata = match found.metadata {
-                    ManifestMetadata::Vynil(content) => TagMetadata::Vynil(content),
-                    ManifestMetadata::NotVynil => TagMetadata::NotVynil,
-                    ManifestMetadata::Malformed(why) => TagMetadata::Unreadable(why),
-                };
-                Ok(Some(RepositoryTag { name: tag, digest: found.digest, metadata }))
+                Ok(Some(RepositoryTag { name: tag, digest: found.digest, metadata: found.metadata }))
             } else {
                 // Non-version tags need no metadata: their name says what they are.
                 Ok(client.head_digest(repo, &tag).await?.map(|digest| RepositoryTag {
                     name: tag,
                     digest,
-                    metadata: TagMetadata::NotVynil,
+                    metadata: ManifestMetadata::NotVynil,
                 }))
             }
         })

@@ -5,7 +5,7 @@
 use semver::Version;
 use vynil_rules::{
     Package, PackageContent, PackageMeta, PackageType, Requirement,
-    retention::{RepositoryTag, TagMetadata},
+    retention::{ManifestMetadata, RepositoryTag},
 };
 
 pub fn kind(name: &str) -> PackageType {
@@ -77,12 +77,12 @@ pub fn vynil_tag(
     RepositoryTag {
         name: name.into(),
         digest: digest(digest_label),
-        metadata: TagMetadata::Vynil(Box::new(content(kind_name, min, vynil))),
+        metadata: ManifestMetadata::Vynil(Box::new(content(kind_name, min, vynil))),
     }
 }
 
 pub fn plain_tag(name: &str, digest_label: &str) -> RepositoryTag {
-    RepositoryTag { name: name.into(), digest: digest(digest_label), metadata: TagMetadata::NotVynil }
+    RepositoryTag { name: name.into(), digest: digest(digest_label), metadata: ManifestMetadata::NotVynil }
 }
 
 /// `sha256-<hex of digest(subject_label)>.<suffix>` on its own digest.
