@@ -17,6 +17,8 @@ pub struct Config {
     /// Address the HTTP server listens on.
     #[arg(long, env = "VYNIL_GATEWAY_LISTEN", default_value = "0.0.0.0:8080")]
     pub listen: SocketAddr,
+    #[command(flatten)]
+    pub log: vynil_runtime::LogConfig,
 }
 
 #[derive(Debug, thiserror::Error)]

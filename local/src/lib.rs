@@ -74,15 +74,11 @@ pub async fn run(
         &config.shared.jukebox_dir,
         config.shared.redis_url.as_deref(),
         vynil_runtime::user_agent!(),
+        config.shared.pod_name.as_deref(),
     );
     let store: Arc<dyn JukeboxStore> = vynil_store::open(&settings).await?;
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    let stopped = move || {
-        let mut stopped = stopped.clone();
-        async move {
-            let _ = stopped.wait_for(|s| *s).await;
-        }
-    };
+    let drain = vynil_runtime::Shutdown::new();
+    let stopped = || drain.signaled();
     let mut services: JoinSet<(&'static str, Result<(), String>)> = JoinSet::new();
 
     let mut catalog: vynil_catalog::Config = service_config("catalog", config.catalog_listen, &[])?;
@@ -136,7 +132,7 @@ pub async fn run(
         _ = &mut shutdown => {}
         Some(ended) = services.join_next() => failure = Some(ended),
     }
-    let _ = stop.send(true);
+    drain.trigger();
     let mut first_error = None;
     let mut record = |ended: Result<(&'static str, Result<(), String>), tokio::task::JoinError>| {
         let error = match ended {

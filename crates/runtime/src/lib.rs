@@ -6,6 +6,7 @@
 //! and `NOT_SERVING` as soon as shutdown starts, so load balancers drain it
 //! before in-flight calls are cut.
 
+pub mod cron;
 mod errors;
 mod grpc;
 pub mod metrics;
@@ -17,7 +18,7 @@ pub use errors::{Classify, Failure};
 pub use grpc::{GrpcServer, ServedService};
 pub use shutdown::Shutdown;
 pub use signal::termination_signal;
-pub use telemetry::init_tracing;
+pub use telemetry::{LogConfig, LogFormat, init_tracing};
 
 /// Errors of process set-up and serving.
 #[derive(Debug, thiserror::Error)]
@@ -70,4 +71,10 @@ pub struct SharedConfig {
     /// Registries reached over plain http; every other one over https.
     #[arg(long = "insecure-registry", env = "VYNIL_INSECURE_REGISTRIES", value_delimiter = ',')]
     pub insecure_registries: Vec<String>,
+    /// This replica's pod, named in the Events it reports (the Downward API
+    /// sets `POD_NAME` in a cluster).
+    #[arg(long, env = "POD_NAME")]
+    pub pod_name: Option<String>,
+    #[command(flatten)]
+    pub log: LogConfig,
 }

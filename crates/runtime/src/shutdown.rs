@@ -19,6 +19,12 @@ impl Shutdown {
         Self::default()
     }
 
+    /// A signal that fires with this one, and can also be fired alone (to
+    /// stop one task, a schedule that changed, while the service goes on).
+    pub fn child(&self) -> Shutdown {
+        Shutdown { token: self.token.child_token() }
+    }
+
     /// Fires the signal (idempotent).
     pub fn trigger(&self) {
         self.token.cancel();

@@ -18,7 +18,7 @@ use tokio::sync::mpsc;
 use vynil_crds::{Condition, JukeBoxConditionType, JukeBoxStatus};
 use vynil_rules::Package;
 
-use crate::StoreError;
+use crate::{StoreError, redis_error};
 
 const PREFIX: &str = "vynil:v1:catalog";
 /// Pub/sub channel of cache changes; payload `<jukebox> <hash>` (empty hash: removed).
@@ -124,10 +124,6 @@ impl PackageCache for MemoryCache {
         self.silent.lock().unwrap_or_else(|p| p.into_inner()).push(sender);
         receiver
     }
-}
-
-fn redis_error(e: redis::RedisError) -> StoreError {
-    StoreError::Unavailable(format!("Redis: {e}"))
 }
 
 const UPSERT_IF_CHANGED: &str = r"

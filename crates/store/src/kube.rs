@@ -79,17 +79,17 @@ impl KubeStore {
     /// Starts following JukeBoxes (cluster-scoped) through `client`; pull
     /// secrets are read in the client's default namespace.
     pub fn new(client: Client) -> Self {
-        Self::reporting_as(client, "vynil")
+        Self::reporting_as(client, "vynil", None)
     }
 
     /// [`KubeStore::new`], its Events reported by `service` (`vynil-purger`)
-    /// and the pod `POD_NAME` names.
-    pub fn reporting_as(client: Client, service: &str) -> Self {
+    /// from the pod `pod` (`--pod-name`).
+    pub fn reporting_as(client: Client, service: &str, pod: Option<String>) -> Self {
         let api: Api<JukeBox> = Api::all(client.clone());
         let dynamic = Api::all_with(client.clone(), &ApiResource::erase::<JukeBox>(&()));
         let namespace = client.default_namespace().to_string();
         let secrets = Api::namespaced(client.clone(), &namespace);
-        let reporter = Reporter { controller: service.into(), instance: std::env::var("POD_NAME").ok() };
+        let reporter = Reporter { controller: service.into(), instance: pod };
         let recorder = Recorder::new(client, reporter);
         let (changes, _) = broadcast::channel(1024);
         Self { api, dynamic, secrets, namespace, recorder, changes, watcher: Mutex::default() }

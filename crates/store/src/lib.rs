@@ -45,22 +45,23 @@ pub enum StoreError {
 pub enum StoreSettings {
     /// The Kubernetes API (kubeconfig or in-cluster); requests carry
     /// `user_agent`, so the API server's audit log names the service.
-    Kubernetes { user_agent: String },
+    Kubernetes { user_agent: String, pod_name: Option<String> },
     /// YAML files in a directory; status in Redis when a URL is given, else in memory.
     Local { directory: std::path::PathBuf, redis_url: Option<String> },
 }
 
 impl StoreSettings {
-    /// From the shared flags `--kubernetes`, `--jukebox-dir` and `--redis-url`,
-    /// for the service `user_agent` (`vynil-scanner/0.1.0`).
+    /// From the shared flags `--kubernetes`, `--jukebox-dir`, `--redis-url`
+    /// and `--pod-name`, for the service `user_agent` (`vynil-scanner/0.1.0`).
     pub fn from_flags(
         kubernetes: bool,
         directory: &std::path::Path,
         redis_url: Option<&str>,
         user_agent: &str,
+        pod_name: Option<&str>,
     ) -> Self {
         if kubernetes {
-            Self::Kubernetes { user_agent: user_agent.to_string() }
+            Self::Kubernetes { user_agent: user_agent.to_string(), pod_name: pod_name.map(str::to_string) }
         } else {
             Self::Local { directory: directory.to_path_buf(), redis_url: redis_url.map(str::to_string) }
         }
@@ -74,7 +75,7 @@ pub const KUBE_WRITE_WINDOW: std::time::Duration = std::time::Duration::from_sec
 /// Opens the store `settings` name.
 pub async fn open(settings: &StoreSettings) -> Result<std::sync::Arc<dyn JukeboxStore>, StoreError> {
     Ok(match settings {
-        StoreSettings::Kubernetes { user_agent } => {
+        StoreSettings::Kubernetes { user_agent, pod_name } => {
             let connecting = |e| kube::kube_error("connecting (kubeconfig or in-cluster)", e);
             let mut config =
                 ::kube::Config::infer().await.map_err(|e| connecting(::kube::Error::InferConfig(e)))?;
@@ -87,7 +88,7 @@ pub async fn open(settings: &StoreSettings) -> Result<std::sync::Arc<dyn Jukebox
             config.write_timeout = Some(KUBE_WRITE_WINDOW);
             let client = ::kube::Client::try_from(config).map_err(connecting)?;
             let service = user_agent.split('/').next().unwrap_or("vynil");
-            std::sync::Arc::new(KubeStore::reporting_as(client, service))
+            std::sync::Arc::new(KubeStore::reporting_as(client, service, pod_name.clone()))
         }
         StoreSettings::Local { directory, redis_url: Some(url) } => {
             std::sync::Arc::new(LocalStore::with_redis(directory.clone(), url).await?)
@@ -98,7 +99,9 @@ pub async fn open(settings: &StoreSettings) -> Result<std::sync::Arc<dyn Jukebox
     })
 }
 
-pub(crate) fn redis_error(e: redis::RedisError) -> StoreError {
+/// The one mapping of a Redis error: the store is unavailable (retry), never
+/// "absent". Services convert it into their own errors with `?`.
+pub fn redis_error(e: redis::RedisError) -> StoreError {
     StoreError::Unavailable(format!("Redis: {e}"))
 }
 

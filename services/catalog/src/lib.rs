@@ -67,6 +67,7 @@ async fn open_store(config: &Config) -> Result<Arc<dyn JukeboxStore>, CatalogErr
         &shared.jukebox_dir,
         shared.redis_url.as_deref(),
         vynil_runtime::user_agent!(),
+        config.shared.pod_name.as_deref(),
     );
     Ok(vynil_store::open(&settings).await?)
 }
@@ -103,16 +104,23 @@ pub async fn run_with_store(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), CatalogError> {
     let catalog = build_with_store(&config, store).await?;
-    let follower =
-        tokio::spawn(catalog.clone().follow(std::time::Duration::from_secs(config.resync_seconds.max(1))));
+    let drain = Shutdown::new();
+    let follow = catalog.clone().follow(std::time::Duration::from_secs(config.resync_seconds.max(1)));
+    let stop = drain.signaled();
+    let follower = tokio::spawn(async move {
+        tokio::select! {
+            () = follow => {}
+            () = stop => {}
+        }
+    });
     let server = GrpcServer::bind(config.listen)
         .await?
         .with_metrics(catalog.metrics.register())
         .with_component(catalog::CACHE_HEALTH, catalog.cache_health());
-    let drain = Shutdown::new();
     let service = CatalogServer::new(CatalogService::new(catalog, drain.clone()));
     let served = server.serve(vec![ServedService::new(service)], drain.after(shutdown)).await;
-    follower.abort();
+    drain.trigger();
+    let _ = follower.await;
     served?;
     Ok(())
 }

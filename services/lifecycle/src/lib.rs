@@ -27,6 +27,8 @@ pub struct Config {
     /// Address the gRPC server listens on.
     #[arg(long, env = "VYNIL_LIFECYCLE_LISTEN", default_value = "0.0.0.0:50054")]
     pub listen: SocketAddr,
+    #[command(flatten)]
+    pub log: vynil_runtime::LogConfig,
 }
 
 /// The gRPC service. With `disabled` (local mode: "no cluster") every RPC

@@ -2,8 +2,8 @@ use clap::Parser;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    vynil_runtime::init_tracing("lifecycle");
     let config = vynil_lifecycle::Config::parse();
+    vynil_runtime::init_tracing("lifecycle", &config.log);
     vynil_lifecycle::run(config, vynil_runtime::termination_signal()?).await?;
     Ok(())
 }

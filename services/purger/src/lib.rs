@@ -24,7 +24,7 @@ use vynil_registry::{
     CredentialStore, InMemoryMetadataCache, RegistryClient, RepositoryRef, TransportConfig,
 };
 use vynil_rules::RetentionConfig;
-use vynil_runtime::{GrpcServer, ServedService};
+use vynil_runtime::{GrpcServer, ServedService, Shutdown};
 
 pub use config::{Config, RetentionFile};
 pub use grpc::{CALLER_HEADER, PurgerService};
@@ -123,6 +123,7 @@ impl Purger {
             &config.shared.jukebox_dir,
             config.shared.redis_url.as_deref(),
             vynil_runtime::user_agent!(),
+            config.shared.pod_name.as_deref(),
         );
         let jukeboxes = vynil_store::open(&settings).await.map_err(|e| PurgerError::Store(e.to_string()))?;
         Self::from_config_with_store(config, jukeboxes).await
@@ -491,10 +492,12 @@ async fn serve(
 ) -> Result<(), PurgerError> {
     let purger = Arc::new(purger);
     let server = GrpcServer::bind(config.listen).await?.with_metrics(purger.registry.clone());
-    let scheduler = tokio::spawn(schedule::run_all(purger.clone()));
+    let drain = Shutdown::new();
+    let scheduler = tokio::spawn(schedule::run_all(purger.clone(), drain.clone()));
     let service = ServedService::new(PurgerServer::new(PurgerService { purger }));
-    let served = server.serve(vec![service], shutdown).await;
-    scheduler.abort();
+    let served = server.serve(vec![service], drain.after(shutdown)).await;
+    drain.trigger();
+    let _ = scheduler.await;
     served?;
     Ok(())
 }

@@ -2,8 +2,8 @@ use clap::Parser;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    vynil_runtime::init_tracing("purger");
     let config = vynil_purger::Config::parse();
+    vynil_runtime::init_tracing("purger", &config.shared.log);
     vynil_purger::run(config, vynil_runtime::termination_signal()?).await?;
     Ok(())
 }

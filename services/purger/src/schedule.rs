@@ -4,11 +4,11 @@
 //! Replicas may fire the same tick: the per-repository execution lease lets
 //! one execute, and the other's plan is then stale and refused.
 
-use std::sync::Arc;
+use std::{sync::Arc, time::Duration};
 
-use croner::parser::{CronParser, Seconds};
+use vynil_runtime::{Shutdown, cron};
 
-use crate::{Purger, PurgerError, StoredPlan, config::Schedule};
+use crate::{Purger, StoredPlan, config::Schedule};
 
 /// Why a scheduled plan was not executed, or `None` when it may be.
 pub fn over_limits(plan: &StoredPlan, schedule: &Schedule) -> Option<String> {
@@ -36,57 +36,39 @@ pub fn over_limits(plan: &StoredPlan, schedule: &Schedule) -> Option<String> {
     None
 }
 
-fn parse(cron: &str) -> Result<croner::Cron, PurgerError> {
-    CronParser::builder()
-        .seconds(Seconds::Optional)
-        .build()
-        .parse(cron)
-        .map_err(|e| PurgerError::Config(format!("schedule cron {cron:?} is invalid: {e}")))
+/// Runs every schedule until `shutdown`.
+pub async fn run_all(purger: Arc<Purger>, shutdown: Shutdown) {
+    let runs = purger.schedules.clone().into_iter().map(|s| run_one(purger.clone(), s, shutdown.clone()));
+    futures::future::join_all(runs).await;
 }
 
-/// Runs every schedule until aborted.
-pub async fn run_all(purger: Arc<Purger>) {
-    let tasks: Vec<_> =
-        purger.schedules.clone().into_iter().map(|s| tokio::spawn(run_one(purger.clone(), s))).collect();
-    for task in tasks {
-        let _ = task.await;
-    }
-}
-
-async fn run_one(purger: Arc<Purger>, schedule: Schedule) {
-    let cron = match parse(&schedule.cron) {
+async fn run_one(purger: Arc<Purger>, schedule: Schedule, shutdown: Shutdown) {
+    let cron = match cron::parse(&schedule.cron) {
         Ok(cron) => cron,
         Err(error) => {
+            let error = format!("schedule cron {:?} is invalid: {error}", schedule.cron);
             tracing::error!(jukebox = %schedule.jukebox, %error, "scheduled purge disabled");
             return;
         }
     };
-    loop {
-        let now = chrono::Utc::now();
-        let Ok(next) = cron.find_next_occurrence(&now, false) else {
-            tracing::error!(jukebox = %schedule.jukebox, "the schedule has no next occurrence");
-            return;
-        };
-        let wait = (next - now).to_std().unwrap_or_default();
-        tokio::time::sleep(wait).await;
-        match purger.plan_jukebox(&schedule.jukebox).await {
-            Ok(plan) => match over_limits(&plan, &schedule) {
-                Some(why) => {
-                    tracing::warn!(target: "audit", plan = %plan.id, jukebox = %schedule.jukebox, %why, "scheduled purge left for a human")
-                }
-                None => match purger.execute_as(&plan, &format!("scheduler ({})", schedule.cron)).await {
-                    Ok(report) => {
-                        tracing::info!(plan = %plan.id, outcomes = report.outcomes.len(), "scheduled purge done")
-                    }
-                    Err(error) => {
-                        tracing::warn!(plan = %plan.id, %error, "scheduled purge not executed")
-                    }
-                },
-            },
-            Err(error) => {
-                tracing::warn!(jukebox = %schedule.jukebox, %error, "scheduled purge could not plan")
+    cron::every(&cron, Duration::ZERO, &shutdown, |_| scheduled_purge(&purger, &schedule)).await;
+}
+
+/// One tick: a fresh plan, executed only within the schedule's limits.
+async fn scheduled_purge(purger: &Purger, schedule: &Schedule) {
+    match purger.plan_jukebox(&schedule.jukebox).await {
+        Ok(plan) => match over_limits(&plan, schedule) {
+            Some(why) => {
+                tracing::warn!(target: "audit", plan = %plan.id, jukebox = %schedule.jukebox, %why, "scheduled purge left for a human")
             }
-        }
+            None => match purger.execute_as(&plan, &format!("scheduler ({})", schedule.cron)).await {
+                Ok(report) => {
+                    tracing::info!(plan = %plan.id, outcomes = report.outcomes.len(), "scheduled purge done")
+                }
+                Err(error) => tracing::warn!(plan = %plan.id, %error, "scheduled purge not executed"),
+            },
+        },
+        Err(error) => tracing::warn!(jukebox = %schedule.jukebox, %error, "scheduled purge could not plan"),
     }
 }
 
@@ -146,12 +128,5 @@ mod tests {
         );
         assert!(over_limits(&plan(7, 3, false), &schedule(10, 25.0)).unwrap().contains("r/a would lose 30%"));
         assert!(over_limits(&plan(7, 3, true), &schedule(10, 100.0)).unwrap().contains("unknown"));
-    }
-
-    #[test]
-    fn cron_expressions_take_five_or_six_fields_and_bad_ones_are_named() {
-        assert!(parse("0 4 * * *").is_ok());
-        assert!(parse("*/10 * * * * *").is_ok());
-        assert!(parse("every day").unwrap_err().to_string().contains("\"every day\""));
     }
 }

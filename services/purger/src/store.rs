@@ -13,6 +13,7 @@ use std::{
 use redis::AsyncCommands;
 use serde::{Deserialize, Serialize};
 use vynil_store::lease::{Fence, LeaseStore, MemoryLeases, RedisLeases, run_fenced};
+use vynil_store::redis_error;
 
 use crate::PurgerError;
 
@@ -183,10 +184,6 @@ impl std::fmt::Debug for RedisStore {
     }
 }
 
-fn redis_error(e: redis::RedisError) -> PurgerError {
-    PurgerError::Store(format!("Redis: {e}"))
-}
-
 impl RedisStore {
     pub async fn connect(url: &str) -> Result<Self, PurgerError> {
         let client = redis::Client::open(url).map_err(redis_error)?;
@@ -211,9 +208,9 @@ return 1";
 impl PlanStore for RedisStore {
     async fn put_plan(&self, plan: &StoredPlan, ttl: Duration) -> Result<(), PurgerError> {
         let mut c = self.connection.clone();
-        c.set_ex::<_, _, ()>(key("plan", &plan.id), encode(plan)?, ttl.as_secs().max(1))
+        Ok(c.set_ex::<_, _, ()>(key("plan", &plan.id), encode(plan)?, ttl.as_secs().max(1))
             .await
-            .map_err(redis_error)
+            .map_err(redis_error)?)
     }
 
     async fn get_plan(&self, id: &str) -> Result<Option<StoredPlan>, PurgerError> {

@@ -24,7 +24,7 @@ use vynil_proto::scanner::v1::scanner_server::ScannerServer;
 use vynil_registry::{
     CredentialStore, InMemoryMetadataCache, MetadataCache, RegistryClient, TransportConfig,
 };
-use vynil_runtime::{GrpcServer, ServedService};
+use vynil_runtime::{GrpcServer, ServedService, Shutdown};
 
 pub use engine::{EngineSettings, ScanOutput, new_status};
 pub use grpc::ScannerService;
@@ -104,10 +104,6 @@ impl From<vynil_store::lease::LeaseError> for ScannerError {
     }
 }
 
-pub(crate) fn redis_error(e: redis::RedisError) -> ScannerError {
-    ScannerError::Store(format!("Redis: {e}"))
-}
-
 /// The store the flags name.
 async fn open_store(config: &Config) -> Result<Arc<dyn JukeboxStore>, ScannerError> {
     let shared = &config.shared;
@@ -116,6 +112,7 @@ async fn open_store(config: &Config) -> Result<Arc<dyn JukeboxStore>, ScannerErr
         &shared.jukebox_dir,
         shared.redis_url.as_deref(),
         vynil_runtime::user_agent!(),
+        config.shared.pod_name.as_deref(),
     );
     Ok(vynil_store::open(&settings).await?)
 }
@@ -177,20 +174,14 @@ pub async fn run_with_store(
 ) -> Result<(), ScannerError> {
     let scanner = build_with_store(&config, store).await?;
     let server = GrpcServer::bind(config.listen).await?.with_metrics(scanner.registry.clone());
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    let stopped = move || {
-        let mut stopped = stopped.clone();
-        async move {
-            let _ = stopped.wait_for(|s| *s).await;
-        }
-    };
-    let worker = tokio::spawn(scanner.clone().work(stopped()));
-    let triggers = Triggers::new(scanner.clone(), Duration::from_millis(config.schedule_jitter_milliseconds));
-    let triggers =
-        tokio::spawn(triggers.run(Duration::from_secs(config.trigger_resync_seconds.max(1)), stopped()));
+    let drain = Shutdown::new();
+    let worker = tokio::spawn(scanner.clone().work(drain.signaled()));
+    let jitter = Duration::from_millis(config.schedule_jitter_milliseconds);
+    let triggers = Triggers::new(scanner.clone(), jitter, drain.clone());
+    let triggers = tokio::spawn(triggers.run(Duration::from_secs(config.trigger_resync_seconds.max(1))));
     let service = ServedService::new(ScannerServer::new(ScannerService { scanner }));
-    let served = server.serve(vec![service], shutdown).await;
-    let _ = stop.send(true);
+    let served = server.serve(vec![service], drain.after(shutdown)).await;
+    drain.trigger();
     let _ = worker.await;
     let _ = triggers.await;
     served?;

@@ -22,7 +22,9 @@ use serde::{Deserialize, Serialize};
 use vynil_rules::ScanFilter;
 use vynil_store::lease::{Fence, LeaseStore, MemoryLeases, RedisLeases, run_fenced};
 
-use crate::{ScannerError, redis_error};
+use vynil_store::redis_error;
+
+use crate::ScannerError;
 
 const PREFIX: &str = "vynil:v1:scanner";
 const RECORD_TTL: Duration = Duration::from_secs(24 * 3600);
@@ -395,7 +397,7 @@ impl RequestQueue for RedisQueue {
     async fn with_work(&self) -> Result<Vec<String>, ScannerError> {
         use redis::AsyncCommands;
         let mut c = self.connection.clone();
-        c.smembers(format!("{PREFIX}:with-work")).await.map_err(redis_error)
+        Ok(c.smembers(format!("{PREFIX}:with-work")).await.map_err(redis_error)?)
     }
 
     async fn put_record(&self, record: &ScanRecord, fence: Option<&Fence>) -> Result<bool, ScannerError> {

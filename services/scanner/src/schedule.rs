@@ -7,13 +7,13 @@
 
 use std::{sync::Arc, time::Duration};
 
-use croner::parser::{CronParser, Seconds};
+use vynil_runtime::{Shutdown, cron};
 
 use crate::Scanner;
 
 /// The schedule, or why it cannot run (a condition message).
 pub fn parse(expression: &str) -> Result<croner::Cron, String> {
-    CronParser::builder().seconds(Seconds::Optional).build().parse(expression).map_err(|e| {
+    cron::parse(expression).map_err(|e| {
         vynil_crds::coded_message(
             "E_INVALID_SCHEDULE",
             &format!(
@@ -28,27 +28,29 @@ pub fn problem(expression: &str) -> Option<String> {
     parse(expression).err()
 }
 
-/// Requests a full scan of `jukebox` at each tick this replica claims, until aborted.
-pub async fn run(scanner: Arc<Scanner>, jukebox: String, cron: croner::Cron, jitter: Duration) {
-    loop {
-        let now = chrono::Utc::now();
-        let Ok(next) = cron.find_next_occurrence(&now, false) else {
-            tracing::warn!(%jukebox, "the schedule has no next occurrence");
-            return;
-        };
-        let wait = (next - now).to_std().unwrap_or_default();
-        let spread = Duration::from_millis(fastrand::u64(..=jitter.as_millis() as u64));
-        tokio::time::sleep(wait + spread).await;
-        // Claims outlive any clock skew between replicas.
-        match scanner.queue.claim_tick(&jukebox, next.timestamp(), Duration::from_secs(3600)).await {
-            Ok(true) => match scanner.request(&jukebox, None).await {
-                Ok((id, joined)) => tracing::info!(%jukebox, %id, joined, "scheduled scan requested"),
-                Err(error) => tracing::warn!(%jukebox, %error, "cannot request the scheduled scan"),
-            },
-            Ok(false) => tracing::debug!(%jukebox, "tick already claimed by another replica"),
-            Err(error) => tracing::warn!(%jukebox, %error, "cannot claim the scheduled tick; skipped"),
+/// Requests a full scan of `jukebox` at each tick this replica claims, until `stop`.
+pub async fn run(
+    scanner: Arc<Scanner>,
+    jukebox: String,
+    cron: croner::Cron,
+    jitter: Duration,
+    stop: Shutdown,
+) {
+    cron::every(&cron, jitter, &stop, |at| {
+        let (scanner, jukebox) = (scanner.clone(), jukebox.clone());
+        async move {
+            // Claims outlive any clock skew between replicas.
+            match scanner.queue.claim_tick(&jukebox, at, Duration::from_secs(3600)).await {
+                Ok(true) => match scanner.request(&jukebox, None).await {
+                    Ok((id, joined)) => tracing::info!(%jukebox, %id, joined, "scheduled scan requested"),
+                    Err(error) => tracing::warn!(%jukebox, %error, "cannot request the scheduled scan"),
+                },
+                Ok(false) => tracing::debug!(%jukebox, "tick already claimed by another replica"),
+                Err(error) => tracing::warn!(%jukebox, %error, "cannot claim the scheduled tick; skipped"),
+            }
         }
-    }
+    })
+    .await;
 }
 
 #[cfg(test)]

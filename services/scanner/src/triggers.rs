@@ -17,9 +17,10 @@
 
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
-use tokio::{sync::broadcast::error::RecvError, task::JoinHandle};
+use tokio::sync::broadcast::error::RecvError;
 use vynil_crds::annotations::FORCE_SCAN;
 use vynil_rules::ScanFilter;
+use vynil_runtime::Shutdown;
 use vynil_store::JukeboxRecord;
 
 use crate::{Scanner, engine, schedule};
@@ -40,29 +41,33 @@ pub fn read_force_scan(value: &str) -> Result<Option<ScanFilter>, String> {
 pub struct Triggers {
     scanner: Arc<Scanner>,
     jitter: Duration,
-    /// The expression each timer runs (no timer for an invalid one).
-    schedules: HashMap<String, (String, Option<JoinHandle<()>>)>,
+    /// The expression each timer runs, and what stops it (no timer for an
+    /// invalid one).
+    schedules: HashMap<String, (String, Option<Shutdown>)>,
+    /// Stops every timer with the service.
+    shutdown: Shutdown,
     /// The force-scan value already requested, per JukeBox.
     served: HashMap<String, String>,
 }
 
 impl Drop for Triggers {
     fn drop(&mut self) {
-        for (_, task) in self.schedules.values_mut() {
-            if let Some(task) = task.take() {
-                task.abort();
+        for (_, timer) in self.schedules.values() {
+            if let Some(timer) = timer {
+                timer.trigger();
             }
         }
     }
 }
 
 impl Triggers {
-    pub fn new(scanner: Arc<Scanner>, jitter: Duration) -> Self {
-        Self { scanner, jitter, schedules: HashMap::new(), served: HashMap::new() }
+    pub fn new(scanner: Arc<Scanner>, jitter: Duration, shutdown: Shutdown) -> Self {
+        Self { scanner, jitter, schedules: HashMap::new(), served: HashMap::new(), shutdown }
     }
 
-    /// Follows every JukeBox until `shutdown` resolves.
-    pub async fn run(mut self, resync: Duration, shutdown: impl std::future::Future<Output = ()>) {
+    /// Follows every JukeBox until the service's shutdown.
+    pub async fn run(mut self, resync: Duration) {
+        let shutdown = self.shutdown.signaled();
         tokio::pin!(shutdown);
         let mut changes = self.scanner.store.subscribe();
         self.observe_all().await;
@@ -105,8 +110,8 @@ impl Triggers {
     }
 
     fn forget(&mut self, name: &str) {
-        if let Some((_, Some(task))) = self.schedules.remove(name) {
-            task.abort();
+        if let Some((_, Some(timer))) = self.schedules.remove(name) {
+            timer.trigger();
         }
         self.served.remove(name);
     }
@@ -121,13 +126,15 @@ impl Triggers {
         if self.schedules.get(name).is_some_and(|(current, _)| current == expression) {
             return;
         }
-        if let Some((_, Some(task))) = self.schedules.remove(name) {
-            task.abort();
+        if let Some((_, Some(timer))) = self.schedules.remove(name) {
+            timer.trigger();
         }
         match schedule::parse(expression) {
             Ok(cron) => {
-                let task = tokio::spawn(schedule::run(self.scanner.clone(), name.clone(), cron, self.jitter));
-                self.schedules.insert(name.clone(), (expression.clone(), Some(task)));
+                let timer = self.shutdown.child();
+                let run = schedule::run(self.scanner.clone(), name.clone(), cron, self.jitter, timer.clone());
+                tokio::spawn(run);
+                self.schedules.insert(name.clone(), (expression.clone(), Some(timer)));
             }
             Err(problem) => {
                 self.schedules.insert(name.clone(), (expression.clone(), None));
