@@ -1,5 +1,5 @@
 //! `TenantInstance` (`vti`), `ServiceInstance` (`vsvc`), `SystemInstance`
-//! (`vsi`): namespaced installs of a package (reference §1.2).
+//! (`vsi`): namespaced installs of a package (`docs/upstream-vynil.md` §1.2).
 //!
 //! Our additions are optional: `status.package` records the revision installed
 //! (registry, image, tag, digest, type, fingerprint) so cleanup can use exactly

@@ -1,5 +1,5 @@
 //! `JukeBox` (cluster-scoped, short name `box`): where packages come from, and
-//! in its status, what the scanner found (reference §1.1).
+//! in its status, what the scanner found (`docs/upstream-vynil.md` §1.1).
 
 // `printcolumn(...)` repeats `type_ = "string"` by design; clippy reads it as a duplicate.
 #![allow(clippy::duplicated_attributes)]

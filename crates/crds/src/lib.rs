@@ -29,7 +29,7 @@ pub mod finalizers {
     pub const SYSTEM: &str = "systeminstances.vynil.solidite.fr";
 }
 
-/// Control annotations (reference §1.2) and ours.
+/// Control annotations (`docs/upstream-vynil.md` §1.2) and ours.
 pub mod annotations {
     pub const FORCE_SCAN: &str = "vynil.solidite.fr/force-scan";
     pub const SUSPEND: &str = "vynil.solidite.fr/suspend";
@@ -37,7 +37,7 @@ pub mod annotations {
     pub use vynil_rules::selection::DELETE_WITHOUT_PACKAGE;
 }
 
-/// Labels of agent Jobs (reference §5.7): labels are the only link between a
+/// Labels of agent Jobs (`docs/upstream-vynil.md` §5.7): labels are the only link between a
 /// Job in the control plane's namespace and its instance in another.
 pub mod labels {
     pub const NAME: &str = "app.kubernetes.io/name";

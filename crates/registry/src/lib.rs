@@ -17,16 +17,16 @@
 //!   challenge. Secrets never appear in `Debug`, logs or errors.
 
 mod auth;
-mod cache;
 mod client;
 mod counters;
+mod metadata;
 pub mod sources;
 mod transport;
 
 pub use auth::{CredentialStore, Credentials};
-pub use cache::{InMemoryMetadataCache, ManifestMetadata, MetadataCache};
 pub use client::{Artifact, DeletionOutcome, Manifest, RegistryClient, RepositoryRef, TaggedManifest};
 pub use counters::{RequestCounters, RequestLabels};
+pub use metadata::{InMemoryMetadataCache, ManifestMetadata, MetadataCache};
 pub use transport::TransportConfig;
 
 /// What can go wrong talking to a registry. Each message names the registry

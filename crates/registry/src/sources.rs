@@ -1,4 +1,4 @@
-//! Which repositories a JukeBox source names (reference §3.2): a `list`, every
+//! Which repositories a JukeBox source names (`docs/upstream-vynil.md` §3.2): a `list`, every
 //! repository of a Harbor project (REST API v2.0, paginated by
 //! `x-total-count`), or of a GitLab project (REST v4, paginated by
 //! `X-Total-Pages`, Bearer from the pull secret's password).

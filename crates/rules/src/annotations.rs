@@ -1,4 +1,4 @@
-//! Package content from manifest annotations (reference §2).
+//! Package content from manifest annotations (`docs/upstream-vynil.md` §2).
 //!
 //! Each value is a JSON document serialised to a string. A manifest without the
 //! `metadata` or the `requirements` annotation is not a Vynil package revision

@@ -3,7 +3,7 @@
 //! Maturity is upstream's substring test on the raw tag, not pre-release
 //! parsing: `alpha` admits everything, `beta` everything without "alpha",
 //! `stable` (or no maturity) everything with neither "alpha" nor "beta" — so
-//! `1.1.0-rc.1` is stable (reference §3.5).
+//! `1.1.0-rc.1` is stable (`docs/upstream-vynil.md` §3.5).
 
 use std::fmt;
 

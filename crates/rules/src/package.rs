@@ -1,5 +1,5 @@
 //! The package record: one entry of JukeBox `status.packages[]`, in upstream's
-//! exact wire shape (reference §1.1), and the content a manifest's
+//! exact wire shape (`docs/upstream-vynil.md` §1.1), and the content a manifest's
 //! `fr.solidite.vynil.*` annotations carry.
 //!
 //! Requirements are an externally tagged enum of single-key maps. A kind we do

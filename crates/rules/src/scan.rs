@@ -1,4 +1,4 @@
-//! Partial scans and the status merge (reference §3.3, §3.9; upstream #9).
+//! Partial scans and the status merge (`docs/upstream-vynil.md` §3.3, §3.9; upstream #9).
 //!
 //! A partial scan filter is `<category>` or `<category>/<name>`, validated
 //! (upstream split it differently in two places). It selects the repositories

@@ -1,6 +1,6 @@
 //! Which revision an instance installs, and which one deletes it.
 //!
-//! **Install** is upstream's strict filter (reference §5.4): same category and
+//! **Install** is upstream's strict filter (`docs/upstream-vynil.md` §5.4): same category and
 //! name, same type as the instance kind, a minimum previous version the
 //! installed tag satisfies (true when either does not parse), a framework
 //! version that satisfies every `vynil_version`; newest first. When nothing

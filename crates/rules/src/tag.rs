@@ -1,7 +1,7 @@
 //! Which tags are package versions, and how they are ordered.
 //!
 //! A package version is a strict SemVer 2.0 tag with an optional leading `v`
-//! kept as published (upstream's "security filter", reference §3.4). Anything
+//! kept as published (upstream's "security filter", `docs/upstream-vynil.md` §3.4). Anything
 //! else — cosign `sha256-….sig`, `latest`, `4.0`, `01.0.0`, `trivy--x` — is not
 //! a version. Cosign-convention artifact tags are recognised separately
 //! ([`ArtifactTag`]) because retention must keep those of kept digests.

@@ -1,4 +1,4 @@
-//! The checkable behaviours of the reference (`upstream-vynil.md` §9) that
+//! The checkable behaviours of the reference (`docs/upstream-vynil.md` §9) that
 //! belong to the rules, one test each, named after what they show.
 
 #![allow(clippy::unwrap_used, clippy::panic)]

@@ -1,6 +1,7 @@
-//! JukeBoxes as the services see them outside a cluster, in one place so the
-//! scanner (which writes their status), the purger (which purges their
-//! repositories) and the catalog (which follows their status) agree.
+//! The services' shared state, in one crate: where JukeBoxes live (in a
+//! cluster or not), the caches, and the leases — so the scanner (which
+//! writes JukeBox status), the purger (which purges their repositories) and
+//! the catalog (which follows their status) agree.
 //!
 //! - [`JukeboxStore`] and the local [`LocalStore`]: specs from a directory of
 //!   JukeBox YAML files, status with compare-and-set in memory or Redis,
@@ -8,18 +9,21 @@
 //! - [`KubeStore`]: JukeBoxes from the Kubernetes API, status through the
 //!   `status` subresource with `resourceVersion` preconditions, changes from a
 //!   watcher.
-//! - [`cache`]: the catalog's package cache, one trait with a Redis and an
+//! - [`package_cache`]: the catalog's package cache, one trait with a Redis and an
 //!   in-memory implementation.
+//! - [`metadata_cache`]: manifest metadata by digest in Redis, shared by
+//!   scanner replicas (the registry client's `MetadataCache`).
 //! - [`lease`]: fenced leases (one worker per JukeBox or repository across
 //!   replicas), shared by the scanner and the purger.
 //! - [`open`]: the store the flags ask for, so every service opens it alike.
 //! - [`source_of`]: the repositories a JukeBox's source names, `source.script`
 //!   included (a bounded Rhai engine).
 
-pub mod cache;
 mod jukeboxes;
 mod kube;
 pub mod lease;
+pub mod metadata_cache;
+pub mod package_cache;
 mod script;
 
 pub use jukeboxes::{

@@ -1,5 +1,5 @@
 //! Typed descriptions of Vynil packages, rendered to the exact manifest
-//! annotations upstream's `package build` writes (reference §2): each value is a
+//! annotations upstream's `package build` writes (`docs/upstream-vynil.md` §2): each value is a
 //! JSON document serialised to a string, `value_script` a JSON string literal.
 //!
 //! This is written independently of the rules crate on purpose: it is the

@@ -14,7 +14,7 @@ use std::{
 use tokio::sync::broadcast;
 use vynil_store::JukeboxStore;
 
-use vynil_store::cache::{Entry, PackageCache};
+use vynil_store::package_cache::{Entry, PackageCache};
 
 use crate::CatalogError;
 
@@ -52,7 +52,7 @@ impl Catalog {
         redis_url: Option<&str>,
         framework: semver::Version,
     ) -> Result<Self, CatalogError> {
-        Ok(Self::with_cache(store, vynil_store::cache::open(redis_url).await?, framework))
+        Ok(Self::with_cache(store, vynil_store::package_cache::open(redis_url).await?, framework))
     }
 
     pub fn with_cache(

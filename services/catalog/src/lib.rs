@@ -26,7 +26,7 @@ use vynil_store::{JukeboxStore, StoreSettings};
 
 pub use catalog::{CACHE_HEALTH, Catalog, Change};
 pub use grpc::CatalogService;
-pub use vynil_store::cache::{CHANGES, Entry, MemoryCache, PackageCache, RedisCache};
+pub use vynil_store::package_cache::{CHANGES, Entry, MemoryCache, PackageCache, RedisCache};
 
 /// Configuration of the catalog service: flags, each with an environment fallback.
 #[derive(Debug, Clone, clap::Parser)]

@@ -18,15 +18,15 @@ pub struct CatalogMetrics {
 
 impl CatalogMetrics {
     pub fn register(&self) -> Arc<Registry> {
-        let mut registry = Registry::with_prefix("vynil_catalog");
-        registry.register("upserts", "Cache entries written", self.upserts.clone());
-        registry.register(
+        let mut exported = Registry::with_prefix("vynil_catalog");
+        exported.register("upserts", "Cache entries written", self.upserts.clone());
+        exported.register(
             "skipped_identical_writes",
             "Status changes with unchanged content",
             self.skipped_identical.clone(),
         );
-        registry.register("removals", "Cache entries removed", self.removals.clone());
-        registry.register("degraded", "Serving from the snapshot only", self.degraded.clone());
-        Arc::new(registry)
+        exported.register("removals", "Cache entries removed", self.removals.clone());
+        exported.register("degraded", "Serving from the snapshot only", self.degraded.clone());
+        Arc::new(exported)
     }
 }

@@ -1,6 +1,6 @@
 //! The catalog in a cluster: it follows JukeBox **status** through a kube
 //! watcher (the fake API server, the real kube client), with real Redis.
-//! Reference §9 item 13, one test each, plus the binary with `--kubernetes`.
+//! `docs/upstream-vynil.md` §9 item 13, one test each, plus the binary with `--kubernetes`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 

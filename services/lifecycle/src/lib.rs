@@ -38,13 +38,14 @@ pub struct Config {
 pub struct LifecycleService {
     disabled: Option<String>,
     metrics: metrics::LifecycleMetrics,
-    registry: std::sync::Arc<vynil_runtime::metrics::Registry>,
+    /// What `GET /metrics` serves.
+    exported_metrics: std::sync::Arc<vynil_runtime::metrics::Registry>,
 }
 
 impl Default for LifecycleService {
     fn default() -> Self {
-        let (metrics, registry) = metrics::LifecycleMetrics::register();
-        Self { disabled: None, metrics, registry }
+        let (metrics, exported_metrics) = metrics::LifecycleMetrics::register();
+        Self { disabled: None, metrics, exported_metrics }
     }
 }
 
@@ -104,6 +105,6 @@ pub async fn serve(
     service: LifecycleService,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), RuntimeError> {
-    let server = GrpcServer::bind(config.listen).await?.with_metrics(service.registry.clone());
+    let server = GrpcServer::bind(config.listen).await?.with_metrics(service.exported_metrics.clone());
     server.serve(vec![ServedService::new(LifecycleServer::new(service))], shutdown).await
 }

@@ -31,19 +31,19 @@ pub struct ReconcileMetrics {
 }
 
 impl ReconcileMetrics {
-    fn register(registry: &mut Registry) -> Self {
+    fn register(exported: &mut Registry) -> Self {
         let metrics = Self {
             runs: Counter::default(),
             failures: Family::default(),
             duration: Histogram::new(duration_buckets()),
         };
-        registry.register("runs", "Reconciliations", metrics.runs.clone());
-        registry.register(
+        exported.register("runs", "Reconciliations", metrics.runs.clone());
+        exported.register(
             "failures",
             "Reconciliations that failed, by instance and error",
             metrics.failures.clone(),
         );
-        registry.register("duration", "Duration of reconciliations in seconds", metrics.duration.clone());
+        exported.register("duration", "Duration of reconciliations in seconds", metrics.duration.clone());
         metrics
     }
 }
@@ -68,19 +68,19 @@ pub struct LifecycleMetrics {
 
 impl LifecycleMetrics {
     pub fn register() -> (Self, Arc<Registry>) {
-        let mut registry = Registry::default();
+        let mut exported = Registry::default();
         let tenant =
-            ReconcileMetrics::register(registry.sub_registry_with_prefix("tenant_instance_reconcile"));
+            ReconcileMetrics::register(exported.sub_registry_with_prefix("tenant_instance_reconcile"));
         let service =
-            ReconcileMetrics::register(registry.sub_registry_with_prefix("service_instance_reconcile"));
+            ReconcileMetrics::register(exported.sub_registry_with_prefix("service_instance_reconcile"));
         let system =
-            ReconcileMetrics::register(registry.sub_registry_with_prefix("system_instance_reconcile"));
+            ReconcileMetrics::register(exported.sub_registry_with_prefix("system_instance_reconcile"));
         let requests = Family::default();
-        registry.sub_registry_with_prefix("vynil_lifecycle").register(
+        exported.sub_registry_with_prefix("vynil_lifecycle").register(
             "requests",
             "Lifecycle RPCs by name and answer code",
             requests.clone(),
         );
-        (Self { tenant, service, system, requests }, Arc::new(registry))
+        (Self { tenant, service, system, requests }, Arc::new(exported))
     }
 }

@@ -101,7 +101,8 @@ pub struct Purger {
     lease: Duration,
     owner: String,
     metrics: metrics::PurgerMetrics,
-    registry: Arc<vynil_runtime::metrics::Registry>,
+    /// What `GET /metrics` serves (Prometheus' registry, not an OCI one).
+    exported_metrics: Arc<vynil_runtime::metrics::Registry>,
 }
 
 /// A plan that passed the checks, and the lease that guards its execution.
@@ -148,10 +149,10 @@ impl Purger {
             Some(url) => Arc::new(RedisStore::connect(url).await?),
             None => Arc::new(MemoryStore::default()),
         };
-        let (metrics, registry) = metrics::PurgerMetrics::register(&client.counters());
+        let (metrics, exported_metrics) = metrics::PurgerMetrics::register(&client.counters());
         Ok(Self {
             metrics,
-            registry,
+            exported_metrics,
             client,
             store,
             jukeboxes,
@@ -491,7 +492,7 @@ async fn serve(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), PurgerError> {
     let purger = Arc::new(purger);
-    let server = GrpcServer::bind(config.listen).await?.with_metrics(purger.registry.clone());
+    let server = GrpcServer::bind(config.listen).await?.with_metrics(purger.exported_metrics.clone());
     let drain = Shutdown::new();
     let scheduler = tokio::spawn(schedule::run_all(purger.clone(), drain.clone()));
     let service = ServedService::new(PurgerServer::new(PurgerService { purger }));

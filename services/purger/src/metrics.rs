@@ -19,17 +19,17 @@ pub struct PurgerMetrics {
 impl PurgerMetrics {
     /// Registers the purger's metrics and the registry client's request counts.
     pub fn register(requests: &vynil_registry::RequestCounters) -> (Self, Arc<Registry>) {
-        let mut registry = Registry::with_prefix("vynil_purger");
+        let mut exported = Registry::with_prefix("vynil_purger");
         let metrics =
             Self { plans: Counter::default(), refusals: Counter::default(), deletions: Family::default() };
-        registry.register("plans", "Plans made", metrics.plans.clone());
-        registry.register(
+        exported.register("plans", "Plans made", metrics.plans.clone());
+        exported.register(
             "refusals",
             "Executions refused (confirmation, stale plan, busy)",
             metrics.refusals.clone(),
         );
-        registry.register("deletions", "Verified deletion outcomes by state", metrics.deletions.clone());
-        registry.register("registry_requests", "Registry requests by kind and outcome", requests.family());
-        (metrics, Arc::new(registry))
+        exported.register("deletions", "Verified deletion outcomes by state", metrics.deletions.clone());
+        exported.register("registry_requests", "Registry requests by kind and outcome", requests.family());
+        (metrics, Arc::new(exported))
     }
 }

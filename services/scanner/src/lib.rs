@@ -9,7 +9,6 @@
 //! requested by `Scan`, the `force-scan` annotation and `spec.schedule`
 //! (`triggers`); a JukeBox's pull secret gives the credentials of its scans.
 
-mod cache;
 mod engine;
 mod grpc;
 mod metrics;
@@ -131,7 +130,7 @@ pub async fn build_with_store(
     let (queue, cache): (Arc<dyn RequestQueue>, Arc<dyn MetadataCache>) = match &shared.redis_url {
         Some(url) => (
             Arc::new(RedisQueue::connect(url).await?),
-            Arc::new(cache::RedisMetadataCache::connect(url).await?),
+            Arc::new(vynil_store::metadata_cache::RedisMetadataCache::connect(url).await?),
         ),
         None => (Arc::new(MemoryQueue::default()), Arc::new(InMemoryMetadataCache::default())),
     };
@@ -141,10 +140,10 @@ pub async fn build_with_store(
     };
     let credentials = CredentialStore::from_file(config.shared.dockerconfig.as_deref())?;
     let client = RegistryClient::new(transport, credentials, cache)?;
-    let (metrics, registry) = metrics::ScannerMetrics::register(&client.counters());
+    let (metrics, exported_metrics) = metrics::ScannerMetrics::register(&client.counters());
     Ok(Arc::new(Scanner {
         metrics,
-        registry,
+        exported_metrics,
         store,
         queue,
         client,
@@ -173,7 +172,7 @@ pub async fn run_with_store(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ScannerError> {
     let scanner = build_with_store(&config, store).await?;
-    let server = GrpcServer::bind(config.listen).await?.with_metrics(scanner.registry.clone());
+    let server = GrpcServer::bind(config.listen).await?.with_metrics(scanner.exported_metrics.clone());
     let drain = Shutdown::new();
     let worker = tokio::spawn(scanner.clone().work(drain.signaled()));
     let jitter = Duration::from_millis(config.schedule_jitter_milliseconds);

@@ -34,7 +34,7 @@ pub struct ScannerMetrics {
 impl ScannerMetrics {
     /// Registers the scanner's metrics and the registry client's request counts.
     pub fn register(requests: &vynil_registry::RequestCounters) -> (Self, Arc<Registry>) {
-        let mut registry = Registry::with_prefix("vynil_scanner");
+        let mut exported = Registry::with_prefix("vynil_scanner");
         let metrics = Self {
             last_scan: Family::default(),
             scans: Family::default(),
@@ -43,26 +43,26 @@ impl ScannerMetrics {
             manifests_read: Counter::default(),
             repository_failures: Family::default(),
         };
-        registry.register("scans", "Scans by outcome", metrics.scans.clone());
-        registry.register(
+        exported.register("scans", "Scans by outcome", metrics.scans.clone());
+        exported.register(
             "last_scan_timestamp_seconds",
             "Unix time the last scan of each JukeBox ended",
             metrics.last_scan.clone(),
         );
-        registry.register("scan_duration_seconds", "Duration of scans", metrics.duration.clone());
-        registry.register("tags_seen", "Tags listed", metrics.tags_seen.clone());
-        registry.register(
+        exported.register("scan_duration_seconds", "Duration of scans", metrics.duration.clone());
+        exported.register("tags_seen", "Tags listed", metrics.tags_seen.clone());
+        exported.register(
             "manifests_read",
             "Manifests read (digests not seen before)",
             metrics.manifests_read.clone(),
         );
-        registry.register(
+        exported.register(
             "repository_failures",
             "Repositories that failed, by cause",
             metrics.repository_failures.clone(),
         );
-        registry.register("registry_requests", "Registry requests by kind and outcome", requests.family());
-        (metrics, Arc::new(registry))
+        exported.register("registry_requests", "Registry requests by kind and outcome", requests.family());
+        (metrics, Arc::new(exported))
     }
 }
 

@@ -35,7 +35,8 @@ pub struct Scanner {
     pub poll: Duration,
     pub wake: Notify,
     pub metrics: ScannerMetrics,
-    pub registry: Arc<vynil_runtime::metrics::Registry>,
+    /// What `GET /metrics` serves (Prometheus' registry, not an OCI one).
+    pub exported_metrics: Arc<vynil_runtime::metrics::Registry>,
 }
 
 impl Scanner {

@@ -1,6 +1,6 @@
 //! The scanner in a cluster: scanner processes with `--kubernetes` against
 //! the fake API server, a real registry (behind a counting front) and real
-//! Redis. Force-scan (reference §9 item 14 in this design), concurrent status
+//! Redis. Force-scan (`docs/upstream-vynil.md` §9 item 14 in this design), concurrent status
 //! writes, cron schedules across replicas, pull secrets.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]

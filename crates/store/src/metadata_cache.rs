@@ -19,10 +19,9 @@ impl std::fmt::Debug for RedisMetadataCache {
 }
 
 impl RedisMetadataCache {
-    pub async fn connect(url: &str) -> Result<Self, crate::ScannerError> {
-        let client = redis::Client::open(url).map_err(vynil_store::redis_error)?;
-        let connection =
-            redis::aio::ConnectionManager::new(client).await.map_err(vynil_store::redis_error)?;
+    pub async fn connect(url: &str) -> Result<Self, crate::StoreError> {
+        let client = redis::Client::open(url).map_err(crate::redis_error)?;
+        let connection = redis::aio::ConnectionManager::new(client).await.map_err(crate::redis_error)?;
         Ok(Self { connection })
     }
 }
