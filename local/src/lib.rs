@@ -8,12 +8,12 @@
 //! cluster, so the lifecycle answers every call with "disabled: no cluster"
 //! and the purger plans with usage unknown.
 
-use std::{future::Future, net::SocketAddr, sync::Arc};
+use std::{future::Future, net::SocketAddr};
 
 use clap::Parser;
 use tokio::task::JoinSet;
 use vynil_runtime::SharedConfig;
-use vynil_store::{JukeboxStore, StoreSettings};
+use vynil_store::StoreSettings;
 
 /// Flags of local mode, each with an environment fallback.
 #[derive(Debug, Clone, clap::Parser)]
@@ -76,7 +76,7 @@ pub async fn run(
         vynil_runtime::user_agent!(),
         config.shared.pod_name.as_deref(),
     );
-    let store: Arc<dyn JukeboxStore> = vynil_store::open(&settings).await?;
+    let store = vynil_store::open(&settings).await?;
     let drain = vynil_runtime::Shutdown::new();
     let stopped = || drain.signaled();
     let mut services: JoinSet<(&'static str, Result<(), String>)> = JoinSet::new();

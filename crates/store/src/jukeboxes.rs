@@ -122,23 +122,25 @@ pub trait JukeboxStore: Send + Sync + std::fmt::Debug {
     /// Names of JukeBoxes whose status changed; an empty name means
     /// notifications may have been lost (Redis went away): re-read everything.
     fn subscribe(&self) -> broadcast::Receiver<String>;
-    /// Removes annotation `key` if it still has `value`; `false` when it
-    /// changed, is gone, or the store cannot remove annotations (files are the
-    /// user's: the local store never edits them).
-    async fn remove_annotation(&self, _name: &str, _key: &str, _value: &str) -> Result<bool, StoreError> {
-        Ok(false)
-    }
-    /// The `.dockerconfigjson` of a pull secret, or `None` where pull secrets
-    /// are not read (outside a cluster: `--dockerconfig` applies).
-    async fn pull_secret(&self, _secret: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        Ok(None)
-    }
     /// Records an event where users look for it (nowhere outside a cluster).
     async fn record_event(&self, _name: &str, _event: &JukeboxEvent) {}
     /// Sources that could not be read as JukeBoxes (bad YAML files).
     async fn skipped(&self) -> Vec<SkippedSource> {
         Vec::new()
     }
+}
+
+/// What only the scanner does with JukeBoxes besides reading them and
+/// writing their status: serve the force-scan annotation, read pull secrets.
+#[async_trait::async_trait]
+pub trait ScannerStore: JukeboxStore {
+    /// Removes annotation `key` if it still has `value`; `false` when it
+    /// changed, is gone, or the store cannot remove annotations (files are the
+    /// user's: the local store never edits them).
+    async fn remove_annotation(&self, name: &str, key: &str, value: &str) -> Result<bool, StoreError>;
+    /// The `.dockerconfigjson` of a pull secret, or `None` where pull secrets
+    /// are not read (outside a cluster: `--dockerconfig` applies).
+    async fn pull_secret(&self, secret: &str) -> Result<Option<Vec<u8>>, StoreError>;
 }
 
 /// Status with its version.
@@ -400,6 +402,17 @@ impl JukeboxStore for LocalStore {
 
     async fn skipped(&self) -> Vec<SkippedSource> {
         self.read_directory().map(|(_, skipped)| skipped).unwrap_or_default()
+    }
+}
+
+#[async_trait::async_trait]
+impl ScannerStore for LocalStore {
+    async fn remove_annotation(&self, _name: &str, _key: &str, _value: &str) -> Result<bool, StoreError> {
+        Ok(false)
+    }
+
+    async fn pull_secret(&self, _secret: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(None)
     }
 }
 

@@ -29,7 +29,7 @@ use serde_json::json;
 use tokio::sync::broadcast;
 use vynil_crds::{JukeBox, JukeBoxStatus};
 
-use crate::{JukeboxEvent, JukeboxRecord, JukeboxStore, StatusVersion, StoreError};
+use crate::{JukeboxEvent, JukeboxRecord, JukeboxStore, ScannerStore, StatusVersion, StoreError};
 
 /// See the module documentation.
 pub struct KubeStore {
@@ -168,6 +168,32 @@ impl JukeboxStore for KubeStore {
         receiver
     }
 
+    async fn record_event(&self, name: &str, event: &JukeboxEvent) {
+        let reference = match self.api.get_opt(name).await {
+            Ok(Some(jukebox)) => jukebox.object_ref(&()),
+            _ => ObjectReference {
+                api_version: Some(JukeBox::api_version(&()).into_owned()),
+                kind: Some(JukeBox::kind(&()).into_owned()),
+                name: Some(name.to_string()),
+                ..Default::default()
+            },
+        };
+        let note: String = event.note.chars().take(1023).collect();
+        let published = Event {
+            type_: if event.warning { EventType::Warning } else { EventType::Normal },
+            reason: event.reason.into(),
+            note: Some(note),
+            action: event.action.into(),
+            secondary: None,
+        };
+        if let Err(error) = self.recorder.publish(&published, &reference).await {
+            tracing::warn!(jukebox = %name, %error, reason = event.reason, "cannot publish the Event");
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl ScannerStore for KubeStore {
     /// Removes an annotation if it still has `value` (a JSON patch `test`
     /// guards it: a newer request written meanwhile is kept). Returns whether
     /// it was removed.
@@ -202,29 +228,6 @@ impl JukeboxStore for KubeStore {
                  it must be a kubernetes.io/dockerconfigjson Secret",
                 found.type_.as_deref().unwrap_or("unset")
             ))),
-        }
-    }
-
-    async fn record_event(&self, name: &str, event: &JukeboxEvent) {
-        let reference = match self.api.get_opt(name).await {
-            Ok(Some(jukebox)) => jukebox.object_ref(&()),
-            _ => ObjectReference {
-                api_version: Some(JukeBox::api_version(&()).into_owned()),
-                kind: Some(JukeBox::kind(&()).into_owned()),
-                name: Some(name.to_string()),
-                ..Default::default()
-            },
-        };
-        let note: String = event.note.chars().take(1023).collect();
-        let published = Event {
-            type_: if event.warning { EventType::Warning } else { EventType::Normal },
-            reason: event.reason.into(),
-            note: Some(note),
-            action: event.action.into(),
-            secondary: None,
-        };
-        if let Err(error) = self.recorder.publish(&published, &reference).await {
-            tracing::warn!(jukebox = %name, %error, reason = event.reason, "cannot publish the Event");
         }
     }
 }

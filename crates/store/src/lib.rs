@@ -27,7 +27,8 @@ pub mod package_cache;
 mod script;
 
 pub use jukeboxes::{
-    CHANGES_CHANNEL, JukeboxEvent, JukeboxRecord, JukeboxStore, LocalStore, SkippedSource, StatusVersion,
+    CHANGES_CHANNEL, JukeboxEvent, JukeboxRecord, JukeboxStore, LocalStore, ScannerStore, SkippedSource,
+    StatusVersion,
 };
 pub use kube::KubeStore;
 use vynil_crds::{JukeBoxSource, JukeBoxSpec};
@@ -77,7 +78,7 @@ impl StoreSettings {
 pub const KUBE_WRITE_WINDOW: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Opens the store `settings` name.
-pub async fn open(settings: &StoreSettings) -> Result<std::sync::Arc<dyn JukeboxStore>, StoreError> {
+pub async fn open(settings: &StoreSettings) -> Result<std::sync::Arc<dyn ScannerStore>, StoreError> {
     Ok(match settings {
         StoreSettings::Kubernetes { user_agent, pod_name } => {
             let connecting = |e| kube::kube_error("connecting (kubeconfig or in-cluster)", e);

@@ -8,7 +8,7 @@ use kube::{
 };
 use serde_json::json;
 use vynil_crds::{JukeBox, JukeBoxStatus};
-use vynil_store::{JukeboxStore, KubeStore, StoreError};
+use vynil_store::{JukeboxStore, KubeStore, ScannerStore, StoreError};
 use vynil_testkit::kube_api::{ApiFault, ApiFaultAction, FakeApiServer};
 
 type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;

@@ -29,7 +29,9 @@ pub use engine::{EngineSettings, ScanOutput, new_status};
 pub use grpc::ScannerService;
 pub use requests::{MemoryQueue, RecordState, RedisQueue, RequestQueue, ScanRecord};
 pub use triggers::{Triggers, read_force_scan};
-pub use vynil_store::{CHANGES_CHANNEL, JukeboxRecord, JukeboxStore, LocalStore, StoreSettings};
+pub use vynil_store::{
+    CHANGES_CHANNEL, JukeboxRecord, JukeboxStore, LocalStore, ScannerStore, StoreSettings,
+};
 pub use worker::Scanner;
 
 /// Configuration of the scanner: flags, each with an environment fallback.
@@ -104,7 +106,7 @@ impl From<vynil_store::lease::LeaseError> for ScannerError {
 }
 
 /// The store the flags name.
-async fn open_store(config: &Config) -> Result<Arc<dyn JukeboxStore>, ScannerError> {
+async fn open_store(config: &Config) -> Result<Arc<dyn ScannerStore>, ScannerError> {
     let shared = &config.shared;
     let settings = StoreSettings::from_flags(
         shared.kubernetes,
@@ -124,7 +126,7 @@ pub async fn build(config: &Config) -> Result<Arc<Scanner>, ScannerError> {
 /// Builds the scanner over a store opened by the caller (local mode shares one).
 pub async fn build_with_store(
     config: &Config,
-    store: Arc<dyn JukeboxStore>,
+    store: Arc<dyn ScannerStore>,
 ) -> Result<Arc<Scanner>, ScannerError> {
     let shared = &config.shared;
     let (queue, cache): (Arc<dyn RequestQueue>, Arc<dyn MetadataCache>) = match &shared.redis_url {
@@ -168,7 +170,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
 /// [`run`] over a store opened by the caller.
 pub async fn run_with_store(
     config: Config,
-    store: Arc<dyn JukeboxStore>,
+    store: Arc<dyn ScannerStore>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ScannerError> {
     let scanner = build_with_store(&config, store).await?;

@@ -9,7 +9,7 @@ use vynil_crds::{JukeBoxStatus, coded_message};
 use vynil_registry::{CredentialStore, RegistryClient};
 use vynil_rules::ScanFilter;
 use vynil_store::{
-    JukeboxEvent, JukeboxRecord, JukeboxStore,
+    JukeboxEvent, JukeboxRecord, JukeboxStore, ScannerStore,
     lease::{Fence, Lease, new_token},
 };
 
@@ -26,7 +26,7 @@ const WRITE_ATTEMPTS: usize = 8;
 /// The scanner: shared by the gRPC service and the work loop.
 #[derive(Debug)]
 pub struct Scanner {
-    pub store: Arc<dyn JukeboxStore>,
+    pub store: Arc<dyn ScannerStore>,
     pub queue: Arc<dyn RequestQueue>,
     pub client: RegistryClient,
     pub settings: EngineSettings,
