@@ -22,7 +22,7 @@ use vynil_proto::{
     purger::v1::{PlanRequest, plan_request::Target, purger_client::PurgerClient},
     scanner::v1::{GetScanRequest, ScanRequest, ScanState, scanner_client::ScannerClient},
 };
-use vynil_testkit::{PackageSpec, PackageType, RegistryServer, free_port};
+use vynil_testkit::{JukeboxBuilder, PackageSpec, PackageType, RegistryServer, free_port};
 
 struct Local {
     child: Child,
@@ -53,11 +53,8 @@ async fn serving(addr: SocketAddr) -> bool {
 
 async fn start(registry: &RegistryServer) -> Local {
     let dir = tempfile::tempdir().unwrap();
-    let yaml = format!(
-        "apiVersion: vynil.solidite.fr/v1\nkind: JukeBox\nmetadata:\n  name: box\nspec:\n  schedule: '0 0 1 1 *'\n  source:\n    list:\n      - {}/apps/web\n",
-        registry.host()
-    );
-    std::fs::write(dir.path().join("box.yaml"), yaml).unwrap();
+    let images = [format!("{}/apps/web", registry.host())];
+    JukeboxBuilder::new("box").list(images).schedule("0 0 1 1 *").write_to(dir.path()).unwrap();
     // A typo a newcomer makes: `sources` for `source`.
     let broken =
         "apiVersion: vynil.solidite.fr/v1\nkind: JukeBox\nmetadata:\n  name: broken\nspec:\n  sources: {}\n";

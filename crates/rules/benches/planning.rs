@@ -6,7 +6,7 @@ use std::{hint::black_box, time::Instant};
 
 use semver::Version;
 use vynil_rules::{
-    PackageContent, PackageMeta, PackageType, Requirement, RetentionConfig, plan_retention,
+    PackageContent, PackageType, Requirement, RetentionConfig, plan_retention,
     retention::{ManifestMetadata, RepositoryTag, Usage},
     tag::versions_newest_first,
 };
@@ -37,19 +37,8 @@ fn repository(seed: usize) -> Vec<RepositoryTag> {
                 name: format!("{major}.{minor}.{patch}{pre}"),
                 digest: format!("sha256:{seed:032x}{i:032x}"),
                 metadata: ManifestMetadata::Vynil(Box::new(PackageContent {
-                    metadata: PackageMeta {
-                        name: format!("pkg{seed}"),
-                        category: "bench".into(),
-                        description: String::new(),
-                        app_version: None,
-                        package_type,
-                        features: vec![],
-                        backup_affinity: None,
-                    },
                     requirements,
-                    recommandations: None,
-                    options: None,
-                    value_script: None,
+                    ..PackageContent::minimal("bench", &format!("pkg{seed}"), package_type)
                 })),
             }
         })

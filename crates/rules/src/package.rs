@@ -145,6 +145,34 @@ pub struct Package {
 }
 
 impl PackageContent {
+    /// A revision of `category/name` with only its type: no description,
+    /// features, requirements, options or scripts (add requirements with
+    /// [`PackageContent::requiring`]). What tests, benchmarks and examples
+    /// build on, instead of spelling out every field.
+    pub fn minimal(category: &str, name: &str, package_type: PackageType) -> Self {
+        PackageContent {
+            metadata: PackageMeta {
+                name: name.into(),
+                category: category.into(),
+                description: String::new(),
+                app_version: None,
+                package_type,
+                features: Vec::new(),
+                backup_affinity: None,
+            },
+            requirements: Vec::new(),
+            recommandations: None,
+            options: None,
+            value_script: None,
+        }
+    }
+
+    /// The same revision with one more requirement.
+    pub fn requiring(mut self, requirement: Requirement) -> Self {
+        self.requirements.push(requirement);
+        self
+    }
+
     /// The first `minimum_previous_version` that is valid SemVer (upstream: only
     /// the first valid entry counts).
     pub fn minimum_previous_version(&self) -> Option<semver::Version> {

@@ -1,6 +1,6 @@
 //! Fixture builders for this crate's tests.
 
-use crate::package::{PackageContent, PackageMeta, PackageType, Requirement};
+use crate::package::{PackageContent, PackageType, Requirement};
 
 pub fn package_type(name: &str) -> PackageType {
     match name {
@@ -14,26 +14,12 @@ pub fn package_type(name: &str) -> PackageType {
 /// A revision of `think/ollama` of type `kind`, with optional minimum and
 /// framework requirement.
 pub fn content(kind: &str, min: Option<&str>, vynil: Option<&str>) -> PackageContent {
-    let mut requirements = Vec::new();
+    let mut content = PackageContent::minimal("think", "ollama", package_type(kind));
     if let Some(v) = vynil {
-        requirements.push(Requirement::VynilVersion(v.into()));
+        content = content.requiring(Requirement::VynilVersion(v.into()));
     }
     if let Some(m) = min {
-        requirements.push(Requirement::MinimumPreviousVersion(m.into()));
+        content = content.requiring(Requirement::MinimumPreviousVersion(m.into()));
     }
-    PackageContent {
-        metadata: PackageMeta {
-            name: "ollama".into(),
-            category: "think".into(),
-            description: "test".into(),
-            app_version: None,
-            package_type: package_type(kind),
-            features: vec![],
-            backup_affinity: None,
-        },
-        requirements,
-        recommandations: None,
-        options: None,
-        value_script: None,
-    }
+    content
 }

@@ -20,6 +20,7 @@
 
 mod fixture;
 mod front;
+mod jukebox;
 pub mod kube_api;
 mod package;
 mod process;
@@ -29,6 +30,7 @@ mod registry_server;
 mod service_process;
 
 pub use front::{Fault, FaultAction, HttpFront, Seen};
+pub use jukebox::JukeboxBuilder;
 pub use package::{ArtifactKind, PackageSpec, PackageType};
 pub use process::free_port;
 pub use publisher::Publisher;

@@ -10,29 +10,14 @@ use std::{
 use futures::StreamExt;
 use vynil_catalog::Catalog;
 use vynil_crds::JukeBoxStatus;
-use vynil_rules::{Package, PackageContent, PackageMeta, PackageType};
+use vynil_rules::{Package, PackageContent, PackageType};
 use vynil_store::{JukeboxStore, LocalStore};
 use vynil_testkit::RedisServer;
 
 const CHANGES: usize = 200;
 
 fn package(tag: &str) -> Package {
-    let content = PackageContent {
-        metadata: PackageMeta {
-            name: "pg".into(),
-            category: "db".into(),
-            description: String::new(),
-            app_version: None,
-            package_type: PackageType::System,
-            features: vec![],
-            backup_affinity: None,
-        },
-        requirements: vec![],
-        recommandations: None,
-        options: None,
-        value_script: None,
-    };
-    Package::new("registry.example", "db/pg", tag, content)
+    Package::new("registry.example", "db/pg", tag, PackageContent::minimal("db", "pg", PackageType::System))
 }
 
 fn percentiles(mut samples: Vec<Duration>) -> (Duration, Duration) {
@@ -45,10 +30,7 @@ fn percentiles(mut samples: Vec<Duration>) -> (Duration, Duration) {
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let redis = RedisServer::start().await?;
     let dir = tempfile::tempdir()?;
-    std::fs::write(
-        dir.path().join("box.yaml"),
-        "apiVersion: vynil.solidite.fr/v1\nkind: JukeBox\nmetadata:\n  name: box\nspec:\n  schedule: '0 * * * *'\n",
-    )?;
+    vynil_testkit::JukeboxBuilder::new("box").write_to(dir.path())?;
     let writer = LocalStore::with_redis(dir.path().to_path_buf(), &redis.url()).await?;
     let mut replicas = Vec::new();
     for _ in 0..3 {

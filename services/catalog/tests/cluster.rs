@@ -31,11 +31,8 @@ async fn world(names: &[&str]) -> World {
     let api = FakeApiServer::start().await.unwrap();
     let boxes: Api<JukeBox> = Api::all(api.client().unwrap());
     for name in names {
-        let jukebox: JukeBox = serde_json::from_value(json!({
-            "apiVersion": "vynil.solidite.fr/v1", "kind": "JukeBox", "metadata": {"name": name},
-            "spec": {"source": {"list": ["registry.example/think/ollama"]}, "schedule": "0 * * * *"},
-        }))
-        .unwrap();
+        let jukebox = vynil_testkit::JukeboxBuilder::new(name).list(["registry.example/think/ollama"]).json();
+        let jukebox: JukeBox = serde_json::from_value(jukebox).unwrap();
         boxes.create(&PostParams::default(), &jukebox).await.unwrap();
     }
     World { redis, api, boxes }

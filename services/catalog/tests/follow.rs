@@ -16,26 +16,15 @@ use vynil_proto::catalog::v1::{
     PackageType as ProtoType, ResolveInstallRequest, catalog_server::Catalog as _,
     resolve_install_response::Outcome,
 };
-use vynil_rules::{Package, PackageContent, PackageMeta, PackageType, Requirement};
+use vynil_rules::{Package, PackageContent, PackageType, Requirement};
 use vynil_store::{JukeboxStore, LocalStore};
-use vynil_testkit::RedisServer;
+use vynil_testkit::{JukeboxBuilder, RedisServer};
 
 fn package(tag: &str, kind: PackageType, min: Option<&str>) -> Package {
-    let content = PackageContent {
-        metadata: PackageMeta {
-            name: "ollama".into(),
-            category: "think".into(),
-            description: String::new(),
-            app_version: None,
-            package_type: kind,
-            features: vec![],
-            backup_affinity: None,
-        },
-        requirements: min.map(|m| vec![Requirement::MinimumPreviousVersion(m.into())]).unwrap_or_default(),
-        recommandations: None,
-        options: None,
-        value_script: None,
-    };
+    let mut content = PackageContent::minimal("think", "ollama", kind);
+    if let Some(min) = min {
+        content = content.requiring(Requirement::MinimumPreviousVersion(min.into()));
+    }
     Package::new("registry.example", "think/ollama", tag, content)
 }
 
@@ -53,10 +42,7 @@ async fn world(names: &[&str]) -> World {
     let redis = RedisServer::start().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     for name in names {
-        let yaml = format!(
-            "apiVersion: vynil.solidite.fr/v1\nkind: JukeBox\nmetadata:\n  name: {name}\nspec:\n  schedule: '0 * * * *'\n"
-        );
-        std::fs::write(dir.path().join(format!("{name}.yaml")), yaml).unwrap();
+        JukeboxBuilder::new(name).write_to(dir.path()).unwrap();
     }
     let writer = LocalStore::with_redis(dir.path().to_path_buf(), &redis.url()).await.unwrap();
     World { redis, dir, writer }
@@ -283,8 +269,7 @@ async fn resolve_cleanup_carries_the_recorded_check_and_the_children_over_the_wi
 async fn get_catalog_answers_the_scanned_channel_with_digests_and_refuses_a_view_it_cannot_derive() {
     use vynil_proto::catalog::v1::{Channel as ProtoChannel, GetCatalogRequest};
     let world = world(&[]).await;
-    let yaml = "apiVersion: vynil.solidite.fr/v1\nkind: JukeBox\nmetadata:\n  name: edge\nspec:\n  maturity: alpha\n  schedule: '0 * * * *'\n";
-    std::fs::write(world.dir.path().join("edge.yaml"), yaml).unwrap();
+    JukeboxBuilder::new("edge").maturity("alpha").write_to(world.dir.path()).unwrap();
     let catalog = replica(&world).await;
     let service = CatalogService::new(catalog.clone(), vynil_runtime::Shutdown::new());
     // The alpha view of 2.0.0-alpha.1(min 1.0.0), 1.5.0(min 1.0.0), 1.0.0: the

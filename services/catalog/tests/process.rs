@@ -33,8 +33,7 @@ async fn a_redis_outage_shows_under_the_cache_health_name_while_the_server_stays
     use vynil_testkit::ServingStatus;
     let mut redis = vynil_testkit::RedisServer::start().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let yaml = "apiVersion: vynil.solidite.fr/v1\nkind: JukeBox\nmetadata:\n  name: box\nspec:\n  schedule: '0 * * * *'\n";
-    std::fs::write(dir.path().join("box.yaml"), yaml).unwrap();
+    vynil_testkit::JukeboxBuilder::new("box").write_to(dir.path()).unwrap();
     let args =
         ["--jukebox-dir", dir.path().to_str().unwrap(), "--redis-url", &redis.url(), "--resync-seconds", "1"];
     let service = ServiceProcess::start(Path::new(env!("CARGO_BIN_EXE_vynil-catalog")), &args).await.unwrap();

@@ -7,38 +7,19 @@ use std::{path::Path, time::Duration};
 
 use vynil_crds::JukeBoxStatus;
 use vynil_proto::catalog::v1::{GetCatalogRequest, catalog_client::CatalogClient};
-use vynil_rules::{Package, PackageContent, PackageMeta, PackageType};
+use vynil_rules::{Package, PackageContent, PackageType};
 use vynil_store::{JukeboxStore, LocalStore};
 use vynil_testkit::{RedisServer, ServiceProcess};
 
 fn package(tag: &str) -> Package {
-    let content = PackageContent {
-        metadata: PackageMeta {
-            name: "pg".into(),
-            category: "db".into(),
-            description: String::new(),
-            app_version: None,
-            package_type: PackageType::System,
-            features: vec![],
-            backup_affinity: None,
-        },
-        requirements: vec![],
-        recommandations: None,
-        options: None,
-        value_script: None,
-    };
-    Package::new("registry.example", "db/pg", tag, content)
+    Package::new("registry.example", "db/pg", tag, PackageContent::minimal("db", "pg", PackageType::System))
 }
 
 #[tokio::test]
 async fn three_catalog_processes_serve_the_new_catalog_after_a_status_change() {
     let redis = RedisServer::start().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("box.yaml"),
-        "apiVersion: vynil.solidite.fr/v1\nkind: JukeBox\nmetadata:\n  name: box\nspec:\n  schedule: '0 * * * *'\n",
-    )
-    .unwrap();
+    vynil_testkit::JukeboxBuilder::new("box").write_to(dir.path()).unwrap();
     let writer = LocalStore::with_redis(dir.path().to_path_buf(), &redis.url()).await.unwrap();
     writer
         .write_status(

@@ -438,13 +438,8 @@ async fn jukebox_world(setup: &Setup) -> tempfile::TempDir {
     }
     let dir = tempfile::tempdir().unwrap();
     let host = setup.front.host();
-    std::fs::write(
-        dir.path().join("box.yaml"),
-        format!(
-            "apiVersion: vynil.solidite.fr/v1\nkind: JukeBox\nmetadata:\n  name: box\nspec:\n  schedule: '0 * * * *'\n  source:\n    list:\n      - {host}/{REPO}\n      - {host}/apps/x\n"
-        ),
-    )
-    .unwrap();
+    let images = [format!("{host}/{REPO}"), format!("{host}/apps/x")];
+    vynil_testkit::JukeboxBuilder::new("box").list(images).write_to(dir.path()).unwrap();
     dir
 }
 
@@ -636,11 +631,11 @@ async fn in_a_cluster_each_execution_is_also_an_event_on_its_jukebox() {
     let api = vynil_testkit::kube_api::FakeApiServer::start().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = api.write_kubeconfig(dir.path(), "vynil-system").unwrap();
-    let jukebox: vynil_crds::JukeBox = serde_json::from_value(serde_json::json!({
-        "apiVersion": "vynil.solidite.fr/v1", "kind": "JukeBox", "metadata": {"name": "box"},
-        "spec": {"source": {"list": [format!("{}/{REPO}", setup.front.host())]}, "schedule": "0 0 1 1 *"},
-    }))
-    .unwrap();
+    let jukebox = vynil_testkit::JukeboxBuilder::new("box")
+        .list([format!("{}/{REPO}", setup.front.host())])
+        .schedule("0 0 1 1 *")
+        .json();
+    let jukebox: vynil_crds::JukeBox = serde_json::from_value(jukebox).unwrap();
     Api::<vynil_crds::JukeBox>::all(api.client().unwrap())
         .create(&PostParams::default(), &jukebox)
         .await

@@ -20,8 +20,8 @@ use kube::{
 use serde_json::json;
 use vynil_crds::{JukeBox, annotations::FORCE_SCAN};
 use vynil_testkit::{
-    Fault, FaultAction, HttpFront, PackageSpec, PackageType, RedisServer, RegistryOptions, RegistryServer,
-    ServiceProcess,
+    Fault, FaultAction, HttpFront, JukeboxBuilder, PackageSpec, PackageType, RedisServer, RegistryOptions,
+    RegistryServer, ServiceProcess,
     kube_api::{ApiFault, ApiFaultAction, FakeApiServer},
 };
 
@@ -53,11 +53,11 @@ async fn world() -> World {
 impl World {
     async fn jukebox(&self, name: &str, repositories: &[&str], schedule: &str, pull_secret: Option<&str>) {
         let list: Vec<String> = repositories.iter().map(|r| format!("{}/{r}", self.front.host())).collect();
-        let jukebox: JukeBox = serde_json::from_value(json!({
-            "apiVersion": "vynil.solidite.fr/v1", "kind": "JukeBox", "metadata": {"name": name},
-            "spec": {"source": {"list": list}, "schedule": schedule, "pull_secret": pull_secret},
-        }))
-        .unwrap();
+        let mut jukebox = JukeboxBuilder::new(name).list(list).schedule(schedule);
+        if let Some(secret) = pull_secret {
+            jukebox = jukebox.pull_secret(secret);
+        }
+        let jukebox: JukeBox = serde_json::from_value(jukebox.json()).unwrap();
         self.boxes.create(&PostParams::default(), &jukebox).await.unwrap();
     }
 
@@ -287,12 +287,9 @@ async fn pull_secrets_give_credentials_and_a_bad_one_is_reported_without_stoppin
     let spec = PackageSpec::new("apps", "p", PackageType::Tenant, "2.0.0");
     private.publisher().publish("apps/p", &spec).await.unwrap();
     let create_box = |name: &str, secret: &str| {
-        serde_json::from_value::<JukeBox>(json!({
-            "apiVersion": "vynil.solidite.fr/v1", "kind": "JukeBox", "metadata": {"name": name},
-            "spec": {"source": {"list": [format!("{}/apps/p", private.host())]}, "schedule": "0 0 1 1 *",
-                     "pull_secret": secret},
-        }))
-        .unwrap()
+        let images = [format!("{}/apps/p", private.host())];
+        let jukebox = JukeboxBuilder::new(name).list(images).schedule("0 0 1 1 *").pull_secret(secret);
+        serde_json::from_value::<JukeBox>(jukebox.json()).unwrap()
     };
     world.boxes.create(&PostParams::default(), &create_box("box", "registry-auth")).await.unwrap();
     world.boxes.create(&PostParams::default(), &create_box("broken", "not-docker")).await.unwrap();

@@ -41,11 +41,12 @@ async fn registry_requests_are_counted_in_the_metrics() {
     let spec = PackageSpec::new("apps", "web", PackageType::Tenant, "1.0.0");
     registry.publisher().publish("apps/web", &spec).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let yaml = format!(
-        "apiVersion: vynil.solidite.fr/v1\nkind: JukeBox\nmetadata:\n  name: box\nspec:\n  schedule: '0 0 1 1 *'\n  source:\n    list:\n      - {}/apps/web\n",
-        registry.host()
-    );
-    std::fs::write(dir.path().join("box.yaml"), yaml).unwrap();
+    let images = [format!("{}/apps/web", registry.host())];
+    vynil_testkit::JukeboxBuilder::new("box")
+        .list(images)
+        .schedule("0 0 1 1 *")
+        .write_to(dir.path())
+        .unwrap();
     let args = ["--jukebox-dir", dir.path().to_str().unwrap(), "--insecure-registry", &registry.host()];
     let service = ServiceProcess::start(Path::new(env!("CARGO_BIN_EXE_vynil-scanner")), &args).await.unwrap();
     let mut client = ScannerClient::new(service.channel().await.unwrap());

@@ -35,12 +35,8 @@ async fn world() -> World {
     let front = HttpFront::start(&registry.base_url()).await.unwrap();
     let redis = RedisServer::start().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let list: Vec<String> = REPOSITORIES.iter().map(|r| format!("      - {}/{r}", front.host())).collect();
-    std::fs::write(
-        dir.path().join("box.yaml"),
-        format!("apiVersion: vynil.solidite.fr/v1\nkind: JukeBox\nmetadata:\n  name: box\nspec:\n  schedule: '0 * * * *'\n  source:\n    list:\n{}\n", list.join("\n")),
-    )
-    .unwrap();
+    let list: Vec<String> = REPOSITORIES.iter().map(|r| format!("{}/{r}", front.host())).collect();
+    vynil_testkit::JukeboxBuilder::new("box").list(list).write_to(dir.path()).unwrap();
     // Slow tag lists make the scans long enough to race and to kill.
     front.inject(Fault::new(
         Some(Method::GET),

@@ -8,7 +8,9 @@ use std::{sync::Arc, time::Duration};
 use axum::http::Method;
 use clap::Parser;
 use vynil_scanner::{Config, RecordState, Scanner};
-use vynil_testkit::{Fault, FaultAction, HttpFront, PackageSpec, PackageType, RedisServer, RegistryServer};
+use vynil_testkit::{
+    Fault, FaultAction, HttpFront, JukeboxBuilder, PackageSpec, PackageType, RedisServer, RegistryServer,
+};
 
 struct Harness {
     registry: RegistryServer,
@@ -33,12 +35,8 @@ async fn harness_with(
     let redis = RedisServer::start().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let extra = extra(&front, dir.path());
-    let list: Vec<String> = repositories.iter().map(|r| format!("      - {}/{r}", front.host())).collect();
-    std::fs::write(
-        dir.path().join("box.yaml"),
-        format!("apiVersion: vynil.solidite.fr/v1\nkind: JukeBox\nmetadata:\n  name: box\nspec:\n  schedule: '0 * * * *'\n  source:\n    list:\n{}\n", list.join("\n")),
-    )
-    .unwrap();
+    let list: Vec<String> = repositories.iter().map(|r| format!("{}/{r}", front.host())).collect();
+    JukeboxBuilder::new("box").list(list).write_to(dir.path()).unwrap();
     let config = Config::parse_from(
         vec![
             "vynil-scanner",
@@ -278,11 +276,7 @@ async fn a_failing_source_script_is_a_condition_and_keeps_the_catalog() {
         (format!("import {module:?} as m; [m::value]"), "leak"),
         ("loop { }".to_string(), "operations"),
     ] {
-        let yaml = serde_json::json!({
-            "apiVersion": "vynil.solidite.fr/v1", "kind": "JukeBox", "metadata": {"name": "box"},
-            "spec": {"schedule": "0 * * * *", "source": {"script": script}},
-        });
-        std::fs::write(h.dir.path().join("box.yaml"), serde_json::to_string(&yaml).unwrap()).unwrap();
+        JukeboxBuilder::new("box").script(&script).write_to(h.dir.path()).unwrap();
         let record = scan(&h, "").await;
         assert_eq!(record.state, RecordState::Failed, "{script}");
         assert_eq!(

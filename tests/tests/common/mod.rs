@@ -16,7 +16,9 @@ use kube::{Api, api::PostParams};
 use vynil_crds::JukeBox;
 use vynil_runtime::Shutdown;
 use vynil_store::KubeStore;
-use vynil_testkit::{PackageSpec, PackageType, RegistryServer, free_port, kube_api::FakeApiServer};
+use vynil_testkit::{
+    JukeboxBuilder, PackageSpec, PackageType, RegistryServer, free_port, kube_api::FakeApiServer,
+};
 
 pub struct Cluster {
     pub registry: RegistryServer,
@@ -40,11 +42,9 @@ impl Cluster {
         registry.publisher().publish("apps/web", &spec).await.unwrap();
         let api = FakeApiServer::start().await.unwrap();
         let boxes: Api<JukeBox> = Api::all(api.client().unwrap());
-        let jukebox: JukeBox = serde_json::from_value(serde_json::json!({
-            "apiVersion": "vynil.solidite.fr/v1", "kind": "JukeBox", "metadata": {"name": "box"},
-            "spec": {"source": {"list": [format!("{}/apps/web", registry.host())]}, "schedule": "0 0 1 1 *"},
-        }))
-        .unwrap();
+        let images = [format!("{}/apps/web", registry.host())];
+        let jukebox = JukeboxBuilder::new("box").list(images).schedule("0 0 1 1 *").json();
+        let jukebox: JukeBox = serde_json::from_value(jukebox).unwrap();
         boxes.create(&PostParams::default(), &jukebox).await.unwrap();
 
         let (scanner_addr, catalog_addr) = (loopback(), loopback());

@@ -4,7 +4,7 @@
 
 use semver::Version;
 use vynil_rules::{
-    Package, PackageContent, PackageMeta, PackageType, Requirement,
+    Package, PackageContent, PackageType, Requirement,
     retention::{ManifestMetadata, RepositoryTag},
 };
 
@@ -25,28 +25,14 @@ pub fn content_of(
     min: Option<&str>,
     vynil: Option<&str>,
 ) -> PackageContent {
-    let mut requirements = Vec::new();
+    let mut content = PackageContent::minimal(category, name, kind(kind_name));
     if let Some(v) = vynil {
-        requirements.push(Requirement::VynilVersion(v.into()));
+        content = content.requiring(Requirement::VynilVersion(v.into()));
     }
     if let Some(m) = min {
-        requirements.push(Requirement::MinimumPreviousVersion(m.into()));
+        content = content.requiring(Requirement::MinimumPreviousVersion(m.into()));
     }
-    PackageContent {
-        metadata: PackageMeta {
-            name: name.into(),
-            category: category.into(),
-            description: "test".into(),
-            app_version: None,
-            package_type: kind(kind_name),
-            features: vec![],
-            backup_affinity: None,
-        },
-        requirements,
-        recommandations: None,
-        options: None,
-        value_script: None,
-    }
+    content
 }
 
 pub fn content(kind_name: &str, min: Option<&str>, vynil: Option<&str>) -> PackageContent {

@@ -1,0 +1,104 @@
+//! JukeBoxes as tests write them: one builder for a JukeBox file (local mode's
+//! `--jukebox-dir`) and the same object for the fake API server, instead of
+//! YAML strings spelt out by hand in every test.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{Value, json};
+
+use crate::{Result, io};
+
+/// A JukeBox `name`, without a source unless given a `list` or a `script`
+/// (a JukeBox the catalog follows but nobody scans), with an hourly
+/// schedule unless told otherwise.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JukeboxBuilder {
+    name: String,
+    source: Value,
+    schedule: String,
+    maturity: Option<String>,
+    pull_secret: Option<String>,
+}
+
+impl JukeboxBuilder {
+    pub fn new(name: &str) -> Self {
+        Self {
+            name: name.to_string(),
+            source: Value::Null,
+            schedule: "0 * * * *".into(),
+            maturity: None,
+            pull_secret: None,
+        }
+    }
+
+    /// A `list` source of `registry/repository` images.
+    pub fn list<S: AsRef<str>>(mut self, images: impl IntoIterator<Item = S>) -> Self {
+        let images: Vec<String> = images.into_iter().map(|i| i.as_ref().to_string()).collect();
+        self.source = json!({ "list": images });
+        self
+    }
+
+    /// A `script` source (Rhai returning the image list).
+    pub fn script(mut self, script: &str) -> Self {
+        self.source = json!({ "script": script });
+        self
+    }
+
+    pub fn schedule(mut self, schedule: &str) -> Self {
+        self.schedule = schedule.to_string();
+        self
+    }
+
+    pub fn maturity(mut self, maturity: &str) -> Self {
+        self.maturity = Some(maturity.to_string());
+        self
+    }
+
+    pub fn pull_secret(mut self, secret: &str) -> Self {
+        self.pull_secret = Some(secret.to_string());
+        self
+    }
+
+    /// The object, as the API server and `serde_json` take it.
+    pub fn json(&self) -> Value {
+        let mut spec = json!({"schedule": self.schedule});
+        if !self.source.is_null() {
+            spec["source"] = self.source.clone();
+        }
+        if let Some(maturity) = &self.maturity {
+            spec["maturity"] = json!(maturity);
+        }
+        if let Some(secret) = &self.pull_secret {
+            spec["pull_secret"] = json!(secret);
+        }
+        json!({"apiVersion": "vynil.solidite.fr/v1", "kind": "JukeBox", "metadata": {"name": self.name}, "spec": spec})
+    }
+
+    /// The file text (JSON is YAML).
+    pub fn yaml(&self) -> String {
+        self.json().to_string()
+    }
+
+    /// Writes `<dir>/<name>.yaml`; returns its path.
+    pub fn write_to(&self, dir: &Path) -> Result<PathBuf> {
+        let path = dir.join(format!("{}.yaml", self.name));
+        std::fs::write(&path, self.yaml()).map_err(io("writing a JukeBox file"))?;
+        Ok(path)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_jukebox_carries_what_was_asked_and_nothing_else() {
+        let jukebox = JukeboxBuilder::new("box").list(["r/a", "r/b"]).maturity("beta").json();
+        assert_eq!(jukebox["metadata"]["name"], "box");
+        assert_eq!(jukebox["spec"]["source"]["list"], json!(["r/a", "r/b"]));
+        assert_eq!(jukebox["spec"]["maturity"], "beta");
+        assert_eq!(jukebox["spec"]["schedule"], "0 * * * *");
+        assert!(jukebox["spec"].get("pull_secret").is_none());
+        assert!(JukeboxBuilder::new("x").json()["spec"].get("source").is_none());
+    }
+}
