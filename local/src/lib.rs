@@ -13,7 +13,6 @@ use std::{future::Future, net::SocketAddr};
 use clap::Parser;
 use tokio::task::JoinSet;
 use vynil_runtime::SharedConfig;
-use vynil_store::StoreSettings;
 
 /// Flags of local mode, each with an environment fallback.
 #[derive(Debug, Clone, clap::Parser)]
@@ -69,14 +68,7 @@ pub async fn run(
     if config.shared.kubernetes {
         return Err(LocalError::ClusterRequested);
     }
-    let settings = StoreSettings::from_flags(
-        false,
-        &config.shared.jukebox_dir,
-        config.shared.redis_url.as_deref(),
-        vynil_runtime::user_agent!(),
-        config.shared.pod_name.as_deref(),
-    );
-    let store = vynil_store::open(&settings).await?;
+    let store = vynil_store::open(&config.shared.store_settings(vynil_runtime::user_agent!())).await?;
     let drain = vynil_runtime::Shutdown::new();
     let stopped = || drain.signaled();
     let mut services: JoinSet<(&'static str, Result<(), String>)> = JoinSet::new();

@@ -78,3 +78,17 @@ pub struct SharedConfig {
     #[command(flatten)]
     pub log: LogConfig,
 }
+
+impl SharedConfig {
+    /// Where JukeBoxes live, as these flags say, for the service presenting
+    /// itself as `user_agent` (`vynil_runtime::user_agent!()` in the service).
+    pub fn store_settings(&self, user_agent: &str) -> vynil_store::StoreSettings {
+        vynil_store::StoreSettings::from_flags(
+            self.kubernetes,
+            &self.jukebox_dir,
+            self.redis_url.as_deref(),
+            user_agent,
+            self.pod_name.as_deref(),
+        )
+    }
+}

@@ -22,7 +22,7 @@ use std::{future::Future, net::SocketAddr, sync::Arc};
 
 use vynil_proto::catalog::v1::catalog_server::CatalogServer;
 use vynil_runtime::{GrpcServer, ServedService, Shutdown};
-use vynil_store::{JukeboxStore, StoreSettings};
+use vynil_store::JukeboxStore;
 
 pub use catalog::{CACHE_HEALTH, Catalog, Change};
 pub use grpc::CatalogService;
@@ -61,15 +61,7 @@ impl From<vynil_store::StoreError> for CatalogError {
 
 /// The store the flags name.
 async fn open_store(config: &Config) -> Result<Arc<dyn JukeboxStore>, CatalogError> {
-    let shared = &config.shared;
-    let settings = StoreSettings::from_flags(
-        shared.kubernetes,
-        &shared.jukebox_dir,
-        shared.redis_url.as_deref(),
-        vynil_runtime::user_agent!(),
-        config.shared.pod_name.as_deref(),
-    );
-    Ok(vynil_store::open(&settings).await?)
+    Ok(vynil_store::open(&config.shared.store_settings(vynil_runtime::user_agent!())).await?)
 }
 
 /// The catalog over the configured store, loaded once.

@@ -119,14 +119,8 @@ impl std::fmt::Debug for Prepared {
 
 impl Purger {
     pub async fn from_config(config: &Config) -> Result<Self, PurgerError> {
-        let settings = vynil_store::StoreSettings::from_flags(
-            config.shared.kubernetes,
-            &config.shared.jukebox_dir,
-            config.shared.redis_url.as_deref(),
-            vynil_runtime::user_agent!(),
-            config.shared.pod_name.as_deref(),
-        );
-        let jukeboxes = vynil_store::open(&settings).await.map_err(|e| PurgerError::Store(e.to_string()))?;
+        let jukeboxes =
+            vynil_store::open(&config.shared.store_settings(vynil_runtime::user_agent!())).await?;
         Self::from_config_with_store(config, jukeboxes).await
     }
 

@@ -107,15 +107,7 @@ impl From<vynil_store::lease::LeaseError> for ScannerError {
 
 /// The store the flags name.
 async fn open_store(config: &Config) -> Result<Arc<dyn ScannerStore>, ScannerError> {
-    let shared = &config.shared;
-    let settings = StoreSettings::from_flags(
-        shared.kubernetes,
-        &shared.jukebox_dir,
-        shared.redis_url.as_deref(),
-        vynil_runtime::user_agent!(),
-        config.shared.pod_name.as_deref(),
-    );
-    Ok(vynil_store::open(&settings).await?)
+    Ok(vynil_store::open(&config.shared.store_settings(vynil_runtime::user_agent!())).await?)
 }
 
 /// Builds the scanner from its configuration.
