@@ -68,89 +68,79 @@ pub fn staleness(plan: &RepositoryPlan, fresh: &[RepositoryTag], usage: &Usage) 
     changes_since_planning(&plan.name(), &planned, &deletions, fresh, usage)
 }
 
-/// Deletes what one repository's plan deletes, under `lease`. The caller has
-/// checked confirmation and staleness; `journaled` is what earlier runs of
-/// this plan journaled, by digest.
-#[allow(clippy::too_many_arguments)]
-pub async fn delete_all(
-    client: &RegistryClient,
-    store: &Arc<dyn PlanStore>,
-    lease: &Lease,
-    plan_id: &str,
-    plan: &RepositoryPlan,
-    journaled: &HashMap<String, StoredOutcome>,
-    concurrency: usize,
-    progress: &mpsc::Sender<StoredOutcome>,
-) -> Result<Vec<StoredOutcome>, PurgerError> {
-    let repo = RepositoryRef::new(&plan.registry, &plan.repository)?;
-    let run = Run { client, store, lease, plan_id, fence_name: plan.name() };
-    let mut outcomes = Vec::new();
-    for artifacts in [false, true] {
-        let phase: Vec<StoredDeletion> =
-            plan.deletions.iter().filter(|d| d.artifacts_only == artifacts).cloned().collect();
-        let mut results = futures::stream::iter(phase)
-            .map(|deletion| {
-                let (run, repo) = (&run, repo.clone());
-                let earlier = journaled.get(&deletion.digest).cloned();
-                async move { run.delete_one(&repo, &deletion, earlier).await }
-            })
-            .buffer_unordered(concurrency.max(1));
-        while let Some(outcome) = results.next().await {
-            let outcome = outcome?;
-            run.journal(&outcome).await?;
-            audit(plan_id, &outcome);
-            let _ = progress.send(outcome.clone()).await;
-            outcomes.push(outcome);
+/// One execution of a plan, under its lease: what every deletion needs.
+pub struct Execution<'a> {
+    pub client: &'a RegistryClient,
+    pub store: &'a Arc<dyn PlanStore>,
+    pub lease: &'a Lease,
+    pub plan_id: &'a str,
+    pub concurrency: usize,
+    /// What earlier runs of this plan journaled, by digest.
+    pub journaled: &'a HashMap<String, StoredOutcome>,
+}
+
+impl Execution<'_> {
+    /// Deletes what one repository's plan deletes. The caller has checked
+    /// confirmation and staleness.
+    pub async fn delete_repository(
+        &self,
+        plan: &RepositoryPlan,
+        progress: &mpsc::Sender<StoredOutcome>,
+    ) -> Result<Vec<StoredOutcome>, PurgerError> {
+        let repo = RepositoryRef::new(&plan.registry, &plan.repository)?;
+        let lease_name = plan.name();
+        let mut outcomes = Vec::new();
+        for artifacts in [false, true] {
+            let phase: Vec<StoredDeletion> =
+                plan.deletions.iter().filter(|d| d.artifacts_only == artifacts).cloned().collect();
+            let (repo, lease_name) = (&repo, lease_name.as_str());
+            let mut results = futures::stream::iter(phase)
+                .map(|deletion| async move { self.delete_one(repo, lease_name, &deletion).await })
+                .buffer_unordered(self.concurrency.max(1));
+            while let Some(outcome) = results.next().await {
+                let outcome = outcome?;
+                self.journal(lease_name, &outcome).await?;
+                audit(self.plan_id, &outcome);
+                let _ = progress.send(outcome.clone()).await;
+                outcomes.push(outcome);
+            }
         }
+        Ok(outcomes)
     }
-    Ok(outcomes)
-}
 
-/// One repository's execution: what every deletion needs.
-struct Run<'a> {
-    client: &'a RegistryClient,
-    store: &'a Arc<dyn PlanStore>,
-    lease: &'a Lease,
-    plan_id: &'a str,
-    fence_name: String,
-}
-
-impl Run<'_> {
-    async fn journal(&self, outcome: &StoredOutcome) -> Result<(), PurgerError> {
-        if self.store.journal(self.plan_id, outcome, &self.lease.fence(&self.fence_name)).await? {
+    /// Journals `outcome` under the lease on `lease_name`; a lost lease stops.
+    async fn journal(&self, lease_name: &str, outcome: &StoredOutcome) -> Result<(), PurgerError> {
+        if self.store.journal(self.plan_id, outcome, &self.lease.fence(lease_name)).await? {
             Ok(())
         } else {
-            Err(PurgerError::LeaseLost(self.fence_name.clone()))
+            Err(PurgerError::LeaseLost(lease_name.to_string()))
         }
     }
 
     async fn delete_one(
         &self,
         repo: &RepositoryRef,
+        lease_name: &str,
         deletion: &StoredDeletion,
-        earlier: Option<StoredOutcome>,
     ) -> Result<StoredOutcome, PurgerError> {
-        if let Some(done) = earlier.as_ref().filter(|e| e.state == DeletionState::Deleted) {
-            return Ok(StoredOutcome {
-                note: "verified by an earlier run of this plan".into(),
-                ..done.clone()
-            });
+        let earlier = self.journaled.get(&deletion.digest);
+        if let Some(done) = earlier.filter(|e| e.state == DeletionState::Deleted) {
+            let note = "verified by an earlier run of this plan".to_string();
+            return Ok(StoredOutcome { note, ..done.clone() });
         }
         let outcome = match self.client.head_digest(repo, &deletion.digest).await {
             Ok(None) => match earlier.filter(|e| e.state == DeletionState::Deleting) {
                 // The earlier run sent this DELETE and died before the answer.
                 Some(sent) => {
                     let note = format!("deleted by an earlier run of this plan (DELETE sent at {})", sent.at);
-                    return Ok(StoredOutcome { state: DeletionState::Deleted, note, ..sent });
+                    return Ok(StoredOutcome { state: DeletionState::Deleted, note, ..sent.clone() });
                 }
                 // Already gone (someone else): no DELETE.
                 None => DeletionOutcome::AlreadyGone,
             },
             Ok(Some(_)) => {
                 self.lease.check().await?;
-                let sent =
-                    record(repo, deletion, DeletionState::Deleting, None, String::new(), String::new());
-                self.journal(&sent).await?;
+                self.journal(lease_name, &record(repo, deletion, DeletionState::Deleting)).await?;
                 self.client.delete_digest(repo, &deletion.digest, &deletion.tags).await
             }
             Err(error) => DeletionOutcome::Failed {
@@ -160,36 +150,29 @@ impl Run<'_> {
             },
         };
         Ok(match outcome {
-            DeletionOutcome::Deleted { .. } => {
-                record(repo, deletion, DeletionState::Deleted, None, String::new(), String::new())
-            }
-            DeletionOutcome::AlreadyGone => {
-                record(repo, deletion, DeletionState::AlreadyGone, None, String::new(), String::new())
-            }
-            DeletionOutcome::Failed { status, code, message } => {
-                record(repo, deletion, DeletionState::Failed, status, code, message)
-            }
+            DeletionOutcome::Deleted { .. } => record(repo, deletion, DeletionState::Deleted),
+            DeletionOutcome::AlreadyGone => record(repo, deletion, DeletionState::AlreadyGone),
+            DeletionOutcome::Failed { status, code, message } => StoredOutcome {
+                http_status: status,
+                error_code: code,
+                error_message: message,
+                ..record(repo, deletion, DeletionState::Failed)
+            },
         })
     }
 }
 
-fn record(
-    repo: &RepositoryRef,
-    deletion: &StoredDeletion,
-    state: DeletionState,
-    http_status: Option<u16>,
-    error_code: String,
-    error_message: String,
-) -> StoredOutcome {
+/// The outcome `state` of `deletion`, stamped now.
+fn record(repo: &RepositoryRef, deletion: &StoredDeletion, state: DeletionState) -> StoredOutcome {
     StoredOutcome {
         registry: repo.registry.clone(),
         repository: repo.repository.clone(),
         digest: deletion.digest.clone(),
         tags: deletion.tags.clone(),
         state,
-        http_status,
-        error_code,
-        error_message,
+        http_status: None,
+        error_code: String::new(),
+        error_message: String::new(),
         at: jiff::Timestamp::now().to_string(),
         note: String::new(),
     }

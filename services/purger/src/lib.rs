@@ -352,7 +352,7 @@ impl Purger {
     ) {
         let note = match result {
             Ok(report) => {
-                let count = |state| report.outcomes.iter().filter(|o| o.state == state).count();
+                let count = |state| report.count(state);
                 format!(
                     "Purge of {} (plan {}, fingerprint {}) executed by {caller}: {} deleted (eligible for registry garbage collection), {} already gone, {} failed",
                     plan.target,
@@ -365,8 +365,7 @@ impl Purger {
             }
             Err(error) => format!("Purge of {} (plan {}) by {caller} stopped: {error}", plan.target, plan.id),
         };
-        let failures =
-            result.as_ref().map_or(true, |r| r.outcomes.iter().any(|o| o.state == DeletionState::Failed));
+        let failures = result.as_ref().map_or(true, |r| r.count(DeletionState::Failed) > 0);
         let event = vynil_store::JukeboxEvent::purge(failures, note);
         for jukebox in self.jukeboxes_of(plan).await {
             self.jukeboxes.record_event(&jukebox, &event).await;
@@ -377,7 +376,13 @@ impl Purger {
         if let Some(name) = plan.target.strip_prefix("jukebox/") {
             return vec![name.to_string()];
         }
-        let Ok(records) = self.jukeboxes.list().await else { return Vec::new() };
+        let records = match self.jukeboxes.list().await {
+            Ok(records) => records,
+            Err(error) => {
+                tracing::warn!(plan = %plan.id, %error, "cannot list JukeBoxes: the purge Event is not recorded");
+                return Vec::new();
+            }
+        };
         records
             .into_iter()
             .filter(|record| {
@@ -404,20 +409,17 @@ impl Purger {
         }
         let journaled: HashMap<String, StoredOutcome> =
             self.store.journaled(&plan.id).await?.into_iter().map(|o| (o.digest.clone(), o)).collect();
+        let execution = executor::Execution {
+            client: &self.client,
+            store: &self.store,
+            lease,
+            plan_id: &plan.id,
+            concurrency: self.concurrency,
+            journaled: &journaled,
+        };
         let mut outcomes = Vec::new();
         for repository in &plan.repositories {
-            let done = executor::delete_all(
-                &self.client,
-                &self.store,
-                lease,
-                &plan.id,
-                repository,
-                &journaled,
-                self.concurrency,
-                progress,
-            )
-            .await?;
-            outcomes.extend(done);
+            outcomes.extend(execution.delete_repository(repository, progress).await?);
         }
         let report = StoredReport {
             outcomes,
@@ -432,7 +434,7 @@ impl Purger {
             let state = outcome.state.as_str().to_string();
             self.metrics.deletions.get_or_create(&metrics::State { state }).inc();
         }
-        let count = |state| report.outcomes.iter().filter(|o| o.state == state).count();
+        let count = |state| report.count(state);
         tracing::info!(
             target: "audit",
             plan = %plan.id,

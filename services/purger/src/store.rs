@@ -136,6 +136,13 @@ pub struct StoredReport {
     pub state: ReportState,
 }
 
+impl StoredReport {
+    /// How many outcomes are in `state`.
+    pub fn count(&self, state: DeletionState) -> usize {
+        self.outcomes.iter().filter(|o| o.state == state).count()
+    }
+}
+
 fn completed() -> ReportState {
     ReportState::Completed
 }
