@@ -56,18 +56,12 @@ pub trait Classify: std::fmt::Display {
 impl Classify for RegistryError {
     fn failure(&self) -> Failure {
         match self {
-            e if e.is_transient() => Failure::Transient,
             RegistryError::NotFound { .. } => Failure::Missing,
             RegistryError::InvalidReference { .. } => Failure::BadInput,
-            RegistryError::Unauthorized { .. }
-            | RegistryError::Registry { .. }
-            | RegistryError::TooLarge { .. }
-            | RegistryError::InvalidBody { .. }
-            | RegistryError::Credentials(_)
-            | RegistryError::InsecureRefused { .. } => Failure::Refused,
-            RegistryError::RateLimited { .. }
-            | RegistryError::Timeout { .. }
-            | RegistryError::Unreachable { .. } => Failure::Transient,
+            // The registry's own test: outages, timeouts, 429s and 5xx.
+            e if e.is_transient() => Failure::Transient,
+            // Credentials, a refusal, a body that is not what was asked.
+            _ => Failure::Refused,
         }
     }
 }
