@@ -79,6 +79,36 @@ pub struct InstalledPackage {
     /// a change re-runs the agent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fingerprint: Option<String>,
+    /// What a later delete Job needs: the pull secret the install used…
+    #[serde(default, rename = "pullSecret", skip_serializing_if = "Option::is_none")]
+    pub pull_secret: Option<String>,
+    /// …and the controller values (`CONTROLLER_VALUES`) as rendered.
+    #[serde(default, rename = "controllerValues", skip_serializing_if = "Option::is_none")]
+    pub controller_values: Option<String>,
+}
+
+/// Ours: the agent Job in flight (`status.target`), recorded **before** the
+/// Job is created, so a completion is credited only to the revision and
+/// fingerprint it was started for.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentTarget {
+    /// The revision, fingerprint and delete inputs the Job installs.
+    pub revision: InstalledPackage,
+    /// The Job's name in the control plane's namespace.
+    pub job: String,
+    /// Failed Jobs counted for this fingerprint.
+    #[serde(default)]
+    pub failures: u32,
+    /// The uid of the last failed Job counted (each is counted once).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed_job: Option<String>,
+    /// Why the last Job failed, from the Job and pod status.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_failure: Option<String>,
+    /// RFC 3339: the next attempt is not made before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_at: Option<String>,
 }
 
 macro_rules! condition_types {
@@ -273,6 +303,8 @@ pub struct TenantInstanceStatus {
     pub services: Option<Vec<Published>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub package: Option<InstalledPackage>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<AgentTarget>,
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
@@ -304,6 +336,8 @@ pub struct ServiceInstanceStatus {
     pub services: Option<Vec<Published>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub package: Option<InstalledPackage>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<AgentTarget>,
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
@@ -325,6 +359,8 @@ pub struct SystemInstanceStatus {
     pub crds: Option<Vec<String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub package: Option<InstalledPackage>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<AgentTarget>,
 }
 
 fn any_children(lists: &[&Option<Vec<Children>>]) -> bool {

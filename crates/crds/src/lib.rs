@@ -15,9 +15,10 @@ mod schema;
 
 pub use condition::{Condition, ConditionStatus, coded_message, message_code, set_condition};
 pub use instance::{
-    Children, HaveChild, InitFrom, InstalledPackage, Published, ServiceConditionType, ServiceInstance,
-    ServiceInstanceSpec, ServiceInstanceStatus, SystemConditionType, SystemInstance, SystemInstanceSpec,
-    SystemInstanceStatus, TenantConditionType, TenantInstance, TenantInstanceSpec, TenantInstanceStatus,
+    AgentTarget, Children, HaveChild, InitFrom, InstalledPackage, Published, ServiceConditionType,
+    ServiceInstance, ServiceInstanceSpec, ServiceInstanceStatus, SystemConditionType, SystemInstance,
+    SystemInstanceSpec, SystemInstanceStatus, TenantConditionType, TenantInstance, TenantInstanceSpec,
+    TenantInstanceStatus,
 };
 pub use jukebox::{JukeBox, JukeBoxConditionType, JukeBoxSource, JukeBoxSpec, JukeBoxStatus, Maturity};
 

@@ -82,7 +82,9 @@ fn type_matches(expected: &str, value: &Value) -> bool {
         // An explicit null is "not given": the agent uses the default.
         (_, Value::Null) => true,
         ("number", Value::Number(_)) => true,
-        ("integer", Value::Number(n)) => n.is_i64() || n.is_u64() || n.as_f64().is_some_and(|f| f.fract() == 0.0),
+        ("integer", Value::Number(n)) => {
+            n.is_i64() || n.is_u64() || n.as_f64().is_some_and(|f| f.fract() == 0.0)
+        }
         (expected, value) => {
             !matches!(expected, "boolean" | "integer" | "number" | "string" | "array" | "object")
                 || json_type(value) == expected
@@ -262,7 +264,9 @@ pub fn recommended(content: &PackageContent, kind: PackageType, facts: &dyn Clus
         match item {
             Recommandation::CustomResourceDefinition(c) if facts.has_crd(c) => crds.push(c.as_str()),
             Recommandation::SystemService(s) if facts.has_system_service(s) => system.push(s.as_str()),
-            Recommandation::TenantService(s) if kind == PackageType::Tenant && facts.has_tenant_service(s) => {
+            Recommandation::TenantService(s)
+                if kind == PackageType::Tenant && facts.has_tenant_service(s) =>
+            {
                 tenant.push(s.as_str())
             }
             _ => {}
@@ -360,7 +364,10 @@ mod tests {
                 None => assert!(got.is_ok(), "{options}: {got:?}"),
                 Some((option, expected, found)) => {
                     let problem = got.expect_err(&options.to_string());
-                    assert_eq!((problem.option.as_str(), problem.expected.as_str(), problem.found.as_str()), (option, expected, found));
+                    assert_eq!(
+                        (problem.option.as_str(), problem.expected.as_str(), problem.found.as_str()),
+                        (option, expected, found)
+                    );
                     assert!(problem.to_string().contains(option), "{problem}");
                 }
             }
@@ -448,7 +455,8 @@ mod tests {
             assert_eq!((unmet.message.as_str(), unmet.retry_after), (message, delay));
         }
         let cluster = Requirement::ClusterVersion(ClusterVersion { major: 1, minor: 31 });
-        let unmet = unmet_requirement(&requiring(vec![cluster]), PackageType::Tenant, &framework, &f).unwrap();
+        let unmet =
+            unmet_requirement(&requiring(vec![cluster]), PackageType::Tenant, &framework, &f).unwrap();
         assert!(unmet.message.contains("1.31") && unmet.message.contains("1.30"), "{}", unmet.message);
     }
 
@@ -478,7 +486,10 @@ mod tests {
         assert_eq!(unmet_requirement(&content, PackageType::Service, &framework, &facts()), None);
         let mut f = facts();
         f.prefly = Err("Function not found: gpu_count ()".into());
-        let prefly = requiring(vec![Requirement::Prefly(Prefly { script: "gpu_count() > 0".into(), name: "gpu".into() })]);
+        let prefly = requiring(vec![Requirement::Prefly(Prefly {
+            script: "gpu_count() > 0".into(),
+            name: "gpu".into(),
+        })]);
         let unmet = unmet_requirement(&prefly, PackageType::Tenant, &framework, &f).unwrap();
         assert!(unmet.message.contains("gpu_count"), "{}", unmet.message);
     }
@@ -495,7 +506,11 @@ mod tests {
         let tenant = recommended(&content, PackageType::Tenant, &facts());
         assert_eq!(
             tenant,
-            Recommended { crds: "present.example.io".into(), system_services: "sso".into(), tenant_services: "sso".into() }
+            Recommended {
+                crds: "present.example.io".into(),
+                system_services: "sso".into(),
+                tenant_services: "sso".into()
+            }
         );
         assert_eq!(recommended(&content, PackageType::Service, &facts()).tenant_services, "");
     }
@@ -507,7 +522,12 @@ mod tests {
         assert_eq!(base, fingerprint(&target.clone(), "h", "{}", &Recommended::default()));
         let changed = [
             fingerprint(&Target { tag: "1.0.1", ..target.clone() }, "h", "{}", &Recommended::default()),
-            fingerprint(&Target { digest: Some("sha256:b"), ..target.clone() }, "h", "{}", &Recommended::default()),
+            fingerprint(
+                &Target { digest: Some("sha256:b"), ..target.clone() },
+                "h",
+                "{}",
+                &Recommended::default(),
+            ),
             fingerprint(&target, "h2", "{}", &Recommended::default()),
             fingerprint(&target, "h", "{\"a\":1}", &Recommended::default()),
             fingerprint(&target, "h", "{}", &Recommended { crds: "x".into(), ..Recommended::default() }),
@@ -516,8 +536,18 @@ mod tests {
             assert_ne!(base, other);
         }
         // Field boundaries count: "ab"+"c" differs from "a"+"bc".
-        let a = fingerprint(&Target { registry: "ab", image: "c", ..target.clone() }, "h", "{}", &Recommended::default());
-        let b = fingerprint(&Target { registry: "a", image: "bc", ..target.clone() }, "h", "{}", &Recommended::default());
+        let a = fingerprint(
+            &Target { registry: "ab", image: "c", ..target.clone() },
+            "h",
+            "{}",
+            &Recommended::default(),
+        );
+        let b = fingerprint(
+            &Target { registry: "a", image: "bc", ..target.clone() },
+            "h",
+            "{}",
+            &Recommended::default(),
+        );
         assert_ne!(a, b);
     }
 }

@@ -6,6 +6,7 @@
 //! and `NOT_SERVING` as soon as shutdown starts, so load balancers drain it
 //! before in-flight calls are cut.
 
+pub mod convert;
 pub mod cron;
 mod errors;
 mod grpc;

@@ -24,7 +24,7 @@ mod kube;
 pub mod lease;
 pub mod metadata_cache;
 pub mod package_cache;
-mod script;
+pub mod script;
 
 pub use jukeboxes::{
     CHANGES_CHANNEL, JukeboxEvent, JukeboxRecord, JukeboxStore, LocalStore, ScannerStore, SkippedSource,
@@ -81,17 +81,7 @@ pub const KUBE_WRITE_WINDOW: std::time::Duration = std::time::Duration::from_sec
 pub async fn open(settings: &StoreSettings) -> Result<std::sync::Arc<dyn ScannerStore>, StoreError> {
     Ok(match settings {
         StoreSettings::Kubernetes { user_agent, pod_name } => {
-            let connecting = |e| kube::kube_error("connecting (kubeconfig or in-cluster)", e);
-            let mut config =
-                ::kube::Config::infer().await.map_err(|e| connecting(::kube::Error::InferConfig(e)))?;
-            let agent = ::http::HeaderValue::from_str(user_agent)
-                .map_err(|e| StoreError::Config(format!("user agent {user_agent:?}: {e}")))?;
-            config.headers.push((::http::header::USER_AGENT, agent));
-            // A write reaches the API server within connect + write timeouts:
-            // what bounds the window after a worker's lease check (see `lease`).
-            config.connect_timeout = Some(KUBE_WRITE_WINDOW);
-            config.write_timeout = Some(KUBE_WRITE_WINDOW);
-            let client = ::kube::Client::try_from(config).map_err(connecting)?;
+            let client = kube_client(user_agent).await?;
             let service = user_agent.split('/').next().unwrap_or("vynil");
             std::sync::Arc::new(KubeStore::reporting_as(client, service, pod_name.clone()))
         }
@@ -102,6 +92,22 @@ pub async fn open(settings: &StoreSettings) -> Result<std::sync::Arc<dyn Scanner
             std::sync::Arc::new(LocalStore::in_memory(directory.clone()))
         }
     })
+}
+
+/// The Kubernetes client of a service presenting itself as `user_agent`:
+/// the kubeconfig or the in-cluster service account, with the write window's
+/// timeouts.
+pub async fn kube_client(user_agent: &str) -> Result<::kube::Client, StoreError> {
+    let connecting = |e| kube::kube_error("connecting (kubeconfig or in-cluster)", e);
+    let mut config = ::kube::Config::infer().await.map_err(|e| connecting(::kube::Error::InferConfig(e)))?;
+    let agent = ::http::HeaderValue::from_str(user_agent)
+        .map_err(|e| StoreError::Config(format!("user agent {user_agent:?}: {e}")))?;
+    config.headers.push((::http::header::USER_AGENT, agent));
+    // A write reaches the API server within connect + write timeouts:
+    // what bounds the window after a worker's lease check (see `lease`).
+    config.connect_timeout = Some(KUBE_WRITE_WINDOW);
+    config.write_timeout = Some(KUBE_WRITE_WINDOW);
+    ::kube::Client::try_from(config).map_err(connecting)
 }
 
 /// The one mapping of a Redis error: the store is unavailable (retry), never

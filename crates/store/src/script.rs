@@ -4,7 +4,8 @@
 //! module resolver, so `import` cannot read the scanner's files; no `eval`),
 //! and limits on operations, call depth, expression depth, string, array and
 //! map sizes and wall time. A script error, a limit or a wrong return type is
-//! a condition, never a crash.
+//! a condition, never a crash. Lifecycle runs package scripts in the same
+//! engine ([`sandbox`]).
 
 use std::time::{Duration, Instant};
 
@@ -13,7 +14,9 @@ use rhai::packages::Package;
 const MAX_OPERATIONS: u64 = 1_000_000;
 const MAX_TIME: Duration = Duration::from_secs(2);
 
-fn sandbox() -> rhai::Engine {
+/// The sealed engine every cluster-provided script runs in (JukeBox
+/// `source.script`, package `value_script` and `prefly`).
+pub fn sandbox() -> rhai::Engine {
     let mut engine = rhai::Engine::new_raw();
     engine.register_global_module(rhai::packages::StandardPackage::new().as_shared_module());
     engine.disable_symbol("eval");

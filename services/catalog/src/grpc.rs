@@ -2,19 +2,22 @@
 //! the in-process snapshot. Errors become `Status` codes here only.
 
 use std::{pin::Pin, sync::Arc};
-use vynil_runtime::{Classify, Failure, Shutdown};
+use vynil_runtime::{
+    Classify, Failure, Shutdown,
+    convert::{package_to_proto, package_type},
+};
 
 use futures::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
 use vynil_proto::catalog::v1::{
     self as pb, CatalogChange, Channel as ProtoChannel, GetCatalogRequest, GetCatalogResponse,
-    JukeboxSummary, ListJukeboxesRequest, ListJukeboxesResponse, NoMatch, PackageType as ProtoType,
-    ResolveCleanupRequest, ResolveCleanupResponse, ResolveInstallRequest, ResolveInstallResponse,
-    WatchCatalogRequest, catalog_server::Catalog as CatalogApi, resolve_cleanup_response::Decision,
+    JukeboxSummary, ListJukeboxesRequest, ListJukeboxesResponse, NoMatch, ResolveCleanupRequest,
+    ResolveCleanupResponse, ResolveInstallRequest, ResolveInstallResponse, WatchCatalogRequest,
+    catalog_server::Catalog as CatalogApi, resolve_cleanup_response::Decision,
     resolve_install_response::Outcome,
 };
 use vynil_rules::{
-    Channel, InstallQuery, Package, PackageType,
+    Channel, InstallQuery, PackageType,
     selection::{CatalogState, CleanupDecision, RecordedCheck, RecordedRevision},
 };
 
@@ -33,50 +36,6 @@ impl Classify for CatalogError {
 impl From<CatalogError> for Status {
     fn from(error: CatalogError) -> Self {
         error.to_status()
-    }
-}
-
-fn package_type(value: i32) -> Result<PackageType, Status> {
-    match ProtoType::try_from(value) {
-        Ok(ProtoType::Tenant) => Ok(PackageType::Tenant),
-        Ok(ProtoType::Service) => Ok(PackageType::Service),
-        Ok(ProtoType::System) => Ok(PackageType::System),
-        _ => Err(Status::invalid_argument("type must be tenant, service or system")),
-    }
-}
-
-fn proto_type(t: PackageType) -> i32 {
-    (match t {
-        PackageType::Tenant => ProtoType::Tenant,
-        PackageType::Service => ProtoType::Service,
-        PackageType::System => ProtoType::System,
-    }) as i32
-}
-
-fn json<T: serde::Serialize>(value: &T) -> String {
-    serde_json::to_string(value).unwrap_or_default()
-}
-
-pub fn package_to_proto(p: &Package) -> pb::Package {
-    let meta = &p.content.metadata;
-    pb::Package {
-        registry: p.registry.clone(),
-        image: p.image.clone(),
-        tag: p.tag.clone(),
-        metadata: Some(pb::PackageMetadata {
-            name: meta.name.clone(),
-            category: meta.category.clone(),
-            description: meta.description.clone(),
-            app_version: meta.app_version.clone().unwrap_or_default(),
-            r#type: proto_type(meta.package_type),
-            features: meta.features.clone(),
-            backup_affinity: meta.backup_affinity.clone().unwrap_or_default(),
-        }),
-        requirements_json: json(&p.content.requirements),
-        recommandations_json: p.content.recommandations.as_ref().map(json).unwrap_or_default(),
-        options_json: p.content.options.as_ref().map(json).unwrap_or_default(),
-        value_script: p.content.value_script_source().ok().flatten().unwrap_or_default(),
-        digest: p.digest.clone().unwrap_or_default(),
     }
 }
 
@@ -168,7 +127,9 @@ impl CatalogApi for CatalogService {
     ) -> Result<Response<ResolveInstallResponse>, Status> {
         let request = request.into_inner();
         let package_type = package_type(request.r#type)?;
-        let outcome = match self.catalog.entry(&request.jukebox)? {
+        let entry = self.catalog.entry(&request.jukebox)?;
+        let pull_secret = entry.as_ref().and_then(|e| e.pull_secret.clone()).unwrap_or_default();
+        let outcome = match entry {
             None => Outcome::NoMatch(NoMatch {
                 excluded_by: "jukebox".into(),
                 reason: vynil_rules::NoMatch::jukebox_missing(&request.jukebox).reason,
@@ -191,7 +152,7 @@ impl CatalogApi for CatalogService {
                 }
             }
         };
-        Ok(Response::new(ResolveInstallResponse { outcome: Some(outcome) }))
+        Ok(Response::new(ResolveInstallResponse { outcome: Some(outcome), pull_secret }))
     }
 
     async fn resolve_cleanup(

@@ -1,20 +1,30 @@
-//! The lifecycle service: the controllers of Tenant, Service and System instances, and their agent Jobs.
+//! The lifecycle service: the controllers of Tenant, Service and System
+//! instances, their agent Jobs, and a gRPC API over what is installed.
 //!
-//! This crate is the library behind the `vynil-lifecycle` binary: its configuration
-//! and its gRPC server. RPCs not implemented yet answer `UNIMPLEMENTED`.
+//! It replaces upstream's operator for the three instance kinds with the same
+//! CRDs and Jobs the upstream agent image runs unchanged (`job`), and decides
+//! re-runs by a recorded fingerprint (`plan`). Which revision to install is
+//! the catalog's `ResolveInstall` (the rules crate); options, requirements
+//! and the fingerprint are `vynil_rules::install`. Kube I/O stays in
+//! `controller` and `facts`; `plan` is pure. With `--kubernetes` it runs the
+//! controllers; without a cluster (local mode) every RPC answers
+//! `FAILED_PRECONDITION` naming why.
 
+mod catalog;
+mod controller;
+mod facts;
+mod grpc;
+pub mod instance;
+pub mod job;
 mod metrics;
+pub mod plan;
+mod script;
 
-use std::{future::Future, net::SocketAddr};
+use std::{future::Future, net::SocketAddr, sync::Arc, time::Duration};
 
-use tonic::{Request, Response, Status};
-use vynil_proto::lifecycle::v1::{
-    AllowDeleteWithoutPackageRequest, AllowDeleteWithoutPackageResponse, ExplainRequest, ExplainResponse,
-    ListInstalledRevisionsRequest, ListInstalledRevisionsResponse, ListInstancesRequest,
-    ListInstancesResponse,
-    lifecycle_server::{Lifecycle, LifecycleServer},
-};
-use vynil_runtime::{GrpcServer, RuntimeError, ServedService};
+use vynil_runtime::{Classify, Failure, GrpcServer, RuntimeError, ServedService, Shutdown};
+
+pub use grpc::LifecycleService;
 
 /// Configuration of the lifecycle service: flags, each with an environment fallback.
 #[derive(Debug, Clone, clap::Parser)]
@@ -28,75 +38,161 @@ pub struct Config {
     #[arg(long, env = "VYNIL_LIFECYCLE_LISTEN", default_value = "0.0.0.0:50054")]
     pub listen: SocketAddr,
     #[command(flatten)]
-    pub log: vynil_runtime::LogConfig,
+    pub shared: vynil_runtime::SharedConfig,
+    /// The catalog service (`ResolveInstall`); required with `--kubernetes`.
+    #[arg(long, env = "VYNIL_CATALOG_ENDPOINT")]
+    pub catalog_endpoint: Option<String>,
+    /// Namespace of the agent Jobs and pull secrets; the client's default
+    /// namespace (the pod's in a cluster) when absent.
+    #[arg(long, env = "VYNIL_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// Image of the agent Jobs (upstream's `AGENT_IMAGE`).
+    #[arg(long, env = "AGENT_IMAGE", default_value = "docker.io/sebt3/vynil-agent:0.7.7")]
+    pub agent_image: String,
+    /// ServiceAccount of the agent Jobs (upstream's `AGENT_ACCOUNT`).
+    #[arg(long, env = "AGENT_ACCOUNT", default_value = "vynil-agent")]
+    pub agent_account: String,
+    /// `LOG_LEVEL` of the agent Jobs (upstream's `AGENT_LOG_LEVEL`).
+    #[arg(long, env = "AGENT_LOG_LEVEL", default_value = "info")]
+    pub agent_log_level: String,
+    /// Namespace label naming a namespace's tenant (upstream's `TENANT_LABEL`).
+    #[arg(long, env = "TENANT_LABEL", default_value = "vynil.solidite.fr/tenant")]
+    pub tenant_label: String,
+    /// Agent Jobs tried for one fingerprint before the instance stays failed
+    /// (1 min doubling to 1 h between attempts).
+    #[arg(long, env = "VYNIL_MAX_INSTALL_ATTEMPTS", default_value_t = 5)]
+    pub max_install_attempts: u32,
 }
 
-/// The gRPC service. With `disabled` (local mode: "no cluster") every RPC
-/// answers `FAILED_PRECONDITION` naming why; otherwise each still answers
-/// `UNIMPLEMENTED`.
-#[derive(Debug)]
-pub struct LifecycleService {
-    disabled: Option<String>,
-    metrics: metrics::LifecycleMetrics,
-    /// What `GET /metrics` serves.
-    exported_metrics: std::sync::Arc<vynil_runtime::metrics::Registry>,
+/// Errors of the lifecycle service.
+#[derive(Debug, thiserror::Error)]
+pub enum LifecycleError {
+    #[error("configuration: {0}")]
+    Config(String),
+    /// The catalog, the API server or a registry did not answer: retry, never "gone".
+    #[error("{0} (retrying)")]
+    Unavailable(String),
+    #[error(transparent)]
+    Decode(#[from] instance::DecodeError),
+    /// A write was accepted but not (yet) seen done.
+    #[error("{0} (retrying)")]
+    NotDone(String),
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
 }
 
-impl Default for LifecycleService {
-    fn default() -> Self {
-        let (metrics, exported_metrics) = metrics::LifecycleMetrics::register();
-        Self { disabled: None, metrics, exported_metrics }
-    }
-}
-
-impl LifecycleService {
-    /// Every RPC answers `FAILED_PRECONDITION` naming `why` (local mode: no cluster).
-    pub fn disabled(why: impl Into<String>) -> Self {
-        Self { disabled: Some(why.into()), ..Self::default() }
-    }
-
-    fn refuse<T>(&self, rpc: &str) -> Result<Response<T>, Status> {
-        let status = match &self.disabled {
-            Some(why) => Status::failed_precondition(format!("lifecycle is disabled: {why}")),
-            None => Status::unimplemented(format!("{rpc} is not implemented yet")),
-        };
-        let code = format!("{:?}", status.code()).to_ascii_lowercase();
-        self.metrics.requests.get_or_create(&metrics::Rpc { rpc: rpc.into(), code }).inc();
-        Err(status)
-    }
-}
-
-#[tonic::async_trait]
-impl Lifecycle for LifecycleService {
-    async fn list_instances(
-        &self,
-        _: Request<ListInstancesRequest>,
-    ) -> Result<Response<ListInstancesResponse>, Status> {
-        self.refuse("ListInstances")
+impl LifecycleError {
+    /// The `error` label of the failure metric (upstream: the error's kind).
+    pub fn label(&self) -> String {
+        match self {
+            LifecycleError::Config(_) => "config",
+            LifecycleError::Unavailable(_) => "unavailable",
+            LifecycleError::Decode(_) => "decode",
+            LifecycleError::NotDone(_) => "notdone",
+            LifecycleError::Invalid(_) => "invalid",
+            LifecycleError::NotFound(_) => "notfound",
+            LifecycleError::Runtime(_) => "runtime",
+        }
+        .into()
     }
 
-    async fn explain(&self, _: Request<ExplainRequest>) -> Result<Response<ExplainResponse>, Status> {
-        self.refuse("Explain")
-    }
-
-    async fn list_installed_revisions(
-        &self,
-        _: Request<ListInstalledRevisionsRequest>,
-    ) -> Result<Response<ListInstalledRevisionsResponse>, Status> {
-        self.refuse("ListInstalledRevisions")
-    }
-
-    async fn allow_delete_without_package(
-        &self,
-        _: Request<AllowDeleteWithoutPackageRequest>,
-    ) -> Result<Response<AllowDeleteWithoutPackageResponse>, Status> {
-        self.refuse("AllowDeleteWithoutPackage")
+    /// When the reconcile is retried.
+    pub fn retry_after(&self) -> Duration {
+        match self {
+            LifecycleError::NotDone(_) => Duration::from_secs(5),
+            LifecycleError::Unavailable(_) => Duration::from_secs(30),
+            _ => Duration::from_secs(300),
+        }
     }
 }
 
-/// Binds, serves until `shutdown` resolves, then drains.
-pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> Result<(), RuntimeError> {
-    serve(config, LifecycleService::default(), shutdown).await
+impl Classify for LifecycleError {
+    fn failure(&self) -> Failure {
+        match self {
+            LifecycleError::Unavailable(_) | LifecycleError::NotDone(_) => Failure::Transient,
+            LifecycleError::Decode(_) | LifecycleError::Config(_) => Failure::Refused,
+            LifecycleError::Invalid(_) => Failure::BadInput,
+            LifecycleError::NotFound(_) => Failure::Missing,
+            LifecycleError::Runtime(e) => e.failure(),
+        }
+    }
+}
+
+/// Binds, runs the controllers (with `--kubernetes`) and serves until
+/// `shutdown` resolves, then drains.
+pub async fn run(
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), LifecycleError> {
+    if !config.shared.kubernetes {
+        let service =
+            LifecycleService::disabled("no cluster: start with --kubernetes (and --catalog-endpoint)");
+        return Ok(serve(config, service, shutdown).await?);
+    }
+    let endpoint = config.catalog_endpoint.as_deref().ok_or_else(|| {
+        LifecycleError::Config("--kubernetes needs --catalog-endpoint (VYNIL_CATALOG_ENDPOINT)".into())
+    })?;
+    let client = vynil_store::kube_client(vynil_runtime::user_agent!())
+        .await
+        .map_err(|e| LifecycleError::Unavailable(e.to_string()))?;
+    let shutdown_token = Shutdown::new();
+    let stop = shutdown_token.clone();
+    let outer = shutdown_token.after(shutdown);
+    let catalog = catalog::Catalog::connect(endpoint)?;
+    let transport = vynil_registry::TransportConfig {
+        insecure_registries: config.shared.insecure_registries.clone(),
+        ..vynil_registry::TransportConfig::default()
+    };
+    let credentials = vynil_registry::CredentialStore::from_file(config.shared.dockerconfig.as_deref())
+        .map_err(|e| LifecycleError::Config(e.to_string()))?;
+    let registry = vynil_registry::RegistryClient::new(
+        transport,
+        credentials,
+        Arc::new(vynil_registry::InMemoryMetadataCache::default()),
+    )
+    .map_err(|e| LifecycleError::Config(e.to_string()))?;
+    let namespace = config.namespace.clone().unwrap_or_else(|| client.default_namespace().to_string());
+    let settings = controller::Settings {
+        namespace: namespace.clone(),
+        catalog,
+        registry,
+        agent: job::AgentSettings {
+            image: config.agent_image.clone(),
+            service_account: config.agent_account.clone(),
+            log_level: config.agent_log_level.clone(),
+            tenant_label: config.tenant_label.clone(),
+        },
+        framework: config.shared.vynil_version.clone(),
+        max_attempts: config.max_install_attempts,
+        reporter: kube::runtime::events::Reporter {
+            controller: "vynil-lifecycle".into(),
+            instance: config.shared.pod_name.clone(),
+        },
+    };
+    let controllers: Vec<_> = instance::InstanceKind::ALL
+        .into_iter()
+        .map(|k| (k, controller::controller(&client, &namespace, k)))
+        .collect();
+    let stores = facts::Stores {
+        tenant: controllers[0].1.store(),
+        service: controllers[1].1.store(),
+        system: controllers[2].1.store(),
+    };
+    let (metrics, exported) = metrics::LifecycleMetrics::register();
+    let context = Arc::new(controller::Context::new(client, stores.clone(), metrics.clone(), settings));
+    let service = LifecycleService::running(context.clone(), metrics, exported);
+    let mut tasks = tokio::task::JoinSet::new();
+    for (kind, controller) in controllers {
+        tasks.spawn(controller::run(controller, kind, context.clone(), stop.signaled()));
+    }
+    let served = serve(config, service, outer).await;
+    stop.trigger();
+    while tasks.join_next().await.is_some() {}
+    Ok(served?)
 }
 
 /// Serves `service` (local mode passes a disabled one).
@@ -105,6 +201,13 @@ pub async fn serve(
     service: LifecycleService,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), RuntimeError> {
-    let server = GrpcServer::bind(config.listen).await?.with_metrics(service.exported_metrics.clone());
-    server.serve(vec![ServedService::new(LifecycleServer::new(service))], shutdown).await
+    let server = GrpcServer::bind(config.listen).await?.with_metrics(service.exported_metrics());
+    server
+        .serve(
+            vec![ServedService::new(vynil_proto::lifecycle::v1::lifecycle_server::LifecycleServer::new(
+                service,
+            ))],
+            shutdown,
+        )
+        .await
 }

@@ -55,10 +55,6 @@ pub struct Rpc {
 }
 
 #[derive(Debug, Clone)]
-#[allow(
-    dead_code,
-    reason = "the instance controllers record into the reconcile metrics; served from the start"
-)]
 pub struct LifecycleMetrics {
     pub tenant: ReconcileMetrics,
     pub service: ReconcileMetrics,
@@ -67,6 +63,15 @@ pub struct LifecycleMetrics {
 }
 
 impl LifecycleMetrics {
+    /// The reconcile metrics of `kind`.
+    pub fn of(&self, kind: crate::instance::InstanceKind) -> &ReconcileMetrics {
+        match kind {
+            crate::instance::InstanceKind::Tenant => &self.tenant,
+            crate::instance::InstanceKind::Service => &self.service,
+            crate::instance::InstanceKind::System => &self.system,
+        }
+    }
+
     pub fn register() -> (Self, Arc<Registry>) {
         let mut exported = Registry::default();
         let tenant =

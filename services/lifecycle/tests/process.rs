@@ -16,11 +16,12 @@ async fn the_binary_serves_health_and_reflection_then_exits_cleanly_on_sigterm()
 }
 
 #[tokio::test]
-async fn an_rpc_not_implemented_yet_answers_unimplemented() {
+async fn without_a_cluster_every_rpc_says_how_to_enable_it() {
     let service = ServiceProcess::start(Path::new(env!("CARGO_BIN_EXE_vynil-lifecycle")), &[]).await.unwrap();
     let mut client = LifecycleClient::new(service.channel().await.unwrap());
     let status = client.list_instances(ListInstancesRequest::default()).await.unwrap_err();
-    assert_eq!(status.code(), tonic::Code::Unimplemented, "{status:?}");
+    assert_eq!(status.code(), tonic::Code::FailedPrecondition, "{status:?}");
+    assert!(status.message().contains("--kubernetes"), "{status:?}");
 }
 
 #[tokio::test]
@@ -36,7 +37,7 @@ async fn metrics_are_served_with_upstreams_reconcile_names_and_rpcs_are_counted(
     assert!(
         text.lines().any(|l| l.starts_with("vynil_lifecycle_requests_total{")
             && l.contains("rpc=\"ListInstances\"")
-            && l.contains("code=\"unimplemented\"")
+            && l.contains("code=\"failedprecondition\"")
             && l.ends_with(" 1")),
         "{text}"
     );

@@ -1,0 +1,111 @@
+//! Lifecycle's view of the catalog: `ResolveInstall` (the rules crate's one
+//! selection, never a second copy here) and the tags of a package for
+//! `initFrom.version`. An unreachable catalog is an error to retry, never
+//! "package missing".
+
+use tonic::transport::{Channel, Endpoint};
+use vynil_proto::catalog::v1::{
+    self as pb, GetCatalogRequest, ResolveInstallRequest, catalog_client::CatalogClient,
+    resolve_install_response::Outcome,
+};
+use vynil_rules::Tag;
+use vynil_runtime::convert::{package_from_proto, proto_type};
+
+use crate::{LifecycleError, instance::Instance, plan::Resolution};
+
+#[derive(Debug, Clone)]
+pub struct Catalog {
+    client: CatalogClient<Channel>,
+}
+
+impl Catalog {
+    /// A lazily connected client of the catalog at `endpoint`.
+    pub fn connect(endpoint: &str) -> Result<Self, LifecycleError> {
+        let channel = Endpoint::from_shared(endpoint.to_string())
+            .map_err(|e| LifecycleError::Config(format!("--catalog-endpoint {endpoint:?}: {e}")))?
+            .connect_timeout(std::time::Duration::from_secs(5))
+            .timeout(std::time::Duration::from_secs(30))
+            .connect_lazy();
+        Ok(Self { client: CatalogClient::new(channel) })
+    }
+
+    /// The revision `instance` installs now, per the catalog.
+    pub async fn resolve(&self, instance: &Instance) -> Result<Resolution, LifecycleError> {
+        let request = ResolveInstallRequest {
+            jukebox: instance.jukebox.clone(),
+            category: instance.category.clone(),
+            name: instance.package.clone(),
+            r#type: proto_type(instance.kind.package_type()),
+            installed_tag: instance.status.tag.clone().unwrap_or_default(),
+        };
+        let response = self.client.clone().resolve_install(request).await.map_err(unavailable)?.into_inner();
+        let pull_secret = Some(response.pull_secret).filter(|s| !s.is_empty());
+        Ok(match response.outcome {
+            Some(Outcome::Package(package)) => {
+                let package = package_from_proto(&package).map_err(unavailable)?;
+                Resolution::Package { package: Box::new(package), pull_secret }
+            }
+            Some(Outcome::NoMatch(no_match)) if no_match.excluded_by == "jukebox" => {
+                Resolution::JukeboxMissing
+            }
+            Some(Outcome::NoMatch(no_match)) => {
+                Resolution::NoMatch { excluded_by: no_match.excluded_by, reason: no_match.reason }
+            }
+            None => {
+                return Err(LifecycleError::Unavailable(
+                    "the catalog answered ResolveInstall with no outcome".into(),
+                ));
+            }
+        })
+    }
+
+    async fn revisions(&self, instance: &Instance, typed: bool) -> Result<Vec<pb::Package>, LifecycleError> {
+        let request = GetCatalogRequest {
+            jukebox: instance.jukebox.clone(),
+            category: instance.category.clone(),
+            name: instance.package.clone(),
+            r#type: if typed { proto_type(instance.kind.package_type()) } else { 0 },
+            channel: 0,
+        };
+        match self.client.clone().get_catalog(request).await {
+            Ok(response) => Ok(response.into_inner().packages),
+            Err(status) if status.code() == tonic::Code::NotFound => Ok(Vec::new()),
+            Err(status) => Err(unavailable(status)),
+        }
+    }
+
+    /// The newest revision of the instance's package and type in the catalog.
+    pub async fn latest_tag(&self, instance: &Instance) -> Result<Option<String>, LifecycleError> {
+        let revisions = self.revisions(instance, true).await?;
+        Ok(revisions.into_iter().filter_map(|p| Tag::parse(&p.tag)).max().map(|t| t.to_string()))
+    }
+
+    /// Where the instance's package lives (any type: a revision installed
+    /// before a type change is in the same repository).
+    pub async fn repository_of(
+        &self,
+        instance: &Instance,
+    ) -> Result<Option<(String, String)>, LifecycleError> {
+        let revisions = self.revisions(instance, false).await?;
+        Ok(revisions.into_iter().next().map(|p| (p.registry, p.image)))
+    }
+
+    /// The digest of `tag` of the instance's package when the catalog lists
+    /// it (`Some(None)`: listed without a digest), `None` when not listed.
+    pub async fn find_tag(
+        &self,
+        instance: &Instance,
+        tag: &str,
+    ) -> Result<Option<Option<String>>, LifecycleError> {
+        Ok(self
+            .revisions(instance, true)
+            .await?
+            .into_iter()
+            .find(|p| p.tag == tag)
+            .map(|p| Some(p.digest).filter(|d| !d.is_empty())))
+    }
+}
+
+fn unavailable(status: tonic::Status) -> LifecycleError {
+    LifecycleError::Unavailable(format!("catalog: {:?}: {}", status.code(), status.message()))
+}

@@ -1,0 +1,563 @@
+//! The instance controllers: one kube-runtime `Controller` per kind, in the
+//! style of kube-rs controller-rs — `finalizer()` as the only top-level
+//! action, an instrumented reconcile, `error_policy` counting failures.
+//!
+//! A reconcile observes (catalog answer, cluster facts, the agent Job, the
+//! recorded status), asks [`crate::plan`] what to do, and performs the steps,
+//! reading each write back: a status write is done when the returned object
+//! carries it, a Job when it can be read with its fingerprint, a deletion when
+//! the Job is gone. Agent Jobs live in the control plane's namespace without
+//! owner references; each controller follows them with `watches` and a label
+//! mapper (`vynil.solidite.fr/type`, `namespace`, `instance`).
+
+use std::{collections::HashMap, sync::Arc, sync::Mutex, time::Duration};
+
+use futures::StreamExt;
+use k8s_openapi::api::{
+    batch::v1::Job,
+    core::v1::{Pod, Secret},
+};
+use kube::{
+    Api, Client, Resource, ResourceExt,
+    api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams},
+    runtime::{
+        Controller,
+        controller::Action,
+        events::{Event as KubeEvent, EventType, Recorder},
+        finalizer::{Error as FinalizerError, Event, finalizer},
+        reflector::ObjectRef,
+        watcher,
+    },
+};
+use serde_json::json;
+use vynil_crds::{Condition, labels, set_condition};
+use vynil_registry::{CredentialStore, RegistryClient, RepositoryRef};
+use vynil_rules::install;
+
+use crate::{
+    LifecycleError,
+    catalog::Catalog,
+    facts::{self, Stores},
+    instance::{Instance, InstanceKind},
+    job::{self, Action as JobAction, AgentSettings},
+    metrics::{InstanceFailure, LifecycleMetrics},
+    plan::{
+        self, InitVersion, JobRequest, JobState, Observed, ObservedJob, Outcome, Prepared, Resolution, Step,
+    },
+};
+
+/// How long a Job deletion is waited for before the reconcile is retried.
+const JOB_DELETION_WAIT: Duration = Duration::from_secs(20);
+
+/// What every reconcile shares.
+pub struct Context {
+    pub client: Client,
+    pub jobs: Api<Job>,
+    pods: Api<Pod>,
+    secrets: Api<Secret>,
+    pub catalog: Catalog,
+    registry: RegistryClient,
+    pub agent: AgentSettings,
+    pub framework: semver::Version,
+    pub max_attempts: u32,
+    pub stores: Stores,
+    pub metrics: LifecycleMetrics,
+    recorder: Recorder,
+    /// The last decision per instance, for `ListInstances`.
+    outcomes: Mutex<HashMap<(InstanceKind, String, String), Outcome>>,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context").field("agent", &self.agent).finish_non_exhaustive()
+    }
+}
+
+/// What [`Context::new`] needs besides the client and the stores.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub namespace: String,
+    pub catalog: Catalog,
+    pub registry: RegistryClient,
+    pub agent: AgentSettings,
+    pub framework: semver::Version,
+    pub max_attempts: u32,
+    pub reporter: kube::runtime::events::Reporter,
+}
+
+impl Context {
+    pub fn new(client: Client, stores: Stores, metrics: LifecycleMetrics, settings: Settings) -> Self {
+        Self {
+            jobs: Api::namespaced(client.clone(), &settings.namespace),
+            pods: Api::namespaced(client.clone(), &settings.namespace),
+            secrets: Api::namespaced(client.clone(), &settings.namespace),
+            recorder: Recorder::new(client.clone(), settings.reporter),
+            client,
+            catalog: settings.catalog,
+            registry: settings.registry,
+            agent: settings.agent,
+            framework: settings.framework,
+            max_attempts: settings.max_attempts.max(1),
+            stores,
+            metrics,
+            outcomes: Mutex::default(),
+        }
+    }
+
+    pub fn outcome(&self, kind: InstanceKind, namespace: &str, name: &str) -> Option<Outcome> {
+        let outcomes = self.outcomes.lock().unwrap_or_else(|p| p.into_inner());
+        outcomes.get(&(kind, namespace.to_string(), name.to_string())).cloned()
+    }
+
+    fn remember(&self, instance: &Instance, outcome: Outcome) {
+        let mut outcomes = self.outcomes.lock().unwrap_or_else(|p| p.into_inner());
+        outcomes.insert((instance.kind, instance.namespace.clone(), instance.name.clone()), outcome);
+    }
+
+    fn instances(&self, kind: InstanceKind, namespace: &str) -> Api<DynamicObject> {
+        Api::namespaced_with(self.client.clone(), namespace, &kind.api_resource())
+    }
+
+    async fn publish(
+        &self,
+        object: &DynamicObject,
+        kind: InstanceKind,
+        warning: bool,
+        reason: &str,
+        note: String,
+    ) {
+        let event = KubeEvent {
+            type_: if warning { EventType::Warning } else { EventType::Normal },
+            reason: reason.into(),
+            note: Some(note.chars().take(1023).collect()),
+            action: "Reconcile".into(),
+            secondary: None,
+        };
+        let reference = object.object_ref(&kind.api_resource());
+        if let Err(error) = self.recorder.publish(&event, &reference).await {
+            tracing::warn!(%error, reason, "cannot publish the Event");
+        }
+    }
+}
+
+/// The controller of `kind`, not started: its store feeds [`Stores`].
+pub fn controller(client: &Client, namespace: &str, kind: InstanceKind) -> Controller<DynamicObject> {
+    let resource = kind.api_resource();
+    let instances: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+    let jobs: Api<Job> = Api::namespaced(client.clone(), namespace);
+    let selector =
+        format!("{}={},{}={}", labels::COMPONENT, labels::AGENT, labels::TYPE, kind.package_type().as_str());
+    Controller::new_with(instances, watcher::Config::default(), resource.clone()).watches(
+        jobs,
+        watcher::Config::default().labels(&selector),
+        move |job: Job| {
+            let labels = job.labels();
+            let instance = labels.get(labels::INSTANCE)?;
+            let namespace = labels.get(labels::NAMESPACE)?;
+            Some(ObjectRef::new_with(instance, resource.clone()).within(namespace))
+        },
+    )
+}
+
+/// Runs `controller` for `kind` until `shutdown`.
+pub async fn run(
+    controller: Controller<DynamicObject>,
+    kind: InstanceKind,
+    context: Arc<Context>,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
+    controller
+        .graceful_shutdown_on(shutdown)
+        .run(
+            move |object, context| reconcile(kind, object, context),
+            move |object, error, context| error_policy(kind, &object, error, &context),
+            context,
+        )
+        .for_each(|result| async move {
+            if let Err(error) = result {
+                tracing::debug!(%error, "reconcile ended with an error");
+            }
+        })
+        .await;
+}
+
+#[tracing::instrument(skip_all, fields(kind = %kind, namespace = object.namespace().unwrap_or_default(), name = object.name_any()))]
+async fn reconcile(
+    kind: InstanceKind,
+    object: Arc<DynamicObject>,
+    context: Arc<Context>,
+) -> Result<Action, LifecycleError> {
+    let metrics = context.metrics.of(kind);
+    metrics.runs.inc();
+    let started = std::time::Instant::now();
+    let namespace = object.namespace().unwrap_or_default();
+    let api = context.instances(kind, &namespace);
+    let result = finalizer(&api, kind.finalizer(), object, |event| async {
+        match event {
+            Event::Apply(object) => apply(kind, &object, &context).await,
+            Event::Cleanup(object) => cleanup(kind, &object, &context).await,
+        }
+    })
+    .await
+    .map_err(|e| match e {
+        FinalizerError::ApplyFailed(e) | FinalizerError::CleanupFailed(e) => e,
+        other => LifecycleError::Unavailable(format!("Kubernetes API, managing the finalizer: {other}")),
+    });
+    metrics.duration.observe(started.elapsed().as_secs_f64());
+    result
+}
+
+fn error_policy(
+    kind: InstanceKind,
+    object: &DynamicObject,
+    error: &LifecycleError,
+    context: &Context,
+) -> Action {
+    let spec = |key: &str| {
+        object.data.pointer(&format!("/spec/{key}")).and_then(|v| v.as_str()).unwrap_or_default().to_string()
+    };
+    let failure = InstanceFailure {
+        name: object.name_any(),
+        namespace: object.namespace().unwrap_or_default(),
+        jukebox: spec("jukebox"),
+        category: spec("category"),
+        package: spec("package"),
+        error: error.label(),
+    };
+    context.metrics.of(kind).failures.get_or_create(&failure).inc();
+    tracing::warn!(%error, instance = %format!("{kind}/{}/{}", failure.namespace, failure.name), "reconcile failed");
+    Action::requeue(error.retry_after())
+}
+
+async fn decode(
+    kind: InstanceKind,
+    object: &DynamicObject,
+    context: &Context,
+) -> Result<Instance, LifecycleError> {
+    match Instance::decode(kind, object) {
+        Ok(instance) => Ok(instance),
+        Err(error) => {
+            context.publish(object, kind, true, "InvalidObject", error.to_string()).await;
+            Err(LifecycleError::Decode(error))
+        }
+    }
+}
+
+async fn apply(
+    kind: InstanceKind,
+    object: &DynamicObject,
+    context: &Context,
+) -> Result<Action, LifecycleError> {
+    let instance = decode(kind, object, context).await?;
+    let job_name = job::job_name(kind, &instance.namespace, &instance.name)
+        .map_err(|e| LifecycleError::Invalid(e.to_string()))?;
+    let observed = observe(&instance, &job_name, context).await?;
+    let plan = plan::plan(&instance, &observed);
+    tracing::debug!(outcome = ?plan.outcome, steps = plan.steps.len(), "planned");
+    execute(&instance, object, &job_name, plan.steps, context).await?;
+    context.remember(&instance, plan.outcome);
+    Ok(Action::requeue(plan.requeue))
+}
+
+/// What the planner reads, gathered for `instance` (also serves `Explain`).
+pub async fn observe(
+    instance: &Instance,
+    job_name: &str,
+    context: &Context,
+) -> Result<Observed, LifecycleError> {
+    let resolution = if instance.suspended {
+        Resolution::JukeboxMissing
+    } else {
+        context.catalog.resolve(instance).await?
+    };
+    let (init_version, prepared) = match &resolution {
+        Resolution::Package { package, pull_secret } => {
+            let init_version = init_version(instance, package, pull_secret.as_deref(), context).await?;
+            let facts = facts::gather(
+                &context.client,
+                &context.stores,
+                &context.agent.tenant_label,
+                &instance.namespace,
+                instance.object.clone(),
+            )
+            .await?;
+            let content = &package.content;
+            let kind = instance.kind.package_type();
+            let controller_values = content
+                .value_script_source()
+                .map_err(|e| e.to_string())
+                .and_then(|source| crate::script::controller_values(source.as_deref(), &instance.object));
+            let prepared = Prepared {
+                options: install::check_options(content.options.as_ref(), instance.options.as_ref()),
+                unmet: install::unmet_requirement(content, kind, &context.framework, &facts),
+                recommended: install::recommended(content, kind, &facts),
+                controller_values,
+            };
+            (init_version, Some(prepared))
+        }
+        _ => (InitVersion::NotAsked, None),
+    };
+    Ok(Observed {
+        resolution,
+        init_version,
+        prepared,
+        job: observe_job(job_name, context).await?,
+        now: jiff::Timestamp::now(),
+        max_attempts: context.max_attempts,
+    })
+}
+
+/// `initFrom.version` on a first install: the catalog's entry, else the
+/// registry (a HEAD with the JukeBox's pull secret). An unreachable registry
+/// is an error to retry, never "not found".
+async fn init_version(
+    instance: &Instance,
+    package: &vynil_rules::Package,
+    pull_secret: Option<&str>,
+    context: &Context,
+) -> Result<InitVersion, LifecycleError> {
+    let Some(version) = instance.init_from.as_ref().and_then(|i| i.version.clone()) else {
+        return Ok(InitVersion::NotAsked);
+    };
+    if instance.status.tag.is_some() {
+        return Ok(InitVersion::NotAsked);
+    }
+    if let Some(digest) = context.catalog.find_tag(instance, &version).await? {
+        return Ok(InitVersion::Found { tag: version, digest });
+    }
+    let client = match pull_secret {
+        None => context.registry.clone(),
+        Some(name) => {
+            let secret = context.secrets.get_opt(name).await.map_err(|e| {
+                LifecycleError::Unavailable(format!("Kubernetes API, reading the pull secret {name}: {e}"))
+            })?;
+            let document =
+                secret.and_then(|s| s.data).and_then(|d| d.get(".dockerconfigjson").map(|b| b.0.clone()));
+            match document {
+                Some(document) => {
+                    let credentials = CredentialStore::from_dockerconfigjson(&document)
+                        .map_err(|e| LifecycleError::Invalid(format!("pull secret {name}: {e}")))?;
+                    context
+                        .registry
+                        .with_credentials(&credentials)
+                        .map_err(|e| LifecycleError::Invalid(e.to_string()))?
+                }
+                None => context.registry.clone(),
+            }
+        }
+    };
+    let repo = RepositoryRef::new(&package.registry, &package.image)
+        .map_err(|e| LifecycleError::Invalid(e.to_string()))?;
+    match client.head_digest(&repo, &version).await {
+        Ok(Some(digest)) => Ok(InitVersion::Found { tag: version, digest: Some(digest) }),
+        Ok(None) => Ok(InitVersion::NotFound(version)),
+        Err(e) => {
+            Err(LifecycleError::Unavailable(format!("registry, looking for initFrom.version {version}: {e}")))
+        }
+    }
+}
+
+async fn observe_job(name: &str, context: &Context) -> Result<Option<ObservedJob>, LifecycleError> {
+    let kube = |e| LifecycleError::Unavailable(format!("Kubernetes API, reading the agent Job {name}: {e}"));
+    let Some(found) = context.jobs.get_opt(name).await.map_err(kube)? else {
+        return Ok(None);
+    };
+    let is_install = found.labels().get(labels::ACTION).is_some_and(|a| a == JobAction::Install.as_str());
+    let fingerprint = (is_install && found.metadata.deletion_timestamp.is_none())
+        .then(|| found.annotations().get(job::FINGERPRINT).cloned())
+        .flatten();
+    let conditions = found.status.as_ref().and_then(|s| s.conditions.clone()).unwrap_or_default();
+    let holds = |t: &str| conditions.iter().find(|c| c.type_ == t && c.status == "True");
+    let state = if holds("Complete").is_some() {
+        JobState::Succeeded
+    } else if let Some(failed) = holds("Failed") {
+        let mut reason = format!(
+            "{}: {}",
+            failed.reason.as_deref().unwrap_or("Failed"),
+            failed.message.as_deref().unwrap_or("the Job failed")
+        );
+        if let Some(pod) = pod_failure(name, context).await {
+            reason.push_str(&format!("; {pod}"));
+        }
+        JobState::Failed(reason)
+    } else {
+        JobState::Running
+    };
+    Ok(Some(ObservedJob { uid: found.uid().unwrap_or_default(), fingerprint, state }))
+}
+
+/// The first terminated container of the Job's pods that did not succeed.
+async fn pod_failure(job: &str, context: &Context) -> Option<String> {
+    let pods = context.pods.list(&ListParams::default().labels(&format!("job-name={job}"))).await.ok()?;
+    pods.items.iter().find_map(|pod| {
+        let status = pod.status.as_ref()?;
+        let containers =
+            status.init_container_statuses.iter().flatten().chain(status.container_statuses.iter().flatten());
+        containers.into_iter().find_map(|c| {
+            let terminated = c.state.as_ref()?.terminated.as_ref()?;
+            (terminated.exit_code != 0).then(|| {
+                format!(
+                    "pod {} container {} exited {} ({}){}",
+                    pod.name_any(),
+                    c.name,
+                    terminated.exit_code,
+                    terminated.reason.as_deref().unwrap_or("Error"),
+                    terminated.message.as_deref().map(|m| format!(": {m}")).unwrap_or_default()
+                )
+            })
+        })
+    })
+}
+
+async fn execute(
+    instance: &Instance,
+    object: &DynamicObject,
+    job_name: &str,
+    steps: Vec<Step>,
+    context: &Context,
+) -> Result<(), LifecycleError> {
+    let api = context.instances(instance.kind, &instance.namespace);
+    let kube = |doing: &'static str| {
+        move |e: kube::Error| LifecycleError::Unavailable(format!("Kubernetes API, {doing}: {e}"))
+    };
+    let mut conditions = instance.status.conditions.clone();
+    let mut conditions_changed = false;
+    let mut resource_version = object.resource_version();
+    let now = jiff::Timestamp::now();
+    for step in steps {
+        match step {
+            Step::Condition { condition_type, ok, message } => {
+                let condition =
+                    Condition::new(condition_type.to_string(), ok, message, instance.generation, now);
+                conditions_changed |= set_condition(&mut conditions, condition);
+            }
+            Step::Event { warning, reason, note } => {
+                context.publish(object, instance.kind, warning, reason, note).await;
+            }
+            Step::RemoveForceReinstall => {
+                let patch =
+                    json!({"metadata": {"annotations": {vynil_crds::annotations::FORCE_REINSTALL: null}}});
+                let written = api
+                    .patch(&instance.name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .map_err(kube("removing the force-reinstall annotation"))?;
+                if written.annotations().contains_key(vynil_crds::annotations::FORCE_REINSTALL) {
+                    return Err(LifecycleError::NotDone(
+                        "the force-reinstall annotation is still there".into(),
+                    ));
+                }
+                resource_version = written.resource_version();
+            }
+            Step::DeleteJob => delete_job(job_name, context).await?,
+            Step::RecordTarget(mut target) => {
+                target.job = job_name.to_string();
+                let patch = json!({"status": {"target": target}});
+                let written = api
+                    .patch_status(&instance.name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .map_err(kube("recording status.target"))?;
+                let recorded =
+                    written.data.pointer("/status/target/revision/fingerprint").and_then(|v| v.as_str());
+                if recorded != target.revision.fingerprint.as_deref() {
+                    return Err(LifecycleError::NotDone("status.target was not recorded".into()));
+                }
+                resource_version = written.resource_version();
+            }
+            Step::CreateJob(request) => create_job(instance, job_name, &request, context).await?,
+            Step::RecordInstalled(package) => {
+                let patch = json!({"status": {"package": package, "target": null}});
+                let written = api
+                    .patch_status(&instance.name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .map_err(kube("recording status.package"))?;
+                let recorded = written.data.pointer("/status/package/fingerprint").and_then(|v| v.as_str());
+                if recorded != package.fingerprint.as_deref() {
+                    return Err(LifecycleError::NotDone("status.package was not recorded".into()));
+                }
+                resource_version = written.resource_version();
+            }
+        }
+    }
+    if conditions_changed {
+        // Compare-and-set: a condition list written over an agent's write would lose it.
+        let patch =
+            json!({"metadata": {"resourceVersion": resource_version}, "status": {"conditions": conditions}});
+        api.patch_status(&instance.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(kube("writing the conditions"))?;
+    }
+    Ok(())
+}
+
+async fn delete_job(name: &str, context: &Context) -> Result<(), LifecycleError> {
+    let kube = |e| LifecycleError::Unavailable(format!("Kubernetes API, deleting the agent Job {name}: {e}"));
+    match context.jobs.delete(name, &DeleteParams::background()).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(status)) if status.code == 404 => return Ok(()),
+        Err(e) => return Err(kube(e)),
+    }
+    let deadline = tokio::time::Instant::now() + JOB_DELETION_WAIT;
+    while context.jobs.get_opt(name).await.map_err(kube)?.is_some() {
+        if tokio::time::Instant::now() > deadline {
+            return Err(LifecycleError::NotDone(format!("the agent Job {name} is still being deleted")));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(())
+}
+
+async fn create_job(
+    instance: &Instance,
+    name: &str,
+    request: &JobRequest,
+    context: &Context,
+) -> Result<(), LifecycleError> {
+    let rendered = job::render(
+        &context.agent,
+        name,
+        instance.kind,
+        &instance.namespace,
+        &instance.name,
+        JobAction::Install,
+        request,
+    )
+    .map_err(|e| LifecycleError::Invalid(format!("rendering the agent Job: {e}")))?;
+    let kube = |e| LifecycleError::Unavailable(format!("Kubernetes API, creating the agent Job {name}: {e}"));
+    context.jobs.create(&PostParams::default(), &rendered).await.map_err(kube)?;
+    let read = context.jobs.get_opt(name).await.map_err(kube)?;
+    let fingerprint = read.as_ref().and_then(|j| j.annotations().get(job::FINGERPRINT).cloned());
+    if fingerprint.as_deref() != Some(request.fingerprint.as_str()) {
+        return Err(LifecycleError::NotDone(format!("the agent Job {name} cannot be read back")));
+    }
+    Ok(())
+}
+
+/// Deletion, until the safe-uninstall work lands: an instance with nothing to
+/// undo goes at once; one with children keeps its finalizer with a condition
+/// saying so (no delete Job is run from this build).
+async fn cleanup(
+    kind: InstanceKind,
+    object: &DynamicObject,
+    context: &Context,
+) -> Result<Action, LifecycleError> {
+    let instance = decode(kind, object, context).await?;
+    let job_name = job::job_name(kind, &instance.namespace, &instance.name)
+        .map_err(|e| LifecycleError::Invalid(e.to_string()))?;
+    if !instance.status.have_child {
+        delete_job(&job_name, context).await?;
+        return Ok(Action::await_change());
+    }
+    let message = vynil_crds::coded_message(
+        "E_UNINSTALL_PENDING",
+        "this instance has children and this build runs no delete Job yet; its finalizer stays",
+    );
+    execute(
+        &instance,
+        object,
+        &job_name,
+        vec![Step::Condition { condition_type: "Deleting", ok: false, message }],
+        context,
+    )
+    .await?;
+    Err(LifecycleError::NotDone("uninstall with children is not available in this build".into()))
+}

@@ -1,0 +1,172 @@
+//! What the cluster says for requirements and recommendations, gathered once
+//! per reconcile: the API server's version, the CRDs, and — from the
+//! controllers' own watch caches — the packages installed and the services
+//! published, cluster-wide and in the instance's tenant (the namespaces
+//! sharing the instance namespace's `TENANT_LABEL` value; only that namespace
+//! when it has none). The decision itself is `vynil_rules::install`.
+
+use std::collections::HashSet;
+
+use k8s_openapi::{
+    api::core::v1::Namespace, apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{DynamicObject, ListParams},
+    runtime::reflector::Store,
+};
+use serde_json::Value;
+use vynil_rules::{
+    install::ClusterFacts,
+    package::{ClusterVersion, PackageRef, Prefly},
+};
+
+use crate::{LifecycleError, instance::InstanceKind, script};
+
+/// The watch caches of the three kinds.
+#[derive(Clone)]
+pub struct Stores {
+    pub tenant: Store<DynamicObject>,
+    pub service: Store<DynamicObject>,
+    pub system: Store<DynamicObject>,
+}
+
+impl std::fmt::Debug for Stores {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stores").finish_non_exhaustive()
+    }
+}
+
+impl Stores {
+    pub fn of(&self, kind: InstanceKind) -> &Store<DynamicObject> {
+        match kind {
+            InstanceKind::Tenant => &self.tenant,
+            InstanceKind::Service => &self.service,
+            InstanceKind::System => &self.system,
+        }
+    }
+}
+
+/// The facts of one reconcile.
+#[derive(Debug, Clone)]
+pub struct Facts {
+    pub version: ClusterVersion,
+    pub crds: HashSet<String>,
+    pub system_packages: HashSet<(String, String)>,
+    pub tenant_packages: HashSet<(String, String)>,
+    pub system_services: HashSet<String>,
+    pub tenant_services: HashSet<String>,
+    /// The instance object, bound as `instance` in `prefly`.
+    pub instance: Value,
+}
+
+impl ClusterFacts for Facts {
+    fn cluster_version(&self) -> ClusterVersion {
+        self.version
+    }
+    fn has_crd(&self, name: &str) -> bool {
+        self.crds.contains(name)
+    }
+    fn has_system_package(&self, p: &PackageRef) -> bool {
+        self.system_packages.contains(&(p.category.clone(), p.name.clone()))
+    }
+    fn has_tenant_package(&self, p: &PackageRef) -> bool {
+        self.tenant_packages.contains(&(p.category.clone(), p.name.clone()))
+    }
+    fn has_system_service(&self, key: &str) -> bool {
+        self.system_services.contains(key)
+    }
+    fn has_tenant_service(&self, key: &str) -> bool {
+        self.tenant_services.contains(key)
+    }
+    fn prefly(&self, prefly: &Prefly) -> Result<bool, String> {
+        script::prefly(&prefly.script, &self.instance)
+    }
+}
+
+fn kube(doing: &'static str) -> impl FnOnce(kube::Error) -> LifecycleError {
+    move |e| LifecycleError::Unavailable(format!("Kubernetes API, {doing}: {e}"))
+}
+
+fn spec_package(object: &DynamicObject) -> Option<(String, String)> {
+    let spec = object.data.get("spec")?;
+    Some((spec.get("category")?.as_str()?.to_string(), spec.get("package")?.as_str()?.to_string()))
+}
+
+fn published(object: &DynamicObject) -> impl Iterator<Item = String> + '_ {
+    object
+        .data
+        .pointer("/status/services")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|s| s.get("key").and_then(Value::as_str).map(str::to_string))
+}
+
+/// `"28+"` (some providers) → 28.
+fn leading_number(text: &str) -> Option<u64> {
+    let digits: String = text.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
+}
+
+/// Gathers the facts for the instance `namespace`, object `instance`.
+pub async fn gather(
+    client: &Client,
+    stores: &Stores,
+    tenant_label: &str,
+    namespace: &str,
+    instance: Value,
+) -> Result<Facts, LifecycleError> {
+    let info = client.apiserver_version().await.map_err(kube("reading /version"))?;
+    let version = leading_number(&info.major)
+        .zip(leading_number(&info.minor))
+        .map(|(major, minor)| ClusterVersion { major, minor })
+        .ok_or_else(|| {
+            LifecycleError::Unavailable(format!(
+                "the API server's /version says major {:?} minor {:?}: not numbers",
+                info.major, info.minor
+            ))
+        })?;
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let crds = crds.list(&ListParams::default()).await.map_err(kube("listing CRDs"))?;
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let tenant = namespaces
+        .get_opt(namespace)
+        .await
+        .map_err(kube("reading the instance's namespace"))?
+        .and_then(|n| n.labels().get(tenant_label).cloned());
+    let tenant_namespaces: HashSet<String> = match tenant {
+        Some(value) => {
+            let selector = ListParams::default().labels(&format!("{tenant_label}={value}"));
+            let list = namespaces.list(&selector).await.map_err(kube("listing the tenant's namespaces"))?;
+            list.items.iter().map(|n| n.name_any()).chain([namespace.to_string()]).collect()
+        }
+        None => HashSet::from([namespace.to_string()]),
+    };
+    let in_tenant = |o: &DynamicObject| o.namespace().is_some_and(|ns| tenant_namespaces.contains(&ns));
+    let mut facts = Facts {
+        version,
+        crds: crds.items.iter().map(|c| c.name_any()).collect(),
+        instance,
+        system_packages: HashSet::new(),
+        tenant_packages: HashSet::new(),
+        system_services: HashSet::new(),
+        tenant_services: HashSet::new(),
+    };
+    for object in stores.system.state() {
+        facts.system_packages.extend(spec_package(&object));
+    }
+    for object in stores.tenant.state() {
+        if in_tenant(&object) {
+            facts.tenant_packages.extend(spec_package(&object));
+            facts.tenant_services.extend(published(&object));
+        }
+    }
+    for object in stores.service.state() {
+        facts.system_services.extend(published(&object));
+        if in_tenant(&object) {
+            facts.tenant_services.extend(published(&object));
+        }
+    }
+    Ok(facts)
+}

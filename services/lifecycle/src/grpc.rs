@@ -1,0 +1,395 @@
+//! The gRPC face of lifecycle, answered from the controllers' watch caches.
+//!
+//! - `ListInstances`: every instance with lifecycle's last decision (state,
+//!   blocking criterion, code and message) and the recorded revision; an
+//!   object that does not decode is listed as `INVALID`, not hidden.
+//! - `Explain`: what a reconcile would decide now, computed afresh with the
+//!   same observation and planner the controller uses (nothing is written).
+//! - `ListInstalledRevisions`: the purger's usage input — every installed,
+//!   installing (`status.target`) or `initFrom`-pinned revision. Unknown is
+//!   not absent: before the caches are synced, or when an instance's
+//!   repository cannot be told, the answer is `UNAVAILABLE`, never a shorter
+//!   list.
+//!
+//! Errors become `Status` through the one shared mapping (`Classify`).
+
+use std::sync::Arc;
+
+use kube::{ResourceExt, api::DynamicObject};
+use tonic::{Request, Response, Status};
+use vynil_proto::lifecycle::v1::{
+    AllowDeleteWithoutPackageRequest, AllowDeleteWithoutPackageResponse, ExplainRequest, ExplainResponse,
+    InstalledRevision, InstanceKind as ProtoKind, InstanceRef, InstanceState, InstanceSummary,
+    ListInstalledRevisionsRequest, ListInstalledRevisionsResponse, ListInstancesRequest,
+    ListInstancesResponse, RevisionUse, lifecycle_server::Lifecycle,
+};
+use vynil_runtime::{Classify, metrics::Registry};
+
+use crate::{
+    LifecycleError,
+    controller::Context,
+    instance::{Instance, InstanceKind},
+    job,
+    metrics::{self, LifecycleMetrics},
+    plan::{self, Outcome},
+};
+
+/// The gRPC service: disabled (local mode) or over running controllers.
+#[derive(Debug)]
+pub struct LifecycleService {
+    context: Result<Arc<Context>, String>,
+    metrics: LifecycleMetrics,
+    exported_metrics: Arc<Registry>,
+}
+
+impl LifecycleService {
+    /// Every RPC answers `FAILED_PRECONDITION` naming `why` (local mode: no cluster).
+    pub fn disabled(why: impl Into<String>) -> Self {
+        let (metrics, exported_metrics) = LifecycleMetrics::register();
+        Self { context: Err(why.into()), metrics, exported_metrics }
+    }
+
+    pub(crate) fn running(context: Arc<Context>, metrics: LifecycleMetrics, exported: Arc<Registry>) -> Self {
+        Self { context: Ok(context), metrics, exported_metrics: exported }
+    }
+
+    /// What `GET /metrics` serves.
+    pub fn exported_metrics(&self) -> Arc<Registry> {
+        self.exported_metrics.clone()
+    }
+
+    fn context(&self) -> Result<&Arc<Context>, Status> {
+        self.context
+            .as_ref()
+            .map_err(|why| Status::failed_precondition(format!("lifecycle is disabled: {why}")))
+    }
+
+    fn count<T>(&self, rpc: &str, result: Result<T, Status>) -> Result<Response<T>, Status> {
+        let code = match &result {
+            Ok(_) => "ok".to_string(),
+            Err(status) => format!("{:?}", status.code()).to_ascii_lowercase(),
+        };
+        self.metrics.requests.get_or_create(&metrics::Rpc { rpc: rpc.into(), code }).inc();
+        result.map(Response::new)
+    }
+}
+
+fn proto_kind(kind: InstanceKind) -> i32 {
+    (match kind {
+        InstanceKind::Tenant => ProtoKind::Tenant,
+        InstanceKind::Service => ProtoKind::Service,
+        InstanceKind::System => ProtoKind::System,
+    }) as i32
+}
+
+fn kinds(filter: i32) -> Result<Vec<InstanceKind>, Status> {
+    match ProtoKind::try_from(filter) {
+        Ok(ProtoKind::Unspecified) => Ok(InstanceKind::ALL.to_vec()),
+        Ok(ProtoKind::Tenant) => Ok(vec![InstanceKind::Tenant]),
+        Ok(ProtoKind::Service) => Ok(vec![InstanceKind::Service]),
+        Ok(ProtoKind::System) => Ok(vec![InstanceKind::System]),
+        Err(_) => Err(Status::invalid_argument("kind must be tenant, service or system")),
+    }
+}
+
+fn reference(kind: InstanceKind, object: &DynamicObject) -> InstanceRef {
+    InstanceRef {
+        kind: proto_kind(kind),
+        namespace: object.namespace().unwrap_or_default(),
+        name: object.name_any(),
+    }
+}
+
+/// State and blocker of an outcome.
+fn describe(outcome: &Outcome) -> (InstanceState, Option<&plan::Blocker>) {
+    match outcome {
+        Outcome::Suspended => (InstanceState::Suspended, None),
+        Outcome::Blocked(blocker) => (InstanceState::Blocked, Some(blocker)),
+        Outcome::UpToDate { .. } | Outcome::Adopted { .. } | Outcome::Installed { .. } => {
+            (InstanceState::UpToDate, None)
+        }
+        Outcome::Installing { .. } => (InstanceState::Installing, None),
+        Outcome::Retrying { .. } => (InstanceState::Retrying, None),
+    }
+}
+
+fn summary_of(kind: InstanceKind, object: &DynamicObject, context: &Context) -> InstanceSummary {
+    let mut summary = InstanceSummary { r#ref: Some(reference(kind, object)), ..InstanceSummary::default() };
+    let instance = match Instance::decode(kind, object) {
+        Ok(instance) => instance,
+        Err(error) => {
+            summary.state = InstanceState::Invalid as i32;
+            summary.blocking_reason = error.to_string();
+            return summary;
+        }
+    };
+    summary.jukebox = instance.jukebox.clone();
+    summary.category = instance.category.clone();
+    summary.package = instance.package.clone();
+    summary.tag = instance.status.tag.clone().unwrap_or_default();
+    summary.stage = instance.status.conditions.last().map(|c| c.condition_type.clone()).unwrap_or_default();
+    summary.errors = instance
+        .status
+        .conditions
+        .iter()
+        .filter(|c| c.status == vynil_crds::ConditionStatus::False)
+        .map(|c| c.message.clone())
+        .collect();
+    if let Some(installed) = &instance.status.package {
+        summary.installed_registry = installed.registry.clone();
+        summary.installed_image = installed.image.clone();
+        summary.installed_digest = installed.digest.clone().unwrap_or_default();
+    }
+    summary.target_tag = instance.status.target.as_ref().map(|t| t.revision.tag.clone()).unwrap_or_default();
+    let state = if instance.deleting {
+        InstanceState::Deleting
+    } else {
+        match context.outcome(kind, &instance.namespace, &instance.name) {
+            None => InstanceState::Pending,
+            Some(outcome) => {
+                let (state, blocker) = describe(&outcome);
+                if let Some(blocker) = blocker {
+                    summary.blocked_by = blocker.criterion.into();
+                    summary.blocking_code = blocker.code.unwrap_or_default().into();
+                    summary.blocking_reason = blocker.message.clone();
+                }
+                state
+            }
+        }
+    };
+    summary.state = state as i32;
+    summary
+}
+
+fn synced(context: &Context) -> Result<(), Status> {
+    // A store is ready once its first list completed.
+    use futures::FutureExt;
+    let ready = InstanceKind::ALL
+        .iter()
+        .all(|k| context.stores.of(*k).wait_until_ready().now_or_never().is_some_and(|r| r.is_ok()));
+    if ready {
+        Ok(())
+    } else {
+        Err(Status::unavailable("lifecycle has not synced its instance caches yet: retry in a few seconds"))
+    }
+}
+
+#[tonic::async_trait]
+impl Lifecycle for LifecycleService {
+    async fn list_instances(
+        &self,
+        request: Request<ListInstancesRequest>,
+    ) -> Result<Response<ListInstancesResponse>, Status> {
+        let result = (|| {
+            let context = self.context()?;
+            synced(context)?;
+            let request = request.into_inner();
+            let mut instances = Vec::new();
+            for kind in kinds(request.kind)? {
+                for object in context.stores.of(kind).state() {
+                    let summary = summary_of(kind, &object, context);
+                    let namespace_ok = request.namespace.is_empty()
+                        || summary.r#ref.as_ref().is_some_and(|r| r.namespace == request.namespace);
+                    if namespace_ok && (request.jukebox.is_empty() || summary.jukebox == request.jukebox) {
+                        instances.push(summary);
+                    }
+                }
+            }
+            instances
+                .sort_by_key(|s| s.r#ref.as_ref().map(|r| (r.kind, r.namespace.clone(), r.name.clone())));
+            Ok(ListInstancesResponse { instances })
+        })();
+        self.count("ListInstances", result)
+    }
+
+    async fn explain(&self, request: Request<ExplainRequest>) -> Result<Response<ExplainResponse>, Status> {
+        let result = async {
+            let context = self.context()?;
+            synced(context)?;
+            let wanted =
+                request.into_inner().r#ref.ok_or_else(|| Status::invalid_argument("ref is required"))?;
+            explain(context, &wanted).await.map_err(|e| e.to_status())
+        }
+        .await;
+        self.count("Explain", result)
+    }
+
+    async fn list_installed_revisions(
+        &self,
+        request: Request<ListInstalledRevisionsRequest>,
+    ) -> Result<Response<ListInstalledRevisionsResponse>, Status> {
+        let result = async {
+            let context = self.context()?;
+            synced(context)?;
+            let request = request.into_inner();
+            installed_revisions(context, &request).await.map_err(|e| e.to_status())
+        }
+        .await;
+        self.count("ListInstalledRevisions", result)
+    }
+
+    async fn allow_delete_without_package(
+        &self,
+        _: Request<AllowDeleteWithoutPackageRequest>,
+    ) -> Result<Response<AllowDeleteWithoutPackageResponse>, Status> {
+        let result = self.context().and_then(|_| {
+            Err(Status::unimplemented(
+                "AllowDeleteWithoutPackage comes with safe uninstall; set the annotation vynil.solidite.fr/delete-without-package=\"true\" with kubectl meanwhile",
+            ))
+        });
+        self.count("AllowDeleteWithoutPackage", result)
+    }
+}
+
+fn find(
+    context: &Context,
+    wanted: &InstanceRef,
+) -> Result<(InstanceKind, Arc<DynamicObject>), LifecycleError> {
+    let kind = match ProtoKind::try_from(wanted.kind) {
+        Ok(ProtoKind::Tenant) => InstanceKind::Tenant,
+        Ok(ProtoKind::Service) => InstanceKind::Service,
+        Ok(ProtoKind::System) => InstanceKind::System,
+        _ => return Err(LifecycleError::Invalid("ref.kind must be tenant, service or system".into())),
+    };
+    context
+        .stores
+        .of(kind)
+        .state()
+        .into_iter()
+        .find(|o| o.name_any() == wanted.name && o.namespace().as_deref() == Some(wanted.namespace.as_str()))
+        .map(|o| (kind, o))
+        .ok_or_else(|| {
+            LifecycleError::NotFound(format!("no {} {}/{}", kind.kind(), wanted.namespace, wanted.name))
+        })
+}
+
+async fn explain(context: &Context, wanted: &InstanceRef) -> Result<ExplainResponse, LifecycleError> {
+    let (kind, object) = find(context, wanted)?;
+    let instance = Instance::decode(kind, &object)?;
+    let mut response = ExplainResponse {
+        r#ref: Some(wanted.clone()),
+        from_tag: instance.status.tag.clone().unwrap_or_default(),
+        ..ExplainResponse::default()
+    };
+    if instance.deleting {
+        response.state = InstanceState::Deleting as i32;
+        response.summary = format!("{} is being deleted", instance.reference());
+        return Ok(response);
+    }
+    let job_name = job::job_name(kind, &instance.namespace, &instance.name)
+        .map_err(|e| LifecycleError::Invalid(e.to_string()))?;
+    let observed = crate::controller::observe(&instance, &job_name, context).await?;
+    let decision = plan::plan(&instance, &observed);
+    response.latest_tag = context.catalog.latest_tag(&instance).await?.unwrap_or_default();
+    let (state, blocker) = describe(&decision.outcome);
+    response.state = state as i32;
+    if let Some(blocker) = blocker {
+        response.blocked_by = blocker.criterion.into();
+        response.blocking_code = blocker.code.unwrap_or_default().into();
+        response.blocking_reason = blocker.message.clone();
+    }
+    let from = if response.from_tag.is_empty() { "nothing".to_string() } else { response.from_tag.clone() };
+    response.summary = match &decision.outcome {
+        Outcome::Suspended => "suspended (vynil.solidite.fr/suspend=\"true\"): nothing is done".into(),
+        Outcome::Blocked(blocker) => format!("blocked by {}: {}", blocker.criterion, blocker.message),
+        Outcome::UpToDate { tag } | Outcome::Adopted { tag } | Outcome::Installed { tag } => {
+            response.to_tag = tag.clone();
+            format!("up to date at {tag}: nothing would run")
+        }
+        Outcome::Installing { to, .. } => {
+            response.to_tag = to.clone();
+            let via = if !response.latest_tag.is_empty() && response.latest_tag != *to {
+                format!(" (a waypoint on the way to {})", response.latest_tag)
+            } else {
+                String::new()
+            };
+            format!("would install {to}{via} over {from}")
+        }
+        Outcome::Retrying { to, attempt, reason, retry_at } => {
+            response.to_tag = to.clone();
+            format!("attempt {attempt} to install {to} failed ({reason}); next attempt at {retry_at}")
+        }
+    };
+    response.details = decision.steps.iter().map(|s| format!("{s:?}")).collect();
+    Ok(response)
+}
+
+fn revision(
+    registry: &str,
+    image: &str,
+    tag: &str,
+    digest: Option<&str>,
+    usage: RevisionUse,
+    instance: InstanceRef,
+) -> InstalledRevision {
+    InstalledRevision {
+        registry: registry.into(),
+        repository: image.into(),
+        tag: tag.into(),
+        digest: digest.unwrap_or_default().into(),
+        r#use: usage as i32,
+        instance: Some(instance),
+    }
+}
+
+async fn installed_revisions(
+    context: &Context,
+    request: &ListInstalledRevisionsRequest,
+) -> Result<ListInstalledRevisionsResponse, LifecycleError> {
+    let mut revisions = Vec::new();
+    for kind in InstanceKind::ALL {
+        for object in context.stores.of(kind).state() {
+            let at = reference(kind, &object);
+            // An object that does not decode may still run something: unknown, not absent.
+            let instance = Instance::decode(kind, &object)?;
+            let status = &instance.status;
+            if let Some(p) = &status.package {
+                revisions.push(revision(
+                    &p.registry,
+                    &p.image,
+                    &p.tag,
+                    p.digest.as_deref(),
+                    RevisionUse::Installed,
+                    at.clone(),
+                ));
+            }
+            if let Some(t) = &status.target {
+                let p = &t.revision;
+                revisions.push(revision(
+                    &p.registry,
+                    &p.image,
+                    &p.tag,
+                    p.digest.as_deref(),
+                    RevisionUse::Installing,
+                    at.clone(),
+                ));
+            }
+            let pinned =
+                instance.init_from.as_ref().and_then(|i| i.version.clone()).filter(|_| status.tag.is_none());
+            let unrecorded = status.tag.clone().filter(|_| status.package.is_none());
+            if pinned.is_none() && unrecorded.is_none() {
+                continue;
+            }
+            // Installed by upstream (not adopted yet) or pinned: the repository is the catalog's.
+            let Some((registry, image)) = context.catalog.repository_of(&instance).await? else {
+                return Err(LifecycleError::Unavailable(format!(
+                    "{} runs or pins a revision of {}/{} whose repository the catalog does not know: usage unknown",
+                    instance.reference(),
+                    instance.category,
+                    instance.package
+                )));
+            };
+            if let Some(tag) = unrecorded {
+                revisions.push(revision(&registry, &image, &tag, None, RevisionUse::Installed, at.clone()));
+            }
+            if let Some(tag) = pinned {
+                revisions.push(revision(&registry, &image, &tag, None, RevisionUse::Pinned, at));
+            }
+        }
+    }
+    revisions.retain(|r| {
+        (request.registry.is_empty() || r.registry == request.registry)
+            && (request.repository.is_empty() || r.repository == request.repository)
+    });
+    Ok(ListInstalledRevisionsResponse { revisions })
+}

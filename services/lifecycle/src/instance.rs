@@ -1,0 +1,272 @@
+//! The three instance kinds as one view, decoded object by object.
+//!
+//! The controllers watch `DynamicObject`s, not the typed CRDs: a typed watcher
+//! fails its whole stream on one object it cannot decode, and upstream's
+//! operator panicked on some (upstream #16). Here each object is decoded on
+//! its own into [`Instance`], the kind-independent view the planner reads; an
+//! object that does not decode is a [`DecodeError`] for that object only (an
+//! Event and a counted failure), and the others keep reconciling.
+
+use kube::{
+    ResourceExt,
+    api::{ApiResource, DynamicObject},
+};
+use serde_json::{Map, Value};
+use vynil_crds::{
+    AgentTarget, Condition, HaveChild, InitFrom, InstalledPackage, ServiceInstance, SystemInstance,
+    TenantInstance, annotations, finalizers,
+};
+use vynil_rules::PackageType;
+
+/// `TenantInstance`, `ServiceInstance` or `SystemInstance`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum InstanceKind {
+    Tenant,
+    Service,
+    System,
+}
+
+impl InstanceKind {
+    pub const ALL: [InstanceKind; 3] = [InstanceKind::Tenant, InstanceKind::Service, InstanceKind::System];
+
+    /// The package type this kind installs (and the Job name's prefix).
+    pub fn package_type(self) -> PackageType {
+        match self {
+            InstanceKind::Tenant => PackageType::Tenant,
+            InstanceKind::Service => PackageType::Service,
+            InstanceKind::System => PackageType::System,
+        }
+    }
+
+    pub fn from_package_type(package_type: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.package_type().as_str() == package_type)
+    }
+
+    pub fn kind(self) -> &'static str {
+        match self {
+            InstanceKind::Tenant => "TenantInstance",
+            InstanceKind::Service => "ServiceInstance",
+            InstanceKind::System => "SystemInstance",
+        }
+    }
+
+    pub fn finalizer(self) -> &'static str {
+        match self {
+            InstanceKind::Tenant => finalizers::TENANT,
+            InstanceKind::Service => finalizers::SERVICE,
+            InstanceKind::System => finalizers::SYSTEM,
+        }
+    }
+
+    pub fn api_resource(self) -> ApiResource {
+        let kind = self.kind();
+        ApiResource {
+            group: "vynil.solidite.fr".into(),
+            version: "v1".into(),
+            api_version: "vynil.solidite.fr/v1".into(),
+            kind: kind.into(),
+            plural: format!("{}s", kind.to_ascii_lowercase()),
+        }
+    }
+}
+
+impl std::fmt::Display for InstanceKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.package_type().as_str())
+    }
+}
+
+/// An object of an instance kind that does not decode.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{kind} {namespace}/{name} does not decode: {problem}; fix the object (kubectl edit) or delete it")]
+pub struct DecodeError {
+    pub kind: &'static str,
+    pub namespace: String,
+    pub name: String,
+    pub problem: String,
+}
+
+/// What the planner reads of an instance, whatever its kind.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Instance {
+    pub kind: InstanceKind,
+    pub namespace: String,
+    pub name: String,
+    pub uid: Option<String>,
+    pub generation: i64,
+    pub deleting: bool,
+    pub suspended: bool,
+    pub force_reinstall: bool,
+    pub jukebox: String,
+    pub category: String,
+    pub package: String,
+    pub options: Option<Map<String, Value>>,
+    pub init_from: Option<InitFrom>,
+    pub status: InstanceStatus,
+    /// The whole object as JSON, bound as `instance` in Rhai scripts.
+    pub object: Value,
+}
+
+/// The status fields lifecycle reads and writes, kind-independent.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct InstanceStatus {
+    /// `status.tag`, `None` when never installed.
+    pub tag: Option<String>,
+    /// `status.digest`: upstream's options hash.
+    pub digest: Option<String>,
+    pub conditions: Vec<Condition<String>>,
+    pub package: Option<InstalledPackage>,
+    pub target: Option<AgentTarget>,
+    pub have_child: bool,
+}
+
+fn typed<T: serde::de::DeserializeOwned>(value: &Value) -> Result<T, String> {
+    serde_json::from_value(value.clone()).map_err(|e| e.to_string())
+}
+
+impl Instance {
+    /// Decodes `object` as `kind`; the error names the object and the problem.
+    pub fn decode(kind: InstanceKind, object: &DynamicObject) -> Result<Self, DecodeError> {
+        let namespace = object.namespace().unwrap_or_default();
+        let name = object.name_any();
+        let fail = |problem: String| DecodeError {
+            kind: kind.kind(),
+            namespace: namespace.clone(),
+            name: name.clone(),
+            problem,
+        };
+        let mut value = serde_json::to_value(object).map_err(|e| fail(e.to_string()))?;
+        if value.get("status").is_some_and(Value::is_null)
+            && let Some(map) = value.as_object_mut()
+        {
+            map.remove("status");
+        }
+        // The typed decode is the schema check; the view is built from it.
+        let (spec, status) = match kind {
+            InstanceKind::Tenant => {
+                let i: TenantInstance = typed(&value).map_err(fail)?;
+                let s = i.status.unwrap_or_default();
+                let have_child = s.have_child();
+                let spec =
+                    (i.spec.jukebox, i.spec.category, i.spec.package, i.spec.options, i.spec.init_from);
+                (spec, (s.tag, s.digest, conditions(&s.conditions), s.package, s.target, have_child))
+            }
+            InstanceKind::Service => {
+                let i: ServiceInstance = typed(&value).map_err(fail)?;
+                let s = i.status.unwrap_or_default();
+                let have_child = s.have_child();
+                let spec =
+                    (i.spec.jukebox, i.spec.category, i.spec.package, i.spec.options, i.spec.init_from);
+                (spec, (s.tag, s.digest, conditions(&s.conditions), s.package, s.target, have_child))
+            }
+            InstanceKind::System => {
+                let i: SystemInstance = typed(&value).map_err(fail)?;
+                let s = i.status.unwrap_or_default();
+                let have_child = s.have_child();
+                let spec = (i.spec.jukebox, i.spec.category, i.spec.package, i.spec.options, None);
+                (spec, (s.tag, s.digest, conditions(&s.conditions), s.package, s.target, have_child))
+            }
+        };
+        let (jukebox, category, package, options, init_from) = spec;
+        let (tag, digest, conditions, installed, target, have_child) = status;
+        let annotations = object.annotations();
+        Ok(Instance {
+            kind,
+            uid: object.uid(),
+            generation: object.metadata.generation.unwrap_or(0),
+            deleting: object.metadata.deletion_timestamp.is_some(),
+            suspended: annotations.get(annotations::SUSPEND).is_some_and(|v| v == "true"),
+            force_reinstall: annotations.contains_key(annotations::FORCE_REINSTALL),
+            jukebox,
+            category,
+            package,
+            options,
+            init_from,
+            status: InstanceStatus {
+                tag: tag.filter(|t| !t.is_empty()),
+                digest,
+                conditions,
+                package: installed,
+                target,
+                have_child,
+            },
+            namespace,
+            name,
+            object: value,
+        })
+    }
+
+    /// `<kind>/<namespace>/<name>`, e.g. `tenant/apps/ollama`.
+    pub fn reference(&self) -> String {
+        format!("{}/{}/{}", self.kind, self.namespace, self.name)
+    }
+}
+
+fn conditions<T: serde::Serialize>(typed: &[Condition<T>]) -> Vec<Condition<String>> {
+    typed
+        .iter()
+        .filter_map(|c| {
+            let condition_type = serde_json::to_value(&c.condition_type).ok()?.as_str()?.to_string();
+            Some(Condition {
+                last_transition_time: c.last_transition_time.clone(),
+                message: c.message.clone(),
+                condition_type,
+                status: c.status,
+                generation: c.generation,
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn object(value: Value) -> DynamicObject {
+        serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn an_upstream_tenant_instance_decodes_into_the_view() {
+        let o = object(json!({
+            "apiVersion": "vynil.solidite.fr/v1", "kind": "TenantInstance",
+            "metadata": {"name": "ollama", "namespace": "apps", "generation": 2,
+                "annotations": {"vynil.solidite.fr/suspend": "true"}},
+            "spec": {"jukebox": "box", "category": "think", "package": "ollama", "options": {"a": 1}},
+            "status": {"tag": "1.0.0", "digest": "abc", "vitals": [{"kind": "Deployment", "name": "x"}],
+                "conditions": [{"type": "Ready", "status": "True", "message": "Installed succesfully", "generation": 2}]},
+        }));
+        let i = Instance::decode(InstanceKind::Tenant, &o).unwrap();
+        assert_eq!((i.jukebox.as_str(), i.category.as_str(), i.package.as_str()), ("box", "think", "ollama"));
+        assert_eq!(i.status.tag.as_deref(), Some("1.0.0"));
+        assert!(i.status.have_child && i.suspended && !i.force_reinstall);
+        assert_eq!(i.status.conditions[0].condition_type, "Ready");
+        assert_eq!(i.reference(), "tenant/apps/ollama");
+    }
+
+    #[test]
+    fn garbage_is_an_error_naming_the_object_never_a_panic() {
+        let cases = [
+            json!({"spec": "not an object"}),
+            json!({"spec": {"jukebox": 3, "category": "c", "package": "p"}}),
+            json!({"spec": {"jukebox": "b", "category": "c", "package": "p", "options": [1]}}),
+            json!({"spec": {"jukebox": "b", "category": "c", "package": "p"}, "status": {"conditions": "x"}}),
+            json!({}),
+        ];
+        for case in cases {
+            let mut value = json!({"apiVersion": "vynil.solidite.fr/v1", "kind": "TenantInstance",
+                "metadata": {"name": "bad", "namespace": "apps"}});
+            for (k, v) in case.as_object().unwrap() {
+                value[k] = v.clone();
+            }
+            let error = Instance::decode(InstanceKind::Tenant, &object(value)).unwrap_err();
+            assert!(error.to_string().contains("TenantInstance apps/bad"), "{error}");
+        }
+        // Unknown fields and a huge string are fine.
+        let ok = object(json!({"apiVersion": "vynil.solidite.fr/v1", "kind": "ServiceInstance",
+            "metadata": {"name": "ok", "namespace": "apps"},
+            "spec": {"jukebox": "b", "category": "c", "package": "x".repeat(100_000), "surprise": true}}));
+        assert!(Instance::decode(InstanceKind::Service, &ok).is_ok());
+    }
+}

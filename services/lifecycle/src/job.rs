@@ -1,0 +1,178 @@
+//! The agent Job, rendered to upstream's contract (`docs/upstream-vynil.md`
+//! §5.7) so the upstream agent image runs it unchanged: the same env names,
+//! args, labels, volumes, security context and resources as upstream's
+//! `package.yaml.hbs`. Ours on top: the Job name is always valid (hashed when
+//! too long, `vynil_crds::names`), the standard `app.kubernetes.io/*` labels
+//! tools select agent Jobs by, and two annotations — the fingerprint that
+//! decides re-runs and the revision the Job installs.
+
+use k8s_openapi::api::batch::v1::Job;
+use serde_json::json;
+use vynil_crds::{labels, names::agent_job_name};
+
+use crate::{instance::InstanceKind, plan::JobRequest};
+
+/// Annotation carrying the Job's fingerprint.
+pub const FINGERPRINT: &str = "vynil.solidite.fr/fingerprint";
+/// Annotation carrying `registry/image:tag` the Job installs.
+pub const REVISION: &str = "vynil.solidite.fr/revision";
+
+/// `install` or `delete` (the main container's name and second argument).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    Install,
+    Delete,
+}
+
+impl Action {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Install => "install",
+            Action::Delete => "delete",
+        }
+    }
+}
+
+/// What every agent Job shares: upstream's `AGENT_IMAGE`, `AGENT_ACCOUNT`,
+/// `AGENT_LOG_LEVEL`, `TENANT_LABEL`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentSettings {
+    pub image: String,
+    pub service_account: String,
+    pub log_level: String,
+    pub tenant_label: String,
+}
+
+impl Default for AgentSettings {
+    fn default() -> Self {
+        Self {
+            image: "docker.io/sebt3/vynil-agent:0.7.7".into(),
+            service_account: "vynil-agent".into(),
+            log_level: "info".into(),
+            tenant_label: "vynil.solidite.fr/tenant".into(),
+        }
+    }
+}
+
+/// The Job's name for an instance, as upstream names it when it fits.
+pub fn job_name(kind: InstanceKind, namespace: &str, name: &str) -> Result<String, vynil_crds::CrdError> {
+    agent_job_name(kind.package_type().as_str(), namespace, name)
+}
+
+fn env(name: &str, value: &str) -> serde_json::Value {
+    json!({"name": name, "value": value})
+}
+
+fn field_ref(name: &str, path: &str) -> serde_json::Value {
+    json!({"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}})
+}
+
+/// Renders the agent Job `job` for the instance `kind namespace/name`.
+pub fn render(
+    settings: &AgentSettings,
+    job: &str,
+    kind: InstanceKind,
+    namespace: &str,
+    name: &str,
+    action: Action,
+    request: &JobRequest,
+) -> Result<Job, serde_json::Error> {
+    let package_type = kind.package_type().as_str();
+    let action = action.as_str();
+    let log = &settings.log_level;
+    let rust_log = format!("{log},agent={log}");
+    let resources =
+        json!({"limits": {"cpu": "1000m", "memory": "1Gi"}, "requests": {"cpu": "50m", "memory": "64Mi"}});
+    let pod_labels = json!({
+        labels::NAME: job, labels::COMPONENT: labels::AGENT, labels::MANAGED_BY: labels::VYNIL,
+        labels::ACTION: action, labels::TYPE: package_type,
+        labels::NAMESPACE: namespace, labels::INSTANCE: name, "type": package_type, "action": action,
+    });
+    let mut unpack_env =
+        vec![env("REGISTRY", &request.registry), env("IMAGE", &request.image), env("TAG", &request.tag)];
+    let mut unpack_mounts = vec![
+        json!({"name": "package", "mountPath": "/package"}),
+        json!({"name": "cache", "mountPath": "/var/cache/restic"}),
+    ];
+    let mut volumes = vec![
+        json!({"name": "package", "emptyDir": {"sizeLimit": "500Mi"}}),
+        json!({"name": "cache", "emptyDir": {"sizeLimit": "500Mi"}}),
+        json!({"name": "config", "configMap": {"name": "vynil", "optional": true}}),
+    ];
+    if let Some(secret) = &request.pull_secret {
+        unpack_env.push(env("PULL_SECRET_PATH", "/secret"));
+        unpack_mounts.push(json!({"name": "pullsecret", "mountPath": "/secret"}));
+        volumes.push(json!({"name": "pullsecret", "secret": {"secretName": secret}}));
+    }
+    unpack_env.extend([
+        env("LOG_LEVEL", log),
+        env("RUST_BACKTRACE", "1"),
+        env("RUST_LOG", &rust_log),
+        field_ref("VYNIL_NAMESPACE", "metadata.namespace"),
+        field_ref("POD_NAME", "metadata.name"),
+    ]);
+    let main_env = vec![
+        env("NAMESPACE", namespace),
+        env("INSTANCE", name),
+        env("TENANT_LABEL", &settings.tenant_label),
+        env("OPTIONS_HASH", &request.options_hash),
+        env("CONTROLLER_VALUES", &request.controller_values),
+        env("RECOMMANDED_CRDS", &request.recommended.crds),
+        env("RECOMMANDED_SYSTEM_SERVICES", &request.recommended.system_services),
+        env("RECOMMANDED_TENANT_SERVICES", &request.recommended.tenant_services),
+        env("TAG", &request.tag),
+        env("LOG_LEVEL", log),
+        env("RUST_BACKTRACE", "1"),
+        env("RUST_LOG", &rust_log),
+        env("AGENT_IMAGE", &settings.image),
+        field_ref("VYNIL_NAMESPACE", "metadata.namespace"),
+        field_ref("POD_NAME", "metadata.name"),
+    ];
+    let revision = format!("{}/{}:{}", request.registry, request.image, request.tag);
+    serde_json::from_value(json!({
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": job,
+            "labels": pod_labels,
+            "annotations": {FINGERPRINT: request.fingerprint, REVISION: revision},
+        },
+        "spec": {
+            "backoffLimit": 3,
+            "template": {
+                "metadata": {
+                    "annotations": {"mayfly.cloud.namecheap.com/expire": "120h"},
+                    "labels": pod_labels,
+                },
+                "spec": {
+                    "restartPolicy": "Never",
+                    "serviceAccount": settings.service_account,
+                    "serviceAccountName": settings.service_account,
+                    "securityContext": {"runAsUser": 65534, "runAsGroup": 65534, "fsGroup": 65534},
+                    "initContainers": [{
+                        "name": "unpack",
+                        "image": settings.image,
+                        "imagePullPolicy": "IfNotPresent",
+                        "args": ["package", "unpack"],
+                        "env": unpack_env,
+                        "resources": resources,
+                        "volumeMounts": unpack_mounts,
+                    }],
+                    "containers": [{
+                        "name": action,
+                        "image": settings.image,
+                        "imagePullPolicy": "IfNotPresent",
+                        "args": [package_type, action],
+                        "env": main_env,
+                        "resources": resources,
+                        "volumeMounts": [
+                            {"name": "config", "mountPath": "/etc/vynil"},
+                            {"name": "package", "mountPath": "/package"},
+                        ],
+                    }],
+                    "volumes": volumes,
+                },
+            },
+        },
+    }))
+}

@@ -1,0 +1,479 @@
+//! The install decision, pure: `plan(&instance, &observed) -> Plan`.
+//!
+//! The reconciler gathers what it observed (the catalog's answer, the
+//! requirement facts, the existing agent Job, the recorded status), this
+//! module decides, and a thin executor performs the [`Step`]s in order. Every
+//! rule about *which* revision comes from the catalog (`ResolveInstall`, the
+//! rules crate) and every install check from `vynil_rules::install`: here only
+//! the sequencing lives — upstream's reconcile order (`docs/upstream-vynil.md`
+//! §5.4), with re-runs decided by the recorded fingerprint instead of Job
+//! immutability errors:
+//!
+//! - an unchanged fingerprint never re-runs, even after the Job was deleted;
+//! - a changed one records the target in status, then replaces the Job;
+//! - a completion is credited only to the Job whose fingerprint it carries;
+//! - a failed Job is kept (its pod holds the logs), counted once, retried
+//!   after 1 min doubling to 1 h, up to the configured attempts, then stays
+//!   failed with its reason until the fingerprint changes or
+//!   `force-reinstall`;
+//! - an instance upstream installed (no `status.package`) whose `status.tag`
+//!   and options hash match what would be rendered is adopted with no Job.
+
+use std::time::Duration;
+
+use vynil_crds::{AgentTarget, InstalledPackage, coded_message};
+use vynil_rules::{
+    Package,
+    install::{self, CheckedOptions, OptionProblem, RETRY_LONG, RETRY_SHORT, Recommended, Target, Unmet},
+};
+
+use crate::instance::Instance;
+
+/// How long a healthy instance waits before its next check.
+pub const REQUEUE: Duration = RETRY_LONG;
+/// Largest `CONTROLLER_VALUES` accepted: it is recorded in status for the delete Job.
+pub const MAX_CONTROLLER_VALUES: usize = 32 * 1024;
+const BACKOFF_FIRST: Duration = Duration::from_secs(60);
+const BACKOFF_MAX: Duration = Duration::from_secs(3600);
+
+/// What the catalog answered for the instance.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Resolution {
+    Package {
+        package: Box<Package>,
+        pull_secret: Option<String>,
+    },
+    JukeboxMissing,
+    /// No revision matched; `reason` says which criterion excluded the last ones.
+    NoMatch {
+        excluded_by: String,
+        reason: String,
+    },
+}
+
+/// `initFrom.version`, asked only on a first install.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InitVersion {
+    NotAsked,
+    /// The tag exists (in the catalog or the registry), with its digest when known.
+    Found {
+        tag: String,
+        digest: Option<String>,
+    },
+    NotFound(String),
+}
+
+/// What was computed from the selected revision and the cluster.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Prepared {
+    pub options: Result<CheckedOptions, OptionProblem>,
+    pub unmet: Option<Unmet>,
+    pub recommended: Recommended,
+    /// `value_script`'s map as JSON text (`{}` without a script), or why it failed.
+    pub controller_values: Result<String, String>,
+}
+
+/// The state of an agent Job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JobState {
+    Running,
+    Succeeded,
+    /// With the reason from the Job and pod status.
+    Failed(String),
+}
+
+/// The agent Job of the instance, as found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObservedJob {
+    pub uid: String,
+    /// Its fingerprint annotation (none on a Job upstream created).
+    pub fingerprint: Option<String>,
+    pub state: JobState,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Observed {
+    pub resolution: Resolution,
+    pub init_version: InitVersion,
+    /// `None` unless the resolution is a package.
+    pub prepared: Option<Prepared>,
+    pub job: Option<ObservedJob>,
+    pub now: jiff::Timestamp,
+    pub max_attempts: u32,
+}
+
+/// What a new agent Job is rendered from (the settings add image, account…).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobRequest {
+    pub registry: String,
+    pub image: String,
+    pub tag: String,
+    pub pull_secret: Option<String>,
+    pub options_hash: String,
+    pub controller_values: String,
+    pub recommended: Recommended,
+    pub fingerprint: String,
+}
+
+/// One thing the executor does, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Step {
+    /// Set a condition (a no-op when identical, upstream's loop guard).
+    Condition {
+        condition_type: &'static str,
+        ok: bool,
+        message: String,
+    },
+    Event {
+        warning: bool,
+        reason: &'static str,
+        note: String,
+    },
+    RemoveForceReinstall,
+    /// Delete the agent Job and wait until it is gone.
+    DeleteJob,
+    /// Write `status.target` (read back) before the Job exists.
+    RecordTarget(AgentTarget),
+    /// Create the Job and read it back.
+    CreateJob(Box<JobRequest>),
+    /// Write `status.package` and clear `status.target`.
+    RecordInstalled(InstalledPackage),
+}
+
+/// Why nothing runs, with its error code when it has one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Blocker {
+    /// `jukebox`, `package`, `options`, `init_from`, `requirement`,
+    /// `value_script`, `agent` (gave up after failures).
+    pub criterion: &'static str,
+    pub code: Option<&'static str>,
+    pub message: String,
+}
+
+/// The decision, for `ListInstances` and `Explain`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Suspended,
+    Blocked(Blocker),
+    UpToDate {
+        tag: String,
+    },
+    Adopted {
+        tag: String,
+    },
+    /// A Job was (or is being) started: `from` is the installed tag.
+    Installing {
+        from: Option<String>,
+        to: String,
+    },
+    /// The last Job failed; the next attempt waits for `retry_at`.
+    Retrying {
+        to: String,
+        attempt: u32,
+        reason: String,
+        retry_at: String,
+    },
+    Installed {
+        tag: String,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    pub steps: Vec<Step>,
+    pub outcome: Outcome,
+    pub requeue: Duration,
+}
+
+impl Plan {
+    fn blocked(
+        criterion: &'static str,
+        code: Option<&'static str>,
+        message: String,
+        requeue: Duration,
+    ) -> Self {
+        let condition_type = if criterion == "init_from" { "InitFrom" } else { "AgentStarted" };
+        Plan {
+            steps: vec![Step::Condition { condition_type, ok: false, message: message.clone() }],
+            outcome: Outcome::Blocked(Blocker { criterion, code, message }),
+            requeue,
+        }
+    }
+}
+
+/// The delay before attempt `failures + 1`: 1 min doubling to 1 h.
+pub fn backoff(failures: u32) -> Duration {
+    let doubled = BACKOFF_FIRST.saturating_mul(1u32 << failures.saturating_sub(1).min(16));
+    doubled.min(BACKOFF_MAX)
+}
+
+fn after(now: jiff::Timestamp, delay: Duration) -> jiff::Timestamp {
+    jiff::SignedDuration::try_from(delay).ok().and_then(|d| now.checked_add(d).ok()).unwrap_or(now)
+}
+
+/// Decides what to do with `instance` (not being deleted) given `observed`.
+pub fn plan(instance: &Instance, observed: &Observed) -> Plan {
+    if instance.suspended {
+        return Plan { steps: Vec::new(), outcome: Outcome::Suspended, requeue: REQUEUE };
+    }
+    let (package, pull_secret) = match &observed.resolution {
+        Resolution::JukeboxMissing => {
+            let mut plan =
+                Plan::blocked("jukebox", None, format!("JukeBox {} is missing", instance.jukebox), REQUEUE);
+            plan.steps
+                .push(event_warning("MissingJukebox", format!("JukeBox {} is missing", instance.jukebox)));
+            return plan;
+        }
+        Resolution::NoMatch { reason, .. } => {
+            let message = format!("Package {}/{} is missing: {reason}", instance.category, instance.package);
+            let mut plan = Plan::blocked("package", None, message.clone(), REQUEUE);
+            plan.steps.push(event_warning("MissingPackage", message));
+            return plan;
+        }
+        Resolution::Package { package, pull_secret } => (package, pull_secret),
+    };
+    let Some(prepared) = &observed.prepared else {
+        // The reconciler always prepares a resolved package; say so rather than guess.
+        return Plan::blocked("package", None, "internal: no facts gathered".into(), RETRY_SHORT);
+    };
+    let checked = match &prepared.options {
+        Ok(checked) => checked,
+        Err(problem) => {
+            return Plan::blocked(
+                "options",
+                Some("E_OPTION_TYPE"),
+                coded_message("E_OPTION_TYPE", &problem.to_string()),
+                REQUEUE,
+            );
+        }
+    };
+    let (tag, digest) = match &observed.init_version {
+        InitVersion::NotFound(version) => {
+            let message = coded_message(
+                "E_INIT_VERSION_NOT_FOUND",
+                &format!("Version {version} introuvable dans le registre OCI"),
+            );
+            return Plan::blocked("init_from", Some("E_INIT_VERSION_NOT_FOUND"), message, RETRY_SHORT);
+        }
+        InitVersion::Found { tag, digest } => (tag.clone(), digest.clone()),
+        InitVersion::NotAsked => (package.tag.clone(), package.digest.clone()),
+    };
+    if let Some(unmet) = &prepared.unmet {
+        let mut plan = Plan::blocked("requirement", None, unmet.message.clone(), unmet.retry_after);
+        plan.steps.push(event_warning("MissingRequirement", unmet.message.clone()));
+        return plan;
+    }
+    let controller_values = match &prepared.controller_values {
+        Ok(values) if values.len() > MAX_CONTROLLER_VALUES => {
+            let message = coded_message(
+                "E_VALUES_TOO_LARGE",
+                &format!(
+                    "value_script produced {} bytes of controller values, at most {MAX_CONTROLLER_VALUES} are recorded for the delete Job: make the package's value_script smaller",
+                    values.len()
+                ),
+            );
+            return Plan::blocked("value_script", Some("E_VALUES_TOO_LARGE"), message, REQUEUE);
+        }
+        Ok(values) => values.clone(),
+        Err(why) => {
+            let message =
+                coded_message("E_VALUE_SCRIPT", &format!("the package's value_script failed: {why}"));
+            return Plan::blocked("value_script", Some("E_VALUE_SCRIPT"), message, RETRY_SHORT);
+        }
+    };
+
+    let options_hash = install::options_hash(instance.options.as_ref());
+    let target =
+        Target { registry: &package.registry, image: &package.image, tag: &tag, digest: digest.as_deref() };
+    let fingerprint = install::fingerprint(&target, &options_hash, &controller_values, &prepared.recommended);
+    let revision = InstalledPackage {
+        registry: package.registry.clone(),
+        image: package.image.clone(),
+        tag: tag.clone(),
+        digest: digest.clone(),
+        package_type: package.package_type().as_str().into(),
+        fingerprint: Some(fingerprint.clone()),
+        pull_secret: pull_secret.clone(),
+        controller_values: Some(controller_values.clone()),
+    };
+    let request = JobRequest {
+        registry: package.registry.clone(),
+        image: package.image.clone(),
+        tag: tag.clone(),
+        pull_secret: pull_secret.clone(),
+        options_hash: options_hash.clone(),
+        controller_values,
+        recommended: prepared.recommended.clone(),
+        fingerprint: fingerprint.clone(),
+    };
+    let status = &instance.status;
+    let from = status.tag.clone();
+    let job_matches = |job: &ObservedJob| job.fingerprint.as_deref() == Some(fingerprint.as_str());
+    let dropped_warning = || {
+        (!checked.dropped.is_empty()).then(|| {
+            event_warning(
+                "UndeclaredOptions",
+                format!(
+                    "options not declared by {}/{} {tag} are ignored: {}",
+                    instance.category,
+                    instance.package,
+                    checked.dropped.join(", ")
+                ),
+            )
+        })
+    };
+    let start = |steps: &mut Vec<Step>, replace: bool, failures: Option<&AgentTarget>| {
+        if replace {
+            steps.push(Step::DeleteJob);
+        }
+        let target = match failures {
+            Some(kept) => AgentTarget { revision: revision.clone(), job: String::new(), ..kept.clone() },
+            None => AgentTarget { revision: revision.clone(), ..AgentTarget::default() },
+        };
+        steps.push(Step::RecordTarget(target));
+        steps.extend(dropped_warning());
+        steps.push(Step::CreateJob(Box::new(request.clone())));
+        steps.push(Step::Condition {
+            condition_type: "AgentStarted",
+            ok: true,
+            message: format!("Agent started for {}/{} {tag}", instance.category, instance.package),
+        });
+        steps.push(Step::Event {
+            warning: false,
+            reason: "AgentStarted",
+            note: format!(
+                "{} {tag}",
+                if from.is_some() { "upgrading or reconfiguring to" } else { "installing" }
+            ),
+        });
+    };
+    let installing = Outcome::Installing { from: from.clone(), to: tag.clone() };
+    let mut steps = Vec::new();
+
+    if instance.force_reinstall {
+        steps.push(Step::RemoveForceReinstall);
+        start(&mut steps, observed.job.is_some(), None);
+        return Plan { steps, outcome: installing, requeue: REQUEUE };
+    }
+    let installed_fingerprint = status.package.as_ref().and_then(|p| p.fingerprint.as_deref());
+    if installed_fingerprint == Some(fingerprint.as_str()) {
+        if status.target.is_some() {
+            // A target left by a run that was superseded: the installed revision is current.
+            steps.push(Step::RecordInstalled(revision));
+        }
+        return Plan { steps, outcome: Outcome::UpToDate { tag }, requeue: REQUEUE };
+    }
+    if status.package.is_none()
+        && status.target.is_none()
+        && status.tag.as_deref() == Some(tag.as_str())
+        && status.digest.as_deref() == Some(options_hash.as_str())
+    {
+        steps.push(Step::RecordInstalled(revision));
+        steps.push(Step::Event {
+            warning: false,
+            reason: "Adopted",
+            note: format!("installed by upstream's operator as {tag}; adopted without running the agent"),
+        });
+        return Plan { steps, outcome: Outcome::Adopted { tag }, requeue: REQUEUE };
+    }
+    let recorded =
+        status.target.as_ref().filter(|t| t.revision.fingerprint.as_deref() == Some(fingerprint.as_str()));
+    match &observed.job {
+        Some(job) if job_matches(job) => match &job.state {
+            JobState::Running => {
+                if recorded.is_none() {
+                    steps.push(Step::RecordTarget(AgentTarget { revision, ..AgentTarget::default() }));
+                }
+                Plan { steps, outcome: installing, requeue: REQUEUE }
+            }
+            JobState::Succeeded => {
+                steps.push(Step::RecordInstalled(revision));
+                steps.push(Step::Condition {
+                    condition_type: "AgentStarted",
+                    ok: true,
+                    message: format!("Agent finished for {}/{} {tag}", instance.category, instance.package),
+                });
+                Plan { steps, outcome: Outcome::Installed { tag }, requeue: REQUEUE }
+            }
+            JobState::Failed(reason) => {
+                let counted = recorded.is_some_and(|t| t.failed_job.as_deref() == Some(job.uid.as_str()));
+                if !counted {
+                    let failures = recorded.map_or(0, |t| t.failures) + 1;
+                    let retry_at = after(observed.now, backoff(failures));
+                    let target = AgentTarget {
+                        revision,
+                        job: recorded.map(|t| t.job.clone()).unwrap_or_default(),
+                        failures,
+                        failed_job: Some(job.uid.clone()),
+                        last_failure: Some(reason.clone()),
+                        retry_at: Some(vynil_crds::condition::rfc3339_seconds(retry_at)),
+                    };
+                    return failed(steps, target, observed, &tag);
+                }
+                let Some(target) = recorded else {
+                    return Plan { steps, outcome: installing, requeue: RETRY_SHORT };
+                };
+                let due = target
+                    .retry_at
+                    .as_deref()
+                    .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+                    .is_none_or(|at| at <= observed.now);
+                if target.failures >= observed.max_attempts || !due {
+                    return failed(steps, target.clone(), observed, &tag);
+                }
+                start(&mut steps, true, Some(target));
+                Plan { steps, outcome: installing, requeue: REQUEUE }
+            }
+        },
+        Some(_) => {
+            start(&mut steps, true, None);
+            Plan { steps, outcome: installing, requeue: REQUEUE }
+        }
+        None => {
+            start(&mut steps, false, recorded);
+            Plan { steps, outcome: installing, requeue: REQUEUE }
+        }
+    }
+}
+
+/// A failed Job: kept, its reason shown, retried when due unless out of attempts.
+fn failed(mut steps: Vec<Step>, target: AgentTarget, observed: &Observed, tag: &str) -> Plan {
+    let reason = target.last_failure.clone().unwrap_or_else(|| "the agent Job failed".into());
+    let retry_at = target.retry_at.clone().unwrap_or_default();
+    let attempts = observed.max_attempts;
+    let (message, outcome, requeue) = if target.failures >= attempts {
+        let message = coded_message(
+            "E_AGENT_FAILED",
+            &format!(
+                "the agent Job for {tag} failed {} times, the last time: {reason}; no more attempts until the options or the package change, or the annotation vynil.solidite.fr/force-reinstall is set",
+                target.failures
+            ),
+        );
+        let blocker = Blocker { criterion: "agent", code: Some("E_AGENT_FAILED"), message: message.clone() };
+        (message, Outcome::Blocked(blocker), REQUEUE)
+    } else {
+        let wait = retry_at
+            .parse::<jiff::Timestamp>()
+            .ok()
+            .and_then(|at| Duration::try_from(at.duration_since(observed.now)).ok())
+            .unwrap_or(BACKOFF_FIRST)
+            .max(Duration::from_secs(1));
+        let message = coded_message(
+            "E_AGENT_FAILED",
+            &format!(
+                "the agent Job for {tag} failed (attempt {} of {attempts}): {reason}; retrying at {retry_at}",
+                target.failures
+            ),
+        );
+        let outcome =
+            Outcome::Retrying { to: tag.into(), attempt: target.failures, reason: reason.clone(), retry_at };
+        (message, outcome, wait)
+    };
+    steps.push(Step::RecordTarget(target));
+    steps.push(Step::Condition { condition_type: "Installed", ok: false, message });
+    Plan { steps, outcome, requeue }
+}
+
+fn event_warning(reason: &'static str, note: String) -> Step {
+    Step::Event { warning: true, reason, note }
+}
