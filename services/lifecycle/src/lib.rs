@@ -133,12 +133,21 @@ pub async fn run(
             LifecycleService::disabled("no cluster: start with --kubernetes (and --catalog-endpoint)");
         return Ok(serve(config, service, shutdown).await?);
     }
-    let endpoint = config.catalog_endpoint.as_deref().ok_or_else(|| {
-        LifecycleError::Config("--kubernetes needs --catalog-endpoint (VYNIL_CATALOG_ENDPOINT)".into())
-    })?;
     let client = vynil_store::kube_client(vynil_runtime::user_agent!())
         .await
         .map_err(|e| LifecycleError::Unavailable(e.to_string()))?;
+    run_with_client(config, client, shutdown).await
+}
+
+/// [`run`] in a cluster, over a client made by the caller.
+pub async fn run_with_client(
+    config: Config,
+    client: kube::Client,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), LifecycleError> {
+    let endpoint = config.catalog_endpoint.as_deref().ok_or_else(|| {
+        LifecycleError::Config("--kubernetes needs --catalog-endpoint (VYNIL_CATALOG_ENDPOINT)".into())
+    })?;
     let shutdown_token = Shutdown::new();
     let stop = shutdown_token.clone();
     let outer = shutdown_token.after(shutdown);

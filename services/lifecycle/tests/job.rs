@@ -1,0 +1,85 @@
+//! The agent Job equals the golden file written by hand from upstream's
+//! contract (`docs/upstream-vynil.md` §5.7): env names and order, args,
+//! labels, volumes, security context and resources. When the renderer drifts
+//! from the contract the upstream agent image expects, this fails.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use serde_json::Value;
+use vynil_lifecycle::{
+    instance::InstanceKind,
+    job::{Action, AgentSettings, job_name, render},
+    plan::JobRequest,
+};
+use vynil_rules::install::Recommended;
+
+fn request() -> JobRequest {
+    JobRequest {
+        registry: "registry.example".into(),
+        image: "think/ollama".into(),
+        tag: "2.5.0".into(),
+        pull_secret: Some("regcred".into()),
+        options_hash: "abc123".into(),
+        controller_values: r#"{"gpu":true}"#.into(),
+        recommended: Recommended {
+            crds: "servicemonitors.monitoring.coreos.com".into(),
+            system_services: String::new(),
+            tenant_services: "sso".into(),
+        },
+        fingerprint: "f1".into(),
+    }
+}
+
+#[test]
+fn the_rendered_install_job_equals_the_golden_file_from_the_contract() {
+    let golden: Value = serde_yaml_ng::from_str(include_str!("golden/tenant-install-job.yaml")).unwrap();
+    let name = job_name(InstanceKind::Tenant, "apps", "ollama").unwrap();
+    let job = render(
+        &AgentSettings::default(),
+        &name,
+        InstanceKind::Tenant,
+        "apps",
+        "ollama",
+        Action::Install,
+        &request(),
+    )
+    .unwrap();
+    let rendered = serde_json::to_value(&job).unwrap();
+    assert_eq!(rendered, golden, "rendered:\n{}", serde_yaml_ng::to_string(&rendered).unwrap());
+}
+
+#[test]
+fn without_a_pull_secret_the_job_neither_mounts_nor_names_one() {
+    let mut request = request();
+    request.pull_secret = None;
+    let job = render(
+        &AgentSettings::default(),
+        "tenant--apps--ollama",
+        InstanceKind::Tenant,
+        "apps",
+        "ollama",
+        Action::Install,
+        &request,
+    )
+    .unwrap();
+    let text = serde_json::to_string(&job).unwrap();
+    assert!(!text.contains("pullsecret") && !text.contains("PULL_SECRET_PATH"), "{text}");
+}
+
+#[test]
+fn a_delete_job_runs_the_delete_action_in_a_container_named_after_it() {
+    let job = render(
+        &AgentSettings::default(),
+        "service--apps--db",
+        InstanceKind::Service,
+        "apps",
+        "db",
+        Action::Delete,
+        &request(),
+    )
+    .unwrap();
+    let spec = job.spec.unwrap().template.spec.unwrap();
+    assert_eq!(spec.containers[0].name, "delete");
+    assert_eq!(spec.containers[0].args.as_deref().unwrap(), ["service", "delete"]);
+    assert_eq!(job.metadata.labels.unwrap()["vynil.solidite.fr/action"], "delete");
+}

@@ -1,0 +1,344 @@
+//! The install planner as a table of named scenarios (`docs/upstream-vynil.md`
+//! §9 items 9, 17–21, plus adoption and failure backoff): each gives an
+//! instance and what was observed, and checks the steps and the outcome.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::time::Duration;
+
+use kube::api::DynamicObject;
+use serde_json::{Value, json};
+use vynil_crds::AgentTarget;
+use vynil_lifecycle::{
+    instance::{Instance, InstanceKind},
+    plan::{self, InitVersion, JobState, Observed, ObservedJob, Outcome, Plan, Prepared, Resolution, Step},
+};
+use vynil_rules::{
+    Package, PackageContent, PackageType,
+    install::{self, CheckedOptions, OptionProblem, Recommended, Unmet},
+};
+
+fn instance(annotations: Value, options: Value, status: Value) -> Instance {
+    let mut object = json!({
+        "apiVersion": "vynil.solidite.fr/v1", "kind": "TenantInstance",
+        "metadata": {"name": "web", "namespace": "apps", "generation": 1, "annotations": annotations},
+        "spec": {"jukebox": "box", "category": "apps", "package": "web"},
+    });
+    if !options.is_null() {
+        object["spec"]["options"] = options;
+    }
+    if !status.is_null() {
+        object["status"] = status;
+    }
+    let object: DynamicObject = serde_json::from_value(object).unwrap();
+    Instance::decode(InstanceKind::Tenant, &object).unwrap()
+}
+
+fn fresh() -> Instance {
+    instance(json!({}), Value::Null, Value::Null)
+}
+
+fn package(tag: &str) -> Package {
+    Package::new(
+        "registry.example",
+        "apps/web",
+        tag,
+        PackageContent::minimal("apps", "web", PackageType::Tenant),
+    )
+    .with_digest(&format!("sha256:{tag}"))
+}
+
+fn prepared() -> Prepared {
+    Prepared {
+        options: Ok(CheckedOptions::default()),
+        unmet: None,
+        recommended: Recommended::default(),
+        controller_values: Ok("{}".into()),
+    }
+}
+
+fn observed(tag: &str) -> Observed {
+    Observed {
+        resolution: Resolution::Package { package: Box::new(package(tag)), pull_secret: None },
+        init_version: InitVersion::NotAsked,
+        prepared: Some(prepared()),
+        job: None,
+        now: "2026-12-01T12:00:00Z".parse().unwrap(),
+        max_attempts: 3,
+    }
+}
+
+/// The fingerprint a plan for `observed` targets (from its RecordTarget or CreateJob step).
+fn fingerprint_of(plan: &Plan) -> String {
+    plan.steps
+        .iter()
+        .find_map(|s| match s {
+            Step::CreateJob(request) => Some(request.fingerprint.clone()),
+            Step::RecordTarget(t) => t.revision.fingerprint.clone(),
+            Step::RecordInstalled(p) => p.fingerprint.clone(),
+            _ => None,
+        })
+        .expect("a step naming the fingerprint")
+}
+
+fn creates_job(plan: &Plan) -> Option<String> {
+    plan.steps.iter().find_map(|s| match s {
+        Step::CreateJob(request) => Some(request.tag.clone()),
+        _ => None,
+    })
+}
+
+fn installed(tag: &str, fingerprint: &str) -> Value {
+    json!({"tag": tag, "digest": install::options_hash(None), "package": {
+        "registry": "registry.example", "image": "apps/web", "tag": tag, "type": "tenant", "fingerprint": fingerprint}})
+}
+
+fn condition(plan: &Plan) -> Option<(&'static str, bool, String)> {
+    plan.steps.iter().find_map(|s| match s {
+        Step::Condition { condition_type, ok, message } => Some((*condition_type, *ok, message.clone())),
+        _ => None,
+    })
+}
+
+#[test]
+fn a_fresh_install_records_its_target_before_creating_the_job() {
+    let plan = plan::plan(&fresh(), &observed("4.0.0"));
+    let record = plan.steps.iter().position(|s| matches!(s, Step::RecordTarget(_))).unwrap();
+    let create = plan.steps.iter().position(|s| matches!(s, Step::CreateJob(_))).unwrap();
+    assert!(record < create, "{:?}", plan.steps);
+    assert_eq!(creates_job(&plan).as_deref(), Some("4.0.0"));
+    assert_eq!(plan.outcome, Outcome::Installing { from: None, to: "4.0.0".into() });
+}
+
+#[test]
+fn item_9_a_tenant_instance_never_picks_a_service_package() {
+    // What the catalog answers when only a `service` revision exists.
+    let mut seen = observed("1.0.0");
+    seen.resolution = Resolution::NoMatch {
+        excluded_by: "type".into(),
+        reason: "no tenant revision of think/ollama (only service: 0.1.10)".into(),
+    };
+    seen.prepared = None;
+    let mut i = fresh();
+    i.category = "think".into();
+    i.package = "ollama".into();
+    let plan = plan::plan(&i, &seen);
+    let (kind, ok, message) = condition(&plan).unwrap();
+    assert_eq!((kind, ok), ("AgentStarted", false));
+    assert!(message.starts_with("Package think/ollama is missing"), "{message}");
+    assert_eq!(creates_job(&plan), None);
+    assert_eq!(plan.requeue, Duration::from_secs(900));
+}
+
+#[test]
+fn item_17_suspend_true_does_nothing_and_any_other_value_reconciles() {
+    let suspended = instance(json!({"vynil.solidite.fr/suspend": "true"}), Value::Null, Value::Null);
+    let plan = plan::plan(&suspended, &observed("4.0.0"));
+    assert!(plan.steps.is_empty() && plan.outcome == Outcome::Suspended, "{plan:?}");
+    let not = instance(json!({"vynil.solidite.fr/suspend": "yes"}), Value::Null, Value::Null);
+    assert!(creates_job(&plan::plan(&not, &observed("4.0.0"))).is_some());
+}
+
+#[test]
+fn item_18_force_reinstall_removes_the_annotation_deletes_the_job_and_creates_a_new_one() {
+    let fp = fingerprint_of(&plan::plan(&fresh(), &observed("4.0.0")));
+    let i = instance(json!({"vynil.solidite.fr/force-reinstall": "x"}), Value::Null, installed("4.0.0", &fp));
+    let mut seen = observed("4.0.0");
+    seen.job = Some(ObservedJob { uid: "u1".into(), fingerprint: Some(fp), state: JobState::Succeeded });
+    let plan = plan::plan(&i, &seen);
+    let kinds: Vec<&str> = plan
+        .steps
+        .iter()
+        .filter_map(|s| match s {
+            Step::RemoveForceReinstall => Some("remove"),
+            Step::DeleteJob => Some("delete"),
+            Step::CreateJob(_) => Some("create"),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(kinds, ["remove", "delete", "create"]);
+}
+
+#[test]
+fn item_19_an_options_change_re_runs_and_no_change_does_not_even_after_the_job_was_deleted() {
+    let fp = fingerprint_of(&plan::plan(&fresh(), &observed("4.0.0")));
+    let same = instance(json!({}), Value::Null, installed("4.0.0", &fp));
+    // No Job at all (deleted by a TTL or by hand): nothing re-runs.
+    let plan = plan::plan(&same, &observed("4.0.0"));
+    assert_eq!(creates_job(&plan), None, "{plan:?}");
+    assert_eq!(plan.outcome, Outcome::UpToDate { tag: "4.0.0".into() });
+    // New options: a new OPTIONS_HASH, a new fingerprint, a Job.
+    let changed = instance(json!({}), json!({"replicas": 2}), installed("4.0.0", &fp));
+    let plan = plan::plan(&changed, &observed("4.0.0"));
+    let request = plan.steps.iter().find_map(|s| match s {
+        Step::CreateJob(r) => Some(r.clone()),
+        _ => None,
+    });
+    let request = request.expect("a re-run");
+    assert_eq!(request.options_hash, install::options_hash(changed.options.as_ref()));
+    assert_ne!(request.fingerprint, fp);
+}
+
+#[test]
+fn item_20_init_from_version_found_sets_the_tag_and_not_found_blocks_without_a_job() {
+    let mut seen = observed("4.0.0");
+    seen.init_version = InitVersion::Found { tag: "3.0.0".into(), digest: None };
+    assert_eq!(creates_job(&plan::plan(&fresh(), &seen)).as_deref(), Some("3.0.0"));
+    seen.init_version = InitVersion::NotFound("3.0.1".into());
+    let plan = plan::plan(&fresh(), &seen);
+    let (kind, ok, message) = condition(&plan).unwrap();
+    assert_eq!((kind, ok), ("InitFrom", false));
+    assert_eq!(message, "[E_INIT_VERSION_NOT_FOUND] Version 3.0.1 introuvable dans le registre OCI");
+    assert_eq!(creates_job(&plan), None);
+}
+
+#[test]
+fn item_21_a_missing_crd_blocks_with_upstreams_message_and_retries_in_five_minutes() {
+    let mut seen = observed("4.0.0");
+    seen.prepared.as_mut().unwrap().unmet = Some(Unmet {
+        requirement: "custom_resource_definition".into(),
+        message: "CRD x.y is not installed".into(),
+        retry_after: Duration::from_secs(300),
+    });
+    let plan = plan::plan(&fresh(), &seen);
+    assert_eq!(condition(&plan).unwrap(), ("AgentStarted", false, "CRD x.y is not installed".into()));
+    assert_eq!(plan.requeue, Duration::from_secs(300));
+    assert_eq!(creates_job(&plan), None);
+}
+
+#[test]
+fn an_option_of_the_wrong_type_blocks_naming_it_and_undeclared_ones_only_warn() {
+    let mut seen = observed("4.0.0");
+    seen.prepared.as_mut().unwrap().options =
+        Err(OptionProblem { option: "replicas".into(), expected: "integer".into(), found: "string".into() });
+    let plan = plan::plan(&fresh(), &seen);
+    let (_, ok, message) = condition(&plan).unwrap();
+    assert!(!ok && message.starts_with("[E_OPTION_TYPE]") && message.contains("replicas"), "{message}");
+    assert_eq!(creates_job(&plan), None);
+    seen.prepared.as_mut().unwrap().options = Ok(CheckedOptions { dropped: vec!["colour".into()] });
+    let plan = plan::plan(&fresh(), &seen);
+    assert!(creates_job(&plan).is_some());
+    assert!(plan.steps.iter().any(|s| matches!(s, Step::Event { warning: true, reason: "UndeclaredOptions", note } if note.contains("colour"))));
+}
+
+#[test]
+fn a_value_script_error_blocks_naming_the_missing_function() {
+    let mut seen = observed("4.0.0");
+    seen.prepared.as_mut().unwrap().controller_values = Err("Function not found: gpu_count ()".into());
+    let plan = plan::plan(&fresh(), &seen);
+    let (_, ok, message) = condition(&plan).unwrap();
+    assert!(!ok && message.contains("gpu_count"), "{message}");
+    assert_eq!(creates_job(&plan), None);
+}
+
+#[test]
+fn an_instance_upstream_installed_is_adopted_without_a_job_when_what_would_run_matches() {
+    let upstream =
+        instance(json!({}), Value::Null, json!({"tag": "4.0.0", "digest": install::options_hash(None)}));
+    let plan = plan::plan(&upstream, &observed("4.0.0"));
+    assert_eq!(creates_job(&plan), None);
+    assert_eq!(plan.outcome, Outcome::Adopted { tag: "4.0.0".into() });
+    assert!(plan.steps.iter().any(|s| matches!(s, Step::RecordInstalled(p) if p.tag == "4.0.0")));
+    // Other options than the ones it was installed with: not adopted, a Job runs.
+    let other =
+        instance(json!({}), json!({"a": 1}), json!({"tag": "4.0.0", "digest": install::options_hash(None)}));
+    assert!(creates_job(&plan::plan(&other, &observed("4.0.0"))).is_some());
+}
+
+#[test]
+fn a_completion_is_credited_only_to_the_job_carrying_the_fingerprint() {
+    let fp = fingerprint_of(&plan::plan(&fresh(), &observed("4.0.0")));
+    let mut seen = observed("4.0.0");
+    seen.job = Some(ObservedJob {
+        uid: "old".into(),
+        fingerprint: Some("stale".into()),
+        state: JobState::Succeeded,
+    });
+    let plan = plan::plan(&fresh(), &seen);
+    assert!(!plan.steps.iter().any(|s| matches!(s, Step::RecordInstalled(_))), "{plan:?}");
+    assert!(plan.steps.contains(&Step::DeleteJob) && creates_job(&plan).is_some());
+    seen.job =
+        Some(ObservedJob { uid: "new".into(), fingerprint: Some(fp.clone()), state: JobState::Succeeded });
+    let plan = plan::plan(&fresh(), &seen);
+    assert!(
+        plan.steps
+            .iter()
+            .any(|s| matches!(s, Step::RecordInstalled(p) if p.fingerprint.as_deref() == Some(fp.as_str())))
+    );
+}
+
+#[test]
+fn a_failed_job_is_kept_counted_once_retried_with_doubling_backoff_then_stays_failed() {
+    let fp = fingerprint_of(&plan::plan(&fresh(), &observed("4.0.0")));
+    let failed = |uid: &str| ObservedJob {
+        uid: uid.into(),
+        fingerprint: Some(fp.clone()),
+        state: JobState::Failed("BackoffLimitExceeded: pod exited 1".into()),
+    };
+    let target = |failures: u32, failed_job: &str, retry_at: &str| {
+        let mut status = json!({});
+        let mut t = AgentTarget::default();
+        t.revision.fingerprint = Some(fp.clone());
+        t.revision.tag = "4.0.0".into();
+        t.failures = failures;
+        t.failed_job = Some(failed_job.into());
+        t.retry_at = Some(retry_at.into());
+        status["target"] = serde_json::to_value(t).unwrap();
+        instance(json!({}), Value::Null, status)
+    };
+    // First failure: counted, kept (no DeleteJob), retry in 1 min, reason shown.
+    let mut seen = observed("4.0.0");
+    seen.job = Some(failed("j1"));
+    let plan = plan::plan(&fresh(), &seen);
+    assert!(!plan.steps.contains(&Step::DeleteJob) && creates_job(&plan).is_none(), "{plan:?}");
+    let recorded = plan
+        .steps
+        .iter()
+        .find_map(|s| match s {
+            Step::RecordTarget(t) => Some(t.clone()),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!((recorded.failures, recorded.retry_at.as_deref()), (1, Some("2026-12-01T12:01:00Z")));
+    let (kind, ok, message) = condition(&plan).unwrap();
+    assert!(kind == "Installed" && !ok && message.contains("pod exited 1"), "{message}");
+    // Not due yet: nothing new.
+    let plan = plan::plan(&target(1, "j1", "2026-12-01T12:01:00Z"), &seen);
+    assert!(creates_job(&plan).is_none());
+    assert_eq!(plan.requeue, Duration::from_secs(60));
+    // Due: the failed Job is replaced.
+    seen.now = "2026-12-01T12:01:00Z".parse().unwrap();
+    let plan = plan::plan(&target(1, "j1", "2026-12-01T12:01:00Z"), &seen);
+    assert!(plan.steps.contains(&Step::DeleteJob) && creates_job(&plan).is_some(), "{plan:?}");
+    // The second failure doubles the wait.
+    seen.job = Some(failed("j2"));
+    let plan = plan::plan(&target(1, "j1", "2026-12-01T12:01:00Z"), &seen);
+    let recorded = plan
+        .steps
+        .iter()
+        .find_map(|s| match s {
+            Step::RecordTarget(t) => Some(t.clone()),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!((recorded.failures, recorded.retry_at.as_deref()), (2, Some("2026-12-01T12:03:00Z")));
+    // Out of attempts: stays failed whatever the time, until the fingerprint changes.
+    seen.now = "2026-12-02T00:00:00Z".parse().unwrap();
+    seen.job = Some(failed("j3"));
+    let plan = plan::plan(&target(3, "j3", "2026-12-01T12:10:00Z"), &seen);
+    assert!(creates_job(&plan).is_none());
+    assert!(
+        matches!(&plan.outcome, Outcome::Blocked(b) if b.code == Some("E_AGENT_FAILED")),
+        "{:?}",
+        plan.outcome
+    );
+    let mut options_changed = target(3, "j3", "2026-12-01T12:10:00Z");
+    options_changed.options = serde_json::from_value(json!({"a": 1})).unwrap();
+    assert!(creates_job(&plan::plan(&options_changed, &seen)).is_some());
+}
+
+#[test]
+fn backoff_doubles_from_one_minute_up_to_one_hour() {
+    let waits: Vec<u64> = (1..=9).map(|n| plan::backoff(n).as_secs()).collect();
+    assert_eq!(waits, [60, 120, 240, 480, 960, 1920, 3600, 3600, 3600]);
+}
