@@ -1,0 +1,494 @@
+//! Whole loops: the lifecycle controllers against the fake API server (the
+//! real kube client and kube-runtime), a real catalog following JukeBox
+//! status over gRPC, and the fake agent playing upstream's agent on the Jobs
+//! lifecycle creates. `docs/upstream-vynil.md` §9 items 8, 9, 17–21, adoption,
+//! failure, tolerant decoding, and the usage the purger reads.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::{
+    future::Future,
+    net::SocketAddr,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use clap::Parser;
+use k8s_openapi::api::batch::v1::Job;
+use kube::{
+    Api, Client,
+    api::{ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams},
+};
+use serde_json::{Value, json};
+use vynil_crds::JukeBox;
+use vynil_proto::lifecycle::v1::{
+    ExplainRequest, InstanceKind as ProtoKind, InstanceRef, InstanceState, ListInstalledRevisionsRequest,
+    ListInstancesRequest, RevisionUse, lifecycle_client::LifecycleClient,
+};
+use vynil_runtime::Shutdown;
+use vynil_store::KubeStore;
+use vynil_testkit::{
+    JukeboxBuilder, free_port,
+    kube_api::{AgentJob, AgentOutcome, FakeAgent, FakeApiServer},
+};
+
+const JOBS: &str = "vynil-system";
+const APPS: &str = "apps";
+
+fn loopback() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], free_port().unwrap()))
+}
+
+/// A package revision as the scanner writes it in `status.packages`.
+fn package(registry: &str, category: &str, name: &str, kind: &str, tag: &str, requirements: Value) -> Value {
+    json!({
+        "registry": registry, "image": format!("{category}/{name}"), "tag": tag, "digest": format!("sha256:{}", tag.replace('.', "")),
+        "metadata": {"name": name, "category": category, "description": "", "type": kind, "features": []},
+        "requirements": requirements,
+        "options": {"replicas": {"type": "integer", "default": 1}},
+    })
+}
+
+/// `apps/web` with upstream's waypoint example: 4.0.0 (min 3.0.0), 3.5.0 (min 2.0.0), 2.5.0.
+fn web(registry: &str) -> Vec<Value> {
+    vec![
+        package(registry, "apps", "web", "tenant", "4.0.0", json!([{"minimum_previous_version": "3.0.0"}])),
+        package(registry, "apps", "web", "tenant", "3.5.0", json!([{"minimum_previous_version": "2.0.0"}])),
+        package(registry, "apps", "web", "tenant", "2.5.0", json!([])),
+    ]
+}
+
+struct World {
+    api: FakeApiServer,
+    client: Client,
+    agent: FakeAgent,
+    lifecycle: SocketAddr,
+    shutdown: Shutdown,
+    services: tokio::task::JoinSet<Result<(), String>>,
+}
+
+type Script = Arc<Mutex<Box<dyn Fn(&AgentJob) -> AgentOutcome + Send>>>;
+
+impl World {
+    async fn start(packages: Vec<Value>, extra: &[&str]) -> (Self, Script) {
+        let api = FakeApiServer::start().await.unwrap();
+        let client = api.client().unwrap();
+        let boxes: Api<JukeBox> = Api::all(client.clone());
+        let jukebox = JukeboxBuilder::new("box").list(["registry.example/apps/web"]).json();
+        boxes.create(&PostParams::default(), &serde_json::from_value(jukebox).unwrap()).await.unwrap();
+        let status = json!({"status": {"packages": packages, "conditions": [
+            {"type": "Updated", "status": "True", "message": "Updated succesfully", "generation": 1}]}});
+        boxes.patch_status("box", &PatchParams::default(), &Patch::Merge(&status)).await.unwrap();
+
+        let (catalog_addr, lifecycle) = (loopback(), loopback());
+        let shutdown = Shutdown::new();
+        let mut services = tokio::task::JoinSet::new();
+        let catalog =
+            vynil_catalog::Config::parse_from(["vynil-catalog", "--listen", &catalog_addr.to_string()]);
+        let (store, done) = (Arc::new(KubeStore::new(client.clone())), shutdown.signaled());
+        services.spawn(async move {
+            vynil_catalog::run_with_store(catalog, store, done).await.map_err(|e| e.to_string())
+        });
+        let endpoint = format!("http://{catalog_addr}");
+        let mut args = vec![
+            "vynil-lifecycle",
+            "--listen",
+            &*Box::leak(lifecycle.to_string().into_boxed_str()),
+            "--kubernetes",
+            "--catalog-endpoint",
+            &*Box::leak(endpoint.into_boxed_str()),
+            "--namespace",
+            JOBS,
+        ];
+        args.extend_from_slice(extra);
+        let config = vynil_lifecycle::Config::parse_from(args);
+        let (lifecycle_client, done) = (client.clone(), shutdown.signaled());
+        services.spawn(async move {
+            vynil_lifecycle::run_with_client(config, lifecycle_client, done).await.map_err(|e| e.to_string())
+        });
+        let script: Script = Arc::new(Mutex::new(Box::new(|_: &AgentJob| AgentOutcome::succeed())));
+        let shared = script.clone();
+        let agent = FakeAgent::start(client.clone(), JOBS, move |job| (shared.lock().unwrap())(job));
+        (World { api, client, agent, lifecycle, shutdown, services }, script)
+    }
+
+    fn instances(&self, kind: &str) -> Api<DynamicObject> {
+        let resource = ApiResource {
+            group: "vynil.solidite.fr".into(),
+            version: "v1".into(),
+            api_version: "vynil.solidite.fr/v1".into(),
+            kind: kind.into(),
+            plural: format!("{}s", kind.to_lowercase()),
+        };
+        Api::namespaced_with(self.client.clone(), APPS, &resource)
+    }
+
+    async fn create(&self, kind: &str, name: &str, spec: Value, annotations: Value) {
+        let object = json!({"apiVersion": "vynil.solidite.fr/v1", "kind": kind,
+            "metadata": {"name": name, "namespace": APPS, "annotations": annotations}, "spec": spec});
+        self.instances(kind)
+            .create(&PostParams::default(), &serde_json::from_value(object).unwrap())
+            .await
+            .unwrap();
+    }
+
+    async fn get(&self, kind: &str, name: &str) -> Value {
+        serde_json::to_value(self.instances(kind).get(name).await.unwrap()).unwrap()
+    }
+
+    async fn patch(&self, kind: &str, name: &str, patch: Value) {
+        self.instances(kind).patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+    }
+
+    async fn patch_status(&self, kind: &str, name: &str, status: Value) {
+        let patch = json!({"status": status});
+        self.instances(kind)
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap();
+    }
+
+    fn jobs(&self) -> Api<Job> {
+        Api::namespaced(self.client.clone(), JOBS)
+    }
+
+    fn tags_run(&self, instance: &str) -> Vec<String> {
+        self.agent
+            .runs()
+            .into_iter()
+            .filter(|r| r.job.instance_name == instance)
+            .map(|r| r.job.tag.unwrap_or_default())
+            .collect()
+    }
+
+    async fn grpc(&self) -> LifecycleClient<tonic::transport::Channel> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(channel) = tonic::transport::Channel::from_shared(format!("http://{}", self.lifecycle))
+                .unwrap()
+                .connect()
+                .await
+            {
+                return LifecycleClient::new(channel);
+            }
+            assert!(Instant::now() < deadline, "lifecycle never answered");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn stop(mut self) {
+        self.shutdown.trigger();
+        while let Some(done) = self.services.join_next().await {
+            done.unwrap().unwrap();
+        }
+    }
+}
+
+/// Polls `check` until it returns `Some`, or fails with `what`.
+async fn eventually<T, F: Future<Output = Option<T>>>(what: &str, mut check: impl FnMut() -> F) -> T {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn condition<'a>(object: &'a Value, kind: &str) -> Option<&'a Value> {
+    object["status"]["conditions"].as_array()?.iter().find(|c| c["type"] == kind)
+}
+
+fn web_spec() -> Value {
+    json!({"jukebox": "box", "category": "apps", "package": "web"})
+}
+
+fn tenant(namespace: &str, name: &str) -> InstanceRef {
+    InstanceRef { kind: ProtoKind::Tenant as i32, namespace: namespace.into(), name: name.into() }
+}
+
+#[tokio::test]
+async fn item_8_the_selection_chain_goes_one_waypoint_at_a_time_then_rests() {
+    let (world, _) = World::start(web("registry.example"), &[]).await;
+    // Installed by upstream at 1.0.0: created suspended so the status lands first.
+    world.create("TenantInstance", "web", web_spec(), json!({"vynil.solidite.fr/suspend": "true"})).await;
+    world
+        .patch_status(
+            "TenantInstance",
+            "web",
+            json!({"tag": "1.0.0", "digest": vynil_rules::install::options_hash(None)}),
+        )
+        .await;
+    world
+        .patch(
+            "TenantInstance",
+            "web",
+            json!({"metadata": {"annotations": {"vynil.solidite.fr/suspend": null}}}),
+        )
+        .await;
+    let installed = eventually("4.0.0 recorded as installed", || async {
+        let object = world.get("TenantInstance", "web").await;
+        (object["status"]["package"]["tag"] == "4.0.0").then_some(object)
+    })
+    .await;
+    assert_eq!(world.tags_run("web"), ["2.5.0", "3.5.0", "4.0.0"]);
+    assert_eq!(installed["status"]["package"]["digest"], "sha256:400");
+    assert!(installed["status"]["target"].is_null(), "{installed}");
+    // At rest: another reconcile (a label change) runs nothing more.
+    world.patch("TenantInstance", "web", json!({"metadata": {"labels": {"touched": "yes"}}})).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(world.tags_run("web").len(), 3);
+    let explained = world
+        .grpc()
+        .await
+        .explain(ExplainRequest { r#ref: Some(tenant(APPS, "web")) })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(explained.state, InstanceState::UpToDate as i32, "{explained:?}");
+    assert_eq!((explained.from_tag.as_str(), explained.latest_tag.as_str()), ("4.0.0", "4.0.0"));
+    world.stop().await;
+}
+
+#[tokio::test]
+async fn item_9_a_tenant_instance_never_picks_a_service_package() {
+    let packages = vec![package("registry.example", "think", "ollama", "service", "0.1.10", json!([]))];
+    let (world, _) = World::start(packages, &[]).await;
+    world
+        .create(
+            "TenantInstance",
+            "ollama",
+            json!({"jukebox": "box", "category": "think", "package": "ollama"}),
+            json!({}),
+        )
+        .await;
+    let blocked = eventually("the missing package condition", || async {
+        let object = world.get("TenantInstance", "ollama").await;
+        condition(&object, "AgentStarted").cloned()
+    })
+    .await;
+    assert_eq!(blocked["status"], "False");
+    assert!(blocked["message"].as_str().unwrap().starts_with("Package think/ollama is missing"), "{blocked}");
+    assert!(world.jobs().list(&Default::default()).await.unwrap().items.is_empty());
+    let listed =
+        world.grpc().await.list_instances(ListInstancesRequest::default()).await.unwrap().into_inner();
+    let summary = &listed.instances[0];
+    assert_eq!((summary.state, summary.blocked_by.as_str()), (InstanceState::Blocked as i32, "package"));
+    world.stop().await;
+}
+
+#[tokio::test]
+async fn items_17_18_suspend_holds_everything_and_force_reinstall_runs_again() {
+    let (world, _) = World::start(web("registry.example"), &[]).await;
+    world.create("TenantInstance", "web", web_spec(), json!({"vynil.solidite.fr/suspend": "true"})).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(world.jobs().list(&Default::default()).await.unwrap().items.is_empty(), "suspended: no Job");
+    world
+        .patch(
+            "TenantInstance",
+            "web",
+            json!({"metadata": {"annotations": {"vynil.solidite.fr/suspend": "no"}}}),
+        )
+        .await;
+    eventually("the first install", || async {
+        (world.get("TenantInstance", "web").await["status"]["package"]["tag"] == "4.0.0").then_some(())
+    })
+    .await;
+    assert_eq!(world.tags_run("web"), ["4.0.0"]);
+    world
+        .patch(
+            "TenantInstance",
+            "web",
+            json!({"metadata": {"annotations": {"vynil.solidite.fr/force-reinstall": "now"}}}),
+        )
+        .await;
+    world.agent.wait_for_runs(2, Duration::from_secs(30)).await.unwrap();
+    let object = eventually("the annotation removed", || async {
+        let object = world.get("TenantInstance", "web").await;
+        object["metadata"]["annotations"].get("vynil.solidite.fr/force-reinstall").is_none().then_some(object)
+    })
+    .await;
+    assert_eq!(world.tags_run("web"), ["4.0.0", "4.0.0"], "{object}");
+    world.stop().await;
+}
+
+#[tokio::test]
+async fn item_19_options_change_re_runs_and_no_change_does_not_even_after_the_job_was_deleted() {
+    let (world, _) = World::start(web("registry.example"), &[]).await;
+    world.create("TenantInstance", "web", web_spec(), json!({})).await;
+    eventually("the first install", || async {
+        (world.get("TenantInstance", "web").await["status"]["package"]["tag"] == "4.0.0").then_some(())
+    })
+    .await;
+    let first = world.agent.runs()[0].job.options_hash.clone().unwrap();
+    world.jobs().delete("tenant--apps--web", &DeleteParams::background()).await.unwrap();
+    world.patch("TenantInstance", "web", json!({"metadata": {"labels": {"touched": "yes"}}})).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(world.agent.runs().len(), 1, "an unchanged fingerprint never re-runs");
+    assert!(world.jobs().get_opt("tenant--apps--web").await.unwrap().is_none());
+
+    // A wrong type blocks, naming the option; nothing runs.
+    world.patch("TenantInstance", "web", json!({"spec": {"options": {"replicas": "two"}}})).await;
+    let blocked = eventually("the option type condition", || async {
+        let object = world.get("TenantInstance", "web").await;
+        condition(&object, "AgentStarted").filter(|c| c["status"] == "False").cloned()
+    })
+    .await;
+    assert!(blocked["message"].as_str().unwrap().contains("replicas"), "{blocked}");
+    assert_eq!(world.agent.runs().len(), 1);
+
+    world.patch("TenantInstance", "web", json!({"spec": {"options": {"replicas": 2}}})).await;
+    let runs = world.agent.wait_for_runs(2, Duration::from_secs(30)).await.unwrap();
+    let second = runs[1].job.options_hash.clone().unwrap();
+    assert_ne!(first, second);
+    assert_eq!(
+        second,
+        vynil_rules::install::options_hash(serde_json::from_value(json!({"replicas": 2})).ok().as_ref())
+    );
+    world.stop().await;
+}
+
+#[tokio::test]
+async fn item_20_init_from_version_found_runs_that_tag_and_not_found_blocks() {
+    let registry = vynil_testkit::RegistryServer::start().await.unwrap();
+    let host = registry.host();
+    let (world, _) =
+        World::start(web(&host), &["--insecure-registry", &*Box::leak(host.clone().into_boxed_str())]).await;
+    let mut spec = web_spec();
+    spec["initFrom"] = json!({"snapshot": "abc", "version": "2.5.0"});
+    world.create("TenantInstance", "restored", spec.clone(), json!({})).await;
+    world.agent.wait_for_runs(1, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(world.tags_run("restored"), ["2.5.0"]);
+    spec["initFrom"]["version"] = json!("9.9.9");
+    world.create("TenantInstance", "lost", spec, json!({})).await;
+    let blocked = eventually("the InitFrom condition", || async {
+        let object = world.get("TenantInstance", "lost").await;
+        condition(&object, "InitFrom").cloned()
+    })
+    .await;
+    assert_eq!(blocked["status"], "False");
+    assert_eq!(
+        blocked["message"],
+        "[E_INIT_VERSION_NOT_FOUND] Version 9.9.9 introuvable dans le registre OCI"
+    );
+    assert!(world.tags_run("lost").is_empty());
+    world.stop().await;
+}
+
+#[tokio::test]
+async fn item_21_a_missing_crd_requirement_blocks_with_upstreams_message() {
+    let requirement = json!([{"custom_resource_definition": "middlewares.traefik.io"}]);
+    let packages = vec![package("registry.example", "apps", "web", "tenant", "1.0.0", requirement)];
+    let (world, _) = World::start(packages, &[]).await;
+    world.create("TenantInstance", "web", web_spec(), json!({})).await;
+    let blocked = eventually("the requirement condition", || async {
+        condition(&world.get("TenantInstance", "web").await, "AgentStarted").cloned()
+    })
+    .await;
+    assert_eq!(
+        (blocked["status"].as_str(), blocked["message"].as_str()),
+        (Some("False"), Some("CRD middlewares.traefik.io is not installed"))
+    );
+    assert!(world.agent.runs().is_empty());
+    world.stop().await;
+}
+
+#[tokio::test]
+async fn an_instance_upstream_installed_is_adopted_without_running_its_job() {
+    let (world, _) = World::start(web("registry.example"), &[]).await;
+    world.create("TenantInstance", "web", web_spec(), json!({"vynil.solidite.fr/suspend": "true"})).await;
+    // What upstream's agent wrote: tag, options hash, conditions, children; no status.package.
+    let status = json!({"tag": "4.0.0", "digest": vynil_rules::install::options_hash(None),
+        "vitals": [{"kind": "Deployment", "name": "web"}],
+        "conditions": [{"type": "Ready", "status": "True", "message": "Installed succesfully", "generation": 1}]});
+    world.patch_status("TenantInstance", "web", status).await;
+    world
+        .patch(
+            "TenantInstance",
+            "web",
+            json!({"metadata": {"annotations": {"vynil.solidite.fr/suspend": null}}}),
+        )
+        .await;
+    let adopted = eventually("status.package filled", || async {
+        let object = world.get("TenantInstance", "web").await;
+        object["status"].get("package").cloned().filter(|p| !p.is_null())
+    })
+    .await;
+    assert_eq!((adopted["tag"].as_str(), adopted["image"].as_str()), (Some("4.0.0"), Some("apps/web")));
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert!(world.agent.runs().is_empty(), "adopted without a Job");
+    let revisions = world
+        .grpc()
+        .await
+        .list_installed_revisions(ListInstalledRevisionsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let used: Vec<(&str, i32)> = revisions.revisions.iter().map(|r| (r.tag.as_str(), r.r#use)).collect();
+    assert_eq!(used, [("4.0.0", RevisionUse::Installed as i32)]);
+    world.stop().await;
+}
+
+#[tokio::test]
+async fn a_failed_install_job_is_kept_and_its_reason_shown_with_the_next_attempt() {
+    let (world, script) = World::start(web("registry.example"), &[]).await;
+    *script.lock().unwrap() = Box::new(|_| {
+        AgentOutcome::fail("BackoffLimitExceeded", "Job has reached the specified backoff limit")
+    });
+    world.create("TenantInstance", "web", web_spec(), json!({})).await;
+    let failed = eventually("the failure condition", || async {
+        let object = world.get("TenantInstance", "web").await;
+        condition(&object, "Installed").filter(|c| c["status"] == "False").map(|_| object.clone())
+    })
+    .await;
+    let message = condition(&failed, "Installed").unwrap()["message"].as_str().unwrap().to_string();
+    assert!(message.starts_with("[E_AGENT_FAILED]") && message.contains("backoff limit"), "{message}");
+    assert_eq!(failed["status"]["target"]["failures"], 1);
+    assert!(failed["status"]["target"]["retryAt"].is_string(), "{failed}");
+    assert!(
+        world.jobs().get_opt("tenant--apps--web").await.unwrap().is_some(),
+        "the failed Job is kept for its logs"
+    );
+    let listed =
+        world.grpc().await.list_instances(ListInstancesRequest::default()).await.unwrap().into_inner();
+    assert_eq!(listed.instances[0].state, InstanceState::Retrying as i32);
+    world.stop().await;
+}
+
+#[tokio::test]
+async fn a_garbage_object_never_stops_the_others_and_is_reported() {
+    let (world, _) = World::start(web("registry.example"), &[]).await;
+    // Wrong types, unknown fields and a huge string: the fake API server does not validate.
+    world
+        .create(
+            "TenantInstance",
+            "bad",
+            json!({"jukebox": 42, "category": ["x"], "surprise": "y".repeat(50_000)}),
+            json!({}),
+        )
+        .await;
+    world.create("TenantInstance", "web", web_spec(), json!({})).await;
+    eventually("the good instance installed", || async {
+        (world.get("TenantInstance", "web").await["status"]["package"]["tag"] == "4.0.0").then_some(())
+    })
+    .await;
+    let event = eventually("the InvalidObject Event", || async {
+        world.api.objects("events.k8s.io", "events").into_iter().find(|e| e["reason"] == "InvalidObject")
+    })
+    .await;
+    assert_eq!(event["regarding"]["name"], "bad", "{event}");
+    let listed =
+        world.grpc().await.list_instances(ListInstancesRequest::default()).await.unwrap().into_inner();
+    let bad = listed.instances.iter().find(|i| i.r#ref.as_ref().unwrap().name == "bad").unwrap();
+    assert_eq!(bad.state, InstanceState::Invalid as i32);
+    let metrics =
+        reqwest::get(format!("http://{}/metrics", world.lifecycle)).await.unwrap().text().await.unwrap();
+    assert!(
+        metrics.lines().any(|l| l.starts_with("tenant_instance_reconcile_failures_total{")
+            && l.contains("name=\"bad\"")
+            && l.contains("error=\"decode\"")),
+        "{metrics}"
+    );
+    world.stop().await;
+}
