@@ -492,3 +492,32 @@ async fn a_garbage_object_never_stops_the_others_and_is_reported() {
     );
     world.stop().await;
 }
+
+#[tokio::test]
+async fn a_job_finishing_alone_is_seen_at_once_through_the_job_watch() {
+    let (world, script) = World::start(web("registry.example"), &[]).await;
+    *script.lock().unwrap() = Box::new(|_| AgentOutcome::Hang);
+    world.create("TenantInstance", "web", web_spec(), json!({})).await;
+    world.agent.wait_for_runs(1, Duration::from_secs(30)).await.unwrap();
+    // Let every reconcile the instance's own writes caused settle on "running".
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(world.get("TenantInstance", "web").await["status"]["package"].is_null());
+    // Only the Job changes (no instance write): its watch must bring the reconcile.
+    let now = "2026-12-01T12:00:00Z";
+    let status = json!({"status": {"failed": 1, "conditions": [
+        {"type": "Failed", "status": "True", "reason": "DeadlineExceeded", "message": "Job was active longer than specified deadline", "lastTransitionTime": now}]}});
+    world
+        .jobs()
+        .patch_status("tenant--apps--web", &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let message = eventually("the failure seen", || async {
+        let object = world.get("TenantInstance", "web").await;
+        condition(&object, "Installed").and_then(|c| c["message"].as_str().map(str::to_string))
+    })
+    .await;
+    assert!(message.contains("DeadlineExceeded"), "{message}");
+    assert!(started.elapsed() < Duration::from_secs(10), "seen after {:?}", started.elapsed());
+    world.stop().await;
+}
