@@ -561,3 +561,163 @@ async fn cleanup(
     .await?;
     Err(LifecycleError::NotDone("uninstall with children is not available in this build".into()))
 }
+
+/// Single reconciles against kube's `tower-test` mock, as named scenarios
+/// (kube-rs controller-rs style): each scenario answers exactly the API calls
+/// the reconcile must make, in order, and fails on any other.
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::{Request, Response};
+    use kube::client::Body;
+    use serde_json::Value;
+
+    type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+
+    fn context() -> (Arc<Context>, Handle) {
+        let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let client = Client::new(service, "vynil-system");
+        let store = |k: InstanceKind| {
+            kube::runtime::reflector::store::Writer::<DynamicObject>::new(k.api_resource()).as_reader()
+        };
+        let stores = Stores {
+            tenant: store(InstanceKind::Tenant),
+            service: store(InstanceKind::Service),
+            system: store(InstanceKind::System),
+        };
+        let (metrics, _) = LifecycleMetrics::register();
+        let registry = RegistryClient::new(
+            vynil_registry::TransportConfig::default(),
+            CredentialStore::default(),
+            Arc::new(vynil_registry::InMemoryMetadataCache::default()),
+        )
+        .unwrap();
+        let settings = Settings {
+            namespace: "vynil-system".into(),
+            // Nothing listens here: a scenario that reached the catalog would fail.
+            catalog: Catalog::connect("http://127.0.0.1:1").unwrap(),
+            registry,
+            agent: AgentSettings::default(),
+            framework: semver::Version::new(0, 7, 7),
+            max_attempts: 3,
+            reporter: kube::runtime::events::Reporter {
+                controller: "vynil-lifecycle".into(),
+                instance: None,
+            },
+        };
+        (Arc::new(Context::new(client, stores, metrics, settings)), handle)
+    }
+
+    fn object(spec: Value, annotations: Value, finalized: bool) -> Arc<DynamicObject> {
+        let finalizers = if finalized { json!([vynil_crds::finalizers::TENANT]) } else { json!([]) };
+        Arc::new(
+            serde_json::from_value(json!({
+                "apiVersion": "vynil.solidite.fr/v1", "kind": "TenantInstance",
+                "metadata": {"name": "web", "namespace": "apps", "uid": "u1", "resourceVersion": "1",
+                    "generation": 1, "annotations": annotations, "finalizers": finalizers},
+                "spec": spec,
+            }))
+            .unwrap(),
+        )
+    }
+
+    fn respond(status: u16, body: Value) -> Response<Body> {
+        Response::builder().status(status).body(Body::from(serde_json::to_vec(&body).unwrap())).unwrap()
+    }
+
+    /// Answers the next request, checking its method and path.
+    async fn expect(handle: &mut Handle, method: &str, path: &str, status: u16, body: Value) {
+        let (request, send) = handle.next_request().await.expect("a request");
+        assert_eq!(request.method().as_str(), method, "{}", request.uri());
+        assert!(request.uri().path().starts_with(path), "expected {method} {path}, got {}", request.uri());
+        send.send_response(respond(status, body));
+    }
+
+    fn not_found() -> Value {
+        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "message": "not found"})
+    }
+
+    async fn scenario(
+        object: Arc<DynamicObject>,
+        script: impl FnOnce(Handle) -> tokio::task::JoinHandle<Handle>,
+    ) -> Result<Action, LifecycleError> {
+        let (context, handle) = context();
+        let server = script(handle);
+        let result =
+            tokio::time::timeout(Duration::from_secs(10), reconcile(InstanceKind::Tenant, object, context))
+                .await
+                .expect("the reconcile finished");
+        let mut handle = server.await.unwrap();
+        // No request beyond the scenario's.
+        tokio::task::yield_now().await;
+        assert!(
+            futures::FutureExt::now_or_never(handle.next_request()).flatten().is_none(),
+            "an unexpected extra request"
+        );
+        result
+    }
+
+    fn spec() -> Value {
+        json!({"jukebox": "box", "category": "apps", "package": "web"})
+    }
+
+    #[tokio::test]
+    async fn a_new_instance_gets_the_finalizer_first_and_nothing_else() {
+        let result = scenario(object(spec(), json!({}), false), |mut handle| {
+            tokio::spawn(async move {
+                let (request, send) = handle.next_request().await.unwrap();
+                assert_eq!(request.method(), http::Method::PATCH);
+                assert!(
+                    request.uri().path().ends_with("/namespaces/apps/tenantinstances/web"),
+                    "{}",
+                    request.uri()
+                );
+                let mut body = (*object(spec(), json!({}), true)).clone();
+                body.metadata.resource_version = Some("2".into());
+                send.send_response(respond(200, serde_json::to_value(body).unwrap()));
+                handle
+            })
+        })
+        .await;
+        assert_eq!(result.unwrap(), Action::await_change());
+    }
+
+    #[tokio::test]
+    async fn a_suspended_instance_reads_its_job_and_asks_the_catalog_nothing() {
+        let suspended = object(spec(), json!({"vynil.solidite.fr/suspend": "true"}), true);
+        let result = scenario(suspended, |mut handle| {
+            tokio::spawn(async move {
+                expect(
+                    &mut handle,
+                    "GET",
+                    "/apis/batch/v1/namespaces/vynil-system/jobs/tenant--apps--web",
+                    404,
+                    not_found(),
+                )
+                .await;
+                handle
+            })
+        })
+        .await;
+        assert_eq!(result.unwrap(), Action::requeue(plan::REQUEUE));
+    }
+
+    #[tokio::test]
+    async fn an_object_that_does_not_decode_publishes_an_event_and_fails_without_panicking() {
+        let garbage = object(json!({"jukebox": 42, "category": ["x"]}), json!({}), true);
+        let result = scenario(garbage, |mut handle| {
+            tokio::spawn(async move {
+                let (request, send) = handle.next_request().await.unwrap();
+                assert_eq!(request.method(), http::Method::POST);
+                assert!(request.uri().path().contains("/events"), "{}", request.uri());
+                let body = request.into_body().collect_bytes().await.unwrap();
+                let event: Value = serde_json::from_slice(&body).unwrap();
+                assert_eq!(event["reason"], "InvalidObject", "{event}");
+                send.send_response(respond(201, event));
+                handle
+            })
+        })
+        .await;
+        assert!(matches!(result, Err(LifecycleError::Decode(_))), "{result:?}");
+    }
+}
