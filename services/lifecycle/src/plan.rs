@@ -216,6 +216,21 @@ pub fn plan(instance: &Instance, observed: &Observed) -> Plan {
     if instance.suspended {
         return Plan { steps: Vec::new(), outcome: Outcome::Suspended, requeue: REQUEUE };
     }
+    // A Job that completed for the recorded target is credited with exactly
+    // that target, whatever the catalog says now (a first install from
+    // `initFrom.version`, a revision purged since).
+    if let (Some(target), Some(job)) = (&instance.status.target, &observed.job)
+        && job.state == JobState::Succeeded
+        && target.revision.fingerprint.is_some()
+        && job.fingerprint == target.revision.fingerprint
+    {
+        let tag = target.revision.tag.clone();
+        return Plan {
+            steps: vec![Step::RecordInstalled(target.revision.clone())],
+            outcome: Outcome::Installed { tag },
+            requeue: REQUEUE,
+        };
+    }
     let (package, pull_secret) = match &observed.resolution {
         Resolution::JukeboxMissing => {
             let mut plan =

@@ -342,3 +342,31 @@ fn backoff_doubles_from_one_minute_up_to_one_hour() {
     let waits: Vec<u64> = (1..=9).map(|n| plan::backoff(n).as_secs()).collect();
     assert_eq!(waits, [60, 120, 240, 480, 960, 1920, 3600, 3600, 3600]);
 }
+
+#[test]
+fn a_completed_job_is_credited_with_its_recorded_target_even_when_the_selection_moved_on() {
+    // Installed from `initFrom.version` 1.0.0: once the agent wrote `tag`, the
+    // selection is 2.5.0, but the completed Job installed the recorded target.
+    let mut seen = observed("1.0.0");
+    seen.init_version = InitVersion::Found { tag: "1.0.0".into(), digest: Some("sha256:100".into()) };
+    let first = plan::plan(&fresh(), &seen);
+    let target = first
+        .steps
+        .iter()
+        .find_map(|s| match s {
+            Step::RecordTarget(t) => Some(t.clone()),
+            _ => None,
+        })
+        .unwrap();
+    let status = json!({"tag": "1.0.0", "digest": install::options_hash(None), "target": serde_json::to_value(&target).unwrap()});
+    let after_agent = instance(json!({}), Value::Null, status);
+    let mut now = observed("2.5.0");
+    now.job = Some(ObservedJob {
+        uid: "j1".into(),
+        fingerprint: target.revision.fingerprint.clone(),
+        state: JobState::Succeeded,
+    });
+    let plan = plan::plan(&after_agent, &now);
+    assert_eq!(plan.steps, [Step::RecordInstalled(target.revision.clone())]);
+    assert_eq!(target.revision.tag, "1.0.0");
+}

@@ -15,10 +15,12 @@ pub struct Config {
     pub listen: SocketAddr,
     #[command(flatten)]
     pub shared: vynil_runtime::SharedConfig,
-    /// The lifecycle service, asked which revisions instances use; without it
-    /// plans say "usage unknown" and executing needs an acknowledgement.
-    #[arg(long, env = "VYNIL_LIFECYCLE_ENDPOINT")]
-    pub lifecycle_endpoint: Option<String>,
+    /// The lifecycle service, asked which revisions instances use; repeat it
+    /// once per cluster sharing the registries (any unreachable one makes
+    /// usage unknown). Without it plans say "usage unknown" and executing
+    /// needs an acknowledgement.
+    #[arg(long, env = "VYNIL_LIFECYCLE_ENDPOINT", value_delimiter = ',')]
+    pub lifecycle_endpoint: Vec<String>,
     /// Retention settings (YAML): `pinned` tag patterns, `excluded_repositories`.
     #[arg(long, env = "VYNIL_RETENTION_CONFIG")]
     pub retention_config: Option<PathBuf>,

@@ -90,7 +90,7 @@ pub struct Purger {
     client: RegistryClient,
     store: Arc<dyn PlanStore>,
     jukeboxes: Arc<dyn JukeboxStore>,
-    lifecycle: Option<String>,
+    lifecycle: Vec<String>,
     /// Re-read at every plan and execution, so a plan made under other pins,
     /// exclusions or framework version is refused as stale.
     retention_path: Option<std::path::PathBuf>,
@@ -174,7 +174,7 @@ impl Purger {
 
     async fn plan_one(&self, repo: &RepositoryRef) -> Result<RepositoryPlan, PurgerError> {
         let tags = planner::snapshot(&self.client, repo).await?;
-        let usage = planner::usage(self.lifecycle.as_deref(), repo).await;
+        let usage = planner::usage(&self.lifecycle, repo).await;
         planner::plan_repository(repo, &tags, &usage, &self.inputs()?.0)
     }
 
@@ -296,7 +296,7 @@ impl Purger {
                 return Err(PurgerError::Excluded(repo.to_string()));
             }
             let fresh = planner::snapshot(&self.client, &repo).await?;
-            let usage = planner::usage(self.lifecycle.as_deref(), &repo).await;
+            let usage = planner::usage(&self.lifecycle, &repo).await;
             let usage_lost =
                 !repository.usage_unknown && matches!(usage, vynil_rules::retention::Usage::Unknown);
             if usage_lost && !request.acknowledge_usage_unknown {

@@ -47,18 +47,23 @@ pub async fn snapshot(
         .await
 }
 
-/// What instances use in `repo`, or `Unknown` when lifecycle cannot say.
-pub async fn usage(lifecycle: Option<&str>, repo: &RepositoryRef) -> Usage {
-    let Some(endpoint) = lifecycle else {
+/// What instances use in `repo`, as every lifecycle (one per cluster) says;
+/// `Unknown` when there is none or any of them cannot say.
+pub async fn usage(lifecycles: &[String], repo: &RepositoryRef) -> Usage {
+    if lifecycles.is_empty() {
         return Usage::Unknown;
-    };
-    match installed_revisions(endpoint, repo).await {
-        Ok(revisions) => Usage::Known(revisions),
-        Err(why) => {
-            tracing::warn!(%repo, %why, "installed revisions unknown: plans will require an acknowledgement");
-            Usage::Unknown
+    }
+    let mut revisions = Vec::new();
+    for endpoint in lifecycles {
+        match installed_revisions(endpoint, repo).await {
+            Ok(found) => revisions.extend(found),
+            Err(why) => {
+                tracing::warn!(%repo, %endpoint, %why, "installed revisions unknown: plans will require an acknowledgement");
+                return Usage::Unknown;
+            }
         }
     }
+    Usage::Known(revisions)
 }
 
 async fn installed_revisions(endpoint: &str, repo: &RepositoryRef) -> Result<Vec<InstalledRevision>, String> {
