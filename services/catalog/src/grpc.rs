@@ -210,6 +210,7 @@ impl CatalogApi for CatalogService {
             }),
             CleanupDecision::UseCatalog(package) => Decision::UsePackage(package_to_proto(&package)),
             CleanupDecision::Gone(gone) => Decision::Gone(pb::PackageGone {
+                message: gone.condition_message(),
                 code: gone.code.to_string(),
                 missing: gone.missing,
                 why: gone.why,
@@ -221,7 +222,11 @@ impl CatalogApi for CatalogService {
             CleanupDecision::NothingToDelete => Decision::NothingToDelete(pb::NothingToDelete {}),
             CleanupDecision::Retry { why } => return Err(Status::unavailable(why)),
         };
-        Ok(Response::new(ResolveCleanupResponse { decision: Some(decision) }))
+        let pull_secret = match &entry {
+            Ok(Some(entry)) => entry.pull_secret.clone().unwrap_or_default(),
+            _ => String::new(),
+        };
+        Ok(Response::new(ResolveCleanupResponse { decision: Some(decision), pull_secret }))
     }
 
     async fn watch_catalog(

@@ -1,14 +1,15 @@
-//! Lifecycle's view of the catalog: `ResolveInstall` (the rules crate's one
-//! selection, never a second copy here) and the tags of a package for
-//! `initFrom.version`. An unreachable catalog is an error to retry, never
+//! Lifecycle's view of the catalog: `ResolveInstall` and `ResolveCleanup`
+//! (the rules crate's one selection, never a second copy here) and the tags
+//! of a package for `initFrom.version`. An unreachable catalog is an error to retry, never
 //! "package missing".
 
 use tonic::transport::{Channel, Endpoint};
 use vynil_proto::catalog::v1::{
-    self as pb, GetCatalogRequest, ResolveInstallRequest, catalog_client::CatalogClient,
-    resolve_install_response::Outcome,
+    self as pb, GetCatalogRequest, RecordedCheck as ProtoCheck, RecordedRevision as ProtoRecorded,
+    ResolveCleanupRequest, ResolveInstallRequest, catalog_client::CatalogClient,
+    resolve_cleanup_response::Decision, resolve_install_response::Outcome,
 };
-use vynil_rules::Tag;
+use vynil_rules::{Tag, selection::RecordedCheck};
 use vynil_runtime::convert::{package_from_proto, proto_type};
 
 use crate::{LifecycleError, instance::Instance, plan::Resolution};
@@ -103,6 +104,81 @@ impl Catalog {
             .into_iter()
             .find(|p| p.tag == tag)
             .map(|p| Some(p.digest).filter(|d| !d.is_empty())))
+    }
+}
+
+/// What the catalog decided for a deletion.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Cleanup {
+    /// Run the delete hooks of this revision (only its location when it is
+    /// the recorded one, the whole package when it comes from the catalog).
+    UsePackage {
+        package: Box<pb::Package>,
+        pull_secret: Option<String>,
+    },
+    Gone {
+        code: String,
+        message: String,
+    },
+    WithoutPackage {
+        warning: String,
+    },
+    NothingToDelete,
+}
+
+impl Catalog {
+    /// `ResolveCleanup` for `instance`, with the recorded revision's check
+    /// (`None` when nothing is recorded). An outage is an error to retry.
+    pub async fn resolve_cleanup(
+        &self,
+        instance: &Instance,
+        check: Option<RecordedCheck>,
+        has_children: bool,
+    ) -> Result<Cleanup, LifecycleError> {
+        let checked = check.is_some();
+        let recorded = instance.status.package.as_ref().map(|p| ProtoRecorded {
+            registry: p.registry.clone(),
+            image: p.image.clone(),
+            tag: p.tag.clone(),
+            digest: p.digest.clone().unwrap_or_default(),
+            r#type: vynil_rules::PackageType::ALL
+                .into_iter()
+                .find(|t| t.as_str() == p.package_type)
+                .map_or(0, proto_type),
+        });
+        let (recorded_check, recorded_check_problem) = match check {
+            None => (ProtoCheck::Unspecified, String::new()),
+            Some(RecordedCheck::Resolves) => (ProtoCheck::Resolves, String::new()),
+            Some(RecordedCheck::Gone) => (ProtoCheck::Gone, String::new()),
+            Some(RecordedCheck::Unknown(why)) => (ProtoCheck::Unknown, why),
+        };
+        let request = ResolveCleanupRequest {
+            jukebox: instance.jukebox.clone(),
+            category: instance.category.clone(),
+            name: instance.package.clone(),
+            r#type: proto_type(instance.kind.package_type()),
+            installed_tag: instance.status.tag.clone().unwrap_or_default(),
+            recorded: recorded.filter(|_| checked),
+            delete_without_package_allowed: instance.delete_without_package.as_deref() == Some("true"),
+            recorded_check: recorded_check as i32,
+            recorded_check_problem,
+            children: u32::from(has_children),
+        };
+        let response = self.client.clone().resolve_cleanup(request).await.map_err(unavailable)?.into_inner();
+        let pull_secret = Some(response.pull_secret).filter(|s| !s.is_empty());
+        Ok(match response.decision {
+            Some(Decision::UsePackage(package)) => {
+                Cleanup::UsePackage { package: Box::new(package), pull_secret }
+            }
+            Some(Decision::Gone(gone)) => Cleanup::Gone { code: gone.code, message: gone.message },
+            Some(Decision::DeleteWithoutPackage(d)) => Cleanup::WithoutPackage { warning: d.warning },
+            Some(Decision::NothingToDelete(_)) => Cleanup::NothingToDelete,
+            None => {
+                return Err(LifecycleError::Unavailable(
+                    "the catalog answered ResolveCleanup with no decision".into(),
+                ));
+            }
+        })
     }
 }
 

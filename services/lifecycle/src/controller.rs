@@ -31,12 +31,13 @@ use kube::{
 };
 use serde_json::json;
 use vynil_crds::{Condition, labels, set_condition};
+use vynil_proto::catalog::v1 as pb;
 use vynil_registry::{CredentialStore, RegistryClient, RepositoryRef};
-use vynil_rules::install;
+use vynil_rules::{install, selection::RecordedCheck};
 
 use crate::{
     LifecycleError,
-    catalog::Catalog,
+    catalog::{Catalog, Cleanup},
     facts::{self, Stores},
     instance::{Instance, InstanceKind},
     job::{self, Action as JobAction, AgentSettings},
@@ -44,6 +45,8 @@ use crate::{
     plan::{
         self, InitVersion, JobRequest, JobState, Observed, ObservedJob, Outcome, Prepared, Resolution, Step,
     },
+    reaper::ReaperReport,
+    uninstall::{self, CleanupAnswer, CleanupObserved},
 };
 
 /// How long a Job deletion is waited for before the reconcile is retried.
@@ -112,6 +115,35 @@ impl Context {
     fn remember(&self, instance: &Instance, outcome: Outcome) {
         let mut outcomes = self.outcomes.lock().unwrap_or_else(|p| p.into_inner());
         outcomes.insert((instance.kind, instance.namespace.clone(), instance.name.clone()), outcome);
+    }
+
+    /// Sets `delete-without-package: "true"`, reads it back, records who asked.
+    pub async fn allow_delete_without_package(
+        &self,
+        kind: InstanceKind,
+        object: &DynamicObject,
+        caller: &str,
+        reason: &str,
+    ) -> Result<(), LifecycleError> {
+        let name = object.name_any();
+        let api = self.instances(kind, &object.namespace().unwrap_or_default());
+        let patch =
+            json!({"metadata": {"annotations": {vynil_crds::annotations::DELETE_WITHOUT_PACKAGE: "true"}}});
+        let written = api
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(|e| LifecycleError::Unavailable(format!("Kubernetes API, annotating {name}: {e}")))?;
+        if written.annotations().get(vynil_crds::annotations::DELETE_WITHOUT_PACKAGE).map(String::as_str)
+            != Some("true")
+        {
+            return Err(LifecycleError::NotDone(format!("the annotation on {name} cannot be read back")));
+        }
+        let note = format!(
+            "{caller} allowed deleting the recorded children without package hooks{}",
+            if reason.is_empty() { String::new() } else { format!(": {reason}") }
+        );
+        self.publish(&written, kind, true, "DeleteWithoutPackageAllowed", note).await;
+        Ok(())
     }
 
     fn instances(&self, kind: InstanceKind, namespace: &str) -> Api<DynamicObject> {
@@ -224,6 +256,10 @@ fn error_policy(
         package: spec("package"),
         error: error.label(),
     };
+    if let LifecycleError::Pending { why, retry_after } = error {
+        tracing::debug!(%why, ?retry_after, "deletion goes on");
+        return Action::requeue(*retry_after);
+    }
     context.metrics.of(kind).failures.get_or_create(&failure).inc();
     tracing::warn!(%error, instance = %format!("{kind}/{}/{}", failure.namespace, failure.name), "reconcile failed");
     Action::requeue(error.retry_after())
@@ -301,7 +337,7 @@ pub async fn observe(
         resolution,
         init_version,
         prepared,
-        job: observe_job(job_name, context).await?,
+        job: observe_job(job_name, JobAction::Install, context).await?,
         now: jiff::Timestamp::now(),
         max_attempts: context.max_attempts,
     })
@@ -325,27 +361,7 @@ async fn init_version(
     if let Some(digest) = context.catalog.find_tag(instance, &version).await? {
         return Ok(InitVersion::Found { tag: version, digest });
     }
-    let client = match pull_secret {
-        None => context.registry.clone(),
-        Some(name) => {
-            let secret = context.secrets.get_opt(name).await.map_err(|e| {
-                LifecycleError::Unavailable(format!("Kubernetes API, reading the pull secret {name}: {e}"))
-            })?;
-            let document =
-                secret.and_then(|s| s.data).and_then(|d| d.get(".dockerconfigjson").map(|b| b.0.clone()));
-            match document {
-                Some(document) => {
-                    let credentials = CredentialStore::from_dockerconfigjson(&document)
-                        .map_err(|e| LifecycleError::Invalid(format!("pull secret {name}: {e}")))?;
-                    context
-                        .registry
-                        .with_credentials(&credentials)
-                        .map_err(|e| LifecycleError::Invalid(e.to_string()))?
-                }
-                None => context.registry.clone(),
-            }
-        }
-    };
+    let client = registry_for(pull_secret, context).await?;
     let repo = RepositoryRef::new(&package.registry, &package.image)
         .map_err(|e| LifecycleError::Invalid(e.to_string()))?;
     match client.head_digest(&repo, &version).await {
@@ -357,13 +373,39 @@ async fn init_version(
     }
 }
 
-async fn observe_job(name: &str, context: &Context) -> Result<Option<ObservedJob>, LifecycleError> {
+/// The registry client with the credentials of the pull secret `name` (read
+/// afresh: a rotated secret counts at once).
+async fn registry_for(
+    pull_secret: Option<&str>,
+    context: &Context,
+) -> Result<RegistryClient, LifecycleError> {
+    let Some(name) = pull_secret else {
+        return Ok(context.registry.clone());
+    };
+    let secret = context.secrets.get_opt(name).await.map_err(|e| {
+        LifecycleError::Unavailable(format!("Kubernetes API, reading the pull secret {name}: {e}"))
+    })?;
+    let document = secret.and_then(|s| s.data).and_then(|d| d.get(".dockerconfigjson").map(|b| b.0.clone()));
+    let Some(document) = document else {
+        return Ok(context.registry.clone());
+    };
+    let credentials = CredentialStore::from_dockerconfigjson(&document)
+        .map_err(|e| LifecycleError::Invalid(format!("pull secret {name}: {e}")))?;
+    context.registry.with_credentials(&credentials).map_err(|e| LifecycleError::Invalid(e.to_string()))
+}
+
+/// The Job `name`; its fingerprint is read only when it runs `wanted`.
+async fn observe_job(
+    name: &str,
+    wanted: JobAction,
+    context: &Context,
+) -> Result<Option<ObservedJob>, LifecycleError> {
     let kube = |e| LifecycleError::Unavailable(format!("Kubernetes API, reading the agent Job {name}: {e}"));
     let Some(found) = context.jobs.get_opt(name).await.map_err(kube)? else {
         return Ok(None);
     };
-    let is_install = found.labels().get(labels::ACTION).is_some_and(|a| a == JobAction::Install.as_str());
-    let fingerprint = (is_install && found.metadata.deletion_timestamp.is_none())
+    let is_wanted = found.labels().get(labels::ACTION).is_some_and(|a| a == wanted.as_str());
+    let fingerprint = (is_wanted && found.metadata.deletion_timestamp.is_none())
         .then(|| found.annotations().get(job::FINGERPRINT).cloned())
         .flatten();
     let conditions = found.status.as_ref().and_then(|s| s.conditions.clone()).unwrap_or_default();
@@ -425,6 +467,8 @@ async fn execute(
     let mut resource_version = object.resource_version();
     let now = jiff::Timestamp::now();
     for step in steps {
+        let step_kind =
+            if matches!(step, Step::CreateDeleteJob(_)) { StepKind::Delete } else { StepKind::Other };
         match step {
             Step::Condition { condition_type, ok, message } => {
                 let condition =
@@ -463,7 +507,36 @@ async fn execute(
                 }
                 resource_version = written.resource_version();
             }
-            Step::CreateJob(request) => create_job(instance, job_name, &request, context).await?,
+            Step::CreateJob(request) | Step::CreateDeleteJob(request) => {
+                let action = if matches!(step_kind, StepKind::Delete) {
+                    JobAction::Delete
+                } else {
+                    JobAction::Install
+                };
+                let rendered = job::render(
+                    &context.agent,
+                    job_name,
+                    instance.kind,
+                    &instance.namespace,
+                    &instance.name,
+                    action,
+                    &request,
+                )
+                .map_err(|e| LifecycleError::Invalid(format!("rendering the agent Job: {e}")))?;
+                create_job(job_name, &rendered, &request.fingerprint, context).await?
+            }
+            Step::CreateReaperJob { fingerprint } => {
+                let rendered = job::render_reaper(
+                    &context.agent,
+                    job_name,
+                    instance.kind,
+                    &instance.namespace,
+                    &instance.name,
+                    &fingerprint,
+                )
+                .map_err(|e| LifecycleError::Invalid(format!("rendering the reaper Job: {e}")))?;
+                create_job(job_name, &rendered, &fingerprint, context).await?
+            }
             Step::RecordInstalled(package) => {
                 let patch = json!({"status": {"package": package, "target": null}});
                 let written = api
@@ -507,34 +580,28 @@ async fn delete_job(name: &str, context: &Context) -> Result<(), LifecycleError>
 }
 
 async fn create_job(
-    instance: &Instance,
     name: &str,
-    request: &JobRequest,
+    rendered: &Job,
+    fingerprint: &str,
     context: &Context,
 ) -> Result<(), LifecycleError> {
-    let rendered = job::render(
-        &context.agent,
-        name,
-        instance.kind,
-        &instance.namespace,
-        &instance.name,
-        JobAction::Install,
-        request,
-    )
-    .map_err(|e| LifecycleError::Invalid(format!("rendering the agent Job: {e}")))?;
     let kube = |e| LifecycleError::Unavailable(format!("Kubernetes API, creating the agent Job {name}: {e}"));
-    context.jobs.create(&PostParams::default(), &rendered).await.map_err(kube)?;
+    context.jobs.create(&PostParams::default(), rendered).await.map_err(kube)?;
     let read = context.jobs.get_opt(name).await.map_err(kube)?;
-    let fingerprint = read.as_ref().and_then(|j| j.annotations().get(job::FINGERPRINT).cloned());
-    if fingerprint.as_deref() != Some(request.fingerprint.as_str()) {
+    let found = read.as_ref().and_then(|j| j.annotations().get(job::FINGERPRINT).cloned());
+    if found.as_deref() != Some(fingerprint) {
         return Err(LifecycleError::NotDone(format!("the agent Job {name} cannot be read back")));
     }
     Ok(())
 }
 
-/// Deletion, until the safe-uninstall work lands: an instance with nothing to
-/// undo goes at once; one with children keeps its finalizer with a condition
-/// saying so (no delete Job is run from this build).
+enum StepKind {
+    Delete,
+    Other,
+}
+
+/// Deletion (`crate::uninstall` decides): released, or `Pending` until the
+/// delete Job, the reaper or a republished package lets it end.
 async fn cleanup(
     kind: InstanceKind,
     object: &DynamicObject,
@@ -543,23 +610,111 @@ async fn cleanup(
     let instance = decode(kind, object, context).await?;
     let job_name = job::job_name(kind, &instance.namespace, &instance.name)
         .map_err(|e| LifecycleError::Invalid(e.to_string()))?;
-    if !instance.status.have_child {
-        delete_job(&job_name, context).await?;
-        return Ok(Action::await_change());
+    let observed = observe_cleanup(&instance, &job_name, context).await?;
+    let plan = uninstall::cleanup(&instance, &observed);
+    tracing::debug!(outcome = ?plan.outcome, steps = plan.steps.len(), "cleanup planned");
+    execute(&instance, object, &job_name, plan.steps, context).await?;
+    let outcome = plan.outcome.clone();
+    context.remember(&instance, plan.outcome);
+    match outcome {
+        Outcome::Released => Ok(Action::await_change()),
+        other => Err(LifecycleError::Pending { why: format!("{other:?}"), retry_after: plan.requeue }),
     }
-    let message = vynil_crds::coded_message(
-        "E_UNINSTALL_PENDING",
-        "this instance has children and this build runs no delete Job yet; its finalizer stays",
-    );
-    execute(
-        &instance,
-        object,
-        &job_name,
-        vec![Step::Condition { condition_type: "Deleting", ok: false, message }],
-        context,
-    )
-    .await?;
-    Err(LifecycleError::NotDone("uninstall with children is not available in this build".into()))
+}
+
+/// Whether the recorded tag still resolves to the recorded digest.
+async fn check_recorded(recorded: &vynil_crds::InstalledPackage, context: &Context) -> RecordedCheck {
+    let Ok(repo) = RepositoryRef::new(&recorded.registry, &recorded.image) else {
+        return RecordedCheck::Gone;
+    };
+    let client = match registry_for(recorded.pull_secret.as_deref(), context).await {
+        Ok(client) => client,
+        Err(e) => return RecordedCheck::Unknown(e.to_string()),
+    };
+    match client.head_digest(&repo, &recorded.tag).await {
+        Ok(Some(digest)) if recorded.digest.as_deref().is_none_or(|d| d == digest) => RecordedCheck::Resolves,
+        Ok(_) => RecordedCheck::Gone,
+        Err(e) => RecordedCheck::Unknown(e.to_string()),
+    }
+}
+
+/// What the cleanup planner reads (also serves `Explain`).
+pub async fn observe_cleanup(
+    instance: &Instance,
+    job_name: &str,
+    context: &Context,
+) -> Result<CleanupObserved, LifecycleError> {
+    let check = match &instance.status.package {
+        Some(recorded) => Some(check_recorded(recorded, context).await),
+        None => None,
+    };
+    let answer = match context.catalog.resolve_cleanup(instance, check, instance.status.have_child).await? {
+        Cleanup::NothingToDelete => CleanupAnswer::NothingToDelete,
+        Cleanup::Gone { code, message } => CleanupAnswer::Gone { code, message },
+        Cleanup::WithoutPackage { warning } => CleanupAnswer::WithoutPackage { warning },
+        Cleanup::UsePackage { package, pull_secret } => {
+            CleanupAnswer::Revision(Box::new(delete_request(instance, &package, pull_secret)))
+        }
+    };
+    let job = observe_job(job_name, JobAction::Delete, context).await?;
+    let reaped = job.as_ref().is_some_and(|j| {
+        j.state == JobState::Succeeded
+            && j.fingerprint.as_deref() == Some(uninstall::reaper_fingerprint(instance).as_str())
+    });
+    let report = if reaped { reaper_report(job_name, context).await } else { None };
+    Ok(CleanupObserved {
+        answer,
+        job,
+        report,
+        now: jiff::Timestamp::now(),
+        max_attempts: context.max_attempts,
+    })
+}
+
+/// The delete Job of `package`: with what the install recorded when it is
+/// the recorded revision, else the package's own `value_script`.
+fn delete_request(instance: &Instance, package: &pb::Package, pull_secret: Option<String>) -> JobRequest {
+    let recorded = instance
+        .status
+        .package
+        .as_ref()
+        .filter(|r| r.registry == package.registry && r.image == package.image && r.tag == package.tag);
+    let controller_values = match recorded.and_then(|r| r.controller_values.clone()) {
+        Some(values) => values,
+        None => vynil_runtime::convert::package_from_proto(package)
+            .ok()
+            .and_then(|p| p.content.value_script_source().ok().flatten())
+            .and_then(|source| crate::script::controller_values(Some(&source), &instance.object).ok())
+            .unwrap_or_else(|| "{}".into()),
+    };
+    let pull_secret = recorded.and_then(|r| r.pull_secret.clone()).or(pull_secret);
+    let options_hash = install::options_hash(instance.options.as_ref());
+    let digest = Some(package.digest.as_str()).filter(|d| !d.is_empty());
+    let target =
+        install::Target { registry: &package.registry, image: &package.image, tag: &package.tag, digest };
+    let recommended = install::Recommended::default();
+    let fingerprint = install::fingerprint(&target, &options_hash, &controller_values, &recommended);
+    JobRequest {
+        registry: package.registry.clone(),
+        image: package.image.clone(),
+        tag: package.tag.clone(),
+        pull_secret,
+        options_hash,
+        controller_values,
+        recommended,
+        fingerprint,
+    }
+}
+
+/// The reaper's report: the termination message of its `delete` container.
+async fn reaper_report(job: &str, context: &Context) -> Option<ReaperReport> {
+    let pods = context.pods.list(&ListParams::default().labels(&format!("job-name={job}"))).await.ok()?;
+    pods.items.iter().find_map(|pod| {
+        let statuses = pod.status.as_ref()?.container_statuses.as_ref()?;
+        let delete = statuses.iter().find(|c| c.name == JobAction::Delete.as_str())?;
+        let message = delete.state.as_ref()?.terminated.as_ref()?.message.as_deref()?;
+        serde_json::from_str(message).ok()
+    })
 }
 
 /// Single reconciles against kube's `tower-test` mock, as named scenarios

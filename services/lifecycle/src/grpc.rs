@@ -32,6 +32,7 @@ use crate::{
     job,
     metrics::{self, LifecycleMetrics},
     plan::{self, Outcome},
+    uninstall::CleanupAnswer,
 };
 
 /// The gRPC service: disabled (local mode) or over running controllers.
@@ -104,6 +105,7 @@ fn reference(kind: InstanceKind, object: &DynamicObject) -> InstanceRef {
 fn describe(outcome: &Outcome) -> (InstanceState, Option<&plan::Blocker>) {
     match outcome {
         Outcome::Suspended => (InstanceState::Suspended, None),
+        Outcome::Deleting { .. } | Outcome::Released => (InstanceState::Deleting, None),
         Outcome::Blocked(blocker) => (InstanceState::Blocked, Some(blocker)),
         Outcome::UpToDate { .. } | Outcome::Adopted { .. } | Outcome::Installed { .. } => {
             (InstanceState::UpToDate, None)
@@ -230,13 +232,14 @@ impl Lifecycle for LifecycleService {
 
     async fn allow_delete_without_package(
         &self,
-        _: Request<AllowDeleteWithoutPackageRequest>,
+        request: Request<AllowDeleteWithoutPackageRequest>,
     ) -> Result<Response<AllowDeleteWithoutPackageResponse>, Status> {
-        let result = self.context().and_then(|_| {
-            Err(Status::unimplemented(
-                "AllowDeleteWithoutPackage comes with safe uninstall; set the annotation vynil.solidite.fr/delete-without-package=\"true\" with kubectl meanwhile",
-            ))
-        });
+        let result = async {
+            let context = self.context()?;
+            synced(context)?;
+            allow_delete_without_package(context, request.into_inner()).await.map_err(|e| e.to_status())
+        }
+        .await;
         self.count("AllowDeleteWithoutPackage", result)
     }
 }
@@ -271,13 +274,52 @@ async fn explain(context: &Context, wanted: &InstanceRef) -> Result<ExplainRespo
         from_tag: instance.status.tag.clone().unwrap_or_default(),
         ..ExplainResponse::default()
     };
-    if instance.deleting {
-        response.state = InstanceState::Deleting as i32;
-        response.summary = format!("{} is being deleted", instance.reference());
-        return Ok(response);
-    }
     let job_name = job::job_name(kind, &instance.namespace, &instance.name)
         .map_err(|e| LifecycleError::Invalid(e.to_string()))?;
+    let status = instance.object.get("status").cloned().unwrap_or(serde_json::Value::Null);
+    let (to_delete, left, fingerprint) = crate::reaper::preview(&status, &instance.namespace);
+    response.children_to_delete = to_delete;
+    response.children_left = left;
+    response.children_fingerprint = fingerprint;
+    if instance.deleting {
+        let observed = crate::controller::observe_cleanup(&instance, &job_name, context).await?;
+        let decision = crate::uninstall::cleanup(&instance, &observed);
+        response.state = InstanceState::Deleting as i32;
+        if let Outcome::Blocked(blocker) = &decision.outcome {
+            response.blocked_by = blocker.criterion.into();
+            response.blocking_code = blocker.code.unwrap_or_default().into();
+            response.blocking_reason = blocker.message.clone();
+        }
+        response.summary = match &observed.answer {
+            CleanupAnswer::NothingToDelete => "nothing recorded to undo: the finalizer goes, no Job".into(),
+            CleanupAnswer::Revision(request) => {
+                let recorded = instance
+                    .status
+                    .package
+                    .as_ref()
+                    .is_some_and(|p| p.tag == request.tag && p.image == request.image);
+                format!(
+                    "the delete hooks of {}/{}:{} run ({})",
+                    request.registry,
+                    request.image,
+                    request.tag,
+                    if recorded {
+                        "the revision recorded at install, still in the registry"
+                    } else {
+                        "the catalog's revision of the same type"
+                    }
+                )
+            }
+            CleanupAnswer::Gone { message, .. } => format!(
+                "blocked: {message}. Explain lists what vynil.solidite.fr/delete-without-package would delete; AllowDeleteWithoutPackage sets it"
+            ),
+            CleanupAnswer::WithoutPackage { warning } => {
+                format!("the reaper deletes the recorded children: {warning}")
+            }
+        };
+        response.details = decision.steps.iter().map(|s| format!("{s:?}")).collect();
+        return Ok(response);
+    }
     let observed = crate::controller::observe(&instance, &job_name, context).await?;
     let decision = plan::plan(&instance, &observed);
     response.latest_tag = context.catalog.latest_tag(&instance).await?.unwrap_or_default();
@@ -291,6 +333,8 @@ async fn explain(context: &Context, wanted: &InstanceRef) -> Result<ExplainRespo
     let from = if response.from_tag.is_empty() { "nothing".to_string() } else { response.from_tag.clone() };
     response.summary = match &decision.outcome {
         Outcome::Suspended => "suspended (vynil.solidite.fr/suspend=\"true\"): nothing is done".into(),
+        Outcome::Deleting { detail } => format!("being deleted: {detail}"),
+        Outcome::Released => "deleted: the finalizer goes".into(),
         Outcome::Blocked(blocker) => format!("blocked by {}: {}", blocker.criterion, blocker.message),
         Outcome::UpToDate { tag } | Outcome::Adopted { tag } | Outcome::Installed { tag } => {
             response.to_tag = tag.clone();
@@ -392,4 +436,34 @@ async fn installed_revisions(
             && (request.repository.is_empty() || r.repository == request.repository)
     });
     Ok(ListInstalledRevisionsResponse { revisions })
+}
+
+/// Sets `vynil.solidite.fr/delete-without-package: "true"` on one instance
+/// for a caller who named it exactly and saw the current list of children
+/// (the fingerprint `Explain` gave); reads it back and records an Event.
+async fn allow_delete_without_package(
+    context: &Context,
+    request: AllowDeleteWithoutPackageRequest,
+) -> Result<AllowDeleteWithoutPackageResponse, LifecycleError> {
+    let wanted = request.r#ref.ok_or_else(|| LifecycleError::Invalid("ref is required".into()))?;
+    let (kind, object) = find(context, &wanted)?;
+    let instance = Instance::decode(kind, &object)?;
+    let expected = instance.reference();
+    if request.confirm != expected {
+        return Err(LifecycleError::Invalid(format!(
+            "confirm must be exactly {expected:?} (got {:?}): nothing was changed",
+            request.confirm
+        )));
+    }
+    let status = instance.object.get("status").cloned().unwrap_or(serde_json::Value::Null);
+    let (_, _, fingerprint) = crate::reaper::preview(&status, &instance.namespace);
+    if request.fingerprint != fingerprint {
+        return Err(LifecycleError::Refused(format!(
+            "the children of {expected} changed since the fingerprint was read (now {fingerprint}): call Explain again, review, and retry; nothing was changed"
+        )));
+    }
+    let caller =
+        if request.caller.is_empty() { "an unnamed caller".to_string() } else { request.caller.clone() };
+    context.allow_delete_without_package(kind, &object, &caller, &request.reason).await?;
+    Ok(AllowDeleteWithoutPackageResponse { annotated: true })
 }

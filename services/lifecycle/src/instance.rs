@@ -97,6 +97,8 @@ pub struct Instance {
     pub deleting: bool,
     pub suspended: bool,
     pub force_reinstall: bool,
+    /// The raw value of `vynil.solidite.fr/delete-without-package`, when set.
+    pub delete_without_package: Option<String>,
     pub jukebox: String,
     pub category: String,
     pub package: String,
@@ -177,6 +179,7 @@ impl Instance {
             deleting: object.metadata.deletion_timestamp.is_some(),
             suspended: annotations.get(annotations::SUSPEND).is_some_and(|v| v == "true"),
             force_reinstall: annotations.contains_key(annotations::FORCE_REINSTALL),
+            delete_without_package: annotations.get(annotations::DELETE_WITHOUT_PACKAGE).cloned(),
             jukebox,
             category,
             package,

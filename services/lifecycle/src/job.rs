@@ -38,6 +38,8 @@ impl Action {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AgentSettings {
     pub image: String,
+    /// Image of the reaper Jobs: this project's `vynil-lifecycle` (`reap` subcommand).
+    pub reaper_image: String,
     pub service_account: String,
     pub log_level: String,
     pub tenant_label: String,
@@ -47,12 +49,17 @@ impl Default for AgentSettings {
     fn default() -> Self {
         Self {
             image: "docker.io/sebt3/vynil-agent:0.7.7".into(),
+            reaper_image: DEFAULT_REAPER_IMAGE.into(),
             service_account: "vynil-agent".into(),
             log_level: "info".into(),
             tenant_label: "vynil.solidite.fr/tenant".into(),
         }
     }
 }
+
+/// The published image of this project's lifecycle binary (`deploy/README.md`).
+pub const DEFAULT_REAPER_IMAGE: &str =
+    concat!("ghcr.io/vynil-control-plane/vynil-lifecycle:", env!("CARGO_PKG_VERSION"));
 
 /// The Job's name for an instance, as upstream names it when it fits.
 pub fn job_name(kind: InstanceKind, namespace: &str, name: &str) -> Result<String, vynil_crds::CrdError> {
@@ -171,6 +178,55 @@ pub fn render(
                         ],
                     }],
                     "volumes": volumes,
+                },
+            },
+        },
+    }))
+}
+
+/// The reaper Job: a delete Job without the unpack step, running this
+/// project's `vynil-lifecycle reap` under the agent ServiceAccount, with the
+/// agent Job's labels (action `delete`) so the controllers follow it alike.
+pub fn render_reaper(
+    settings: &AgentSettings,
+    job: &str,
+    kind: InstanceKind,
+    namespace: &str,
+    name: &str,
+    fingerprint: &str,
+) -> Result<Job, serde_json::Error> {
+    let package_type = kind.package_type().as_str();
+    let action = Action::Delete.as_str();
+    let pod_labels = json!({
+        labels::NAME: job, labels::COMPONENT: labels::AGENT, labels::MANAGED_BY: labels::VYNIL,
+        labels::ACTION: action, labels::TYPE: package_type,
+        labels::NAMESPACE: namespace, labels::INSTANCE: name, "type": package_type, "action": action,
+    });
+    serde_json::from_value(json!({
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": job,
+            "labels": pod_labels,
+            "annotations": {FINGERPRINT: fingerprint, REVISION: "reaper"},
+        },
+        "spec": {
+            "backoffLimit": 0,
+            "template": {
+                "metadata": {"labels": pod_labels},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "serviceAccountName": settings.service_account,
+                    "securityContext": {"runAsUser": 65534, "runAsGroup": 65534, "fsGroup": 65534, "runAsNonRoot": true},
+                    "containers": [{
+                        "name": action,
+                        "image": settings.reaper_image,
+                        "imagePullPolicy": "IfNotPresent",
+                        "args": ["reap", "--kind", package_type, "--namespace", namespace, "--name", name],
+                        "env": [env("RUST_LOG", &settings.log_level)],
+                        "terminationMessagePolicy": "File",
+                        "resources": {"limits": {"cpu": "500m", "memory": "256Mi"}, "requests": {"cpu": "20m", "memory": "32Mi"}},
+                    }],
                 },
             },
         },

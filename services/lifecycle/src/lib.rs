@@ -18,7 +18,9 @@ pub mod instance;
 pub mod job;
 mod metrics;
 pub mod plan;
+mod reaper;
 mod script;
+pub mod uninstall;
 
 use std::{future::Future, net::SocketAddr, sync::Arc, time::Duration};
 
@@ -62,6 +64,20 @@ pub struct Config {
     /// (1 min doubling to 1 h between attempts).
     #[arg(long, env = "VYNIL_MAX_INSTALL_ATTEMPTS", default_value_t = 5)]
     pub max_install_attempts: u32,
+    /// Image of the reaper Jobs (`delete-without-package`): this project's
+    /// `vynil-lifecycle`, whose `reap` subcommand they run.
+    #[arg(long, env = "REAPER_IMAGE", default_value = job::DEFAULT_REAPER_IMAGE)]
+    pub reaper_image: String,
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+/// Subcommands of the binary besides serving.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum Command {
+    /// Delete an instance's recorded children without package hooks (the
+    /// reaper Job's container; see `docs/lifecycle.md`).
+    Reap(reaper::ReapArgs),
 }
 
 /// Errors of the lifecycle service.
@@ -81,6 +97,12 @@ pub enum LifecycleError {
     Invalid(String),
     #[error("{0}")]
     NotFound(String),
+    /// A precondition the caller must fix (a stale fingerprint).
+    #[error("{0}")]
+    Refused(String),
+    /// Deletion goes on: not a failure, the reconcile comes back after `retry_after`.
+    #[error("{why}")]
+    Pending { why: String, retry_after: Duration },
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
 }
@@ -95,6 +117,8 @@ impl LifecycleError {
             LifecycleError::NotDone(_) => "notdone",
             LifecycleError::Invalid(_) => "invalid",
             LifecycleError::NotFound(_) => "notfound",
+            LifecycleError::Refused(_) => "refused",
+            LifecycleError::Pending { .. } => "pending",
             LifecycleError::Runtime(_) => "runtime",
         }
         .into()
@@ -103,6 +127,7 @@ impl LifecycleError {
     /// When the reconcile is retried.
     pub fn retry_after(&self) -> Duration {
         match self {
+            LifecycleError::Pending { retry_after, .. } => *retry_after,
             LifecycleError::NotDone(_) => Duration::from_secs(5),
             LifecycleError::Unavailable(_) => Duration::from_secs(30),
             _ => Duration::from_secs(300),
@@ -113,10 +138,13 @@ impl LifecycleError {
 impl Classify for LifecycleError {
     fn failure(&self) -> Failure {
         match self {
-            LifecycleError::Unavailable(_) | LifecycleError::NotDone(_) => Failure::Transient,
+            LifecycleError::Unavailable(_) | LifecycleError::NotDone(_) | LifecycleError::Pending { .. } => {
+                Failure::Transient
+            }
             LifecycleError::Decode(_) | LifecycleError::Config(_) => Failure::Refused,
             LifecycleError::Invalid(_) => Failure::BadInput,
             LifecycleError::NotFound(_) => Failure::Missing,
+            LifecycleError::Refused(_) => Failure::Refused,
             LifecycleError::Runtime(e) => e.failure(),
         }
     }
@@ -128,6 +156,9 @@ pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), LifecycleError> {
+    if let Some(Command::Reap(args)) = config.command {
+        return reaper::main(args).await;
+    }
     if !config.shared.kubernetes {
         let service =
             LifecycleService::disabled("no cluster: start with --kubernetes (and --catalog-endpoint)");
@@ -171,6 +202,7 @@ pub async fn run_with_client(
         registry,
         agent: job::AgentSettings {
             image: config.agent_image.clone(),
+            reaper_image: config.reaper_image.clone(),
             service_account: config.agent_account.clone(),
             log_level: config.agent_log_level.clone(),
             tenant_label: config.tenant_label.clone(),

@@ -138,6 +138,12 @@ pub enum Step {
     CreateJob(Box<JobRequest>),
     /// Write `status.package` and clear `status.target`.
     RecordInstalled(InstalledPackage),
+    /// Create the delete Job (package hooks of `request`'s revision) and read it back.
+    CreateDeleteJob(Box<JobRequest>),
+    /// Create the reaper Job (no package: the recorded children) and read it back.
+    CreateReaperJob {
+        fingerprint: String,
+    },
 }
 
 /// Why nothing runs, with its error code when it has one.
@@ -154,6 +160,12 @@ pub struct Blocker {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
     Suspended,
+    /// Deletion in progress (a delete Job runs, or waits to be retried).
+    Deleting {
+        detail: String,
+    },
+    /// Deletion done: the finalizer goes.
+    Released,
     Blocked(Blocker),
     UpToDate {
         tag: String,
@@ -207,7 +219,7 @@ pub fn backoff(failures: u32) -> Duration {
     doubled.min(BACKOFF_MAX)
 }
 
-fn after(now: jiff::Timestamp, delay: Duration) -> jiff::Timestamp {
+pub(crate) fn after(now: jiff::Timestamp, delay: Duration) -> jiff::Timestamp {
     jiff::SignedDuration::try_from(delay).ok().and_then(|d| now.checked_add(d).ok()).unwrap_or(now)
 }
 
@@ -411,33 +423,22 @@ pub fn plan(instance: &Instance, observed: &Observed) -> Plan {
                 Plan { steps, outcome: Outcome::Installed { tag }, requeue: REQUEUE }
             }
             JobState::Failed(reason) => {
-                let counted = recorded.is_some_and(|t| t.failed_job.as_deref() == Some(job.uid.as_str()));
-                if !counted {
-                    let failures = recorded.map_or(0, |t| t.failures) + 1;
-                    let retry_at = after(observed.now, backoff(failures));
-                    let target = AgentTarget {
-                        revision,
-                        job: recorded.map(|t| t.job.clone()).unwrap_or_default(),
-                        failures,
-                        failed_job: Some(job.uid.clone()),
-                        last_failure: Some(reason.clone()),
-                        retry_at: Some(vynil_crds::condition::rfc3339_seconds(retry_at)),
-                    };
-                    return failed(steps, target, observed, &tag);
+                match account_failure(
+                    recorded,
+                    revision.clone(),
+                    job,
+                    reason,
+                    observed.now,
+                    observed.max_attempts,
+                ) {
+                    FailedJob::Due(target) => {
+                        start(&mut steps, true, Some(&target));
+                        Plan { steps, outcome: installing, requeue: REQUEUE }
+                    }
+                    FailedJob::Wait(target) => {
+                        failed(steps, target, &INSTALL_FAILURE, observed.now, observed.max_attempts, &tag)
+                    }
                 }
-                let Some(target) = recorded else {
-                    return Plan { steps, outcome: installing, requeue: RETRY_SHORT };
-                };
-                let due = target
-                    .retry_at
-                    .as_deref()
-                    .and_then(|t| t.parse::<jiff::Timestamp>().ok())
-                    .is_none_or(|at| at <= observed.now);
-                if target.failures >= observed.max_attempts || !due {
-                    return failed(steps, target.clone(), observed, &tag);
-                }
-                start(&mut steps, true, Some(target));
-                Plan { steps, outcome: installing, requeue: REQUEUE }
             }
         },
         Some(_) => {
@@ -451,17 +452,78 @@ pub fn plan(instance: &Instance, observed: &Observed) -> Plan {
     }
 }
 
+/// A failed Job of the current fingerprint, once accounted for.
+pub(crate) enum FailedJob {
+    /// Counted (now or before) and not due, or out of attempts: keep it.
+    Wait(AgentTarget),
+    /// Its retry is due: replace it.
+    Due(AgentTarget),
+}
+
+/// Counts `job`'s failure once (by uid) in the target recorded for its
+/// fingerprint and decides whether its retry is due (1 min doubling to 1 h,
+/// at most `max_attempts`).
+pub(crate) fn account_failure(
+    recorded: Option<&AgentTarget>,
+    revision: InstalledPackage,
+    job: &ObservedJob,
+    reason: &str,
+    now: jiff::Timestamp,
+    max_attempts: u32,
+) -> FailedJob {
+    let counted = recorded.filter(|t| t.failed_job.as_deref() == Some(job.uid.as_str()));
+    let Some(target) = counted else {
+        let failures = recorded.map_or(0, |t| t.failures) + 1;
+        return FailedJob::Wait(AgentTarget {
+            revision,
+            job: recorded.map(|t| t.job.clone()).unwrap_or_default(),
+            failures,
+            failed_job: Some(job.uid.clone()),
+            last_failure: Some(reason.to_string()),
+            retry_at: Some(vynil_crds::condition::rfc3339_seconds(after(now, backoff(failures)))),
+        });
+    };
+    let due =
+        target.retry_at.as_deref().and_then(|t| t.parse::<jiff::Timestamp>().ok()).is_none_or(|at| at <= now);
+    if target.failures >= max_attempts || !due {
+        FailedJob::Wait(target.clone())
+    } else {
+        FailedJob::Due(target.clone())
+    }
+}
+
+/// How a failure reads for one kind of Job.
+pub(crate) struct FailureWording {
+    pub condition_type: &'static str,
+    pub job: &'static str,
+    /// What ends "no more attempts".
+    pub until: &'static str,
+}
+
+const INSTALL_FAILURE: FailureWording = FailureWording {
+    condition_type: "Installed",
+    job: "agent Job",
+    until: "the options or the package change, or the annotation vynil.solidite.fr/force-reinstall is set",
+};
+
 /// A failed Job: kept, its reason shown, retried when due unless out of attempts.
-fn failed(mut steps: Vec<Step>, target: AgentTarget, observed: &Observed, tag: &str) -> Plan {
-    let reason = target.last_failure.clone().unwrap_or_else(|| "the agent Job failed".into());
+pub(crate) fn failed(
+    mut steps: Vec<Step>,
+    target: AgentTarget,
+    wording: &FailureWording,
+    now: jiff::Timestamp,
+    attempts: u32,
+    tag: &str,
+) -> Plan {
+    let reason = target.last_failure.clone().unwrap_or_else(|| "the Job failed".into());
     let retry_at = target.retry_at.clone().unwrap_or_default();
-    let attempts = observed.max_attempts;
+    let job = wording.job;
     let (message, outcome, requeue) = if target.failures >= attempts {
         let message = coded_message(
             "E_AGENT_FAILED",
             &format!(
-                "the agent Job for {tag} failed {} times, the last time: {reason}; no more attempts until the options or the package change, or the annotation vynil.solidite.fr/force-reinstall is set",
-                target.failures
+                "the {job} for {tag} failed {} times, the last time: {reason}; no more attempts until {}",
+                target.failures, wording.until
             ),
         );
         let blocker = Blocker { criterion: "agent", code: Some("E_AGENT_FAILED"), message: message.clone() };
@@ -470,13 +532,13 @@ fn failed(mut steps: Vec<Step>, target: AgentTarget, observed: &Observed, tag: &
         let wait = retry_at
             .parse::<jiff::Timestamp>()
             .ok()
-            .and_then(|at| Duration::try_from(at.duration_since(observed.now)).ok())
+            .and_then(|at| Duration::try_from(at.duration_since(now)).ok())
             .unwrap_or(BACKOFF_FIRST)
             .max(Duration::from_secs(1));
         let message = coded_message(
             "E_AGENT_FAILED",
             &format!(
-                "the agent Job for {tag} failed (attempt {} of {attempts}): {reason}; retrying at {retry_at}",
+                "the {job} for {tag} failed (attempt {} of {attempts}): {reason}; retrying at {retry_at}",
                 target.failures
             ),
         );
@@ -485,7 +547,7 @@ fn failed(mut steps: Vec<Step>, target: AgentTarget, observed: &Observed, tag: &
         (message, outcome, wait)
     };
     steps.push(Step::RecordTarget(target));
-    steps.push(Step::Condition { condition_type: "Installed", ok: false, message });
+    steps.push(Step::Condition { condition_type: wording.condition_type, ok: false, message });
     Plan { steps, outcome, requeue }
 }
 

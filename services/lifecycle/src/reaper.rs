@@ -1,0 +1,398 @@
+//! The reaper: `vynil-lifecycle reap --kind <k> --namespace <ns> --name <n>`,
+//! the delete Job of an instance whose package is gone and which carries
+//! `vynil.solidite.fr/delete-without-package: "true"`. It runs under the agent
+//! ServiceAccount (the lifecycle service itself never deletes children, so its
+//! own RBAC stays narrow) and unpacks nothing: no package hook runs.
+//!
+//! It deletes the children recorded in the instance status in reverse phase
+//! order (posts → scalables → others → vitals → befores, then systems), waits
+//! until each is gone and verifies it with a GET answering 404. It is
+//! careful: a child without `apiVersion` is resolved by discovery only when
+//! exactly one served resource has that kind; CustomResourceDefinitions and
+//! Namespaces are never deleted (deleting a CRD deletes every object of its
+//! type cluster-wide) but listed for a human. Its report — one line per child:
+//! deleted, already gone, skipped and why, still present — is JSON on stdout
+//! and in the container's termination message, which lifecycle reads.
+
+use std::time::Duration;
+
+use kube::{
+    Api, Client, Discovery,
+    api::{ApiResource, DeleteParams, DynamicObject},
+    discovery::{ApiCapabilities, Scope},
+};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::{LifecycleError, instance::InstanceKind};
+
+/// Phases in the order the reaper deletes them (the reverse of install).
+pub const PHASES: [&str; 6] = ["posts", "scalables", "others", "vitals", "befores", "systems"];
+/// Kubernetes keeps at most 4096 bytes of a termination message.
+const TERMINATION_MESSAGE_MAX: usize = 4096;
+
+/// `vynil-lifecycle reap`: flags of the reaper Job's container.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ReapArgs {
+    /// `tenant`, `service` or `system`.
+    #[arg(long)]
+    pub kind: String,
+    #[arg(long)]
+    pub namespace: String,
+    #[arg(long)]
+    pub name: String,
+    /// How long each child may take to disappear.
+    #[arg(long, default_value_t = 300)]
+    pub wait_seconds: u64,
+    /// Where the report is also written (Kubernetes reads it as the termination message).
+    #[arg(long, default_value = "/dev/termination-log")]
+    pub report_path: std::path::PathBuf,
+}
+
+/// What became of one child.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum ChildOutcome {
+    Deleted,
+    AlreadyGone,
+    Skipped { why: String },
+    StillPresent { why: String },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChildReport {
+    pub phase: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_version: Option<String>,
+    pub kind: String,
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    #[serde(flatten)]
+    pub outcome: ChildOutcome,
+}
+
+impl ChildReport {
+    fn label(&self) -> String {
+        match &self.namespace {
+            Some(ns) => format!("{} {ns}/{}", self.kind, self.name),
+            None => format!("{} {}", self.kind, self.name),
+        }
+    }
+}
+
+/// The reaper's report.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ReaperReport {
+    pub children: Vec<ChildReport>,
+    /// Entries left out of the termination message for its size (all deleted or gone).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub omitted: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
+impl ReaperReport {
+    /// Every child the reaper was allowed to delete is verified gone.
+    pub fn all_allowed_gone(&self) -> bool {
+        !self.children.iter().any(|c| matches!(c.outcome, ChildOutcome::StillPresent { .. }))
+    }
+
+    pub fn still_present(&self) -> Vec<String> {
+        self.children
+            .iter()
+            .filter_map(|c| match &c.outcome {
+                ChildOutcome::StillPresent { why } => Some(format!("{} ({why})", c.label())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    pub fn deleted(&self) -> Vec<String> {
+        let mut deleted: Vec<String> = self
+            .children
+            .iter()
+            .filter(|c| c.outcome == ChildOutcome::Deleted)
+            .map(ChildReport::label)
+            .collect();
+        if self.omitted > 0 {
+            deleted.push(format!("{} more", self.omitted));
+        }
+        deleted
+    }
+
+    /// What a human must look at: skipped children, with why.
+    pub fn left(&self) -> Vec<String> {
+        self.children
+            .iter()
+            .filter_map(|c| match &c.outcome {
+                ChildOutcome::Skipped { why } => Some(format!("{} ({why})", c.label())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Compact JSON within the termination message limit: deleted and
+    /// already-gone entries are dropped first, counted in `omitted`.
+    pub fn to_message(&self) -> String {
+        let mut report = self.clone();
+        loop {
+            let text = serde_json::to_string(&report).unwrap_or_default();
+            if text.len() <= TERMINATION_MESSAGE_MAX {
+                return text;
+            }
+            let Some(i) = report
+                .children
+                .iter()
+                .position(|c| matches!(c.outcome, ChildOutcome::Deleted | ChildOutcome::AlreadyGone))
+            else {
+                return text;
+            };
+            report.children.remove(i);
+            report.omitted += 1;
+        }
+    }
+}
+
+/// A recorded child, as the agent writes it in status.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Child {
+    #[serde(default, alias = "api_version")]
+    api_version: Option<String>,
+    kind: String,
+    name: String,
+    #[serde(default)]
+    namespace: Option<String>,
+}
+
+/// The children recorded in `status`, in deletion order, and the CRD names.
+pub fn recorded_children(status: &Value) -> (Vec<(String, Value)>, Vec<String>) {
+    let mut children = Vec::new();
+    for phase in PHASES {
+        for child in status.get(phase).and_then(Value::as_array).into_iter().flatten() {
+            children.push((phase.to_string(), child.clone()));
+        }
+    }
+    let crds = status
+        .get("crds")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c.as_str().map(str::to_string))
+        .collect();
+    (children, crds)
+}
+
+/// What the reaper would delete and leave, before it runs (`Explain`), and
+/// the fingerprint of that list (`AllowDeleteWithoutPackage` requires it, so
+/// a caller confirms what it saw).
+pub fn preview(status: &Value, namespace: &str) -> (Vec<String>, Vec<String>, String) {
+    let (children, crds) = recorded_children(status);
+    let (mut delete, mut left) = (Vec::new(), Vec::new());
+    for (phase, child) in children {
+        let text = |key: &str| child.get(key).and_then(Value::as_str).unwrap_or("?").to_string();
+        let (kind, name) = (text("kind"), text("name"));
+        let ns = child.get("namespace").and_then(Value::as_str).unwrap_or(namespace);
+        let label = format!("{phase}: {kind} {ns}/{name}");
+        if matches!(kind.as_str(), "CustomResourceDefinition" | "Namespace") {
+            left.push(label)
+        } else {
+            delete.push(label)
+        }
+    }
+    left.extend(crds.into_iter().map(|c| format!("crds: CustomResourceDefinition {c}")));
+    let mut hasher = Sha256::new();
+    for item in delete.iter().chain(&left) {
+        hasher.update((item.len() as u64).to_be_bytes());
+        hasher.update(item.as_bytes());
+    }
+    let fingerprint = hex::encode(&hasher.finalize()[..16]);
+    (delete, left, fingerprint)
+}
+
+fn resolve(discovery: &Discovery, child: &Child) -> Result<(ApiResource, ApiCapabilities), String> {
+    let mut found: Vec<(ApiResource, ApiCapabilities)> = Vec::new();
+    for group in discovery.groups() {
+        for (resource, capabilities) in group.recommended_resources() {
+            let version_ok = child.api_version.as_deref().is_none_or(|v| v == resource.api_version);
+            if resource.kind == child.kind && version_ok {
+                found.push((resource, capabilities));
+            }
+        }
+    }
+    match found.len() {
+        1 => Ok(found.remove(0)),
+        0 => Err(format!(
+            "no served resource has kind {}{}",
+            child.kind,
+            child.api_version.as_deref().map(|v| format!(" in {v}")).unwrap_or_default()
+        )),
+        n => Err(format!("{n} served resources have kind {} and the child names no apiVersion", child.kind)),
+    }
+}
+
+/// Deletes the recorded children of the instance and reports on each.
+pub async fn reap(client: &Client, args: &ReapArgs) -> Result<ReaperReport, LifecycleError> {
+    let unavailable =
+        |doing: &str, e: kube::Error| LifecycleError::Unavailable(format!("Kubernetes API, {doing}: {e}"));
+    let kind = InstanceKind::from_package_type(&args.kind).ok_or_else(|| {
+        LifecycleError::Invalid(format!("--kind {:?}: use tenant, service or system", args.kind))
+    })?;
+    let instances: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), &args.namespace, &kind.api_resource());
+    let instance = instances.get(&args.name).await.map_err(|e| unavailable("reading the instance", e))?;
+    let status = instance.data.get("status").cloned().unwrap_or(Value::Null);
+    let (children, crds) = recorded_children(&status);
+    let discovery = Discovery::new(client.clone()).run().await.map_err(|e| unavailable("discovery", e))?;
+    let wait = Duration::from_secs(args.wait_seconds);
+    let mut report = ReaperReport::default();
+    for (phase, raw) in children {
+        let parsed: Result<Child, _> = serde_json::from_value(raw.clone());
+        let Ok(child) = parsed else {
+            report.children.push(ChildReport {
+                phase,
+                api_version: None,
+                kind: raw.get("kind").and_then(Value::as_str).unwrap_or("?").into(),
+                name: raw.get("name").and_then(Value::as_str).unwrap_or("?").into(),
+                namespace: None,
+                outcome: ChildOutcome::Skipped {
+                    why: format!("the recorded child {raw} is not {{kind, name}}"),
+                },
+            });
+            continue;
+        };
+        let outcome = reap_child(client, &discovery, &child, &args.namespace, wait).await;
+        report.children.push(ChildReport {
+            phase,
+            api_version: child.api_version,
+            kind: child.kind,
+            name: child.name,
+            namespace: child.namespace,
+            outcome,
+        });
+    }
+    for crd in crds {
+        report.children.push(ChildReport {
+            phase: "crds".into(),
+            api_version: Some("apiextensions.k8s.io/v1".into()),
+            kind: "CustomResourceDefinition".into(),
+            name: crd,
+            namespace: None,
+            outcome: ChildOutcome::Skipped {
+                why:
+                    "CRDs are never deleted here: deleting one deletes every object of its type cluster-wide"
+                        .into(),
+            },
+        });
+    }
+    Ok(report)
+}
+
+async fn reap_child(
+    client: &Client,
+    discovery: &Discovery,
+    child: &Child,
+    default_ns: &str,
+    wait: Duration,
+) -> ChildOutcome {
+    if matches!(child.kind.as_str(), "CustomResourceDefinition" | "Namespace") {
+        return ChildOutcome::Skipped {
+            why: format!("a {} is never deleted here: it takes every object it holds along", child.kind),
+        };
+    }
+    let (resource, capabilities) = match resolve(discovery, child) {
+        Ok(found) => found,
+        Err(why) => return ChildOutcome::Skipped { why },
+    };
+    let api: Api<DynamicObject> = match capabilities.scope {
+        Scope::Namespaced => {
+            Api::namespaced_with(client.clone(), child.namespace.as_deref().unwrap_or(default_ns), &resource)
+        }
+        Scope::Cluster => Api::all_with(client.clone(), &resource),
+    };
+    match api.delete(&child.name, &DeleteParams::background()).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(status)) if status.code == 404 => return ChildOutcome::AlreadyGone,
+        Err(e) => return ChildOutcome::StillPresent { why: format!("delete refused: {e}") },
+    }
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        match api.get_opt(&child.name).await {
+            Ok(None) => return ChildOutcome::Deleted,
+            Ok(Some(_)) if tokio::time::Instant::now() >= deadline => {
+                return ChildOutcome::StillPresent { why: format!("still there after {}s", wait.as_secs()) };
+            }
+            Ok(Some(_)) => {}
+            Err(e) if tokio::time::Instant::now() >= deadline => {
+                return ChildOutcome::StillPresent { why: format!("cannot verify: {e}") };
+            }
+            Err(_) => {}
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The `reap` subcommand: reap, print the report, write it as the termination message.
+pub async fn main(args: ReapArgs) -> Result<(), LifecycleError> {
+    let client = vynil_store::kube_client(vynil_runtime::user_agent!())
+        .await
+        .map_err(|e| LifecycleError::Unavailable(e.to_string()))?;
+    let report = reap(&client, &args).await?;
+    let message = report.to_message();
+    println!("{message}");
+    if let Err(error) = std::fs::write(&args.report_path, &message) {
+        tracing::warn!(path = %args.report_path.display(), %error, "cannot write the termination message");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn children_come_in_reverse_phase_order_and_crds_apart() {
+        let status = json!({
+            "befores": [{"kind": "ConfigMap", "name": "b"}],
+            "vitals": [{"kind": "Deployment", "name": "v"}],
+            "posts": [{"kind": "Job", "name": "p"}],
+            "crds": ["things.example.io"],
+        });
+        let (children, crds) = recorded_children(&status);
+        let names: Vec<&str> = children.iter().map(|(_, c)| c["name"].as_str().unwrap()).collect();
+        assert_eq!(names, ["p", "v", "b"]);
+        assert_eq!(crds, ["things.example.io"]);
+    }
+
+    #[test]
+    fn a_huge_report_fits_the_termination_message_keeping_the_problems() {
+        let mut report = ReaperReport::default();
+        for i in 0..200 {
+            report.children.push(ChildReport {
+                phase: "vitals".into(),
+                api_version: None,
+                kind: "ConfigMap".into(),
+                name: format!("a-rather-long-config-map-name-{i}"),
+                namespace: Some("apps".into()),
+                outcome: ChildOutcome::Deleted,
+            });
+        }
+        report.children.push(ChildReport {
+            phase: "vitals".into(),
+            api_version: None,
+            kind: "Widget".into(),
+            name: "w".into(),
+            namespace: None,
+            outcome: ChildOutcome::StillPresent { why: "still there".into() },
+        });
+        let message = report.to_message();
+        assert!(message.len() <= TERMINATION_MESSAGE_MAX);
+        let back: ReaperReport = serde_json::from_str(&message).unwrap();
+        assert!(!back.all_allowed_gone() && back.omitted > 0, "{back:?}");
+    }
+}

@@ -1,0 +1,275 @@
+//! The deletion decision, pure: `cleanup(&instance, &observed) -> Plan`.
+//!
+//! Which revision deletes an instance is the catalog's `ResolveCleanup` (the
+//! rules crate's three-way decision: the recorded revision while its tag
+//! still resolves to the recorded digest, else the strict catalog lookup,
+//! else `[E_PACKAGE_GONE]` / `[E_JUKEBOX_GONE]`). Here only the sequencing:
+//!
+//! - nothing recorded to undo: released at once, as upstream;
+//! - a revision: the install Job goes, a delete Job runs that revision's hooks
+//!   with what the install recorded (pull secret, controller values); a
+//!   `Failed` Job is seen when Kubernetes marks it (the Job watch), kept for
+//!   its logs, counted once and replaced after backoff; `Complete` → the Job
+//!   goes and so does the finalizer;
+//! - gone: a condition naming what is missing and the two ways out, a
+//!   Warning event, a retry whose interval doubles (the time since the
+//!   condition first said so, 1 min to 1 h);
+//! - `vynil.solidite.fr/delete-without-package: "true"` (read at each
+//!   reconcile, so adding it after deletion began counts): the reaper Job
+//!   deletes the recorded children without package hooks; the finalizer goes
+//!   once its report shows every child it was allowed to delete verified
+//!   gone, with a Warning that no hooks ran and what was left for a human.
+//!   Any other value is refused in the condition.
+
+use std::time::Duration;
+
+use vynil_crds::{AgentTarget, ConditionStatus, InstalledPackage, message_code};
+
+use crate::{
+    instance::Instance,
+    plan::{
+        Blocker, FailedJob, FailureWording, JobRequest, JobState, ObservedJob, Outcome, Plan, REQUEUE, Step,
+        account_failure, failed,
+    },
+    reaper::ReaperReport,
+};
+
+const GONE_FIRST: Duration = Duration::from_secs(60);
+const GONE_MAX: Duration = Duration::from_secs(3600);
+/// When a finished reaper's report cannot be read yet.
+const REPORT_RETRY: Duration = Duration::from_secs(10);
+
+/// What the catalog decided for the deletion.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CleanupAnswer {
+    NothingToDelete,
+    /// Run the delete hooks of this revision.
+    Revision(Box<JobRequest>),
+    Gone {
+        code: String,
+        message: String,
+    },
+    WithoutPackage {
+        warning: String,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct CleanupObserved {
+    pub answer: CleanupAnswer,
+    /// The instance's Job; its fingerprint is read only from a delete Job.
+    pub job: Option<ObservedJob>,
+    /// The report of a completed reaper Job, when it could be read.
+    pub report: Option<ReaperReport>,
+    pub now: jiff::Timestamp,
+    pub max_attempts: u32,
+}
+
+const DELETE_FAILURE: FailureWording = FailureWording {
+    condition_type: "Deleting",
+    job: "delete Job",
+    until: "the package or the JukeBox change, or the annotation vynil.solidite.fr/delete-without-package=\"true\" is set",
+};
+
+/// The reaper Job's fingerprint for an instance (one per instance object).
+pub fn reaper_fingerprint(instance: &Instance) -> String {
+    format!("reaper-{}", instance.uid.as_deref().unwrap_or(&instance.name))
+}
+
+/// The retry after a "gone" answer: the time the condition has said so,
+/// between 1 min and 1 h, so successive intervals double.
+pub fn gone_backoff(instance: &Instance, now: jiff::Timestamp) -> Duration {
+    let since = instance
+        .status
+        .conditions
+        .iter()
+        .find(|c| {
+            c.condition_type == "Deleting"
+                && c.status == ConditionStatus::False
+                && matches!(message_code(&c.message), Some("E_PACKAGE_GONE" | "E_JUKEBOX_GONE"))
+        })
+        .and_then(|c| c.last_transition_time.as_deref()?.parse::<jiff::Timestamp>().ok());
+    let elapsed = since.and_then(|t| Duration::try_from(now.duration_since(t)).ok()).unwrap_or(GONE_FIRST);
+    elapsed.clamp(GONE_FIRST, GONE_MAX)
+}
+
+fn deleting(message: String) -> Step {
+    Step::Condition { condition_type: "Deleting", ok: true, message }
+}
+
+/// Decides what to do with `instance`, which is being deleted.
+pub fn cleanup(instance: &Instance, observed: &CleanupObserved) -> Plan {
+    let released = |steps: Vec<Step>| Plan { steps, outcome: Outcome::Released, requeue: REQUEUE };
+    let waiting = |steps: Vec<Step>, detail: String| Plan {
+        steps,
+        outcome: Outcome::Deleting { detail },
+        requeue: REQUEUE,
+    };
+    let recorded_for = |fingerprint: &str| {
+        instance.status.target.as_ref().filter(|t| t.revision.fingerprint.as_deref() == Some(fingerprint))
+    };
+    let job_for =
+        |fingerprint: &str| observed.job.as_ref().filter(|j| j.fingerprint.as_deref() == Some(fingerprint));
+    match &observed.answer {
+        CleanupAnswer::NothingToDelete => released(vec![Step::DeleteJob]),
+        CleanupAnswer::Gone { code, message } => {
+            let mut message = message.clone();
+            if let Some(value) = instance.delete_without_package.as_deref().filter(|v| *v != "true") {
+                message.push_str(&format!(
+                    " (vynil.solidite.fr/delete-without-package is {value:?}: only \"true\" is accepted)"
+                ));
+            }
+            let code = if code == "E_JUKEBOX_GONE" { "E_JUKEBOX_GONE" } else { "E_PACKAGE_GONE" };
+            let reason = if code == "E_JUKEBOX_GONE" { "JukeboxGone" } else { "PackageGone" };
+            Plan {
+                steps: vec![
+                    Step::Condition { condition_type: "Deleting", ok: false, message: message.clone() },
+                    Step::Event { warning: true, reason, note: message.clone() },
+                ],
+                outcome: Outcome::Blocked(Blocker { criterion: "package", code: Some(code), message }),
+                requeue: gone_backoff(instance, observed.now),
+            }
+        }
+        CleanupAnswer::Revision(request) => {
+            let fingerprint = request.fingerprint.as_str();
+            let revision = InstalledPackage {
+                registry: request.registry.clone(),
+                image: request.image.clone(),
+                tag: request.tag.clone(),
+                fingerprint: Some(fingerprint.to_string()),
+                pull_secret: request.pull_secret.clone(),
+                controller_values: Some(request.controller_values.clone()),
+                ..InstalledPackage::default()
+            };
+            let start = |mut steps: Vec<Step>, kept: Option<&AgentTarget>| {
+                let target = match kept {
+                    Some(kept) => kept.clone(),
+                    None => AgentTarget { revision: revision.clone(), ..AgentTarget::default() },
+                };
+                steps.push(Step::RecordTarget(target));
+                steps.push(Step::CreateDeleteJob(request.clone()));
+                steps.push(deleting(format!(
+                    "delete Job running the hooks of {}:{}",
+                    request.image, request.tag
+                )));
+                steps.push(Step::Event {
+                    warning: false,
+                    reason: "DeleteStarted",
+                    note: format!(
+                        "deleting with the hooks of {}/{}:{}",
+                        request.registry, request.image, request.tag
+                    ),
+                });
+                waiting(steps, format!("delete Job for {} started", request.tag))
+            };
+            let recorded = recorded_for(fingerprint);
+            match job_for(fingerprint) {
+                None if observed.job.is_some() => start(vec![Step::DeleteJob], recorded),
+                None => start(Vec::new(), recorded),
+                Some(job) => match &job.state {
+                    JobState::Running => {
+                        waiting(Vec::new(), format!("delete Job for {} running", request.tag))
+                    }
+                    JobState::Succeeded => released(vec![Step::DeleteJob]),
+                    JobState::Failed(reason) => {
+                        match account_failure(
+                            recorded,
+                            revision.clone(),
+                            job,
+                            reason,
+                            observed.now,
+                            observed.max_attempts,
+                        ) {
+                            FailedJob::Due(target) => start(vec![Step::DeleteJob], Some(&target)),
+                            FailedJob::Wait(target) => failed(
+                                Vec::new(),
+                                target,
+                                &DELETE_FAILURE,
+                                observed.now,
+                                observed.max_attempts,
+                                &request.tag,
+                            ),
+                        }
+                    }
+                },
+            }
+        }
+        CleanupAnswer::WithoutPackage { warning } => {
+            let fingerprint = reaper_fingerprint(instance);
+            let revision = InstalledPackage {
+                image: "reaper".into(),
+                fingerprint: Some(fingerprint.clone()),
+                ..InstalledPackage::default()
+            };
+            let recorded = recorded_for(&fingerprint);
+            let start = |mut steps: Vec<Step>, kept: Option<&AgentTarget>| {
+                let target = kept
+                    .cloned()
+                    .unwrap_or_else(|| AgentTarget { revision: revision.clone(), ..AgentTarget::default() });
+                steps.push(Step::RecordTarget(target));
+                steps.push(Step::CreateReaperJob { fingerprint: fingerprint.clone() });
+                steps.push(deleting(format!("reaper Job deleting the recorded children: {warning}")));
+                steps.push(Step::Event {
+                    warning: true,
+                    reason: "DeleteWithoutPackage",
+                    note: warning.clone(),
+                });
+                waiting(steps, "reaper Job started".into())
+            };
+            let retry = |job: &ObservedJob, reason: &str| match account_failure(
+                recorded,
+                revision.clone(),
+                job,
+                reason,
+                observed.now,
+                observed.max_attempts,
+            ) {
+                FailedJob::Due(target) => start(vec![Step::DeleteJob], Some(&target)),
+                FailedJob::Wait(target) => failed(
+                    Vec::new(),
+                    target,
+                    &DELETE_FAILURE,
+                    observed.now,
+                    observed.max_attempts,
+                    "the reaper",
+                ),
+            };
+            match job_for(&fingerprint) {
+                None if observed.job.is_some() => start(vec![Step::DeleteJob], recorded),
+                None => start(Vec::new(), recorded),
+                Some(job) => match (&job.state, &observed.report) {
+                    (JobState::Running, _) => waiting(Vec::new(), "reaper Job running".into()),
+                    (JobState::Failed(reason), _) => retry(job, reason),
+                    (JobState::Succeeded, None) => Plan {
+                        steps: Vec::new(),
+                        outcome: Outcome::Deleting { detail: "waiting for the reaper's report".into() },
+                        requeue: REPORT_RETRY,
+                    },
+                    (JobState::Succeeded, Some(report)) if !report.all_allowed_gone() => {
+                        retry(job, &format!("children still present: {}", report.still_present().join(", ")))
+                    }
+                    (JobState::Succeeded, Some(report)) => {
+                        let message = format!(
+                            "[W_NO_PACKAGE_HOOKS] deleted without package hooks: {}; left for a human: {}",
+                            list_or_none(&report.deleted()),
+                            list_or_none(&report.left())
+                        );
+                        released(vec![
+                            Step::Condition {
+                                condition_type: "Deleting",
+                                ok: false,
+                                message: message.clone(),
+                            },
+                            Step::Event { warning: true, reason: "DeletedWithoutPackage", note: message },
+                            Step::DeleteJob,
+                        ])
+                    }
+                },
+            }
+        }
+    }
+}
+
+fn list_or_none(items: &[String]) -> String {
+    if items.is_empty() { "none".into() } else { items.join(", ") }
+}
