@@ -77,6 +77,8 @@ pub struct RequestRecord {
     pub name: Option<String>,
     pub user_agent: String,
     pub bearer_token: Option<String>,
+    /// The HTTP status answered (0 while the request is being served).
+    pub status: u16,
 }
 
 /// What an injected fault does.

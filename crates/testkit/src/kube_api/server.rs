@@ -292,6 +292,7 @@ fn record(target: Option<&Target>, verb: &str, headers: &HeaderMap) -> RequestRe
         user_agent: header(header::USER_AGENT).unwrap_or_default(),
         bearer_token: header(header::AUTHORIZATION)
             .and_then(|a| a.strip_prefix("Bearer ").map(str::to_string)),
+        status: 0,
     }
 }
 
@@ -303,7 +304,19 @@ fn take_fault(shared: &Shared, request: &RequestRecord) -> Option<ApiFaultAction
     Some(fault.action.clone())
 }
 
+/// Serves one request and records the status it was answered with.
 async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+    let slot = std::sync::OnceLock::new();
+    let response = respond(shared.clone(), request, &slot).await;
+    if let Some(index) = slot.get()
+        && let Some(entry) = lock(&shared.log).get_mut(*index)
+    {
+        entry.status = response.status().as_u16();
+    }
+    response
+}
+
+async fn respond(shared: Arc<Shared>, request: Request, slot: &std::sync::OnceLock<usize>) -> Response {
     let (parts, body) = request.into_parts();
     let query: HashMap<String, String> =
         url::form_urlencoded::parse(parts.uri.query().unwrap_or("").as_bytes()).into_owned().collect();
@@ -312,7 +325,11 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
     let watch = query.get("watch").is_some_and(|w| w == "true" || w == "1");
     let verb = resolved.as_ref().map(|t| verb_of(&parts.method, t, watch)).unwrap_or("unknown");
     let entry = record(resolved.as_ref().ok(), verb, &parts.headers);
-    lock(&shared.log).push(entry.clone());
+    {
+        let mut log = lock(&shared.log);
+        log.push(entry.clone());
+        let _ = slot.set(log.len() - 1);
+    }
     let target = match resolved {
         Ok(t) => t,
         Err(e) => return failure(&e),

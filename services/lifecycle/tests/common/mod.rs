@@ -1,0 +1,213 @@
+//! What the lifecycle whole-loop tests share: the fake API server, a real
+//! catalog following JukeBox status, lifecycle itself and the fake agent.
+
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::{
+    future::Future,
+    net::SocketAddr,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use clap::Parser;
+use k8s_openapi::api::batch::v1::Job;
+use kube::{
+    Api, Client,
+    api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams},
+};
+use serde_json::{Value, json};
+use vynil_crds::JukeBox;
+use vynil_proto::lifecycle::v1::{InstanceKind as ProtoKind, InstanceRef, lifecycle_client::LifecycleClient};
+use vynil_runtime::Shutdown;
+use vynil_store::KubeStore;
+use vynil_testkit::{
+    JukeboxBuilder, free_port,
+    kube_api::{AgentJob, AgentOutcome, FakeAgent, FakeApiServer},
+};
+
+pub const JOBS: &str = "vynil-system";
+pub const APPS: &str = "apps";
+
+pub fn loopback() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], free_port().unwrap()))
+}
+
+/// A package revision as the scanner writes it in `status.packages`.
+pub fn package(
+    registry: &str,
+    category: &str,
+    name: &str,
+    kind: &str,
+    tag: &str,
+    requirements: Value,
+) -> Value {
+    json!({
+        "registry": registry, "image": format!("{category}/{name}"), "tag": tag, "digest": format!("sha256:{}", tag.replace('.', "")),
+        "metadata": {"name": name, "category": category, "description": "", "type": kind, "features": []},
+        "requirements": requirements,
+        "options": {"replicas": {"type": "integer", "default": 1}},
+    })
+}
+
+/// `apps/web` with upstream's waypoint example: 4.0.0 (min 3.0.0), 3.5.0 (min 2.0.0), 2.5.0.
+pub fn web(registry: &str) -> Vec<Value> {
+    vec![
+        package(registry, "apps", "web", "tenant", "4.0.0", json!([{"minimum_previous_version": "3.0.0"}])),
+        package(registry, "apps", "web", "tenant", "3.5.0", json!([{"minimum_previous_version": "2.0.0"}])),
+        package(registry, "apps", "web", "tenant", "2.5.0", json!([])),
+    ]
+}
+
+pub struct World {
+    pub catalog_shutdown: Shutdown,
+    pub api: FakeApiServer,
+    pub client: Client,
+    pub agent: FakeAgent,
+    pub lifecycle: SocketAddr,
+    shutdown: Shutdown,
+    services: tokio::task::JoinSet<Result<(), String>>,
+}
+
+pub type Script = Arc<Mutex<Box<dyn Fn(&AgentJob) -> AgentOutcome + Send>>>;
+
+impl World {
+    pub async fn start(packages: Vec<Value>, extra: &[&str]) -> (Self, Script) {
+        let api = FakeApiServer::start().await.unwrap();
+        let client = api.client().unwrap();
+        let boxes: Api<JukeBox> = Api::all(client.clone());
+        let jukebox = JukeboxBuilder::new("box").list(["registry.example/apps/web"]).json();
+        boxes.create(&PostParams::default(), &serde_json::from_value(jukebox).unwrap()).await.unwrap();
+        let status = json!({"status": {"packages": packages, "conditions": [
+            {"type": "Updated", "status": "True", "message": "Updated succesfully", "generation": 1}]}});
+        boxes.patch_status("box", &PatchParams::default(), &Patch::Merge(&status)).await.unwrap();
+
+        let (catalog_addr, lifecycle) = (loopback(), loopback());
+        let shutdown = Shutdown::new();
+        let mut services = tokio::task::JoinSet::new();
+        let catalog =
+            vynil_catalog::Config::parse_from(["vynil-catalog", "--listen", &catalog_addr.to_string()]);
+        // The catalog can be stopped alone (an outage during a delete).
+        let catalog_shutdown = shutdown.child();
+        let (store, done) = (Arc::new(KubeStore::new(client.clone())), catalog_shutdown.signaled());
+        services.spawn(async move {
+            vynil_catalog::run_with_store(catalog, store, done).await.map_err(|e| e.to_string())
+        });
+        let endpoint = format!("http://{catalog_addr}");
+        let mut args = vec![
+            "vynil-lifecycle",
+            "--listen",
+            &*Box::leak(lifecycle.to_string().into_boxed_str()),
+            "--kubernetes",
+            "--catalog-endpoint",
+            &*Box::leak(endpoint.into_boxed_str()),
+            "--namespace",
+            JOBS,
+        ];
+        args.extend_from_slice(extra);
+        let config = vynil_lifecycle::Config::parse_from(args);
+        let (lifecycle_client, done) = (client.clone(), shutdown.signaled());
+        services.spawn(async move {
+            vynil_lifecycle::run_with_client(config, lifecycle_client, done).await.map_err(|e| e.to_string())
+        });
+        let script: Script = Arc::new(Mutex::new(Box::new(|_: &AgentJob| AgentOutcome::succeed())));
+        let shared = script.clone();
+        let agent = FakeAgent::start(client.clone(), JOBS, move |job| (shared.lock().unwrap())(job));
+        (World { catalog_shutdown, api, client, agent, lifecycle, shutdown, services }, script)
+    }
+
+    pub fn instances(&self, kind: &str) -> Api<DynamicObject> {
+        let resource = ApiResource {
+            group: "vynil.solidite.fr".into(),
+            version: "v1".into(),
+            api_version: "vynil.solidite.fr/v1".into(),
+            kind: kind.into(),
+            plural: format!("{}s", kind.to_lowercase()),
+        };
+        Api::namespaced_with(self.client.clone(), APPS, &resource)
+    }
+
+    pub async fn create(&self, kind: &str, name: &str, spec: Value, annotations: Value) {
+        let object = json!({"apiVersion": "vynil.solidite.fr/v1", "kind": kind,
+            "metadata": {"name": name, "namespace": APPS, "annotations": annotations}, "spec": spec});
+        self.instances(kind)
+            .create(&PostParams::default(), &serde_json::from_value(object).unwrap())
+            .await
+            .unwrap();
+    }
+
+    pub async fn get(&self, kind: &str, name: &str) -> Value {
+        serde_json::to_value(self.instances(kind).get(name).await.unwrap()).unwrap()
+    }
+
+    pub async fn patch(&self, kind: &str, name: &str, patch: Value) {
+        self.instances(kind).patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+    }
+
+    pub async fn patch_status(&self, kind: &str, name: &str, status: Value) {
+        let patch = json!({"status": status});
+        self.instances(kind)
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap();
+    }
+
+    pub fn jobs(&self) -> Api<Job> {
+        Api::namespaced(self.client.clone(), JOBS)
+    }
+
+    pub fn tags_run(&self, instance: &str) -> Vec<String> {
+        self.agent
+            .runs()
+            .into_iter()
+            .filter(|r| r.job.instance_name == instance)
+            .map(|r| r.job.tag.unwrap_or_default())
+            .collect()
+    }
+
+    pub async fn grpc(&self) -> LifecycleClient<tonic::transport::Channel> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(channel) = tonic::transport::Channel::from_shared(format!("http://{}", self.lifecycle))
+                .unwrap()
+                .connect()
+                .await
+            {
+                return LifecycleClient::new(channel);
+            }
+            assert!(Instant::now() < deadline, "lifecycle never answered");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub async fn stop(mut self) {
+        self.shutdown.trigger();
+        while let Some(done) = self.services.join_next().await {
+            done.unwrap().unwrap();
+        }
+    }
+}
+
+/// Polls `check` until it returns `Some`, or fails with `what`.
+pub async fn eventually<T, F: Future<Output = Option<T>>>(what: &str, mut check: impl FnMut() -> F) -> T {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+pub fn condition<'a>(object: &'a Value, kind: &str) -> Option<&'a Value> {
+    object["status"]["conditions"].as_array()?.iter().find(|c| c["type"] == kind)
+}
+
+pub fn web_spec() -> Value {
+    json!({"jukebox": "box", "category": "apps", "package": "web"})
+}
+
+pub fn tenant(namespace: &str, name: &str) -> InstanceRef {
+    InstanceRef { kind: ProtoKind::Tenant as i32, namespace: namespace.into(), name: name.into() }
+}

@@ -1,0 +1,365 @@
+//! Deletion, whole loops: the fake API server, a real catalog, a real
+//! registry (the recorded revision is checked there), the fake agent for
+//! delete Jobs, and the **real reaper** run as a process against the fake API
+//! for `delete-without-package`. `docs/upstream-vynil.md` §9 items 23–25 and
+//! upstream #12 C / #15.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use k8s_openapi::api::{batch::v1::Job, core::v1::Pod};
+use kube::{
+    Api,
+    api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams},
+};
+use serde_json::{Value, json};
+use vynil_crds::JukeBox;
+use vynil_proto::lifecycle::v1::{AllowDeleteWithoutPackageRequest, ExplainRequest};
+use vynil_testkit::{PackageSpec, PackageType, RegistryServer, kube_api::AgentOutcome};
+
+fn installs_with_children(job: &vynil_testkit::kube_api::AgentJob) -> AgentOutcome {
+    if job.action == "delete" && job.tag.is_none() {
+        // A reaper Job: the test runs the real reaper itself.
+        return AgentOutcome::Hang;
+    }
+    AgentOutcome::Succeed {
+        children: vec![("vitals".into(), vec![json!({"kind": "Deployment", "name": "web"})])],
+    }
+}
+
+/// A registry holding `apps/web` at `tags`, and the catalog entries for them (no digests).
+async fn registry_with(tags: &[&str]) -> (RegistryServer, Vec<Value>, String) {
+    let registry = RegistryServer::start().await.unwrap();
+    let host = registry.host();
+    let mut packages = Vec::new();
+    for tag in tags {
+        registry
+            .publisher()
+            .publish("apps/web", &PackageSpec::new("apps", "web", PackageType::Tenant, tag))
+            .await
+            .unwrap();
+        let mut p = package(&host, "apps", "web", "tenant", tag, json!([]));
+        p.as_object_mut().unwrap().remove("digest");
+        packages.push(p);
+    }
+    (registry, packages, host)
+}
+
+async fn installed(world: &World, name: &str, tag: &str) {
+    eventually("the install recorded", || async {
+        (world.get("TenantInstance", name).await["status"]["package"]["tag"] == tag).then_some(())
+    })
+    .await;
+}
+
+async fn gone(world: &World, name: &str) {
+    eventually("the instance gone", || async {
+        world.instances("TenantInstance").get_opt(name).await.unwrap().is_none().then_some(())
+    })
+    .await;
+}
+
+async fn delete(world: &World, name: &str) {
+    world.instances("TenantInstance").delete(name, &DeleteParams::default()).await.unwrap();
+}
+
+#[tokio::test]
+async fn item_23_the_delete_job_runs_the_recorded_revision_then_the_finalizer_goes() {
+    let (_registry, packages, host) = registry_with(&["4.0.0"]).await;
+    let leaked: &'static str = Box::leak(host.into_boxed_str());
+    let (world, script) = World::start(packages, &["--insecure-registry", leaked]).await;
+    *script.lock().unwrap() = Box::new(installs_with_children);
+    world.create("TenantInstance", "web", web_spec(), json!({})).await;
+    installed(&world, "web", "4.0.0").await;
+    delete(&world, "web").await;
+    gone(&world, "web").await;
+    let runs: Vec<(String, Option<String>)> =
+        world.agent.runs().into_iter().map(|r| (r.job.action, r.job.tag)).collect();
+    assert_eq!(runs, [("install".into(), Some("4.0.0".into())), ("delete".into(), Some("4.0.0".into()))]);
+    assert!(world.jobs().get_opt("tenant--apps--web").await.unwrap().is_none(), "the delete Job is deleted");
+    world.stop().await;
+}
+
+#[tokio::test]
+async fn item_25_a_failed_delete_job_is_reported_as_soon_as_it_is_marked() {
+    let (_registry, packages, host) = registry_with(&["4.0.0"]).await;
+    let leaked: &'static str = Box::leak(host.into_boxed_str());
+    let (world, script) = World::start(packages, &["--insecure-registry", leaked]).await;
+    *script.lock().unwrap() = Box::new(|job| {
+        if job.action == "delete" {
+            AgentOutcome::fail("BackoffLimitExceeded", "the delete hook exited 1")
+        } else {
+            installs_with_children(job)
+        }
+    });
+    world.create("TenantInstance", "web", web_spec(), json!({})).await;
+    installed(&world, "web", "4.0.0").await;
+    delete(&world, "web").await;
+    let runs = world.agent.wait_for_runs(2, Duration::from_secs(30)).await.unwrap();
+    let marked = runs[1].finished_at.unwrap();
+    let message = eventually("the delete failure condition", || async {
+        let object = world.get("TenantInstance", "web").await;
+        condition(&object, "Deleting").filter(|c| c["status"] == "False").map(|c| c["message"].to_string())
+    })
+    .await;
+    let delay = marked.elapsed();
+    println!("delete Job marked Failed -> condition seen: {delay:?}");
+    assert!(message.contains("the delete hook exited 1"), "{message}");
+    assert!(delay < Duration::from_secs(5), "upstream waits 10 minutes; seen after {delay:?}");
+    let object = world.get("TenantInstance", "web").await;
+    assert!(object["metadata"]["finalizers"].as_array().is_some_and(|f| !f.is_empty()), "kept: {object}");
+    assert!(world.jobs().get_opt("tenant--apps--web").await.unwrap().is_some(), "the failed Job is kept");
+    world.stop().await;
+}
+
+/// An instance as upstream left it: children recorded, no `status.package`.
+async fn upstream_instance(world: &World, name: &str) {
+    world.create("TenantInstance", name, web_spec(), json!({"vynil.solidite.fr/suspend": "true"})).await;
+    let status = json!({"tag": "1.0.0", "vitals": [{"kind": "Deployment", "name": "web"}]});
+    world.patch_status("TenantInstance", name, status).await;
+    // Let lifecycle see it (suspended: nothing runs) and add its finalizer.
+    eventually("the finalizer", || async {
+        let object = world.get("TenantInstance", name).await;
+        object["metadata"]["finalizers"].as_array().is_some_and(|f| !f.is_empty()).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_jukebox_deleted_under_its_instances_says_e_jukebox_gone_and_orphans_nothing() {
+    let (world, _) = World::start(web("registry.example"), &[]).await;
+    upstream_instance(&world, "web").await;
+    let boxes: Api<JukeBox> = Api::all(world.client.clone());
+    boxes.delete("box", &DeleteParams::default()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    delete(&world, "web").await;
+    let message = eventually("the E_JUKEBOX_GONE condition", || async {
+        let object = world.get("TenantInstance", "web").await;
+        condition(&object, "Deleting").and_then(|c| c["message"].as_str().map(str::to_string))
+    })
+    .await;
+    assert!(message.starts_with("[E_JUKEBOX_GONE]"), "{message}");
+    assert!(world.instances("TenantInstance").get_opt("web").await.unwrap().is_some(), "the finalizer stays");
+    world.stop().await;
+}
+
+#[tokio::test]
+async fn with_the_catalog_down_a_delete_waits_and_is_never_called_gone() {
+    let (world, _) = World::start(web("registry.example"), &[]).await;
+    upstream_instance(&world, "web").await;
+    world.catalog_shutdown.trigger();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    delete(&world, "web").await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let object = world.get("TenantInstance", "web").await;
+    let codes: Vec<&str> = object["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["message"].as_str())
+        .filter(|m| m.contains("GONE"))
+        .collect();
+    assert!(codes.is_empty(), "an outage is not 'gone': {object}");
+    assert!(object["metadata"]["deletionTimestamp"].is_string());
+    world.stop().await;
+}
+
+/// Plays the Job controller and kubelet for reaper Jobs: runs the real
+/// reaper binary against the fake API, then records its report as the pod's
+/// termination message and completes the Job.
+async fn run_reaper(world: &World, kubeconfig: &std::path::Path) -> String {
+    let jobs = world.jobs();
+    let job: Job = eventually("the reaper Job", || async {
+        jobs.get_opt("tenant--apps--web").await.unwrap().filter(|j| {
+            j.metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.get("vynil.solidite.fr/revision").map(String::as_str) == Some("reaper"))
+        })
+    })
+    .await;
+    let args = job.spec.unwrap().template.spec.unwrap().containers[0].args.clone().unwrap();
+    let report_path = kubeconfig.with_file_name("termination-log");
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_vynil-lifecycle"))
+        .args(&args)
+        .args(["--wait-seconds", "5", "--report-path"])
+        .arg(&report_path)
+        .env("KUBECONFIG", kubeconfig)
+        .output()
+        .await
+        .unwrap();
+    assert!(output.status.success(), "reaper: {}", String::from_utf8_lossy(&output.stderr));
+    let report = String::from_utf8(output.stdout).unwrap().trim().to_string();
+    assert_eq!(std::fs::read_to_string(&report_path).unwrap(), report);
+    let pods: Api<Pod> = Api::namespaced(world.client.clone(), JOBS);
+    let pod = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "tenant--apps--web-x1", "labels": {"job-name": "tenant--apps--web"}},
+        "spec": {"containers": [{"name": "delete", "image": "reaper"}]}});
+    pods.create(&PostParams::default(), &serde_json::from_value(pod).unwrap()).await.unwrap();
+    let status = json!({"status": {"containerStatuses": [{"name": "delete", "image": "reaper", "imageID": "", "ready": false,
+        "restartCount": 0, "state": {"terminated": {"exitCode": 0, "reason": "Completed", "message": report}}}]}});
+    pods.patch_status("tenant--apps--web-x1", &PatchParams::default(), &Patch::Merge(&status)).await.unwrap();
+    let done = json!({"status": {"succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]}});
+    jobs.patch_status("tenant--apps--web", &PatchParams::default(), &Patch::Merge(&done)).await.unwrap();
+    report
+}
+
+#[tokio::test]
+async fn package_gone_then_allowed_the_real_reaper_deletes_children_in_reverse_order_and_leaves_the_crd() {
+    // The catalog has no tenant revision of apps/web left: only a service one.
+    let packages = vec![package("registry.example", "apps", "web", "service", "0.2.0", json!([]))];
+    let (world, script) = World::start(packages, &[]).await;
+    *script.lock().unwrap() = Box::new(installs_with_children);
+    // Children that really exist in the fake API, recorded as the agent would.
+    let client = world.client.clone();
+    let create = |api_version: &str, kind: &str, plural: &str, namespaced: bool, name: &str| {
+        let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+        let resource = kube::api::ApiResource {
+            group: group.into(),
+            version: version.into(),
+            api_version: api_version.into(),
+            kind: kind.into(),
+            plural: plural.into(),
+        };
+        let api: Api<DynamicObject> = if namespaced {
+            Api::namespaced_with(client.clone(), APPS, &resource)
+        } else {
+            Api::all_with(client.clone(), &resource)
+        };
+        let mut object = json!({"apiVersion": api_version, "kind": kind, "metadata": {"name": name}});
+        if kind == "CustomResourceDefinition" {
+            object["spec"] = json!({"group": "example.io", "scope": "Namespaced",
+                "names": {"kind": "Thing", "plural": "things", "singular": "thing"},
+                "versions": [{"name": "v1", "served": true, "storage": true}]});
+        }
+        async move { api.create(&PostParams::default(), &serde_json::from_value(object).unwrap()).await.unwrap() }
+    };
+    create("v1", "ConfigMap", "configmaps", true, "settings").await;
+    create("apps/v1", "Deployment", "deployments", true, "web").await;
+    create("batch/v1", "Job", "jobs", true, "migrate").await;
+    create(
+        "apiextensions.k8s.io/v1",
+        "CustomResourceDefinition",
+        "customresourcedefinitions",
+        false,
+        "things.example.io",
+    )
+    .await;
+    world.create("TenantInstance", "web", web_spec(), json!({"vynil.solidite.fr/suspend": "true"})).await;
+    let status = json!({"tag": "0.1.8",
+        "befores": [{"kind": "ConfigMap", "name": "settings"}],
+        "vitals": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": "web", "namespace": APPS}],
+        "posts": [{"apiVersion": "batch/v1", "kind": "Job", "name": "migrate"}],
+        "crds": ["things.example.io"]});
+    world.patch_status("TenantInstance", "web", status).await;
+    eventually("the finalizer", || async {
+        let object = world.get("TenantInstance", "web").await;
+        object["metadata"]["finalizers"].as_array().is_some_and(|f| !f.is_empty()).then_some(())
+    })
+    .await;
+    delete(&world, "web").await;
+    let message = eventually("E_PACKAGE_GONE", || async {
+        let object = world.get("TenantInstance", "web").await;
+        condition(&object, "Deleting").and_then(|c| c["message"].as_str().map(str::to_string))
+    })
+    .await;
+    assert!(
+        message.starts_with("[E_PACKAGE_GONE]") && message.contains("delete-without-package"),
+        "{message}"
+    );
+
+    // The escape hatch, added after deletion began, through the API.
+    let mut grpc = world.grpc().await;
+    let explained =
+        grpc.explain(ExplainRequest { r#ref: Some(tenant(APPS, "web")) }).await.unwrap().into_inner();
+    assert_eq!(
+        explained.children_to_delete,
+        ["posts: Job apps/migrate", "vitals: Deployment apps/web", "befores: ConfigMap apps/settings"]
+    );
+    assert_eq!(explained.children_left, ["crds: CustomResourceDefinition things.example.io"]);
+    let allow = |confirm: &str, fingerprint: &str| AllowDeleteWithoutPackageRequest {
+        r#ref: Some(tenant(APPS, "web")),
+        confirm: confirm.into(),
+        caller: "alice".into(),
+        reason: "package unpublished".into(),
+        fingerprint: fingerprint.into(),
+    };
+    let annotation = || async {
+        world.get("TenantInstance", "web").await["metadata"]["annotations"]["vynil.solidite.fr/delete-without-package"].clone()
+    };
+    let wrong = grpc
+        .allow_delete_without_package(allow("tenant/apps/other", &explained.children_fingerprint))
+        .await
+        .unwrap_err();
+    assert_eq!(wrong.code(), tonic::Code::InvalidArgument, "{wrong:?}");
+    let stale = grpc.allow_delete_without_package(allow("tenant/apps/web", "0000")).await.unwrap_err();
+    assert_eq!(stale.code(), tonic::Code::FailedPrecondition, "{stale:?}");
+    assert!(annotation().await.is_null(), "nothing changed");
+    let done = grpc
+        .allow_delete_without_package(allow("tenant/apps/web", &explained.children_fingerprint))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(done.annotated);
+    assert_eq!(annotation().await, "true");
+
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = world.api.write_kubeconfig(dir.path(), APPS).unwrap();
+    world.api.clear_requests();
+    let report = run_reaper(&world, &kubeconfig).await;
+    gone(&world, "web").await;
+
+    // Reverse phase order, each DELETE verified by a GET answering 404.
+    let log: Vec<(String, String, String, u16)> = world
+        .api
+        .requests()
+        .into_iter()
+        .filter(|r| {
+            r.user_agent.starts_with("vynil-lifecycle") && ["delete", "get"].contains(&r.verb.as_str())
+        })
+        .filter(|r| {
+            ["configmaps", "deployments", "jobs"].contains(&r.resource.as_str())
+                && r.namespace.as_deref() == Some(APPS)
+        })
+        .map(|r| (r.verb, r.resource, r.name.unwrap_or_default(), r.status))
+        .collect();
+    let deletes: Vec<&str> =
+        log.iter().filter(|(v, ..)| v == "delete").map(|(_, _, n, _)| n.as_str()).collect();
+    assert_eq!(deletes, ["migrate", "web", "settings"], "{log:?}");
+    for (_, resource, name, _) in log.iter().filter(|(v, ..)| v == "delete") {
+        assert!(
+            log.iter().any(|(v, r, n, s)| v == "get" && r == resource && n == name && *s == 404),
+            "{name}: {log:?}"
+        );
+    }
+    let crds = world.api.objects("apiextensions.k8s.io", "customresourcedefinitions");
+    assert!(crds.iter().any(|c| c["metadata"]["name"] == "things.example.io"), "the CRD is left in place");
+    let report: Value = serde_json::from_str(&report).unwrap();
+    let crd = report["children"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["kind"] == "CustomResourceDefinition")
+        .unwrap();
+    assert_eq!(crd["outcome"], "skipped", "{report}");
+    let event = eventually("the no-hooks Warning", || async {
+        world
+            .api
+            .objects("events.k8s.io", "events")
+            .into_iter()
+            .find(|e| e["reason"] == "DeletedWithoutPackage")
+    })
+    .await;
+    assert!(event["note"].as_str().unwrap().contains("things.example.io"), "{event}");
+    let allowed = world
+        .api
+        .objects("events.k8s.io", "events")
+        .into_iter()
+        .find(|e| e["reason"] == "DeleteWithoutPackageAllowed");
+    assert!(allowed.unwrap()["note"].as_str().unwrap().contains("alice"));
+    world.stop().await;
+}
