@@ -97,3 +97,137 @@ pub async fn channel(addr: SocketAddr) -> tonic::transport::Channel {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Every service of a cluster install, each on its own Kubernetes client
+/// against the fake API server, with a real registry and the fake agent:
+/// scanner, catalog, lifecycle (Jobs in `vynil-system`) and purger (asking
+/// that lifecycle what instances use).
+pub struct Stack {
+    pub registry: RegistryServer,
+    pub api: FakeApiServer,
+    pub client: kube::Client,
+    pub boxes: Api<JukeBox>,
+    pub scanner: SocketAddr,
+    pub catalog: SocketAddr,
+    pub lifecycle: SocketAddr,
+    pub purger: SocketAddr,
+    shutdown: Shutdown,
+    services: tokio::task::JoinSet<Result<(), String>>,
+}
+
+impl Stack {
+    /// JukeBox `box` lists `<registry>/<repository>`; nothing is published yet.
+    pub async fn start(repository: &str) -> Self {
+        let registry = RegistryServer::start().await.unwrap();
+        let host = registry.host();
+        let api = FakeApiServer::start().await.unwrap();
+        let client = api.client().unwrap();
+        let boxes: Api<JukeBox> = Api::all(client.clone());
+        let jukebox =
+            JukeboxBuilder::new("box").list([format!("{host}/{repository}")]).schedule("0 0 1 1 *").json();
+        boxes.create(&PostParams::default(), &serde_json::from_value(jukebox).unwrap()).await.unwrap();
+        let (scanner, catalog, lifecycle, purger) = (loopback(), loopback(), loopback(), loopback());
+        let shutdown = Shutdown::new();
+        let mut services = tokio::task::JoinSet::new();
+        let store = || Arc::new(KubeStore::new(client.clone()));
+        let config = vynil_scanner::Config::parse_from([
+            "vynil-scanner",
+            "--listen",
+            &scanner.to_string(),
+            "--insecure-registry",
+            &host,
+            "--poll-milliseconds",
+            "50",
+        ]);
+        let (s, done) = (store(), shutdown.signaled());
+        services.spawn(async move {
+            vynil_scanner::run_with_store(config, s, done).await.map_err(|e| e.to_string())
+        });
+        let config = vynil_catalog::Config::parse_from(["vynil-catalog", "--listen", &catalog.to_string()]);
+        let (s, done) = (store(), shutdown.signaled());
+        services.spawn(async move {
+            vynil_catalog::run_with_store(config, s, done).await.map_err(|e| e.to_string())
+        });
+        let config = vynil_lifecycle::Config::parse_from([
+            "vynil-lifecycle",
+            "--listen",
+            &lifecycle.to_string(),
+            "--kubernetes",
+            "--catalog-endpoint",
+            &format!("http://{catalog}"),
+            "--namespace",
+            "vynil-system",
+            "--insecure-registry",
+            &host,
+        ]);
+        let (c, done) = (client.clone(), shutdown.signaled());
+        services.spawn(async move {
+            vynil_lifecycle::run_with_client(config, c, done).await.map_err(|e| e.to_string())
+        });
+        let config = vynil_purger::Config::parse_from([
+            "vynil-purger",
+            "--listen",
+            &purger.to_string(),
+            "--insecure-registry",
+            &host,
+            "--lifecycle-endpoint",
+            &format!("http://{lifecycle}"),
+        ]);
+        let (s, done) = (store(), shutdown.signaled());
+        services.spawn(async move {
+            vynil_purger::run_with_store(config, s, done).await.map_err(|e| e.to_string())
+        });
+        Self { registry, api, client, boxes, scanner, catalog, lifecycle, purger, shutdown, services }
+    }
+
+    /// Publishes `tag` of `category/name` as `package_type` in `<category>/<name>`.
+    pub async fn publish(&self, category: &str, name: &str, package_type: PackageType, tag: &str) -> String {
+        let spec = PackageSpec::new(category, name, package_type, tag);
+        self.registry.publisher().publish(&format!("{category}/{name}"), &spec).await.unwrap()
+    }
+
+    /// A forced full scan, waited for until the catalog shows `tags` (newest first).
+    pub async fn scan_until(&self, tags: &[&str]) {
+        let annotate =
+            serde_json::json!({"metadata": {"annotations": {"vynil.solidite.fr/force-scan": "true"}}});
+        let params = kube::api::PatchParams::default();
+        self.boxes.patch("box", &params, &kube::api::Patch::Merge(&annotate)).await.unwrap();
+        let mut catalog =
+            vynil_proto::catalog::v1::catalog_client::CatalogClient::new(channel(self.catalog).await);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let request =
+                vynil_proto::catalog::v1::GetCatalogRequest { jukebox: "box".into(), ..Default::default() };
+            if let Ok(answer) = catalog.get_catalog(request).await {
+                let seen: Vec<String> = answer.into_inner().packages.into_iter().map(|p| p.tag).collect();
+                if seen == tags {
+                    return;
+                }
+            }
+            assert!(Instant::now() < deadline, "the catalog never showed {tags:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub async fn stop(mut self) {
+        self.shutdown.trigger();
+        while let Some(done) = self.services.join_next().await {
+            done.unwrap().unwrap();
+        }
+    }
+}
+
+/// Polls `check` until it returns `Some`, or fails naming `what`.
+pub async fn eventually<T, F: std::future::Future<Output = Option<T>>>(
+    what: &str,
+    mut check: impl FnMut() -> F,
+) -> T {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
