@@ -607,7 +607,16 @@ async fn cleanup(
     object: &DynamicObject,
     context: &Context,
 ) -> Result<Action, LifecycleError> {
-    let instance = decode(kind, object, context).await?;
+    let instance = match decode(kind, object, context).await {
+        Ok(instance) => instance,
+        // An object that does not decode but records nothing to undo can still go.
+        Err(error) if !records_anything(object) => {
+            let note = format!("released without cleanup: it records nothing to undo ({error})");
+            context.publish(object, kind, true, "InvalidObjectReleased", note).await;
+            return Ok(Action::await_change());
+        }
+        Err(error) => return Err(error),
+    };
     let job_name = job::job_name(kind, &instance.namespace, &instance.name)
         .map_err(|e| LifecycleError::Invalid(e.to_string()))?;
     let observed = observe_cleanup(&instance, &job_name, context).await?;
@@ -620,6 +629,14 @@ async fn cleanup(
         Outcome::Released => Ok(Action::await_change()),
         other => Err(LifecycleError::Pending { why: format!("{other:?}"), retry_after: plan.requeue }),
     }
+}
+
+/// Whether the raw status records children or a state (read without decoding).
+fn records_anything(object: &DynamicObject) -> bool {
+    let status = object.data.get("status").cloned().unwrap_or(serde_json::Value::Null);
+    let (children, crds) = crate::reaper::recorded_children(&status);
+    let state = ["tfstate", "rhaistate"].iter().any(|k| status.get(k).is_some_and(|v| !v.is_null()));
+    !children.is_empty() || !crds.is_empty() || state
 }
 
 /// Whether the recorded tag still resolves to the recorded digest.

@@ -300,6 +300,12 @@ async fn a_garbage_object_never_stops_the_others_and_is_reported() {
             && l.contains("error=\"decode\"")),
         "{metrics}"
     );
+    // Deleting it ends too: it records nothing to undo.
+    world.instances("TenantInstance").delete("bad", &DeleteParams::default()).await.unwrap();
+    eventually("the bad object released", || async {
+        world.instances("TenantInstance").get_opt("bad").await.unwrap().is_none().then_some(())
+    })
+    .await;
     world.stop().await;
 }
 
