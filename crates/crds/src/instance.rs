@@ -85,6 +85,25 @@ pub struct InstalledPackage {
     /// …and the controller values (`CONTROLLER_VALUES`) as rendered.
     #[serde(default, rename = "controllerValues", skip_serializing_if = "Option::is_none")]
     pub controller_values: Option<String>,
+    /// RFC 3339: when lifecycle recorded this revision as installed.
+    #[serde(default, rename = "installedAt", skip_serializing_if = "Option::is_none")]
+    pub installed_at: Option<String>,
+    /// The last revisions installed, oldest first, this one last (at most 5).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<RevisionRecord>,
+}
+
+/// One entry of `status.package.history`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RevisionRecord {
+    pub tag: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fingerprint: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub installed_at: Option<String>,
 }
 
 /// Ours: the agent Job in flight (`status.target`), recorded **before** the

@@ -15,10 +15,10 @@ mod schema;
 
 pub use condition::{Condition, ConditionStatus, coded_message, message_code, set_condition};
 pub use instance::{
-    AgentTarget, Children, HaveChild, InitFrom, InstalledPackage, Published, ServiceConditionType,
-    ServiceInstance, ServiceInstanceSpec, ServiceInstanceStatus, SystemConditionType, SystemInstance,
-    SystemInstanceSpec, SystemInstanceStatus, TenantConditionType, TenantInstance, TenantInstanceSpec,
-    TenantInstanceStatus,
+    AgentTarget, Children, HaveChild, InitFrom, InstalledPackage, Published, RevisionRecord,
+    ServiceConditionType, ServiceInstance, ServiceInstanceSpec, ServiceInstanceStatus, SystemConditionType,
+    SystemInstance, SystemInstanceSpec, SystemInstanceStatus, TenantConditionType, TenantInstance,
+    TenantInstanceSpec, TenantInstanceStatus,
 };
 pub use jukebox::{JukeBox, JukeBoxConditionType, JukeBoxSource, JukeBoxSpec, JukeBoxStatus, Maturity};
 
@@ -35,6 +35,8 @@ pub mod annotations {
     pub const FORCE_SCAN: &str = "vynil.solidite.fr/force-scan";
     pub const SUSPEND: &str = "vynil.solidite.fr/suspend";
     pub const FORCE_REINSTALL: &str = "vynil.solidite.fr/force-reinstall";
+    /// Ours: `"true"` keeps the installed revision; option changes still apply.
+    pub const HOLD_UPGRADES: &str = "vynil.solidite.fr/hold-upgrades";
     pub use vynil_rules::selection::DELETE_WITHOUT_PACKAGE;
 }
 

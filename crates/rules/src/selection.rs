@@ -38,6 +38,10 @@ pub struct InstallQuery<'a> {
     /// `status.tag`; `None` or empty for a fresh install.
     pub installed_tag: Option<&'a str>,
     pub framework: &'a Version,
+    /// `vynil.solidite.fr/hold-upgrades: "true"`: an installed instance keeps
+    /// its installed revision (option changes still apply); a fresh install
+    /// is not held.
+    pub hold_upgrades: bool,
 }
 
 /// The criterion that excluded the last candidates.
@@ -48,6 +52,8 @@ pub enum Exclusion {
     Type,
     MinimumVersion,
     FrameworkVersion,
+    /// Upgrades are held and the installed revision is not listed.
+    Held,
 }
 
 impl Exclusion {
@@ -58,6 +64,7 @@ impl Exclusion {
             Exclusion::Type => "type",
             Exclusion::MinimumVersion => "minimum version",
             Exclusion::FrameworkVersion => "framework version",
+            Exclusion::Held => "held",
         }
     }
 }
@@ -123,6 +130,19 @@ pub fn select_install<'p>(packages: &'p [Package], query: &InstallQuery) -> Resu
         });
     }
     let installed = query.installed_tag.filter(|t| !t.is_empty());
+    if let Some(held) = installed.filter(|_| query.hold_upgrades) {
+        let same = |p: &&Package| match (Tag::parse(&p.tag), Tag::parse(held)) {
+            (Some(a), Some(b)) => a == b,
+            _ => p.tag == held,
+        };
+        return of_type.iter().copied().find(same).ok_or_else(|| NoMatch {
+            excluded_by: Exclusion::Held,
+            reason: format!(
+                "upgrades are held at {held} (vynil.solidite.fr/hold-upgrades) and JukeBox {} lists no {} revision {held} of {subject}",
+                query.jukebox, query.package_type
+            ),
+        });
+    }
     let reachable: Vec<&Package> = of_type.iter().copied().filter(|p| reachable_from(installed, p)).collect();
     if reachable.is_empty() {
         let needs: Vec<String> = of_type

@@ -118,6 +118,7 @@ fn install(catalog: &[Package], kind: PackageType, installed: Option<&str>) -> R
         package_type: kind,
         installed_tag: installed,
         framework: &framework,
+        hold_upgrades: false,
     };
     select_install(catalog, &query).map(|p| p.tag.clone()).map_err(|e| e.reason)
 }
@@ -156,6 +157,7 @@ fn item_9_a_tenant_instance_never_selects_a_service_package() {
         package_type: PackageType::Tenant,
         installed_tag: Some("0.1.8"),
         framework: &framework,
+        hold_upgrades: false,
     };
     let no_match = select_install(&catalog, &query).unwrap_err();
     assert_eq!(no_match.excluded_by, Exclusion::Type);

@@ -6,7 +6,7 @@ mod common;
 
 use common::*;
 use vynil_rules::{
-    InstallQuery, Package, PackageType, ScanFilter, select_cleanup, select_install,
+    InstallQuery, Package, PackageContent, PackageType, ScanFilter, select_cleanup, select_install,
     selection::{CatalogState, CleanupDecision, CleanupQuery, Exclusion, RecordedCheck, RecordedRevision},
 };
 
@@ -18,6 +18,7 @@ fn query<'a>(installed: Option<&'a str>, framework: &'a semver::Version) -> Inst
         package_type: PackageType::Tenant,
         installed_tag: installed,
         framework,
+        hold_upgrades: false,
     }
 }
 
@@ -231,4 +232,31 @@ fn scan_filters_have_one_or_two_non_empty_segments() {
             (got, _) => panic!("{raw:?}: unexpected {got:?}"),
         }
     }
+}
+
+#[test]
+fn held_upgrades_keep_the_installed_revision_and_a_fresh_install_is_not_held() {
+    let framework = semver::Version::new(0, 8, 0);
+    let catalog = [
+        Package::new(
+            "r",
+            "think/ollama",
+            "2.0.0",
+            PackageContent::minimal("think", "ollama", PackageType::Tenant),
+        ),
+        Package::new(
+            "r",
+            "think/ollama",
+            "1.0.0",
+            PackageContent::minimal("think", "ollama", PackageType::Tenant),
+        ),
+    ];
+    let held = InstallQuery { hold_upgrades: true, ..query(Some("1.0.0"), &framework) };
+    assert_eq!(select_install(&catalog, &held).unwrap().tag, "1.0.0");
+    let fresh = InstallQuery { hold_upgrades: true, ..query(None, &framework) };
+    assert_eq!(select_install(&catalog, &fresh).unwrap().tag, "2.0.0");
+    let gone = InstallQuery { hold_upgrades: true, ..query(Some("0.9.0"), &framework) };
+    let no_match = select_install(&catalog, &gone).unwrap_err();
+    assert_eq!(no_match.excluded_by, Exclusion::Held);
+    assert!(no_match.reason.contains("held at 0.9.0"), "{}", no_match.reason);
 }

@@ -142,6 +142,7 @@ impl CatalogApi for CatalogService {
                     package_type,
                     installed_tag: Some(request.installed_tag.as_str()).filter(|t| !t.is_empty()),
                     framework: &self.catalog.framework,
+                    hold_upgrades: request.hold_upgrades,
                 };
                 match vynil_rules::select_install(&entry.packages, &query) {
                     Ok(package) => Outcome::Package(package_to_proto(package)),
@@ -194,6 +195,7 @@ impl CatalogApi for CatalogService {
                 package_type,
                 installed_tag: Some(request.installed_tag.as_str()).filter(|t| !t.is_empty()),
                 framework: &self.catalog.framework,
+                hold_upgrades: false,
             },
             recorded: recorded.as_ref().map(|r| (r, check.clone())),
             catalog,

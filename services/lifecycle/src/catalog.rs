@@ -38,6 +38,7 @@ impl Catalog {
             name: instance.package.clone(),
             r#type: proto_type(instance.kind.package_type()),
             installed_tag: instance.status.tag.clone().unwrap_or_default(),
+            hold_upgrades: instance.hold_upgrades,
         };
         let response = self.client.clone().resolve_install(request).await.map_err(unavailable)?.into_inner();
         let pull_secret = Some(response.pull_secret).filter(|s| !s.is_empty());

@@ -97,6 +97,8 @@ pub struct Instance {
     pub deleting: bool,
     pub suspended: bool,
     pub force_reinstall: bool,
+    /// `vynil.solidite.fr/hold-upgrades: "true"`.
+    pub hold_upgrades: bool,
     /// The raw value of `vynil.solidite.fr/delete-without-package`, when set.
     pub delete_without_package: Option<String>,
     pub jukebox: String,
@@ -180,6 +182,7 @@ impl Instance {
             suspended: annotations.get(annotations::SUSPEND).is_some_and(|v| v == "true"),
             force_reinstall: annotations.contains_key(annotations::FORCE_REINSTALL),
             delete_without_package: annotations.get(annotations::DELETE_WITHOUT_PACKAGE).cloned(),
+            hold_upgrades: annotations.get(annotations::HOLD_UPGRADES).is_some_and(|v| v == "true"),
             jukebox,
             category,
             package,

@@ -21,7 +21,7 @@
 
 use std::time::Duration;
 
-use vynil_crds::{AgentTarget, InstalledPackage, coded_message};
+use vynil_crds::{AgentTarget, InstalledPackage, RevisionRecord, coded_message};
 use vynil_rules::{
     Package,
     install::{self, CheckedOptions, OptionProblem, RETRY_LONG, RETRY_SHORT, Recommended, Target, Unmet},
@@ -213,6 +213,41 @@ impl Plan {
     }
 }
 
+/// Revisions kept in `status.package.history`.
+pub const HISTORY: usize = 5;
+
+/// Records `revision` as installed now, extending the bounded history of the
+/// revision it replaces (the same fingerprint again replaces the last entry).
+fn installed(instance: &Instance, mut revision: InstalledPackage, now: jiff::Timestamp) -> Step {
+    let at = vynil_crds::condition::rfc3339_seconds(now);
+    let previous = instance.status.package.as_ref();
+    let mut history = previous.map(|p| p.history.clone()).unwrap_or_default();
+    if history.is_empty()
+        && let Some(p) = previous
+    {
+        history.push(RevisionRecord {
+            tag: p.tag.clone(),
+            digest: p.digest.clone(),
+            fingerprint: p.fingerprint.clone(),
+            installed_at: p.installed_at.clone(),
+        });
+    }
+    if history.last().is_some_and(|last| last.fingerprint == revision.fingerprint) {
+        history.pop();
+    }
+    history.push(RevisionRecord {
+        tag: revision.tag.clone(),
+        digest: revision.digest.clone(),
+        fingerprint: revision.fingerprint.clone(),
+        installed_at: Some(at.clone()),
+    });
+    let excess = history.len().saturating_sub(HISTORY);
+    history.drain(..excess);
+    revision.installed_at = Some(at);
+    revision.history = history;
+    Step::RecordInstalled(revision)
+}
+
 /// The delay before attempt `failures + 1`: 1 min doubling to 1 h.
 pub fn backoff(failures: u32) -> Duration {
     let doubled = BACKOFF_FIRST.saturating_mul(1u32 << failures.saturating_sub(1).min(16));
@@ -238,7 +273,7 @@ pub fn plan(instance: &Instance, observed: &Observed) -> Plan {
     {
         let tag = target.revision.tag.clone();
         return Plan {
-            steps: vec![Step::RecordInstalled(target.revision.clone())],
+            steps: vec![installed(instance, target.revision.clone(), observed.now)],
             outcome: Outcome::Installed { tag },
             requeue: REQUEUE,
         };
@@ -322,6 +357,8 @@ pub fn plan(instance: &Instance, observed: &Observed) -> Plan {
         fingerprint: Some(fingerprint.clone()),
         pull_secret: pull_secret.clone(),
         controller_values: Some(controller_values.clone()),
+        installed_at: None,
+        history: Vec::new(),
     };
     let request = JobRequest {
         registry: package.registry.clone(),
@@ -386,7 +423,7 @@ pub fn plan(instance: &Instance, observed: &Observed) -> Plan {
     if installed_fingerprint == Some(fingerprint.as_str()) {
         if status.target.is_some() {
             // A target left by a run that was superseded: the installed revision is current.
-            steps.push(Step::RecordInstalled(revision));
+            steps.push(installed(instance, revision, observed.now));
         }
         return Plan { steps, outcome: Outcome::UpToDate { tag }, requeue: REQUEUE };
     }
@@ -395,7 +432,7 @@ pub fn plan(instance: &Instance, observed: &Observed) -> Plan {
         && status.tag.as_deref() == Some(tag.as_str())
         && status.digest.as_deref() == Some(options_hash.as_str())
     {
-        steps.push(Step::RecordInstalled(revision));
+        steps.push(installed(instance, revision, observed.now));
         steps.push(Step::Event {
             warning: false,
             reason: "Adopted",
@@ -414,7 +451,7 @@ pub fn plan(instance: &Instance, observed: &Observed) -> Plan {
                 Plan { steps, outcome: installing, requeue: REQUEUE }
             }
             JobState::Succeeded => {
-                steps.push(Step::RecordInstalled(revision));
+                steps.push(installed(instance, revision, observed.now));
                 steps.push(Step::Condition {
                     condition_type: "AgentStarted",
                     ok: true,

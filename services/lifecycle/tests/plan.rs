@@ -367,6 +367,45 @@ fn a_completed_job_is_credited_with_its_recorded_target_even_when_the_selection_
         state: JobState::Succeeded,
     });
     let plan = plan::plan(&after_agent, &now);
-    assert_eq!(plan.steps, [Step::RecordInstalled(target.revision.clone())]);
-    assert_eq!(target.revision.tag, "1.0.0");
+    let [Step::RecordInstalled(recorded)] = plan.steps.as_slice() else { panic!("{plan:?}") };
+    assert_eq!((recorded.tag.as_str(), &recorded.fingerprint), ("1.0.0", &target.revision.fingerprint));
+}
+
+#[test]
+fn the_history_keeps_the_last_five_installed_revisions_oldest_first() {
+    let mut status = json!({});
+    let mut tags = Vec::new();
+    for minor in 0..7 {
+        let tag = format!("1.{minor}.0");
+        let plan = plan::plan(&instance(json!({}), Value::Null, status.clone()), &observed(&tag));
+        let target = plan
+            .steps
+            .iter()
+            .find_map(|s| match s {
+                Step::RecordTarget(t) => Some(t.clone()),
+                _ => None,
+            })
+            .unwrap();
+        let mut done = observed(&tag);
+        done.job = Some(ObservedJob {
+            uid: tag.clone(),
+            fingerprint: target.revision.fingerprint.clone(),
+            state: JobState::Succeeded,
+        });
+        status["target"] = serde_json::to_value(&target).unwrap();
+        status["tag"] = json!(tag);
+        let credited = plan::plan(&instance(json!({}), Value::Null, status.clone()), &done);
+        let package = credited
+            .steps
+            .iter()
+            .find_map(|s| match s {
+                Step::RecordInstalled(p) => Some(p.clone()),
+                _ => None,
+            })
+            .unwrap();
+        status["package"] = serde_json::to_value(&package).unwrap();
+        status["target"] = Value::Null;
+        tags = package.history.iter().map(|h| h.tag.clone()).collect::<Vec<_>>();
+    }
+    assert_eq!(tags, ["1.2.0", "1.3.0", "1.4.0", "1.5.0", "1.6.0"]);
 }
