@@ -132,6 +132,7 @@ async fn resolve_install_answers_per_instance_type_and_says_what_is_missing() {
         name: "ollama".into(),
         r#type: kind as i32,
         installed_tag: String::new(),
+        ..Default::default()
     };
     // The #12 catalog: the type-aware view kept the tenant revision.
     write(
