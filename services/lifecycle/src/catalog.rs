@@ -17,6 +17,8 @@ use crate::{LifecycleError, instance::Instance, plan::Resolution};
 #[derive(Debug, Clone)]
 pub struct Catalog {
     client: CatalogClient<Channel>,
+    /// For `WatchCatalog`: no request timeout (the stream lasts).
+    watcher: CatalogClient<Channel>,
 }
 
 impl Catalog {
@@ -24,10 +26,16 @@ impl Catalog {
     pub fn connect(endpoint: &str) -> Result<Self, LifecycleError> {
         let channel = Endpoint::from_shared(endpoint.to_string())
             .map_err(|e| LifecycleError::Config(format!("--catalog-endpoint {endpoint:?}: {e}")))?
-            .connect_timeout(std::time::Duration::from_secs(5))
-            .timeout(std::time::Duration::from_secs(30))
-            .connect_lazy();
-        Ok(Self { client: CatalogClient::new(channel) })
+            .connect_timeout(std::time::Duration::from_secs(5));
+        let watcher = CatalogClient::new(channel.connect_lazy());
+        let channel = channel.timeout(std::time::Duration::from_secs(30)).connect_lazy();
+        Ok(Self { client: CatalogClient::new(channel), watcher })
+    }
+
+    /// A `WatchCatalog` subscription to every JukeBox.
+    pub async fn watch(&self) -> Result<tonic::Streaming<pb::CatalogChange>, LifecycleError> {
+        let request = pb::WatchCatalogRequest::default();
+        Ok(self.watcher.clone().watch_catalog(request).await.map_err(unavailable)?.into_inner())
     }
 
     /// The revision `instance` installs now, per the catalog.

@@ -41,6 +41,7 @@ use crate::{
     facts::{self, Stores},
     instance::{Instance, InstanceKind},
     job::{self, Action as JobAction, AgentSettings},
+    leader::Leader,
     metrics::{InstanceFailure, LifecycleMetrics},
     plan::{
         self, InitVersion, JobRequest, JobState, Observed, ObservedJob, Outcome, Prepared, Resolution, Step,
@@ -66,6 +67,14 @@ pub struct Context {
     pub stores: Stores,
     pub metrics: LifecycleMetrics,
     recorder: Recorder,
+    /// Only the leader reconciles; every replica serves reads.
+    pub leader: Leader,
+    /// The idle requeue (`--requeue-seconds`).
+    requeue: Duration,
+    /// Agent Jobs running at once, at most (`--max-running-jobs`).
+    max_running_jobs: usize,
+    /// Held across "count the running Jobs, create one": the cap holds.
+    job_slots: tokio::sync::Mutex<()>,
     /// The last decision per instance, for `ListInstances`.
     outcomes: Mutex<HashMap<(InstanceKind, String, String), Outcome>>,
 }
@@ -86,6 +95,9 @@ pub struct Settings {
     pub framework: semver::Version,
     pub max_attempts: u32,
     pub reporter: kube::runtime::events::Reporter,
+    pub leader: Leader,
+    pub requeue: Duration,
+    pub max_running_jobs: usize,
 }
 
 impl Context {
@@ -104,6 +116,10 @@ impl Context {
             stores,
             metrics,
             outcomes: Mutex::default(),
+            leader: settings.leader,
+            requeue: settings.requeue,
+            max_running_jobs: settings.max_running_jobs.max(1),
+            job_slots: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -144,6 +160,18 @@ impl Context {
         );
         self.publish(&written, kind, true, "DeleteWithoutPackageAllowed", note).await;
         Ok(())
+    }
+
+    /// Refuses a write once this replica is not (or no longer) the leader.
+    fn ensure_leader(&self) -> Result<(), LifecycleError> {
+        if self.leader.is_leader() {
+            Ok(())
+        } else {
+            Err(LifecycleError::Pending {
+                why: "not the leader: no write".into(),
+                retry_after: Duration::from_secs(5),
+            })
+        }
     }
 
     fn instances(&self, kind: InstanceKind, namespace: &str) -> Api<DynamicObject> {
@@ -219,6 +247,10 @@ async fn reconcile(
     object: Arc<DynamicObject>,
     context: Arc<Context>,
 ) -> Result<Action, LifecycleError> {
+    if !context.leader.is_leader() {
+        // Another replica reconciles; this one is brought back when elected.
+        return Ok(Action::await_change());
+    }
     let metrics = context.metrics.of(kind);
     metrics.runs.inc();
     let started = std::time::Instant::now();
@@ -292,7 +324,9 @@ async fn apply(
     tracing::debug!(outcome = ?plan.outcome, steps = plan.steps.len(), "planned");
     execute(&instance, object, &job_name, plan.steps, context).await?;
     context.remember(&instance, plan.outcome);
-    Ok(Action::requeue(plan.requeue))
+    // The planner's idle interval is upstream's; the configured one wins.
+    let requeue = if plan.requeue == plan::REQUEUE { context.requeue } else { plan.requeue };
+    Ok(Action::requeue(requeue))
 }
 
 /// What the planner reads, gathered for `instance` (also serves `Explain`).
@@ -467,6 +501,9 @@ async fn execute(
     let mut resource_version = object.resource_version();
     let now = jiff::Timestamp::now();
     for step in steps {
+        if !matches!(step, Step::Condition { .. }) {
+            context.ensure_leader()?;
+        }
         let step_kind =
             if matches!(step, Step::CreateDeleteJob(_)) { StepKind::Delete } else { StepKind::Other };
         match step {
@@ -552,6 +589,7 @@ async fn execute(
         }
     }
     if conditions_changed {
+        context.ensure_leader()?;
         // Compare-and-set: a condition list written over an agent's write would lose it.
         let patch =
             json!({"metadata": {"resourceVersion": resource_version}, "status": {"conditions": conditions}});
@@ -586,6 +624,19 @@ async fn create_job(
     context: &Context,
 ) -> Result<(), LifecycleError> {
     let kube = |e| LifecycleError::Unavailable(format!("Kubernetes API, creating the agent Job {name}: {e}"));
+    let _slot = context.job_slots.lock().await;
+    let selector = format!("{}={}", labels::COMPONENT, labels::AGENT);
+    let jobs = context.jobs.list(&ListParams::default().labels(&selector)).await.map_err(kube)?;
+    let running = jobs.items.iter().filter(|j| j.name_any() != name && !finished(j)).count();
+    if running >= context.max_running_jobs {
+        return Err(LifecycleError::Pending {
+            why: format!(
+                "{running} agent Jobs run, the cap is {}: {name} waits for a slot",
+                context.max_running_jobs
+            ),
+            retry_after: Duration::from_secs(5),
+        });
+    }
     context.jobs.create(&PostParams::default(), rendered).await.map_err(kube)?;
     let read = context.jobs.get_opt(name).await.map_err(kube)?;
     let found = read.as_ref().and_then(|j| j.annotations().get(job::FINGERPRINT).cloned());
@@ -593,6 +644,13 @@ async fn create_job(
         return Err(LifecycleError::NotDone(format!("the agent Job {name} cannot be read back")));
     }
     Ok(())
+}
+
+/// A Job with a `Complete` or `Failed` condition.
+fn finished(job: &Job) -> bool {
+    job.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|cs| {
+        cs.iter().any(|c| (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True")
+    })
 }
 
 enum StepKind {
@@ -776,6 +834,9 @@ mod tests {
                 controller: "vynil-lifecycle".into(),
                 instance: None,
             },
+            leader: Leader::always(),
+            requeue: plan::REQUEUE,
+            max_running_jobs: 4,
         };
         (Arc::new(Context::new(client, stores, metrics, settings)), handle)
     }

@@ -13,9 +13,11 @@
 mod catalog;
 mod controller;
 mod facts;
+mod fanout;
 mod grpc;
 pub mod instance;
 pub mod job;
+mod leader;
 mod metrics;
 pub mod plan;
 mod reaper;
@@ -68,6 +70,17 @@ pub struct Config {
     /// `vynil-lifecycle`, whose `reap` subcommand they run.
     #[arg(long, env = "REAPER_IMAGE", default_value = job::DEFAULT_REAPER_IMAGE)]
     pub reaper_image: String,
+    /// How often an instance is checked when nothing happens (catalog
+    /// changes and Job changes reconcile at once).
+    #[arg(long, env = "VYNIL_REQUEUE_SECONDS", default_value_t = 900)]
+    pub requeue_seconds: u64,
+    /// Agent Jobs running at once, at most (a publish reaching every instance
+    /// upgrades them a few at a time).
+    #[arg(long, env = "VYNIL_MAX_RUNNING_JOBS", default_value_t = 4)]
+    pub max_running_jobs: usize,
+    /// Duration of the leader Lease; it is renewed every third of it.
+    #[arg(long, env = "VYNIL_LEASE_SECONDS", default_value_t = 15)]
+    pub lease_seconds: u64,
     #[command(subcommand)]
     pub command: Option<Command>,
 }
@@ -164,7 +177,12 @@ pub async fn run(
             LifecycleService::disabled("no cluster: start with --kubernetes (and --catalog-endpoint)");
         return Ok(serve(config, service, shutdown).await?);
     }
-    let client = vynil_store::kube_client(vynil_runtime::user_agent!())
+    // Replicas are told apart in audit logs by their pod.
+    let user_agent = match &config.shared.pod_name {
+        Some(pod) => format!("{} pod/{pod}", vynil_runtime::user_agent!()),
+        None => vynil_runtime::user_agent!().to_string(),
+    };
+    let client = vynil_store::kube_client(&user_agent)
         .await
         .map_err(|e| LifecycleError::Unavailable(e.to_string()))?;
     run_with_client(config, client, shutdown).await
@@ -213,10 +231,34 @@ pub async fn run_with_client(
             controller: "vynil-lifecycle".into(),
             instance: config.shared.pod_name.clone(),
         },
+        leader: leader::campaign(
+            client.clone(),
+            &namespace,
+            config
+                .shared
+                .pod_name
+                .clone()
+                .unwrap_or_else(|| format!("vynil-lifecycle-{:016x}", fastrand::u64(..))),
+            Duration::from_secs(config.lease_seconds.max(1)),
+            shutdown_token.child(),
+        ),
+        requeue: Duration::from_secs(config.requeue_seconds.max(1)),
+        max_running_jobs: config.max_running_jobs,
     };
+    let elected = settings.leader.clone();
+    let watched = settings.catalog.clone();
     let controllers: Vec<_> = instance::InstanceKind::ALL
         .into_iter()
-        .map(|k| (k, controller::controller(&client, &namespace, k)))
+        .map(|kind| {
+            let controller = controller::controller(&client, &namespace, kind);
+            let triggers = fanout::triggers(
+                watched.clone(),
+                controller.store(),
+                kind.api_resource(),
+                shutdown_token.child(),
+            );
+            (kind, controller.reconcile_on(triggers).reconcile_all_on(elected.elected()))
+        })
         .collect();
     let stores = facts::Stores {
         tenant: controllers[0].1.store(),
