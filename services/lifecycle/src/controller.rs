@@ -634,7 +634,7 @@ async fn create_job(
                 "{running} agent Jobs run, the cap is {}: {name} waits for a slot",
                 context.max_running_jobs
             ),
-            retry_after: Duration::from_secs(5),
+            retry_after: Duration::from_secs(2),
         });
     }
     context.jobs.create(&PostParams::default(), rendered).await.map_err(kube)?;

@@ -19,7 +19,7 @@ use kube::{ResourceExt, api::DynamicObject};
 use tonic::{Request, Response, Status};
 use vynil_proto::lifecycle::v1::{
     AllowDeleteWithoutPackageRequest, AllowDeleteWithoutPackageResponse, ExplainRequest, ExplainResponse,
-    InstalledRevision, InstanceKind as ProtoKind, InstanceRef, InstanceState, InstanceSummary,
+    HistoryEntry, InstalledRevision, InstanceKind as ProtoKind, InstanceRef, InstanceState, InstanceSummary,
     ListInstalledRevisionsRequest, ListInstalledRevisionsResponse, ListInstancesRequest,
     ListInstancesResponse, RevisionUse, lifecycle_server::Lifecycle,
 };
@@ -137,6 +137,7 @@ fn summary_of(kind: InstanceKind, object: &DynamicObject, context: &Context) -> 
         .filter(|c| c.status == vynil_crds::ConditionStatus::False)
         .map(|c| c.message.clone())
         .collect();
+    summary.history = history(&instance);
     if let Some(installed) = &instance.status.package {
         summary.installed_registry = installed.registry.clone();
         summary.installed_image = installed.image.clone();
@@ -161,6 +162,17 @@ fn summary_of(kind: InstanceKind, object: &DynamicObject, context: &Context) -> 
     };
     summary.state = state as i32;
     summary
+}
+
+fn history(instance: &Instance) -> Vec<HistoryEntry> {
+    let entries = instance.status.package.iter().flat_map(|p| p.history.iter());
+    entries
+        .map(|h| HistoryEntry {
+            tag: h.tag.clone(),
+            digest: h.digest.clone().unwrap_or_default(),
+            installed_at: h.installed_at.clone().unwrap_or_default(),
+        })
+        .collect()
 }
 
 fn synced(context: &Context) -> Result<(), Status> {
@@ -270,6 +282,7 @@ async fn explain(context: &Context, wanted: &InstanceRef) -> Result<ExplainRespo
     let (kind, object) = find(context, wanted)?;
     let instance = Instance::decode(kind, &object)?;
     let mut response = ExplainResponse {
+        history: history(&instance),
         r#ref: Some(wanted.clone()),
         from_tag: instance.status.tag.clone().unwrap_or_default(),
         ..ExplainResponse::default()

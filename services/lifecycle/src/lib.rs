@@ -163,6 +163,9 @@ impl Classify for LifecycleError {
     }
 }
 
+/// How long the controllers may take to stop after the shutdown signal.
+const CONTROLLER_DRAIN: Duration = Duration::from_secs(10);
+
 /// Binds, runs the controllers (with `--kubernetes`) and serves until
 /// `shutdown` resolves, then drains.
 pub async fn run(
@@ -274,7 +277,14 @@ pub async fn run_with_client(
     }
     let served = serve(config, service, outer).await;
     stop.trigger();
-    while tasks.join_next().await.is_some() {}
+    // Reconciles in flight may finish; a controller still waiting for its
+    // first list (an API server that never answered) is stopped.
+    let drained =
+        tokio::time::timeout(CONTROLLER_DRAIN, async { while tasks.join_next().await.is_some() {} }).await;
+    if drained.is_err() {
+        tracing::warn!("controllers still running after {CONTROLLER_DRAIN:?}: stopped");
+        tasks.abort_all();
+    }
     Ok(served?)
 }
 

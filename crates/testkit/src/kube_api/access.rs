@@ -100,13 +100,27 @@ pub enum ApiFaultAction {
 pub struct ApiFault {
     pub verb: Option<String>,
     pub resource: Option<String>,
+    /// Only requests whose user agent contains this (one replica of several).
+    pub user_agent: Option<String>,
     pub times: usize,
     pub action: ApiFaultAction,
 }
 
 impl ApiFault {
     pub fn new(verb: Option<&str>, resource: Option<&str>, times: usize, action: ApiFaultAction) -> Self {
-        Self { verb: verb.map(Into::into), resource: resource.map(Into::into), times, action }
+        Self {
+            verb: verb.map(Into::into),
+            resource: resource.map(Into::into),
+            user_agent: None,
+            times,
+            action,
+        }
+    }
+
+    /// The same fault, for requests whose user agent contains `fragment` only.
+    pub fn for_user_agent(mut self, fragment: &str) -> Self {
+        self.user_agent = Some(fragment.into());
+        self
     }
 
     pub(crate) fn matches(&self, request: &RequestRecord) -> bool {
@@ -117,6 +131,7 @@ impl ApiFault {
         self.times > 0
             && self.verb.as_deref().is_none_or(|v| v == request.verb)
             && self.resource.as_deref().is_none_or(|r| r == resource)
+            && self.user_agent.as_deref().is_none_or(|ua| request.user_agent.contains(ua))
     }
 }
 

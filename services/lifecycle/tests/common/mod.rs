@@ -61,6 +61,10 @@ pub fn web(registry: &str) -> Vec<Value> {
 
 pub struct World {
     pub catalog_shutdown: Shutdown,
+    /// Stops the first lifecycle replica (pod `a`) alone.
+    pub lifecycle_shutdown: Shutdown,
+    catalog_endpoint: String,
+    catalog_addr: SocketAddr,
     pub api: FakeApiServer,
     pub client: Client,
     pub agent: FakeAgent,
@@ -93,27 +97,57 @@ impl World {
         services.spawn(async move {
             vynil_catalog::run_with_store(catalog, store, done).await.map_err(|e| e.to_string())
         });
-        let endpoint = format!("http://{catalog_addr}");
-        let mut args = vec![
-            "vynil-lifecycle",
-            "--listen",
-            &*Box::leak(lifecycle.to_string().into_boxed_str()),
-            "--kubernetes",
-            "--catalog-endpoint",
-            &*Box::leak(endpoint.into_boxed_str()),
-            "--namespace",
-            JOBS,
-        ];
-        args.extend_from_slice(extra);
-        let config = vynil_lifecycle::Config::parse_from(args);
-        let (lifecycle_client, done) = (client.clone(), shutdown.signaled());
-        services.spawn(async move {
-            vynil_lifecycle::run_with_client(config, lifecycle_client, done).await.map_err(|e| e.to_string())
-        });
+        let catalog_endpoint = format!("http://{catalog_addr}");
+        let lifecycle_shutdown = shutdown.child();
+        let task = spawn_replica(&api, &catalog_endpoint, "a", lifecycle, extra, lifecycle_shutdown.clone());
+        services.spawn(task);
         let script: Script = Arc::new(Mutex::new(Box::new(|_: &AgentJob| AgentOutcome::succeed())));
         let shared = script.clone();
         let agent = FakeAgent::start(client.clone(), JOBS, move |job| (shared.lock().unwrap())(job));
-        (World { catalog_shutdown, api, client, agent, lifecycle, shutdown, services }, script)
+        (
+            World {
+                catalog_shutdown,
+                lifecycle_shutdown,
+                catalog_endpoint,
+                catalog_addr,
+                api,
+                client,
+                agent,
+                lifecycle,
+                shutdown,
+                services,
+            },
+            script,
+        )
+    }
+
+    /// Stops the catalog and starts a new one on the same address.
+    pub async fn restart_catalog(&mut self) {
+        self.catalog_shutdown.trigger();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        self.catalog_shutdown = self.shutdown.child();
+        let catalog =
+            vynil_catalog::Config::parse_from(["vynil-catalog", "--listen", &self.catalog_addr.to_string()]);
+        let (store, done) = (Arc::new(KubeStore::new(self.client.clone())), self.catalog_shutdown.signaled());
+        self.services.spawn(async move {
+            vynil_catalog::run_with_store(catalog, store, done).await.map_err(|e| e.to_string())
+        });
+    }
+
+    /// Replaces JukeBox `box`'s packages, as a scan would.
+    pub async fn publish(&self, packages: Vec<Value>) {
+        let boxes: Api<JukeBox> = Api::all(self.client.clone());
+        let status = json!({"status": {"packages": packages}});
+        boxes.patch_status("box", &PatchParams::default(), &Patch::Merge(&status)).await.unwrap();
+    }
+
+    /// Starts another lifecycle replica, pod `pod`, stopped with the world
+    /// or with the returned signal.
+    pub fn start_replica(&mut self, pod: &str, extra: &[&str]) -> (SocketAddr, Shutdown) {
+        let (addr, stop) = (loopback(), self.shutdown.child());
+        let task = spawn_replica(&self.api, &self.catalog_endpoint, pod, addr, extra, stop.clone());
+        self.services.spawn(task);
+        (addr, stop)
     }
 
     pub fn instances(&self, kind: &str) -> Api<DynamicObject> {
@@ -166,18 +200,7 @@ impl World {
     }
 
     pub async fn grpc(&self) -> LifecycleClient<tonic::transport::Channel> {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Ok(channel) = tonic::transport::Channel::from_shared(format!("http://{}", self.lifecycle))
-                .unwrap()
-                .connect()
-                .await
-            {
-                return LifecycleClient::new(channel);
-            }
-            assert!(Instant::now() < deadline, "lifecycle never answered");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        grpc_at(self.lifecycle).await
     }
 
     pub async fn stop(mut self) {
@@ -185,6 +208,20 @@ impl World {
         while let Some(done) = self.services.join_next().await {
             done.unwrap().unwrap();
         }
+    }
+}
+
+/// A client of the lifecycle replica at `addr`, once it answers.
+pub async fn grpc_at(addr: SocketAddr) -> LifecycleClient<tonic::transport::Channel> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(channel) =
+            tonic::transport::Channel::from_shared(format!("http://{addr}")).unwrap().connect().await
+        {
+            return LifecycleClient::new(channel);
+        }
+        assert!(Instant::now() < deadline, "lifecycle never answered");
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
@@ -210,4 +247,41 @@ pub fn web_spec() -> Value {
 
 pub fn tenant(namespace: &str, name: &str) -> InstanceRef {
     InstanceRef { kind: ProtoKind::Tenant as i32, namespace: namespace.into(), name: name.into() }
+}
+
+/// A kube client presenting itself as lifecycle replica `pod`, as the binary does.
+pub fn replica_client(api: &FakeApiServer, pod: &str) -> Client {
+    let mut config = kube::Config::new(api.url().parse().unwrap());
+    let agent = format!("vynil-lifecycle/test pod/{pod}");
+    config.headers.push((http::header::USER_AGENT, http::HeaderValue::from_str(&agent).unwrap()));
+    Client::try_from(config).unwrap()
+}
+
+fn spawn_replica(
+    api: &FakeApiServer,
+    catalog: &str,
+    pod: &str,
+    listen: SocketAddr,
+    extra: &[&str],
+    stop: Shutdown,
+) -> impl Future<Output = Result<(), String>> + Send + 'static {
+    let listen = listen.to_string();
+    let mut args = vec![
+        "vynil-lifecycle",
+        "--listen",
+        &listen,
+        "--kubernetes",
+        "--catalog-endpoint",
+        catalog,
+        "--namespace",
+        JOBS,
+        "--pod-name",
+        pod,
+    ];
+    args.extend_from_slice(extra);
+    let config = vynil_lifecycle::Config::parse_from(args);
+    let client = replica_client(api, pod);
+    async move {
+        vynil_lifecycle::run_with_client(config, client, stop.signaled()).await.map_err(|e| e.to_string())
+    }
 }

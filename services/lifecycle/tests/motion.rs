@@ -1,0 +1,240 @@
+//! Lifecycle in motion, whole loops on the fake API server: catalog fan-out
+//! with an hour-long idle requeue (only the fan-out can explain a prompt
+//! upgrade), resumption after a catalog restart, two replicas and one leader,
+//! an unsynced replica that refuses to answer, the cap on running agent Jobs,
+//! held upgrades and the bounded history.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use clap::Parser;
+use common::*;
+use k8s_openapi::api::batch::v1::Job;
+use kube::api::{ListParams, Patch, PatchParams};
+use serde_json::json;
+use vynil_proto::{
+    lifecycle::v1::{ListInstalledRevisionsRequest, ListInstancesRequest},
+    purger::v1::{PlanRequest, Repository, plan_request::Target, purger_client::PurgerClient},
+};
+use vynil_testkit::kube_api::{AgentOutcome, ApiFault, ApiFaultAction};
+
+const HOUR: &[&str] = &["--requeue-seconds", "3600"];
+
+fn v(tag: &str, minimum: Option<&str>) -> serde_json::Value {
+    let requirements = minimum.map_or(json!([]), |m| json!([{"minimum_previous_version": m}]));
+    package("registry.example", "apps", "web", "tenant", tag, requirements)
+}
+
+async fn installed_tag(world: &World, name: &str) -> Option<String> {
+    world.get("TenantInstance", name).await["status"]["package"]["tag"].as_str().map(str::to_string)
+}
+
+async fn wait_installed(world: &World, name: &str, tag: &str) {
+    eventually(&format!("{name} at {tag}"), || async {
+        (installed_tag(world, name).await.as_deref() == Some(tag)).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_catalog_change_upgrades_at_once_although_the_requeue_is_an_hour() {
+    let (world, _) = World::start(vec![v("2.5.0", None)], HOUR).await;
+    world.create("TenantInstance", "web", web_spec(), json!({})).await;
+    wait_installed(&world, "web", "2.5.0").await;
+    world.publish(vec![v("3.5.0", Some("2.0.0")), v("2.5.0", None)]).await;
+    let published = Instant::now();
+    world.agent.wait_for_runs(2, Duration::from_secs(30)).await.unwrap();
+    println!("catalog change -> new agent Job: {:?}", published.elapsed());
+    assert_eq!(world.tags_run("web"), ["2.5.0", "3.5.0"]);
+    world.stop().await;
+}
+
+#[tokio::test]
+async fn after_a_catalog_restart_the_subscription_resumes_and_still_fans_out() {
+    let (mut world, _) = World::start(vec![v("2.5.0", None)], HOUR).await;
+    world.create("TenantInstance", "web", web_spec(), json!({})).await;
+    wait_installed(&world, "web", "2.5.0").await;
+    world.restart_catalog().await;
+    // Wait until the new catalog serves (its own view of the JukeBox).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    world.publish(vec![v("3.5.0", Some("2.0.0")), v("2.5.0", None)]).await;
+    world.agent.wait_for_runs(2, Duration::from_secs(40)).await.unwrap();
+    assert_eq!(world.tags_run("web"), ["2.5.0", "3.5.0"]);
+    world.stop().await;
+}
+
+fn writes_by(world: &World, pod: &str) -> Vec<String> {
+    world
+        .api
+        .requests()
+        .into_iter()
+        .filter(|r| r.user_agent.contains(&format!("pod/{pod}")))
+        .filter(|r| {
+            ["create", "update", "patch", "delete"].contains(&r.verb.as_str()) && r.resource != "leases"
+        })
+        .map(|r| format!("{} {}/{}", r.verb, r.resource, r.name.unwrap_or_default()))
+        .collect()
+}
+
+#[tokio::test]
+async fn with_two_replicas_only_the_leader_writes_and_the_other_takes_over() {
+    let lease = ["--lease-seconds", "2"];
+    let (mut world, _) = World::start(web("registry.example"), &lease).await;
+    let (_b, _stop_b) = world.start_replica("b", &lease);
+    world.create("TenantInstance", "web", web_spec(), json!({})).await;
+    wait_installed(&world, "web", "4.0.0").await;
+    assert!(!writes_by(&world, "a").is_empty(), "a leads");
+    assert_eq!(writes_by(&world, "b"), Vec::<String>::new(), "b never writes while a leads");
+
+    world.lifecycle_shutdown.trigger();
+    let stopped = Instant::now();
+    world.create("TenantInstance", "pending", web_spec(), json!({})).await;
+    wait_installed(&world, "pending", "4.0.0").await;
+    let takeover = stopped.elapsed();
+    println!("leader stopped -> pending instance installed by the other replica: {takeover:?}");
+    assert!(writes_by(&world, "b").iter().any(|w| w.contains("pending")), "{:?}", writes_by(&world, "b"));
+    // Lease duration plus one retry period, with room for the reconcile itself.
+    assert!(
+        takeover < Duration::from_secs(2) + Duration::from_millis(667) + Duration::from_secs(3),
+        "{takeover:?}"
+    );
+    world.stop().await;
+}
+
+#[tokio::test]
+async fn an_unsynced_replica_answers_unavailable_and_the_purger_plans_with_usage_unknown() {
+    let registry = vynil_testkit::RegistryServer::start().await.unwrap();
+    let host = registry.host();
+    let spec = vynil_testkit::PackageSpec::new("apps", "web", vynil_testkit::PackageType::Tenant, "1.0.0");
+    registry.publisher().publish("apps/web", &spec).await.unwrap();
+    let (mut world, _) = World::start(web("registry.example"), &[]).await;
+    // Replica c never completes its first list of TenantInstances.
+    let fault = ApiFault::new(Some("list"), Some("tenantinstances"), 10_000, ApiFaultAction::Status(500));
+    world.api.inject(fault.for_user_agent("pod/c"));
+    let (c, _stop_c) = world.start_replica("c", &[]);
+    let status = grpc_at(c)
+        .await
+        .list_installed_revisions(ListInstalledRevisionsRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    assert!(
+        world.grpc().await.list_installed_revisions(ListInstalledRevisionsRequest::default()).await.is_ok()
+    );
+
+    let purger_addr = loopback();
+    let config = vynil_purger::Config::parse_from([
+        "vynil-purger",
+        "--listen",
+        &purger_addr.to_string(),
+        "--insecure-registry",
+        &host,
+        "--lifecycle-endpoint",
+        &format!("http://{c}"),
+    ]);
+    let store = Arc::new(vynil_store::KubeStore::new(world.client.clone()));
+    let stop = vynil_runtime::Shutdown::new();
+    let purger = tokio::spawn(vynil_purger::run_with_store(config, store, stop.signaled()));
+    let mut client = PurgerClient::new(grpc_channel(purger_addr).await);
+    let target = Target::Repository(Repository { registry: host.clone(), repository: "apps/web".into() });
+    let plan = client.plan(PlanRequest { target: Some(target) }).await.unwrap().into_inner();
+    assert!(plan.usage_unknown, "{plan:?}");
+    stop.trigger();
+    purger.await.unwrap().unwrap();
+    world.stop().await;
+}
+
+async fn grpc_channel(addr: std::net::SocketAddr) -> tonic::transport::Channel {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(channel) =
+            tonic::transport::Channel::from_shared(format!("http://{addr}")).unwrap().connect().await
+        {
+            return channel;
+        }
+        assert!(Instant::now() < deadline, "{addr} never answered");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn running(jobs: &[Job]) -> Vec<String> {
+    jobs.iter()
+        .filter(|j| {
+            !j.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Complete"))
+        })
+        .filter_map(|j| j.metadata.name.clone())
+        .collect()
+}
+
+#[tokio::test]
+async fn twenty_instances_at_once_never_run_more_agent_jobs_than_the_cap() {
+    let (world, script) = World::start(web("registry.example"), &["--max-running-jobs", "5"]).await;
+    *script.lock().unwrap() = Box::new(|_| AgentOutcome::Hang);
+    for i in 0..20 {
+        world.create("TenantInstance", &format!("web-{i:02}"), web_spec(), json!({})).await;
+    }
+    let jobs = world.jobs();
+    let (mut peak, mut done) = (0, 0);
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while done < 20 {
+        assert!(Instant::now() < deadline, "only {done} of 20 installed");
+        let listed = jobs.list(&ListParams::default()).await.unwrap().items;
+        let now_running = running(&listed);
+        peak = peak.max(now_running.len());
+        assert!(now_running.len() <= 5, "{} running: {now_running:?}", now_running.len());
+        // Play the agent: finish what runs.
+        for name in now_running {
+            let complete =
+                json!({"status": {"succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]}});
+            jobs.patch_status(&name, &PatchParams::default(), &Patch::Merge(&complete)).await.unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut count = 0;
+        for i in 0..20 {
+            if installed_tag(&world, &format!("web-{i:02}")).await.is_some() {
+                count += 1;
+            }
+        }
+        done = count;
+    }
+    assert_eq!(peak, 5, "the cap was reached, never passed");
+    world.stop().await;
+}
+
+#[tokio::test]
+async fn held_upgrades_still_apply_option_changes_and_the_history_shows_the_last_revisions() {
+    let (world, _) = World::start(vec![v("2.5.0", None)], HOUR).await;
+    world
+        .create("TenantInstance", "web", web_spec(), json!({"vynil.solidite.fr/hold-upgrades": "true"}))
+        .await;
+    wait_installed(&world, "web", "2.5.0").await;
+    world.publish(vec![v("3.5.0", Some("2.0.0")), v("2.5.0", None)]).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(world.tags_run("web"), ["2.5.0"], "held: no new version");
+    world.patch("TenantInstance", "web", json!({"spec": {"options": {"replicas": 3}}})).await;
+    world.agent.wait_for_runs(2, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(world.tags_run("web"), ["2.5.0", "2.5.0"], "the option change ran on the held revision");
+    // Released: the upgrade goes on.
+    world
+        .patch(
+            "TenantInstance",
+            "web",
+            json!({"metadata": {"annotations": {"vynil.solidite.fr/hold-upgrades": null}}}),
+        )
+        .await;
+    wait_installed(&world, "web", "3.5.0").await;
+    let listed =
+        world.grpc().await.list_instances(ListInstancesRequest::default()).await.unwrap().into_inner();
+    let history: Vec<&str> = listed.instances[0].history.iter().map(|h| h.tag.as_str()).collect();
+    assert_eq!(history, ["2.5.0", "2.5.0", "3.5.0"]);
+    world.stop().await;
+}
