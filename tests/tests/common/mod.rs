@@ -159,6 +159,9 @@ impl Stack {
             "vynil-system",
             "--insecure-registry",
             &host,
+            // Only catalog changes and Job changes can explain a prompt reconcile.
+            "--requeue-seconds",
+            "3600",
         ]);
         let (c, done) = (client.clone(), shutdown.signaled());
         services.spawn(async move {
