@@ -9,10 +9,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{Stack, eventually};
-use kube::{
-    Api,
-    api::{ApiResource, DynamicObject, PostParams},
-};
+use kube::api::PostParams;
 use serde_json::json;
 use vynil_testkit::{
     PackageType,
@@ -25,14 +22,7 @@ async fn a_scanned_new_version_starts_its_agent_job_soon_after_the_catalog_chang
     let agent = FakeAgent::start(stack.client.clone(), "vynil-system", |_| AgentOutcome::succeed());
     stack.publish("apps", "web", PackageType::Tenant, "1.0.0").await;
     stack.scan_until(&["1.0.0"]).await;
-    let resource = ApiResource {
-        group: "vynil.solidite.fr".into(),
-        version: "v1".into(),
-        api_version: "vynil.solidite.fr/v1".into(),
-        kind: "TenantInstance".into(),
-        plural: "tenantinstances".into(),
-    };
-    let instances: Api<DynamicObject> = Api::namespaced_with(stack.client.clone(), "apps", &resource);
+    let instances = stack.tenant_instances();
     let instance = json!({"apiVersion": "vynil.solidite.fr/v1", "kind": "TenantInstance",
         "metadata": {"name": "web", "namespace": "apps"},
         "spec": {"jukebox": "box", "category": "apps", "package": "web"}});

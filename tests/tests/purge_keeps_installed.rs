@@ -12,10 +12,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{Stack, channel};
-use kube::{
-    Api,
-    api::{ApiResource, DynamicObject, PostParams},
-};
+use kube::api::PostParams;
 use serde_json::json;
 use vynil_proto::purger::v1::{PlanRequest, Repository, plan_request::Target, purger_client::PurgerClient};
 use vynil_testkit::{
@@ -38,14 +35,7 @@ async fn a_revision_an_instance_runs_is_kept_as_installed_by_it_without_acknowle
     // Scan: the catalog shows 2.1.0 only (no waypoint keeps 1.0.0).
     stack.scan_until(&["2.1.0"]).await;
     // An instance restored at 1.0.0 (initFrom.version: found in the registry, not the catalog).
-    let resource = ApiResource {
-        group: "vynil.solidite.fr".into(),
-        version: "v1".into(),
-        api_version: "vynil.solidite.fr/v1".into(),
-        kind: "TenantInstance".into(),
-        plural: "tenantinstances".into(),
-    };
-    let instances: Api<DynamicObject> = Api::namespaced_with(client.clone(), "apps", &resource);
+    let instances = stack.tenant_instances();
     let instance = json!({"apiVersion": "vynil.solidite.fr/v1", "kind": "TenantInstance",
         "metadata": {"name": "web", "namespace": "apps"},
         "spec": {"jukebox": "box", "category": "apps", "package": "web", "initFrom": {"snapshot": "s1", "version": "1.0.0"}}});

@@ -12,7 +12,7 @@ use common::{Stack, channel, eventually};
 use futures::StreamExt;
 use kube::{
     Api,
-    api::{ApiResource, DeleteParams, DynamicObject, PostParams},
+    api::{DeleteParams, DynamicObject, PostParams},
 };
 use serde_json::{Value, json};
 use vynil_proto::{
@@ -30,14 +30,7 @@ use vynil_testkit::{
 };
 
 fn instances(stack: &Stack) -> Api<DynamicObject> {
-    let resource = ApiResource {
-        group: "vynil.solidite.fr".into(),
-        version: "v1".into(),
-        api_version: "vynil.solidite.fr/v1".into(),
-        kind: "TenantInstance".into(),
-        plural: "tenantinstances".into(),
-    };
-    Api::namespaced_with(stack.client.clone(), "apps", &resource)
+    stack.tenant_instances()
 }
 
 /// The agent: installs record a Deployment; deletes succeed; reaper Jobs (no TAG) wait.

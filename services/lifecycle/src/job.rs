@@ -66,6 +66,15 @@ pub fn job_name(kind: InstanceKind, namespace: &str, name: &str) -> Result<Strin
     agent_job_name(kind.package_type().as_str(), namespace, name)
 }
 
+/// Upstream's labels (`namespace`, `instance`, `type`, `action`) and ours, on the Job and its pod.
+fn job_labels(job: &str, package_type: &str, action: &str, namespace: &str, name: &str) -> serde_json::Value {
+    json!({
+        labels::NAME: job, labels::COMPONENT: labels::AGENT, labels::MANAGED_BY: labels::VYNIL,
+        labels::ACTION: action, labels::TYPE: package_type,
+        labels::NAMESPACE: namespace, labels::INSTANCE: name, "type": package_type, "action": action,
+    })
+}
+
 fn env(name: &str, value: &str) -> serde_json::Value {
     json!({"name": name, "value": value})
 }
@@ -90,11 +99,7 @@ pub fn render(
     let rust_log = format!("{log},agent={log}");
     let resources =
         json!({"limits": {"cpu": "1000m", "memory": "1Gi"}, "requests": {"cpu": "50m", "memory": "64Mi"}});
-    let pod_labels = json!({
-        labels::NAME: job, labels::COMPONENT: labels::AGENT, labels::MANAGED_BY: labels::VYNIL,
-        labels::ACTION: action, labels::TYPE: package_type,
-        labels::NAMESPACE: namespace, labels::INSTANCE: name, "type": package_type, "action": action,
-    });
+    let pod_labels = job_labels(job, package_type, action, namespace, name);
     let mut unpack_env =
         vec![env("REGISTRY", &request.registry), env("IMAGE", &request.image), env("TAG", &request.tag)];
     let mut unpack_mounts = vec![
@@ -197,11 +202,7 @@ pub fn render_reaper(
 ) -> Result<Job, serde_json::Error> {
     let package_type = kind.package_type().as_str();
     let action = Action::Delete.as_str();
-    let pod_labels = json!({
-        labels::NAME: job, labels::COMPONENT: labels::AGENT, labels::MANAGED_BY: labels::VYNIL,
-        labels::ACTION: action, labels::TYPE: package_type,
-        labels::NAMESPACE: namespace, labels::INSTANCE: name, "type": package_type, "action": action,
-    });
+    let pod_labels = job_labels(job, package_type, action, namespace, name);
     serde_json::from_value(json!({
         "apiVersion": "batch/v1",
         "kind": "Job",

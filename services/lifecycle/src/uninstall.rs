@@ -164,32 +164,14 @@ pub fn cleanup(instance: &Instance, observed: &CleanupObserved) -> Plan {
             };
             let recorded = recorded_for(fingerprint);
             match job_for(fingerprint) {
-                None if observed.job.is_some() => start(vec![Step::DeleteJob], recorded),
-                None => start(Vec::new(), recorded),
+                None => start(replacing(observed), recorded),
                 Some(job) => match &job.state {
                     JobState::Running => {
                         waiting(Vec::new(), format!("delete Job for {} running", request.tag))
                     }
                     JobState::Succeeded => released(vec![Step::DeleteJob]),
                     JobState::Failed(reason) => {
-                        match account_failure(
-                            recorded,
-                            revision.clone(),
-                            job,
-                            reason,
-                            observed.now,
-                            observed.max_attempts,
-                        ) {
-                            FailedJob::Due(target) => start(vec![Step::DeleteJob], Some(&target)),
-                            FailedJob::Wait(target) => failed(
-                                Vec::new(),
-                                target,
-                                &DELETE_FAILURE,
-                                observed.now,
-                                observed.max_attempts,
-                                &request.tag,
-                            ),
-                        }
+                        retry(observed, recorded, &revision, job, reason, &request.tag, &start)
                     }
                 },
             }
@@ -216,27 +198,11 @@ pub fn cleanup(instance: &Instance, observed: &CleanupObserved) -> Plan {
                 });
                 waiting(steps, "reaper Job started".into())
             };
-            let retry = |job: &ObservedJob, reason: &str| match account_failure(
-                recorded,
-                revision.clone(),
-                job,
-                reason,
-                observed.now,
-                observed.max_attempts,
-            ) {
-                FailedJob::Due(target) => start(vec![Step::DeleteJob], Some(&target)),
-                FailedJob::Wait(target) => failed(
-                    Vec::new(),
-                    target,
-                    &DELETE_FAILURE,
-                    observed.now,
-                    observed.max_attempts,
-                    "the reaper",
-                ),
+            let retry = |job: &ObservedJob, reason: &str| {
+                retry(observed, recorded, &revision, job, reason, "the reaper", &start)
             };
             match job_for(&fingerprint) {
-                None if observed.job.is_some() => start(vec![Step::DeleteJob], recorded),
-                None => start(Vec::new(), recorded),
+                None => start(replacing(observed), recorded),
                 Some(job) => match (&job.state, &observed.report) {
                     (JobState::Running, _) => waiting(Vec::new(), "reaper Job running".into()),
                     (JobState::Failed(reason), _) => retry(job, reason),
@@ -266,6 +232,31 @@ pub fn cleanup(instance: &Instance, observed: &CleanupObserved) -> Plan {
                     }
                 },
             }
+        }
+    }
+}
+
+/// The first steps of a new deletion Job: the Job in place (an install Job,
+/// a stale one) goes first.
+fn replacing(observed: &CleanupObserved) -> Vec<Step> {
+    if observed.job.is_some() { vec![Step::DeleteJob] } else { Vec::new() }
+}
+
+/// A failed deletion Job: counted once, kept while its retry is not due,
+/// replaced (through `start`) when it is.
+fn retry(
+    observed: &CleanupObserved,
+    recorded: Option<&AgentTarget>,
+    revision: &InstalledPackage,
+    job: &ObservedJob,
+    reason: &str,
+    what: &str,
+    start: &dyn Fn(Vec<Step>, Option<&AgentTarget>) -> Plan,
+) -> Plan {
+    match account_failure(recorded, revision.clone(), job, reason, observed.now, observed.max_attempts) {
+        FailedJob::Due(target) => start(vec![Step::DeleteJob], Some(&target)),
+        FailedJob::Wait(target) => {
+            failed(Vec::new(), target, &DELETE_FAILURE, observed.now, observed.max_attempts, what)
         }
     }
 }

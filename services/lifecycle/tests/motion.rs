@@ -141,26 +141,13 @@ async fn an_unsynced_replica_answers_unavailable_and_the_purger_plans_with_usage
     let store = Arc::new(vynil_store::KubeStore::new(world.client.clone()));
     let stop = vynil_runtime::Shutdown::new();
     let purger = tokio::spawn(vynil_purger::run_with_store(config, store, stop.signaled()));
-    let mut client = PurgerClient::new(grpc_channel(purger_addr).await);
+    let mut client = PurgerClient::new(channel(purger_addr).await);
     let target = Target::Repository(Repository { registry: host.clone(), repository: "apps/web".into() });
     let plan = client.plan(PlanRequest { target: Some(target) }).await.unwrap().into_inner();
     assert!(plan.usage_unknown, "{plan:?}");
     stop.trigger();
     purger.await.unwrap().unwrap();
     world.stop().await;
-}
-
-async fn grpc_channel(addr: std::net::SocketAddr) -> tonic::transport::Channel {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Ok(channel) =
-            tonic::transport::Channel::from_shared(format!("http://{addr}")).unwrap().connect().await
-        {
-            return channel;
-        }
-        assert!(Instant::now() < deadline, "{addr} never answered");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 fn running(jobs: &[Job]) -> Vec<String> {

@@ -212,6 +212,18 @@ impl Stack {
         }
     }
 
+    /// TenantInstances of namespace `apps`.
+    pub fn tenant_instances(&self) -> Api<kube::api::DynamicObject> {
+        let resource = kube::api::ApiResource {
+            group: "vynil.solidite.fr".into(),
+            version: "v1".into(),
+            api_version: "vynil.solidite.fr/v1".into(),
+            kind: "TenantInstance".into(),
+            plural: "tenantinstances".into(),
+        };
+        Api::namespaced_with(self.client.clone(), "apps", &resource)
+    }
+
     pub async fn stop(mut self) {
         self.shutdown.trigger();
         while let Some(done) = self.services.join_next().await {

@@ -213,14 +213,19 @@ impl World {
 
 /// A client of the lifecycle replica at `addr`, once it answers.
 pub async fn grpc_at(addr: SocketAddr) -> LifecycleClient<tonic::transport::Channel> {
+    LifecycleClient::new(channel(addr).await)
+}
+
+/// A channel to the gRPC server at `addr`, once it answers.
+pub async fn channel(addr: SocketAddr) -> tonic::transport::Channel {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         if let Ok(channel) =
             tonic::transport::Channel::from_shared(format!("http://{addr}")).unwrap().connect().await
         {
-            return LifecycleClient::new(channel);
+            return channel;
         }
-        assert!(Instant::now() < deadline, "lifecycle never answered");
+        assert!(Instant::now() < deadline, "{addr} never answered");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
