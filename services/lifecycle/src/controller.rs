@@ -504,8 +504,6 @@ async fn execute(
         if !matches!(step, Step::Condition { .. }) {
             context.ensure_leader()?;
         }
-        let step_kind =
-            if matches!(step, Step::CreateDeleteJob(_)) { StepKind::Delete } else { StepKind::Other };
         match step {
             Step::Condition { condition_type, ok, message } => {
                 let condition =
@@ -544,23 +542,11 @@ async fn execute(
                 }
                 resource_version = written.resource_version();
             }
-            Step::CreateJob(request) | Step::CreateDeleteJob(request) => {
-                let action = if matches!(step_kind, StepKind::Delete) {
-                    JobAction::Delete
-                } else {
-                    JobAction::Install
-                };
-                let rendered = job::render(
-                    &context.agent,
-                    job_name,
-                    instance.kind,
-                    &instance.namespace,
-                    &instance.name,
-                    action,
-                    &request,
-                )
-                .map_err(|e| LifecycleError::Invalid(format!("rendering the agent Job: {e}")))?;
-                create_job(job_name, &rendered, &request.fingerprint, context).await?
+            Step::CreateJob(request) => {
+                create_agent_job(instance, job_name, JobAction::Install, &request, context).await?
+            }
+            Step::CreateDeleteJob(request) => {
+                create_agent_job(instance, job_name, JobAction::Delete, &request, context).await?
             }
             Step::CreateReaperJob { fingerprint } => {
                 let rendered = job::render_reaper(
@@ -653,9 +639,25 @@ fn finished(job: &Job) -> bool {
     })
 }
 
-enum StepKind {
-    Delete,
-    Other,
+/// Renders the agent Job of `action` and creates it.
+async fn create_agent_job(
+    instance: &Instance,
+    job_name: &str,
+    action: JobAction,
+    request: &JobRequest,
+    context: &Context,
+) -> Result<(), LifecycleError> {
+    let rendered = job::render(
+        &context.agent,
+        job_name,
+        instance.kind,
+        &instance.namespace,
+        &instance.name,
+        action,
+        request,
+    )
+    .map_err(|e| LifecycleError::Invalid(format!("rendering the agent Job: {e}")))?;
+    create_job(job_name, &rendered, &request.fingerprint, context).await
 }
 
 /// Deletion (`crate::uninstall` decides): released, or `Pending` until the
