@@ -337,3 +337,72 @@ async fn a_job_finishing_alone_is_seen_at_once_through_the_job_watch() {
     assert!(started.elapsed() < Duration::from_secs(10), "seen after {:?}", started.elapsed());
     world.stop().await;
 }
+
+#[tokio::test]
+async fn tenant_and_system_requirements_are_read_from_the_cluster_and_the_tenant_label() {
+    let requirements =
+        json!([{"system_package": {"category": "infra", "name": "db"}}, {"tenant_service": "sso"}]);
+    let packages = vec![package("registry.example", "apps", "web", "tenant", "1.0.0", requirements)];
+    let (world, _) = World::start(packages, &[]).await;
+    let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(world.client.clone());
+    for (name, tenant) in [("apps", Some("t1")), ("apps-sso", Some("t1")), ("infra", None), ("lonely", None)]
+    {
+        let labels = tenant.map_or(json!({}), |t| json!({"vynil.solidite.fr/tenant": t}));
+        let ns =
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}});
+        namespaces.create(&Default::default(), &serde_json::from_value(ns).unwrap()).await.unwrap();
+    }
+    let create_in = |kind: &'static str,
+                     namespace: &'static str,
+                     name: &'static str,
+                     spec: serde_json::Value| {
+        let api: kube::Api<kube::api::DynamicObject> =
+            kube::Api::namespaced_with(world.client.clone(), namespace, &resource(kind));
+        let object = json!({"apiVersion": "vynil.solidite.fr/v1", "kind": kind, "metadata": {"name": name, "namespace": namespace}, "spec": spec});
+        async move { api.create(&Default::default(), &serde_json::from_value(object).unwrap()).await.unwrap() }
+    };
+    create_in(
+        "SystemInstance",
+        "infra",
+        "db",
+        json!({"jukebox": "box", "category": "infra", "package": "db"}),
+    )
+    .await;
+    create_in(
+        "TenantInstance",
+        "apps-sso",
+        "sso",
+        json!({"jukebox": "box", "category": "auth", "package": "sso"}),
+    )
+    .await;
+    let sso: kube::Api<kube::api::DynamicObject> =
+        kube::Api::namespaced_with(world.client.clone(), "apps-sso", &resource("TenantInstance"));
+    let published = json!({"status": {"services": [{"key": "sso", "service": {"fqdn": "sso.apps-sso.svc", "port": 443}}]}});
+    sso.patch_status("sso", &PatchParams::default(), &Patch::Merge(&published)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // In tenant t1: the system package exists and sso is published in a sibling namespace.
+    world.create("TenantInstance", "web", web_spec(), json!({})).await;
+    world.agent.wait_for_runs(1, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(world.tags_run("web"), ["1.0.0"]);
+    // Outside the tenant, sso is not published.
+    create_in("TenantInstance", "lonely", "web", web_spec()).await;
+    let lonely: kube::Api<kube::api::DynamicObject> =
+        kube::Api::namespaced_with(world.client.clone(), "lonely", &resource("TenantInstance"));
+    let message = eventually("the tenant service requirement", || async {
+        let object = serde_json::to_value(lonely.get("web").await.unwrap()).unwrap();
+        condition(&object, "AgentStarted").and_then(|c| c["message"].as_str().map(str::to_string))
+    })
+    .await;
+    assert_eq!(message, "Tenant service sso is not published in this tenant");
+    world.stop().await;
+}
+
+fn resource(kind: &str) -> kube::api::ApiResource {
+    kube::api::ApiResource {
+        group: "vynil.solidite.fr".into(),
+        version: "v1".into(),
+        api_version: "vynil.solidite.fr/v1".into(),
+        kind: kind.into(),
+        plural: format!("{}s", kind.to_lowercase()),
+    }
+}

@@ -128,25 +128,29 @@ async fn an_unsynced_replica_answers_unavailable_and_the_purger_plans_with_usage
         world.grpc().await.list_installed_revisions(ListInstalledRevisionsRequest::default()).await.is_ok()
     );
 
-    let purger_addr = loopback();
-    let config = vynil_purger::Config::parse_from([
-        "vynil-purger",
-        "--listen",
-        &purger_addr.to_string(),
-        "--insecure-registry",
-        &host,
-        "--lifecycle-endpoint",
-        &format!("http://{c}"),
-    ]);
-    let store = Arc::new(vynil_store::KubeStore::new(world.client.clone()));
-    let stop = vynil_runtime::Shutdown::new();
-    let purger = tokio::spawn(vynil_purger::run_with_store(config, store, stop.signaled()));
-    let mut client = PurgerClient::new(channel(purger_addr).await);
-    let target = Target::Repository(Repository { registry: host.clone(), repository: "apps/web".into() });
-    let plan = client.plan(PlanRequest { target: Some(target) }).await.unwrap().into_inner();
-    assert!(plan.usage_unknown, "{plan:?}");
-    stop.trigger();
-    purger.await.unwrap().unwrap();
+    let a = format!("http://{}", world.lifecycle);
+    let c = format!("http://{c}");
+    // One lifecycle per cluster sharing the registry: any that cannot say makes usage unknown.
+    let cases =
+        [(vec![c.as_str()], true), (vec![a.as_str()], false), (vec![a.as_str(), "http://127.0.0.1:1"], true)];
+    for (endpoints, unknown) in cases {
+        let purger_addr = loopback();
+        let listen = purger_addr.to_string();
+        let mut args = vec!["vynil-purger", "--listen", &listen, "--insecure-registry", &host];
+        for endpoint in &endpoints {
+            args.extend(["--lifecycle-endpoint", endpoint]);
+        }
+        let config = vynil_purger::Config::parse_from(args);
+        let store = Arc::new(vynil_store::KubeStore::new(world.client.clone()));
+        let stop = vynil_runtime::Shutdown::new();
+        let purger = tokio::spawn(vynil_purger::run_with_store(config, store, stop.signaled()));
+        let mut client = PurgerClient::new(channel(purger_addr).await);
+        let target = Target::Repository(Repository { registry: host.clone(), repository: "apps/web".into() });
+        let plan = client.plan(PlanRequest { target: Some(target) }).await.unwrap().into_inner();
+        assert_eq!(plan.usage_unknown, unknown, "{endpoints:?}: {plan:?}");
+        stop.trigger();
+        purger.await.unwrap().unwrap();
+    }
     world.stop().await;
 }
 
