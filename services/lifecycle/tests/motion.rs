@@ -229,3 +229,34 @@ async fn held_upgrades_still_apply_option_changes_and_the_history_shows_the_last
     assert_eq!(history, ["2.5.0", "2.5.0", "3.5.0"]);
     world.stop().await;
 }
+
+#[tokio::test]
+async fn a_lease_left_by_a_crashed_leader_is_taken_over_once_it_expires() {
+    // What a leader that died without releasing leaves behind: a fresh renewal by a ghost.
+    let planted_at = Instant::now();
+    let seed = |client: kube::Client| -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+        Box::pin(async move {
+            let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
+                kube::Api::namespaced(client, JOBS);
+            let now = jiff::Timestamp::now().to_string();
+            let ghost = json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "vynil-lifecycle"},
+                "spec": {"holderIdentity": "ghost", "leaseDurationSeconds": 2, "renewTime": now, "acquireTime": now}});
+            leases.create(&Default::default(), &serde_json::from_value(ghost).unwrap()).await.unwrap();
+        })
+    };
+    let (world, _) = World::start_with(web("registry.example"), &["--lease-seconds", "2"], seed).await;
+    world.create("TenantInstance", "web", web_spec(), json!({})).await;
+    wait_installed(&world, "web", "4.0.0").await;
+    let waited = planted_at.elapsed();
+    println!("ghost lease renewed -> instance installed by the new leader: {waited:?}");
+    assert!(waited >= Duration::from_millis(1900), "took over before the ghost's lease expired: {waited:?}");
+    assert!(
+        waited < Duration::from_secs(2) + Duration::from_millis(667) + Duration::from_secs(3),
+        "{waited:?}"
+    );
+    let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
+        kube::Api::namespaced(world.client.clone(), JOBS);
+    let lease = leases.get("vynil-lifecycle").await.unwrap().spec.unwrap();
+    assert_eq!((lease.holder_identity.as_deref(), lease.lease_transitions), (Some("a"), Some(1)));
+    world.stop().await;
+}

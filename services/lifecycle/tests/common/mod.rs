@@ -77,8 +77,18 @@ pub type Script = Arc<Mutex<Box<dyn Fn(&AgentJob) -> AgentOutcome + Send>>>;
 
 impl World {
     pub async fn start(packages: Vec<Value>, extra: &[&str]) -> (Self, Script) {
+        Self::start_with(packages, extra, |_| Box::pin(async {})).await
+    }
+
+    /// [`World::start`], with `seed` writing to the API server before any service starts.
+    pub async fn start_with(
+        packages: Vec<Value>,
+        extra: &[&str],
+        seed: impl FnOnce(Client) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>>,
+    ) -> (Self, Script) {
         let api = FakeApiServer::start().await.unwrap();
         let client = api.client().unwrap();
+        seed(client.clone()).await;
         let boxes: Api<JukeBox> = Api::all(client.clone());
         let jukebox = JukeboxBuilder::new("box").list(["registry.example/apps/web"]).json();
         boxes.create(&PostParams::default(), &serde_json::from_value(jukebox).unwrap()).await.unwrap();
