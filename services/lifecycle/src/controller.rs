@@ -288,9 +288,9 @@ fn error_policy(
         package: spec("package"),
         error: error.label(),
     };
-    if let LifecycleError::Pending { why, retry_after } = error {
-        tracing::debug!(%why, ?retry_after, "deletion goes on");
-        return Action::requeue(*retry_after);
+    if matches!(error, LifecycleError::Pending { .. } | LifecycleError::Queued(_)) {
+        tracing::debug!(%error, "not a failure; coming back");
+        return Action::requeue(error.retry_after());
     }
     context.metrics.of(kind).failures.get_or_create(&failure).inc();
     tracing::warn!(%error, instance = %format!("{kind}/{}/{}", failure.namespace, failure.name), "reconcile failed");
@@ -322,7 +322,12 @@ async fn apply(
     let observed = observe(&instance, &job_name, context).await?;
     let plan = plan::plan(&instance, &observed);
     tracing::debug!(outcome = ?plan.outcome, steps = plan.steps.len(), "planned");
-    execute(&instance, object, &job_name, plan.steps, context).await?;
+    let executed = execute(&instance, object, &job_name, plan.steps, context).await;
+    if let (Err(LifecycleError::Queued(_)), Outcome::Installing { to, .. }) = (&executed, &plan.outcome) {
+        // The Job waits for a slot: say so rather than "installing".
+        context.remember(&instance, Outcome::Queued { to: to.clone() });
+    }
+    executed?;
     context.remember(&instance, plan.outcome);
     // The planner's idle interval is upstream's; the configured one wins.
     let requeue = if plan.requeue == plan::REQUEUE { context.requeue } else { plan.requeue };
@@ -615,13 +620,10 @@ async fn create_job(
     let jobs = context.jobs.list(&ListParams::default().labels(&selector)).await.map_err(kube)?;
     let running = jobs.items.iter().filter(|j| j.name_any() != name && !finished(j)).count();
     if running >= context.max_running_jobs {
-        return Err(LifecycleError::Pending {
-            why: format!(
-                "{running} agent Jobs run, the cap is {}: {name} waits for a slot",
-                context.max_running_jobs
-            ),
-            retry_after: Duration::from_secs(2),
-        });
+        return Err(LifecycleError::Queued(format!(
+            "{running} agent Jobs run, the cap is {}: {name} waits for a slot",
+            context.max_running_jobs
+        )));
     }
     context.jobs.create(&PostParams::default(), rendered).await.map_err(kube)?;
     let read = context.jobs.get_opt(name).await.map_err(kube)?;

@@ -111,6 +111,7 @@ fn describe(outcome: &Outcome) -> (InstanceState, Option<&plan::Blocker>) {
             (InstanceState::UpToDate, None)
         }
         Outcome::Installing { .. } => (InstanceState::Installing, None),
+        Outcome::Queued { .. } => (InstanceState::Queued, None),
         Outcome::Retrying { .. } => (InstanceState::Retrying, None),
     }
 }
@@ -330,7 +331,7 @@ async fn explain(context: &Context, wanted: &InstanceRef) -> Result<ExplainRespo
                 format!("the reaper deletes the recorded children: {warning}")
             }
         };
-        response.details = decision.steps.iter().map(|s| format!("{s:?}")).collect();
+        response.details = decision.steps.iter().map(plan::Step::describe).collect();
         return Ok(response);
     }
     let observed = crate::controller::observe(&instance, &job_name, context).await?;
@@ -362,12 +363,16 @@ async fn explain(context: &Context, wanted: &InstanceRef) -> Result<ExplainRespo
             };
             format!("would install {to}{via} over {from}")
         }
+        Outcome::Queued { to } => {
+            response.to_tag = to.clone();
+            format!("would install {to} once an agent Job slot is free (--max-running-jobs)")
+        }
         Outcome::Retrying { to, attempt, reason, retry_at } => {
             response.to_tag = to.clone();
             format!("attempt {attempt} to install {to} failed ({reason}); next attempt at {retry_at}")
         }
     };
-    response.details = decision.steps.iter().map(|s| format!("{s:?}")).collect();
+    response.details = decision.steps.iter().map(plan::Step::describe).collect();
     Ok(response)
 }
 

@@ -113,9 +113,13 @@ pub enum LifecycleError {
     /// A precondition the caller must fix (a stale fingerprint).
     #[error("{0}")]
     Refused(String),
-    /// Deletion goes on: not a failure, the reconcile comes back after `retry_after`.
+    /// Deletion goes on, or this replica is not the leader: not a failure,
+    /// the reconcile comes back after `retry_after`.
     #[error("{why}")]
     Pending { why: String, retry_after: Duration },
+    /// An agent Job waits for a free slot (`--max-running-jobs`): not a failure.
+    #[error("{0}")]
+    Queued(String),
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
 }
@@ -132,6 +136,7 @@ impl LifecycleError {
             LifecycleError::NotFound(_) => "notfound",
             LifecycleError::Refused(_) => "refused",
             LifecycleError::Pending { .. } => "pending",
+            LifecycleError::Queued(_) => "queued",
             LifecycleError::Runtime(_) => "runtime",
         }
         .into()
@@ -141,6 +146,7 @@ impl LifecycleError {
     pub fn retry_after(&self) -> Duration {
         match self {
             LifecycleError::Pending { retry_after, .. } => *retry_after,
+            LifecycleError::Queued(_) => Duration::from_secs(2),
             LifecycleError::NotDone(_) => Duration::from_secs(5),
             LifecycleError::Unavailable(_) => Duration::from_secs(30),
             _ => Duration::from_secs(300),
@@ -151,9 +157,10 @@ impl LifecycleError {
 impl Classify for LifecycleError {
     fn failure(&self) -> Failure {
         match self {
-            LifecycleError::Unavailable(_) | LifecycleError::NotDone(_) | LifecycleError::Pending { .. } => {
-                Failure::Transient
-            }
+            LifecycleError::Unavailable(_)
+            | LifecycleError::NotDone(_)
+            | LifecycleError::Pending { .. }
+            | LifecycleError::Queued(_) => Failure::Transient,
             LifecycleError::Decode(_) | LifecycleError::Config(_) => Failure::Refused,
             LifecycleError::Invalid(_) => Failure::BadInput,
             LifecycleError::NotFound(_) => Failure::Missing,

@@ -146,6 +146,29 @@ pub enum Step {
     },
 }
 
+impl Step {
+    /// What the step does, in words (`Explain`).
+    pub fn describe(&self) -> String {
+        match self {
+            Step::Condition { condition_type, ok, message } => {
+                format!("set condition {condition_type}={} \"{message}\"", if *ok { "True" } else { "False" })
+            }
+            Step::Event { warning, reason, note } => {
+                format!("record a{} event {reason}: {note}", if *warning { " Warning" } else { "n" })
+            }
+            Step::RemoveForceReinstall => "remove the vynil.solidite.fr/force-reinstall annotation".into(),
+            Step::DeleteJob => "delete the instance's Job and wait until it is gone".into(),
+            Step::RecordTarget(t) => format!("record status.target: {} {}", t.revision.image, t.revision.tag),
+            Step::CreateJob(r) => format!("create the install Job for {}/{}:{}", r.registry, r.image, r.tag),
+            Step::RecordInstalled(p) => format!("record status.package: {} {}", p.image, p.tag),
+            Step::CreateDeleteJob(r) => {
+                format!("create the delete Job with the hooks of {}/{}:{}", r.registry, r.image, r.tag)
+            }
+            Step::CreateReaperJob { .. } => "create the reaper Job (no package hooks)".into(),
+        }
+    }
+}
+
 /// Why nothing runs, with its error code when it has one.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Blocker {
@@ -176,6 +199,10 @@ pub enum Outcome {
     /// A Job was (or is being) started: `from` is the installed tag.
     Installing {
         from: Option<String>,
+        to: String,
+    },
+    /// The Job waits for a free slot (`--max-running-jobs`).
+    Queued {
         to: String,
     },
     /// The last Job failed; the next attempt waits for `retry_at`.

@@ -19,7 +19,7 @@ use k8s_openapi::api::batch::v1::Job;
 use kube::api::{ListParams, Patch, PatchParams};
 use serde_json::json;
 use vynil_proto::{
-    lifecycle::v1::{ListInstalledRevisionsRequest, ListInstancesRequest},
+    lifecycle::v1::{InstanceState, ListInstalledRevisionsRequest, ListInstancesRequest},
     purger::v1::{PlanRequest, Repository, plan_request::Target, purger_client::PurgerClient},
 };
 use vynil_testkit::kube_api::{AgentOutcome, ApiFault, ApiFaultAction};
@@ -173,6 +173,17 @@ async fn twenty_instances_at_once_never_run_more_agent_jobs_than_the_cap() {
     for i in 0..20 {
         world.create("TenantInstance", &format!("web-{i:02}"), web_spec(), json!({})).await;
     }
+    // Those beyond the cap say why they wait.
+    let grpc = world.grpc().await;
+    eventually("instances queued for a slot", || {
+        let mut grpc = grpc.clone();
+        async move {
+            let listed = grpc.list_instances(ListInstancesRequest::default()).await.ok()?.into_inner();
+            let queued = listed.instances.iter().filter(|i| i.state == InstanceState::Queued as i32).count();
+            (queued >= 10).then_some(())
+        }
+    })
+    .await;
     let jobs = world.jobs();
     let (mut peak, mut done) = (0, 0);
     let deadline = Instant::now() + Duration::from_secs(90);
