@@ -8,7 +8,9 @@
 //! carries it, a Job when it can be read with its fingerprint, a deletion when
 //! the Job is gone. Agent Jobs live in the control plane's namespace without
 //! owner references; each controller follows them with `watches` and a label
-//! mapper (`vynil.solidite.fr/type`, `namespace`, `instance`).
+//! mapper (`vynil.solidite.fr/type`, `namespace`, `instance`). Only the
+//! leader (`crate::leader`) reconciles, and every write is preceded by a
+//! leadership check; Job creation holds a slot under `--max-running-jobs`.
 
 use std::{collections::HashMap, sync::Arc, sync::Mutex, time::Duration};
 

@@ -6,9 +6,12 @@
 //! re-runs by a recorded fingerprint (`plan`). Which revision to install is
 //! the catalog's `ResolveInstall` (the rules crate); options, requirements
 //! and the fingerprint are `vynil_rules::install`. Kube I/O stays in
-//! `controller` and `facts`; `plan` is pure. With `--kubernetes` it runs the
-//! controllers; without a cluster (local mode) every RPC answers
-//! `FAILED_PRECONDITION` naming why.
+//! `controller` and `facts`; `plan` (install) and `uninstall` (deletion, with
+//! the `reaper` for `delete-without-package`) are pure. `fanout` re-reconciles
+//! the instances of a changed JukeBox at once; `leader` elects one writer
+//! among replicas. With `--kubernetes` it runs the controllers; without a
+//! cluster (local mode) every RPC answers `FAILED_PRECONDITION` naming why.
+//! See `docs/lifecycle.md`.
 
 mod catalog;
 mod controller;
