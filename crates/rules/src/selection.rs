@@ -212,6 +212,19 @@ pub enum RecordedCheck {
     Unknown(String),
 }
 
+impl RecordedCheck {
+    /// What a registry HEAD of the recorded tag says: `found` is the digest it
+    /// answered (`None`: the tag is gone). The tag must still point at the
+    /// recorded digest; with none recorded, the tag existing is enough.
+    pub fn from_head(recorded_digest: Option<&str>, found: Option<&str>) -> Self {
+        match (recorded_digest, found) {
+            (_, None) => RecordedCheck::Gone,
+            (Some(recorded), Some(found)) if recorded != found => RecordedCheck::Gone,
+            _ => RecordedCheck::Resolves,
+        }
+    }
+}
+
 /// What the catalog knows of the instance's JukeBox.
 #[derive(Debug, Clone, Copy)]
 pub enum CatalogState<'a> {

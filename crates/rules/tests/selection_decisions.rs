@@ -260,3 +260,16 @@ fn held_upgrades_keep_the_installed_revision_and_a_fresh_install_is_not_held() {
     assert_eq!(no_match.excluded_by, Exclusion::Held);
     assert!(no_match.reason.contains("held at 0.9.0"), "{}", no_match.reason);
 }
+
+#[test]
+fn a_recorded_revision_resolves_only_while_its_tag_points_at_the_recorded_digest() {
+    assert_eq!(RecordedCheck::from_head(Some("sha256:a"), Some("sha256:a")), RecordedCheck::Resolves);
+    assert_eq!(RecordedCheck::from_head(Some("sha256:a"), Some("sha256:b")), RecordedCheck::Gone, "retagged");
+    assert_eq!(RecordedCheck::from_head(Some("sha256:a"), None), RecordedCheck::Gone);
+    assert_eq!(
+        RecordedCheck::from_head(None, Some("sha256:b")),
+        RecordedCheck::Resolves,
+        "no digest recorded"
+    );
+    assert_eq!(RecordedCheck::from_head(None, None), RecordedCheck::Gone);
+}

@@ -153,7 +153,7 @@ fn summary_of(kind: InstanceKind, object: &DynamicObject, context: &Context) -> 
             Some(outcome) => {
                 let (state, blocker) = describe(&outcome);
                 if let Some(blocker) = blocker {
-                    summary.blocked_by = blocker.criterion.into();
+                    summary.blocked_by = blocker.criterion.as_str().into();
                     summary.blocking_code = blocker.code.unwrap_or_default().into();
                     summary.blocking_reason = blocker.message.clone();
                 }
@@ -300,7 +300,7 @@ async fn explain(context: &Context, wanted: &InstanceRef) -> Result<ExplainRespo
         let decision = crate::uninstall::cleanup(&instance, &observed);
         response.state = InstanceState::Deleting as i32;
         if let Outcome::Blocked(blocker) = &decision.outcome {
-            response.blocked_by = blocker.criterion.into();
+            response.blocked_by = blocker.criterion.as_str().into();
             response.blocking_code = blocker.code.unwrap_or_default().into();
             response.blocking_reason = blocker.message.clone();
         }
@@ -340,7 +340,7 @@ async fn explain(context: &Context, wanted: &InstanceRef) -> Result<ExplainRespo
     let (state, blocker) = describe(&decision.outcome);
     response.state = state as i32;
     if let Some(blocker) = blocker {
-        response.blocked_by = blocker.criterion.into();
+        response.blocked_by = blocker.criterion.as_str().into();
         response.blocking_code = blocker.code.unwrap_or_default().into();
         response.blocking_reason = blocker.message.clone();
     }
@@ -349,7 +349,9 @@ async fn explain(context: &Context, wanted: &InstanceRef) -> Result<ExplainRespo
         Outcome::Suspended => "suspended (vynil.solidite.fr/suspend=\"true\"): nothing is done".into(),
         Outcome::Deleting { detail } => format!("being deleted: {detail}"),
         Outcome::Released => "deleted: the finalizer goes".into(),
-        Outcome::Blocked(blocker) => format!("blocked by {}: {}", blocker.criterion, blocker.message),
+        Outcome::Blocked(blocker) => {
+            format!("blocked by {}: {}", blocker.criterion.as_str(), blocker.message)
+        }
         Outcome::UpToDate { tag } | Outcome::Adopted { tag } | Outcome::Installed { tag } => {
             response.to_tag = tag.clone();
             format!("up to date at {tag}: nothing would run")

@@ -146,30 +146,21 @@ impl Instance {
             map.remove("status");
         }
         // The typed decode is the schema check; the view is built from it.
+        // The three kinds share these fields but not a type: one expansion each.
+        macro_rules! view {
+            ($typed:ty, |$i:ident| $init_from:expr) => {{
+                let $i: $typed = typed(&value).map_err(fail)?;
+                let s = $i.status.unwrap_or_default();
+                let have_child = s.have_child();
+                let init_from = $init_from;
+                let spec = ($i.spec.jukebox, $i.spec.category, $i.spec.package, $i.spec.options, init_from);
+                (spec, (s.tag, s.digest, conditions(&s.conditions), s.package, s.target, have_child))
+            }};
+        }
         let (spec, status) = match kind {
-            InstanceKind::Tenant => {
-                let i: TenantInstance = typed(&value).map_err(fail)?;
-                let s = i.status.unwrap_or_default();
-                let have_child = s.have_child();
-                let spec =
-                    (i.spec.jukebox, i.spec.category, i.spec.package, i.spec.options, i.spec.init_from);
-                (spec, (s.tag, s.digest, conditions(&s.conditions), s.package, s.target, have_child))
-            }
-            InstanceKind::Service => {
-                let i: ServiceInstance = typed(&value).map_err(fail)?;
-                let s = i.status.unwrap_or_default();
-                let have_child = s.have_child();
-                let spec =
-                    (i.spec.jukebox, i.spec.category, i.spec.package, i.spec.options, i.spec.init_from);
-                (spec, (s.tag, s.digest, conditions(&s.conditions), s.package, s.target, have_child))
-            }
-            InstanceKind::System => {
-                let i: SystemInstance = typed(&value).map_err(fail)?;
-                let s = i.status.unwrap_or_default();
-                let have_child = s.have_child();
-                let spec = (i.spec.jukebox, i.spec.category, i.spec.package, i.spec.options, None);
-                (spec, (s.tag, s.digest, conditions(&s.conditions), s.package, s.target, have_child))
-            }
+            InstanceKind::Tenant => view!(TenantInstance, |i| i.spec.init_from.clone()),
+            InstanceKind::Service => view!(ServiceInstance, |i| i.spec.init_from.clone()),
+            InstanceKind::System => view!(SystemInstance, |i| None),
         };
         let (jukebox, category, package, options, init_from) = spec;
         let (tag, digest, conditions, installed, target, have_child) = status;

@@ -115,12 +115,61 @@ pub struct JobRequest {
     pub fingerprint: String,
 }
 
+/// The condition types lifecycle writes (in every kind's enum; `InitFrom`
+/// only where `spec.initFrom` exists).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConditionType {
+    AgentStarted,
+    Installed,
+    InitFrom,
+    Deleting,
+}
+
+impl ConditionType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConditionType::AgentStarted => "AgentStarted",
+            ConditionType::Installed => "Installed",
+            ConditionType::InitFrom => "InitFrom",
+            ConditionType::Deleting => "Deleting",
+        }
+    }
+}
+
+/// What blocks an instance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Criterion {
+    Jukebox,
+    Package,
+    Options,
+    InitFrom,
+    Requirement,
+    ValueScript,
+    /// The agent Job failed as many times as allowed.
+    Agent,
+}
+
+impl Criterion {
+    /// As `ListInstances.blocked_by` says it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Criterion::Jukebox => "jukebox",
+            Criterion::Package => "package",
+            Criterion::Options => "options",
+            Criterion::InitFrom => "init_from",
+            Criterion::Requirement => "requirement",
+            Criterion::ValueScript => "value_script",
+            Criterion::Agent => "agent",
+        }
+    }
+}
+
 /// One thing the executor does, in order.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Step {
     /// Set a condition (a no-op when identical, upstream's loop guard).
     Condition {
-        condition_type: &'static str,
+        condition_type: ConditionType,
         ok: bool,
         message: String,
     },
@@ -151,7 +200,11 @@ impl Step {
     pub fn describe(&self) -> String {
         match self {
             Step::Condition { condition_type, ok, message } => {
-                format!("set condition {condition_type}={} \"{message}\"", if *ok { "True" } else { "False" })
+                format!(
+                    "set condition {}={} \"{message}\"",
+                    condition_type.as_str(),
+                    if *ok { "True" } else { "False" }
+                )
             }
             Step::Event { warning, reason, note } => {
                 format!("record a{} event {reason}: {note}", if *warning { " Warning" } else { "n" })
@@ -172,9 +225,7 @@ impl Step {
 /// Why nothing runs, with its error code when it has one.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Blocker {
-    /// `jukebox`, `package`, `options`, `init_from`, `requirement`,
-    /// `value_script`, `agent` (gave up after failures).
-    pub criterion: &'static str,
+    pub criterion: Criterion,
     pub code: Option<&'static str>,
     pub message: String,
 }
@@ -225,13 +276,12 @@ pub struct Plan {
 }
 
 impl Plan {
-    fn blocked(
-        criterion: &'static str,
-        code: Option<&'static str>,
-        message: String,
-        requeue: Duration,
-    ) -> Self {
-        let condition_type = if criterion == "init_from" { "InitFrom" } else { "AgentStarted" };
+    fn blocked(criterion: Criterion, code: Option<&'static str>, message: String, requeue: Duration) -> Self {
+        let condition_type = if criterion == Criterion::InitFrom {
+            ConditionType::InitFrom
+        } else {
+            ConditionType::AgentStarted
+        };
         Plan {
             steps: vec![Step::Condition { condition_type, ok: false, message: message.clone() }],
             outcome: Outcome::Blocked(Blocker { criterion, code, message }),
@@ -307,15 +357,19 @@ pub fn plan(instance: &Instance, observed: &Observed) -> Plan {
     }
     let (package, pull_secret) = match &observed.resolution {
         Resolution::JukeboxMissing => {
-            let mut plan =
-                Plan::blocked("jukebox", None, format!("JukeBox {} is missing", instance.jukebox), REQUEUE);
+            let mut plan = Plan::blocked(
+                Criterion::Jukebox,
+                None,
+                format!("JukeBox {} is missing", instance.jukebox),
+                REQUEUE,
+            );
             plan.steps
                 .push(event_warning("MissingJukebox", format!("JukeBox {} is missing", instance.jukebox)));
             return plan;
         }
         Resolution::NoMatch { reason, .. } => {
             let message = format!("Package {}/{} is missing: {reason}", instance.category, instance.package);
-            let mut plan = Plan::blocked("package", None, message.clone(), REQUEUE);
+            let mut plan = Plan::blocked(Criterion::Package, None, message.clone(), REQUEUE);
             plan.steps.push(event_warning("MissingPackage", message));
             return plan;
         }
@@ -323,13 +377,13 @@ pub fn plan(instance: &Instance, observed: &Observed) -> Plan {
     };
     let Some(prepared) = &observed.prepared else {
         // The reconciler always prepares a resolved package; say so rather than guess.
-        return Plan::blocked("package", None, "internal: no facts gathered".into(), RETRY_SHORT);
+        return Plan::blocked(Criterion::Package, None, "internal: no facts gathered".into(), RETRY_SHORT);
     };
     let checked = match &prepared.options {
         Ok(checked) => checked,
         Err(problem) => {
             return Plan::blocked(
-                "options",
+                Criterion::Options,
                 Some("E_OPTION_TYPE"),
                 coded_message("E_OPTION_TYPE", &problem.to_string()),
                 REQUEUE,
@@ -342,13 +396,18 @@ pub fn plan(instance: &Instance, observed: &Observed) -> Plan {
                 "E_INIT_VERSION_NOT_FOUND",
                 &format!("Version {version} introuvable dans le registre OCI"),
             );
-            return Plan::blocked("init_from", Some("E_INIT_VERSION_NOT_FOUND"), message, RETRY_SHORT);
+            return Plan::blocked(
+                Criterion::InitFrom,
+                Some("E_INIT_VERSION_NOT_FOUND"),
+                message,
+                RETRY_SHORT,
+            );
         }
         InitVersion::Found { tag, digest } => (tag.clone(), digest.clone()),
         InitVersion::NotAsked => (package.tag.clone(), package.digest.clone()),
     };
     if let Some(unmet) = &prepared.unmet {
-        let mut plan = Plan::blocked("requirement", None, unmet.message.clone(), unmet.retry_after);
+        let mut plan = Plan::blocked(Criterion::Requirement, None, unmet.message.clone(), unmet.retry_after);
         plan.steps.push(event_warning("MissingRequirement", unmet.message.clone()));
         return plan;
     }
@@ -361,13 +420,13 @@ pub fn plan(instance: &Instance, observed: &Observed) -> Plan {
                     values.len()
                 ),
             );
-            return Plan::blocked("value_script", Some("E_VALUES_TOO_LARGE"), message, REQUEUE);
+            return Plan::blocked(Criterion::ValueScript, Some("E_VALUES_TOO_LARGE"), message, REQUEUE);
         }
         Ok(values) => values.clone(),
         Err(why) => {
             let message =
                 coded_message("E_VALUE_SCRIPT", &format!("the package's value_script failed: {why}"));
-            return Plan::blocked("value_script", Some("E_VALUE_SCRIPT"), message, RETRY_SHORT);
+            return Plan::blocked(Criterion::ValueScript, Some("E_VALUE_SCRIPT"), message, RETRY_SHORT);
         }
     };
 
@@ -425,7 +484,7 @@ pub fn plan(instance: &Instance, observed: &Observed) -> Plan {
         steps.extend(dropped_warning());
         steps.push(Step::CreateJob(Box::new(request.clone())));
         steps.push(Step::Condition {
-            condition_type: "AgentStarted",
+            condition_type: ConditionType::AgentStarted,
             ok: true,
             message: format!("Agent started for {}/{} {tag}", instance.category, instance.package),
         });
@@ -480,7 +539,7 @@ pub fn plan(instance: &Instance, observed: &Observed) -> Plan {
             JobState::Succeeded => {
                 steps.push(installed(instance, revision, observed.now));
                 steps.push(Step::Condition {
-                    condition_type: "AgentStarted",
+                    condition_type: ConditionType::AgentStarted,
                     ok: true,
                     message: format!("Agent finished for {}/{} {tag}", instance.category, instance.package),
                 });
@@ -558,14 +617,14 @@ pub(crate) fn account_failure(
 
 /// How a failure reads for one kind of Job.
 pub(crate) struct FailureWording {
-    pub condition_type: &'static str,
+    pub condition_type: ConditionType,
     pub job: &'static str,
     /// What ends "no more attempts".
     pub until: &'static str,
 }
 
 const INSTALL_FAILURE: FailureWording = FailureWording {
-    condition_type: "Installed",
+    condition_type: ConditionType::Installed,
     job: "agent Job",
     until: "the options or the package change, or the annotation vynil.solidite.fr/force-reinstall is set",
 };
@@ -590,7 +649,8 @@ pub(crate) fn failed(
                 target.failures, wording.until
             ),
         );
-        let blocker = Blocker { criterion: "agent", code: Some("E_AGENT_FAILED"), message: message.clone() };
+        let blocker =
+            Blocker { criterion: Criterion::Agent, code: Some("E_AGENT_FAILED"), message: message.clone() };
         (message, Outcome::Blocked(blocker), REQUEUE)
     } else {
         let wait = retry_at

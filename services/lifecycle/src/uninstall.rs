@@ -28,8 +28,8 @@ use vynil_crds::{AgentTarget, ConditionStatus, InstalledPackage, message_code};
 use crate::{
     instance::Instance,
     plan::{
-        Blocker, FailedJob, FailureWording, JobRequest, JobState, ObservedJob, Outcome, Plan, REQUEUE, Step,
-        account_failure, failed,
+        Blocker, ConditionType, Criterion, FailedJob, FailureWording, JobRequest, JobState, ObservedJob,
+        Outcome, Plan, REQUEUE, Step, account_failure, failed,
     },
     reaper::ReaperReport,
 };
@@ -39,6 +39,36 @@ const GONE_MAX: Duration = Duration::from_secs(3600);
 /// When a finished reaper's report cannot be read yet.
 const REPORT_RETRY: Duration = Duration::from_secs(10);
 
+/// What is gone, so no revision can run the delete hooks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gone {
+    /// `[E_PACKAGE_GONE]`: no revision of the instance's type.
+    Package,
+    /// `[E_JUKEBOX_GONE]`: the JukeBox itself.
+    Jukebox,
+}
+
+impl Gone {
+    /// The catalog's `PackageGone.code`; anything but `E_JUKEBOX_GONE` is a package gone.
+    pub fn from_code(code: &str) -> Self {
+        if code == "E_JUKEBOX_GONE" { Gone::Jukebox } else { Gone::Package }
+    }
+
+    pub fn code(self) -> &'static str {
+        match self {
+            Gone::Package => "E_PACKAGE_GONE",
+            Gone::Jukebox => "E_JUKEBOX_GONE",
+        }
+    }
+
+    fn event_reason(self) -> &'static str {
+        match self {
+            Gone::Package => "PackageGone",
+            Gone::Jukebox => "JukeboxGone",
+        }
+    }
+}
+
 /// What the catalog decided for the deletion.
 #[derive(Debug, Clone, PartialEq)]
 pub enum CleanupAnswer {
@@ -46,7 +76,7 @@ pub enum CleanupAnswer {
     /// Run the delete hooks of this revision.
     Revision(Box<JobRequest>),
     Gone {
-        code: String,
+        what: Gone,
         message: String,
     },
     WithoutPackage {
@@ -66,7 +96,7 @@ pub struct CleanupObserved {
 }
 
 const DELETE_FAILURE: FailureWording = FailureWording {
-    condition_type: "Deleting",
+    condition_type: ConditionType::Deleting,
     job: "delete Job",
     until: "the package or the JukeBox change, or the annotation vynil.solidite.fr/delete-without-package=\"true\" is set",
 };
@@ -94,7 +124,7 @@ pub fn gone_backoff(instance: &Instance, now: jiff::Timestamp) -> Duration {
 }
 
 fn deleting(message: String) -> Step {
-    Step::Condition { condition_type: "Deleting", ok: true, message }
+    Step::Condition { condition_type: ConditionType::Deleting, ok: true, message }
 }
 
 /// Decides what to do with `instance`, which is being deleted.
@@ -112,21 +142,28 @@ pub fn cleanup(instance: &Instance, observed: &CleanupObserved) -> Plan {
         |fingerprint: &str| observed.job.as_ref().filter(|j| j.fingerprint.as_deref() == Some(fingerprint));
     match &observed.answer {
         CleanupAnswer::NothingToDelete => released(vec![Step::DeleteJob]),
-        CleanupAnswer::Gone { code, message } => {
+        CleanupAnswer::Gone { what, message } => {
             let mut message = message.clone();
             if let Some(value) = instance.delete_without_package.as_deref().filter(|v| *v != "true") {
                 message.push_str(&format!(
                     " (vynil.solidite.fr/delete-without-package is {value:?}: only \"true\" is accepted)"
                 ));
             }
-            let code = if code == "E_JUKEBOX_GONE" { "E_JUKEBOX_GONE" } else { "E_PACKAGE_GONE" };
-            let reason = if code == "E_JUKEBOX_GONE" { "JukeboxGone" } else { "PackageGone" };
+            let (code, reason) = (what.code(), what.event_reason());
             Plan {
                 steps: vec![
-                    Step::Condition { condition_type: "Deleting", ok: false, message: message.clone() },
+                    Step::Condition {
+                        condition_type: ConditionType::Deleting,
+                        ok: false,
+                        message: message.clone(),
+                    },
                     Step::Event { warning: true, reason, note: message.clone() },
                 ],
-                outcome: Outcome::Blocked(Blocker { criterion: "package", code: Some(code), message }),
+                outcome: Outcome::Blocked(Blocker {
+                    criterion: Criterion::Package,
+                    code: Some(code),
+                    message,
+                }),
                 requeue: gone_backoff(instance, observed.now),
             }
         }
@@ -222,7 +259,7 @@ pub fn cleanup(instance: &Instance, observed: &CleanupObserved) -> Plan {
                         );
                         released(vec![
                             Step::Condition {
-                                condition_type: "Deleting",
+                                condition_type: ConditionType::Deleting,
                                 ok: false,
                                 message: message.clone(),
                             },

@@ -95,7 +95,9 @@ fn installed(tag: &str, fingerprint: &str) -> Value {
 
 fn condition(plan: &Plan) -> Option<(&'static str, bool, String)> {
     plan.steps.iter().find_map(|s| match s {
-        Step::Condition { condition_type, ok, message } => Some((*condition_type, *ok, message.clone())),
+        Step::Condition { condition_type, ok, message } => {
+            Some((condition_type.as_str(), *ok, message.clone()))
+        }
         _ => None,
     })
 }

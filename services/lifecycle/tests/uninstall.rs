@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use vynil_lifecycle::{
     instance::{Instance, InstanceKind},
     plan::{JobRequest, JobState, ObservedJob, Outcome, Plan, Step},
-    uninstall::{CleanupAnswer, CleanupObserved, cleanup, gone_backoff, reaper_fingerprint},
+    uninstall::{CleanupAnswer, CleanupObserved, Gone, cleanup, gone_backoff, reaper_fingerprint},
 };
 use vynil_rules::install::Recommended;
 
@@ -60,7 +60,9 @@ fn job(fingerprint: &str, state: JobState) -> Option<ObservedJob> {
 
 fn condition(plan: &Plan) -> Option<(&'static str, bool, String)> {
     plan.steps.iter().find_map(|s| match s {
-        Step::Condition { condition_type, ok, message } => Some((*condition_type, *ok, message.clone())),
+        Step::Condition { condition_type, ok, message } => {
+            Some((condition_type.as_str(), *ok, message.clone()))
+        }
         _ => None,
     })
 }
@@ -124,10 +126,8 @@ fn item_25_a_failed_delete_job_is_reported_at_once_kept_and_replaced_after_backo
 
 #[test]
 fn upstream_12_c_package_gone_is_a_readable_condition_a_warning_and_a_doubling_retry() {
-    let gone = CleanupAnswer::Gone {
-        code: "E_PACKAGE_GONE".into(),
-        message: "[E_PACKAGE_GONE] no tenant revision…".into(),
-    };
+    let gone =
+        CleanupAnswer::Gone { what: Gone::Package, message: "[E_PACKAGE_GONE] no tenant revision…".into() };
     let plan = cleanup(&deleting(json!({}), with_children()), &observed(gone.clone()));
     let (kind, ok, message) = condition(&plan).unwrap();
     assert!(kind == "Deleting" && !ok && message.starts_with("[E_PACKAGE_GONE]"), "{message}");
@@ -148,7 +148,7 @@ fn upstream_12_c_package_gone_is_a_readable_condition_a_warning_and_a_doubling_r
 
 #[test]
 fn a_wrong_delete_without_package_value_is_refused_in_the_condition() {
-    let gone = CleanupAnswer::Gone { code: "E_PACKAGE_GONE".into(), message: "[E_PACKAGE_GONE] x".into() };
+    let gone = CleanupAnswer::Gone { what: Gone::Package, message: "[E_PACKAGE_GONE] x".into() };
     let instance = deleting(json!({"vynil.solidite.fr/delete-without-package": "yes"}), with_children());
     let plan = cleanup(&instance, &observed(gone));
     let (_, _, message) = condition(&plan).unwrap();
@@ -159,7 +159,7 @@ fn a_wrong_delete_without_package_value_is_refused_in_the_condition() {
 #[test]
 fn the_jukebox_gone_says_so_with_its_own_code() {
     let gone = CleanupAnswer::Gone {
-        code: "E_JUKEBOX_GONE".into(),
+        what: Gone::Jukebox,
         message: "[E_JUKEBOX_GONE] JukeBox box is missing".into(),
     };
     let plan = cleanup(&deleting(json!({}), with_children()), &observed(gone));
