@@ -32,10 +32,12 @@
 //! - [`selection`]: install selection (upstream's strict filter) and cleanup
 //!   selection as a decision (upstream #12 C).
 //! - [`scan`]: partial-scan filters and the status merge (upstream #9).
+//! - [`catalog`]: each revision's roles and the upgrade path, for the surfaces.
 //! - [`install`]: the options check and hash, requirements and
 //!   recommendations against cluster facts, and the re-run fingerprint.
 
 pub mod annotations;
+pub mod catalog;
 pub mod channel;
 pub mod install;
 pub mod jukebox;

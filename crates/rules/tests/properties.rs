@@ -10,12 +10,13 @@ use common::*;
 use proptest::prelude::*;
 use semver::Version;
 use vynil_rules::{
-    Channel, Package, PackageContent, PackageType, RetentionConfig, RetentionPlan, ScanFilter, Tag, Viewer,
-    compute_view, merge_packages, plan_retention,
+    Channel, InstallQuery, Package, PackageContent, PackageType, RetentionConfig, RetentionPlan, ScanFilter,
+    Tag, Viewer, compute_view, merge_packages, plan_retention,
     retention::{
         Decision, InstalledRevision, KeepReason, ManifestMetadata, RepositoryTag, RevisionUse, Usage,
     },
     scan::RepositoryOutcome,
+    select_install,
     view::Role,
 };
 
@@ -335,6 +336,66 @@ proptest! {
             let expected = view_of(&case, asked.unwrap_or(scanned), &fw);
             let answered: Vec<&str> = answer.iter().map(|p| p.tag.as_str()).collect();
             prop_assert_eq!(answered, expected.tags());
+        }
+    }
+
+    /// (h) The upgrade path is install selection applied again and again:
+    /// each step is what selection picks from the step before, strictly
+    /// newer, and the last step is where selection stays. Every revision of
+    /// a scanned catalog has a role, and the head is the first of them.
+    #[test]
+    fn an_upgrade_path_is_selection_repeated_and_every_catalog_revision_has_a_role(
+        case in case(),
+        from in prop::option::of(0usize..14),
+        kind in kind_name(),
+    ) {
+        let fw = framework("0.8.0");
+        let contents = contents(&case);
+        let stored: Vec<Package> = view_of(&case, Channel::Stable, &fw)
+            .tags()
+            .into_iter()
+            .map(|tag| Package::new("reg", "r/x", tag, contents[tag].clone()))
+            .collect();
+        let viewer = Viewer { channel: Channel::Stable, framework: fw.clone() };
+        let roles = vynil_rules::catalog::roles(&stored, &viewer);
+        for (package, roles) in stored.iter().zip(&roles) {
+            prop_assert!(!roles.is_empty(), "{} has no role", package.tag);
+        }
+        if let Some(first) = roles.first() {
+            prop_assert_eq!(first.first(), Some(&vynil_rules::catalog::CatalogRole::Head));
+        }
+        let installed = from.and_then(|i| case.tags.get(i)).map(|t| t.name.as_str());
+        let query = InstallQuery {
+            jukebox: "box",
+            category: "think",
+            name: "ollama",
+            package_type: common::kind(kind),
+            installed_tag: installed,
+            framework: &fw,
+            hold_upgrades: false,
+        };
+        let path = vynil_rules::catalog::upgrade_path(&stored, &query);
+        let mut current = installed.map(String::from);
+        for step in &path.steps {
+            let asked = InstallQuery { installed_tag: current.as_deref(), ..query.clone() };
+            let picked = select_install(&stored, &asked).unwrap();
+            prop_assert_eq!(&picked.tag, &step.tag);
+            if let Some(previous) = current.as_deref().and_then(Tag::parse) {
+                prop_assert!(Tag::parse(&step.tag).unwrap() > previous);
+            }
+            current = Some(step.tag.clone());
+        }
+        let asked = InstallQuery { installed_tag: current.as_deref(), ..query.clone() };
+        match select_install(&stored, &asked) {
+            Ok(stay) if !path.steps.is_empty() || installed.is_some_and(|t| Tag::parse(t).is_some()) => {
+                let (stay, last) = (Tag::parse(&stay.tag), current.as_deref().and_then(Tag::parse));
+                prop_assert!(stay <= last, "selection would go on from {:?}", current);
+            }
+            Ok(_) => prop_assert!(!path.steps.is_empty(), "a fresh install has a first step"),
+            // From the last step nothing matches (its own minimum is above
+            // it, say): the path ends there.
+            Err(_) if !path.steps.is_empty() => prop_assert!(path.blocked.is_none()),
+            Err(no_match) => prop_assert_eq!(path.blocked, Some(no_match)),
         }
     }
 

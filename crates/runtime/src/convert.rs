@@ -47,6 +47,7 @@ pub fn package_to_proto(p: &Package) -> pb::Package {
         options_json: p.content.options.as_ref().map(json).unwrap_or_default(),
         value_script: p.content.value_script_source().ok().flatten().unwrap_or_default(),
         digest: p.digest.clone().unwrap_or_default(),
+        roles: Vec::new(),
     }
 }
 

@@ -4,20 +4,21 @@
 use std::{pin::Pin, sync::Arc};
 use vynil_runtime::{
     Classify, Failure, Shutdown,
-    convert::{package_to_proto, package_type},
+    convert::{package_to_proto, package_type, proto_type},
 };
 
 use futures::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
 use vynil_proto::catalog::v1::{
     self as pb, CatalogChange, Channel as ProtoChannel, GetCatalogRequest, GetCatalogResponse,
-    JukeboxSummary, ListJukeboxesRequest, ListJukeboxesResponse, NoMatch, ResolveCleanupRequest,
-    ResolveCleanupResponse, ResolveInstallRequest, ResolveInstallResponse, WatchCatalogRequest,
-    catalog_server::Catalog as CatalogApi, resolve_cleanup_response::Decision,
+    GetUpgradePathRequest, JukeboxSummary, ListJukeboxesRequest, ListJukeboxesResponse, NoMatch,
+    ResolveCleanupRequest, ResolveCleanupResponse, ResolveInstallRequest, ResolveInstallResponse,
+    WatchCatalogRequest, catalog_server::Catalog as CatalogApi, resolve_cleanup_response::Decision,
     resolve_install_response::Outcome,
 };
 use vynil_rules::{
-    Channel, InstallQuery, PackageType,
+    Channel, InstallQuery, PackageType, Viewer,
+    catalog::CatalogRole,
     selection::{CatalogState, CleanupDecision, RecordedCheck, RecordedRevision},
 };
 
@@ -30,6 +31,26 @@ impl Classify for CatalogError {
             CatalogError::InvalidArgument(_) => Failure::BadInput,
             CatalogError::Serve(e) => e.failure(),
         }
+    }
+}
+
+fn no_match_to_proto(no_match: vynil_rules::NoMatch) -> NoMatch {
+    NoMatch { excluded_by: no_match.excluded_by.as_str().into(), reason: no_match.reason }
+}
+
+fn role_to_proto(role: &CatalogRole) -> pb::RevisionRole {
+    let (kind, minimum, package_type) = match role {
+        CatalogRole::Head => (pb::RoleKind::Head, String::new(), None),
+        CatalogRole::Waypoint { minimum } => {
+            (pb::RoleKind::Waypoint, minimum.as_ref().map(ToString::to_string).unwrap_or_default(), None)
+        }
+        CatalogRole::NewestOfType(t) => (pb::RoleKind::NewestOfType, String::new(), Some(*t)),
+    };
+    pb::RevisionRole {
+        kind: kind as i32,
+        minimum,
+        r#type: package_type.map(proto_type).unwrap_or_default(),
+        description: role.describe(),
     }
 }
 
@@ -111,12 +132,20 @@ impl CatalogApi for CatalogService {
         };
         let view = vynil_rules::catalog_view(&entry.packages, entry.channel, channel)
             .map_err(|e| Status::new(e.failure().code(), format!("JukeBox {:?}: {e}", request.jukebox)))?;
+        // Roles are computed over whole repositories, before the filters.
+        let viewer =
+            Viewer { channel: channel.unwrap_or(entry.channel), framework: self.catalog.framework.clone() };
+        let roles = vynil_rules::catalog::roles(view, &viewer);
         let packages = view
             .iter()
-            .filter(|p| request.category.is_empty() || p.category() == request.category)
-            .filter(|p| request.name.is_empty() || p.name() == request.name)
-            .filter(|p| wanted_type.is_none_or(|t| p.package_type() == t))
-            .map(package_to_proto)
+            .zip(roles)
+            .filter(|(p, _)| request.category.is_empty() || p.category() == request.category)
+            .filter(|(p, _)| request.name.is_empty() || p.name() == request.name)
+            .filter(|(p, _)| wanted_type.is_none_or(|t| p.package_type() == t))
+            .map(|(p, roles)| pb::Package {
+                roles: roles.iter().map(role_to_proto).collect(),
+                ..package_to_proto(p)
+            })
             .collect();
         Ok(Response::new(GetCatalogResponse { jukebox: entry.jukebox, content_hash: entry.hash, packages }))
     }
@@ -146,10 +175,7 @@ impl CatalogApi for CatalogService {
                 };
                 match vynil_rules::select_install(&entry.packages, &query) {
                     Ok(package) => Outcome::Package(package_to_proto(package)),
-                    Err(no_match) => Outcome::NoMatch(NoMatch {
-                        excluded_by: no_match.excluded_by.as_str().into(),
-                        reason: no_match.reason,
-                    }),
+                    Err(no_match) => Outcome::NoMatch(no_match_to_proto(no_match)),
                 }
             }
         };
@@ -250,6 +276,33 @@ impl CatalogApi for CatalogService {
             }
         });
         Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn get_upgrade_path(
+        &self,
+        request: Request<GetUpgradePathRequest>,
+    ) -> Result<Response<pb::UpgradePath>, Status> {
+        let request = request.into_inner();
+        let package_type = package_type(request.r#type)?;
+        let entry = self
+            .catalog
+            .entry(&request.jukebox)?
+            .ok_or_else(|| Status::not_found(format!("no JukeBox {:?} in the catalog", request.jukebox)))?;
+        let query = InstallQuery {
+            jukebox: &request.jukebox,
+            category: &request.category,
+            name: &request.name,
+            package_type,
+            installed_tag: Some(request.from_tag.as_str()).filter(|t| !t.is_empty()),
+            framework: &self.catalog.framework,
+            hold_upgrades: false,
+        };
+        let path = vynil_rules::catalog::upgrade_path(&entry.packages, &query);
+        Ok(Response::new(pb::UpgradePath {
+            to_tag: path.last().map(|p| p.tag.clone()).unwrap_or_default(),
+            steps: path.steps.into_iter().map(package_to_proto).collect(),
+            blocked: path.blocked.map(no_match_to_proto),
+        }))
     }
 }
 

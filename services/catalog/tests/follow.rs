@@ -304,3 +304,67 @@ async fn get_catalog_answers_the_scanned_channel_with_digests_and_refuses_a_view
     assert_eq!(refused.code(), tonic::Code::InvalidArgument);
     assert!(refused.message().contains("alpha") && refused.message().contains("stable"), "{refused:?}");
 }
+
+#[tokio::test]
+async fn get_catalog_gives_each_revision_its_roles_and_the_upgrade_path_goes_through_the_waypoints() {
+    use vynil_proto::catalog::v1::{GetCatalogRequest, GetUpgradePathRequest, RoleKind};
+    let world = world(&["main"]).await;
+    let catalog = replica(&world).await;
+    let service = CatalogService::new(catalog.clone(), vynil_runtime::Shutdown::new());
+    // upstream #12's story with a waypoint: the tenant line 0.1.8 → 0.1.9
+    // (min 0.1.8), then the republication as service 0.1.10 (min 0.1.9).
+    write(
+        &world,
+        "main",
+        vec![
+            package("0.1.10", PackageType::Service, Some("0.1.9")),
+            package("0.1.9", PackageType::Tenant, Some("0.1.0")),
+            package("0.1.8", PackageType::Tenant, None),
+        ],
+    )
+    .await;
+    eventually(&catalog, "main", &["0.1.10", "0.1.9", "0.1.8"]).await;
+    // Filtered to tenant revisions: the roles are still those of the whole repository.
+    let request =
+        GetCatalogRequest { jukebox: "main".into(), r#type: ProtoType::Tenant as i32, ..Default::default() };
+    let answer = service.get_catalog(Request::new(request)).await.unwrap().into_inner();
+    let roles: Vec<(String, Vec<String>)> = answer
+        .packages
+        .iter()
+        .map(|p| (p.tag.clone(), p.roles.iter().map(|r| r.description.clone()).collect()))
+        .collect();
+    assert_eq!(
+        roles,
+        [
+            (
+                "0.1.9".to_string(),
+                vec!["waypoint (min 0.1.0)".to_string(), "newest tenant revision".to_string()]
+            ),
+            ("0.1.8".to_string(), vec!["waypoint (no minimum)".to_string()]),
+        ]
+    );
+    let waypoint = &answer.packages[0].roles[0];
+    assert_eq!((waypoint.kind, waypoint.minimum.as_str()), (RoleKind::Waypoint as i32, "0.1.0"));
+
+    let path = |from: &str, kind: ProtoType| {
+        let request = GetUpgradePathRequest {
+            jukebox: "main".into(),
+            category: "think".into(),
+            name: "ollama".into(),
+            r#type: kind as i32,
+            from_tag: from.into(),
+        };
+        let service = service.clone();
+        async move { service.get_upgrade_path(Request::new(request)).await.unwrap().into_inner() }
+    };
+    let tenant = path("0.1.8", ProtoType::Tenant).await;
+    let steps: Vec<&str> = tenant.steps.iter().map(|p| p.tag.as_str()).collect();
+    assert_eq!((steps, tenant.to_tag.as_str()), (vec!["0.1.9"], "0.1.9"));
+    assert!(tenant.blocked.is_none());
+    // A service instance from before the waypoint: blocked by the minimum, in words.
+    let blocked = path("0.1.0", ProtoType::Service).await;
+    assert!(blocked.steps.is_empty());
+    let blocked = blocked.blocked.unwrap();
+    assert_eq!(blocked.excluded_by, "minimum version");
+    assert!(blocked.reason.contains("0.1.10 needs ≥ 0.1.9"), "{}", blocked.reason);
+}

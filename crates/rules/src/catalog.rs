@@ -1,0 +1,214 @@
+//! What the surfaces (CLI, web page) show of a JukeBox's catalog, computed
+//! here so that neither re-implements waypoints: each revision's roles, and
+//! the upgrade path from an installed version.
+//!
+//! **Roles** are the view's own ([`crate::view::Role`]), recomputed over the
+//! revisions the catalog holds for one repository with the JukeBox's viewer,
+//! plus "newest of its type" wherever a revision is the newest of its type
+//! (the head is, when no other revision shares its type above it). A revision
+//! the descent did not keep (a catalog from an older scan) has no role.
+//!
+//! **Upgrade path**: from an installed tag, the revision install selection
+//! picks ([`crate::select_install`], upstream's strict filter), then the one it
+//! picks from there, until it picks the same revision again: each step is a
+//! Job the lifecycle would run, in order. When the first step cannot be
+//! taken, the path is empty and says why (the selection's own [`NoMatch`]).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use semver::Version;
+
+use crate::{
+    package::{Package, PackageType},
+    selection::{InstallQuery, NoMatch, select_install},
+    tag::Tag,
+    view::{Role, Versions, Viewer, view_of_versions},
+};
+
+/// A role of one revision in its JukeBox's catalog.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum CatalogRole {
+    /// The newest revision of its channel a consumer may install.
+    Head,
+    /// A migration step, with the minimum it needs (`None`: reachable from anything).
+    Waypoint { minimum: Option<Version> },
+    /// The newest revision of this type in the catalog.
+    NewestOfType(PackageType),
+}
+
+impl CatalogRole {
+    /// "head", "waypoint (min 2.0.0)", "newest tenant revision".
+    pub fn describe(&self) -> String {
+        match self {
+            CatalogRole::Head => "head".into(),
+            CatalogRole::Waypoint { minimum: Some(min) } => format!("waypoint (min {min})"),
+            CatalogRole::Waypoint { minimum: None } => "waypoint (no minimum)".into(),
+            CatalogRole::NewestOfType(t) => format!("newest {t} revision"),
+        }
+    }
+}
+
+/// The roles of each of `packages` (same order), as `viewer` sees them.
+pub fn roles(packages: &[Package], viewer: &Viewer) -> Vec<Vec<CatalogRole>> {
+    let mut repositories: BTreeMap<(&str, &str), Vec<usize>> = BTreeMap::new();
+    for (i, p) in packages.iter().enumerate() {
+        repositories.entry((p.registry.as_str(), p.image.as_str())).or_default().push(i);
+    }
+    let mut out = vec![Vec::new(); packages.len()];
+    for members in repositories.values() {
+        let tags = members.iter().map(|&i| packages[i].tag.as_str());
+        let versions = Versions::parse(tags);
+        let view = view_of_versions(&versions, viewer, true, |tag| {
+            members.iter().map(|&i| &packages[i]).find(|p| p.tag == tag.as_str()).map(|p| &p.content)
+        });
+        let mut types_seen = BTreeSet::new();
+        for tag in versions.as_slice() {
+            for &i in members.iter().filter(|&&i| packages[i].tag == tag.as_str()) {
+                let mut found: Vec<CatalogRole> = view
+                    .entries
+                    .iter()
+                    .filter(|e| e.tag == *tag)
+                    .map(|e| match &e.role {
+                        Role::Head => CatalogRole::Head,
+                        Role::Waypoint { minimum } => CatalogRole::Waypoint { minimum: minimum.clone() },
+                        Role::NewestOfType(t) => CatalogRole::NewestOfType(*t),
+                    })
+                    .collect();
+                let package_type = packages[i].package_type();
+                if types_seen.insert(package_type)
+                    && !found.contains(&CatalogRole::NewestOfType(package_type))
+                {
+                    found.push(CatalogRole::NewestOfType(package_type));
+                }
+                out[i] = found;
+            }
+        }
+    }
+    out
+}
+
+/// The revisions an installed instance goes through, in order, up to the
+/// newest it can reach; `blocked` says why it cannot go (further).
+#[derive(Debug, Clone, PartialEq)]
+pub struct UpgradePath<'p> {
+    pub steps: Vec<&'p Package>,
+    /// Why the path is empty (nothing matches from the installed tag).
+    pub blocked: Option<NoMatch>,
+}
+
+impl UpgradePath<'_> {
+    /// The newest revision reached, when the path has any step.
+    pub fn last(&self) -> Option<&Package> {
+        self.steps.last().copied()
+    }
+}
+
+/// The path from `query.installed_tag` (a fresh install when `None`) through
+/// `packages`.
+pub fn upgrade_path<'p>(packages: &'p [Package], query: &InstallQuery) -> UpgradePath<'p> {
+    let mut steps: Vec<&Package> = Vec::new();
+    let mut current: Option<String> = query.installed_tag.filter(|t| !t.is_empty()).map(String::from);
+    // Each step moves to a strictly newer tag, so the path is at most as
+    // long as the list; the bound keeps a malformed list from looping.
+    for _ in 0..=packages.len() {
+        let asked = InstallQuery { installed_tag: current.as_deref(), ..query.clone() };
+        match select_install(packages, &asked) {
+            Ok(next) => {
+                let newer = match (current.as_deref().and_then(Tag::parse), Tag::parse(&next.tag)) {
+                    (Some(from), Some(to)) => to > from,
+                    (None, _) => true,
+                    (Some(_), None) => false,
+                };
+                if !newer {
+                    break;
+                }
+                current = Some(next.tag.clone());
+                steps.push(next);
+            }
+            Err(no_match) => {
+                if steps.is_empty() {
+                    return UpgradePath { steps, blocked: Some(no_match) };
+                }
+                break;
+            }
+        }
+    }
+    UpgradePath { steps, blocked: None }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Channel, testing::content};
+
+    fn package(tag: &str, kind: &str, min: Option<&str>) -> Package {
+        Package::new("r.example", "think/ollama", tag, content(kind, min, None))
+    }
+
+    fn viewer() -> Viewer {
+        Viewer { channel: Channel::Stable, framework: Version::new(0, 7, 7) }
+    }
+
+    fn query<'a>(installed: Option<&'a str>, framework: &'a Version) -> InstallQuery<'a> {
+        InstallQuery {
+            jukebox: "box",
+            category: "think",
+            name: "ollama",
+            package_type: PackageType::Tenant,
+            installed_tag: installed,
+            framework,
+            hold_upgrades: false,
+        }
+    }
+
+    #[test]
+    fn waypoints_carry_their_minimum_and_a_type_change_shows_the_newest_of_each_type() {
+        let packages = vec![
+            package("4.0.0", "service", Some("3.0.0")),
+            package("3.5.0", "tenant", Some("2.0.0")),
+            package("2.5.0", "tenant", None),
+        ];
+        let roles = roles(&packages, &viewer());
+        assert_eq!(roles[0], vec![CatalogRole::Head, CatalogRole::NewestOfType(PackageType::Service)]);
+        assert_eq!(
+            roles[1],
+            vec![
+                CatalogRole::Waypoint { minimum: Some(Version::new(2, 0, 0)) },
+                CatalogRole::NewestOfType(PackageType::Tenant)
+            ]
+        );
+        assert_eq!(roles[2], vec![CatalogRole::Waypoint { minimum: None }]);
+    }
+
+    #[test]
+    fn the_path_goes_through_each_waypoint_in_order() {
+        let packages = vec![
+            package("4.0.0", "tenant", Some("3.0.0")),
+            package("3.5.0", "tenant", Some("2.0.0")),
+            package("2.5.0", "tenant", None),
+        ];
+        let framework = Version::new(0, 7, 7);
+        let path = upgrade_path(&packages, &query(Some("1.0.0"), &framework));
+        let tags: Vec<&str> = path.steps.iter().map(|p| p.tag.as_str()).collect();
+        assert_eq!(tags, ["2.5.0", "3.5.0", "4.0.0"]);
+        assert!(path.blocked.is_none());
+    }
+
+    #[test]
+    fn an_instance_at_the_newest_revision_has_an_empty_path_and_no_block() {
+        let packages = vec![package("1.0.0", "tenant", None)];
+        let framework = Version::new(0, 7, 7);
+        let path = upgrade_path(&packages, &query(Some("1.0.0"), &framework));
+        assert!(path.steps.is_empty() && path.blocked.is_none(), "{path:?}");
+    }
+
+    #[test]
+    fn a_type_change_blocks_the_path_with_the_selections_reason() {
+        let packages = vec![package("0.1.10", "service", None)];
+        let framework = Version::new(0, 7, 7);
+        let path = upgrade_path(&packages, &query(Some("0.1.8"), &framework));
+        let blocked = path.blocked.unwrap();
+        assert_eq!(blocked.excluded_by, crate::selection::Exclusion::Type);
+        assert!(blocked.reason.contains("only service: 0.1.10"), "{}", blocked.reason);
+    }
+}
