@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{Stack, channel, eventually};
+use common::{Stack, as_gateway, channel, eventually};
 use futures::StreamExt;
 use kube::{
     Api,
@@ -97,7 +97,7 @@ async fn installed_as_tenant_republished_as_service_purged_and_still_deleted_wit
         fingerprint: plan.fingerprint.clone(),
         acknowledge_usage_unknown: false,
     };
-    let mut progress = purger.execute(execute).await.unwrap().into_inner();
+    let mut progress = purger.execute(as_gateway(execute, "ops")).await.unwrap().into_inner();
     while let Some(event) = progress.next().await {
         event.unwrap();
     }
@@ -146,13 +146,16 @@ async fn with_the_installed_revision_really_deleted_the_instance_says_package_go
     assert_eq!(explained.blocking_code, "E_PACKAGE_GONE", "{explained:?}");
     assert_eq!(explained.children_to_delete, ["vitals: Deployment apps/ollama"]);
     lifecycle
-        .allow_delete_without_package(AllowDeleteWithoutPackageRequest {
-            r#ref: Some(reference),
-            confirm: "tenant/apps/ollama".into(),
-            caller: "ops".into(),
-            reason: "0.1.8 is gone".into(),
-            fingerprint: explained.children_fingerprint,
-        })
+        .allow_delete_without_package(as_gateway(
+            AllowDeleteWithoutPackageRequest {
+                r#ref: Some(reference),
+                confirm: "tenant/apps/ollama".into(),
+                caller: "ops".into(),
+                reason: "0.1.8 is gone".into(),
+                fingerprint: explained.children_fingerprint,
+            },
+            "ops",
+        ))
         .await
         .unwrap();
     let jobs: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(stack.client.clone(), "vynil-system");

@@ -12,6 +12,7 @@
 //! | missing | `NOT_FOUND` | name something that exists |
 //! | refused (a precondition or a setting) | `FAILED_PRECONDITION` | fix the state the message names |
 //! | concurrent change (compare-and-set lost, busy) | `ABORTED` | re-read and retry |
+//! | unauthenticated caller of a destructive call | `UNAUTHENTICATED` | go through the gateway |
 //! | a bug or a serving failure | `INTERNAL` | report it |
 
 use tonic::{Code, Status};
@@ -27,6 +28,8 @@ pub enum Failure {
     Missing,
     Refused,
     Concurrent,
+    /// The caller is not who it must be to do this.
+    Unauthenticated,
     Internal,
 }
 
@@ -38,6 +41,7 @@ impl Failure {
             Failure::Missing => Code::NotFound,
             Failure::Refused => Code::FailedPrecondition,
             Failure::Concurrent => Code::Aborted,
+            Failure::Unauthenticated => Code::Unauthenticated,
             Failure::Internal => Code::Internal,
         }
     }

@@ -14,12 +14,14 @@ pub mod metrics;
 mod shutdown;
 mod signal;
 mod telemetry;
+pub mod trust;
 
 pub use errors::{Classify, Failure};
 pub use grpc::{GrpcServer, ServedService};
 pub use shutdown::Shutdown;
 pub use signal::termination_signal;
 pub use telemetry::{LogConfig, LogFormat, init_tracing};
+pub use trust::{Caller, ServiceCredentials, Trust, TrustConfig};
 
 /// Errors of process set-up and serving.
 #[derive(Debug, thiserror::Error)]
@@ -32,6 +34,8 @@ pub enum RuntimeError {
     Serve(#[from] tonic::transport::Error),
     #[error("cannot install the signal handler: {0}")]
     Signal(std::io::Error),
+    #[error(transparent)]
+    Trust(#[from] trust::TrustError),
 }
 
 /// The framework version (`--vynil-version`) when none is configured: the
@@ -78,6 +82,8 @@ pub struct SharedConfig {
     pub pod_name: Option<String>,
     #[command(flatten)]
     pub log: LogConfig,
+    #[command(flatten)]
+    pub trust: TrustConfig,
 }
 
 impl SharedConfig {

@@ -41,17 +41,23 @@ pub struct LifecycleService {
     context: Result<Arc<Context>, String>,
     metrics: LifecycleMetrics,
     exported_metrics: Arc<Registry>,
+    trust: vynil_runtime::Trust,
 }
 
 impl LifecycleService {
     /// Every RPC answers `FAILED_PRECONDITION` naming `why` (local mode: no cluster).
     pub fn disabled(why: impl Into<String>) -> Self {
         let (metrics, exported_metrics) = LifecycleMetrics::register();
-        Self { context: Err(why.into()), metrics, exported_metrics }
+        Self { context: Err(why.into()), metrics, exported_metrics, trust: Default::default() }
+    }
+
+    /// Believes callers as `trust` says (`AllowDeleteWithoutPackage` names them).
+    pub fn with_trust(self, trust: vynil_runtime::Trust) -> Self {
+        Self { trust, ..self }
     }
 
     pub(crate) fn running(context: Arc<Context>, metrics: LifecycleMetrics, exported: Arc<Registry>) -> Self {
-        Self { context: Ok(context), metrics, exported_metrics: exported }
+        Self { context: Ok(context), metrics, exported_metrics: exported, trust: Default::default() }
     }
 
     /// What `GET /metrics` serves.
@@ -250,7 +256,11 @@ impl Lifecycle for LifecycleService {
         let result = async {
             let context = self.context()?;
             synced(context)?;
-            allow_delete_without_package(context, request.into_inner()).await.map_err(|e| e.to_status())
+            let caller =
+                self.trust.destructive(&request, "AllowDeleteWithoutPackage").map_err(|e| e.to_status())?;
+            allow_delete_without_package(context, request.into_inner(), &caller)
+                .await
+                .map_err(|e| e.to_status())
         }
         .await;
         self.count("AllowDeleteWithoutPackage", result)
@@ -464,6 +474,7 @@ async fn installed_revisions(
 async fn allow_delete_without_package(
     context: &Context,
     request: AllowDeleteWithoutPackageRequest,
+    caller: &vynil_runtime::Caller,
 ) -> Result<AllowDeleteWithoutPackageResponse, LifecycleError> {
     let wanted = request.r#ref.ok_or_else(|| LifecycleError::Invalid("ref is required".into()))?;
     let (kind, object) = find(context, &wanted)?;
@@ -482,8 +493,14 @@ async fn allow_delete_without_package(
             "the children of {expected} changed since the fingerprint was read (now {fingerprint}): call Explain again, review, and retry; nothing was changed"
         )));
     }
-    let caller =
-        if request.caller.is_empty() { "an unnamed caller".to_string() } else { request.caller.clone() };
+    // The request's own `caller` field is a claim: recorded beside the
+    // authenticated identity, never instead of it.
+    let caller = match (caller, request.caller.as_str()) {
+        (vynil_runtime::Caller::Unauthenticated { .. }, claimed) if !claimed.is_empty() => {
+            format!("{caller} (claiming {claimed})")
+        }
+        _ => caller.to_string(),
+    };
     context.allow_delete_without_package(kind, &object, &caller, &request.reason).await?;
     Ok(AllowDeleteWithoutPackageResponse { annotated: true })
 }

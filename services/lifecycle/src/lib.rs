@@ -304,6 +304,7 @@ pub async fn serve(
     service: LifecycleService,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), RuntimeError> {
+    let service = service.with_trust(vynil_runtime::Trust::from_config(&config.shared.trust, config.listen)?);
     let server = GrpcServer::bind(config.listen).await?.with_metrics(service.exported_metrics());
     server
         .serve(

@@ -291,6 +291,15 @@ async fn package_gone_then_allowed_the_real_reaper_deletes_children_in_reverse_o
     let annotation = || async {
         world.get("TenantInstance", "web").await["metadata"]["annotations"]["vynil.solidite.fr/delete-without-package"].clone()
     };
+    // Straight to the service, without the gateway's service token: refused,
+    // whatever caller the request claims.
+    let anonymous = grpc
+        .allow_delete_without_package(allow("tenant/apps/web", &explained.children_fingerprint))
+        .await
+        .unwrap_err();
+    assert_eq!(anonymous.code(), tonic::Code::Unauthenticated, "{anonymous:?}");
+    assert!(annotation().await.is_null(), "nothing changed");
+    let allow = |confirm: &str, fingerprint: &str| as_gateway(allow(confirm, fingerprint), "alice");
     let wrong = grpc
         .allow_delete_without_package(allow("tenant/apps/other", &explained.children_fingerprint))
         .await

@@ -20,9 +20,6 @@ use crate::{
     store::{self, StoredOutcome, StoredPlan, StoredReport},
 };
 
-/// Who executes, as the gateway tells after authenticating the caller.
-pub const CALLER_HEADER: &str = "x-vynil-caller";
-
 impl Classify for PurgerError {
     fn failure(&self) -> Failure {
         match self {
@@ -124,7 +121,15 @@ pub fn report_to_proto(report: &StoredReport) -> PurgeReport {
 /// The gRPC service over a shared [`Purger`].
 #[derive(Debug, Clone)]
 pub struct PurgerService {
-    pub purger: Arc<Purger>,
+    purger: Arc<Purger>,
+    trust: vynil_runtime::Trust,
+}
+
+impl PurgerService {
+    /// Serves `purger`, believing callers as `trust` says.
+    pub fn new(purger: Arc<Purger>, trust: vynil_runtime::Trust) -> Self {
+        Self { purger, trust }
+    }
 }
 
 type ProgressStream = Pin<Box<dyn Stream<Item = Result<ExecuteProgress, Status>> + Send>>;
@@ -152,12 +157,9 @@ impl PurgerApi for PurgerService {
 
     #[tracing::instrument(skip_all)]
     async fn execute(&self, request: Request<ExecuteRequest>) -> Result<Response<ProgressStream>, Status> {
-        let caller = request
-            .metadata()
-            .get(CALLER_HEADER)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("unknown (no caller header)")
-            .to_string();
+        // Who executes: believed only with the service token (the gateway).
+        let caller =
+            self.trust.destructive(&request, "purge Execute").map_err(|e| e.to_status())?.to_string();
         let request = request.into_inner();
         let execute = executor::ExecuteRequest {
             plan_id: request.plan_id,

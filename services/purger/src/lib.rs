@@ -27,7 +27,7 @@ use vynil_rules::RetentionConfig;
 use vynil_runtime::{GrpcServer, ServedService, Shutdown};
 
 pub use config::{Config, RetentionFile};
-pub use grpc::{CALLER_HEADER, PurgerService};
+pub use grpc::PurgerService;
 pub use store::{
     DeletionState, MemoryStore, PlanStore, RedisStore, ReportState, RepositoryPlan, StoredOutcome,
     StoredPlan, StoredReport,
@@ -487,11 +487,13 @@ async fn serve(
     purger: Purger,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), PurgerError> {
+    let trust = vynil_runtime::Trust::from_config(&config.shared.trust, config.listen)
+        .map_err(|e| PurgerError::Config(e.to_string()))?;
     let purger = Arc::new(purger);
     let server = GrpcServer::bind(config.listen).await?.with_metrics(purger.exported_metrics.clone());
     let drain = Shutdown::new();
     let scheduler = tokio::spawn(schedule::run_all(purger.clone(), drain.clone()));
-    let service = ServedService::new(PurgerServer::new(PurgerService { purger }));
+    let service = ServedService::new(PurgerServer::new(PurgerService::new(purger, trust)));
     let served = server.serve(vec![service], drain.after(shutdown)).await;
     drain.trigger();
     let _ = scheduler.await;

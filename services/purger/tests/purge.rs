@@ -102,19 +102,26 @@ struct Setup {
     registry: RegistryServer,
     front: HttpFront,
     redis: RedisServer,
+    /// The service token file the purgers read (the gateway's token).
+    token: tempfile::NamedTempFile,
 }
+
+const SERVICE_TOKEN: &str = "purger-test-service-token";
 
 async fn setup() -> Setup {
     let registry = RegistryServer::start().await.unwrap();
     publish_history(&registry).await;
     let front = HttpFront::start(&registry.base_url()).await.unwrap();
     let redis = RedisServer::start().await.unwrap();
-    Setup { registry, front, redis }
+    let token = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(token.path(), SERVICE_TOKEN).unwrap();
+    Setup { registry, front, redis, token }
 }
 
 async fn purger(setup: &Setup, lifecycle: &str, extra: &[&str]) -> ServiceProcess {
     let (redis, front) = (setup.redis.url(), setup.front.host());
-    let mut args = vec!["--redis-url", &redis, "--insecure-registry", &front];
+    let token = setup.token.path().display().to_string();
+    let mut args = vec!["--redis-url", &redis, "--insecure-registry", &front, "--service-token-file", &token];
     if !extra.contains(&"--vynil-version") {
         args.extend(["--vynil-version", "0.8.0"]);
     }
@@ -142,7 +149,7 @@ fn execute_request(plan: &PurgePlan) -> Request<ExecuteRequest> {
         fingerprint: plan.fingerprint.clone(),
         acknowledge_usage_unknown: false,
     });
-    request.metadata_mut().insert("x-vynil-caller", "alice@example".parse().unwrap());
+    vynil_runtime::ServiceCredentials::new(Some(SERVICE_TOKEN)).unwrap().apply(&mut request, "alice@example");
     request
 }
 
@@ -201,6 +208,17 @@ async fn a_multi_type_history_is_purged_to_exactly_what_consumers_can_be_shown()
     assert_eq!(entry(&plan, "0.1.7").reasons, ["unmanaged"]);
     assert_eq!(entry(&plan, &sig_of(&setup.registry, &d0110)).reasons, ["signature of 0.1.10"]);
     assert_eq!(entry(&plan, "0.1.5").reasons, ["superseded"]);
+
+    // Straight to the purger without the gateway's service token: refused,
+    // whoever the request claims to be; with a wrong token too.
+    let mut anonymous = execute_request(&plan);
+    anonymous.metadata_mut().remove("authorization");
+    let refused = execute(&mut client, anonymous).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{refused:?}");
+    let mut forged = execute_request(&plan);
+    forged.metadata_mut().insert("authorization", "Bearer guessed".parse().unwrap());
+    assert_eq!(execute(&mut client, forged).await.unwrap_err().code(), tonic::Code::Unauthenticated);
+    assert_eq!(tags(&setup.registry).await.len(), 13, "nothing was deleted");
 
     let report = execute(&mut client, execute_request(&plan)).await.unwrap();
     assert_eq!(report.executed_by, "alice@example");
@@ -641,8 +659,11 @@ async fn in_a_cluster_each_execution_is_also_an_event_on_its_jukebox() {
         .await
         .unwrap();
     let (redis, front) = (setup.redis.url(), setup.front.host());
+    let token = setup.token.path().display().to_string();
     let args = [
         "--kubernetes",
+        "--service-token-file",
+        &token,
         "--redis-url",
         &redis,
         "--insecure-registry",

@@ -111,8 +111,20 @@ pub struct Stack {
     pub catalog: SocketAddr,
     pub lifecycle: SocketAddr,
     pub purger: SocketAddr,
+    /// The service token file purger and lifecycle read (what a gateway presents).
+    pub token: tempfile::NamedTempFile,
     shutdown: Shutdown,
     services: tokio::task::JoinSet<Result<(), String>>,
+}
+
+/// The service token of a [`Stack`].
+pub const SERVICE_TOKEN: &str = "stack-service-token";
+
+/// `request` as a gateway sends it: with the service token, naming `caller`.
+pub fn as_gateway<T>(request: T, caller: &str) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(request);
+    vynil_runtime::ServiceCredentials::new(Some(SERVICE_TOKEN)).unwrap().apply(&mut request, caller);
+    request
 }
 
 impl Stack {
@@ -127,6 +139,9 @@ impl Stack {
             JukeboxBuilder::new("box").list([format!("{host}/{repository}")]).schedule("0 0 1 1 *").json();
         boxes.create(&PostParams::default(), &serde_json::from_value(jukebox).unwrap()).await.unwrap();
         let (scanner, catalog, lifecycle, purger) = (loopback(), loopback(), loopback(), loopback());
+        let token = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(token.path(), SERVICE_TOKEN).unwrap();
+        let token_file = token.path().display().to_string();
         let shutdown = Shutdown::new();
         let mut services = tokio::task::JoinSet::new();
         let store = || Arc::new(KubeStore::new(client.clone()));
@@ -162,6 +177,8 @@ impl Stack {
             // Only catalog changes and Job changes can explain a prompt reconcile.
             "--requeue-seconds",
             "3600",
+            "--service-token-file",
+            &token_file,
         ]);
         let (c, done) = (client.clone(), shutdown.signaled());
         services.spawn(async move {
@@ -175,12 +192,14 @@ impl Stack {
             &host,
             "--lifecycle-endpoint",
             &format!("http://{lifecycle}"),
+            "--service-token-file",
+            &token_file,
         ]);
         let (s, done) = (store(), shutdown.signaled());
         services.spawn(async move {
             vynil_purger::run_with_store(config, s, done).await.map_err(|e| e.to_string())
         });
-        Self { registry, api, client, boxes, scanner, catalog, lifecycle, purger, shutdown, services }
+        Self { registry, api, client, boxes, scanner, catalog, lifecycle, purger, token, shutdown, services }
     }
 
     /// Publishes `tag` of `category/name` as `package_type` in `<category>/<name>`.

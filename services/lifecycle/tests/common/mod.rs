@@ -71,6 +71,18 @@ pub struct World {
     pub lifecycle: SocketAddr,
     shutdown: Shutdown,
     services: tokio::task::JoinSet<Result<(), String>>,
+    /// Holds the service token file every replica reads.
+    token_dir: tempfile::TempDir,
+}
+
+/// The service token the replicas share with their (test) gateway.
+pub const SERVICE_TOKEN: &str = "lifecycle-test-service-token";
+
+/// `request` as the gateway sends it: with the service token, naming `caller`.
+pub fn as_gateway<T>(request: T, caller: &str) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(request);
+    vynil_runtime::ServiceCredentials::new(Some(SERVICE_TOKEN)).unwrap().apply(&mut request, caller);
+    request
 }
 
 pub type Script = Arc<Mutex<Box<dyn Fn(&AgentJob) -> AgentOutcome + Send>>>;
@@ -109,7 +121,11 @@ impl World {
         });
         let catalog_endpoint = format!("http://{catalog_addr}");
         let lifecycle_shutdown = shutdown.child();
-        let task = spawn_replica(&api, &catalog_endpoint, "a", lifecycle, extra, lifecycle_shutdown.clone());
+        let token_dir = tempfile::tempdir().unwrap();
+        std::fs::write(token_dir.path().join("token"), SERVICE_TOKEN).unwrap();
+        let token = token_dir.path().join("token");
+        let task =
+            spawn_replica(&api, &catalog_endpoint, "a", lifecycle, extra, &token, lifecycle_shutdown.clone());
         services.spawn(task);
         let script: Script = Arc::new(Mutex::new(Box::new(|_: &AgentJob| AgentOutcome::succeed())));
         let shared = script.clone();
@@ -126,6 +142,7 @@ impl World {
                 lifecycle,
                 shutdown,
                 services,
+                token_dir,
             },
             script,
         )
@@ -155,7 +172,8 @@ impl World {
     /// or with the returned signal.
     pub fn start_replica(&mut self, pod: &str, extra: &[&str]) -> (SocketAddr, Shutdown) {
         let (addr, stop) = (loopback(), self.shutdown.child());
-        let task = spawn_replica(&self.api, &self.catalog_endpoint, pod, addr, extra, stop.clone());
+        let token = self.token_dir.path().join("token");
+        let task = spawn_replica(&self.api, &self.catalog_endpoint, pod, addr, extra, &token, stop.clone());
         self.services.spawn(task);
         (addr, stop)
     }
@@ -278,9 +296,11 @@ fn spawn_replica(
     pod: &str,
     listen: SocketAddr,
     extra: &[&str],
+    token: &std::path::Path,
     stop: Shutdown,
 ) -> impl Future<Output = Result<(), String>> + Send + 'static {
     let listen = listen.to_string();
+    let token = token.display().to_string();
     let mut args = vec![
         "vynil-lifecycle",
         "--listen",
@@ -292,6 +312,8 @@ fn spawn_replica(
         JOBS,
         "--pod-name",
         pod,
+        "--service-token-file",
+        &token,
     ];
     args.extend_from_slice(extra);
     let config = vynil_lifecycle::Config::parse_from(args);
