@@ -1,24 +1,90 @@
-//! The gateway: the only HTTP/JSON entry point for humans, the CLI and CI. It
-//! authenticates, authorises and forwards to the services over gRPC; it never
-//! writes to Kubernetes itself.
+//! The gateway: the only HTTP/JSON entry point for humans, the CLI and CI.
+//! It authenticates, authorises and forwards to the services over gRPC; it
+//! never writes to Kubernetes itself and computes no rule.
 //!
-//! Today it serves `/healthz` and answers `501 Not Implemented` with a JSON body
-//! for every API route, so that clients see a clear answer rather than fake data.
+//! - `/api/v1/…`: the API (`api`), each route with the role it needs
+//!   (`routes`), errors in one shape (`error`), credentials (`auth`).
+//! - `/openapi.json`: the OpenAPI 3.1 document (`openapi`).
+//! - `/healthz` (the process), `/readyz` (every configured service answers
+//!   its health check, naming those that do not), `/metrics` (Prometheus).
+//!
+//! The services trust the caller identity the gateway forwards only because
+//! it presents the shared service token (`--service-token-file`); see
+//! `vynil_runtime::trust`.
 
-use std::{future::Future, net::SocketAddr};
+pub mod api;
+pub mod auth;
+pub mod downstream;
+pub mod error;
+pub mod metrics;
+pub mod openapi;
+pub mod routes;
 
-use axum::{Json, Router, http::StatusCode, routing::get};
-use serde_json::json;
+use std::{future::Future, net::SocketAddr, path::PathBuf, time::Duration};
+
+use axum::{Router, middleware, routing::get};
+
+use crate::{
+    api::App,
+    auth::{Authenticator, Role, Sessions, TokenBook},
+    downstream::{Downstreams, Service},
+};
 
 /// Gateway configuration: flags, each with an environment fallback.
 #[derive(Debug, Clone, clap::Parser)]
 #[command(name = "vynil-gateway", version, about = "HTTP/JSON front of the Vynil control plane")]
 pub struct Config {
+    #[command(subcommand)]
+    pub command: Option<Command>,
     /// Address the HTTP server listens on.
     #[arg(long, env = "VYNIL_GATEWAY_LISTEN", default_value = "0.0.0.0:8080")]
     pub listen: SocketAddr,
+    /// The catalog service, e.g. `http://vynil-catalog:50051`.
+    #[arg(long, env = "VYNIL_CATALOG_ENDPOINT")]
+    pub catalog_endpoint: Option<String>,
+    #[arg(long, env = "VYNIL_SCANNER_ENDPOINT")]
+    pub scanner_endpoint: Option<String>,
+    #[arg(long, env = "VYNIL_PURGER_ENDPOINT")]
+    pub purger_endpoint: Option<String>,
+    #[arg(long, env = "VYNIL_LIFECYCLE_ENDPOINT")]
+    pub lifecycle_endpoint: Option<String>,
+    /// The bearer tokens (YAML: `tokens: [{name, role, sha256}]`); without
+    /// it every API route but login answers 401.
+    #[arg(long, env = "VYNIL_GATEWAY_TOKENS_FILE")]
+    pub tokens_file: Option<PathBuf>,
+    /// The service token the services expect from the gateway.
+    #[arg(long, env = "VYNIL_SERVICE_TOKEN_FILE")]
+    pub service_token_file: Option<PathBuf>,
+    /// The key signing session cookies, the same on every replica (≥ 32
+    /// bytes); without it a random key: sessions hold on this replica only.
+    #[arg(long, env = "VYNIL_GATEWAY_SESSION_KEY_FILE")]
+    pub session_key_file: Option<PathBuf>,
+    /// How long a browser session lasts.
+    #[arg(long, env = "VYNIL_GATEWAY_SESSION_HOURS", default_value_t = 12)]
+    pub session_hours: u64,
+    /// Mark session cookies `Secure` (set it when TLS terminates in front of the gateway).
+    #[arg(long, env = "VYNIL_GATEWAY_SECURE_COOKIES")]
+    pub secure_cookies: bool,
     #[command(flatten)]
     pub log: vynil_runtime::LogConfig,
+}
+
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum Command {
+    /// Prints a new random token and the line to add to the tokens file.
+    Token {
+        #[arg(long)]
+        name: String,
+        #[arg(long, value_parser = parse_role)]
+        role: Role,
+    },
+}
+
+fn parse_role(value: &str) -> Result<Role, String> {
+    Role::ALL
+        .into_iter()
+        .find(|r| r.as_str() == value)
+        .ok_or_else(|| format!("{value:?} is not viewer, operator or admin"))
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -27,29 +93,116 @@ pub enum GatewayError {
     Bind { addr: SocketAddr, source: std::io::Error },
     #[error("HTTP server failed: {0}")]
     Serve(std::io::Error),
+    #[error(transparent)]
+    Auth(#[from] auth::AuthConfigError),
+    #[error(transparent)]
+    Trust(#[from] vynil_runtime::trust::TrustError),
+    #[error("--{service}-endpoint: {problem}")]
+    Endpoint { service: &'static str, problem: String },
+    #[error("cannot make a random key: {0}")]
+    Random(std::io::Error),
 }
 
-/// The HTTP routes.
-pub fn router() -> Router {
-    Router::new().route("/healthz", get(|| async { "ok" })).fallback(|| async {
-        (
-            StatusCode::NOT_IMPLEMENTED,
-            Json(json!({
-                "code": "NOT_IMPLEMENTED",
-                "message": "this gateway route is not implemented yet",
-            })),
+/// A bound gateway, ready to serve (binding apart so tests learn the port).
+#[derive(Debug)]
+pub struct Gateway {
+    listener: tokio::net::TcpListener,
+    router: Router,
+}
+
+impl Gateway {
+    pub async fn bind(config: &Config) -> Result<Self, GatewayError> {
+        let router = router(config)?;
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .map_err(|source| GatewayError::Bind { addr: config.listen, source })?;
+        Ok(Self { listener, router })
+    }
+
+    pub fn local_addr(&self) -> Result<SocketAddr, GatewayError> {
+        self.listener
+            .local_addr()
+            .map_err(|source| GatewayError::Bind { addr: SocketAddr::from(([0, 0, 0, 0], 0)), source })
+    }
+
+    /// Serves until `shutdown` resolves, then drains.
+    pub async fn serve(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), GatewayError> {
+        tracing::info!(address = ?self.listener.local_addr().ok(), "serving HTTP");
+        axum::serve(self.listener, self.router)
+            .with_graceful_shutdown(shutdown)
+            .await
+            .map_err(GatewayError::Serve)
+    }
+}
+
+/// Every route of the gateway, as `config` sets it up.
+pub fn router(config: &Config) -> Result<Router, GatewayError> {
+    let tokens = match &config.tokens_file {
+        Some(path) => TokenBook::load(path)?,
+        None => TokenBook::default(),
+    };
+    if tokens.is_empty() {
+        tracing::warn!(
+            "no bearer token is configured (--tokens-file): every API route but login answers 401"
+        );
+    }
+    let key = config.session_key_file.as_deref().map(Sessions::load_key).transpose()?;
+    if key.is_none() {
+        tracing::info!(
+            "no --session-key-file: sessions are signed with a random key and hold on this replica only"
+        );
+    }
+    let sessions =
+        Sessions::new(key, Duration::from_secs(config.session_hours.max(1) * 3600), config.secure_cookies)
+            .map_err(GatewayError::Random)?;
+    let service_token =
+        config.service_token_file.as_deref().map(vynil_runtime::trust::read_token_file).transpose()?;
+    let credentials = vynil_runtime::ServiceCredentials::new(service_token.as_deref())
+        .map_err(|e| GatewayError::Endpoint { service: "service-token", problem: e.message().to_string() })?;
+    let endpoints = [
+        (Service::Catalog, config.catalog_endpoint.clone()),
+        (Service::Scanner, config.scanner_endpoint.clone()),
+        (Service::Purger, config.purger_endpoint.clone()),
+        (Service::Lifecycle, config.lifecycle_endpoint.clone()),
+    ];
+    let services = Downstreams::new(&endpoints, credentials)
+        .map_err(|(service, problem)| GatewayError::Endpoint { service: service.name(), problem })?;
+    let (metrics, registry) = metrics::GatewayMetrics::register();
+    let app = App::new(Authenticator { tokens, sessions }, services, metrics);
+    let scrape = get(move || {
+        let registry = registry.clone();
+        async move { vynil_runtime::metrics::render(&registry) }
+    });
+    let openapi = openapi::document();
+    let router = Router::new()
+        .merge(routes::api_router(app.clone()))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(routes::readyz).with_state(app.clone()))
+        .route("/metrics", scrape)
+        .route(
+            "/openapi.json",
+            get(move || {
+                let openapi = openapi.clone();
+                async move { ([(http::header::CONTENT_TYPE, "application/json")], openapi) }
+            }),
         )
-    })
+        .nest("/api", Router::new().fallback(routes::api_not_found))
+        .layer(middleware::from_fn_with_state(app, routes::observe));
+    Ok(router)
 }
 
-/// Serves until `shutdown` resolves, then drains.
+/// Runs the command line: serves, or prints a new token.
 pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), GatewayError> {
-    let listener = tokio::net::TcpListener::bind(config.listen)
-        .await
-        .map_err(|source| GatewayError::Bind { addr: config.listen, source })?;
-    tracing::info!(address = %config.listen, "serving HTTP");
-    axum::serve(listener, router()).with_graceful_shutdown(shutdown).await.map_err(GatewayError::Serve)
+    if let Some(Command::Token { name, role }) = &config.command {
+        let token = vynil_runtime::trust::generate_token().map_err(GatewayError::Random)?;
+        println!("token: {token}\ntokens file line:\n{}", TokenBook::line(name, *role, &token));
+        return Ok(());
+    }
+    Gateway::bind(&config).await?.serve(shutdown).await
 }

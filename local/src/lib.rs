@@ -8,7 +8,11 @@
 //! cluster, so the lifecycle answers every call with "disabled: no cluster"
 //! and the purger plans with usage unknown.
 
-use std::{future::Future, net::SocketAddr};
+use std::{
+    future::Future,
+    net::SocketAddr,
+    path::{Path, PathBuf},
+};
 
 use clap::Parser;
 use tokio::task::JoinSet;
@@ -28,6 +32,10 @@ pub struct Config {
     pub lifecycle_listen: SocketAddr,
     #[arg(long, env = "VYNIL_GATEWAY_LISTEN", default_value = "127.0.0.1:8080")]
     pub gateway_listen: SocketAddr,
+    /// Where the generated admin token (for the gateway) and service token
+    /// are written, mode 0600: `$XDG_STATE_HOME/vynil` or `~/.local/state/vynil`.
+    #[arg(long, env = "VYNIL_STATE_DIR")]
+    pub state_dir: Option<PathBuf>,
     #[command(flatten)]
     pub shared: SharedConfig,
 }
@@ -42,6 +50,67 @@ pub enum LocalError {
     Config { service: &'static str, error: String },
     #[error("{service} stopped: {error}")]
     Service { service: &'static str, error: String },
+    #[error("cannot write {path}: {source} (set --state-dir to a writable directory)")]
+    State { path: PathBuf, source: std::io::Error },
+}
+
+/// The state directory: the flag, else `$XDG_STATE_HOME/vynil`, else
+/// `~/.local/state/vynil`, else `.vynil`.
+fn state_dir(config: &Config) -> PathBuf {
+    if let Some(dir) = &config.state_dir {
+        return dir.clone();
+    }
+    let home = |v: &str| std::env::var_os(v).filter(|v| !v.is_empty()).map(PathBuf::from);
+    home("XDG_STATE_HOME")
+        .map(|d| d.join("vynil"))
+        .or_else(|| home("HOME").map(|h| h.join(".local/state/vynil")))
+        .unwrap_or_else(|| PathBuf::from(".vynil"))
+}
+
+/// Writes `content` to `path` readable by its owner only (0600), replacing
+/// it atomically.
+fn write_private(path: &Path, content: &str) -> Result<(), LocalError> {
+    use std::{io::Write, os::unix::fs::OpenOptionsExt};
+    let error = |source| LocalError::State { path: path.to_path_buf(), source };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(error)?;
+    }
+    let temporary = path.with_extension("tmp");
+    let _ = std::fs::remove_file(&temporary);
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&temporary)
+        .map_err(error)?;
+    file.write_all(content.as_bytes()).and_then(|()| file.sync_all()).map_err(error)?;
+    std::fs::rename(&temporary, path).map_err(error)
+}
+
+/// The tokens of this run: a new admin token for the gateway and a new
+/// service token between the gateway and the services, each in its file.
+struct Tokens {
+    admin_file: PathBuf,
+    tokens_file: PathBuf,
+    service_file: PathBuf,
+}
+
+fn make_tokens(dir: &Path) -> Result<Tokens, LocalError> {
+    let random = || {
+        vynil_runtime::trust::generate_token()
+            .map_err(|source| LocalError::State { path: dir.to_path_buf(), source })
+    };
+    let (admin, service) = (random()?, random()?);
+    let tokens = Tokens {
+        admin_file: dir.join("admin-token"),
+        tokens_file: dir.join("gateway-tokens.yaml"),
+        service_file: dir.join("service-token"),
+    };
+    write_private(&tokens.admin_file, &format!("{admin}\n"))?;
+    let book = vynil_gateway::auth::TokenBook::line("admin", vynil_gateway::auth::Role::Admin, &admin);
+    write_private(&tokens.tokens_file, &format!("tokens:\n{book}\n"))?;
+    write_private(&tokens.service_file, &format!("{service}\n"))?;
+    Ok(tokens)
 }
 
 /// A service's own configuration, from its own flags and defaults, with the
@@ -68,20 +137,27 @@ pub async fn run(
     if config.shared.kubernetes {
         return Err(LocalError::ClusterRequested);
     }
-    let store = vynil_store::open(&config.shared.store_settings(vynil_runtime::user_agent!())).await?;
+    let tokens = make_tokens(&state_dir(&config))?;
+    let mut shared = config.shared.clone();
+    // The services believe the gateway (service token); anyone else on
+    // this machine reaching a loopback port is the user, and may run
+    // destructive calls (refused by the services off loopback).
+    shared.trust.service_token_file = Some(tokens.service_file.clone());
+    shared.trust.allow_unauthenticated = true;
+    let store = vynil_store::open(&shared.store_settings(vynil_runtime::user_agent!())).await?;
     let drain = vynil_runtime::Shutdown::new();
     let stopped = || drain.signaled();
     let mut services: JoinSet<(&'static str, Result<(), String>)> = JoinSet::new();
 
     let mut catalog: vynil_catalog::Config = service_config("catalog", config.catalog_listen, &[])?;
-    catalog.shared = config.shared.clone();
+    catalog.shared = shared.clone();
     let (store_c, done) = (store.clone(), stopped());
     services.spawn(async move {
         ("catalog", vynil_catalog::run_with_store(catalog, store_c, done).await.map_err(|e| e.to_string()))
     });
 
     let mut scanner: vynil_scanner::Config = service_config("scanner", config.scanner_listen, &[])?;
-    scanner.shared = config.shared.clone();
+    scanner.shared = shared.clone();
     let (store_s, done) = (store.clone(), stopped());
     services.spawn(async move {
         ("scanner", vynil_scanner::run_with_store(scanner, store_s, done).await.map_err(|e| e.to_string()))
@@ -90,20 +166,37 @@ pub async fn run(
     let lifecycle_endpoint = format!("http://{}", config.lifecycle_listen);
     let mut purger: vynil_purger::Config =
         service_config("purger", config.purger_listen, &["--lifecycle-endpoint".into(), lifecycle_endpoint])?;
-    purger.shared = config.shared.clone();
+    purger.shared = shared.clone();
     let (store_p, done) = (store.clone(), stopped());
     services.spawn(async move {
         ("purger", vynil_purger::run_with_store(purger, store_p, done).await.map_err(|e| e.to_string()))
     });
 
-    let lifecycle: vynil_lifecycle::Config = service_config("lifecycle", config.lifecycle_listen, &[])?;
+    let mut lifecycle: vynil_lifecycle::Config = service_config("lifecycle", config.lifecycle_listen, &[])?;
+    lifecycle.shared = shared.clone();
     let disabled = vynil_lifecycle::LifecycleService::disabled("no cluster (local mode)");
     let done = stopped();
     services.spawn(async move {
         ("lifecycle", vynil_lifecycle::serve(lifecycle, disabled, done).await.map_err(|e| e.to_string()))
     });
 
-    let gateway: vynil_gateway::Config = service_config("gateway", config.gateway_listen, &[])?;
+    let endpoint = |addr: SocketAddr| format!("http://{addr}");
+    let path = |p: &Path| p.display().to_string();
+    let gateway_flags = [
+        "--catalog-endpoint".to_string(),
+        endpoint(config.catalog_listen),
+        "--scanner-endpoint".into(),
+        endpoint(config.scanner_listen),
+        "--purger-endpoint".into(),
+        endpoint(config.purger_listen),
+        "--lifecycle-endpoint".into(),
+        endpoint(config.lifecycle_listen),
+        "--tokens-file".into(),
+        path(&tokens.tokens_file),
+        "--service-token-file".into(),
+        path(&tokens.service_file),
+    ];
+    let gateway: vynil_gateway::Config = service_config("gateway", config.gateway_listen, &gateway_flags)?;
     let done = stopped();
     services.spawn(
         async move { ("gateway", vynil_gateway::run(gateway, done).await.map_err(|e| e.to_string())) },
@@ -117,6 +210,11 @@ pub async fn run(
         gateway = %config.gateway_listen,
         jukeboxes = %config.shared.jukebox_dir.display(),
         "local mode: starting every service"
+    );
+    let url = format!("http://{}", config.gateway_listen);
+    let admin = tokens.admin_file.display();
+    println!(
+        "Vynil is starting.\n  gateway:     {url}\n  admin token: {admin} (mode 0600; a new one each start)\n  try:         curl -H \"Authorization: Bearer $(cat {admin})\" {url}/api/v1/jukeboxes"
     );
     tokio::pin!(shutdown);
     let mut failure = None;

@@ -69,6 +69,8 @@ async fn start(registry: &RegistryServer) -> Local {
     command
         .arg("--jukebox-dir")
         .arg(dir.path())
+        .arg("--state-dir")
+        .arg(dir.path().join("state"))
         .arg("--insecure-registry")
         .arg(registry.host())
         .env_remove("REDIS_URL")
@@ -85,6 +87,15 @@ async fn start(registry: &RegistryServer) -> Local {
         }
     }
     local
+}
+
+/// The generated admin token, from the file local mode names.
+fn admin_token(local: &Local) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    let path = local._dir.path().join("state/admin-token");
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "the admin token is readable by its owner only");
+    std::fs::read_to_string(path).unwrap().trim().to_string()
 }
 
 #[tokio::test]
@@ -151,6 +162,16 @@ async fn one_process_serves_every_service_and_they_work_together() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
+    // …and in the gateway's, with the admin token local mode generated.
+    let http = reqwest::Client::new();
+    let url = format!("http://{gateway}/api/v1/jukeboxes/box/catalog");
+    assert_eq!(http.get(&url).send().await.unwrap().status(), 401, "no token, no answer");
+    let answer = http.get(&url).bearer_auth(admin_token(&local)).send().await.unwrap();
+    assert_eq!(answer.status(), 200);
+    let page: serde_json::Value = answer.json().await.unwrap();
+    assert_eq!(page["items"][0]["tag"], "1.2.0", "{page}");
+    assert_eq!(page["items"][0]["roles"][0]["kind"], "head", "{page}");
+
     // No cluster: the lifecycle says so, and the purger plans with usage unknown.
     let mut lifecycle = LifecycleClient::new(channel(lifecycle).await.unwrap());
     let refused =
@@ -183,6 +204,8 @@ async fn a_port_in_use_stops_local_mode_with_an_error() {
     let output = Command::new(env!("CARGO_BIN_EXE_vynil"))
         .args(["--gateway-listen", &port, "--jukebox-dir"])
         .arg(dir.path())
+        .arg("--state-dir")
+        .arg(dir.path().join("state"))
         .args(["--catalog-listen", &loopback().to_string(), "--scanner-listen", &loopback().to_string()])
         .args(["--purger-listen", &loopback().to_string(), "--lifecycle-listen", &loopback().to_string()])
         .output()

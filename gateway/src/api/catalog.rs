@@ -1,0 +1,304 @@
+//! JukeBoxes, their catalogs (with each revision's roles) and upgrade paths.
+
+use axum::{
+    Json,
+    extract::{Path, Query, State, rejection::QueryRejection},
+};
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+use vynil_proto::catalog::v1 as pb;
+
+use super::{App, Ctx, Errors, PageQuery, check_subdomain, failed, non_empty, query};
+use crate::{downstream::Service, error::ApiError};
+
+/// A package type, as in `fr.solidite.vynil.metadata`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum PackageType {
+    Tenant,
+    Service,
+    System,
+}
+
+impl PackageType {
+    pub fn from_proto(value: i32) -> Option<Self> {
+        match pb::PackageType::try_from(value) {
+            Ok(pb::PackageType::Tenant) => Some(Self::Tenant),
+            Ok(pb::PackageType::Service) => Some(Self::Service),
+            Ok(pb::PackageType::System) => Some(Self::System),
+            _ => None,
+        }
+    }
+
+    pub fn to_proto(self) -> i32 {
+        (match self {
+            Self::Tenant => pb::PackageType::Tenant,
+            Self::Service => pb::PackageType::Service,
+            Self::System => pb::PackageType::System,
+        }) as i32
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Condition {
+    #[serde(rename = "type")]
+    pub condition_type: String,
+    pub status: String,
+    pub message: String,
+    pub last_transition_time: Option<String>,
+}
+
+impl From<pb::Condition> for Condition {
+    fn from(c: pb::Condition) -> Self {
+        Self {
+            condition_type: c.r#type,
+            status: c.status,
+            message: c.message,
+            last_transition_time: non_empty(c.last_transition_time),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Jukebox {
+    pub name: String,
+    pub package_count: u32,
+    pub pull_secret: Option<String>,
+    /// When the scanner last changed its packages or its Updated condition.
+    pub last_change_time: Option<String>,
+    pub conditions: Vec<Condition>,
+    pub content_hash: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct SkippedSource {
+    pub source: String,
+    pub problem: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct JukeboxList {
+    pub items: Vec<Jukebox>,
+    /// JukeBox sources that could not be read, with what is wrong.
+    pub skipped: Vec<SkippedSource>,
+    pub next_page_token: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RoleKind {
+    Head,
+    Waypoint,
+    NewestOfType,
+}
+
+/// Why a revision is in the catalog.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct RevisionRole {
+    pub kind: RoleKind,
+    /// A waypoint's minimum previous version (`null`: reachable from any).
+    pub minimum: Option<String>,
+    /// For `newest_of_type`.
+    #[serde(rename = "type")]
+    pub package_type: Option<PackageType>,
+    pub description: String,
+}
+
+/// One package revision.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Package {
+    pub registry: String,
+    pub image: String,
+    pub tag: String,
+    pub digest: Option<String>,
+    pub category: String,
+    pub name: String,
+    #[serde(rename = "type")]
+    pub package_type: Option<PackageType>,
+    pub description: String,
+    pub app_version: Option<String>,
+    pub features: Vec<String>,
+    /// Upstream's `requirements` list, as published.
+    #[schema(value_type = Object)]
+    pub requirements: serde_json::Value,
+    /// The options schema, `null` when none.
+    #[schema(value_type = Object)]
+    pub options: serde_json::Value,
+    pub roles: Vec<RevisionRole>,
+}
+
+fn json_field(text: &str) -> serde_json::Value {
+    serde_json::from_str(text).unwrap_or(serde_json::Value::Null)
+}
+
+impl From<pb::Package> for Package {
+    fn from(p: pb::Package) -> Self {
+        let meta = p.metadata.unwrap_or_default();
+        Self {
+            registry: p.registry,
+            image: p.image,
+            tag: p.tag,
+            digest: non_empty(p.digest),
+            category: meta.category,
+            name: meta.name,
+            package_type: PackageType::from_proto(meta.r#type),
+            description: meta.description,
+            app_version: non_empty(meta.app_version),
+            features: meta.features,
+            requirements: json_field(&p.requirements_json),
+            options: json_field(&p.options_json),
+            roles: p
+                .roles
+                .into_iter()
+                .map(|r| RevisionRole {
+                    kind: match pb::RoleKind::try_from(r.kind) {
+                        Ok(pb::RoleKind::Waypoint) => RoleKind::Waypoint,
+                        Ok(pb::RoleKind::NewestOfType) => RoleKind::NewestOfType,
+                        _ => RoleKind::Head,
+                    },
+                    minimum: non_empty(r.minimum),
+                    package_type: PackageType::from_proto(r.r#type),
+                    description: r.description,
+                })
+                .collect(),
+        }
+    }
+}
+
+#[utoipa::path(get, path = "/api/v1/jukeboxes", tag = "catalog", params(PageQuery),
+    responses((status = 200, body = JukeboxList), Errors), security(("bearer" = []), ("session" = [])))]
+pub async fn list_jukeboxes(
+    State(app): State<App>,
+    Ctx(ctx): Ctx,
+    page: Result<Query<PageQuery>, QueryRejection>,
+) -> Result<Json<JukeboxList>, ApiError> {
+    let page = query(page)?;
+    let request = app.services.request(&ctx, pb::ListJukeboxesRequest {});
+    let answer = app.services.catalog()?.list_jukeboxes(request).await.map_err(failed(Service::Catalog))?;
+    let answer = answer.into_inner();
+    let items = answer
+        .jukeboxes
+        .into_iter()
+        .map(|j| Jukebox {
+            name: j.name,
+            package_count: j.package_count,
+            pull_secret: non_empty(j.pull_secret),
+            last_change_time: non_empty(j.last_change_time),
+            conditions: j.conditions.into_iter().map(Condition::from).collect(),
+            content_hash: j.content_hash,
+        })
+        .collect();
+    let (items, next_page_token) = page.page(items)?;
+    let skipped =
+        answer.skipped.into_iter().map(|s| SkippedSource { source: s.source, problem: s.problem }).collect();
+    Ok(Json(JukeboxList { items, skipped, next_page_token }))
+}
+
+#[derive(Debug, Clone, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct CatalogQuery {
+    pub category: Option<String>,
+    pub name: Option<String>,
+    #[serde(rename = "type")]
+    #[param(rename = "type", value_type = Option<PackageType>)]
+    pub package_type: Option<PackageType>,
+    pub limit: Option<usize>,
+    pub page_token: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct CatalogPage {
+    pub jukebox: String,
+    pub content_hash: String,
+    /// Newest first within each package, in the JukeBox's own order.
+    pub items: Vec<Package>,
+    pub next_page_token: Option<String>,
+}
+
+#[utoipa::path(get, path = "/api/v1/jukeboxes/{jukebox}/catalog", tag = "catalog",
+    params(("jukebox" = String, Path), CatalogQuery),
+    responses((status = 200, body = CatalogPage), Errors), security(("bearer" = []), ("session" = [])))]
+pub async fn get_catalog(
+    State(app): State<App>,
+    Ctx(ctx): Ctx,
+    Path(jukebox): Path<String>,
+    filters: Result<Query<CatalogQuery>, QueryRejection>,
+) -> Result<Json<CatalogPage>, ApiError> {
+    check_subdomain("jukebox", &jukebox)?;
+    let filters = query(filters)?;
+    let request = pb::GetCatalogRequest {
+        jukebox,
+        category: filters.category.unwrap_or_default(),
+        name: filters.name.unwrap_or_default(),
+        r#type: filters.package_type.map(PackageType::to_proto).unwrap_or_default(),
+        channel: 0,
+    };
+    let request = app.services.request(&ctx, request);
+    let answer = app.services.catalog()?.get_catalog(request).await.map_err(failed(Service::Catalog))?;
+    let answer = answer.into_inner();
+    let page = PageQuery { limit: filters.limit, page_token: filters.page_token };
+    let (items, next_page_token) = page.page(answer.packages.into_iter().map(Package::from).collect())?;
+    Ok(Json(CatalogPage {
+        jukebox: answer.jukebox,
+        content_hash: answer.content_hash,
+        items,
+        next_page_token,
+    }))
+}
+
+#[derive(Debug, Clone, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct UpgradePathQuery {
+    pub category: String,
+    pub name: String,
+    #[serde(rename = "type")]
+    #[param(rename = "type", value_type = PackageType)]
+    pub package_type: PackageType,
+    /// The installed version; absent for a fresh install.
+    pub from: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct NoMatch {
+    /// jukebox, category+name, type, minimum version, framework version or held.
+    pub excluded_by: String,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct UpgradePath {
+    /// Each revision installed in turn (one agent Job each), oldest first.
+    pub steps: Vec<Package>,
+    /// The newest revision reached.
+    pub to: Option<String>,
+    /// Why no step can be taken.
+    pub blocked: Option<NoMatch>,
+}
+
+#[utoipa::path(get, path = "/api/v1/jukeboxes/{jukebox}/upgrade-path", tag = "catalog",
+    params(("jukebox" = String, Path), UpgradePathQuery),
+    responses((status = 200, body = UpgradePath), Errors), security(("bearer" = []), ("session" = [])))]
+pub async fn upgrade_path(
+    State(app): State<App>,
+    Ctx(ctx): Ctx,
+    Path(jukebox): Path<String>,
+    asked: Result<Query<UpgradePathQuery>, QueryRejection>,
+) -> Result<Json<UpgradePath>, ApiError> {
+    check_subdomain("jukebox", &jukebox)?;
+    let asked = query(asked)?;
+    let request = pb::GetUpgradePathRequest {
+        jukebox,
+        category: asked.category,
+        name: asked.name,
+        r#type: asked.package_type.to_proto(),
+        from_tag: asked.from.unwrap_or_default(),
+    };
+    let request = app.services.request(&ctx, request);
+    let answer = app.services.catalog()?.get_upgrade_path(request).await.map_err(failed(Service::Catalog))?;
+    let answer = answer.into_inner();
+    Ok(Json(UpgradePath {
+        steps: answer.steps.into_iter().map(Package::from).collect(),
+        to: non_empty(answer.to_tag),
+        blocked: answer.blocked.map(|b| NoMatch { excluded_by: b.excluded_by, reason: b.reason }),
+    }))
+}

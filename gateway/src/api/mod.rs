@@ -1,0 +1,166 @@
+//! The HTTP/JSON API under `/api/v1`: a thin translation of the services'
+//! gRPC APIs. No rule is computed here; roles, upgrade paths, plans and
+//! explanations all come from the services. What this layer adds: input
+//! validated before it reaches a service (names as DNS-1123, scan filters
+//! with the rules crate's own parser), JSON shapes with enums as words,
+//! pagination of lists, and errors in one shape (`crate::error`).
+
+pub mod catalog;
+pub mod instances;
+pub mod purge;
+pub mod scans;
+pub mod session;
+
+use std::sync::Arc;
+
+use axum::extract::{FromRequestParts, Query, rejection::QueryRejection};
+use base64::Engine;
+use serde::{Deserialize, Serialize, de::DeserializeOwned};
+use utoipa::{IntoParams, ToSchema};
+
+use crate::{
+    auth::Authenticator,
+    downstream::{CallContext, Downstreams, Service},
+    error::{ApiError, ErrorBody},
+    metrics::GatewayMetrics,
+};
+
+/// What every handler shares.
+#[derive(Debug, Clone)]
+pub struct App(Arc<AppInner>);
+
+#[derive(Debug)]
+pub struct AppInner {
+    pub auth: Authenticator,
+    pub services: Downstreams,
+    pub metrics: GatewayMetrics,
+}
+
+impl App {
+    pub fn new(auth: Authenticator, services: Downstreams, metrics: GatewayMetrics) -> Self {
+        Self(Arc::new(AppInner { auth, services, metrics }))
+    }
+}
+
+impl std::ops::Deref for App {
+    type Target = AppInner;
+    fn deref(&self) -> &AppInner {
+        &self.0
+    }
+}
+
+/// The caller context the authorization layer put in the request.
+#[derive(Debug, Clone)]
+pub struct Ctx(pub CallContext);
+
+impl<S: Send + Sync> FromRequestParts<S> for Ctx {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut http::request::Parts, _: &S) -> Result<Self, ApiError> {
+        parts
+            .extensions
+            .get::<CallContext>()
+            .cloned()
+            .map(Ctx)
+            .ok_or_else(|| ApiError::internal("the authorization layer did not run for this route"))
+    }
+}
+
+/// A query string, its errors answered as 400 naming the parameter.
+pub fn query<T: DeserializeOwned>(extracted: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
+    extracted.map(|Query(q)| q).map_err(|e| ApiError::bad_request("query", e.body_text()))
+}
+
+/// A JSON body, its errors answered as 400 naming what is wrong.
+pub fn body<T>(
+    extracted: Result<axum::Json<T>, axum::extract::rejection::JsonRejection>,
+) -> Result<T, ApiError> {
+    extracted.map(|axum::Json(b)| b).map_err(|e| ApiError::bad_request("body", e.body_text()))
+}
+
+/// A service's error, as the API answers it.
+pub fn failed(service: Service) -> impl Fn(tonic::Status) -> ApiError {
+    move |status| ApiError::from_status(service.name(), &status)
+}
+
+pub fn check_subdomain(field: &str, value: &str) -> Result<(), ApiError> {
+    vynil_crds::names::validate_subdomain(field, value).map_err(|e| ApiError::bad_request(field, e))
+}
+
+pub fn check_label(field: &str, value: &str) -> Result<(), ApiError> {
+    vynil_crds::names::validate_label(field, value).map_err(|e| ApiError::bad_request(field, e))
+}
+
+/// Pagination of a list: `limit` items from the opaque `page_token`.
+#[derive(Debug, Clone, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct PageQuery {
+    /// At most this many items (1–1000, default 100).
+    pub limit: Option<usize>,
+    /// The `next_page_token` of the previous page.
+    pub page_token: Option<String>,
+}
+
+const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+
+impl PageQuery {
+    /// One page of `items` and the token of the next, if any.
+    pub fn page<T>(&self, items: Vec<T>) -> Result<(Vec<T>, Option<String>), ApiError> {
+        let limit = self.limit.unwrap_or(100);
+        if !(1..=1000).contains(&limit) {
+            return Err(ApiError::bad_request("limit", format!("{limit} is not between 1 and 1000")));
+        }
+        let start = match self.page_token.as_deref().filter(|t| !t.is_empty()) {
+            None => 0,
+            Some(token) => B64
+                .decode(token)
+                .ok()
+                .and_then(|b| String::from_utf8(b).ok())
+                .and_then(|s| s.strip_prefix("offset:").and_then(|n| n.parse::<usize>().ok()))
+                .ok_or_else(|| {
+                    ApiError::bad_request(
+                        "page_token",
+                        "not a token this API gave: start from the first page",
+                    )
+                })?,
+        };
+        let total = items.len();
+        let page: Vec<T> = items.into_iter().skip(start).take(limit).collect();
+        let next = (start + limit < total).then(|| B64.encode(format!("offset:{}", start + limit)));
+        Ok((page, next))
+    }
+}
+
+/// The answer of a call that changed nothing to report but succeeded.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Done {
+    pub done: bool,
+}
+
+/// Every error status a route may answer, for the OpenAPI document.
+#[derive(Debug, utoipa::IntoResponses)]
+#[allow(dead_code)]
+pub enum Errors {
+    /// Bad input: the message names the field.
+    #[response(status = 400)]
+    BadRequest(ErrorBody),
+    /// No credential, or one that is not valid.
+    #[response(status = 401)]
+    Unauthenticated(ErrorBody),
+    /// The caller's role does not allow this (or a missing CSRF token).
+    #[response(status = 403)]
+    Forbidden(ErrorBody),
+    #[response(status = 404)]
+    NotFound(ErrorBody),
+    /// Refused as the state stands (a stale plan, a wrong confirmation) or a concurrent change.
+    #[response(status = 409)]
+    Conflict(ErrorBody),
+    /// A service (named in the message) is down or not configured.
+    #[response(status = 503)]
+    Unavailable(ErrorBody),
+}
+
+/// A timestamp or text that is empty when unknown, as `null` in JSON.
+pub fn non_empty(value: String) -> Option<String> {
+    (!value.is_empty()).then_some(value)
+}

@@ -1,0 +1,151 @@
+//! The one place where failures become HTTP answers.
+//!
+//! Every error body is `{code, message, request_id}`. `code` is stable (a
+//! client switches on it); `message` says what was wrong and what to do. A
+//! service's gRPC status maps by its code, as the services classify their
+//! failures in one place too (`vynil_runtime::Classify`):
+//!
+//! | gRPC | HTTP | code |
+//! |---|---|---|
+//! | `INVALID_ARGUMENT` | 400 | `BAD_REQUEST` |
+//! | `UNAUTHENTICATED` | 401 | `UNAUTHENTICATED` |
+//! | `PERMISSION_DENIED` | 403 | `FORBIDDEN` |
+//! | `NOT_FOUND` | 404 | `NOT_FOUND` |
+//! | `FAILED_PRECONDITION` (a refusal, a stale plan) | 409 | `REFUSED` |
+//! | `ABORTED`, `ALREADY_EXISTS` (a concurrent change) | 409 | `CONFLICT` |
+//! | `UNAVAILABLE` (the service or its dependency is down) | 503 | `UNAVAILABLE` |
+//! | `DEADLINE_EXCEEDED` | 504 | `TIMEOUT` |
+//! | anything else | 500 | `INTERNAL` |
+//!
+//! A 503 names the service, so "which one is down" is never a guess.
+
+use axum::{
+    Json,
+    http::StatusCode,
+    response::{IntoResponse, Response},
+};
+use serde::{Deserialize, Serialize};
+use tonic::Code;
+use utoipa::ToSchema;
+
+/// The body of every error answer.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ErrorBody {
+    /// Stable: BAD_REQUEST, UNAUTHENTICATED, FORBIDDEN, NOT_FOUND, REFUSED,
+    /// CONFLICT, UNAVAILABLE, TIMEOUT, INTERNAL.
+    pub code: String,
+    /// What was wrong and what to do.
+    pub message: String,
+    /// The request's id, as in the `x-request-id` header and the logs.
+    pub request_id: String,
+}
+
+/// An error answer; the request id is added by the request-id layer.
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self { status, code, message: message.into() }
+    }
+
+    /// A request that cannot be right: `field` names what to fix.
+    pub fn bad_request(field: &str, problem: impl std::fmt::Display) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "BAD_REQUEST", format!("{field}: {problem}"))
+    }
+
+    pub fn unauthenticated(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, "UNAUTHENTICATED", message)
+    }
+
+    pub fn forbidden(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::FORBIDDEN, "FORBIDDEN", message)
+    }
+
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "NOT_FOUND", message)
+    }
+
+    /// `service` is not configured or not reachable.
+    pub fn unavailable(service: &str, message: impl std::fmt::Display) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "UNAVAILABLE",
+            format!("{service} is unavailable: {message}"),
+        )
+    }
+
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL", message)
+    }
+
+    /// What `service` answered.
+    pub fn from_status(service: &str, status: &tonic::Status) -> Self {
+        let message = status.message().to_string();
+        let (http, code) = match status.code() {
+            Code::InvalidArgument | Code::OutOfRange => (StatusCode::BAD_REQUEST, "BAD_REQUEST"),
+            Code::Unauthenticated => (StatusCode::UNAUTHORIZED, "UNAUTHENTICATED"),
+            Code::PermissionDenied => (StatusCode::FORBIDDEN, "FORBIDDEN"),
+            Code::NotFound => (StatusCode::NOT_FOUND, "NOT_FOUND"),
+            Code::FailedPrecondition => (StatusCode::CONFLICT, "REFUSED"),
+            Code::Aborted | Code::AlreadyExists => (StatusCode::CONFLICT, "CONFLICT"),
+            Code::Unavailable => return Self::unavailable(service, message),
+            Code::DeadlineExceeded => (StatusCode::GATEWAY_TIMEOUT, "TIMEOUT"),
+            _ => (StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL"),
+        };
+        Self::new(http, code, message)
+    }
+
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    pub fn body(&self, request_id: &str) -> ErrorBody {
+        ErrorBody { code: self.code.into(), message: self.message.clone(), request_id: request_id.into() }
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}: {}", self.status.as_u16(), self.code, self.message)
+    }
+}
+
+// The request id of the request being answered, set by the request-id
+// layer in a task-local so that every error body carries it.
+tokio::task_local! {
+    pub static REQUEST_ID: String;
+}
+
+pub fn current_request_id() -> String {
+    REQUEST_ID.try_with(Clone::clone).unwrap_or_default()
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = self.body(&current_request_id());
+        (self.status, Json(body)).into_response()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_grpc_code_has_one_http_answer_and_a_503_names_the_service() {
+        let stale = tonic::Status::failed_precondition("the plan is stale");
+        assert_eq!(ApiError::from_status("purger", &stale).status(), StatusCode::CONFLICT);
+        let bad = tonic::Status::invalid_argument("filter: 3 segments");
+        assert_eq!(ApiError::from_status("scanner", &bad).status(), StatusCode::BAD_REQUEST);
+        let down = ApiError::from_status("purger", &tonic::Status::unavailable("tcp connect error"));
+        assert_eq!(down.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert!(down.body("r1").message.starts_with("purger is unavailable"), "{down}");
+        let missing = tonic::Status::not_found("no plan p1");
+        assert_eq!(ApiError::from_status("purger", &missing).body("r1").code, "NOT_FOUND");
+    }
+}

@@ -1,0 +1,246 @@
+//! The route table: every API route with the role it needs, the one source
+//! the router, the authorization layer, the OpenAPI test and the
+//! authorization matrix test all read. A route added to the router is added
+//! here or it does not exist.
+//!
+//! Layers, outermost first: the request id and trace context (and the
+//! request's metrics and log line), then, for API routes, authentication and
+//! authorization before any handler runs: a request without a valid
+//! credential reaches no service.
+
+use std::{collections::HashMap, sync::Arc, time::Instant};
+
+use axum::{
+    Json, Router,
+    extract::{MatchedPath, Request, State},
+    http::{HeaderValue, Method, StatusCode},
+    middleware::{self, Next},
+    response::{IntoResponse, Response},
+    routing::{MethodRouter, delete, get, post},
+};
+use serde_json::json;
+
+use crate::{
+    api::{self, App},
+    auth::{Role, check_csrf},
+    downstream::CallContext,
+    error::{ApiError, REQUEST_ID},
+};
+
+/// Who may call a route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Anyone (logging in authenticates by its body).
+    Public,
+    /// A principal with at least this role.
+    Role(Role),
+}
+
+/// One API route.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteSpec {
+    pub method: Method,
+    pub path: &'static str,
+    pub access: Access,
+}
+
+const VIEWER: Access = Access::Role(Role::Viewer);
+const OPERATOR: Access = Access::Role(Role::Operator);
+const ADMIN: Access = Access::Role(Role::Admin);
+
+fn table() -> Vec<(Method, &'static str, Access, MethodRouter<App>)> {
+    use api::{catalog, instances, purge, scans, session};
+    vec![
+        (Method::POST, "/api/v1/session", Access::Public, post(session::login)),
+        (Method::DELETE, "/api/v1/session", Access::Public, delete(session::logout)),
+        (Method::GET, "/api/v1/whoami", VIEWER, get(session::whoami)),
+        (Method::GET, "/api/v1/version", VIEWER, get(session::version)),
+        (Method::GET, "/api/v1/jukeboxes", VIEWER, get(catalog::list_jukeboxes)),
+        (Method::GET, "/api/v1/jukeboxes/{jukebox}/catalog", VIEWER, get(catalog::get_catalog)),
+        (Method::GET, "/api/v1/jukeboxes/{jukebox}/upgrade-path", VIEWER, get(catalog::upgrade_path)),
+        (Method::POST, "/api/v1/jukeboxes/{jukebox}/scans", OPERATOR, post(scans::start_scan)),
+        (Method::GET, "/api/v1/jukeboxes/{jukebox}/scans/latest", VIEWER, get(scans::latest_scan)),
+        (Method::GET, "/api/v1/scans/{scan_id}", VIEWER, get(scans::get_scan)),
+        (Method::GET, "/api/v1/scans/{scan_id}/events", VIEWER, get(scans::follow_scan)),
+        (Method::POST, "/api/v1/purge/plans", OPERATOR, post(purge::create_plan)),
+        (Method::GET, "/api/v1/purge/plans/{plan_id}", VIEWER, get(purge::get_plan)),
+        (Method::POST, "/api/v1/purge/plans/{plan_id}/execute", ADMIN, post(purge::execute)),
+        (Method::GET, "/api/v1/purge/plans/{plan_id}/report", VIEWER, get(purge::get_report)),
+        (Method::GET, "/api/v1/instances", VIEWER, get(instances::list_instances)),
+        (
+            Method::GET,
+            "/api/v1/instances/{kind}/{namespace}/{name}/explain",
+            OPERATOR,
+            get(instances::explain),
+        ),
+        (
+            Method::POST,
+            "/api/v1/instances/{kind}/{namespace}/{name}/allow-delete-without-package",
+            ADMIN,
+            post(instances::allow_delete_without_package),
+        ),
+    ]
+}
+
+/// Every API route and the access it needs.
+pub fn route_table() -> Vec<RouteSpec> {
+    table().into_iter().map(|(method, path, access, _)| RouteSpec { method, path, access }).collect()
+}
+
+type AccessMap = Arc<HashMap<(Method, &'static str), Access>>;
+
+/// The API routes behind authentication and authorization.
+pub fn api_router(app: App) -> Router {
+    let mut access: HashMap<(Method, &'static str), Access> = HashMap::new();
+    let mut router: Router<App> = Router::new();
+    for (method, path, needed, handler) in table() {
+        access.insert((method, path), needed);
+        router = router.route(path, handler);
+    }
+    let guard = Guard { app: app.clone(), access: Arc::new(access) };
+    router.route_layer(middleware::from_fn_with_state(guard, authorize)).with_state(app)
+}
+
+#[derive(Debug, Clone)]
+struct Guard {
+    app: App,
+    access: AccessMap,
+}
+
+/// What the request-id layer learnt of a request.
+#[derive(Debug, Clone)]
+pub struct RequestMeta {
+    pub id: String,
+    pub trace: Vec<(&'static str, String)>,
+}
+
+async fn authorize(
+    State(guard): State<Guard>,
+    matched: Option<MatchedPath>,
+    mut request: Request,
+    next: Next,
+) -> Result<Response, ApiError> {
+    let path = matched.as_ref().map(MatchedPath::as_str).unwrap_or_default();
+    // A route missing from the table is closed, never open.
+    let needed = guard
+        .access
+        .iter()
+        .find(|((m, p), _)| m == request.method() && *p == path)
+        .map(|(_, a)| *a)
+        .ok_or_else(|| ApiError::internal(format!("route {} {path} has no access rule", request.method())))?;
+    let principal = guard.app.auth.authenticate(request.headers())?;
+    if let Access::Role(role) = needed {
+        let principal = principal.as_ref().ok_or_else(|| {
+            ApiError::unauthenticated(
+                "this route needs a credential: send `Authorization: Bearer <token>` or log in",
+            )
+        })?;
+        if principal.role < role {
+            return Err(ApiError::forbidden(format!(
+                "{} {path} needs the {} role; {} is {}",
+                request.method(),
+                role.as_str(),
+                principal.name,
+                principal.role.as_str()
+            )));
+        }
+        if !matches!(*request.method(), Method::GET | Method::HEAD) {
+            check_csrf(principal, request.headers())?;
+        }
+    }
+    let meta = request.extensions().get::<RequestMeta>().cloned();
+    let context = CallContext {
+        principal,
+        request_id: meta.as_ref().map(|m| m.id.clone()).unwrap_or_default(),
+        trace: meta.map(|m| m.trace).unwrap_or_default(),
+    };
+    request.extensions_mut().insert(context);
+    Ok(next.run(request).await)
+}
+
+/// A W3C `traceparent` as the spec writes it: `00-<32 hex>-<16 hex>-<2 hex>`.
+fn valid_traceparent(value: &str) -> bool {
+    let parts: Vec<&str> = value.split('-').collect();
+    let hex = |s: &str, n: usize| s.len() == n && s.chars().all(|c| c.is_ascii_hexdigit());
+    parts.len() == 4 && hex(parts[0], 2) && hex(parts[1], 32) && hex(parts[2], 16) && hex(parts[3], 2)
+}
+
+fn new_request_id() -> String {
+    vynil_runtime::trust::generate_token().map(|t| t.chars().take(16).collect()).unwrap_or_else(|_| {
+        format!(
+            "{:x}",
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos()
+        )
+    })
+}
+
+/// The outer layer: request id (from `x-request-id` when it is sane, else
+/// new), trace context, one log line and the request metrics.
+pub async fn observe(State(app): State<App>, mut request: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let headers = request.headers();
+    let id = headers
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| {
+            !v.is_empty()
+                && v.len() <= 64
+                && v.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        })
+        .map(String::from)
+        .unwrap_or_else(new_request_id);
+    let mut trace = Vec::new();
+    if let Some(parent) =
+        headers.get("traceparent").and_then(|v| v.to_str().ok()).filter(|v| valid_traceparent(v))
+    {
+        trace.push(("traceparent", parent.to_string()));
+        if let Some(state) = headers.get("tracestate").and_then(|v| v.to_str().ok()) {
+            trace.push(("tracestate", state.to_string()));
+        }
+    }
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|m| m.as_str().to_string())
+        .unwrap_or_else(|| "unmatched".into());
+    let method = request.method().clone();
+    request.extensions_mut().insert(RequestMeta { id: id.clone(), trace });
+    let span = tracing::info_span!("http", request_id = %id, method = %method, route = %route);
+    let mut response = {
+        use tracing::Instrument;
+        REQUEST_ID.scope(id.clone(), next.run(request)).instrument(span.clone()).await
+    };
+    let status = response.status().as_u16();
+    let seconds = started.elapsed().as_secs_f64();
+    app.metrics.observe(&route, method.as_str(), status, seconds);
+    span.in_scope(|| tracing::info!(status, duration_ms = (seconds * 1000.0) as u64, "answered"));
+    if let Ok(value) = HeaderValue::from_str(&id) {
+        response.headers_mut().insert("x-request-id", value);
+    }
+    response
+}
+
+/// Unknown paths under `/api`: a JSON 404, not an HTML one.
+pub async fn api_not_found() -> ApiError {
+    ApiError::not_found("no such API route: see /openapi.json")
+}
+
+/// `/readyz`: every configured service answers its health check.
+pub async fn readyz(State(app): State<App>) -> Response {
+    let checks = app.services.readiness().await;
+    let mut ready = true;
+    let mut services = serde_json::Map::new();
+    for (service, verdict) in checks {
+        let text = match verdict {
+            Ok(()) => "ready".to_string(),
+            Err(why) if why == "not configured" => why,
+            Err(why) => {
+                ready = false;
+                why
+            }
+        };
+        services.insert(service.name().into(), text.into());
+    }
+    let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    (status, Json(json!({"ready": ready, "services": services}))).into_response()
+}

@@ -1,0 +1,158 @@
+//! The gateway's contract, checked without any service running: the OpenAPI
+//! document matches the route table and the committed copy, and every route
+//! answers each role as the authorization matrix below says (authentication
+//! and authorization happen before any service is asked).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::BTreeSet;
+
+use axum::http::Method;
+use vynil_gateway::{
+    Config,
+    auth::{Role, TokenBook},
+    routes::{Access, route_table},
+};
+
+/// The matrix: every route and the least role it needs (`None`: public).
+/// A route added to the gateway without its row here fails
+/// `the_matrix_has_one_row_per_route`.
+const MATRIX: &[(&str, &str, Option<Role>)] = &[
+    ("POST", "/api/v1/session", None),
+    ("DELETE", "/api/v1/session", None),
+    ("GET", "/api/v1/whoami", Some(Role::Viewer)),
+    ("GET", "/api/v1/version", Some(Role::Viewer)),
+    ("GET", "/api/v1/jukeboxes", Some(Role::Viewer)),
+    ("GET", "/api/v1/jukeboxes/{jukebox}/catalog", Some(Role::Viewer)),
+    ("GET", "/api/v1/jukeboxes/{jukebox}/upgrade-path", Some(Role::Viewer)),
+    ("POST", "/api/v1/jukeboxes/{jukebox}/scans", Some(Role::Operator)),
+    ("GET", "/api/v1/jukeboxes/{jukebox}/scans/latest", Some(Role::Viewer)),
+    ("GET", "/api/v1/scans/{scan_id}", Some(Role::Viewer)),
+    ("GET", "/api/v1/scans/{scan_id}/events", Some(Role::Viewer)),
+    ("POST", "/api/v1/purge/plans", Some(Role::Operator)),
+    ("GET", "/api/v1/purge/plans/{plan_id}", Some(Role::Viewer)),
+    ("POST", "/api/v1/purge/plans/{plan_id}/execute", Some(Role::Admin)),
+    ("GET", "/api/v1/purge/plans/{plan_id}/report", Some(Role::Viewer)),
+    ("GET", "/api/v1/instances", Some(Role::Viewer)),
+    ("GET", "/api/v1/instances/{kind}/{namespace}/{name}/explain", Some(Role::Operator)),
+    ("POST", "/api/v1/instances/{kind}/{namespace}/{name}/allow-delete-without-package", Some(Role::Admin)),
+];
+
+fn table() -> BTreeSet<(String, String)> {
+    route_table().into_iter().map(|r| (r.method.to_string(), r.path.to_string())).collect()
+}
+
+#[test]
+fn the_matrix_has_one_row_per_route_with_the_same_access() {
+    let rows: BTreeSet<(String, String)> =
+        MATRIX.iter().map(|(m, p, _)| (m.to_string(), p.to_string())).collect();
+    assert_eq!(rows, table(), "a route without its matrix row, or a row without its route");
+    for route in route_table() {
+        let row = MATRIX.iter().find(|(m, p, _)| *m == route.method.as_str() && *p == route.path).unwrap();
+        let expected = match row.2 {
+            None => Access::Public,
+            Some(role) => Access::Role(role),
+        };
+        assert_eq!(route.access, expected, "{} {}", route.method, route.path);
+    }
+}
+
+fn document() -> oas3::OpenApiV3Spec {
+    oas3::from_json(vynil_gateway::openapi::document()).expect("the served document parses as OpenAPI")
+}
+
+#[test]
+fn the_openapi_document_lists_exactly_the_routes_of_the_route_table() {
+    let spec = document();
+    assert!(spec.openapi.starts_with("3.1"), "{}", spec.openapi);
+    let mut documented = BTreeSet::new();
+    for (path, item) in spec.paths.unwrap_or_default() {
+        for (method, _) in item.methods() {
+            documented.insert((method.to_string(), path.clone()));
+        }
+    }
+    assert_eq!(documented, table());
+}
+
+#[test]
+fn the_committed_openapi_document_is_the_one_the_code_serves() {
+    let committed_path = concat!(env!("CARGO_MANIFEST_DIR"), "/openapi.json");
+    let served = vynil_gateway::openapi::document();
+    if std::env::var_os("UPDATE_OPENAPI").is_some() {
+        std::fs::write(committed_path, &served).unwrap();
+    }
+    let committed = std::fs::read_to_string(committed_path).unwrap_or_default();
+    assert!(
+        committed == served,
+        "gateway/openapi.json differs from the code's document: run `UPDATE_OPENAPI=1 cargo test -p vynil-gateway --test contract` and commit it"
+    );
+}
+
+/// A concrete URL for a route template (valid names, so that only access decides).
+fn concrete(path: &str) -> String {
+    path.replace("{jukebox}", "box")
+        .replace("{scan_id}", "s1")
+        .replace("{plan_id}", "p1")
+        .replace("{kind}", "tenant")
+        .replace("{namespace}", "apps")
+        .replace("{name}", "web")
+}
+
+#[tokio::test]
+async fn every_route_answers_each_role_as_the_matrix_says_before_asking_any_service() {
+    let dir = tempfile::tempdir().unwrap();
+    let lines: Vec<String> =
+        Role::ALL.iter().map(|r| TokenBook::line(r.as_str(), *r, &format!("token-{}", r.as_str()))).collect();
+    std::fs::write(dir.path().join("tokens.yaml"), format!("tokens:\n{}\n", lines.join("\n"))).unwrap();
+    // Services "configured" at a port nobody listens on: a request that
+    // passes authorization answers 503 (or 400 for an empty body), never 401/403.
+    let nowhere = format!("http://127.0.0.1:{}", vynil_testkit::free_port().unwrap());
+    let config = <Config as clap::Parser>::parse_from([
+        "vynil-gateway",
+        "--listen",
+        "127.0.0.1:0",
+        "--tokens-file",
+        dir.path().join("tokens.yaml").to_str().unwrap(),
+        "--catalog-endpoint",
+        &nowhere,
+        "--scanner-endpoint",
+        &nowhere,
+        "--purger-endpoint",
+        &nowhere,
+        "--lifecycle-endpoint",
+        &nowhere,
+    ]);
+    let gateway = vynil_gateway::Gateway::bind(&config).await.unwrap();
+    let base = format!("http://{}", gateway.local_addr().unwrap());
+    let stop = vynil_runtime::Shutdown::new();
+    let serving = tokio::spawn(gateway.serve(stop.signaled()));
+    let http = reqwest::Client::new();
+    for (method, path, needed) in MATRIX {
+        for role in [None, Some(Role::Viewer), Some(Role::Operator), Some(Role::Admin)] {
+            let method = Method::from_bytes(method.as_bytes()).unwrap();
+            let mut request = http.request(method.clone(), format!("{base}{}", concrete(path)));
+            if let Some(role) = role {
+                request = request.bearer_auth(format!("token-{}", role.as_str()));
+            }
+            if method == Method::POST {
+                request = request.json(&serde_json::json!({}));
+            }
+            let status = request.send().await.unwrap().status().as_u16();
+            let expected = match (needed, role) {
+                (None, _) => None,
+                (Some(_), None) => Some(401),
+                (Some(needed), Some(role)) if role < *needed => Some(403),
+                _ => None,
+            };
+            match expected {
+                Some(code) => assert_eq!(status, code, "{method} {path} as {role:?}"),
+                None => assert!(
+                    ![401, 403, 404, 405, 500].contains(&status),
+                    "{method} {path} as {role:?} answered {status}: access should have been granted"
+                ),
+            }
+        }
+    }
+    stop.trigger();
+    serving.await.unwrap().unwrap();
+}
