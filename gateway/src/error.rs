@@ -13,7 +13,7 @@
 //! | `NOT_FOUND` | 404 | `NOT_FOUND` |
 //! | `FAILED_PRECONDITION` (a refusal, a stale plan) | 409 | `REFUSED` |
 //! | `ABORTED`, `ALREADY_EXISTS` (a concurrent change) | 409 | `CONFLICT` |
-//! | `UNAVAILABLE` (the service or its dependency is down) | 503 | `UNAVAILABLE` |
+//! | `UNAVAILABLE` (the service or its dependency is down), a dropped connection | 503 | `UNAVAILABLE` |
 //! | `DEADLINE_EXCEEDED` | 504 | `TIMEOUT` |
 //! | anything else | 500 | `INTERNAL` |
 //!
@@ -93,7 +93,11 @@ impl ApiError {
             Code::NotFound => (StatusCode::NOT_FOUND, "NOT_FOUND"),
             Code::FailedPrecondition => (StatusCode::CONFLICT, "REFUSED"),
             Code::Aborted | Code::AlreadyExists => (StatusCode::CONFLICT, "CONFLICT"),
-            Code::Unavailable => return Self::unavailable(service, message),
+            // The connection failed or dropped: the service did not answer.
+            Code::Unavailable | Code::Cancelled => return Self::unavailable(service, message),
+            Code::Unknown if std::error::Error::source(status).is_some() => {
+                return Self::unavailable(service, message);
+            }
             Code::DeadlineExceeded => (StatusCode::GATEWAY_TIMEOUT, "TIMEOUT"),
             _ => (StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL"),
         };

@@ -104,9 +104,19 @@ async fn every_route_answers_each_role_as_the_matrix_says_before_asking_any_serv
     let lines: Vec<String> =
         Role::ALL.iter().map(|r| TokenBook::line(r.as_str(), *r, &format!("token-{}", r.as_str()))).collect();
     std::fs::write(dir.path().join("tokens.yaml"), format!("tokens:\n{}\n", lines.join("\n"))).unwrap();
-    // Services "configured" at a port nobody listens on: a request that
-    // passes authorization answers 503 (or 400 for an empty body), never 401/403.
-    let nowhere = format!("http://127.0.0.1:{}", vynil_testkit::free_port().unwrap());
+    // Every service "configured" at a listener that counts connections and
+    // drops them: a request that passes authorization answers 503 (or 400
+    // for an empty body), never 401/403; one that does not connects nowhere.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let nowhere = format!("http://{}", listener.local_addr().unwrap());
+    let connections = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = connections.clone();
+    tokio::spawn(async move {
+        while let Ok((socket, _)) = listener.accept().await {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            drop(socket);
+        }
+    });
     let config = <Config as clap::Parser>::parse_from([
         "vynil-gateway",
         "--listen",
@@ -127,6 +137,27 @@ async fn every_route_answers_each_role_as_the_matrix_says_before_asking_any_serv
     let stop = vynil_runtime::Shutdown::new();
     let serving = tokio::spawn(gateway.serve(stop.signaled()));
     let http = reqwest::Client::new();
+    for (method, path, _) in MATRIX.iter().filter(|row| row.2.is_some()) {
+        let method = Method::from_bytes(method.as_bytes()).unwrap();
+        for bad in [None, Some("Bearer not-a-token"), Some("Basic YTpi")] {
+            let mut request = http.request(method.clone(), format!("{base}{}", concrete(path)));
+            if let Some(bad) = bad {
+                request = request.header("authorization", bad);
+            }
+            let answer = request.json(&serde_json::json!({})).send().await.unwrap();
+            assert_eq!(answer.status(), 401, "{method} {path} with {bad:?}");
+        }
+    }
+    assert_eq!(
+        connections.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "an unauthenticated request reached a service"
+    );
+    let down = http.get(format!("{base}/api/v1/jukeboxes")).bearer_auth("token-viewer").send().await.unwrap();
+    let status = down.status();
+    let body: serde_json::Value = down.json().await.unwrap();
+    assert_eq!(status, 503, "{body}");
+    assert!(body["message"].as_str().unwrap().starts_with("catalog is unavailable"), "{body}");
     for (method, path, needed) in MATRIX {
         for role in [None, Some(Role::Viewer), Some(Role::Operator), Some(Role::Admin)] {
             let method = Method::from_bytes(method.as_bytes()).unwrap();
