@@ -33,7 +33,10 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 use utoipa::ToSchema;
 
-use crate::error::ApiError;
+use crate::{
+    error::ApiError,
+    kube_auth::{KubeAuth, KubeUser},
+};
 
 pub const SESSION_COOKIE: &str = "vynil_session";
 pub const CSRF_HEADER: &str = "x-csrf-token";
@@ -69,12 +72,30 @@ pub enum Via {
     },
 }
 
+/// What an authenticated caller is allowed: a role (a token of the tokens
+/// file), or what Kubernetes RBAC says (a Kubernetes user).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Grant {
+    Role(Role),
+    Kubernetes(KubeUser),
+}
+
 /// An authenticated caller.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Principal {
     pub name: String,
-    pub role: Role,
+    pub grant: Grant,
     pub via: Via,
+}
+
+impl Principal {
+    /// The role of a token principal; `None` for a Kubernetes user.
+    pub fn role(&self) -> Option<Role> {
+        match self.grant {
+            Grant::Role(role) => Some(role),
+            Grant::Kubernetes(_) => None,
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -192,11 +213,14 @@ impl std::fmt::Debug for Sessions {
 
 #[derive(Debug, Serialize, Deserialize)]
 struct SessionClaims {
-    /// Name, role, expiry (Unix seconds), CSRF token.
+    /// Name, role (none for a Kubernetes user), expiry (Unix seconds), CSRF
+    /// token, and a Kubernetes user's uid and groups.
     n: String,
-    r: Role,
+    r: Option<Role>,
     e: i64,
     c: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    k: Option<(String, Vec<String>)>,
 }
 
 type HmacSha256 = Hmac<Sha256>;
@@ -206,7 +230,8 @@ const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::URL
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct SessionInfo {
     pub name: String,
-    pub role: Role,
+    /// `null` for a Kubernetes user (cluster RBAC decides).
+    pub role: Option<Role>,
     /// Echo it in `x-csrf-token` on every state-changing call made with the cookie.
     pub csrf_token: String,
     /// RFC 3339.
@@ -249,11 +274,17 @@ impl Sessions {
     }
 
     /// A session for `principal`: the `Set-Cookie` value and what to tell the client.
-    pub fn open(&self, name: &str, role: Role) -> Result<(HeaderValue, SessionInfo), ApiError> {
+    pub fn open(&self, principal: &Principal) -> Result<(HeaderValue, SessionInfo), ApiError> {
         let csrf = vynil_runtime::trust::generate_token().map_err(|e| ApiError::internal(e.to_string()))?;
         let expires =
             jiff::Timestamp::now() + jiff::SignedDuration::try_from(self.lifetime).unwrap_or_default();
-        let claims = SessionClaims { n: name.into(), r: role, e: expires.as_second(), c: csrf.clone() };
+        let kube = match &principal.grant {
+            Grant::Kubernetes(user) => Some((user.uid.clone(), user.groups.clone())),
+            Grant::Role(_) => None,
+        };
+        let (name, role) = (principal.name.as_str(), principal.role());
+        let claims =
+            SessionClaims { n: name.into(), r: role, e: expires.as_second(), c: csrf.clone(), k: kube };
         let payload = B64.encode(serde_json::to_vec(&claims).map_err(|e| ApiError::internal(e.to_string()))?);
         let signature = B64.encode(self.mac(&payload)?.finalize().into_bytes());
         let cookie = format!(
@@ -285,21 +316,30 @@ impl Sessions {
         if claims.e <= jiff::Timestamp::now().as_second() {
             return Err(ApiError::unauthenticated("the session expired: log in again"));
         }
-        Ok(Principal { name: claims.n, role: claims.r, via: Via::Session { csrf: claims.c } })
+        let grant = match (claims.r, claims.k) {
+            (Some(role), _) => Grant::Role(role),
+            (None, Some((uid, groups))) => {
+                Grant::Kubernetes(KubeUser { username: claims.n.clone(), uid, groups })
+            }
+            (None, None) => return Err(invalid()),
+        };
+        Ok(Principal { name: claims.n, grant, via: Via::Session { csrf: claims.c } })
     }
 }
 
 /// Everything authentication needs.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Authenticator {
     pub tokens: TokenBook,
     pub sessions: Sessions,
+    /// TokenReview and SubjectAccessReview, with `--kubernetes-auth`.
+    pub kube: Option<KubeAuth>,
 }
 
 impl Authenticator {
     /// The principal of a request, `None` without credentials, an error for
     /// a credential that is not valid (never silently anonymous).
-    pub fn authenticate(&self, headers: &HeaderMap) -> Result<Option<Principal>, ApiError> {
+    pub async fn authenticate(&self, headers: &HeaderMap) -> Result<Option<Principal>, ApiError> {
         if let Some(value) = headers.get(header::AUTHORIZATION) {
             let token = value
                 .to_str()
@@ -307,7 +347,7 @@ impl Authenticator {
                 .and_then(|v| v.strip_prefix("Bearer "))
                 .map(str::trim)
                 .ok_or_else(|| ApiError::unauthenticated("Authorization must be `Bearer <token>`"))?;
-            return self.bearer(token).map(Some);
+            return self.bearer(token).await.map(Some);
         }
         match session_cookie(headers) {
             Some(value) => self.sessions.verify(value).map(Some),
@@ -315,13 +355,16 @@ impl Authenticator {
         }
     }
 
-    /// The principal of a bearer token (also what a login checks).
-    pub fn bearer(&self, token: &str) -> Result<Principal, ApiError> {
-        let (name, role) = self
-            .tokens
-            .find(token)
-            .ok_or_else(|| ApiError::unauthenticated("the token is not known to this gateway"))?;
-        Ok(Principal { name, role, via: Via::Bearer })
+    /// The principal of a bearer token (also what a login checks): a token
+    /// of the tokens file, else (with `--kubernetes-auth`) a Kubernetes user.
+    pub async fn bearer(&self, token: &str) -> Result<Principal, ApiError> {
+        if let Some((name, role)) = self.tokens.find(token) {
+            return Ok(Principal { name, grant: Grant::Role(role), via: Via::Bearer });
+        }
+        let unknown = || ApiError::unauthenticated("the token is not known to this gateway");
+        let kube = self.kube.as_ref().ok_or_else(unknown)?;
+        let user = kube.review_token(token).await?.ok_or_else(unknown)?;
+        Ok(Principal { name: user.username.clone(), grant: Grant::Kubernetes(user), via: Via::Bearer })
     }
 }
 
@@ -366,6 +409,7 @@ mod tests {
         Authenticator {
             tokens: TokenBook::parse(&book).unwrap(),
             sessions: Sessions::new(None, Duration::from_secs(60), false).unwrap(),
+            kube: None,
         }
     }
 
@@ -377,32 +421,33 @@ mod tests {
         map
     }
 
-    #[test]
-    fn tokens_map_to_their_role_and_an_unknown_token_is_refused_not_anonymous() {
+    #[tokio::test]
+    async fn tokens_map_to_their_role_and_an_unknown_token_is_refused_not_anonymous() {
         let auth = authenticator();
-        let root = auth.authenticate(&headers(&[("authorization", "Bearer t-root")])).unwrap().unwrap();
-        assert_eq!((root.name.as_str(), root.role), ("root", Role::Admin));
-        assert!(auth.authenticate(&headers(&[("authorization", "Bearer nope")])).is_err());
-        assert!(auth.authenticate(&headers(&[("authorization", "Basic eDp5")])).is_err());
-        assert_eq!(auth.authenticate(&HeaderMap::new()).unwrap(), None);
+        let root = auth.authenticate(&headers(&[("authorization", "Bearer t-root")])).await.unwrap().unwrap();
+        assert_eq!((root.name.as_str(), root.role()), ("root", Some(Role::Admin)));
+        assert!(auth.authenticate(&headers(&[("authorization", "Bearer nope")])).await.is_err());
+        assert!(auth.authenticate(&headers(&[("authorization", "Basic eDp5")])).await.is_err());
+        assert_eq!(auth.authenticate(&HeaderMap::new()).await.unwrap(), None);
     }
 
-    #[test]
-    fn a_session_cookie_is_signed_and_a_tampered_one_is_refused() {
+    #[tokio::test]
+    async fn a_session_cookie_is_signed_and_a_tampered_one_is_refused() {
         let auth = authenticator();
-        let (cookie, info) = auth.sessions.open("ann", Role::Viewer).unwrap();
+        let ann = auth.bearer("t-ann").await.unwrap();
+        let (cookie, info) = auth.sessions.open(&ann).unwrap();
         let cookie = cookie.to_str().unwrap();
         assert!(cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"), "{cookie}");
         let pair = cookie.split(';').next().unwrap();
-        let principal = auth.authenticate(&headers(&[("cookie", pair)])).unwrap().unwrap();
-        assert_eq!(principal.role, Role::Viewer);
+        let principal = auth.authenticate(&headers(&[("cookie", pair)])).await.unwrap().unwrap();
+        assert_eq!(principal.role(), Some(Role::Viewer));
         // Claiming admin in the payload breaks the signature.
         let value = pair.trim_start_matches("vynil_session=");
         let (payload, signature) = value.split_once('.').unwrap();
         let mut claims: serde_json::Value = serde_json::from_slice(&B64.decode(payload).unwrap()).unwrap();
         claims["r"] = "admin".into();
         let forged = format!("vynil_session={}.{signature}", B64.encode(claims.to_string()));
-        assert!(auth.authenticate(&headers(&[("cookie", &forged)])).is_err());
+        assert!(auth.authenticate(&headers(&[("cookie", &forged)])).await.is_err());
         // Another replica with another key refuses it too.
         let other = Sessions::new(None, Duration::from_secs(60), false).unwrap();
         assert!(other.verify(value).is_err());

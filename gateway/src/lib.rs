@@ -16,6 +16,7 @@ pub mod api;
 pub mod auth;
 pub mod downstream;
 pub mod error;
+pub mod kube_auth;
 pub mod metrics;
 pub mod openapi;
 pub mod routes;
@@ -65,6 +66,11 @@ pub struct Config {
     /// Mark session cookies `Secure` (set it when TLS terminates in front of the gateway).
     #[arg(long, env = "VYNIL_GATEWAY_SECURE_COOKIES")]
     pub secure_cookies: bool,
+    /// Also accept Kubernetes users: a bearer token the tokens file does not
+    /// know is reviewed by the API server (TokenReview) and each call
+    /// authorised by RBAC (SubjectAccessReview); see `kube_auth` for the verbs.
+    #[arg(long, env = "VYNIL_GATEWAY_KUBERNETES_AUTH")]
+    pub kubernetes_auth: bool,
     #[command(flatten)]
     pub log: vynil_runtime::LogConfig,
 }
@@ -101,6 +107,8 @@ pub enum GatewayError {
     Endpoint { service: &'static str, problem: String },
     #[error("cannot make a random key: {0}")]
     Random(std::io::Error),
+    #[error("--kubernetes-auth: {0}")]
+    Kubernetes(String),
 }
 
 /// A bound gateway, ready to serve (binding apart so tests learn the port).
@@ -111,8 +119,23 @@ pub struct Gateway {
 }
 
 impl Gateway {
+    /// Binds `config.listen`; with `--kubernetes-auth`, reviews go to the
+    /// cluster of the kubeconfig or the pod's service account.
     pub async fn bind(config: &Config) -> Result<Self, GatewayError> {
-        let router = router(config)?;
+        let kube = match config.kubernetes_auth {
+            true => Some(
+                vynil_store::kube_client(vynil_runtime::user_agent!())
+                    .await
+                    .map_err(|e| GatewayError::Kubernetes(e.to_string()))?,
+            ),
+            false => None,
+        };
+        Self::bind_with(config, kube).await
+    }
+
+    /// [`Gateway::bind`] with the Kubernetes client given (tests).
+    pub async fn bind_with(config: &Config, kube: Option<kube::Client>) -> Result<Self, GatewayError> {
+        let router = router(config, kube)?;
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
             .map_err(|source| GatewayError::Bind { addr: config.listen, source })?;
@@ -139,7 +162,7 @@ impl Gateway {
 }
 
 /// Every route of the gateway, as `config` sets it up.
-pub fn router(config: &Config) -> Result<Router, GatewayError> {
+pub fn router(config: &Config, kube: Option<kube::Client>) -> Result<Router, GatewayError> {
     let tokens = match &config.tokens_file {
         Some(path) => TokenBook::load(path)?,
         None => TokenBook::default(),
@@ -171,7 +194,8 @@ pub fn router(config: &Config) -> Result<Router, GatewayError> {
     let services = Downstreams::new(&endpoints, credentials)
         .map_err(|(service, problem)| GatewayError::Endpoint { service: service.name(), problem })?;
     let (metrics, registry) = metrics::GatewayMetrics::register();
-    let app = App::new(Authenticator { tokens, sessions }, services, metrics);
+    let kube = kube.map(kube_auth::KubeAuth::new);
+    let app = App::new(Authenticator { tokens, sessions, kube }, services, metrics);
     let scrape = get(move || {
         let registry = registry.clone();
         async move { vynil_runtime::metrics::render(&registry) }

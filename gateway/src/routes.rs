@@ -12,7 +12,7 @@ use std::{collections::HashMap, sync::Arc, time::Instant};
 
 use axum::{
     Json, Router,
-    extract::{MatchedPath, Request, State},
+    extract::{MatchedPath, Path, Query, Request, State, rejection::PathRejection},
     http::{HeaderValue, Method, StatusCode},
     middleware::{self, Next},
     response::{IntoResponse, Response},
@@ -22,9 +22,10 @@ use serde_json::json;
 
 use crate::{
     api::{self, App},
-    auth::{Role, check_csrf},
+    auth::{Grant, Role, check_csrf},
     downstream::CallContext,
     error::{ApiError, REQUEST_ID},
+    kube_auth::KubeRule,
 };
 
 /// Who may call a route.
@@ -41,42 +42,63 @@ pub enum Access {
 pub struct RouteSpec {
     pub method: Method,
     pub path: &'static str,
+    /// With a token of the tokens file.
     pub access: Access,
+    /// For a Kubernetes user (`--kubernetes-auth`).
+    pub kube: KubeRule,
 }
 
 const VIEWER: Access = Access::Role(Role::Viewer);
 const OPERATOR: Access = Access::Role(Role::Operator);
 const ADMIN: Access = Access::Role(Role::Admin);
 
-fn table() -> Vec<(Method, &'static str, Access, MethodRouter<App>)> {
+type Row = (Method, &'static str, Access, KubeRule, MethodRouter<App>);
+
+fn table() -> Vec<Row> {
+    use KubeRule::{Authenticated, Instance, Instances, Jukeboxes};
     use api::{catalog, instances, purge, scans, session};
+    let read = Jukeboxes("get");
     vec![
-        (Method::POST, "/api/v1/session", Access::Public, post(session::login)),
-        (Method::DELETE, "/api/v1/session", Access::Public, delete(session::logout)),
-        (Method::GET, "/api/v1/whoami", VIEWER, get(session::whoami)),
-        (Method::GET, "/api/v1/version", VIEWER, get(session::version)),
-        (Method::GET, "/api/v1/jukeboxes", VIEWER, get(catalog::list_jukeboxes)),
-        (Method::GET, "/api/v1/jukeboxes/{jukebox}/catalog", VIEWER, get(catalog::get_catalog)),
-        (Method::GET, "/api/v1/jukeboxes/{jukebox}/upgrade-path", VIEWER, get(catalog::upgrade_path)),
-        (Method::POST, "/api/v1/jukeboxes/{jukebox}/scans", OPERATOR, post(scans::start_scan)),
-        (Method::GET, "/api/v1/jukeboxes/{jukebox}/scans/latest", VIEWER, get(scans::latest_scan)),
-        (Method::GET, "/api/v1/scans/{scan_id}", VIEWER, get(scans::get_scan)),
-        (Method::GET, "/api/v1/scans/{scan_id}/events", VIEWER, get(scans::follow_scan)),
-        (Method::POST, "/api/v1/purge/plans", OPERATOR, post(purge::create_plan)),
-        (Method::GET, "/api/v1/purge/plans/{plan_id}", VIEWER, get(purge::get_plan)),
-        (Method::POST, "/api/v1/purge/plans/{plan_id}/execute", ADMIN, post(purge::execute)),
-        (Method::GET, "/api/v1/purge/plans/{plan_id}/report", VIEWER, get(purge::get_report)),
-        (Method::GET, "/api/v1/instances", VIEWER, get(instances::list_instances)),
+        (Method::POST, "/api/v1/session", Access::Public, Authenticated, post(session::login)),
+        (Method::DELETE, "/api/v1/session", Access::Public, Authenticated, delete(session::logout)),
+        (Method::GET, "/api/v1/whoami", VIEWER, Authenticated, get(session::whoami)),
+        (Method::GET, "/api/v1/version", VIEWER, Authenticated, get(session::version)),
+        (Method::GET, "/api/v1/jukeboxes", VIEWER, read, get(catalog::list_jukeboxes)),
+        (Method::GET, "/api/v1/jukeboxes/{jukebox}/catalog", VIEWER, read, get(catalog::get_catalog)),
+        (Method::GET, "/api/v1/jukeboxes/{jukebox}/upgrade-path", VIEWER, read, get(catalog::upgrade_path)),
+        (
+            Method::POST,
+            "/api/v1/jukeboxes/{jukebox}/scans",
+            OPERATOR,
+            Jukeboxes("patch"),
+            post(scans::start_scan),
+        ),
+        (Method::GET, "/api/v1/jukeboxes/{jukebox}/scans/latest", VIEWER, read, get(scans::latest_scan)),
+        (Method::GET, "/api/v1/scans/{scan_id}", VIEWER, read, get(scans::get_scan)),
+        (Method::GET, "/api/v1/scans/{scan_id}/events", VIEWER, read, get(scans::follow_scan)),
+        (Method::POST, "/api/v1/purge/plans", OPERATOR, Jukeboxes("list"), post(purge::create_plan)),
+        (Method::GET, "/api/v1/purge/plans/{plan_id}", VIEWER, read, get(purge::get_plan)),
+        (
+            Method::POST,
+            "/api/v1/purge/plans/{plan_id}/execute",
+            ADMIN,
+            Jukeboxes("purge"),
+            post(purge::execute),
+        ),
+        (Method::GET, "/api/v1/purge/plans/{plan_id}/report", VIEWER, read, get(purge::get_report)),
+        (Method::GET, "/api/v1/instances", VIEWER, Instances("list"), get(instances::list_instances)),
         (
             Method::GET,
             "/api/v1/instances/{kind}/{namespace}/{name}/explain",
             OPERATOR,
+            Instance("get"),
             get(instances::explain),
         ),
         (
             Method::POST,
             "/api/v1/instances/{kind}/{namespace}/{name}/allow-delete-without-package",
             ADMIN,
+            Jukeboxes("delete-without-package"),
             post(instances::allow_delete_without_package),
         ),
     ]
@@ -84,17 +106,20 @@ fn table() -> Vec<(Method, &'static str, Access, MethodRouter<App>)> {
 
 /// Every API route and the access it needs.
 pub fn route_table() -> Vec<RouteSpec> {
-    table().into_iter().map(|(method, path, access, _)| RouteSpec { method, path, access }).collect()
+    table()
+        .into_iter()
+        .map(|(method, path, access, kube, _)| RouteSpec { method, path, access, kube })
+        .collect()
 }
 
-type AccessMap = Arc<HashMap<(Method, &'static str), Access>>;
+type AccessMap = Arc<HashMap<(Method, &'static str), (Access, KubeRule)>>;
 
 /// The API routes behind authentication and authorization.
 pub fn api_router(app: App) -> Router {
-    let mut access: HashMap<(Method, &'static str), Access> = HashMap::new();
+    let mut access: HashMap<(Method, &'static str), (Access, KubeRule)> = HashMap::new();
     let mut router: Router<App> = Router::new();
-    for (method, path, needed, handler) in table() {
-        access.insert((method, path), needed);
+    for (method, path, needed, kube, handler) in table() {
+        access.insert((method, path), (needed, kube));
         router = router.route(path, handler);
     }
     let guard = Guard { app: app.clone(), access: Arc::new(access) };
@@ -117,32 +142,49 @@ pub struct RequestMeta {
 async fn authorize(
     State(guard): State<Guard>,
     matched: Option<MatchedPath>,
+    params: Result<Path<HashMap<String, String>>, PathRejection>,
     mut request: Request,
     next: Next,
 ) -> Result<Response, ApiError> {
     let path = matched.as_ref().map(MatchedPath::as_str).unwrap_or_default();
     // A route missing from the table is closed, never open.
-    let needed = guard
+    let (needed, kube) = guard
         .access
         .iter()
         .find(|((m, p), _)| m == request.method() && *p == path)
         .map(|(_, a)| *a)
         .ok_or_else(|| ApiError::internal(format!("route {} {path} has no access rule", request.method())))?;
-    let principal = guard.app.auth.authenticate(request.headers())?;
+    let principal = guard.app.auth.authenticate(request.headers()).await?;
     if let Access::Role(role) = needed {
         let principal = principal.as_ref().ok_or_else(|| {
             ApiError::unauthenticated(
                 "this route needs a credential: send `Authorization: Bearer <token>` or log in",
             )
         })?;
-        if principal.role < role {
-            return Err(ApiError::forbidden(format!(
-                "{} {path} needs the {} role; {} is {}",
-                request.method(),
-                role.as_str(),
-                principal.name,
-                principal.role.as_str()
-            )));
+        match &principal.grant {
+            Grant::Role(granted) if *granted < role => {
+                return Err(ApiError::forbidden(format!(
+                    "{} {path} needs the {} role; {} is {}",
+                    request.method(),
+                    role.as_str(),
+                    principal.name,
+                    granted.as_str()
+                )));
+            }
+            Grant::Role(_) => {}
+            Grant::Kubernetes(user) => {
+                let reviews = guard.app.auth.kube.as_ref().ok_or_else(|| {
+                    ApiError::unauthenticated(
+                        "Kubernetes users are not accepted here (--kubernetes-auth is off)",
+                    )
+                })?;
+                let params = params.map(|Path(p)| p).unwrap_or_default();
+                let query: HashMap<String, String> =
+                    Query::try_from_uri(request.uri()).map(|Query(q)| q).unwrap_or_default();
+                for check in kube.checks(&params, &query) {
+                    reviews.authorize(user, &check).await?;
+                }
+            }
         }
         if !matches!(*request.method(), Method::GET | Method::HEAD) {
             check_csrf(principal, request.headers())?;

@@ -187,3 +187,70 @@ async fn every_route_answers_each_role_as_the_matrix_says_before_asking_any_serv
     stop.trigger();
     serving.await.unwrap().unwrap();
 }
+
+/// A stand-in catalog: answers every gRPC call "not found" and records the
+/// metadata it was sent.
+async fn recording_catalog() -> (String, std::sync::Arc<std::sync::Mutex<Vec<axum::http::HeaderMap>>>) {
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let record = seen.clone();
+    let app = axum::Router::new().fallback(move |headers: axum::http::HeaderMap| {
+        let record = record.clone();
+        async move {
+            record.lock().unwrap().push(headers);
+            // A trailers-only gRPC answer: NOT_FOUND.
+            ([("content-type", "application/grpc"), ("grpc-status", "5"), ("grpc-message", "recorded")], "")
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (url, seen)
+}
+
+#[tokio::test]
+async fn a_call_carries_the_service_token_the_principal_the_request_id_and_the_trace_context() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("tokens.yaml"),
+        format!("tokens:\n{}\n", TokenBook::line("ann", Role::Viewer, "t-ann")),
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("service-token"), "the-service-token\n").unwrap();
+    let (catalog, seen) = recording_catalog().await;
+    let config = <Config as clap::Parser>::parse_from([
+        "vynil-gateway",
+        "--listen",
+        "127.0.0.1:0",
+        "--tokens-file",
+        dir.path().join("tokens.yaml").to_str().unwrap(),
+        "--service-token-file",
+        dir.path().join("service-token").to_str().unwrap(),
+        "--catalog-endpoint",
+        &catalog,
+    ]);
+    let gateway = vynil_gateway::Gateway::bind(&config).await.unwrap();
+    let base = format!("http://{}", gateway.local_addr().unwrap());
+    let stop = vynil_runtime::Shutdown::new();
+    tokio::spawn(gateway.serve(stop.signaled()));
+    let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let answer = reqwest::Client::new()
+        .get(format!("{base}/api/v1/jukeboxes/box/catalog"))
+        .bearer_auth("t-ann")
+        .header("traceparent", traceparent)
+        .header("x-request-id", "req-42")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 404, "the catalog's NOT_FOUND");
+    assert_eq!(answer.headers()["x-request-id"], "req-42");
+    let body: serde_json::Value = answer.json().await.unwrap();
+    assert_eq!((body["message"].as_str(), body["request_id"].as_str()), (Some("recorded"), Some("req-42")));
+    let headers = seen.lock().unwrap()[0].clone();
+    assert_eq!(headers["authorization"], "Bearer the-service-token");
+    assert_eq!(headers["x-vynil-caller"], "ann");
+    assert_eq!(headers["x-request-id"], "req-42");
+    assert_eq!(headers["traceparent"], traceparent);
+    // The caller's own token never travels further than the gateway.
+    assert!(headers.values().all(|v| !v.to_str().unwrap_or_default().contains("t-ann")));
+    stop.trigger();
+}

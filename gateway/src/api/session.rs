@@ -11,7 +11,7 @@ use utoipa::ToSchema;
 
 use super::{App, Ctx, Done, Errors, body};
 use crate::{
-    auth::{Role, SessionInfo, Via},
+    auth::{Grant, Role, SessionInfo, Via},
     error::ApiError,
 };
 
@@ -29,9 +29,9 @@ pub async fn login(
     request: Result<Json<LoginRequest>, JsonRejection>,
 ) -> Result<impl IntoResponse, ApiError> {
     let request = body(request)?;
-    let principal = app.auth.bearer(request.token.trim())?;
-    let (cookie, info) = app.auth.sessions.open(&principal.name, principal.role)?;
-    tracing::info!(principal = %principal.name, role = principal.role.as_str(), "session opened");
+    let principal = app.auth.bearer(request.token.trim()).await?;
+    let (cookie, info) = app.auth.sessions.open(&principal)?;
+    tracing::info!(principal = %principal.name, role = ?principal.role(), "session opened");
     let mut headers = HeaderMap::new();
     headers.insert(header::SET_COOKIE, cookie);
     Ok((headers, Json(info)))
@@ -49,7 +49,10 @@ pub async fn logout(State(app): State<App>) -> impl IntoResponse {
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct WhoAmI {
     pub name: String,
-    pub role: Role,
+    /// `null` for a Kubernetes user: cluster RBAC decides.
+    pub role: Option<Role>,
+    /// A Kubernetes user's groups.
+    pub groups: Vec<String>,
     /// `bearer` or `session`.
     pub via: String,
     /// With a session: what state-changing calls must echo in `x-csrf-token`.
@@ -60,11 +63,16 @@ pub struct WhoAmI {
     responses((status = 200, body = WhoAmI), Errors), security(("bearer" = []), ("session" = [])))]
 pub async fn whoami(Ctx(ctx): Ctx) -> Result<Json<WhoAmI>, ApiError> {
     let principal = ctx.principal.ok_or_else(|| ApiError::unauthenticated("no credential"))?;
+    let role = principal.role();
+    let groups = match &principal.grant {
+        Grant::Kubernetes(user) => user.groups.clone(),
+        Grant::Role(_) => Vec::new(),
+    };
     let (via, csrf_token) = match principal.via {
         Via::Bearer => ("bearer", None),
         Via::Session { csrf } => ("session", Some(csrf)),
     };
-    Ok(Json(WhoAmI { name: principal.name, role: principal.role, via: via.into(), csrf_token }))
+    Ok(Json(WhoAmI { name: principal.name, role, groups, via: via.into(), csrf_token }))
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]

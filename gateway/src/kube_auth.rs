@@ -1,0 +1,218 @@
+//! Kubernetes users, in a cluster (`--kubernetes-auth`): a bearer token the
+//! tokens file does not know is reviewed by the API server (TokenReview),
+//! and each call is authorised by a SubjectAccessReview for what the route
+//! does, so cluster RBAC decides. The verbs, per route:
+//!
+//! | route | verb | resource |
+//! |---|---|---|
+//! | catalogs, scans, plans and reports (reads) | `get` (`list` without a JukeBox name) | `jukeboxes.vynil.solidite.fr` |
+//! | start a scan | `patch` (what the force-scan annotation needs) | that JukeBox |
+//! | make a purge plan | `list` | `jukeboxes.vynil.solidite.fr` |
+//! | execute a purge | `purge` (a dedicated verb) | `jukeboxes.vynil.solidite.fr` |
+//! | allow a delete without package | `delete-without-package` (a dedicated verb) | `jukeboxes.vynil.solidite.fr` |
+//! | list instances | `list` | `tenantinstances`, `serviceinstances`, `systeminstances` (the kind asked, in the namespace asked) |
+//! | explain an instance | `get` | that instance |
+//! | whoami, version | any authenticated user | |
+//!
+//! A dedicated verb is granted with an RBAC rule like
+//! `{apiGroups: [vynil.solidite.fr], resources: [jukeboxes], verbs: [purge]}`.
+//! Token reviews are cached for a minute (by the token's hash), so a
+//! browser's calls do not each cost an API request. An API server that
+//! cannot be asked answers 503: unknown is not "denied".
+
+use std::{
+    collections::HashMap,
+    sync::Mutex,
+    time::{Duration, Instant},
+};
+
+use k8s_openapi::api::{
+    authentication::v1::{TokenReview, TokenReviewSpec},
+    authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec},
+};
+use kube::api::{Api, PostParams};
+
+use crate::error::ApiError;
+
+pub const GROUP: &str = "vynil.solidite.fr";
+const CACHE_FOR: Duration = Duration::from_secs(60);
+const CACHE_MAX: usize = 4096;
+
+/// Who TokenReview says a token is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KubeUser {
+    pub username: String,
+    pub uid: String,
+    pub groups: Vec<String>,
+}
+
+/// Token reviews by the token's hash: when, and who it was (`None`: nobody).
+type Reviewed = HashMap<[u8; 32], (Instant, Option<KubeUser>)>;
+
+pub struct KubeAuth {
+    client: kube::Client,
+    reviewed: Mutex<Reviewed>,
+}
+
+impl std::fmt::Debug for KubeAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeAuth").finish_non_exhaustive()
+    }
+}
+
+fn unavailable(e: impl std::fmt::Display) -> ApiError {
+    ApiError::unavailable("the Kubernetes API (token and access reviews)", e)
+}
+
+impl KubeAuth {
+    pub fn new(client: kube::Client) -> Self {
+        Self { client, reviewed: Mutex::new(HashMap::new()) }
+    }
+
+    /// The user of `token`, `None` when the API server does not authenticate it.
+    pub async fn review_token(&self, token: &str) -> Result<Option<KubeUser>, ApiError> {
+        let key = crate::auth::token_hash(token);
+        if let Ok(cache) = self.reviewed.lock()
+            && let Some((at, user)) = cache.get(&key)
+            && at.elapsed() < CACHE_FOR
+        {
+            return Ok(user.clone());
+        }
+        let review = TokenReview {
+            spec: TokenReviewSpec { token: token.to_string(), ..Default::default() },
+            ..Default::default()
+        };
+        let answer = Api::<TokenReview>::all(self.client.clone())
+            .create(&PostParams::default(), &review)
+            .await
+            .map_err(unavailable)?;
+        let status = answer.status.unwrap_or_default();
+        let user = match (status.authenticated, status.user) {
+            (Some(true), Some(user)) => Some(KubeUser {
+                username: user.username.unwrap_or_default(),
+                uid: user.uid.unwrap_or_default(),
+                groups: user.groups.unwrap_or_default(),
+            }),
+            _ => None,
+        };
+        if let Ok(mut cache) = self.reviewed.lock() {
+            if cache.len() >= CACHE_MAX {
+                cache.retain(|_, (at, _)| at.elapsed() < CACHE_FOR);
+            }
+            if cache.len() < CACHE_MAX {
+                cache.insert(key, (Instant::now(), user.clone()));
+            }
+        }
+        Ok(user)
+    }
+
+    /// Whether `user` may do `check`; `Err(403)` naming it when not.
+    pub async fn authorize(&self, user: &KubeUser, check: &Check) -> Result<(), ApiError> {
+        let attributes = ResourceAttributes {
+            verb: Some(check.verb.to_string()),
+            group: Some(GROUP.into()),
+            resource: Some(check.resource.to_string()),
+            namespace: check.namespace.clone(),
+            name: check.name.clone(),
+            ..Default::default()
+        };
+        let review = SubjectAccessReview {
+            spec: SubjectAccessReviewSpec {
+                user: Some(user.username.clone()),
+                uid: Some(user.uid.clone()).filter(|u| !u.is_empty()),
+                groups: Some(user.groups.clone()),
+                resource_attributes: Some(attributes),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let answer = Api::<SubjectAccessReview>::all(self.client.clone())
+            .create(&PostParams::default(), &review)
+            .await
+            .map_err(unavailable)?;
+        let status = answer.status.unwrap_or_default();
+        if status.allowed {
+            return Ok(());
+        }
+        let reason =
+            status.reason.filter(|r| !r.is_empty()).unwrap_or_else(|| "no RBAC rule allows it".into());
+        Err(ApiError::forbidden(format!("{} may not {check} ({reason})", user.username)))
+    }
+}
+
+/// One access a route needs, as a SubjectAccessReview asks it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Check {
+    pub verb: &'static str,
+    pub resource: &'static str,
+    pub namespace: Option<String>,
+    pub name: Option<String>,
+}
+
+impl std::fmt::Display for Check {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}.{GROUP}", self.verb, self.resource)?;
+        if let Some(name) = &self.name {
+            write!(f, " {name}")?;
+        }
+        if let Some(namespace) = &self.namespace {
+            write!(f, " in namespace {namespace}")?;
+        }
+        Ok(())
+    }
+}
+
+/// What a route asks of Kubernetes RBAC.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KubeRule {
+    /// Any authenticated user.
+    Authenticated,
+    /// `verb` on `jukeboxes`, on the JukeBox the path names when it names one.
+    Jukeboxes(&'static str),
+    /// `verb` on the instance kinds the query asks (all three without `kind`).
+    Instances(&'static str),
+    /// `verb` on the instance the path names.
+    Instance(&'static str),
+}
+
+fn instance_resource(kind: &str) -> Option<&'static str> {
+    match kind {
+        "tenant" => Some("tenantinstances"),
+        "service" => Some("serviceinstances"),
+        "system" => Some("systeminstances"),
+        _ => None,
+    }
+}
+
+impl KubeRule {
+    /// The checks for a request with these path parameters and query.
+    pub fn checks(self, path: &HashMap<String, String>, query: &HashMap<String, String>) -> Vec<Check> {
+        let param = |name: &str| path.get(name).cloned();
+        match self {
+            KubeRule::Authenticated => Vec::new(),
+            KubeRule::Jukeboxes(verb) => {
+                let name = param("jukebox");
+                let verb = if verb == "get" && name.is_none() { "list" } else { verb };
+                vec![Check { verb, resource: "jukeboxes", namespace: None, name }]
+            }
+            KubeRule::Instances(verb) => {
+                let namespace = query.get("namespace").cloned().filter(|n| !n.is_empty());
+                let kinds: Vec<&'static str> = match query.get("kind").map(String::as_str) {
+                    Some(kind) => instance_resource(kind).into_iter().collect(),
+                    None => vec!["tenantinstances", "serviceinstances", "systeminstances"],
+                };
+                kinds
+                    .into_iter()
+                    .map(|resource| Check { verb, resource, namespace: namespace.clone(), name: None })
+                    .collect()
+            }
+            KubeRule::Instance(verb) => match param("kind").as_deref().and_then(instance_resource) {
+                Some(resource) => {
+                    vec![Check { verb, resource, namespace: param("namespace"), name: param("name") }]
+                }
+                // A bad kind is the handler's 400; nothing to ask RBAC.
+                None => Vec::new(),
+            },
+        }
+    }
+}

@@ -1,0 +1,89 @@
+//! Kubernetes users (`--kubernetes-auth`): a token the tokens file does not
+//! know is reviewed by the API server, and each call is authorised by RBAC
+//! through SubjectAccessReview with the verbs `kube_auth` documents. The
+//! fake API server answers the reviews from the test's table.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use reqwest::StatusCode;
+use vynil_testkit::kube_api::{AccessRule, FakeApiServer};
+
+fn rule(user: &str, verb: &str, resource: &str, namespace: Option<&str>) -> AccessRule {
+    AccessRule {
+        user: user.into(),
+        verb: verb.into(),
+        resource: resource.into(),
+        namespace: namespace.map(Into::into),
+    }
+}
+
+#[tokio::test]
+async fn kubernetes_users_are_reviewed_once_and_authorised_per_route_by_rbac() {
+    let api = FakeApiServer::start().await.unwrap();
+    api.add_token("alice-sa-token", "alice", &["devs"]);
+    api.allow(rule("alice", "get", "tenantinstances.vynil.solidite.fr", Some("apps")));
+    api.allow(rule("alice", "purge", "jukeboxes.vynil.solidite.fr", None));
+    // Every service at a port nobody listens on: a call RBAC allows answers 503.
+    let nowhere = format!("http://127.0.0.1:{}", vynil_testkit::free_port().unwrap());
+    let config = <vynil_gateway::Config as clap::Parser>::parse_from([
+        "vynil-gateway",
+        "--listen",
+        "127.0.0.1:0",
+        "--kubernetes-auth",
+        "--catalog-endpoint",
+        &nowhere,
+        "--lifecycle-endpoint",
+        &nowhere,
+        "--purger-endpoint",
+        &nowhere,
+        "--scanner-endpoint",
+        &nowhere,
+    ]);
+    let gateway = vynil_gateway::Gateway::bind_with(&config, Some(api.client().unwrap())).await.unwrap();
+    let base = format!("http://{}", gateway.local_addr().unwrap());
+    let stop = vynil_runtime::Shutdown::new();
+    tokio::spawn(gateway.serve(stop.signaled()));
+    let http = reqwest::Client::new();
+    let call = |method: reqwest::Method, path: &str, token: &str| {
+        http.request(method, format!("{base}{path}")).bearer_auth(token).json(&serde_json::json!({})).send()
+    };
+    use reqwest::Method;
+
+    let who: serde_json::Value =
+        call(Method::GET, "/api/v1/whoami", "alice-sa-token").await.unwrap().json().await.unwrap();
+    assert_eq!(
+        (who["name"].as_str(), &who["role"], &who["groups"][0]),
+        (Some("alice"), &serde_json::Value::Null, &"devs".into())
+    );
+    let allowed =
+        call(Method::GET, "/api/v1/instances/tenant/apps/web/explain", "alice-sa-token").await.unwrap();
+    assert_eq!(allowed.status(), StatusCode::SERVICE_UNAVAILABLE, "RBAC allows it: the lifecycle is asked");
+    let other =
+        call(Method::GET, "/api/v1/instances/tenant/prod/web/explain", "alice-sa-token").await.unwrap();
+    assert_eq!(other.status(), StatusCode::FORBIDDEN);
+    let body: serde_json::Value = other.json().await.unwrap();
+    let message = body["message"].as_str().unwrap();
+    assert!(
+        message.contains("alice may not get tenantinstances.vynil.solidite.fr web in namespace prod"),
+        "{message}"
+    );
+    let purge = call(Method::POST, "/api/v1/purge/plans/p1/execute", "alice-sa-token").await.unwrap();
+    assert_ne!(purge.status(), StatusCode::FORBIDDEN, "the dedicated purge verb is granted");
+    let scan = call(Method::POST, "/api/v1/jukeboxes/box/scans", "alice-sa-token").await.unwrap();
+    assert_eq!(scan.status(), StatusCode::FORBIDDEN, "no patch on jukeboxes");
+    let list =
+        call(Method::GET, "/api/v1/instances?namespace=apps&kind=tenant", "alice-sa-token").await.unwrap();
+    assert_eq!(list.status(), StatusCode::FORBIDDEN, "get is not list");
+    let stranger = call(Method::GET, "/api/v1/whoami", "someone-else").await.unwrap();
+    assert_eq!(stranger.status(), StatusCode::UNAUTHORIZED);
+
+    // One TokenReview for alice's token however many calls; one access review per call.
+    let reviews: Vec<String> = api.requests().into_iter().map(|r| r.resource).collect();
+    assert_eq!(
+        reviews.iter().filter(|r| *r == "tokenreviews").count(),
+        2,
+        "alice once, the stranger once: {reviews:?}"
+    );
+    assert_eq!(reviews.iter().filter(|r| *r == "subjectaccessreviews").count(), 5, "{reviews:?}");
+    stop.trigger();
+}
