@@ -3,7 +3,7 @@
 //! **Tokens.** Bearer tokens are configured in a YAML file (`--tokens-file`,
 //! a Kubernetes Secret mounted as a file) holding each token's SHA-256, never
 //! the token: `tokens: [{name: alice, role: admin, sha256: <hex>}]`. Tokens
-//! are high-entropy (`vynil-gateway token new` prints one and its line), so
+//! are high-entropy (`vynil-gateway token` prints one and its line), so
 //! an unsalted hash is as good as a password hash and costs nothing per
 //! request. A presented token is hashed and compared to every entry in
 //! constant time.
@@ -105,7 +105,7 @@ pub enum AuthConfigError {
     )]
     Read { path: String, source: std::io::Error },
     #[error(
-        "the tokens file {path} is not valid: {problem} (expected `tokens: [{{name: alice, role: admin, sha256: <64 hex digits>}}]`; `vynil-gateway token new --name alice --role admin` prints a line)"
+        "the tokens file {path} is not valid: {problem} (expected `tokens: [{{name: alice, role: admin, sha256: <64 hex digits>}}]`; `vynil-gateway token --name alice --role admin` prints a line)"
     )]
     Invalid { path: String, problem: String },
     #[error(
