@@ -14,6 +14,9 @@ use std::{
     path::{Path, PathBuf},
 };
 
+mod example;
+mod first_scans;
+
 use clap::Parser;
 use tokio::task::JoinSet;
 use vynil_runtime::SharedConfig;
@@ -137,8 +140,18 @@ pub async fn run(
     if config.shared.kubernetes {
         return Err(LocalError::ClusterRequested);
     }
-    let tokens = make_tokens(&state_dir(&config))?;
+    let state = state_dir(&config);
+    let tokens = make_tokens(&state)?;
     let mut shared = config.shared.clone();
+    if !shared.jukebox_dir.exists() {
+        let embedded = example::write(&state)?;
+        println!(
+            "No {} directory: showing the embedded example JukeBox `examples` ({}; its packages are an OCI image layout beside it).",
+            shared.jukebox_dir.display(),
+            embedded.join("examples.yaml").display()
+        );
+        shared.jukebox_dir = embedded;
+    }
     // The services believe the gateway (service token); anyone else on
     // this machine reaching a loopback port is the user, and may run
     // destructive calls (refused by the services off loopback).
@@ -208,14 +221,21 @@ pub async fn run(
         purger = %config.purger_listen,
         lifecycle = %config.lifecycle_listen,
         gateway = %config.gateway_listen,
-        jukeboxes = %config.shared.jukebox_dir.display(),
+        jukeboxes = %shared.jukebox_dir.display(),
         "local mode: starting every service"
     );
     let url = format!("http://{}", config.gateway_listen);
-    let admin = tokens.admin_file.display();
+    let admin = tokens.admin_file.display().to_string();
     println!(
         "Vynil is starting.\n  gateway:     {url}\n  admin token: {admin} (mode 0600; a new one each start)\n  try:         curl -H \"Authorization: Bearer $(cat {admin})\" {url}/api/v1/jukeboxes"
     );
+    services.spawn(first_scans::run(
+        store.clone(),
+        config.scanner_listen,
+        url,
+        tokens.admin_file.clone(),
+        stopped(),
+    ));
     tokio::pin!(shutdown);
     let mut failure = None;
     tokio::select! {

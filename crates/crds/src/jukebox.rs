@@ -23,6 +23,17 @@ pub enum JukeBoxSource {
     Script(String),
     Http(HttpSource),
     S3(S3Source),
+    /// Ours: the repositories of an OCI image layout directory
+    /// (`index.json` + `blobs/`), for air-gapped mirrors and local mode.
+    Layout(LayoutSource),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct LayoutSource {
+    /// The layout directory, as the services see it: each directory below it
+    /// with an `index.json` is a repository (its path), and so is each `R`
+    /// of a root `index.json` entry named `R:<tag>`.
+    pub path: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]

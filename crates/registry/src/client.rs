@@ -14,8 +14,17 @@ use vynil_rules::ArtifactTag;
 use crate::{
     CredentialStore, ManifestMetadata, MetadataCache, RegistryError, RequestCounters, Result,
     TransportConfig,
+    layout::{Layout, layout_root},
     transport::{Access, Request, Response, Transport},
 };
+
+/// Runs file work of a layout off the async threads.
+async fn blocking<T: Send + 'static>(work: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(work).await.map_err(|e| RegistryError::Layout {
+        what: "an OCI image layout operation".into(),
+        problem: format!("the task failed: {e}"),
+    })?
+}
 
 const MANIFEST_TYPES: &[&str] = &[
     OCI_IMAGE_MEDIA_TYPE,
@@ -36,21 +45,33 @@ pub struct RepositoryRef {
 
 impl RepositoryRef {
     pub fn new(registry: &str, repository: &str) -> Result<Self> {
+        if layout_root(registry).is_some() {
+            return Self::parse(&format!("{registry}//{repository}"));
+        }
         Self::parse(&format!("{registry}/{repository}"))
     }
 
-    /// Parses `registry/path/repo` (no tag, no digest).
+    /// Parses `registry/path/repo` (no tag, no digest), or for an OCI image
+    /// layout `oci-layout:<directory>//path/repo`.
     pub fn parse(image: &str) -> Result<Self> {
         let invalid = |problem: &str| RegistryError::InvalidReference {
             reference: image.chars().take(200).collect(),
             problem: problem.to_string(),
         };
-        let (registry, repository) =
-            image.split_once('/').ok_or_else(|| invalid("expected registry/repository"))?;
-        let host_ok = !registry.is_empty()
-            && registry
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '[' | ']'));
+        let layout = image.starts_with(crate::layout::LAYOUT_SCHEME);
+        let split = if layout { image.split_once("//") } else { image.split_once('/') };
+        let (registry, repository) = split.ok_or_else(|| {
+            invalid(if layout {
+                "expected oci-layout:<directory>//repository"
+            } else {
+                "expected registry/repository"
+            })
+        })?;
+        let host_ok = layout && registry.len() > crate::layout::LAYOUT_SCHEME.len()
+            || !registry.is_empty()
+                && registry
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '[' | ']'));
         if !host_ok {
             return Err(invalid("the registry must be a host name with an optional port"));
         }
@@ -98,7 +119,8 @@ impl RepositoryRef {
 
 impl fmt::Display for RepositoryRef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.registry, self.repository)
+        let separator = if layout_root(&self.registry).is_some() { "//" } else { "/" };
+        write!(f, "{}{separator}{}", self.registry, self.repository)
     }
 }
 
@@ -204,6 +226,9 @@ impl RegistryClient {
         struct TagList {
             tags: Option<Vec<String>>,
         }
+        if let Some(layout) = Layout::of(repo)? {
+            return blocking(move || layout.tags()).await;
+        }
         let what = format!("tags of {repo}");
         let mut tags = Vec::new();
         let mut path = format!("/v2/{}/tags/list?n={PAGE_SIZE}", repo.api_repository());
@@ -231,6 +256,10 @@ impl RegistryClient {
 
     /// The digest `reference` (tag or digest) points to; `None` if absent.
     pub async fn head_digest(&self, repo: &RepositoryRef, reference: &str) -> Result<Option<String>> {
+        if let Some(layout) = Layout::of(repo)? {
+            let reference = reference.to_string();
+            return blocking(move || Ok(layout.resolve(&reference)?.map(|(digest, _)| digest))).await;
+        }
         let what = format!("digest of {repo}:{reference}");
         let request =
             self.request("head_manifest", what.clone(), repo, Method::HEAD, &manifest_path(repo, reference));
@@ -273,24 +302,21 @@ impl RegistryClient {
         reference: &str,
     ) -> Result<Option<(Manifest, Option<String>)>> {
         let what = format!("manifest {repo}:{reference}");
-        let request =
-            self.request("get_manifest", what.clone(), repo, Method::GET, &manifest_path(repo, reference));
-        let response = self.transport.send(&request).await?;
-        if response.status == StatusCode::NOT_FOUND {
+        let Some((body, media_type, served_digest)) = self.fetch_manifest(repo, reference, &what).await?
+        else {
             return Ok(None);
-        }
-        check_status(&response, &what)?;
-        let digest = format!("sha256:{}", hex::encode(Sha256::digest(&response.body)));
+        };
+        let digest = format!("sha256:{}", hex::encode(Sha256::digest(&body)));
         if reference.starts_with("sha256:") && reference != digest {
             return Err(RegistryError::InvalidBody {
                 what,
                 problem: format!("content does not match its digest (got {digest}): truncated or corrupt"),
             });
         }
-        let parsed: OciManifest = serde_json::from_slice(&response.body).map_err(|e| {
-            RegistryError::InvalidBody { what: what.clone(), problem: format!("not an OCI manifest: {e}") }
+        let parsed: OciManifest = serde_json::from_slice(&body).map_err(|e| RegistryError::InvalidBody {
+            what: what.clone(),
+            problem: format!("not an OCI manifest: {e}"),
         })?;
-        let media_type = response.header("content-type").unwrap_or_default().to_string();
         let (annotations, first) = match parsed {
             OciManifest::Image(image) => (image.annotations.unwrap_or_default(), None),
             OciManifest::ImageIndex(index) => {
@@ -298,14 +324,50 @@ impl RegistryClient {
                 (index.annotations.unwrap_or_default(), first)
             }
         };
-        Ok(Some((
-            Manifest {
-                digest: response.header("docker-content-digest").map(String::from).unwrap_or(digest),
-                media_type,
-                annotations,
-            },
-            first,
-        )))
+        Ok(Some((Manifest { digest: served_digest.unwrap_or(digest), media_type, annotations }, first)))
+    }
+
+    /// The bytes of the manifest `reference` names, its media type and the
+    /// digest the server says it has; `None` when absent.
+    async fn fetch_manifest(
+        &self,
+        repo: &RepositoryRef,
+        reference: &str,
+        what: &str,
+    ) -> Result<Option<(bytes::Bytes, String, Option<String>)>> {
+        if let Some(layout) = Layout::of(repo)? {
+            let reference = reference.to_string();
+            return blocking(move || {
+                let Some((digest, media_type)) = layout.resolve(&reference)? else { return Ok(None) };
+                Ok(layout.blob(&digest)?.map(|body| (bytes::Bytes::from(body), media_type, Some(digest))))
+            })
+            .await;
+        }
+        let request = self.request(
+            "get_manifest",
+            what.to_string(),
+            repo,
+            Method::GET,
+            &manifest_path(repo, reference),
+        );
+        let response = self.transport.send(&request).await?;
+        if response.status == StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        check_status(&response, what)?;
+        let media_type = response.header("content-type").unwrap_or_default().to_string();
+        let served = response.header("docker-content-digest").map(String::from);
+        Ok(Some((response.body, media_type, served)))
+    }
+
+    /// Removes the blobs of an OCI image layout that nothing references (what
+    /// a crash between an index rewrite and its blob removal leaves); a
+    /// registry collects its own garbage, so this is 0 there.
+    pub async fn collect_garbage(&self, repo: &RepositoryRef) -> Result<usize> {
+        match Layout::of(repo)? {
+            Some(layout) => blocking(move || layout.collect_garbage()).await,
+            None => Ok(0),
+        }
     }
 
     /// The digest of `tag` and its Vynil metadata; the manifest is read only
@@ -333,6 +395,7 @@ impl RegistryClient {
         subject: &str,
         tags: &[String],
     ) -> Result<Vec<Artifact>> {
+        let is_layout = layout_root(&repo.registry).is_some();
         let what = format!("referrers of {repo}@{subject}");
         let mut request = self.request(
             "referrers",
@@ -342,8 +405,10 @@ impl RegistryClient {
             &format!("/v2/{}/referrers/{subject}", repo.api_repository()),
         );
         request.accept = &[OCI_IMAGE_INDEX_MEDIA_TYPE];
-        let response = self.transport.send(&request).await?;
-        if response.status == StatusCode::OK
+        // A layout answers by the cosign tag convention below.
+        let response = if is_layout { None } else { Some(self.transport.send(&request).await?) };
+        if let Some(response) = response
+            && response.status == StatusCode::OK
             && let Ok(OciManifest::ImageIndex(index)) = serde_json::from_slice::<OciManifest>(&response.body)
         {
             return Ok(index
@@ -380,6 +445,11 @@ impl RegistryClient {
         digest: &str,
         tags: &[String],
     ) -> DeletionOutcome {
+        match Layout::of(repo) {
+            Ok(Some(layout)) => return self.delete_in_layout(layout, repo, digest, tags).await,
+            Ok(None) => {}
+            Err(error) => return failed_from(error),
+        }
         let what = format!("delete {repo}@{digest}");
         let mut request =
             self.request("delete", what.clone(), repo, Method::DELETE, &manifest_path(repo, digest));
@@ -405,6 +475,29 @@ impl RegistryClient {
                 code: "NOT_VERIFIED".into(),
                 message: reason,
             },
+        }
+    }
+
+    /// A layout delete: the index rewritten, unreferenced blobs removed,
+    /// then the same verification as for a registry.
+    async fn delete_in_layout(
+        &self,
+        layout: Layout,
+        repo: &RepositoryRef,
+        digest: &str,
+        tags: &[String],
+    ) -> DeletionOutcome {
+        let owned = digest.to_string();
+        let removed = match blocking(move || layout.delete(&owned)).await {
+            Ok(removed) => removed,
+            Err(error) => return failed_from(error),
+        };
+        match self.verify_gone(repo, digest, tags).await {
+            Ok(()) if removed => DeletionOutcome::Deleted { tags: tags.to_vec() },
+            Ok(()) => DeletionOutcome::AlreadyGone,
+            Err(reason) => {
+                DeletionOutcome::Failed { status: None, code: "NOT_VERIFIED".into(), message: reason }
+            }
         }
     }
 

@@ -19,6 +19,7 @@
 mod auth;
 mod client;
 mod counters;
+pub mod layout;
 mod metadata;
 pub mod sources;
 mod transport;
@@ -53,6 +54,8 @@ pub enum RegistryError {
     TooLarge { what: String, limit: usize },
     #[error("{what}: invalid answer: {problem}")]
     InvalidBody { what: String, problem: String },
+    #[error("{what}: {problem}; check the OCI image layout (index.json and blobs/sha256)")]
+    Layout { what: String, problem: String },
     #[error("invalid image reference {reference:?}: {problem}")]
     InvalidReference { reference: String, problem: String },
     #[error(

@@ -1,7 +1,8 @@
 //! Which repositories a JukeBox source names (`docs/upstream-vynil.md` §3.2): a `list`, every
 //! repository of a Harbor project (REST API v2.0, paginated by
 //! `x-total-count`), or of a GitLab project (REST v4, paginated by
-//! `X-Total-Pages`, Bearer from the pull secret's password).
+//! `X-Total-Pages`, Bearer from the pull secret's password), or of an OCI
+//! image layout directory (ours: `crate::layout`).
 
 use reqwest::Method;
 use serde::Deserialize;
@@ -20,8 +21,19 @@ const MAX_API_BYTES: usize = 8 * 1024 * 1024;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Source {
     List(Vec<String>),
-    Harbor { registry: String, project: String },
-    Gitlab { url: String, registry: String, project: String },
+    Harbor {
+        registry: String,
+        project: String,
+    },
+    Gitlab {
+        url: String,
+        registry: String,
+        project: String,
+    },
+    /// Every repository of an OCI image layout directory (`crate::layout`).
+    Layout {
+        path: String,
+    },
 }
 
 impl RegistryClient {
@@ -31,6 +43,15 @@ impl RegistryClient {
             Source::List(images) => images.iter().map(|i| RepositoryRef::parse(i)).collect(),
             Source::Harbor { registry, project } => self.harbor(registry, project).await,
             Source::Gitlab { url, registry, project } => self.gitlab(url, registry, project).await,
+            Source::Layout { path } => {
+                let root = std::path::PathBuf::from(path);
+                let names =
+                    tokio::task::spawn_blocking(move || crate::layout::repositories(&root)).await.map_err(
+                        |e| RegistryError::Layout { what: path.clone(), problem: e.to_string() },
+                    )??;
+                let registry = format!("{}{path}", crate::layout::LAYOUT_SCHEME);
+                names.iter().map(|name| RepositoryRef::new(&registry, name)).collect()
+            }
         }
     }
 

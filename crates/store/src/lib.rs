@@ -129,6 +129,7 @@ pub fn source_of(spec: &JukeBoxSpec) -> Result<Source, String> {
             project: g.project.clone(),
         }),
         Some(JukeBoxSource::Script(source)) => script::repositories(source).map(Source::List),
+        Some(JukeBoxSource::Layout(layout)) => Ok(Source::Layout { path: layout.path.clone() }),
         Some(JukeBoxSource::Http(_)) | Some(JukeBoxSource::S3(_)) => {
             Err("http and s3 index sources are not supported yet".into())
         }

@@ -18,10 +18,12 @@
 //!
 //! A missing binary is an error that says what to install: tests never skip.
 
+mod examples;
 mod fixture;
 mod front;
 mod jukebox;
 pub mod kube_api;
+mod layout;
 mod package;
 mod process;
 mod publisher;
@@ -29,8 +31,10 @@ mod redis_server;
 mod registry_server;
 mod service_process;
 
+pub use examples::{EXAMPLE_REPOSITORIES, Example, examples, publish_examples, write_examples};
 pub use front::{Fault, FaultAction, HttpFront, Seen};
 pub use jukebox::JukeboxBuilder;
+pub use layout::LayoutWriter;
 pub use package::{ArtifactKind, PackageSpec, PackageType};
 pub use process::free_port;
 pub use publisher::Publisher;

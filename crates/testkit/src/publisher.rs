@@ -65,17 +65,13 @@ impl Publisher {
 
     /// Pushes the shared config and layer blobs of `repository` once.
     async fn ensure_blobs(&self, repository: &str) -> Result<(Value, Value)> {
-        let config = br#"{"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":[]}}"#;
-        let layer = format!("vynil test package layer of {repository}").into_bytes();
-        let descriptors = (
-            json!({"mediaType": OCI_CONFIG, "digest": sha256_digest(config), "size": config.len()}),
-            json!({"mediaType": OCI_LAYER, "digest": sha256_digest(&layer), "size": layer.len()}),
-        );
+        let (config, layer) = shared_blobs(repository);
+        let descriptors = (descriptor(OCI_CONFIG, &config), descriptor(OCI_LAYER, &layer));
         let mut done = self.repositories_with_blobs.lock().await;
         if !done.contains(repository) {
             let reference = self.reference(repository, "blobs");
             self.client.store_auth_if_needed(&self.host, &self.auth).await;
-            self.client.push_blob(&reference, config.to_vec(), &sha256_digest(config)).await?;
+            self.client.push_blob(&reference, config.clone(), &sha256_digest(&config)).await?;
             self.client.push_blob(&reference, layer.clone(), &sha256_digest(&layer)).await?;
             done.insert(repository.to_string());
         }
@@ -124,24 +120,14 @@ impl Publisher {
 
     async fn push_image(&self, repository: &str, tag: &str, annotations: impl Into<Value>) -> Result<String> {
         let (config, layer) = self.ensure_blobs(repository).await?;
-        let manifest = json!({
-            "schemaVersion": 2,
-            "mediaType": OCI_MANIFEST,
-            "config": config,
-            "layers": [layer],
-            "annotations": annotations.into(),
-        });
-        self.push_manifest(repository, tag, manifest.to_string().as_bytes()).await
+        let manifest = image_manifest(config, layer, annotations.into());
+        self.push_manifest(repository, tag, &manifest).await
     }
 
     /// Publishes one package revision; returns its manifest digest. Publishing to
     /// an existing tag re-points it.
     pub async fn publish(&self, repository: &str, spec: &PackageSpec) -> Result<String> {
-        let mut annotations: serde_json::Map<String, Value> =
-            spec.annotations().into_iter().map(|(k, v)| (k, Value::String(v))).collect();
-        // As real build tools do; it also gives every version its own digest.
-        annotations.insert("org.opencontainers.image.version".into(), Value::String(spec.tag.clone()));
-        self.push_image(repository, &spec.tag, annotations).await
+        self.push_image(repository, &spec.tag, package_annotations(spec)).await
     }
 
     /// Publishes many revisions with up to `concurrency` pushes in flight;
@@ -178,23 +164,64 @@ impl Publisher {
     pub async fn attach(&self, repository: &str, subject: &str, kind: ArtifactKind) -> Result<String> {
         let tag = kind.tag_for(subject);
         let (config, _) = self.ensure_blobs(repository).await?;
-        let payload = format!("{{\"critical\":{{\"image\":{{\"docker-manifest-digest\":\"{subject}\"}}}}}}");
+        let (payload, manifest) = artifact_manifest(config, subject, kind);
         let payload_ref = self.reference(repository, "payload");
-        self.client
-            .push_blob(&payload_ref, payload.clone().into_bytes(), &sha256_digest(payload.as_bytes()))
-            .await?;
-        let manifest = json!({
-            "schemaVersion": 2,
-            "mediaType": OCI_MANIFEST,
-            "config": config,
-            "layers": [{
-                "mediaType": COSIGN_LAYER,
-                "digest": sha256_digest(payload.as_bytes()),
-                "size": payload.len(),
-                "annotations": {"dev.cosignproject.cosign/signature": format!("test-{}", kind.suffix())},
-            }],
-        });
-        self.push_manifest(repository, &tag, manifest.to_string().as_bytes()).await?;
+        self.client.push_blob(&payload_ref, payload.clone(), &sha256_digest(&payload)).await?;
+        self.push_manifest(repository, &tag, &manifest).await?;
         Ok(tag)
     }
+}
+
+/// The config and layer blobs every revision of `repository` shares.
+pub(crate) fn shared_blobs(repository: &str) -> (Vec<u8>, Vec<u8>) {
+    let config =
+        br#"{"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":[]}}"#.to_vec();
+    let layer = format!("vynil test package layer of {repository}").into_bytes();
+    (config, layer)
+}
+
+pub(crate) fn descriptor(media_type: &str, blob: &[u8]) -> Value {
+    json!({"mediaType": media_type, "digest": sha256_digest(blob), "size": blob.len()})
+}
+
+pub(crate) const CONFIG_MEDIA_TYPE: &str = OCI_CONFIG;
+pub(crate) const LAYER_MEDIA_TYPE: &str = OCI_LAYER;
+
+/// The bytes of an image manifest over `config` and `layer` descriptors.
+pub(crate) fn image_manifest(config: Value, layer: Value, annotations: Value) -> Vec<u8> {
+    json!({
+        "schemaVersion": 2,
+        "mediaType": OCI_MANIFEST,
+        "config": config,
+        "layers": [layer],
+        "annotations": annotations,
+    })
+    .to_string()
+    .into_bytes()
+}
+
+/// The annotations of a package revision, as real build tools write them
+/// (`org.opencontainers.image.version` also gives every version its own digest).
+pub(crate) fn package_annotations(spec: &PackageSpec) -> Value {
+    let mut annotations: serde_json::Map<String, Value> =
+        spec.annotations().into_iter().map(|(k, v)| (k, Value::String(v))).collect();
+    annotations.insert("org.opencontainers.image.version".into(), Value::String(spec.tag.clone()));
+    Value::Object(annotations)
+}
+
+/// A cosign-style artifact of `subject`: its payload blob and manifest bytes.
+pub(crate) fn artifact_manifest(config: Value, subject: &str, kind: ArtifactKind) -> (Vec<u8>, Vec<u8>) {
+    let payload = format!("{{\"critical\":{{\"image\":{{\"docker-manifest-digest\":\"{subject}\"}}}}}}");
+    let manifest = json!({
+        "schemaVersion": 2,
+        "mediaType": OCI_MANIFEST,
+        "config": config,
+        "layers": [{
+            "mediaType": COSIGN_LAYER,
+            "digest": sha256_digest(payload.as_bytes()),
+            "size": payload.len(),
+            "annotations": {"dev.cosignproject.cosign/signature": format!("test-{}", kind.suffix())},
+        }],
+    });
+    (payload.into_bytes(), manifest.to_string().into_bytes())
 }

@@ -420,6 +420,14 @@ impl Purger {
         let mut outcomes = Vec::new();
         for repository in &plan.repositories {
             outcomes.extend(execution.delete_repository(repository, progress).await?);
+            // An OCI image layout's unreferenced blobs (what a crash between
+            // an index rewrite and its blob removal left) go now; a registry
+            // collects its own garbage.
+            if let Ok(repo) = RepositoryRef::new(&repository.registry, &repository.repository)
+                && let Err(error) = self.client.collect_garbage(&repo).await
+            {
+                tracing::warn!(%error, repository = %repo, "cannot remove the layout's unreferenced blobs");
+            }
         }
         let report = StoredReport {
             outcomes,
