@@ -214,3 +214,77 @@ async fn a_port_in_use_stops_local_mode_with_an_error() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("gateway stopped") && stderr.contains(&port), "{stderr}");
 }
+
+/// The README's first command, as a newcomer runs it in an empty directory:
+/// no JukeBox directory, no network, no Redis. (Ports are moved off the
+/// defaults only so that tests never collide with a developer's services.)
+#[tokio::test]
+async fn the_first_command_shows_the_embedded_examples_offline_and_sigterm_leaves_nothing_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let ports = [loopback(), loopback(), loopback(), loopback(), loopback()];
+    let flags =
+        ["--catalog-listen", "--scanner-listen", "--purger-listen", "--lifecycle-listen", "--gateway-listen"];
+    let mut command = Command::new(env!("CARGO_BIN_EXE_vynil"));
+    for (flag, port) in flags.iter().zip(ports) {
+        command.arg(flag).arg(port.to_string());
+    }
+    let mut child = command
+        .current_dir(dir.path())
+        .env("HOME", dir.path().join("home"))
+        .env_remove("XDG_STATE_HOME")
+        .env_remove("VYNIL_JUKEBOX_DIR")
+        .env_remove("REDIS_URL")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let gateway = ports[4];
+    let token_file = dir.path().join("home/.local/state/vynil/admin-token");
+    let http = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let items = loop {
+        if let Ok(token) = std::fs::read_to_string(&token_file) {
+            let url = format!("http://{gateway}/api/v1/jukeboxes/examples/catalog");
+            if let Ok(answer) = http.get(url).bearer_auth(token.trim()).send().await
+                && answer.status() == 200
+            {
+                let page: serde_json::Value = answer.json().await.unwrap();
+                if page["items"].as_array().is_some_and(|i| !i.is_empty()) {
+                    break page["items"].as_array().unwrap().clone();
+                }
+            }
+        }
+        assert!(Instant::now() < deadline, "the example catalog never showed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let ollama: Vec<(String, String)> = items
+        .iter()
+        .filter(|p| p["image"] == "think/ollama")
+        .map(|p| (p["tag"].as_str().unwrap().into(), p["type"].as_str().unwrap().into()))
+        .collect();
+    assert_eq!(
+        ollama,
+        [("0.1.10".into(), "service".into()), ("0.1.9".into(), "tenant".into())],
+        "{items:#?}"
+    );
+    assert!(items.iter().any(|p| p["image"] == "apps/web"), "{items:#?}");
+
+    nix::sys::signal::kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "local mode did not stop on SIGTERM");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(status.success(), "{status:?}");
+    let mut stdout = String::new();
+    std::io::Read::read_to_string(&mut child.stdout.take().unwrap(), &mut stdout).unwrap();
+    assert!(stdout.contains("embedded example") && stdout.contains("admin-token"), "{stdout}");
+    assert!(stdout.contains("/api/v1/jukeboxes/examples/catalog"), "it says what to look at: {stdout}");
+    assert!(!stdout.contains(std::fs::read_to_string(&token_file).unwrap().trim()), "never the token itself");
+    for port in ports {
+        std::net::TcpListener::bind(port).unwrap_or_else(|e| panic!("{port} still held after exit: {e}"));
+    }
+}

@@ -15,11 +15,15 @@
 //! directory), then removes every blob no index entry reaches. A crash
 //! between the two leaves a valid layout with unreferenced blobs, which the
 //! next delete (or [`crate::RegistryClient::collect_garbage`]) removes.
+//! Deletes in one layout directory are serialized in the process (the purger
+//! deletes several digests at once, and each rewrites the same
+//! `index.json`); across processes, the purger's repository lease does it.
 
 use std::{
-    collections::HashSet,
+    collections::{HashMap, HashSet},
     io::Write,
     path::{Path, PathBuf},
+    sync::{Arc, Mutex, OnceLock},
 };
 
 use oci_spec::image::{Descriptor, ImageIndex};
@@ -34,6 +38,14 @@ const REF_NAME: &str = "org.opencontainers.image.ref.name";
 /// The directory of a layout registry name, `None` for a real registry.
 pub fn layout_root(registry: &str) -> Option<&Path> {
     registry.strip_prefix(LAYOUT_SCHEME).map(Path::new)
+}
+
+/// The lock of each layout directory this process writes.
+fn lock_of(dir: &Path) -> Arc<Mutex<()>> {
+    static LOCKS: OnceLock<Mutex<HashMap<PathBuf, Arc<Mutex<()>>>>> = OnceLock::new();
+    let locks = LOCKS.get_or_init(Default::default);
+    let mut locks = locks.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    locks.entry(dir.to_path_buf()).or_default().clone()
 }
 
 /// One repository of a layout.
@@ -157,6 +169,8 @@ impl Layout {
     /// `index.json` (atomically), then the blobs nothing references any
     /// more. `false` when no entry pointed to it.
     pub(crate) fn delete(&self, digest: &str) -> Result<bool> {
+        let lock = lock_of(&self.dir);
+        let _held = lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let mut index = self.read_index()?;
         let before = index.manifests().len();
         let kept: Vec<Descriptor> = index
@@ -174,13 +188,13 @@ impl Layout {
             index.set_manifests(kept);
             self.write_index(&index)?;
         }
-        self.collect_garbage()?;
+        self.collect_garbage_locked()?;
         Ok(removed)
     }
 
     /// `index.json` replaced atomically: write a temporary file, fsync it,
     /// rename it over, fsync the directory.
-    pub(crate) fn write_index(&self, index: &ImageIndex) -> Result<()> {
+    fn write_index(&self, index: &ImageIndex) -> Result<()> {
         let text = index.to_string_pretty().map_err(|e| error(&self.what, e))?;
         let temporary = self.dir.join(".index.json.tmp");
         let io = |e: std::io::Error| error(&self.what, format!("rewriting index.json: {e}"));
@@ -196,6 +210,12 @@ impl Layout {
     /// many. Unreadable or unknown manifests keep everything they might
     /// reference: when in doubt, keep.
     pub(crate) fn collect_garbage(&self) -> Result<usize> {
+        let lock = lock_of(&self.dir);
+        let _held = lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        self.collect_garbage_locked()
+    }
+
+    fn collect_garbage_locked(&self) -> Result<usize> {
         let index = self.read_index()?;
         let mut reached: HashSet<String> = HashSet::new();
         let mut pending: Vec<String> = index.manifests().iter().map(|m| m.digest().to_string()).collect();

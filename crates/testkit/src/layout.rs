@@ -121,3 +121,39 @@ impl LayoutWriter {
         Ok(tag)
     }
 }
+
+/// The blobs a layout directory holds.
+pub fn stored_blobs(dir: &Path) -> std::collections::BTreeSet<String> {
+    std::fs::read_dir(dir.join("blobs/sha256"))
+        .map(|listing| {
+            listing.flatten().map(|e| format!("sha256:{}", e.file_name().to_string_lossy())).collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The blobs `index.json` of a layout directory reaches (manifests, their
+/// config and layers), computed from the files; `Err` names a referenced
+/// blob that is missing (the layout is not valid).
+pub fn reachable_blobs(dir: &Path) -> std::result::Result<std::collections::BTreeSet<String>, String> {
+    let read = |path: &Path| std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()));
+    let index: Value = serde_json::from_slice(&read(&dir.join("index.json"))?).map_err(|e| e.to_string())?;
+    let mut seen = std::collections::BTreeSet::new();
+    let mut pending: Vec<String> = index["manifests"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| m["digest"].as_str().map(String::from))
+        .collect();
+    while let Some(digest) = pending.pop() {
+        if !seen.insert(digest.clone()) {
+            continue;
+        }
+        let path = dir.join("blobs/sha256").join(digest.trim_start_matches("sha256:"));
+        let bytes = read(&path).map_err(|e| format!("{digest} is referenced but unreadable: {e}"))?;
+        if let Ok(value) = serde_json::from_slice::<Value>(&bytes) {
+            let children = value["layers"].as_array().into_iter().flatten().chain(value.get("config"));
+            pending.extend(children.filter_map(|c| c["digest"].as_str().map(String::from)));
+        }
+    }
+    Ok(seen)
+}

@@ -34,7 +34,7 @@ mod service_process;
 pub use examples::{EXAMPLE_REPOSITORIES, Example, examples, publish_examples, write_examples};
 pub use front::{Fault, FaultAction, HttpFront, Seen};
 pub use jukebox::JukeboxBuilder;
-pub use layout::LayoutWriter;
+pub use layout::{LayoutWriter, reachable_blobs, stored_blobs};
 pub use package::{ArtifactKind, PackageSpec, PackageType};
 pub use process::free_port;
 pub use publisher::Publisher;
