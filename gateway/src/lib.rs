@@ -14,6 +14,7 @@
 
 pub mod api;
 pub mod auth;
+pub mod cli;
 pub mod downstream;
 pub mod error;
 pub mod kube_auth;

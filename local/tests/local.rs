@@ -239,6 +239,19 @@ async fn the_first_command_shows_the_embedded_examples_offline_and_sigterm_leave
         .spawn()
         .unwrap();
     let gateway = ports[4];
+    // What the user reads, as it is printed.
+    let printed = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let mut pipe = child.stdout.take().unwrap();
+    let sink = printed.clone();
+    let reader = std::thread::spawn(move || {
+        let mut buffer = [0u8; 4096];
+        while let Ok(n) = std::io::Read::read(&mut pipe, &mut buffer) {
+            if n == 0 {
+                break;
+            }
+            sink.lock().unwrap().push_str(&String::from_utf8_lossy(&buffer[..n]));
+        }
+    });
     let token_file = dir.path().join("home/.local/state/vynil/admin-token");
     let http = reqwest::Client::new();
     let deadline = Instant::now() + Duration::from_secs(90);
@@ -268,6 +281,11 @@ async fn the_first_command_shows_the_embedded_examples_offline_and_sigterm_leave
         "{items:#?}"
     );
     assert!(items.iter().any(|p| p["image"] == "apps/web"), "{items:#?}");
+    // The newcomer is told where to look once the first scan is done.
+    while !printed.lock().unwrap().contains("/api/v1/jukeboxes/examples/catalog") {
+        assert!(Instant::now() < deadline, "never said what to look at: {}", printed.lock().unwrap());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 
     nix::sys::signal::kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
     let deadline = Instant::now() + Duration::from_secs(15);
@@ -279,10 +297,9 @@ async fn the_first_command_shows_the_embedded_examples_offline_and_sigterm_leave
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert!(status.success(), "{status:?}");
-    let mut stdout = String::new();
-    std::io::Read::read_to_string(&mut child.stdout.take().unwrap(), &mut stdout).unwrap();
+    reader.join().unwrap();
+    let stdout = printed.lock().unwrap().clone();
     assert!(stdout.contains("embedded example") && stdout.contains("admin-token"), "{stdout}");
-    assert!(stdout.contains("/api/v1/jukeboxes/examples/catalog"), "it says what to look at: {stdout}");
     assert!(!stdout.contains(std::fs::read_to_string(&token_file).unwrap().trim()), "never the token itself");
     for port in ports {
         std::net::TcpListener::bind(port).unwrap_or_else(|e| panic!("{port} still held after exit: {e}"));

@@ -1,0 +1,200 @@
+//! `vynilctl` as a user runs it: the built binary, as a subprocess, against
+//! a gateway in front of the real services (fake Kubernetes API, real
+//! registry), checking what it prints, what it leaves in the registry, and
+//! each documented exit code.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::process::{Command, Output, Stdio};
+
+use kube::api::PostParams;
+use serde_json::json;
+use vynil_e2e::{Stack, eventually};
+use vynil_gateway::{
+    api::{catalog::CatalogPage, purge::Plan, purge::Report},
+    auth::{Role, TokenBook},
+};
+use vynil_testkit::{
+    PackageType,
+    kube_api::{AgentOutcome, FakeAgent},
+};
+
+const TOKEN: &str = "cli-test-admin-token";
+
+struct Gateway {
+    url: String,
+    stop: vynil_runtime::Shutdown,
+    _dir: tempfile::TempDir,
+}
+
+async fn gateway(stack: &Stack) -> Gateway {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("tokens.yaml"),
+        format!("tokens:\n{}\n", TokenBook::line("admin-user", Role::Admin, TOKEN)),
+    )
+    .unwrap();
+    let endpoint = |addr: std::net::SocketAddr| format!("http://{addr}");
+    let config = <vynil_gateway::Config as clap::Parser>::parse_from([
+        "vynil-gateway".to_string(),
+        "--listen".into(),
+        "127.0.0.1:0".into(),
+        "--tokens-file".into(),
+        dir.path().join("tokens.yaml").display().to_string(),
+        "--service-token-file".into(),
+        stack.token.path().display().to_string(),
+        "--catalog-endpoint".into(),
+        endpoint(stack.catalog),
+        "--scanner-endpoint".into(),
+        endpoint(stack.scanner),
+        "--purger-endpoint".into(),
+        endpoint(stack.purger),
+        "--lifecycle-endpoint".into(),
+        endpoint(stack.lifecycle),
+    ]);
+    let bound = vynil_gateway::Gateway::bind(&config).await.unwrap();
+    let url = format!("http://{}", bound.local_addr().unwrap());
+    let stop = vynil_runtime::Shutdown::new();
+    tokio::spawn(bound.serve(stop.signaled()));
+    Gateway { url, stop, _dir: dir }
+}
+
+/// Runs `vynilctl args…` with `env`, stdin closed (no terminal).
+async fn vynilctl(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_vynilctl"));
+    command
+        .args(args)
+        .stdin(Stdio::null())
+        .env_remove("VYNIL_URL")
+        .env_remove("VYNIL_TOKEN")
+        .env("NO_COLOR", "1");
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    tokio::task::spawn_blocking(move || command.output().unwrap()).await.unwrap()
+}
+
+fn text(output: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr))
+}
+
+fn code(output: &Output) -> i32 {
+    output.status.code().unwrap_or(-1)
+}
+
+#[tokio::test]
+async fn a_session_of_vynilctl_scans_purges_explains_and_exits_with_the_documented_codes() {
+    let stack = Stack::start("think/ollama").await;
+    let _agent = FakeAgent::start(stack.client.clone(), "vynil-system", |_| AgentOutcome::succeed());
+    for (tag, kind) in
+        [("0.1.8", PackageType::Tenant), ("0.1.9", PackageType::Tenant), ("0.1.10", PackageType::Service)]
+    {
+        stack.publish("think", "ollama", kind, tag).await;
+    }
+    let gw = gateway(&stack).await;
+    let env = [("VYNIL_URL", gw.url.as_str()), ("VYNIL_TOKEN", TOKEN)];
+
+    // A scan followed to its end: without a terminal, the summary alone.
+    let scanned = vynilctl(&["scan", "box", "--wait"], &env).await;
+    assert_eq!(code(&scanned), 0, "{}", text(&scanned));
+    let summary = String::from_utf8_lossy(&scanned.stdout).to_string();
+    assert!(summary.contains("succeeded") && summary.contains("1/1 repositories"), "{summary}");
+
+    // The catalog: as a table grouped per package, and as JSON parsed back into the API type.
+    let page = eventually("the catalog", || async {
+        let shown = vynilctl(&["catalog", "show", "box", "-o", "json"], &env).await;
+        let page: CatalogPage = serde_json::from_slice(&shown.stdout).ok()?;
+        (page.items.len() == 2).then_some(page)
+    })
+    .await;
+    assert_eq!(page.items[1].roles[0].description, "newest tenant revision");
+    let table = vynilctl(&["catalog", "show", "box"], &env).await;
+    let table = String::from_utf8_lossy(&table.stdout).to_string();
+    assert!(
+        table.contains("think/ollama") && table.contains("0.1.9") && table.contains("service"),
+        "{table}"
+    );
+
+    // A purge: the plan with reasons and totals, a refusal without confirmation, then the execution.
+    let planned = vynilctl(&["purge", "plan", "jukebox/box"], &env).await;
+    let shown = String::from_utf8_lossy(&planned.stdout).to_string();
+    assert!(shown.contains("superseded") && shown.contains("1 to delete"), "{shown}");
+    let plan: Plan =
+        serde_json::from_slice(&vynilctl(&["purge", "plan", "jukebox/box", "-o", "json"], &env).await.stdout)
+            .unwrap();
+    let deleted: Vec<&str> = plan.entries.iter().filter(|e| !e.keep).map(|e| e.tag.as_str()).collect();
+    assert_eq!(deleted, ["0.1.8"]);
+    let unconfirmed = vynilctl(&["purge", "execute", &plan.plan_id], &env).await;
+    assert_eq!(code(&unconfirmed), 3, "no terminal to ask on: {}", text(&unconfirmed));
+    let executed = vynilctl(&["purge", "execute", &plan.plan_id, "--confirm", &plan.target], &env).await;
+    assert_eq!(code(&executed), 0, "{}", text(&executed));
+    let printed = String::from_utf8_lossy(&executed.stdout).to_string();
+    assert!(printed.contains("executed by admin-user") && printed.contains("1 deleted"), "{printed}");
+    let listed =
+        reqwest::get(format!("{}/v2/think/ollama/tags/list", stack.registry.base_url())).await.unwrap();
+    let listed: serde_json::Value = listed.json().await.unwrap();
+    let listed: Vec<&str> = listed["tags"].as_array().unwrap().iter().map(|t| t.as_str().unwrap()).collect();
+    assert!(!listed.contains(&"0.1.8") && listed.contains(&"0.1.9"), "{listed:?}");
+    let report = vynilctl(&["purge", "report", &plan.plan_id, "-o", "yaml"], &env).await;
+    let report: Report = serde_yaml_ng::from_slice(&report.stdout).unwrap();
+    assert_eq!(report.executed_by, "admin-user");
+
+    // A blocked instance is explained, with exit code 3.
+    let broken = json!({"apiVersion": "vynil.solidite.fr/v1", "kind": "TenantInstance",
+        "metadata": {"name": "broken", "namespace": "apps"},
+        "spec": {"jukebox": "box", "category": "think", "package": "nothere"}});
+    stack
+        .tenant_instances()
+        .create(&PostParams::default(), &serde_json::from_value(broken).unwrap())
+        .await
+        .unwrap();
+    let explained = eventually("the instance blocked", || async {
+        let out = vynilctl(&["instance", "explain", "tenant/apps/broken"], &env).await;
+        (code(&out) == 3).then_some(out)
+    })
+    .await;
+    assert!(text(&explained).contains("blocked by"), "{}", text(&explained));
+    let listed = vynilctl(&["instance", "list", "--namespace", "apps"], &env).await;
+    assert!(String::from_utf8_lossy(&listed.stdout).contains("tenant/apps/broken"), "{}", text(&listed));
+
+    // Every documented exit code.
+    assert_eq!(code(&vynilctl(&["scan"], &env).await), 2, "usage: a missing argument");
+    assert_eq!(code(&vynilctl(&["jukebox", "list"], &[]).await), 2, "usage: no gateway");
+    let bad = vynilctl(&["scan", "box", "a/b/c"], &env).await;
+    assert_eq!(code(&bad), 2, "bad input: {}", text(&bad));
+    assert!(text(&bad).contains("BAD_REQUEST") && text(&bad).contains("request "), "{}", text(&bad));
+    let wrong = [("VYNIL_URL", gw.url.as_str()), ("VYNIL_TOKEN", "wrong")];
+    assert_eq!(code(&vynilctl(&["jukebox", "list"], &wrong).await), 3, "refused: unknown token");
+    assert_eq!(code(&vynilctl(&["purge", "report", "no-such-plan"], &env).await), 1, "failed: not found");
+    let closed = format!("http://127.0.0.1:{}", vynil_testkit::free_port().unwrap());
+    let nowhere = [("VYNIL_URL", closed.as_str()), ("VYNIL_TOKEN", TOKEN)];
+    assert_eq!(code(&vynilctl(&["jukebox", "list"], &nowhere).await), 4, "unreachable");
+
+    // Login stores a context (0600) that later commands use without flags.
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("vynilctl.yaml");
+    let config_arg = config.display().to_string();
+    let mut login = Command::new(env!("CARGO_BIN_EXE_vynilctl"));
+    login
+        .args(["login", "--url", &gw.url, "--config", &config_arg])
+        .env_remove("VYNIL_TOKEN")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped());
+    let mut child = login.spawn().unwrap();
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), format!("{TOKEN}\n").as_bytes()).unwrap();
+    let logged = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap()).await.unwrap();
+    assert_eq!(code(&logged), 0, "{}", text(&logged));
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(std::fs::metadata(&config).unwrap().permissions().mode() & 0o777, 0o600);
+    let listed = vynilctl(&["--config", &config_arg, "jukebox", "list"], &[]).await;
+    assert_eq!(code(&listed), 0, "{}", text(&listed));
+    assert!(String::from_utf8_lossy(&listed.stdout).contains("box"));
+    let version = vynilctl(&["--config", &config_arg, "version", "-o", "json"], &[]).await;
+    let version: serde_json::Value = serde_json::from_slice(&version.stdout).unwrap();
+    assert_eq!(version["server"]["api"], "v1", "{version}");
+    let completion = vynilctl(&["completion", "bash"], &[]).await;
+    assert!(code(&completion) == 0 && String::from_utf8_lossy(&completion.stdout).contains("vynilctl"));
+
+    gw.stop.trigger();
+    stack.stop().await;
+}
