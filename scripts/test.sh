@@ -17,13 +17,14 @@ stage() {
 
 install_system_packages() {
   # binary -> Debian package
-  local -A wanted=([redis-server]=redis-server [docker-registry]=docker-registry)
+  # chromium + node/npm: the web page's browser tests (gateway/tests/web.rs).
+  local -A wanted=([redis-server]=redis-server [docker-registry]=docker-registry [chromium]=chromium [node]=nodejs [npm]=npm)
   local missing=()
   for binary in "${!wanted[@]}"; do
     command -v "$binary" >/dev/null 2>&1 || missing+=("${wanted[$binary]}")
   done
   if [ ${#missing[@]} -eq 0 ]; then
-    echo "redis-server and docker-registry already installed"
+    echo "redis-server, docker-registry, chromium and node already installed"
     return 0
   fi
   local sudo=()
@@ -37,7 +38,18 @@ install_system_packages() {
 export PROTOC=/bin/false
 export CARGO_TERM_COLOR=never
 
+install_web_test_packages() {
+  # playwright-core, pinned by gateway/tests/web/package-lock.json.
+  if [ -d gateway/tests/web/node_modules/playwright-core ] \
+    && [ gateway/tests/web/node_modules/.package-lock.json -nt gateway/tests/web/package-lock.json ]; then
+    echo "playwright-core already installed"
+    return 0
+  fi
+  npm ci --prefix gateway/tests/web --no-audit --no-fund
+}
+
 stage "install system packages" install_system_packages
+stage "install web test packages" install_web_test_packages
 stage "format" cargo fmt --all --check
 stage "build (no protoc)" cargo build --workspace --all-targets --locked
 stage "lint" cargo clippy --workspace --all-targets --locked -- -D warnings

@@ -5,6 +5,7 @@
 //! - `/api/v1/…`: the API (`api`), each route with the role it needs
 //!   (`routes`), errors in one shape (`error`), credentials (`auth`).
 //! - `/openapi.json`: the OpenAPI 3.1 document (`openapi`).
+//! - `/`: the web page (`web`), embedded.
 //! - `/healthz` (the process), `/readyz` (every configured service answers
 //!   its health check, naming those that do not), `/metrics` (Prometheus).
 //!
@@ -21,6 +22,7 @@ pub mod kube_auth;
 pub mod metrics;
 pub mod openapi;
 pub mod routes;
+pub mod web;
 
 use std::{future::Future, net::SocketAddr, path::PathBuf, time::Duration};
 
@@ -204,6 +206,7 @@ pub fn router(config: &Config, kube: Option<kube::Client>) -> Result<Router, Gat
     let openapi = openapi::document();
     let router = Router::new()
         .merge(routes::api_router(app.clone()))
+        .merge(web::routes())
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(routes::readyz).with_state(app.clone()))
         .route("/metrics", scrape)

@@ -1,0 +1,135 @@
+//! The web page in a real browser: headless Chromium (Debian's `chromium`)
+//! driven by `playwright-core` (`gateway/tests/web/e2e.mjs`) against a
+//! gateway in front of the real services, fake Kubernetes API and a real
+//! registry. Screenshots of each view go to the folder printed; the script
+//! asserts each view's visible text. Missing parts fail with the command
+//! that installs them, never a skip.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::{path::Path, process::Command, time::Duration};
+
+use kube::api::PostParams;
+use serde_json::json;
+use vynil_e2e::{Stack, eventually};
+use vynil_gateway::auth::{Role, TokenBook};
+use vynil_testkit::{
+    PackageType,
+    kube_api::{AgentOutcome, FakeAgent},
+};
+
+const CHROMIUM: &str = "/usr/bin/chromium";
+
+fn requirements(web: &Path) {
+    assert!(
+        Path::new(CHROMIUM).is_file(),
+        "{CHROMIUM} is missing: apt-get install -y chromium (scripts/test.sh does)"
+    );
+    let node = Command::new("node").arg("--version").output();
+    assert!(node.is_ok_and(|o| o.status.success()), "node is missing: apt-get install -y nodejs npm");
+    assert!(
+        web.join("node_modules/playwright-core").is_dir(),
+        "playwright-core is missing: npm ci --prefix gateway/tests/web (scripts/test.sh does)"
+    );
+}
+
+#[tokio::test]
+async fn the_web_page_in_chromium_logs_in_scans_shows_the_type_change_purges_explains_and_hides_what_a_viewer_may_not_do()
+ {
+    let web = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/web");
+    requirements(&web);
+    let stack = Stack::start("think/ollama").await;
+    let _agent = FakeAgent::start(stack.client.clone(), "vynil-system", |_| AgentOutcome::succeed());
+    for (tag, kind) in
+        [("0.1.8", PackageType::Tenant), ("0.1.9", PackageType::Tenant), ("0.1.10", PackageType::Service)]
+    {
+        stack.publish("think", "ollama", kind, tag).await;
+    }
+    stack.scan_until(&["0.1.10", "0.1.9"]).await;
+    let instance = |name: &str, package: &str| {
+        json!({"apiVersion": "vynil.solidite.fr/v1", "kind": "TenantInstance",
+            "metadata": {"name": name, "namespace": "apps"},
+            "spec": {"jukebox": "box", "category": "think", "package": package}})
+    };
+    let instances = stack.tenant_instances();
+    for (name, package) in [("ollama", "ollama"), ("broken", "nothere")] {
+        instances
+            .create(&PostParams::default(), &serde_json::from_value(instance(name, package)).unwrap())
+            .await
+            .unwrap();
+    }
+    eventually("ollama installed", || async {
+        let object = instances.get("ollama").await.unwrap();
+        (object.data["status"]["package"]["tag"] == "0.1.9").then_some(())
+    })
+    .await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let book = format!(
+        "tokens:\n{}\n{}\n",
+        TokenBook::line("admin-user", Role::Admin, "web-admin-token"),
+        TokenBook::line("viewer-user", Role::Viewer, "web-viewer-token")
+    );
+    std::fs::write(dir.path().join("tokens.yaml"), book).unwrap();
+    let endpoint = |addr: std::net::SocketAddr| format!("http://{addr}");
+    let config = <vynil_gateway::Config as clap::Parser>::parse_from([
+        "vynil-gateway".to_string(),
+        "--listen".into(),
+        "127.0.0.1:0".into(),
+        "--tokens-file".into(),
+        dir.path().join("tokens.yaml").display().to_string(),
+        "--service-token-file".into(),
+        stack.token.path().display().to_string(),
+        "--catalog-endpoint".into(),
+        endpoint(stack.catalog),
+        "--scanner-endpoint".into(),
+        endpoint(stack.scanner),
+        "--purger-endpoint".into(),
+        endpoint(stack.purger),
+        "--lifecycle-endpoint".into(),
+        endpoint(stack.lifecycle),
+    ]);
+    let gateway = vynil_gateway::Gateway::bind(&config).await.unwrap();
+    let base = format!("http://{}", gateway.local_addr().unwrap());
+    let stop = vynil_runtime::Shutdown::new();
+    tokio::spawn(gateway.serve(stop.signaled()));
+
+    let screenshots = Path::new(env!("CARGO_TARGET_TMPDIR")).join("web-screenshots");
+    println!("screenshots of each view: {}", screenshots.display());
+    let mut node = Command::new("node");
+    node.arg(web.join("e2e.mjs"))
+        .current_dir(&web)
+        .env("BASE_URL", &base)
+        .env("ADMIN_TOKEN", "web-admin-token")
+        .env("VIEWER_TOKEN", "web-viewer-token")
+        .env("SCREENSHOTS", &screenshots)
+        .env("CHROMIUM", CHROMIUM);
+    let run = tokio::task::spawn_blocking(move || node.output().unwrap());
+    let output = tokio::time::timeout(Duration::from_secs(180), run)
+        .await
+        .expect("the browser run took over 3 minutes")
+        .unwrap();
+    let printed =
+        format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    println!("{printed}");
+    assert!(output.status.success() && printed.contains("web e2e: ok"), "{printed}");
+    for view in ["1-jukeboxes", "2-catalog", "3-purge-plan", "4-purge-report", "5-instances", "6-viewer-plan"]
+    {
+        let shot = screenshots.join(format!("{view}.png"));
+        assert!(std::fs::metadata(&shot).is_ok_and(|m| m.len() > 1000), "{} missing", shot.display());
+    }
+    // The registry holds what the report says.
+    let listed: serde_json::Value =
+        reqwest::get(format!("{}/v2/think/ollama/tags/list", stack.registry.base_url()))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+    let mut tags: Vec<&str> =
+        listed["tags"].as_array().unwrap().iter().map(|t| t.as_str().unwrap()).collect();
+    tags.sort();
+    assert_eq!(tags, ["0.1.10", "0.1.9"], "0.1.8 deleted through the page, the installed 0.1.9 kept");
+    stop.trigger();
+    stack.stop().await;
+}

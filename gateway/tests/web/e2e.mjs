@@ -1,0 +1,135 @@
+// The web page in headless Chromium (Debian's), driven by playwright-core:
+// run by gateway/tests/web.rs against a gateway in front of the real
+// services. Each view asserts its visible text (a blank page fails) and is
+// screenshotted into $SCREENSHOTS. Any failure exits non-zero.
+
+import { chromium } from "playwright-core";
+import { mkdirSync } from "node:fs";
+
+const { BASE_URL, ADMIN_TOKEN, VIEWER_TOKEN, SCREENSHOTS, CHROMIUM = "/usr/bin/chromium" } = process.env;
+const TIMEOUT = 30000;
+mkdirSync(SCREENSHOTS, { recursive: true });
+
+const browser = await chromium.launch({
+  executablePath: CHROMIUM,
+  headless: true,
+  args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync"],
+});
+
+function check(condition, message) {
+  if (!condition) throw new Error(message);
+}
+
+async function text(page, selector) {
+  await page.locator(selector).first().waitFor({ timeout: TIMEOUT });
+  return page.locator(selector).first().innerText();
+}
+
+async function waitForText(page, selector, wanted) {
+  await page.locator(selector).filter({ hasText: wanted }).first().waitFor({ timeout: TIMEOUT });
+}
+
+async function shot(page, name) {
+  const path = `${SCREENSHOTS}/${name}.png`;
+  await page.screenshot({ path, fullPage: true });
+  console.log(`screenshot ${path}`);
+}
+
+async function login(token) {
+  const context = await browser.newContext();
+  const page = await context.newPage();
+  page.on("pageerror", (error) => { console.error(`page error: ${error.message}`); process.exitCode = 1; });
+  await page.goto(BASE_URL);
+  await page.locator("#token").fill(token);
+  await page.locator("#login button").click();
+  await page.locator("#nav").waitFor({ state: "visible", timeout: TIMEOUT });
+  return page;
+}
+
+try {
+  // Log in as admin; the login form first.
+  const page = await login(ADMIN_TOKEN);
+  await waitForText(page, "#who", "admin-user (admin)");
+
+  // JukeBoxes: scan now, followed live until it succeeds.
+  await page.locator('tr[data-jukebox="box"] button.scan').click();
+  await waitForText(page, 'tr[data-jukebox="box"] .scan-progress', "succeeded");
+  check((await text(page, 'tr[data-jukebox="box"]')).includes("1/1 repositories"), "the scan's progress shows its repositories");
+  await shot(page, "1-jukeboxes");
+
+  // Catalog: the upstream #12 package with its service and tenant revisions marked.
+  await page.goto(`${BASE_URL}/#/catalog/box`);
+  await page.reload();
+  const ollama = 'section[data-package="think/ollama"]';
+  await waitForText(page, ollama, "0.1.10");
+  const shown = await text(page, ollama);
+  for (const wanted of ["0.1.10", "service", "head", "0.1.9", "tenant", "newest tenant revision"]) {
+    check(shown.includes(wanted), `the catalog shows ${wanted}: ${shown}`);
+  }
+  await page.locator(`${ollama} input`).fill("0.1.8");
+  await page.locator(`${ollama} select`).selectOption("tenant");
+  await page.locator(`${ollama} button`).click();
+  await waitForText(page, `${ollama} .upgrade-path`, "0.1.8 → 0.1.9");
+  await shot(page, "2-catalog");
+
+  // Purge: a plan with its reasons and totals, executed by typing the target, then the report.
+  await page.goto(`${BASE_URL}/#/purge`);
+  await page.locator("#make-plan").click();
+  await waitForText(page, "#totals", "1 to delete");
+  const plan = await text(page, "#plan");
+  check(plan.includes("superseded") && plan.includes("installed by tenant apps/ollama"), `the plan's reasons: ${plan}`);
+  const planId = (await text(page, "#totals")).match(/plan ([0-9a-f]+)/)[1];
+  await shot(page, "3-purge-plan");
+  await page.locator("#execute").click();
+  check(await page.locator("#confirm-ok").isDisabled(), "confirm is disabled until the target is typed");
+  await page.locator("#confirm-input").fill("jukebox/bo");
+  check(await page.locator("#confirm-ok").isDisabled(), "a partial target does not confirm");
+  await page.locator("#confirm-input").fill("jukebox/box");
+  await page.locator("#confirm-ok").click();
+  await waitForText(page, "#report", "executed by admin-user");
+  check((await text(page, "#report")).includes("1 deleted"), "the report's totals");
+  await shot(page, "4-purge-report");
+
+  // Instances: a blocked instance's explanation.
+  await page.goto(`${BASE_URL}/#/instances`);
+  await waitForText(page, 'tr[data-instance="tenant/apps/broken"]', "blocked");
+  await page.locator('tr[data-instance="tenant/apps/broken"] button.explain').click();
+  await waitForText(page, "#explanation", "Blocked by");
+  check((await text(page, "#explanation")).includes("nothere"), "the explanation names the missing package");
+  await shot(page, "5-instances");
+
+  // A viewer sees the plan but no execute button, and a forged call is refused.
+  const viewer = await login(VIEWER_TOKEN);
+  await viewer.goto(`${BASE_URL}/#/purge/${planId}`);
+  await viewer.reload();
+  await waitForText(viewer, "#totals", planId);
+  check((await viewer.locator("#execute").count()) === 0, "no execute button for a viewer");
+  check((await viewer.locator("#make-plan").count()) === 0, "no plan button for a viewer");
+  const forged = await viewer.evaluate(async (id) => {
+    const csrf = sessionStorage.getItem("vynil-csrf");
+    const answer = await fetch(`/api/v1/purge/plans/${id}/execute`, {
+      method: "POST", headers: { "content-type": "application/json", "x-csrf-token": csrf },
+      body: JSON.stringify({ confirm: "jukebox/box", fingerprint: "x" }),
+    });
+    return answer.status;
+  }, planId);
+  check(forged === 403, `a viewer's forged execute is refused (got ${forged})`);
+  await shot(viewer, "6-viewer-plan");
+
+  // Logging out ends the session.
+  await page.locator("#logout").click();
+  await page.locator("#login").waitFor({ timeout: TIMEOUT });
+  console.log("web e2e: ok");
+} catch (error) {
+  console.error(`web e2e failed: ${error.stack || error}`);
+  for (const context of browser.contexts()) {
+    for (const page of context.pages()) {
+      await page.screenshot({ path: `${SCREENSHOTS}/failure-${Date.now()}.png`, fullPage: true }).catch(() => {});
+      console.error(`the page at failure (${page.url()}): ${(await page.locator("body").innerText().catch(() => "")).slice(0, 2000)}`);
+    }
+  }
+  process.exitCode = 1;
+} finally {
+  await browser.close();
+}
