@@ -17,8 +17,9 @@ stage() {
 
 install_system_packages() {
   # binary -> Debian package
-  # chromium + node/npm: the web page's browser tests (gateway/tests/web.rs).
-  local -A wanted=([redis-server]=redis-server [docker-registry]=docker-registry [chromium]=chromium [node]=nodejs [npm]=npm)
+  # chromium + node/npm: the web page's browser tests (gateway/tests/web.rs);
+  # kubectl: rendering deploy/ (tests/tests/deploy.rs).
+  local -A wanted=([redis-server]=redis-server [docker-registry]=docker-registry [chromium]=chromium [node]=nodejs [npm]=npm [kubectl]=kubernetes-client)
   local missing=()
   for binary in "${!wanted[@]}"; do
     command -v "$binary" >/dev/null 2>&1 || missing+=("${wanted[$binary]}")

@@ -1,0 +1,294 @@
+//! `deploy/` as a cluster would receive it: the base and both overlays
+//! rendered by `kubectl kustomize`, every object parsed into its
+//! `k8s-openapi` type, the CRDs equal to `crdgen`'s, every container locked
+//! down with limits, the NetworkPolicies allowing exactly DESIGN's calls,
+//! and the Dockerfile building binaries that exist.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use k8s_openapi::{
+    api::{
+        apps::v1::{Deployment, StatefulSet},
+        core::v1::{Container, Namespace, PodSpec, Service, ServiceAccount},
+        networking::v1::NetworkPolicy,
+        policy::v1::PodDisruptionBudget,
+        rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding},
+    },
+    apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+};
+use serde_json::Value;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// `kubectl kustomize <dir>`, as objects.
+fn render(dir: &str) -> Vec<Value> {
+    let output = Command::new("kubectl")
+        .args(["kustomize", &root().join("deploy").join(dir).display().to_string()])
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("kubectl is missing ({e}): apt-get install -y kubernetes-client (scripts/test.sh does)")
+        });
+    assert!(output.status.success(), "{dir}: {}", String::from_utf8_lossy(&output.stderr));
+    let text = String::from_utf8(output.stdout).unwrap();
+    serde_yaml_ng::Deserializer::from_str(&text)
+        .map(|doc| serde_json::to_value(serde_yaml_ng::Value::deserialize(doc).unwrap()).unwrap())
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+use serde::Deserialize;
+
+/// Parses `object` into the type its kind names; a kind we do not know fails.
+fn typed(object: &Value) -> Option<PodSpec> {
+    let kind = object["kind"].as_str().unwrap();
+    let name = object["metadata"]["name"].as_str().unwrap_or_default();
+    let parse = |what: &str| panic!("{kind} {name} is not a valid {what}");
+    macro_rules! check {
+        ($type:ty) => {
+            serde_json::from_value::<$type>(object.clone()).unwrap_or_else(|e| {
+                parse(&format!("{}: {e}", stringify!($type)));
+                unreachable!()
+            })
+        };
+    }
+    match kind {
+        "Deployment" => check!(Deployment).spec.template.spec,
+        "StatefulSet" => check!(StatefulSet).spec.template.spec,
+        "Namespace" => {
+            check!(Namespace);
+            None
+        }
+        "Service" => {
+            check!(Service);
+            None
+        }
+        "ServiceAccount" => {
+            check!(ServiceAccount);
+            None
+        }
+        "ClusterRole" => {
+            check!(ClusterRole);
+            None
+        }
+        "ClusterRoleBinding" => {
+            check!(ClusterRoleBinding);
+            None
+        }
+        "Role" => {
+            check!(Role);
+            None
+        }
+        "RoleBinding" => {
+            check!(RoleBinding);
+            None
+        }
+        "NetworkPolicy" => {
+            check!(NetworkPolicy);
+            None
+        }
+        "PodDisruptionBudget" => {
+            check!(PodDisruptionBudget);
+            None
+        }
+        "CustomResourceDefinition" => {
+            check!(CustomResourceDefinition);
+            None
+        }
+        other => panic!("{other} {name}: a kind this test does not know; add it"),
+    }
+}
+
+fn locked_down(owner: &str, container: &Container) {
+    let security =
+        container.security_context.as_ref().unwrap_or_else(|| panic!("{owner}: no securityContext"));
+    assert_eq!(security.run_as_non_root, Some(true), "{owner}: runAsNonRoot");
+    assert_eq!(security.read_only_root_filesystem, Some(true), "{owner}: readOnlyRootFilesystem");
+    assert_eq!(security.allow_privilege_escalation, Some(false), "{owner}: allowPrivilegeEscalation");
+    let dropped = security.capabilities.as_ref().and_then(|c| c.drop.clone()).unwrap_or_default();
+    assert_eq!(dropped, ["ALL"], "{owner}: capabilities dropped");
+    let seccomp = security.seccomp_profile.as_ref().map(|s| s.type_.as_str());
+    assert_eq!(seccomp, Some("RuntimeDefault"), "{owner}: seccomp");
+    let resources = container.resources.as_ref().unwrap_or_else(|| panic!("{owner}: no resources"));
+    for what in ["cpu", "memory"] {
+        assert!(resources.limits.as_ref().is_some_and(|l| l.contains_key(what)), "{owner}: {what} limit");
+        assert!(resources.requests.as_ref().is_some_and(|r| r.contains_key(what)), "{owner}: {what} request");
+    }
+    assert!(container.readiness_probe.is_some() && container.liveness_probe.is_some(), "{owner}: probes");
+}
+
+/// `value` with every number as a float: YAML writers differ on `65535` vs `65535.0`.
+fn numbers_as_floats(value: &Value) -> Value {
+    match value {
+        Value::Number(n) => n.as_f64().map(Value::from).unwrap_or(Value::Null),
+        Value::Array(items) => Value::Array(items.iter().map(numbers_as_floats).collect()),
+        Value::Object(map) => {
+            Value::Object(map.iter().map(|(k, v)| (k.clone(), numbers_as_floats(v))).collect())
+        }
+        other => other.clone(),
+    }
+}
+
+fn name_label(selector: &Value) -> Option<String> {
+    selector["matchLabels"]["app.kubernetes.io/name"].as_str().map(String::from)
+}
+
+#[test]
+fn the_base_and_both_overlays_render_into_valid_locked_down_objects() {
+    let crds: Vec<Value> = serde_yaml_ng::Deserializer::from_str(&vynil_crds::crds_yaml().unwrap())
+        .map(|doc| serde_json::to_value(serde_yaml_ng::Value::deserialize(doc).unwrap()).unwrap())
+        .filter(|v| !v.is_null())
+        .collect();
+    for dir in ["base", "overlays/single", "overlays/ha"] {
+        let objects = render(dir);
+        let mut deployments = BTreeMap::new();
+        for object in &objects {
+            let kind = object["kind"].as_str().unwrap();
+            let name = object["metadata"]["name"].as_str().unwrap().to_string();
+            if let Some(pod) = typed(object) {
+                for container in &pod.containers {
+                    locked_down(&format!("{dir}: {kind} {name}/{}", container.name), container);
+                }
+                assert_eq!(
+                    pod.security_context.and_then(|s| s.run_as_non_root),
+                    Some(true),
+                    "{dir}: {name} pod"
+                );
+                if kind == "Deployment" {
+                    deployments.insert(name.clone(), object["spec"]["replicas"].as_i64().unwrap_or(1));
+                }
+            }
+            let namespaced = !["Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"]
+                .contains(&kind);
+            if namespaced {
+                assert_eq!(object["metadata"]["namespace"], "vynil-system", "{dir}: {kind} {name}");
+            }
+        }
+        // The CRDs are crdgen's (kustomize only adds the common label).
+        let rendered: Vec<&Value> =
+            objects.iter().filter(|o| o["kind"] == "CustomResourceDefinition").collect();
+        assert_eq!(rendered.len(), crds.len(), "{dir}");
+        for crd in &crds {
+            let found = rendered.iter().find(|r| r["metadata"]["name"] == crd["metadata"]["name"]).unwrap();
+            let (found, expected) = (numbers_as_floats(&found["spec"]), numbers_as_floats(&crd["spec"]));
+            assert!(found == expected, "{dir}: {} differs from crdgen's", crd["metadata"]["name"]);
+        }
+        let services: BTreeSet<&str> = deployments.keys().map(String::as_str).collect();
+        assert_eq!(
+            services,
+            BTreeSet::from([
+                "vynil-catalog",
+                "vynil-gateway",
+                "vynil-lifecycle",
+                "vynil-purger",
+                "vynil-scanner"
+            ])
+        );
+        if dir == "overlays/ha" {
+            let expected = BTreeMap::from([
+                ("vynil-catalog".to_string(), 3),
+                ("vynil-gateway".to_string(), 2),
+                ("vynil-lifecycle".to_string(), 2),
+                ("vynil-purger".to_string(), 2),
+                ("vynil-scanner".to_string(), 2),
+            ]);
+            assert_eq!(deployments, expected);
+            let budgets: BTreeSet<String> = objects
+                .iter()
+                .filter(|o| o["kind"] == "PodDisruptionBudget")
+                .filter_map(|o| name_label(&o["spec"]["selector"]))
+                .collect();
+            assert_eq!(budgets, deployments.keys().cloned().collect::<BTreeSet<_>>(), "a budget per service");
+        } else {
+            assert!(deployments.values().all(|r| *r == 1), "{dir}: {deployments:?}");
+        }
+    }
+}
+
+#[test]
+fn the_network_policies_allow_exactly_the_calls_of_the_design() {
+    let objects = render("base");
+    let mut allowed: BTreeSet<(String, String, i64)> = BTreeSet::new();
+    let mut default_deny = false;
+    for policy in objects.iter().filter(|o| o["kind"] == "NetworkPolicy") {
+        let to = name_label(&policy["spec"]["podSelector"]);
+        let rules = policy["spec"]["ingress"].as_array().cloned().unwrap_or_default();
+        let Some(to) = to else {
+            // The empty selector: every pod, and no rule lets anything in.
+            default_deny = policy["spec"]["podSelector"] == serde_json::json!({}) && rules.is_empty();
+            continue;
+        };
+        for rule in rules {
+            let ports: Vec<i64> =
+                rule["ports"].as_array().unwrap().iter().map(|p| p["port"].as_i64().unwrap()).collect();
+            let sources: Vec<String> = match rule["from"].as_array() {
+                None => vec!["anyone".into()],
+                Some(from) => from.iter().map(|f| name_label(&f["podSelector"]).unwrap()).collect(),
+            };
+            for source in sources {
+                for port in &ports {
+                    allowed.insert((source.clone(), to.clone(), *port));
+                }
+            }
+        }
+    }
+    assert!(default_deny, "a default-deny policy covers every pod");
+    let call = |from: &str, to: &str, port: i64| (from.to_string(), to.to_string(), port);
+    // DESIGN's diagram: humans → gateway → the four services; lifecycle →
+    // catalog (Resolve*, WatchCatalog); purger → lifecycle
+    // (ListInstalledRevisions); the stateful services → Redis.
+    let design = BTreeSet::from([
+        call("anyone", "vynil-gateway", 8080),
+        call("vynil-gateway", "vynil-catalog", 50051),
+        call("vynil-gateway", "vynil-scanner", 50052),
+        call("vynil-gateway", "vynil-purger", 50053),
+        call("vynil-gateway", "vynil-lifecycle", 50054),
+        call("vynil-lifecycle", "vynil-catalog", 50051),
+        call("vynil-purger", "vynil-lifecycle", 50054),
+        call("vynil-catalog", "vynil-redis", 6379),
+        call("vynil-scanner", "vynil-redis", 6379),
+        call("vynil-purger", "vynil-redis", 6379),
+    ]);
+    assert_eq!(allowed, design);
+}
+
+#[test]
+fn the_dockerfile_builds_binaries_that_exist() {
+    let dockerfile = std::fs::read_to_string(root().join("Dockerfile")).unwrap();
+    let listed: BTreeSet<String> = dockerfile
+        .lines()
+        .find_map(|l| l.strip_prefix("# BIN is one of:"))
+        .unwrap()
+        .split_whitespace()
+        .map(String::from)
+        .collect();
+    let metadata = Command::new(env!("CARGO"))
+        .args(["metadata", "--no-deps", "--format-version", "1"])
+        .output()
+        .unwrap();
+    let metadata: Value = serde_json::from_slice(&metadata.stdout).unwrap();
+    let binaries: BTreeSet<String> = metadata["packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| p["targets"].as_array().unwrap().clone())
+        .filter(|t| t["kind"].as_array().unwrap().iter().any(|k| k == "bin"))
+        .map(|t| t["name"].as_str().unwrap().to_string())
+        .collect();
+    assert!(!listed.is_empty());
+    let missing: Vec<&String> = listed.difference(&binaries).collect();
+    assert!(missing.is_empty(), "the Dockerfile lists binaries the workspace does not build: {missing:?}");
+    // Every image the manifests run is built from this Dockerfile.
+    for object in render("base").iter().filter(|o| o["kind"] == "Deployment") {
+        let image = object["spec"]["template"]["spec"]["containers"][0]["image"].as_str().unwrap();
+        let binary = image.rsplit('/').next().unwrap().split(':').next().unwrap();
+        assert!(listed.contains(binary), "{image}: no such binary in the Dockerfile's list");
+    }
+}
