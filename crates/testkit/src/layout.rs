@@ -82,7 +82,8 @@ impl LayoutWriter {
         let layout = dir.join("oci-layout");
         std::fs::write(&layout, "{\"imageLayoutVersion\":\"1.0.0\"}\n")
             .map_err(io(format!("writing {}", layout.display())))?;
-        let text = serde_json::to_string_pretty(&index).unwrap_or_default() + "\n";
+        let text =
+            serde_json::to_string_pretty(&crate::publisher::canonical(index)).unwrap_or_default() + "\n";
         let path = dir.join("index.json");
         std::fs::write(&path, text).map_err(io(format!("writing {}", path.display())))?;
         Ok(digest)

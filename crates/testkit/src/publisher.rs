@@ -187,15 +187,30 @@ pub(crate) fn descriptor(media_type: &str, blob: &[u8]) -> Value {
 pub(crate) const CONFIG_MEDIA_TYPE: &str = OCI_CONFIG;
 pub(crate) const LAYER_MEDIA_TYPE: &str = OCI_LAYER;
 
+/// `value` with the keys of every object in sorted order, whatever
+/// serde_json's `preserve_order` feature (which another crate of a workspace
+/// build may turn on): manifests hash to the same digests in every build.
+pub(crate) fn canonical(value: Value) -> Value {
+    match value {
+        Value::Object(map) => {
+            let sorted: std::collections::BTreeMap<String, Value> =
+                map.into_iter().map(|(k, v)| (k, canonical(v))).collect();
+            Value::Object(sorted.into_iter().collect())
+        }
+        Value::Array(items) => Value::Array(items.into_iter().map(canonical).collect()),
+        other => other,
+    }
+}
+
 /// The bytes of an image manifest over `config` and `layer` descriptors.
 pub(crate) fn image_manifest(config: Value, layer: Value, annotations: Value) -> Vec<u8> {
-    json!({
+    canonical(json!({
         "schemaVersion": 2,
         "mediaType": OCI_MANIFEST,
         "config": config,
         "layers": [layer],
         "annotations": annotations,
-    })
+    }))
     .to_string()
     .into_bytes()
 }
@@ -223,5 +238,5 @@ pub(crate) fn artifact_manifest(config: Value, subject: &str, kind: ArtifactKind
             "annotations": {"dev.cosignproject.cosign/signature": format!("test-{}", kind.suffix())},
         }],
     });
-    (payload.into_bytes(), manifest.to_string().into_bytes())
+    (payload.into_bytes(), canonical(manifest).to_string().into_bytes())
 }

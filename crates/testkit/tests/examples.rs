@@ -27,8 +27,14 @@ fn the_committed_example_layout_is_the_example_sets_output() {
     let dir = tempfile::tempdir().unwrap();
     vynil_testkit::write_examples(&vynil_testkit::LayoutWriter::new(dir.path())).unwrap();
     let committed = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/layout");
+    let (committed, generated) = (files(&committed), files(dir.path()));
+    let differing: Vec<&String> = committed
+        .keys()
+        .chain(generated.keys())
+        .filter(|name| committed.get(*name) != generated.get(*name))
+        .collect();
     assert!(
-        files(&committed) == files(dir.path()),
-        "examples/layout differs from the example set: run `cargo run -p vynil-testkit --bin vynil-examples -- layout examples/layout` and commit it"
+        differing.is_empty(),
+        "examples/layout differs from the example set ({differing:?}): run `cargo run -p vynil-testkit --bin vynil-examples -- layout examples/layout` and commit it"
     );
 }
