@@ -148,7 +148,10 @@ impl Stack {
         let token_file = token.path().display().to_string();
         let shutdown = Shutdown::new();
         let mut services = tokio::task::JoinSet::new();
-        let store = || Arc::new(KubeStore::new(client.clone()));
+        // Each service with its own user agent (as `vynil_store::kube_client`
+        // gives it) and the control plane's namespace, so the request log
+        // tells who asked what (tests/tests/deploy.rs checks it against RBAC).
+        let store = |service: &str| Arc::new(KubeStore::new(service_client(&api, service)));
         let config = vynil_scanner::Config::parse_from([
             "vynil-scanner",
             "--listen",
@@ -158,12 +161,12 @@ impl Stack {
             "--poll-milliseconds",
             "50",
         ]);
-        let (s, done) = (store(), shutdown.signaled());
+        let (s, done) = (store("vynil-scanner"), shutdown.signaled());
         services.spawn(async move {
             vynil_scanner::run_with_store(config, s, done).await.map_err(|e| e.to_string())
         });
         let config = vynil_catalog::Config::parse_from(["vynil-catalog", "--listen", &catalog.to_string()]);
-        let (s, done) = (store(), shutdown.signaled());
+        let (s, done) = (store("vynil-catalog"), shutdown.signaled());
         services.spawn(async move {
             vynil_catalog::run_with_store(config, s, done).await.map_err(|e| e.to_string())
         });
@@ -184,7 +187,7 @@ impl Stack {
             "--service-token-file",
             &token_file,
         ]);
-        let (c, done) = (client.clone(), shutdown.signaled());
+        let (c, done) = (service_client(&api, "vynil-lifecycle"), shutdown.signaled());
         services.spawn(async move {
             vynil_lifecycle::run_with_client(config, c, done).await.map_err(|e| e.to_string())
         });
@@ -199,7 +202,7 @@ impl Stack {
             "--service-token-file",
             &token_file,
         ]);
-        let (s, done) = (store(), shutdown.signaled());
+        let (s, done) = (store("vynil-purger"), shutdown.signaled());
         services.spawn(async move {
             vynil_purger::run_with_store(config, s, done).await.map_err(|e| e.to_string())
         });
@@ -253,6 +256,19 @@ impl Stack {
             done.unwrap().unwrap();
         }
     }
+}
+
+/// The Namespace the control plane runs in (its Jobs, Lease, pull secrets).
+pub const CONTROL_PLANE_NAMESPACE: &str = "vynil-system";
+
+/// A client of the fake API server presenting itself as `service` does in a
+/// cluster (`<service>/<version>`), in the control plane's namespace.
+pub fn service_client(api: &FakeApiServer, service: &str) -> kube::Client {
+    let mut config = kube::Config::new(api.url().parse().unwrap());
+    config.default_namespace = CONTROL_PLANE_NAMESPACE.into();
+    let agent = format!("{service}/{}", env!("CARGO_PKG_VERSION"));
+    config.headers.push((http::header::USER_AGENT, http::HeaderValue::from_str(&agent).unwrap()));
+    kube::Client::try_from(config).unwrap()
 }
 
 /// Polls `check` until it returns `Some`, or fails naming `what`.

@@ -292,3 +292,175 @@ fn the_dockerfile_builds_binaries_that_exist() {
         assert!(listed.contains(binary), "{image}: no such binary in the Dockerfile's list");
     }
 }
+
+/// One grant: (verb, API group, resource[/subresource], namespace or None for cluster-wide).
+type Grant = (String, String, String, Option<String>);
+
+/// What each ServiceAccount of the base may do, from its (Cluster)Role(Binding)s.
+fn grants() -> BTreeMap<String, Vec<Grant>> {
+    let objects = render("base");
+    let rules_of = |kind: &str, name: &str| -> Vec<Value> {
+        objects
+            .iter()
+            .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+            .map(|o| o["rules"].as_array().cloned().unwrap_or_default())
+            .unwrap_or_default()
+    };
+    let mut out: BTreeMap<String, Vec<Grant>> = BTreeMap::new();
+    for binding in objects.iter().filter(|o| o["kind"] == "ClusterRoleBinding" || o["kind"] == "RoleBinding")
+    {
+        let namespace = (binding["kind"] == "RoleBinding")
+            .then(|| binding["metadata"]["namespace"].as_str().unwrap().to_string());
+        let role_kind = binding["roleRef"]["kind"].as_str().unwrap();
+        let rules = rules_of(role_kind, binding["roleRef"]["name"].as_str().unwrap());
+        for subject in binding["subjects"].as_array().unwrap() {
+            let account = subject["name"].as_str().unwrap().to_string();
+            for rule in &rules {
+                for group in rule["apiGroups"].as_array().unwrap() {
+                    for resource in rule["resources"].as_array().unwrap() {
+                        for verb in rule["verbs"].as_array().unwrap() {
+                            let grant = (
+                                verb.as_str().unwrap().to_string(),
+                                group.as_str().unwrap().to_string(),
+                                resource.as_str().unwrap().to_string(),
+                                namespace.clone(),
+                            );
+                            out.entry(account.clone()).or_default().push(grant);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Grants no scenario below exercises, each with why it is needed.
+const UNEXERCISED: &[(&str, &str, &str, &str)] = &[
+    ("vynil-scanner", "get", "jukeboxes/status", "a status read-back after a write conflict"),
+    ("vynil-scanner", "get", "secrets", "JukeBoxes with a pull secret"),
+    ("vynil-purger", "get", "secrets", "JukeBoxes with a pull secret"),
+    ("vynil-purger", "watch", "jukeboxes", "the purger follows JukeBox changes for its schedules"),
+    ("vynil-lifecycle", "get", "secrets", "JukeBoxes with a pull secret (checked recorded revisions)"),
+    ("vynil-lifecycle", "get", "customresourcedefinitions", "requirement checks (one CRD)"),
+    ("vynil-lifecycle", "list", "customresourcedefinitions", "requirement checks"),
+    ("vynil-lifecycle", "get", "namespaces", "requirement checks (tenant namespaces)"),
+    ("vynil-lifecycle", "list", "namespaces", "requirement checks (tenant label)"),
+    ("vynil-lifecycle", "get", "pods", "the reaper's report (a pod's termination message)"),
+    ("vynil-lifecycle", "list", "pods", "the reaper's report"),
+    ("vynil-lifecycle", "update", "leases", "renewing the leader Lease"),
+    ("vynil-lifecycle", "patch", "leases", "releasing the leader Lease"),
+    ("vynil-lifecycle", "get", "serviceinstances/status", "ServiceInstance read-backs"),
+    ("vynil-lifecycle", "get", "systeminstances/status", "SystemInstance read-backs"),
+    ("vynil-lifecycle", "get", "tenantinstances/status", "status read-backs"),
+    ("vynil-lifecycle", "patch", "serviceinstances", "ServiceInstances (finalizer, annotations)"),
+    ("vynil-lifecycle", "patch", "systeminstances", "SystemInstances (finalizer, annotations)"),
+    ("vynil-lifecycle", "patch", "serviceinstances/status", "ServiceInstance status"),
+    ("vynil-lifecycle", "patch", "systeminstances/status", "SystemInstance status"),
+    ("vynil-lifecycle", "get", "serviceinstances", "ServiceInstance reads"),
+    ("vynil-lifecycle", "get", "systeminstances", "SystemInstance reads"),
+    ("vynil-scanner", "patch", "events", "an Event series (a repeated Event)"),
+    ("vynil-purger", "patch", "events", "an Event series"),
+    ("vynil-lifecycle", "patch", "events", "an Event series"),
+    ("vynil-scanner", "create", "events", "a scan's Warning (a repository that fails)"),
+    ("vynil-lifecycle", "get", "tenantinstances", "AllowDeleteWithoutPackage and Explain read one instance"),
+    ("vynil-purger", "list", "jukeboxes", "scheduled purges go over every JukeBox"),
+];
+
+#[tokio::test]
+async fn every_call_the_services_make_is_granted_by_their_role_and_every_grant_is_used_or_explained() {
+    use kube::api::{DeleteParams, PostParams};
+    use vynil_e2e::{Stack, as_gateway, channel, eventually};
+    use vynil_proto::purger::v1::{
+        ExecuteRequest, PlanRequest, plan_request::Target, purger_client::PurgerClient,
+    };
+    use vynil_testkit::{
+        PackageType,
+        kube_api::{AgentOutcome, FakeAgent},
+    };
+
+    let stack = Stack::start("think/ollama").await;
+    let _agent = FakeAgent::start(stack.client.clone(), "vynil-system", |_| AgentOutcome::succeed());
+    stack.publish("think", "ollama", PackageType::Tenant, "0.1.8").await;
+    stack.publish("think", "ollama", PackageType::Tenant, "0.1.9").await;
+    stack.scan_until(&["0.1.9"]).await;
+    let instance = serde_json::json!({"apiVersion": "vynil.solidite.fr/v1", "kind": "TenantInstance",
+        "metadata": {"name": "ollama", "namespace": "apps"},
+        "spec": {"jukebox": "box", "category": "think", "package": "ollama"}});
+    let instances = stack.tenant_instances();
+    instances.create(&PostParams::default(), &serde_json::from_value(instance).unwrap()).await.unwrap();
+    eventually("installed", || async {
+        (instances.get("ollama").await.unwrap().data["status"]["package"]["tag"] == "0.1.9").then_some(())
+    })
+    .await;
+    let mut purger = PurgerClient::new(channel(stack.purger).await);
+    let plan =
+        purger.plan(PlanRequest { target: Some(Target::Jukebox("box".into())) }).await.unwrap().into_inner();
+    let execute = ExecuteRequest {
+        plan_id: plan.plan_id,
+        confirm: plan.target,
+        fingerprint: plan.fingerprint,
+        acknowledge_usage_unknown: false,
+    };
+    let mut progress = purger.execute(as_gateway(execute, "ops")).await.unwrap().into_inner();
+    while progress.message().await.unwrap().is_some() {}
+    instances.delete("ollama", &DeleteParams::default()).await.unwrap();
+    eventually("deleted", || async { instances.get_opt("ollama").await.unwrap().is_none().then_some(()) })
+        .await;
+
+    let grants = grants();
+    let granted = |account: &str, verb: &str, group: &str, resource: &str, namespace: Option<&str>| {
+        grants.get(account).into_iter().flatten().any(|(v, g, r, ns)| {
+            (v == verb || v == "*")
+                && g == group
+                && r == resource
+                && ns.as_deref().is_none_or(|ns| Some(ns) == namespace)
+        })
+    };
+    let mut used: BTreeSet<(String, String, String)> = BTreeSet::new();
+    let mut refused = Vec::new();
+    for request in stack.api.requests() {
+        let Some(account) = ["vynil-scanner", "vynil-catalog", "vynil-purger", "vynil-lifecycle"]
+            .into_iter()
+            .find(|s| request.user_agent.starts_with(&format!("{s}/")))
+        else {
+            continue;
+        };
+        if request.resource.is_empty() {
+            continue; // discovery: every authenticated user may
+        }
+        let resource = match &request.subresource {
+            Some(sub) => format!("{}/{sub}", request.resource),
+            None => request.resource.clone(),
+        };
+        if !granted(account, &request.verb, &request.group, &resource, request.namespace.as_deref()) {
+            refused.push(format!(
+                "{account}: {} {}/{resource} in {:?}",
+                request.verb, request.group, request.namespace
+            ));
+        }
+        used.insert((account.to_string(), request.verb.clone(), resource));
+    }
+    refused.sort();
+    refused.dedup();
+    assert!(refused.is_empty(), "calls deploy/base/rbac.yaml does not grant:\n{}", refused.join("\n"));
+    let mut unexplained = Vec::new();
+    for (account, list) in &grants {
+        if !account.starts_with("vynil-") || account == "vynil-agent" {
+            continue;
+        }
+        for (verb, _, resource, _) in list {
+            let is_used = used.contains(&(account.clone(), verb.clone(), resource.clone()));
+            let explained = UNEXERCISED.iter().any(|(a, v, r, _)| a == account && v == verb && r == resource);
+            if !is_used && !explained {
+                unexplained.push(format!("{account}: {verb} {resource}"));
+            }
+        }
+    }
+    assert!(
+        unexplained.is_empty(),
+        "grants nothing uses (remove them or explain them in UNEXERCISED):\n{}",
+        unexplained.join("\n")
+    );
+    stack.stop().await;
+}
