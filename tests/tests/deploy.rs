@@ -364,6 +364,8 @@ const UNEXERCISED: &[(&str, &str, &str, &str)] = &[
     ("vynil-lifecycle", "patch", "events", "an Event series"),
     ("vynil-scanner", "create", "events", "a scan's Warning (a repository that fails)"),
     ("vynil-lifecycle", "get", "tenantinstances", "AllowDeleteWithoutPackage and Explain read one instance"),
+    ("vynil-scanner", "delete", "cronjobs", "taking over from upstream: its scan CronJob"),
+    ("vynil-scanner", "delete", "jobs", "taking over from upstream: its scan Job"),
     ("vynil-purger", "list", "jukeboxes", "scheduled purges go over every JukeBox"),
 ];
 

@@ -66,6 +66,8 @@ pub struct JukeboxRecord {
     pub annotations: std::collections::BTreeMap<String, String>,
     /// `metadata.generation`, which conditions carry (0 outside a cluster).
     pub generation: i64,
+    /// Being deleted, and upstream's finalizer is still on it (`crate::takeover`).
+    pub upstream_finalizer_pending: bool,
 }
 
 /// A JukeBox source the store could not read, and why: answers that say "no
@@ -141,6 +143,11 @@ pub trait ScannerStore: JukeboxStore {
     /// The `.dockerconfigjson` of a pull secret, or `None` where pull secrets
     /// are not read (outside a cluster: `--dockerconfig` applies).
     async fn pull_secret(&self, secret: &str) -> Result<Option<Vec<u8>>, StoreError>;
+    /// Takes JukeBox `name` over from upstream's operator (`crate::takeover`);
+    /// nothing to do outside a cluster.
+    async fn retire_upstream(&self, _name: &str) -> Result<crate::takeover::Retired, StoreError> {
+        Ok(crate::takeover::Retired::default())
+    }
 }
 
 /// Status with its version.
@@ -362,6 +369,7 @@ impl LocalStore {
             spec,
             annotations,
             generation: 0,
+            upstream_finalizer_pending: false,
         })
     }
 }

@@ -65,7 +65,10 @@ fn is_status(e: &kube::Error, code: u16) -> bool {
 }
 
 fn record(jukebox: JukeBox) -> JukeboxRecord {
+    let upstream_finalizer_pending = jukebox.metadata.deletion_timestamp.is_some()
+        && jukebox.finalizers().iter().any(|f| f == crate::takeover::UPSTREAM_FINALIZER);
     JukeboxRecord {
+        upstream_finalizer_pending,
         name: jukebox.name_any(),
         status_version: StatusVersion::new(jukebox.resource_version().unwrap_or_default()),
         annotations: jukebox.metadata.annotations.clone().unwrap_or_default(),
@@ -210,6 +213,12 @@ impl ScannerStore for KubeStore {
             Err(e) if is_status(&e, 422) || is_status(&e, 404) => Ok(false),
             Err(e) => Err(kube_error("removing an annotation", e)),
         }
+    }
+
+    async fn retire_upstream(&self, name: &str) -> Result<crate::takeover::Retired, StoreError> {
+        let cronjobs = Api::namespaced(self.api.clone().into_client(), &self.namespace);
+        let jobs = Api::namespaced(self.api.clone().into_client(), &self.namespace);
+        crate::takeover::retire(&self.api, &cronjobs, &jobs, name).await
     }
 
     async fn pull_secret(&self, secret: &str) -> Result<Option<Vec<u8>>, StoreError> {

@@ -25,6 +25,7 @@ pub mod lease;
 pub mod metadata_cache;
 pub mod package_cache;
 pub mod script;
+pub mod takeover;
 
 pub use jukeboxes::{
     CHANGES_CHANNEL, JukeboxEvent, JukeboxRecord, JukeboxStore, LocalStore, ScannerStore, SkippedSource,

@@ -48,6 +48,8 @@ pub struct Triggers {
     shutdown: Shutdown,
     /// The force-scan value already requested, per JukeBox.
     served: HashMap<String, String>,
+    /// JukeBoxes taken over from upstream's operator by this replica.
+    taken_over: std::collections::HashSet<String>,
 }
 
 impl Drop for Triggers {
@@ -62,7 +64,14 @@ impl Drop for Triggers {
 
 impl Triggers {
     pub fn new(scanner: Arc<Scanner>, jitter: Duration, shutdown: Shutdown) -> Self {
-        Self { scanner, jitter, schedules: HashMap::new(), served: HashMap::new(), shutdown }
+        Self {
+            scanner,
+            jitter,
+            schedules: HashMap::new(),
+            served: HashMap::new(),
+            taken_over: Default::default(),
+            shutdown,
+        }
     }
 
     /// Follows every JukeBox until the service's shutdown.
@@ -114,11 +123,29 @@ impl Triggers {
             timer.trigger();
         }
         self.served.remove(name);
+        self.taken_over.remove(name);
     }
 
     async fn observe_record(&mut self, record: JukeboxRecord) {
+        self.take_over(&record).await;
         self.follow_schedule(&record).await;
         self.follow_force_scan(&record).await;
+    }
+
+    /// Once per JukeBox (and again when it is deleted with upstream's
+    /// finalizer on it): remove what upstream's operator left (`vynil_store::takeover`).
+    async fn take_over(&mut self, record: &JukeboxRecord) {
+        if self.taken_over.contains(&record.name) && !record.upstream_finalizer_pending {
+            return;
+        }
+        match self.scanner.store.retire_upstream(&record.name).await {
+            Ok(_) => {
+                self.taken_over.insert(record.name.clone());
+            }
+            Err(error) => {
+                tracing::warn!(jukebox = %record.name, %error, "cannot retire upstream's scan objects; retrying at the next pass")
+            }
+        }
     }
 
     async fn follow_schedule(&mut self, record: &JukeboxRecord) {

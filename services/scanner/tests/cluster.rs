@@ -410,3 +410,47 @@ async fn a_scanner_frozen_past_its_lease_writes_nothing_after_it_thaws() {
     assert_eq!(events, 1, "and only its Event: {requests:?}");
     assert!(outcome.contains("outcome=\"abandoned\""), "{outcome}");
 }
+
+#[tokio::test]
+async fn taking_over_from_upstream_deletes_its_scan_cronjob_and_job_and_releases_its_jukebox_finalizer() {
+    use kube::api::DeleteParams;
+    let w = world().await;
+    w.jukebox("box", &["apps/a"], "0 0 1 1 *", None).await;
+    // What upstream's operator leaves behind (scaled to zero): its scan
+    // CronJob and Job, and its finalizer on the JukeBox.
+    let client = w.api.client().unwrap();
+    let scan_container =
+        json!([{"name": "scan", "image": "docker.io/sebt3/vynil-agent:0.7.7", "args": ["box", "scan"]}]);
+    let cronjob = json!({"apiVersion": "batch/v1", "kind": "CronJob", "metadata": {"name": "scan-box", "namespace": "vynil-system"},
+        "spec": {"schedule": "0 3 * * *", "jobTemplate": {"spec": {"template": {"spec": {"restartPolicy": "OnFailure", "containers": scan_container}}}}}});
+    let job = json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "scan-box", "namespace": "vynil-system"},
+        "spec": {"template": {"spec": {"restartPolicy": "OnFailure", "containers": scan_container}}}});
+    // Someone else's CronJob of a similar name is not touched.
+    let other = json!({"apiVersion": "batch/v1", "kind": "CronJob", "metadata": {"name": "scan-box-report", "namespace": "vynil-system"},
+        "spec": {"schedule": "0 4 * * *", "jobTemplate": {"spec": {"template": {"spec": {"restartPolicy": "OnFailure",
+            "containers": [{"name": "report", "image": "busybox", "args": ["echo"]}]}}}}}});
+    let cronjobs: Api<k8s_openapi::api::batch::v1::CronJob> = Api::namespaced(client.clone(), "vynil-system");
+    let jobs: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(client.clone(), "vynil-system");
+    cronjobs.create(&PostParams::default(), &serde_json::from_value(cronjob).unwrap()).await.unwrap();
+    cronjobs.create(&PostParams::default(), &serde_json::from_value(other).unwrap()).await.unwrap();
+    jobs.create(&PostParams::default(), &serde_json::from_value(job).unwrap()).await.unwrap();
+    let finalizer = json!({"metadata": {"finalizers": ["jukeboxes.vynil.solidite.fr"]}});
+    w.boxes.patch("box", &PatchParams::default(), &Patch::Merge(&finalizer)).await.unwrap();
+
+    let scanner = w.scanner(&[]).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while cronjobs.get_opt("scan-box").await.unwrap().is_some()
+        || jobs.get_opt("scan-box").await.unwrap().is_some()
+    {
+        assert!(Instant::now() < deadline, "upstream's scan objects are still there:\n{}", scanner.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(cronjobs.get_opt("scan-box-report").await.unwrap().is_some(), "not upstream's: kept");
+
+    // Deleting the JukeBox: upstream's finalizer is released, the JukeBox goes.
+    w.boxes.delete("box", &DeleteParams::default()).await.unwrap();
+    while w.boxes.get_opt("box").await.unwrap().is_some() {
+        assert!(Instant::now() < deadline, "the JukeBox never went:\n{}", scanner.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
