@@ -58,27 +58,22 @@ pub(crate) async fn retire(
     let mut retired = Retired::default();
     let background =
         DeleteParams { propagation_policy: Some(PropagationPolicy::Background), ..Default::default() };
-    if let Some(cronjob) =
-        cronjobs.get_opt(&scan).await.map_err(|e| kube_error("reading upstream's scan CronJob", e))?
-    {
-        if runs_box_scan(&cronjob, "/spec/jobTemplate/spec/template/spec/containers") {
-            cronjobs
-                .delete(&scan, &background)
-                .await
-                .map_err(|e| kube_error("deleting upstream's scan CronJob", e))?;
-            gone(cronjobs, &scan).await?;
-            tracing::info!(cronjob = %scan, "upstream's scan CronJob deleted: this control plane scans now");
-            retired.cronjob = true;
-        }
+    let cronjob =
+        cronjobs.get_opt(&scan).await.map_err(|e| kube_error("reading upstream's scan CronJob", e))?;
+    if cronjob.is_some_and(|c| runs_box_scan(&c, "/spec/jobTemplate/spec/template/spec/containers")) {
+        cronjobs
+            .delete(&scan, &background)
+            .await
+            .map_err(|e| kube_error("deleting upstream's scan CronJob", e))?;
+        gone(cronjobs, &scan).await?;
+        tracing::info!(cronjob = %scan, "upstream's scan CronJob deleted: this control plane scans now");
+        retired.cronjob = true;
     }
-    if let Some(job) = jobs.get_opt(&scan).await.map_err(|e| kube_error("reading upstream's scan Job", e))? {
-        if runs_box_scan(&job, "/spec/template/spec/containers") {
-            jobs.delete(&scan, &background)
-                .await
-                .map_err(|e| kube_error("deleting upstream's scan Job", e))?;
-            gone(jobs, &scan).await?;
-            retired.job = true;
-        }
+    let job = jobs.get_opt(&scan).await.map_err(|e| kube_error("reading upstream's scan Job", e))?;
+    if job.is_some_and(|j| runs_box_scan(&j, "/spec/template/spec/containers")) {
+        jobs.delete(&scan, &background).await.map_err(|e| kube_error("deleting upstream's scan Job", e))?;
+        gone(jobs, &scan).await?;
+        retired.job = true;
     }
     let Some(jukebox) = jukeboxes.get_opt(name).await.map_err(|e| kube_error("reading a JukeBox", e))? else {
         return Ok(retired);
