@@ -12,52 +12,16 @@ use serde_json::json;
 use vynil_e2e::{Stack, eventually};
 use vynil_gateway::{
     api::{catalog::CatalogPage, purge::Plan, purge::Report},
-    auth::{Role, TokenBook},
+    auth::Role,
 };
 use vynil_testkit::{
     PackageType,
     kube_api::{AgentOutcome, FakeAgent},
 };
 
-const TOKEN: &str = "cli-test-admin-token";
+mod common;
 
-struct Gateway {
-    url: String,
-    stop: vynil_runtime::Shutdown,
-    _dir: tempfile::TempDir,
-}
-
-async fn gateway(stack: &Stack) -> Gateway {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("tokens.yaml"),
-        format!("tokens:\n{}\n", TokenBook::line("admin-user", Role::Admin, TOKEN)),
-    )
-    .unwrap();
-    let endpoint = |addr: std::net::SocketAddr| format!("http://{addr}");
-    let config = <vynil_gateway::Config as clap::Parser>::parse_from([
-        "vynil-gateway".to_string(),
-        "--listen".into(),
-        "127.0.0.1:0".into(),
-        "--tokens-file".into(),
-        dir.path().join("tokens.yaml").display().to_string(),
-        "--service-token-file".into(),
-        stack.token.path().display().to_string(),
-        "--catalog-endpoint".into(),
-        endpoint(stack.catalog),
-        "--scanner-endpoint".into(),
-        endpoint(stack.scanner),
-        "--purger-endpoint".into(),
-        endpoint(stack.purger),
-        "--lifecycle-endpoint".into(),
-        endpoint(stack.lifecycle),
-    ]);
-    let bound = vynil_gateway::Gateway::bind(&config).await.unwrap();
-    let url = format!("http://{}", bound.local_addr().unwrap());
-    let stop = vynil_runtime::Shutdown::new();
-    tokio::spawn(bound.serve(stop.signaled()));
-    Gateway { url, stop, _dir: dir }
-}
+use common::{TestGateway, token};
 
 /// Runs `vynilctl args…` with `env`, stdin closed (no terminal).
 async fn vynilctl(args: &[&str], env: &[(&str, &str)]) -> Output {
@@ -91,8 +55,9 @@ async fn a_session_of_vynilctl_scans_purges_explains_and_exits_with_the_document
     {
         stack.publish("think", "ollama", kind, tag).await;
     }
-    let gw = gateway(&stack).await;
-    let env = [("VYNIL_URL", gw.url.as_str()), ("VYNIL_TOKEN", TOKEN)];
+    let gw = TestGateway::start(&stack).await;
+    let admin = token(Role::Admin);
+    let env = [("VYNIL_URL", gw.url.as_str()), ("VYNIL_TOKEN", admin.as_str())];
 
     // A scan followed to its end: without a terminal, the summary alone.
     let scanned = vynilctl(&["scan", "box", "--wait"], &env).await;
@@ -167,7 +132,7 @@ async fn a_session_of_vynilctl_scans_purges_explains_and_exits_with_the_document
     assert_eq!(code(&vynilctl(&["jukebox", "list"], &wrong).await), 3, "refused: unknown token");
     assert_eq!(code(&vynilctl(&["purge", "report", "no-such-plan"], &env).await), 1, "failed: not found");
     let closed = format!("http://127.0.0.1:{}", vynil_testkit::free_port().unwrap());
-    let nowhere = [("VYNIL_URL", closed.as_str()), ("VYNIL_TOKEN", TOKEN)];
+    let nowhere = [("VYNIL_URL", closed.as_str()), ("VYNIL_TOKEN", admin.as_str())];
     assert_eq!(code(&vynilctl(&["jukebox", "list"], &nowhere).await), 4, "unreachable");
 
     // Login stores a context (0600) that later commands use without flags.
@@ -181,7 +146,7 @@ async fn a_session_of_vynilctl_scans_purges_explains_and_exits_with_the_document
         .stdin(Stdio::piped())
         .stdout(Stdio::piped());
     let mut child = login.spawn().unwrap();
-    std::io::Write::write_all(&mut child.stdin.take().unwrap(), format!("{TOKEN}\n").as_bytes()).unwrap();
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), format!("{admin}\n").as_bytes()).unwrap();
     let logged = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap()).await.unwrap();
     assert_eq!(code(&logged), 0, "{}", text(&logged));
     use std::os::unix::fs::PermissionsExt;

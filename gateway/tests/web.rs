@@ -12,7 +12,11 @@ use std::{path::Path, process::Command, time::Duration};
 use kube::api::PostParams;
 use serde_json::json;
 use vynil_e2e::{Stack, eventually};
-use vynil_gateway::auth::{Role, TokenBook};
+use vynil_gateway::auth::Role;
+
+mod common;
+
+use common::{TestGateway, token};
 use vynil_testkit::{
     PackageType,
     kube_api::{AgentOutcome, FakeAgent},
@@ -64,35 +68,8 @@ async fn the_web_page_in_chromium_logs_in_scans_shows_the_type_change_purges_exp
     })
     .await;
 
-    let dir = tempfile::tempdir().unwrap();
-    let book = format!(
-        "tokens:\n{}\n{}\n",
-        TokenBook::line("admin-user", Role::Admin, "web-admin-token"),
-        TokenBook::line("viewer-user", Role::Viewer, "web-viewer-token")
-    );
-    std::fs::write(dir.path().join("tokens.yaml"), book).unwrap();
-    let endpoint = |addr: std::net::SocketAddr| format!("http://{addr}");
-    let config = <vynil_gateway::Config as clap::Parser>::parse_from([
-        "vynil-gateway".to_string(),
-        "--listen".into(),
-        "127.0.0.1:0".into(),
-        "--tokens-file".into(),
-        dir.path().join("tokens.yaml").display().to_string(),
-        "--service-token-file".into(),
-        stack.token.path().display().to_string(),
-        "--catalog-endpoint".into(),
-        endpoint(stack.catalog),
-        "--scanner-endpoint".into(),
-        endpoint(stack.scanner),
-        "--purger-endpoint".into(),
-        endpoint(stack.purger),
-        "--lifecycle-endpoint".into(),
-        endpoint(stack.lifecycle),
-    ]);
-    let gateway = vynil_gateway::Gateway::bind(&config).await.unwrap();
-    let base = format!("http://{}", gateway.local_addr().unwrap());
-    let stop = vynil_runtime::Shutdown::new();
-    tokio::spawn(gateway.serve(stop.signaled()));
+    let gateway = TestGateway::start(&stack).await;
+    let (base, stop) = (gateway.url.clone(), gateway.stop.clone());
 
     let screenshots = Path::new(env!("CARGO_TARGET_TMPDIR")).join("web-screenshots");
     println!("screenshots of each view: {}", screenshots.display());
@@ -100,8 +77,8 @@ async fn the_web_page_in_chromium_logs_in_scans_shows_the_type_change_purges_exp
     node.arg(web.join("e2e.mjs"))
         .current_dir(&web)
         .env("BASE_URL", &base)
-        .env("ADMIN_TOKEN", "web-admin-token")
-        .env("VIEWER_TOKEN", "web-viewer-token")
+        .env("ADMIN_TOKEN", token(Role::Admin))
+        .env("VIEWER_TOKEN", token(Role::Viewer))
         .env("SCREENSHOTS", &screenshots)
         .env("CHROMIUM", CHROMIUM);
     let run = tokio::task::spawn_blocking(move || node.output().unwrap());

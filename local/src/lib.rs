@@ -70,24 +70,9 @@ fn state_dir(config: &Config) -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(".vynil"))
 }
 
-/// Writes `content` to `path` readable by its owner only (0600), replacing
-/// it atomically.
 fn write_private(path: &Path, content: &str) -> Result<(), LocalError> {
-    use std::{io::Write, os::unix::fs::OpenOptionsExt};
-    let error = |source| LocalError::State { path: path.to_path_buf(), source };
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(error)?;
-    }
-    let temporary = path.with_extension("tmp");
-    let _ = std::fs::remove_file(&temporary);
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&temporary)
-        .map_err(error)?;
-    file.write_all(content.as_bytes()).and_then(|()| file.sync_all()).map_err(error)?;
-    std::fs::rename(&temporary, path).map_err(error)
+    vynil_runtime::files::write_private(path, content.as_bytes())
+        .map_err(|source| LocalError::State { path: path.to_path_buf(), source })
 }
 
 /// The tokens of this run: a new admin token for the gateway and a new

@@ -11,56 +11,35 @@ use common::{Stack, channel, eventually};
 use kube::api::PostParams;
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
-use vynil_gateway::auth::{Role, TokenBook};
+use vynil_gateway::auth::Role;
 use vynil_proto::purger::v1::{ExecuteRequest, purger_client::PurgerClient};
 use vynil_testkit::{
     PackageType,
     kube_api::{AgentOutcome, FakeAgent},
 };
 
-/// A gateway in process in front of `stack`, with one token per role.
+#[path = "../../gateway/tests/common/mod.rs"]
+mod gateway_common;
+
+use gateway_common::{TestGateway, token};
+
+/// The gateway of a test, and an HTTP client for it.
 struct Gateway {
     base: String,
     http: reqwest::Client,
     stop: vynil_runtime::Shutdown,
-    _dir: tempfile::TempDir,
-}
-
-fn token(role: Role) -> String {
-    format!("token-of-the-{}", role.as_str())
+    _gateway: TestGateway,
 }
 
 impl Gateway {
     async fn start(stack: &Stack) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let lines: Vec<String> = Role::ALL
-            .iter()
-            .map(|r| TokenBook::line(&format!("{}-user", r.as_str()), *r, &token(*r)))
-            .collect();
-        std::fs::write(dir.path().join("tokens.yaml"), format!("tokens:\n{}\n", lines.join("\n"))).unwrap();
-        let endpoint = |addr: std::net::SocketAddr| format!("http://{addr}");
-        let config = <vynil_gateway::Config as clap::Parser>::parse_from([
-            "vynil-gateway".to_string(),
-            "--listen".into(),
-            "127.0.0.1:0".into(),
-            "--tokens-file".into(),
-            dir.path().join("tokens.yaml").display().to_string(),
-            "--service-token-file".into(),
-            stack.token.path().display().to_string(),
-            "--catalog-endpoint".into(),
-            endpoint(stack.catalog),
-            "--scanner-endpoint".into(),
-            endpoint(stack.scanner),
-            "--purger-endpoint".into(),
-            endpoint(stack.purger),
-            "--lifecycle-endpoint".into(),
-            endpoint(stack.lifecycle),
-        ]);
-        let gateway = vynil_gateway::Gateway::bind(&config).await.unwrap();
-        let base = format!("http://{}", gateway.local_addr().unwrap());
-        let stop = vynil_runtime::Shutdown::new();
-        tokio::spawn(gateway.serve(stop.signaled()));
-        Self { base, http: reqwest::Client::new(), stop, _dir: dir }
+        let gateway = TestGateway::start(stack).await;
+        Self {
+            base: gateway.url.clone(),
+            http: reqwest::Client::new(),
+            stop: gateway.stop.clone(),
+            _gateway: gateway,
+        }
     }
 
     async fn call(

@@ -9,6 +9,7 @@
 pub mod convert;
 pub mod cron;
 mod errors;
+pub mod files;
 mod grpc;
 pub mod metrics;
 mod shutdown;

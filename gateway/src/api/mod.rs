@@ -91,6 +91,15 @@ pub fn check_label(field: &str, value: &str) -> Result<(), ApiError> {
     vynil_crds::names::validate_label(field, value).map_err(|e| ApiError::bad_request(field, e))
 }
 
+/// An id a service gave (a scan's, a plan's): `field` names it, `answered_by` where it comes from.
+pub fn check_id(field: &str, id: &str, answered_by: &str) -> Result<(), ApiError> {
+    let fine = |c: char| c.is_ascii_alphanumeric() || "-_.:".contains(c);
+    if id.is_empty() || id.len() > 128 || !id.chars().all(fine) {
+        return Err(ApiError::bad_request(field, format!("is not an id {answered_by} answered")));
+    }
+    Ok(())
+}
+
 /// Pagination of a list: `limit` items from the opaque `page_token`.
 #[derive(Debug, Clone, Default, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]

@@ -192,14 +192,7 @@ impl From<pb::PurgeReport> for Report {
 }
 
 fn check_plan_id(id: &str) -> Result<(), ApiError> {
-    let fine = |c: char| c.is_ascii_alphanumeric() || "-_.:".contains(c);
-    if id.is_empty() || id.len() > 128 || !id.chars().all(fine) {
-        return Err(ApiError::bad_request(
-            "plan_id",
-            "is not a plan id (as `POST /api/v1/purge/plans` answers it)",
-        ));
-    }
-    Ok(())
+    super::check_id("plan_id", id, "`POST /api/v1/purge/plans`")
 }
 
 #[utoipa::path(post, path = "/api/v1/purge/plans", tag = "purge", request_body = PlanRequest,

@@ -99,11 +99,7 @@ impl From<pb::ScanStatus> for Scan {
 }
 
 fn check_scan_id(id: &str) -> Result<(), ApiError> {
-    let fine = |c: char| c.is_ascii_alphanumeric() || "-_.:".contains(c);
-    if id.is_empty() || id.len() > 128 || !id.chars().all(fine) {
-        return Err(ApiError::bad_request("scan_id", "is not a scan id (as `POST …/scans` answers it)"));
-    }
-    Ok(())
+    super::check_id("scan_id", id, "`POST /api/v1/jukeboxes/{jukebox}/scans`")
 }
 
 #[utoipa::path(post, path = "/api/v1/jukeboxes/{jukebox}/scans", tag = "scans",

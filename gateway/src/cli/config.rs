@@ -50,22 +50,8 @@ pub fn load(path: Option<&PathBuf>) -> CliResult<ConfigFile> {
 }
 
 /// Writes the file readable by its owner only, atomically.
-pub fn save(path: &PathBuf, config: &ConfigFile) -> CliResult<()> {
-    use std::{io::Write, os::unix::fs::OpenOptionsExt};
-    let failed =
-        |e: std::io::Error| CliError::new(Exit::Failed, format!("cannot write {}: {e}", path.display()));
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(failed)?;
-    }
+pub fn save(path: &std::path::Path, config: &ConfigFile) -> CliResult<()> {
     let text = serde_yaml_ng::to_string(config).map_err(|e| CliError::new(Exit::Failed, e.to_string()))?;
-    let temporary = path.with_extension("tmp");
-    let _ = std::fs::remove_file(&temporary);
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&temporary)
-        .map_err(failed)?;
-    file.write_all(text.as_bytes()).and_then(|()| file.sync_all()).map_err(failed)?;
-    std::fs::rename(&temporary, path).map_err(failed)
+    vynil_runtime::files::write_private(path, text.as_bytes())
+        .map_err(|e| CliError::new(Exit::Failed, format!("cannot write {}: {e}", path.display())))
 }
