@@ -139,9 +139,16 @@ pub async fn run(
     }
     // The services believe the gateway (service token); anyone else on
     // this machine reaching a loopback port is the user, and may run
-    // destructive calls (refused by the services off loopback).
+    // destructive calls. Listening beyond loopback, only the gateway may.
     shared.trust.service_token_file = Some(tokens.service_file.clone());
-    shared.trust.allow_unauthenticated = true;
+    let services =
+        [config.catalog_listen, config.scanner_listen, config.purger_listen, config.lifecycle_listen];
+    shared.trust.allow_unauthenticated = services.iter().all(|a| a.ip().is_loopback());
+    if !shared.trust.allow_unauthenticated {
+        println!(
+            "A service listens beyond loopback: purge executions and deletes without package go through the gateway only."
+        );
+    }
     let store = vynil_store::open(&shared.store_settings(vynil_runtime::user_agent!())).await?;
     let drain = vynil_runtime::Shutdown::new();
     let stopped = || drain.signaled();

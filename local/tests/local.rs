@@ -305,3 +305,35 @@ async fn the_first_command_shows_the_embedded_examples_offline_and_sigterm_leave
         std::net::TcpListener::bind(port).unwrap_or_else(|e| panic!("{port} still held after exit: {e}"));
     }
 }
+
+/// Local mode with a service reachable beyond loopback still starts, but
+/// its destructive calls are then the gateway's alone.
+#[tokio::test]
+async fn a_service_listening_beyond_loopback_refuses_unauthenticated_purges() {
+    use vynil_proto::purger::v1::ExecuteRequest;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port().unwrap();
+    let purger = SocketAddr::from(([127, 0, 0, 1], port));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_vynil"))
+        .args(["--purger-listen", &format!("0.0.0.0:{port}")])
+        .args(["--catalog-listen", &loopback().to_string(), "--scanner-listen", &loopback().to_string()])
+        .args(["--lifecycle-listen", &loopback().to_string(), "--gateway-listen", &loopback().to_string()])
+        .arg("--state-dir")
+        .arg(dir.path().join("state"))
+        .arg("--jukebox-dir")
+        .arg(dir.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !serving(purger).await {
+        assert!(Instant::now() < deadline, "the purger never served");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let request = ExecuteRequest { plan_id: "p".into(), confirm: "x".into(), ..Default::default() };
+    let refused = PurgerClient::new(channel(purger).await.unwrap()).execute(request).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{refused:?}");
+    let _ = child.kill();
+    let _ = child.wait();
+}
