@@ -124,9 +124,24 @@ impl Downstreams {
         if let Ok(id) = context.request_id.parse() {
             request.metadata_mut().insert("x-request-id", id);
         }
-        for (name, value) in &context.trace {
-            if let Ok(value) = value.parse() {
-                request.metadata_mut().insert(*name, value);
+        // The current span's context when spans are exported; else the
+        // caller's own, forwarded as it came.
+        let mut traced = http::HeaderMap::new();
+        if vynil_runtime::inject(&mut traced) {
+            for (name, value) in traced.iter() {
+                if let (Ok(name), Ok(value)) = (
+                    tonic::metadata::MetadataKey::from_bytes(name.as_str().as_bytes()),
+                    value.to_str().map(tonic::metadata::MetadataValue::try_from),
+                ) && let Ok(value) = value
+                {
+                    request.metadata_mut().insert(name, value);
+                }
+            }
+        } else {
+            for (name, value) in &context.trace {
+                if let Ok(value) = value.parse() {
+                    request.metadata_mut().insert(*name, value);
+                }
             }
         }
         request

@@ -248,6 +248,7 @@ pub async fn observe(State(app): State<App>, mut request: Request, next: Next) -
     let method = request.method().clone();
     request.extensions_mut().insert(RequestMeta { id: id.clone(), trace });
     let span = tracing::info_span!("http", request_id = %id, method = %method, route = %route);
+    vynil_runtime::extract(&span, request.headers());
     let mut response = {
         use tracing::Instrument;
         REQUEST_ID.scope(id.clone(), next.run(request)).instrument(span.clone()).await

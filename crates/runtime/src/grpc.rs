@@ -149,6 +149,12 @@ impl GrpcServer {
         };
         tonic::transport::Server::builder()
             .accept_http1(true)
+            // One span per call, child of the caller's W3C trace context.
+            .trace_fn(|request| {
+                let span = tracing::info_span!("grpc", rpc = %request.uri().path());
+                crate::telemetry::extract(&span, request.headers());
+                span
+            })
             .add_routes(routes)
             .serve_with_incoming_shutdown(TcpListenerStream::new(self.listener), drain)
             .await?;

@@ -21,7 +21,7 @@ pub use errors::{Classify, Failure};
 pub use grpc::{GrpcServer, ServedService};
 pub use shutdown::Shutdown;
 pub use signal::termination_signal;
-pub use telemetry::{LogConfig, LogFormat, init_tracing};
+pub use telemetry::{LogConfig, LogFormat, Telemetry, extract, init_tracing, inject};
 pub use trust::{Caller, ServiceCredentials, Trust, TrustConfig};
 
 /// Errors of process set-up and serving.

@@ -1,8 +1,23 @@
-//! Logging set-up. `RUST_LOG` selects what is printed (default `info`);
-//! `--log-format json` (`LOG_FORMAT`) prints one JSON object per line for
-//! log collectors.
+//! Logging and tracing set-up. `RUST_LOG` selects what is printed (default
+//! `info`); `--log-format json` (`LOG_FORMAT`) prints one JSON object per
+//! line for log collectors.
+//!
+//! Spans are exported over OTLP (gRPC) only when `OTEL_EXPORTER_OTLP_ENDPOINT`
+//! (or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) is set: no exporter starts
+//! otherwise. The standard `OTEL_*` variables apply (`OTEL_SERVICE_NAME`
+//! overrides the service's own name, `OTEL_RESOURCE_ATTRIBUTES` adds to the
+//! resource, `OTEL_TRACES_SAMPLER` chooses the sampler); the resource carries
+//! `service.name`, `service.version` and `service.instance.id` (the pod,
+//! else host and process). Spans go through a batch processor that never
+//! blocks a request; [`Telemetry`]'s drop flushes them, bounded in time.
+//! W3C trace context crosses services with [`inject`] and [`extract`].
 
-use tracing_subscriber::{EnvFilter, fmt};
+use std::time::Duration;
+
+use opentelemetry::{KeyValue, propagation::TextMapPropagator, trace::TracerProvider as _};
+use opentelemetry_sdk::{Resource, propagation::TraceContextPropagator, trace::SdkTracerProvider};
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+use tracing_subscriber::{EnvFilter, Layer, fmt, layer::SubscriberExt, util::SubscriberInitExt};
 
 /// How log lines are printed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -21,15 +36,125 @@ pub struct LogConfig {
     pub log_format: LogFormat,
 }
 
-/// Installs the global subscriber once; later calls are no-ops.
-pub fn init_tracing(service: &'static str, config: &LogConfig) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let result = if config.log_format == LogFormat::Json {
-        fmt().with_env_filter(filter).json().try_init()
-    } else {
-        fmt().with_env_filter(filter).try_init()
-    };
-    if result.is_ok() {
-        tracing::debug!(service, "tracing initialised");
+/// Flushes exported spans when dropped (5 s at most).
+#[derive(Debug, Default)]
+#[must_use = "spans are flushed when this is dropped: keep it for the life of the process"]
+pub struct Telemetry {
+    provider: Option<SdkTracerProvider>,
+}
+
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
+
+impl Drop for Telemetry {
+    fn drop(&mut self) {
+        let Some(provider) = self.provider.take() else { return };
+        // Shut down on a thread of its own: an unreachable collector must
+        // not hold the process past the bound.
+        let (done, wait) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = provider.shutdown();
+            let _ = done.send(());
+        });
+        if wait.recv_timeout(FLUSH_TIMEOUT).is_err() {
+            eprintln!("spans not flushed within {FLUSH_TIMEOUT:?}: the OTLP collector did not answer");
+        }
     }
+}
+
+fn endpoint_configured() -> bool {
+    ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"]
+        .iter()
+        .any(|v| std::env::var(v).is_ok_and(|value| !value.trim().is_empty()))
+}
+
+fn provider(service: &str) -> Option<SdkTracerProvider> {
+    if !endpoint_configured() {
+        return None;
+    }
+    let exporter = match opentelemetry_otlp::SpanExporter::builder().with_tonic().build() {
+        Ok(exporter) => exporter,
+        Err(error) => {
+            eprintln!("OTLP export is configured but cannot start ({error}): spans are not exported");
+            return None;
+        }
+    };
+    let name = std::env::var("OTEL_SERVICE_NAME")
+        .ok()
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| format!("vynil-{service}"));
+    let instance = std::env::var("POD_NAME").ok().filter(|p| !p.is_empty()).unwrap_or_else(|| {
+        let host = std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_string()).unwrap_or_default();
+        format!("{host}-{}", std::process::id())
+    });
+    let resource = Resource::builder()
+        .with_service_name(name)
+        .with_attributes([
+            KeyValue::new("service.version", env!("CARGO_PKG_VERSION")),
+            KeyValue::new("service.instance.id", instance),
+        ])
+        .build();
+    Some(SdkTracerProvider::builder().with_batch_exporter(exporter).with_resource(resource).build())
+}
+
+/// Installs the global subscriber once (later calls install nothing), with
+/// OTLP export when configured; keep the returned guard until exit.
+pub fn init_tracing(service: &'static str, config: &LogConfig) -> Telemetry {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let provider = provider(service);
+    let otel =
+        provider.as_ref().map(|p| tracing_opentelemetry::layer().with_tracer(p.tracer("vynil")).boxed());
+    let fmt = match config.log_format {
+        LogFormat::Json => fmt::layer().json().boxed(),
+        LogFormat::Text => fmt::layer().boxed(),
+    };
+    let result = tracing_subscriber::registry().with(filter).with(fmt).with(otel).try_init();
+    if result.is_err() {
+        return Telemetry::default();
+    }
+    opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
+    tracing::debug!(service, exporting = provider.is_some(), "tracing initialised");
+    Telemetry { provider }
+}
+
+struct Headers<'a>(&'a http::HeaderMap);
+
+impl opentelemetry::propagation::Extractor for Headers<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).and_then(|v| v.to_str().ok())
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0.keys().map(|k| k.as_str()).collect()
+    }
+}
+
+struct HeadersMut<'a>(&'a mut http::HeaderMap);
+
+impl opentelemetry::propagation::Injector for HeadersMut<'_> {
+    fn set(&mut self, key: &str, value: String) {
+        if let (Ok(name), Ok(value)) =
+            (http::HeaderName::from_bytes(key.as_bytes()), http::HeaderValue::from_str(&value))
+        {
+            self.0.insert(name, value);
+        }
+    }
+}
+
+/// Makes `span` a child of the W3C trace context in `headers` (HTTP or gRPC
+/// metadata), when there is one.
+pub fn extract(span: &tracing::Span, headers: &http::HeaderMap) {
+    let parent = TraceContextPropagator::new().extract(&Headers(headers));
+    let _ = span.set_parent(parent);
+}
+
+/// Writes the current span's W3C trace context into `headers`; `false` when
+/// there is none to write (tracing without OpenTelemetry).
+pub fn inject(headers: &mut http::HeaderMap) -> bool {
+    use opentelemetry::trace::TraceContextExt;
+    let context = tracing::Span::current().context();
+    if !context.span().span_context().is_valid() {
+        return false;
+    }
+    TraceContextPropagator::new().inject_context(&context, &mut HeadersMut(headers));
+    true
 }
