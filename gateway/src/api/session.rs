@@ -46,6 +46,14 @@ pub async fn logout(State(app): State<App>) -> impl IntoResponse {
     (headers, Json(Done { done: true }))
 }
 
+/// How the caller authenticated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Credential {
+    Bearer,
+    Session,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct WhoAmI {
     pub name: String,
@@ -53,8 +61,7 @@ pub struct WhoAmI {
     pub role: Option<Role>,
     /// A Kubernetes user's groups.
     pub groups: Vec<String>,
-    /// `bearer` or `session`.
-    pub via: String,
+    pub via: Credential,
     /// With a session: what state-changing calls must echo in `x-csrf-token`.
     pub csrf_token: Option<String>,
 }
@@ -69,10 +76,10 @@ pub async fn whoami(Ctx(ctx): Ctx) -> Result<Json<WhoAmI>, ApiError> {
         Grant::Role(_) => Vec::new(),
     };
     let (via, csrf_token) = match principal.via {
-        Via::Bearer => ("bearer", None),
-        Via::Session { csrf } => ("session", Some(csrf)),
+        Via::Bearer => (Credential::Bearer, None),
+        Via::Session { csrf } => (Credential::Session, Some(csrf)),
     };
-    Ok(Json(WhoAmI { name: principal.name, role, groups, via: via.into(), csrf_token }))
+    Ok(Json(WhoAmI { name: principal.name, role, groups, via, csrf_token }))
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]

@@ -345,8 +345,7 @@ pub async fn run(cli: Cli) -> CliResult<Exit> {
             let list: InstanceList =
                 connect(&cli)?.get(&format!("/api/v1/instances?{}", query.join("&"))).await?;
             if !printer.structured(&list)? {
-                let rows: Vec<Vec<(String, Tone)>> =
-                    list.items.iter().map(|i| instance_row(&printer, i)).collect();
+                let rows: Vec<Vec<(String, Tone)>> = list.items.iter().map(instance_row).collect();
                 printer.table(&["instance", "package", "tag", "state", "blocked by"], &rows);
             }
             Ok(Exit::Ok)
@@ -499,7 +498,7 @@ async fn scan(
         None => client.get(&format!("/api/v1/scans/{}", started.scan_id)).await?,
     };
     if !printer.structured(&scan)? {
-        let state = format!("{:?}", scan.state).to_lowercase();
+        let state = wire_name(scan.state);
         let tone = if scan.state == ScanState::Succeeded { Tone::Good } else { Tone::Bad };
         println!(
             "scan {} of {jukebox}: {}, {}/{} repositories, {} tags, {} manifests read",
@@ -670,32 +669,24 @@ fn state_tone(state: InstanceState) -> Tone {
     }
 }
 
-fn instance_row(printer: &Printer, i: &Instance) -> Vec<(String, Tone)> {
+fn instance_row(i: &Instance) -> Vec<(String, Tone)> {
     let kind = i.reference.kind.map(|k| format!("{k:?}").to_lowercase()).unwrap_or_default();
-    let state = format!("{:?}", i.state);
-    let _ = printer;
     vec![
         cell(format!("{kind}/{}/{}", i.reference.namespace, i.reference.name)),
         cell(format!("{}/{}", i.category, i.package)),
         cell(i.tag.clone().unwrap_or_else(|| "-".into())),
-        (snake(&state), state_tone(i.state)),
+        (wire_name(i.state), state_tone(i.state)),
         cell(i.blocked.as_ref().map(|b| b.reason.clone()).unwrap_or_default()),
     ]
 }
 
-fn snake(camel: &str) -> String {
-    let mut out = String::new();
-    for (i, c) in camel.chars().enumerate() {
-        if c.is_uppercase() && i > 0 {
-            out.push('_');
-        }
-        out.extend(c.to_lowercase());
-    }
-    out
+/// An enum as the API writes it (`up_to_date`, `partially_failed`).
+fn wire_name(value: impl serde::Serialize) -> String {
+    serde_json::to_value(value).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default()
 }
 
 fn print_explanation(printer: &Printer, e: &Explanation) {
-    let state = snake(&format!("{:?}", e.state));
+    let state = wire_name(e.state);
     println!("{}: {}", printer.paint(&state, state_tone(e.state)), e.summary);
     for detail in &e.details {
         println!("  {detail}");
