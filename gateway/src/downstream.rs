@@ -17,7 +17,7 @@ use vynil_proto::{
     catalog::v1::catalog_client::CatalogClient, lifecycle::v1::lifecycle_client::LifecycleClient,
     purger::v1::purger_client::PurgerClient, scanner::v1::scanner_client::ScannerClient,
 };
-use vynil_runtime::ServiceCredentials;
+use vynil_runtime::{ServiceCredentials, TracedChannel};
 
 use crate::{auth::Principal, error::ApiError};
 
@@ -100,20 +100,20 @@ impl Downstreams {
         }
     }
 
-    pub fn catalog(&self) -> Result<CatalogClient<Channel>, ApiError> {
-        Ok(CatalogClient::new(self.channel(Service::Catalog)?))
+    pub fn catalog(&self) -> Result<CatalogClient<TracedChannel>, ApiError> {
+        Ok(CatalogClient::new(vynil_runtime::traced(self.channel(Service::Catalog)?)))
     }
 
-    pub fn scanner(&self) -> Result<ScannerClient<Channel>, ApiError> {
-        Ok(ScannerClient::new(self.channel(Service::Scanner)?))
+    pub fn scanner(&self) -> Result<ScannerClient<TracedChannel>, ApiError> {
+        Ok(ScannerClient::new(vynil_runtime::traced(self.channel(Service::Scanner)?)))
     }
 
-    pub fn purger(&self) -> Result<PurgerClient<Channel>, ApiError> {
-        Ok(PurgerClient::new(self.channel(Service::Purger)?))
+    pub fn purger(&self) -> Result<PurgerClient<TracedChannel>, ApiError> {
+        Ok(PurgerClient::new(vynil_runtime::traced(self.channel(Service::Purger)?)))
     }
 
-    pub fn lifecycle(&self) -> Result<LifecycleClient<Channel>, ApiError> {
-        Ok(LifecycleClient::new(self.channel(Service::Lifecycle)?))
+    pub fn lifecycle(&self) -> Result<LifecycleClient<TracedChannel>, ApiError> {
+        Ok(LifecycleClient::new(vynil_runtime::traced(self.channel(Service::Lifecycle)?)))
     }
 
     /// `message` as a gRPC request from `context`.
@@ -124,24 +124,11 @@ impl Downstreams {
         if let Ok(id) = context.request_id.parse() {
             request.metadata_mut().insert("x-request-id", id);
         }
-        // The current span's context when spans are exported; else the
-        // caller's own, forwarded as it came.
-        let mut traced = http::HeaderMap::new();
-        if vynil_runtime::inject(&mut traced) {
-            for (name, value) in traced.iter() {
-                if let (Ok(name), Ok(value)) = (
-                    tonic::metadata::MetadataKey::from_bytes(name.as_str().as_bytes()),
-                    value.to_str().map(tonic::metadata::MetadataValue::try_from),
-                ) && let Ok(value) = value
-                {
-                    request.metadata_mut().insert(name, value);
-                }
-            }
-        } else {
-            for (name, value) in &context.trace {
-                if let Ok(value) = value.parse() {
-                    request.metadata_mut().insert(*name, value);
-                }
+        // The caller's own trace context, forwarded as it came; the traced
+        // channel replaces it with the current span's when spans are exported.
+        for (name, value) in &context.trace {
+            if let Ok(value) = value.parse() {
+                request.metadata_mut().insert(*name, value);
             }
         }
         request

@@ -201,7 +201,7 @@ pub fn router(config: &Config, kube: Option<kube::Client>) -> Result<Router, Gat
     let app = App::new(Authenticator { tokens, sessions, kube }, services, metrics);
     let scrape = get(move || {
         let registry = registry.clone();
-        async move { vynil_runtime::metrics::render(&registry) }
+        async move { vynil_runtime::metrics::render(&[&registry]) }
     });
     let openapi = openapi::document();
     let router = Router::new()

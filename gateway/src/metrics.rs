@@ -1,10 +1,12 @@
 //! The gateway's own metrics: requests by route, method and status, and
-//! their duration, served at `GET /metrics`.
+//! their duration (with the request's trace as exemplar), served at
+//! `GET /metrics`; listed in `docs/metrics.md`.
 
 use std::sync::Arc;
 
-use prometheus_client::metrics::{family::MetricConstructor, histogram::Histogram};
-use vynil_runtime::metrics::{Counter, EncodeLabelSet, Family, Registry};
+use vynil_runtime::metrics::{
+    Buckets, Counter, EncodeLabelSet, Family, REQUEST_BUCKETS, Registry, TracedHistogram, trace_exemplar,
+};
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
@@ -20,26 +22,17 @@ pub struct RouteLabels {
     pub method: String,
 }
 
-#[derive(Debug, Clone, Copy)]
-struct Buckets;
-
-impl MetricConstructor<Histogram> for Buckets {
-    fn new_metric(&self) -> Histogram {
-        // 1 ms to 60 s: API calls, and SSE streams at the top.
-        Histogram::new([0.001, 0.005, 0.025, 0.1, 0.5, 1.0, 5.0, 15.0, 60.0])
-    }
-}
-
 #[derive(Debug, Clone)]
 pub struct GatewayMetrics {
     requests: Family<RequestLabels, Counter>,
-    duration: Family<RouteLabels, Histogram, Buckets>,
+    duration: Family<RouteLabels, TracedHistogram, Buckets>,
 }
 
 impl GatewayMetrics {
     pub fn register() -> (Self, Arc<Registry>) {
         let mut registry = Registry::with_prefix("vynil_gateway");
-        let metrics = Self { requests: Family::default(), duration: Family::new_with_constructor(Buckets) };
+        let metrics =
+            Self { requests: Family::default(), duration: Family::new_with_constructor(REQUEST_BUCKETS) };
         registry.register("requests", "HTTP requests answered", metrics.requests.clone());
         registry.register(
             "request_duration_seconds",
@@ -54,6 +47,6 @@ impl GatewayMetrics {
         self.requests
             .get_or_create(&RequestLabels { route: route.clone(), method: method.clone(), status })
             .inc();
-        self.duration.get_or_create(&RouteLabels { route, method }).observe(seconds);
+        self.duration.get_or_create(&RouteLabels { route, method }).observe(seconds, trace_exemplar(), None);
     }
 }

@@ -1,8 +1,11 @@
-//! Traces across processes: the gateway and the scanner as separate
+//! Traces across processes: gateway, scanner and catalog as separate
 //! processes exporting to an in-process OTLP receiver (opentelemetry-proto's
-//! tonic trace service). A scan started over HTTP with a `traceparent` yields
-//! spans of both services in that one trace, each under its own
-//! `service.name`; with an unreachable collector SIGTERM still exits 0.
+//! tonic trace service, or its messages over HTTP). A scan started over HTTP
+//! with a `traceparent` yields spans of gateway, scanner and registry
+//! requests in that one trace with the right parents, each under its own
+//! `service.name`, and a catalog span linked to the scan; without an
+//! endpoint nothing connects to a collector; with an unreachable one SIGTERM
+//! still exits 0.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -19,7 +22,7 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
     trace_service_server::{TraceService, TraceServiceServer},
 };
 use vynil_gateway::auth::{Role, TokenBook};
-use vynil_testkit::{JukeboxBuilder, PackageSpec, PackageType, RegistryServer, free_port};
+use vynil_testkit::{JukeboxBuilder, PackageSpec, PackageType, RegistryServer, ServiceProcess, free_port};
 
 /// A child process killed when the test ends, passed or not.
 struct Killed(std::process::Child);
@@ -28,6 +31,30 @@ impl Drop for Killed {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
+    }
+}
+
+/// One span as received.
+#[derive(Debug, Clone)]
+struct Received {
+    service: String,
+    trace: String,
+    id: String,
+    parent: String,
+    name: String,
+    /// `(trace, span)` of each link.
+    links: Vec<(String, String)>,
+    attributes: std::collections::BTreeMap<String, String>,
+}
+
+fn text(value: &Option<opentelemetry_proto::tonic::common::v1::AnyValue>) -> String {
+    use opentelemetry_proto::tonic::common::v1::any_value::Value;
+    match value.as_ref().and_then(|v| v.value.as_ref()) {
+        Some(Value::StringValue(s)) => s.clone(),
+        Some(Value::IntValue(i)) => i.to_string(),
+        Some(Value::BoolValue(b)) => b.to_string(),
+        Some(Value::DoubleValue(d)) => d.to_string(),
+        _ => String::new(),
     }
 }
 
@@ -46,8 +73,45 @@ impl TraceService for Receiver {
 }
 
 impl Receiver {
-    /// `(service.name, trace id hex, span name)` of every span received.
-    fn spans(&self) -> Vec<(String, String, String)> {
+    /// An OTLP/gRPC receiver on a free port, and its URL.
+    async fn grpc() -> (Self, String) {
+        let receiver = Receiver::default();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let serving = receiver.clone();
+        tokio::spawn(async move {
+            tonic::transport::Server::builder()
+                .add_service(TraceServiceServer::new(serving))
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+                .await
+                .unwrap()
+        });
+        (receiver, url)
+    }
+
+    /// An OTLP/HTTP receiver (protobuf bodies at `/v1/traces`) on a free port, and its URL.
+    async fn http() -> (Self, String) {
+        use prost::Message;
+        let receiver = Receiver::default();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let serving = receiver.clone();
+        let app = axum::Router::new().route(
+            "/v1/traces",
+            axum::routing::post(move |body: axum::body::Bytes| {
+                let serving = serving.clone();
+                async move {
+                    let request = ExportTraceServiceRequest::decode(body).unwrap();
+                    serving.0.lock().unwrap().push(request);
+                    ExportTraceServiceResponse::default().encode_to_vec()
+                }
+            }),
+        );
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        (receiver, url)
+    }
+
+    fn spans(&self) -> Vec<Received> {
         let mut out = Vec::new();
         for request in self.0.lock().unwrap().iter() {
             for resource in &request.resource_spans {
@@ -55,12 +119,27 @@ impl Receiver {
                     .resource
                     .as_ref()
                     .and_then(|r| r.attributes.iter().find(|a| a.key == "service.name"))
-                    .and_then(|a| a.value.as_ref())
-                    .map(|v| format!("{:?}", v.value))
+                    .map(|a| text(&a.value))
                     .unwrap_or_default();
                 for scope in &resource.scope_spans {
                     for span in &scope.spans {
-                        out.push((service.clone(), hex::encode(&span.trace_id), span.name.clone()));
+                        out.push(Received {
+                            service: service.clone(),
+                            trace: hex::encode(&span.trace_id),
+                            id: hex::encode(&span.span_id),
+                            parent: hex::encode(&span.parent_span_id),
+                            name: span.name.clone(),
+                            links: span
+                                .links
+                                .iter()
+                                .map(|l| (hex::encode(&l.trace_id), hex::encode(&l.span_id)))
+                                .collect(),
+                            attributes: span
+                                .attributes
+                                .iter()
+                                .map(|a| (a.key.clone(), text(&a.value)))
+                                .collect(),
+                        });
                     }
                 }
             }
@@ -80,20 +159,29 @@ fn sibling(binary: &str) -> PathBuf {
     path
 }
 
-#[tokio::test]
-async fn a_scan_started_over_http_is_one_trace_across_the_gateway_and_the_scanner() {
-    let receiver = Receiver::default();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let collector = format!("http://{}", listener.local_addr().unwrap());
-    let serving = receiver.clone();
-    tokio::spawn(async move {
-        tonic::transport::Server::builder()
-            .add_service(TraceServiceServer::new(serving))
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
-            .await
-            .unwrap()
-    });
+const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+const CALLER_SPAN: &str = "00f067aa0ba902b7";
 
+/// Starts a gateway in front of `scanner_endpoint` exporting to `collector`
+/// with `protocol`; returns it and its port.
+fn gateway(dir: &Path, scanner_endpoint: &str, otel: &[(&str, &str)]) -> (Killed, u16) {
+    let port = free_port().unwrap();
+    let gateway = Command::new(env!("CARGO_BIN_EXE_vynil-gateway"))
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(["--scanner-endpoint", scanner_endpoint])
+        .arg("--tokens-file")
+        .arg(dir.join("tokens.yaml"))
+        .envs(otel.iter().copied())
+        .env_remove("OTEL_SERVICE_NAME")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    (Killed(gateway), port)
+}
+
+/// A JukeBox `box` listing `apps/web` of a fresh registry, and a token file.
+async fn world() -> (RegistryServer, tempfile::TempDir) {
     let registry = RegistryServer::start().await.unwrap();
     registry
         .publisher()
@@ -107,77 +195,224 @@ async fn a_scan_started_over_http_is_one_trace_across_the_gateway_and_the_scanne
         format!("tokens:\n{}\n", TokenBook::line("ops", Role::Operator, "t-ops")),
     )
     .unwrap();
-    let (scanner_port, gateway_port) = (free_port().unwrap(), free_port().unwrap());
-    let otel = [("OTEL_EXPORTER_OTLP_ENDPOINT", collector.as_str()), ("OTEL_BSP_SCHEDULE_DELAY", "200")];
-    let scanner = Command::new(sibling("vynil-scanner"))
-        .args(["--listen", &format!("127.0.0.1:{scanner_port}"), "--insecure-registry", &registry.host()])
-        .arg("--jukebox-dir")
-        .arg(dir.path())
-        .envs(otel)
-        .env_remove("OTEL_SERVICE_NAME")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut scanner = Killed(scanner);
-    let gateway = Command::new(env!("CARGO_BIN_EXE_vynil-gateway"))
-        .args(["--listen", &format!("127.0.0.1:{gateway_port}")])
-        .args(["--scanner-endpoint", &format!("http://127.0.0.1:{scanner_port}")])
-        .arg("--tokens-file")
-        .arg(dir.path().join("tokens.yaml"))
-        .envs(otel)
-        .env_remove("OTEL_SERVICE_NAME")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut gateway = Killed(gateway);
+    (registry, dir)
+}
 
-    let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
+/// Starts a scan of `box` through the gateway at `port`, as a caller in trace [`TRACE`].
+async fn start_scan(port: u16) {
     let http = reqwest::Client::new();
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let answer = http
-            .post(format!("http://127.0.0.1:{gateway_port}/api/v1/jukeboxes/box/scans"))
+            .post(format!("http://127.0.0.1:{port}/api/v1/jukeboxes/box/scans"))
             .bearer_auth("t-ops")
-            .header("traceparent", format!("00-{trace_id}-00f067aa0ba902b7-01"))
+            .header("traceparent", format!("00-{TRACE}-{CALLER_SPAN}-01"))
             .json(&serde_json::json!({}))
             .send()
             .await;
         if answer.is_ok_and(|a| a.status() == 202) {
-            break;
+            return;
         }
         assert!(Instant::now() < deadline, "the gateway never started a scan");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let in_trace = loop {
-        let spans: Vec<_> = receiver.spans().into_iter().filter(|(_, trace, _)| trace == trace_id).collect();
-        let services: std::collections::BTreeSet<&str> = spans.iter().map(|(s, _, _)| s.as_str()).collect();
-        if services.iter().any(|s| s.contains("vynil-gateway"))
-            && services.iter().any(|s| s.contains("vynil-scanner"))
-        {
-            break spans;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "spans of both services never arrived in trace {trace_id}: {:?}",
-            receiver.spans()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    assert!(
-        in_trace.iter().any(|(s, _, name)| s.contains("vynil-gateway") && name == "http"),
-        "{in_trace:?}"
-    );
-    assert!(
-        in_trace.iter().any(|(s, _, name)| s.contains("vynil-scanner") && name == "grpc"),
-        "{in_trace:?}"
-    );
+}
 
-    for child in [&mut gateway.0, &mut scanner.0] {
-        nix::sys::signal::kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
-        assert!(child.wait().unwrap().success());
+/// Waits until `done` holds of the spans received.
+async fn until(receiver: &Receiver, what: &str, done: impl Fn(&[Received]) -> bool) -> Vec<Received> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let spans = receiver.spans();
+        if done(&spans) {
+            return spans;
+        }
+        assert!(Instant::now() < deadline, "{what} never arrived: {spans:#?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+#[tokio::test]
+async fn a_scan_started_over_http_is_one_trace_across_gateway_scanner_and_registry_linked_from_the_catalog() {
+    let (receiver, collector) = Receiver::grpc().await;
+    let (registry, dir) = world().await;
+    let redis = vynil_testkit::RedisServer::start().await.unwrap();
+    let otel = [("OTEL_EXPORTER_OTLP_ENDPOINT", collector.as_str()), ("OTEL_BSP_SCHEDULE_DELAY", "200")];
+    let jukeboxes = dir.path().to_str().unwrap();
+    let redis_url = redis.url();
+    let shared = ["--jukebox-dir", jukeboxes, "--redis-url", &redis_url];
+    let scanner = ServiceProcess::start_with_env(
+        &sibling("vynil-scanner"),
+        &[&shared[..], &["--insecure-registry", &registry.host()]].concat(),
+        &otel,
+    )
+    .await
+    .unwrap();
+    let catalog = ServiceProcess::start_with_env(&sibling("vynil-catalog"), &shared, &otel).await.unwrap();
+    let (mut gateway, port) = gateway(dir.path(), &scanner.endpoint(), &otel);
+
+    start_scan(port).await;
+    let spans = until(&receiver, "the gateway's, scanner's, registry's and catalog's spans", |spans| {
+        let of = |service: &str, name: &str| {
+            spans.iter().any(|s| s.service == service && s.name.starts_with(name))
+        };
+        of("vynil-gateway", "http")
+            && of("vynil-scanner", "scan")
+            && of("vynil-scanner", "GET")
+            && of("vynil-catalog", "catalog_ingest")
+    })
+    .await;
+    let one = |service: &str, name: &str| {
+        spans
+            .iter()
+            .find(|s| s.trace == TRACE && s.service == service && s.name == name)
+            .unwrap_or_else(|| panic!("no {name} span of {service} in trace {TRACE}: {spans:#?}"))
+            .clone()
+    };
+    let http = one("vynil-gateway", "http");
+    assert_eq!(http.parent, CALLER_SPAN, "the gateway's span is the caller's child");
+    let gateway_spans: Vec<&str> =
+        spans.iter().filter(|s| s.service == "vynil-gateway").map(|s| s.id.as_str()).collect();
+    let start = one("vynil-scanner", "grpc");
+    assert!(
+        gateway_spans.contains(&start.parent.as_str()),
+        "StartScan's parent is a gateway span: {start:?}"
+    );
+    let scan = one("vynil-scanner", "scan");
+    assert_eq!(scan.parent, start.id, "the queued scan continues the StartScan call's trace");
+    let requests: Vec<&Received> = spans
+        .iter()
+        .filter(|s| s.trace == TRACE && s.attributes.contains_key("http.request.method"))
+        .collect();
+    assert!(!requests.is_empty(), "no registry request span in the trace: {spans:#?}");
+    let (host, registry_port) =
+        registry.host().split_once(':').map(|(h, p)| (h.to_string(), p.to_string())).unwrap();
+    for request in &requests {
+        assert_eq!(request.service, "vynil-scanner");
+        assert_eq!(request.attributes.get("server.address"), Some(&host), "{request:?}");
+        assert_eq!(request.attributes.get("server.port"), Some(&registry_port), "{request:?}");
+        assert!(request.attributes.contains_key("http.response.status_code"), "{request:?}");
+        // Under the scan, whatever spans lie between.
+        let mut at = request.parent.clone();
+        while at != scan.id {
+            at = spans
+                .iter()
+                .find(|s| s.id == at)
+                .map(|s| s.parent.clone())
+                .unwrap_or_else(|| panic!("{request:?} is not under the scan span {}", scan.id));
+        }
+    }
+    assert!(requests.iter().any(|r| r.name == "GET list_tags"), "{requests:#?}");
+    let scanner_spans: Vec<&str> =
+        spans.iter().filter(|s| s.service == "vynil-scanner").map(|s| s.id.as_str()).collect();
+    let ingest = spans
+        .iter()
+        .find(|s| s.service == "vynil-catalog" && s.name == "catalog_ingest" && !s.links.is_empty())
+        .unwrap_or_else(|| panic!("no linked catalog_ingest span: {spans:#?}"));
+    assert_ne!(ingest.trace, TRACE, "the ingest follows a watch: its own trace, linked");
+    let (linked_trace, linked_span) = &ingest.links[0];
+    assert_eq!(linked_trace, TRACE);
+    assert!(scanner_spans.contains(&linked_span.as_str()), "linked to a scanner span: {ingest:?}");
+
+    nix::sys::signal::kill(Pid::from_raw(gateway.0.id() as i32), Signal::SIGTERM).unwrap();
+    assert!(gateway.0.wait().unwrap().success());
+    for service in [scanner, catalog] {
+        assert!(service.terminate(Duration::from_secs(20)).await.unwrap().success());
+    }
+}
+
+#[tokio::test]
+async fn spans_go_over_http_protobuf_when_the_protocol_says_so() {
+    let (receiver, collector) = Receiver::http().await;
+    let (_registry, dir) = world().await;
+    let otel = [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", collector.as_str()),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+        ("OTEL_BSP_SCHEDULE_DELAY", "200"),
+    ];
+    // No scanner: the gateway answers 503 naming it, in a span all the same.
+    let (mut gateway, port) =
+        gateway(dir.path(), &format!("http://127.0.0.1:{}", free_port().unwrap()), &otel);
+    start_scan_once(port).await;
+    let spans = until(&receiver, "the gateway's span over HTTP", |spans| {
+        spans.iter().any(|s| s.trace == TRACE && s.service == "vynil-gateway" && s.name == "http")
+    })
+    .await;
+    assert!(spans.iter().all(|s| s.service == "vynil-gateway"), "{spans:#?}");
+    nix::sys::signal::kill(Pid::from_raw(gateway.0.id() as i32), Signal::SIGTERM).unwrap();
+    assert!(gateway.0.wait().unwrap().success());
+}
+
+/// One scan request in trace [`TRACE`] once the gateway answers, whatever it answers.
+async fn start_scan_once(port: u16) {
+    let http = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while http
+        .post(format!("http://127.0.0.1:{port}/api/v1/jukeboxes/box/scans"))
+        .bearer_auth("t-ops")
+        .header("traceparent", format!("00-{TRACE}-{CALLER_SPAN}-01"))
+        .json(&serde_json::json!({}))
+        .send()
+        .await
+        .is_err()
+    {
+        assert!(Instant::now() < deadline, "the gateway never answered");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Connections accepted on the OTLP default ports (4317 gRPC, 4318 HTTP) of loopback.
+async fn count_default_ports() -> Arc<std::sync::atomic::AtomicUsize> {
+    let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    for port in [4317, 4318] {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await.unwrap_or_else(|e| {
+            panic!("this test listens on OTLP's default port {port} to see who connects: {e} (stop the collector using it)")
+        });
+        let accepted = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((_stream, _)) = listener.accept().await {
+                accepted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        });
+    }
+    accepted
+}
+
+#[tokio::test]
+async fn without_an_endpoint_no_otlp_connection_is_attempted() {
+    let accepted = count_default_ports().await;
+    let (_registry, dir) = world().await;
+    let nowhere = format!("http://127.0.0.1:{}", free_port().unwrap());
+    let quiet = [("OTEL_BSP_SCHEDULE_DELAY", "100"), ("OTEL_SERVICE_NAME", "quiet")];
+    let port = free_port().unwrap();
+    let mut silent = Command::new(env!("CARGO_BIN_EXE_vynil-gateway"))
+        .args(["--listen", &format!("127.0.0.1:{port}"), "--scanner-endpoint", &nowhere])
+        .arg("--tokens-file")
+        .arg(dir.path().join("tokens.yaml"))
+        .envs(quiet)
+        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+        .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    for _ in 0..5 {
+        start_scan_once(port).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    nix::sys::signal::kill(Pid::from_raw(silent.id() as i32), Signal::SIGTERM).unwrap();
+    assert!(silent.wait().unwrap().success());
+    assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 0, "an OTLP connection was attempted");
+
+    // The same gateway told to export does connect there: the count can see it.
+    let (mut exporting, port) =
+        gateway(dir.path(), &nowhere, &[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4317"), quiet[0]]);
+    start_scan_once(port).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while accepted.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+        assert!(Instant::now() < deadline, "a configured exporter never connected to 4317");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = exporting.0.kill();
 }
 
 #[tokio::test]

@@ -146,4 +146,16 @@ pub struct JukeBoxStatus {
     #[serde(default)]
     #[schemars(schema_with = "crate::schema::packages")]
     pub packages: Vec<Package>,
+    /// W3C traceparent of the scan that last changed this status, when spans
+    /// are exported: the catalog links its own span to it. Not content: a
+    /// scan that changes nothing leaves it as it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
+}
+
+impl JukeBoxStatus {
+    /// The same conditions and packages (what a status says, whoever wrote it).
+    pub fn same_content(&self, other: &JukeBoxStatus) -> bool {
+        self.conditions == other.conditions && self.packages == other.packages
+    }
 }

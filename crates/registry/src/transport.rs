@@ -343,9 +343,52 @@ impl Transport {
         }
     }
 
-    /// One HTTP exchange. `Err(Ok(e))` is final (too large); `Err(Err(f))`
-    /// may be retried.
+    /// One HTTP exchange in a client span of its own (OpenTelemetry's HTTP
+    /// conventions: method, `server.address`, `url.full`, status).
+    /// `Err(Ok(e))` is final (too large); `Err(Err(f))` may be retried.
     async fn attempt(
+        &self,
+        request: &Request,
+        token: Option<&str>,
+    ) -> std::result::Result<Response, std::result::Result<RegistryError, Failure>> {
+        use tracing::Instrument;
+        let parsed = url::Url::parse(&request.url).ok();
+        let span = tracing::info_span!(
+            "registry_request",
+            otel.name = %format!("{} {}", request.method, request.kind),
+            otel.kind = "client",
+            otel.status_code = tracing::field::Empty,
+            http.request.method = %request.method,
+            http.response.status_code = tracing::field::Empty,
+            server.address = parsed.as_ref().and_then(|u| u.host_str()).unwrap_or_default(),
+            server.port = parsed.as_ref().and_then(|u| u.port_or_known_default()).unwrap_or_default(),
+            url.full = %request.url,
+            vynil.registry.request = request.kind,
+            "error.type" = tracing::field::Empty,
+        );
+        let outcome = self.exchange(request, token).instrument(span.clone()).await;
+        match &outcome {
+            Ok(response) => {
+                span.record("http.response.status_code", response.status.as_u16());
+                if response.status.is_client_error() || response.status.is_server_error() {
+                    span.record("otel.status_code", "error");
+                    span.record("error.type", response.status.as_str());
+                }
+            }
+            Err(failure) => {
+                span.record("otel.status_code", "error");
+                let kind = match failure {
+                    Ok(_) => "too_large",
+                    Err(Failure::Timeout) => "timeout",
+                    Err(Failure::Unreachable(_)) => "unreachable",
+                };
+                span.record("error.type", kind);
+            }
+        }
+        outcome
+    }
+
+    async fn exchange(
         &self,
         request: &Request,
         token: Option<&str>,

@@ -64,8 +64,9 @@ impl GrpcServer {
         Ok(Self { listener, metrics: None, components: Vec::new() })
     }
 
-    /// Also answers `GET /metrics` (Prometheus text) on the same port, over
-    /// HTTP/1.1: one port per service, nothing to collide in tests.
+    /// Adds `registry` to what `GET /metrics` answers (OpenMetrics text, on
+    /// the same port over HTTP/1.1: one port per service, nothing to collide
+    /// in tests) beside the server's own gRPC metrics.
     pub fn with_metrics(mut self, registry: std::sync::Arc<prometheus_client::registry::Registry>) -> Self {
         self.metrics = Some(registry);
         self
@@ -108,14 +109,21 @@ impl GrpcServer {
         for service in services {
             (service.add_to)(&mut routes);
         }
-        let mut routes: Routes = routes.routes();
-        if let Some(registry) = self.metrics.clone() {
-            let scrape = axum::routing::get(move || {
-                let registry = registry.clone();
-                async move { crate::metrics::render(&registry) }
-            });
-            routes = Routes::from(routes.into_axum_router().route("/metrics", scrape));
-        }
+        let mut known = names.clone();
+        known.extend(["grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection"]);
+        let (grpc_metrics, grpc_registry) = crate::metrics::GrpcMetrics::new(known);
+        let (grpc_registry, registry) = (std::sync::Arc::new(grpc_registry), self.metrics.clone());
+        let scrape = axum::routing::get(move || {
+            let (own, service) = (grpc_registry.clone(), registry.clone());
+            async move {
+                let mut registries = vec![&*own];
+                registries.extend(service.as_deref());
+                crate::metrics::render(&registries)
+            }
+        });
+        let routes = Routes::from(routes.routes().into_axum_router().route("/metrics", scrape).layer(
+            axum::middleware::from_fn_with_state(grpc_metrics, crate::metrics::GrpcMetrics::middleware),
+        ));
         set_all(&health, &names, ServingStatus::Serving).await;
         tracing::info!(address = ?self.listener.local_addr().ok(), services = ?names, "serving gRPC");
         let mut followers = tokio::task::JoinSet::new();

@@ -21,7 +21,10 @@ pub use errors::{Classify, Failure};
 pub use grpc::{GrpcServer, ServedService};
 pub use shutdown::Shutdown;
 pub use signal::termination_signal;
-pub use telemetry::{LogConfig, LogFormat, Telemetry, extract, init_tracing, inject};
+pub use telemetry::{
+    LogConfig, LogFormat, Telemetry, TraceContext, TracedChannel, extract, follow, init_tracing, inject,
+    link, traced, traceparent,
+};
 pub use trust::{Caller, ServiceCredentials, Trust, TrustConfig};
 
 /// Errors of process set-up and serving.

@@ -2,9 +2,10 @@
 //! `info`); `--log-format json` (`LOG_FORMAT`) prints one JSON object per
 //! line for log collectors.
 //!
-//! Spans are exported over OTLP (gRPC) only when `OTEL_EXPORTER_OTLP_ENDPOINT`
-//! (or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) is set: no exporter starts
-//! otherwise. The standard `OTEL_*` variables apply (`OTEL_SERVICE_NAME`
+//! Spans are exported over OTLP only when `OTEL_EXPORTER_OTLP_ENDPOINT` (or
+//! `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) is set: no exporter starts
+//! otherwise. gRPC by default, HTTP/protobuf with
+//! `OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf`. The standard `OTEL_*` variables apply (`OTEL_SERVICE_NAME`
 //! overrides the service's own name, `OTEL_RESOURCE_ATTRIBUTES` adds to the
 //! resource, `OTEL_TRACES_SAMPLER` chooses the sampler); the resource carries
 //! `service.name`, `service.version` and `service.instance.id` (the pod,
@@ -71,7 +72,31 @@ fn provider(service: &str) -> Option<SdkTracerProvider> {
     if !endpoint_configured() {
         return None;
     }
-    let exporter = match opentelemetry_otlp::SpanExporter::builder().with_tonic().build() {
+    let protocol = ["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok().filter(|p| !p.trim().is_empty()))
+        .unwrap_or_else(|| "grpc".to_string());
+    let built = match protocol.trim() {
+        "grpc" => opentelemetry_otlp::SpanExporter::builder().with_tonic().build(),
+        // The blocking HTTP client is built (and later dropped) off the async
+        // runtime, as reqwest's blocking client requires.
+        "http/protobuf" => std::thread::spawn(|| {
+            use opentelemetry_otlp::WithExportConfig;
+            opentelemetry_otlp::SpanExporter::builder()
+                .with_http()
+                .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+                .build()
+        })
+        .join()
+        .unwrap_or_else(|_| Err(opentelemetry_otlp::ExporterBuildError::InternalFailure("panicked".into()))),
+        other => {
+            eprintln!(
+                "OTEL_EXPORTER_OTLP_PROTOCOL={other:?} is not supported (use grpc or http/protobuf): spans are not exported"
+            );
+            return None;
+        }
+    };
+    let exporter = match built {
         Ok(exporter) => exporter,
         Err(error) => {
             eprintln!("OTLP export is configured but cannot start ({error}): spans are not exported");
@@ -145,6 +170,75 @@ impl opentelemetry::propagation::Injector for HeadersMut<'_> {
 pub fn extract(span: &tracing::Span, headers: &http::HeaderMap) {
     let parent = TraceContextPropagator::new().extract(&Headers(headers));
     let _ = span.set_parent(parent);
+}
+
+fn context_of(traceparent: &str) -> Option<opentelemetry::Context> {
+    use opentelemetry::trace::TraceContextExt;
+    let mut headers = http::HeaderMap::new();
+    headers.insert("traceparent", http::HeaderValue::from_str(traceparent).ok()?);
+    let context = TraceContextPropagator::new().extract(&Headers(&headers));
+    context.span().span_context().is_valid().then_some(context)
+}
+
+/// The current span's W3C `traceparent`, to carry where no header goes (a
+/// queued request, a status written for a watcher); `None` when spans are
+/// not exported.
+pub fn traceparent() -> Option<String> {
+    let mut headers = http::HeaderMap::new();
+    if !inject(&mut headers) {
+        return None;
+    }
+    headers.get("traceparent").and_then(|v| v.to_str().ok()).map(str::to_string)
+}
+
+/// Makes `span` a child of `traceparent` (work done later for a request
+/// that carried it); nothing when it does not parse.
+pub fn follow(span: &tracing::Span, traceparent: &str) {
+    if let Some(parent) = context_of(traceparent) {
+        let _ = span.set_parent(parent);
+    }
+}
+
+/// Links `span` to `traceparent`: work caused by another trace's work
+/// without being called by it (a watch seeing a status another service
+/// wrote). Nothing when it does not parse.
+pub fn link(span: &tracing::Span, traceparent: &str) {
+    use opentelemetry::trace::TraceContextExt;
+    if let Some(context) = context_of(traceparent) {
+        span.add_link(context.span().span_context().clone());
+    }
+}
+
+/// The client half of W3C propagation over gRPC: every call made through
+/// a [`TracedChannel`] carries the calling span's context (the server half is
+/// [`crate::GrpcServer`]'s per-call span).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TraceContext;
+
+impl tonic::service::Interceptor for TraceContext {
+    fn call(&mut self, mut request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        let mut headers = http::HeaderMap::new();
+        if inject(&mut headers) {
+            for (name, value) in &headers {
+                if let (Ok(name), Ok(value)) = (
+                    tonic::metadata::MetadataKey::from_bytes(name.as_str().as_bytes()),
+                    tonic::metadata::MetadataValue::try_from(value.as_bytes()),
+                ) {
+                    request.metadata_mut().insert(name, value);
+                }
+            }
+        }
+        Ok(request)
+    }
+}
+
+/// A channel whose calls carry the caller's trace context.
+pub type TracedChannel =
+    tonic::service::interceptor::InterceptedService<tonic::transport::Channel, TraceContext>;
+
+/// `channel`, propagating trace context on every call.
+pub fn traced(channel: tonic::transport::Channel) -> TracedChannel {
+    tonic::service::interceptor::InterceptedService::new(channel, TraceContext)
 }
 
 /// Writes the current span's W3C trace context into `headers`; `false` when

@@ -64,7 +64,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .write_status(
                 "box",
                 &version,
-                &JukeBoxStatus { conditions: vec![], packages: vec![package(&format!("1.0.{i}"))] },
+                &JukeBoxStatus { packages: vec![package(&format!("1.0.{i}"))], ..Default::default() },
             )
             .await?;
         for receiver in &mut receivers {

@@ -10,6 +10,7 @@ use std::{
         atomic::{AtomicBool, Ordering},
     },
 };
+use tracing::Instrument;
 
 use tokio::sync::broadcast;
 use vynil_store::JukeboxStore;
@@ -76,10 +77,14 @@ impl Catalog {
 
     /// An entry, or `Unavailable` when nothing was ever loaded (never "not found").
     pub fn entry(&self, jukebox: &str) -> Result<Option<Entry>, CatalogError> {
+        use crate::metrics::LookupResult;
         if !self.loaded.load(Ordering::Acquire) {
+            self.metrics.lookup(LookupResult::not_loaded);
             return Err(CatalogError::Unavailable("the catalog has not loaded yet; retry".into()));
         }
-        Ok(self.snapshot.read().unwrap_or_else(|p| p.into_inner()).get(jukebox).cloned())
+        let entry = self.snapshot.read().unwrap_or_else(|p| p.into_inner()).get(jukebox).cloned();
+        self.metrics.lookup(if entry.is_some() { LookupResult::hit } else { LookupResult::miss });
+        Ok(entry)
     }
 
     /// JukeBox sources the store could not read (they have no entry).
@@ -140,12 +145,30 @@ impl Catalog {
 
     async fn try_ingest(&self, jukebox: &str) -> Result<(), CatalogError> {
         let record = self.store.get(jukebox).await.map_err(|e| CatalogError::Unavailable(e.to_string()))?;
+        let mut cause = None;
         let entry = record.and_then(|r| {
             let (pull_secret, channel) = (r.spec.pull_secret.clone(), r.spec.channel());
-            r.status.map(|status| Entry::from_status(&r.name, pull_secret, channel, &status))
+            r.status.map(|status| {
+                cause = status.traceparent.clone();
+                Entry::from_status(&r.name, pull_secret, channel, &status)
+            })
         });
         match &entry {
-            Some(entry) if self.cache.upsert_if_changed(entry).await? => self.metrics.upserts.inc(),
+            Some(entry) if self.cache.upsert_if_changed(entry).await? => {
+                // What wrote the status (a scan) caused this write: link to it.
+                if let Some(cause) = &cause {
+                    vynil_runtime::link(&tracing::Span::current(), cause);
+                }
+                if let Some(lag) = entry
+                    .last_change_time
+                    .as_deref()
+                    .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+                    .map(|t| jiff::Timestamp::now().duration_since(t).as_secs_f64())
+                {
+                    self.metrics.freshness_lag.observe(lag.max(0.0));
+                }
+                self.metrics.upserts.inc()
+            }
             Some(_) => self.metrics.skipped_identical.inc(),
             None if self.cache.remove(jukebox).await? => self.metrics.removals.inc(),
             None => 0,
@@ -202,7 +225,8 @@ impl Catalog {
                 name = store_changes.recv() => match name {
                     Ok(name) if name.is_empty() => self.resync_due.store(true, Ordering::Release),
                     Ok(name) => {
-                        if let Err(error) = self.ingest(&name).await {
+                        let span = tracing::info_span!("catalog_ingest", jukebox = %name);
+                        if let Err(error) = self.ingest(&name).instrument(span).await {
                             tracing::warn!(%name, %error, "cannot ingest a status change; will resync");
                         }
                     }

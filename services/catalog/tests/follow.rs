@@ -29,7 +29,7 @@ fn package(tag: &str, kind: PackageType, min: Option<&str>) -> Package {
 }
 
 fn status(packages: Vec<Package>) -> JukeBoxStatus {
-    JukeBoxStatus { conditions: vec![], packages }
+    JukeBoxStatus { packages, ..Default::default() }
 }
 
 struct World {

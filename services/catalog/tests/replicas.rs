@@ -25,7 +25,7 @@ async fn three_catalog_processes_serve_the_new_catalog_after_a_status_change() {
         .write_status(
             "box",
             &vynil_store::StatusVersion::new("0"),
-            &JukeBoxStatus { conditions: vec![], packages: vec![package("1.0.0")] },
+            &JukeBoxStatus { packages: vec![package("1.0.0")], ..Default::default() },
         )
         .await
         .unwrap();
@@ -60,7 +60,7 @@ async fn three_catalog_processes_serve_the_new_catalog_after_a_status_change() {
         .write_status(
             "box",
             &vynil_store::StatusVersion::new("1"),
-            &JukeBoxStatus { conditions: vec![], packages: vec![package("2.0.0")] },
+            &JukeBoxStatus { packages: vec![package("2.0.0")], ..Default::default() },
         )
         .await
         .unwrap();

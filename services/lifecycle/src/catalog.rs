@@ -3,22 +3,26 @@
 //! of a package for `initFrom.version`. An unreachable catalog is an error to retry, never
 //! "package missing".
 
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Endpoint;
 use vynil_proto::catalog::v1::{
     self as pb, GetCatalogRequest, RecordedCheck as ProtoCheck, RecordedRevision as ProtoRecorded,
     ResolveCleanupRequest, ResolveInstallRequest, catalog_client::CatalogClient,
     resolve_cleanup_response::Decision, resolve_install_response::Outcome,
 };
 use vynil_rules::{Tag, selection::RecordedCheck};
-use vynil_runtime::convert::{package_from_proto, proto_type};
+use vynil_runtime::{
+    TracedChannel,
+    convert::{package_from_proto, proto_type},
+    traced,
+};
 
 use crate::{LifecycleError, instance::Instance, plan::Resolution};
 
 #[derive(Debug, Clone)]
 pub struct Catalog {
-    client: CatalogClient<Channel>,
+    client: CatalogClient<TracedChannel>,
     /// For `WatchCatalog`: no request timeout (the stream lasts).
-    watcher: CatalogClient<Channel>,
+    watcher: CatalogClient<TracedChannel>,
 }
 
 impl Catalog {
@@ -27,9 +31,9 @@ impl Catalog {
         let channel = Endpoint::from_shared(endpoint.to_string())
             .map_err(|e| LifecycleError::Config(format!("--catalog-endpoint {endpoint:?}: {e}")))?
             .connect_timeout(std::time::Duration::from_secs(5));
-        let watcher = CatalogClient::new(channel.connect_lazy());
+        let watcher = CatalogClient::new(traced(channel.connect_lazy()));
         let channel = channel.timeout(std::time::Duration::from_secs(30)).connect_lazy();
-        Ok(Self { client: CatalogClient::new(channel), watcher })
+        Ok(Self { client: CatalogClient::new(traced(channel)), watcher })
     }
 
     /// A `WatchCatalog` subscription to every JukeBox.

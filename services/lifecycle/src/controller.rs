@@ -269,7 +269,7 @@ async fn reconcile(
         FinalizerError::ApplyFailed(e) | FinalizerError::CleanupFailed(e) => e,
         other => LifecycleError::Unavailable(format!("Kubernetes API, managing the finalizer: {other}")),
     });
-    metrics.duration.observe(started.elapsed().as_secs_f64());
+    metrics.observe(started.elapsed().as_secs_f64());
     result
 }
 

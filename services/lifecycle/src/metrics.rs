@@ -1,4 +1,5 @@
-//! The lifecycle's Prometheus metrics (`GET /metrics` on its gRPC port).
+//! The lifecycle's Prometheus metrics (`GET /metrics` on its gRPC port); the
+//! names and labels are listed in `docs/metrics.md`.
 //!
 //! The instance controllers keep upstream's metric names, so dashboards built
 //! on upstream keep working: one registry per kind with the prefixes
@@ -9,7 +10,9 @@
 
 use std::sync::Arc;
 
-use vynil_runtime::metrics::{Counter, EncodeLabelSet, Family, Histogram, Registry, duration_buckets};
+use vynil_runtime::metrics::{
+    Counter, EncodeLabelSet, Family, Registry, TracedHistogram, duration_buckets, trace_exemplar,
+};
 
 /// Identity of an instance, as upstream labels it.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -27,7 +30,8 @@ pub struct InstanceFailure {
 pub struct ReconcileMetrics {
     pub runs: Counter,
     pub failures: Family<InstanceFailure, Counter>,
-    pub duration: Histogram,
+    /// Seconds, with the reconcile's trace as exemplar (as upstream).
+    pub duration: TracedHistogram,
 }
 
 impl ReconcileMetrics {
@@ -35,7 +39,7 @@ impl ReconcileMetrics {
         let metrics = Self {
             runs: Counter::default(),
             failures: Family::default(),
-            duration: Histogram::new(duration_buckets()),
+            duration: TracedHistogram::new(duration_buckets()),
         };
         exported.register("runs", "Reconciliations", metrics.runs.clone());
         exported.register(
@@ -45,6 +49,11 @@ impl ReconcileMetrics {
         );
         exported.register("duration", "Duration of reconciliations in seconds", metrics.duration.clone());
         metrics
+    }
+
+    /// Records one reconcile's duration in the current span's trace.
+    pub fn observe(&self, seconds: f64) {
+        self.duration.observe(seconds, trace_exemplar(), None);
     }
 }
 

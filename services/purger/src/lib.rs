@@ -187,6 +187,7 @@ impl Purger {
         self.store.put_plan(&plan, self.plan_ttl).await?;
         self.metrics.plans.inc();
         let deletions: usize = plan.repositories.iter().map(|r| r.deletions.len()).sum();
+        self.metrics.planned_deletions.inc_by(deletions as u64);
         tracing::info!(plan = %plan.id, target = %plan.target, deletions, "planned");
         Ok(plan)
     }

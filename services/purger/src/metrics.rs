@@ -1,4 +1,5 @@
-//! The purger's Prometheus metrics (`GET /metrics` on its gRPC port).
+//! The purger's Prometheus metrics (`GET /metrics` on its gRPC port); the
+//! names and labels are listed in `docs/metrics.md`.
 
 use std::sync::Arc;
 
@@ -12,6 +13,8 @@ pub struct State {
 #[derive(Debug, Clone)]
 pub struct PurgerMetrics {
     pub plans: Counter,
+    /// Deletions the plans decided (each plan's deletions, counted when stored).
+    pub planned_deletions: Counter,
     pub refusals: Counter,
     pub deletions: Family<State, Counter>,
 }
@@ -20,9 +23,18 @@ impl PurgerMetrics {
     /// Registers the purger's metrics and the registry client's request counts.
     pub fn register(requests: &vynil_registry::RequestCounters) -> (Self, Arc<Registry>) {
         let mut exported = Registry::with_prefix("vynil_purger");
-        let metrics =
-            Self { plans: Counter::default(), refusals: Counter::default(), deletions: Family::default() };
+        let metrics = Self {
+            plans: Counter::default(),
+            planned_deletions: Counter::default(),
+            refusals: Counter::default(),
+            deletions: Family::default(),
+        };
         exported.register("plans", "Plans made", metrics.plans.clone());
+        exported.register(
+            "planned_deletions",
+            "Deletions decided by the plans made",
+            metrics.planned_deletions.clone(),
+        );
         exported.register(
             "refusals",
             "Executions refused (confirmation, stale plan, busy)",

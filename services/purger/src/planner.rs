@@ -74,7 +74,7 @@ async fn installed_revisions(endpoint: &str, repo: &RepositoryRef) -> Result<Vec
         .connect()
         .await
         .map_err(|e| format!("cannot reach lifecycle at {endpoint}: {e}"))?;
-    let response = LifecycleClient::new(channel)
+    let response = LifecycleClient::new(vynil_runtime::traced(channel))
         .list_installed_revisions(ListInstalledRevisionsRequest {
             registry: repo.registry.clone(),
             repository: repo.repository.clone(),

@@ -152,7 +152,7 @@ pub fn new_status(
         jukebox::after_scan(&verdict, has_ready, packages != previous.packages, schedule_problem);
     let mut conditions = previous.conditions;
     apply(&mut conditions, &transition, generation, now);
-    Some(JukeBoxStatus { conditions, packages })
+    Some(JukeBoxStatus { conditions, packages, traceparent: None })
 }
 
 /// A failure that is no scan (an invalid force-scan value): the rules'

@@ -108,6 +108,10 @@ pub struct ScanRecord {
     pub errors: Vec<(String, String)>,
     pub started_at: String,
     pub finished_at: String,
+    /// W3C `traceparent` of the request that queued the scan: the scan's
+    /// span continues that trace whichever replica runs it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub trace: String,
 }
 
 impl ScanRecord {

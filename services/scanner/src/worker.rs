@@ -57,6 +57,7 @@ impl Scanner {
                 jukebox: jukebox.to_string(),
                 filter: filter.map(|f| f.to_string()).unwrap_or_default(),
                 state: RecordState::Queued,
+                trace: vynil_runtime::traceparent().unwrap_or_default(),
                 ..ScanRecord::default()
             };
             self.queue.put_record(&record, None).await?;
@@ -111,17 +112,47 @@ impl Scanner {
     async fn run_items(&self, jukebox: &str, items: &[ScanItem], lease: &Lease) -> Result<(), ScannerError> {
         if items.iter().any(|i| i.filter.is_none()) {
             let ids: Vec<String> = items.iter().map(|i| i.id.clone()).collect();
-            return self.run_scan(jukebox, None, &ids, lease).await;
+            return self.traced_scan(jukebox, None, &ids, lease).await;
         }
         for item in items {
-            self.run_scan(jukebox, item.filter.clone(), std::slice::from_ref(&item.id), lease).await?;
+            self.traced_scan(jukebox, item.filter.clone(), std::slice::from_ref(&item.id), lease).await?;
         }
         Ok(())
     }
 
+    /// [`Self::run_scan`] in a span continuing the trace of the request that
+    /// queued it (the first that carried one), linked to the others'.
+    async fn traced_scan(
+        &self,
+        jukebox: &str,
+        filter: Option<ScanFilter>,
+        ids: &[String],
+        lease: &Lease,
+    ) -> Result<(), ScannerError> {
+        use tracing::Instrument;
+        let span = tracing::info_span!(
+            "scan",
+            %jukebox,
+            filter = ?filter.as_ref().map(ToString::to_string),
+            scan_ids = ?ids,
+        );
+        let mut parented = false;
+        for id in ids {
+            let trace = self.queue.record(id).await.ok().flatten().map(|r| r.trace).unwrap_or_default();
+            match (trace.is_empty(), parented) {
+                (true, _) => {}
+                (false, false) => {
+                    vynil_runtime::follow(&span, &trace);
+                    parented = true;
+                }
+                (false, true) => vynil_runtime::link(&span, &trace),
+            }
+        }
+        self.run_scan(jukebox, filter, ids, lease).instrument(span).await
+    }
+
     /// One scan under `lease`: every write it makes (records, status, Event)
     /// is fenced by it, and a lost lease ends it with `LeaseLost`.
-    #[tracing::instrument(skip(self, ids, lease), fields(filter = ?filter.as_ref().map(ToString::to_string)))]
     async fn run_scan(
         &self,
         jukebox: &str,
@@ -196,10 +227,9 @@ impl Scanner {
                 return Err(ScannerError::LeaseLost(format!("scan records of {jukebox}")));
             }
         }
-        self.metrics.scans.get_or_create(&Outcome { outcome: last.state.as_str().into() }).inc();
+        self.metrics.scanned(jukebox, last.state.as_str(), clock.elapsed().as_secs_f64());
         let ended = jiff::Timestamp::now().as_second();
         self.metrics.last_scan.get_or_create(&Jukebox { jukebox: jukebox.to_string() }).set(ended);
-        self.metrics.duration.observe(clock.elapsed().as_secs_f64());
         for (_, why) in &last.errors {
             self.metrics.repository_failures.get_or_create(&Cause { cause: cause(why).to_string() }).inc();
         }
@@ -267,11 +297,14 @@ impl Scanner {
             let Some(record) = self.store.get(jukebox).await? else {
                 return Err(ScannerError::NotFound(format!("no JukeBox {jukebox:?} (deleted meanwhile?)")));
             };
-            let Some(status) =
-                change(&record, jiff::Timestamp::now()).filter(|s| record.status.as_ref() != Some(s))
+            let Some(mut status) = change(&record, jiff::Timestamp::now())
+                .filter(|s| !record.status.as_ref().is_some_and(|r| r.same_content(s)))
             else {
                 return Ok(record.status);
             };
+            // Only a write that changes content carries the trace: an
+            // unchanged scan writes nothing, not even a new trace context.
+            status.traceparent = vynil_runtime::traceparent();
             if let Some(lease) = lease {
                 lease.check().await?;
             }
