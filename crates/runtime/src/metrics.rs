@@ -19,6 +19,19 @@ pub fn duration_buckets() -> impl Iterator<Item = f64> {
     [0.01, 0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 120.0, 300.0].into_iter()
 }
 
+/// Creates `family`'s series for each of a fixed set of `labels`, at 0: a
+/// `rate()` over a series that appears only with its first event misses
+/// that event.
+pub fn preset<S, M, C>(family: &Family<S, M, C>, labels: impl IntoIterator<Item = S>)
+where
+    S: Clone + std::hash::Hash + Eq,
+    C: MetricConstructor<M>,
+{
+    for label in labels {
+        let _ = family.get_or_create(&label);
+    }
+}
+
 /// The exemplar of an observation: the trace it was made in.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TraceExemplar {

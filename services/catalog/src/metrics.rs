@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use vynil_runtime::metrics::{Counter, EncodeLabelSet, Family, Gauge, Histogram, Registry};
+use vynil_runtime::metrics::{Counter, EncodeLabelSet, Family, Gauge, Histogram, Registry, preset};
 
 /// How a lookup of one JukeBox's entry went.
 #[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelValue)]
@@ -53,6 +53,8 @@ impl Default for CatalogMetrics {
 
 impl CatalogMetrics {
     pub fn register(&self) -> Arc<Registry> {
+        let results = [LookupResult::hit, LookupResult::miss, LookupResult::not_loaded];
+        preset(&self.lookups, results.map(|result| Lookup { result }));
         let mut exported = Registry::with_prefix("vynil_catalog");
         exported.register("upserts", "Cache entries written", self.upserts.clone());
         exported.register(

@@ -30,7 +30,7 @@ use crate::{
     controller::Context,
     instance::{Instance, InstanceKind},
     job,
-    metrics::{self, LifecycleMetrics},
+    metrics::LifecycleMetrics,
     plan::{self, Outcome},
     uninstall::CleanupAnswer,
 };
@@ -39,7 +39,6 @@ use crate::{
 #[derive(Debug)]
 pub struct LifecycleService {
     context: Result<Arc<Context>, String>,
-    metrics: LifecycleMetrics,
     exported_metrics: Arc<Registry>,
     trust: vynil_runtime::Trust,
 }
@@ -47,8 +46,8 @@ pub struct LifecycleService {
 impl LifecycleService {
     /// Every RPC answers `FAILED_PRECONDITION` naming `why` (local mode: no cluster).
     pub fn disabled(why: impl Into<String>) -> Self {
-        let (metrics, exported_metrics) = LifecycleMetrics::register();
-        Self { context: Err(why.into()), metrics, exported_metrics, trust: Default::default() }
+        let (_, exported_metrics) = LifecycleMetrics::register();
+        Self { context: Err(why.into()), exported_metrics, trust: Default::default() }
     }
 
     /// Believes callers as `trust` says (`AllowDeleteWithoutPackage` names them).
@@ -56,8 +55,8 @@ impl LifecycleService {
         Self { trust, ..self }
     }
 
-    pub(crate) fn running(context: Arc<Context>, metrics: LifecycleMetrics, exported: Arc<Registry>) -> Self {
-        Self { context: Ok(context), metrics, exported_metrics: exported, trust: Default::default() }
+    pub(crate) fn running(context: Arc<Context>, exported: Arc<Registry>) -> Self {
+        Self { context: Ok(context), exported_metrics: exported, trust: Default::default() }
     }
 
     /// What `GET /metrics` serves.
@@ -69,15 +68,6 @@ impl LifecycleService {
         self.context
             .as_ref()
             .map_err(|why| Status::failed_precondition(format!("lifecycle is disabled: {why}")))
-    }
-
-    fn count<T>(&self, rpc: &str, result: Result<T, Status>) -> Result<Response<T>, Status> {
-        let code = match &result {
-            Ok(_) => "ok".to_string(),
-            Err(status) => format!("{:?}", status.code()).to_ascii_lowercase(),
-        };
-        self.metrics.requests.get_or_create(&metrics::Rpc { rpc: rpc.into(), code }).inc();
-        result.map(Response::new)
     }
 }
 
@@ -220,7 +210,7 @@ impl Lifecycle for LifecycleService {
                 .sort_by_key(|s| s.r#ref.as_ref().map(|r| (r.kind, r.namespace.clone(), r.name.clone())));
             Ok(ListInstancesResponse { instances })
         })();
-        self.count("ListInstances", result)
+        result.map(Response::new)
     }
 
     async fn explain(&self, request: Request<ExplainRequest>) -> Result<Response<ExplainResponse>, Status> {
@@ -232,7 +222,7 @@ impl Lifecycle for LifecycleService {
             explain(context, &wanted).await.map_err(|e| e.to_status())
         }
         .await;
-        self.count("Explain", result)
+        result.map(Response::new)
     }
 
     async fn list_installed_revisions(
@@ -246,7 +236,7 @@ impl Lifecycle for LifecycleService {
             installed_revisions(context, &request).await.map_err(|e| e.to_status())
         }
         .await;
-        self.count("ListInstalledRevisions", result)
+        result.map(Response::new)
     }
 
     async fn allow_delete_without_package(
@@ -263,7 +253,7 @@ impl Lifecycle for LifecycleService {
                 .map_err(|e| e.to_status())
         }
         .await;
-        self.count("AllowDeleteWithoutPackage", result)
+        result.map(Response::new)
     }
 }
 

@@ -280,7 +280,7 @@ pub async fn run_with_client(
     };
     let (metrics, exported) = metrics::LifecycleMetrics::register();
     let context = Arc::new(controller::Context::new(client, stores.clone(), metrics.clone(), settings));
-    let service = LifecycleService::running(context.clone(), metrics, exported);
+    let service = LifecycleService::running(context.clone(), exported);
     let mut tasks = tokio::task::JoinSet::new();
     for (kind, controller) in controllers {
         tasks.spawn(controller::run(controller, kind, context.clone(), stop.signaled()));

@@ -6,7 +6,7 @@
 //! `tenant_instance_reconcile`, `service_instance_reconcile` and
 //! `system_instance_reconcile`, each with `runs`, `failures` (labels of the
 //! instance and the `error`) and `duration` (seconds, upstream's buckets).
-//! The service's own RPCs are counted under `vynil_lifecycle_requests`.
+//! The service's own RPCs are counted by the gRPC server (`grpc_server_*`).
 
 use std::sync::Arc;
 
@@ -57,18 +57,11 @@ impl ReconcileMetrics {
     }
 }
 
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct Rpc {
-    pub rpc: String,
-    pub code: String,
-}
-
 #[derive(Debug, Clone)]
 pub struct LifecycleMetrics {
     pub tenant: ReconcileMetrics,
     pub service: ReconcileMetrics,
     pub system: ReconcileMetrics,
-    pub requests: Family<Rpc, Counter>,
 }
 
 impl LifecycleMetrics {
@@ -89,12 +82,6 @@ impl LifecycleMetrics {
             ReconcileMetrics::register(exported.sub_registry_with_prefix("service_instance_reconcile"));
         let system =
             ReconcileMetrics::register(exported.sub_registry_with_prefix("system_instance_reconcile"));
-        let requests = Family::default();
-        exported.sub_registry_with_prefix("vynil_lifecycle").register(
-            "requests",
-            "Lifecycle RPCs by name and answer code",
-            requests.clone(),
-        );
-        (Self { tenant, service, system, requests }, Arc::new(exported))
+        (Self { tenant, service, system }, Arc::new(exported))
     }
 }

@@ -35,9 +35,10 @@ async fn metrics_are_served_with_upstreams_reconcile_names_and_rpcs_are_counted(
         assert!(text.contains(&format!("# TYPE {kind}_instance_reconcile_duration histogram")), "{text}");
     }
     assert!(
-        text.lines().any(|l| l.starts_with("vynil_lifecycle_requests_total{")
-            && l.contains("rpc=\"ListInstances\"")
-            && l.contains("code=\"failedprecondition\"")
+        text.lines().any(|l| l.starts_with("grpc_server_handled_total{")
+            && l.contains("grpc_service=\"vynil.lifecycle.v1.Lifecycle\"")
+            && l.contains("grpc_method=\"ListInstances\"")
+            && l.contains("grpc_code=\"FailedPrecondition\"")
             && l.ends_with(" 1")),
         "{text}"
     );

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use vynil_runtime::metrics::{Counter, EncodeLabelSet, Family, Registry};
+use vynil_runtime::metrics::{Counter, EncodeLabelSet, Family, Registry, preset};
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct State {
@@ -40,6 +40,7 @@ impl PurgerMetrics {
             "Executions refused (confirmation, stale plan, busy)",
             metrics.refusals.clone(),
         );
+        preset(&metrics.deletions, ["deleted", "already_gone", "failed"].map(|s| State { state: s.into() }));
         exported.register("deletions", "Verified deletion outcomes by state", metrics.deletions.clone());
         exported.register("registry_requests", "Registry requests by kind and outcome", requests.family());
         (metrics, Arc::new(exported))

@@ -4,7 +4,8 @@
 use std::sync::Arc;
 
 use vynil_runtime::metrics::{
-    Counter, EncodeLabelSet, Family, Gauge, Registry, TracedHistogram, duration_buckets, trace_exemplar,
+    Counter, EncodeLabelSet, Family, Gauge, Registry, TracedHistogram, duration_buckets, preset,
+    trace_exemplar,
 };
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -70,6 +71,10 @@ impl ScannerMetrics {
                 duration: TracedHistogram::new(duration_buckets()),
             },
         };
+        let outcomes = ["succeeded", "partially_failed", "failed", "abandoned"];
+        preset(&metrics.scans, outcomes.map(|o| Outcome { outcome: o.into() }));
+        let causes = CAUSES.iter().map(|(_, cause)| *cause).chain(["other"]);
+        preset(&metrics.repository_failures, causes.map(|c| Cause { cause: c.into() }));
         exported.register("scans", "Scans by outcome", metrics.scans.clone());
         exported.register(
             "last_scan_timestamp_seconds",
@@ -119,21 +124,21 @@ impl ScannerMetrics {
     }
 }
 
+/// What a repository failure message says, as a bounded label.
+const CAUSES: [(&str, &str); 9] = [
+    ("over the cap", "tag_cap"),
+    ("unauthorized", "unauthorized"),
+    ("rate limited", "rate_limited"),
+    ("no answer within", "timeout"),
+    ("cannot reach", "unreachable"),
+    ("not found", "not_found"),
+    ("malformed", "malformed_annotations"),
+    ("larger than", "too_large"),
+    ("answered 5", "registry_error"),
+];
+
 /// A short cause for a repository failure message.
 pub fn cause(message: &str) -> &'static str {
     let lower = message.to_ascii_lowercase();
-    [
-        ("over the cap", "tag_cap"),
-        ("unauthorized", "unauthorized"),
-        ("rate limited", "rate_limited"),
-        ("no answer within", "timeout"),
-        ("cannot reach", "unreachable"),
-        ("not found", "not_found"),
-        ("malformed", "malformed_annotations"),
-        ("larger than", "too_large"),
-        ("answered 5", "registry_error"),
-    ]
-    .into_iter()
-    .find(|(needle, _)| lower.contains(needle))
-    .map_or("other", |(_, cause)| cause)
+    CAUSES.into_iter().find(|(needle, _)| lower.contains(needle)).map_or("other", |(_, cause)| cause)
 }
