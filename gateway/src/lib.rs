@@ -18,6 +18,7 @@ pub mod auth;
 pub mod cli;
 pub mod downstream;
 pub mod error;
+pub mod hooks;
 pub mod kube_auth;
 pub mod metrics;
 pub mod openapi;
@@ -56,6 +57,11 @@ pub struct Config {
     /// it every API route but login answers 401.
     #[arg(long, env = "VYNIL_GATEWAY_TOKENS_FILE")]
     pub tokens_file: Option<PathBuf>,
+    /// Registry push hooks (`hooks: [{name, format, secret|secretFile}]`):
+    /// `POST /api/v1/hooks/<name>` turns a push into a scan of that
+    /// repository (`docs/push.md`).
+    #[arg(long, env = "VYNIL_GATEWAY_HOOKS_FILE")]
+    pub hooks_file: Option<PathBuf>,
     /// The service token the services expect from the gateway.
     #[arg(long, env = "VYNIL_SERVICE_TOKEN_FILE")]
     pub service_token_file: Option<PathBuf>,
@@ -112,6 +118,8 @@ pub enum GatewayError {
     Random(std::io::Error),
     #[error("--kubernetes-auth: {0}")]
     Kubernetes(String),
+    #[error("--hooks-file {0}")]
+    Hooks(String),
 }
 
 /// A bound gateway, ready to serve (binding apart so tests learn the port).
@@ -198,7 +206,8 @@ pub fn router(config: &Config, kube: Option<kube::Client>) -> Result<Router, Gat
         .map_err(|(service, problem)| GatewayError::Endpoint { service: service.name(), problem })?;
     let (metrics, registry) = metrics::GatewayMetrics::register();
     let kube = kube.map(kube_auth::KubeAuth::new);
-    let app = App::new(Authenticator { tokens, sessions, kube }, services, metrics);
+    let hooks = hooks::Hooks::load(config.hooks_file.as_deref()).map_err(GatewayError::Hooks)?;
+    let app = App::new(Authenticator { tokens, sessions, kube }, services, metrics, hooks);
     let scrape = get(move || {
         let registry = registry.clone();
         async move { vynil_runtime::metrics::render(&[&registry]) }

@@ -21,6 +21,7 @@ use crate::api::{catalog, instances, purge, scans, session};
         scans::start_scan, scans::latest_scan, scans::get_scan, scans::follow_scan,
         purge::create_plan, purge::get_plan, purge::execute, purge::get_report,
         instances::list_instances, instances::explain, instances::allow_delete_without_package,
+        crate::hooks::receive,
     ),
     modifiers(&Security),
     tags(
@@ -29,6 +30,7 @@ use crate::api::{catalog, instances, purge, scans, session};
         (name = "scans", description = "Full and partial scans, followed as server-sent events"),
         (name = "purge", description = "Retention plans with reasons, confirmed execution, reports"),
         (name = "instances", description = "Instance state, explanations, the delete-without-package escape hatch"),
+        (name = "hooks", description = "Registry push events (distribution, GitLab, Harbor, generic signed JSON): a push becomes a scan of that repository"),
     )
 )]
 pub struct ApiDoc;

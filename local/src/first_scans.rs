@@ -35,7 +35,7 @@ pub(crate) async fn run(
             }
         };
         for name in names {
-            let request = ScanRequest { jukebox: name.clone(), filter: String::new() };
+            let request = ScanRequest { jukebox: name.clone(), ..Default::default() };
             let Ok(started) = client.scan(request).await else { continue };
             let scan_id = started.into_inner().scan_id;
             let Ok(stream) = client.watch_scan(WatchScanRequest { scan_id }).await else { continue };

@@ -112,7 +112,7 @@ async fn one_process_serves_every_service_and_they_work_together() {
     // A file that is not a JukeBox is named, with its error, where users look.
     let mut scans = ScannerClient::new(channel(scanner).await.unwrap());
     let missing =
-        scans.scan(ScanRequest { jukebox: "broken".into(), filter: String::new() }).await.unwrap_err();
+        scans.scan(ScanRequest { jukebox: "broken".into(), ..Default::default() }).await.unwrap_err();
     assert_eq!(missing.code(), tonic::Code::NotFound);
     assert!(
         missing.message().contains("broken.yaml") && missing.message().contains("missing field"),
@@ -128,7 +128,7 @@ async fn one_process_serves_every_service_and_they_work_together() {
 
     // A scan through the scanner's API…
     let id = scans
-        .scan(ScanRequest { jukebox: "box".into(), filter: String::new() })
+        .scan(ScanRequest { jukebox: "box".into(), ..Default::default() })
         .await
         .unwrap()
         .into_inner()

@@ -54,10 +54,12 @@ async fn tokens_registry_credentials_and_sessions_never_appear_in_logs_even_at_t
     let _guard = tracing::subscriber::set_default(subscriber);
 
     let (user, password) = ("robot", "pull-only-Secret-42");
-    let registry =
-        RegistryServer::start_with(RegistryOptions { basic_auth: Some((user.into(), password.into())) })
-            .await
-            .unwrap();
+    let registry = RegistryServer::start_with(RegistryOptions {
+        basic_auth: Some((user.into(), password.into())),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
     registry
         .publisher()
         .publish("db/pg", &PackageSpec::new("db", "pg", PackageType::System, "1.0.0"))

@@ -138,7 +138,7 @@ async fn a_registry_and_a_layout_of_the_same_packages_give_the_same_catalogs_and
         for maturity in MATURITIES {
             let jukebox = format!("{source}-{maturity}");
             let id =
-                scanner.scan(ScanRequest { jukebox: jukebox.clone(), filter: String::new() }).await.unwrap();
+                scanner.scan(ScanRequest { jukebox: jukebox.clone(), ..Default::default() }).await.unwrap();
             let mut stream = scanner
                 .watch_scan(WatchScanRequest { scan_id: id.into_inner().scan_id })
                 .await

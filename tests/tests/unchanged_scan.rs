@@ -21,7 +21,7 @@ use vynil_proto::{
 use vynil_testkit::RedisServer;
 
 async fn scan_to_the_end(scanner: &mut ScannerClient<tonic::transport::Channel>) -> String {
-    let request = ScanRequest { jukebox: "box".into(), filter: String::new() };
+    let request = ScanRequest { jukebox: "box".into(), ..Default::default() };
     let id = scanner.scan(request).await.unwrap().into_inner().scan_id;
     for _ in 0..400 {
         let status =

@@ -36,6 +36,28 @@ pub enum Source {
     },
 }
 
+impl Source {
+    /// Whether `repository` is one this source can name: in its list, under
+    /// its Harbor or GitLab project, in its layout. What a push event for a
+    /// repository decides (which JukeBoxes scan it); read without a request.
+    pub fn contains(&self, repository: &RepositoryRef) -> bool {
+        let under = |project: &str| {
+            let project = project.trim_matches('/');
+            repository.repository == project || repository.repository.starts_with(&format!("{project}/"))
+        };
+        match self {
+            Source::List(images) => images
+                .iter()
+                .any(|image| RepositoryRef::parse(image).is_ok_and(|listed| &listed == repository)),
+            Source::Harbor { registry, project } => registry == &repository.registry && under(project),
+            Source::Gitlab { registry, project, .. } => registry == &repository.registry && under(project),
+            Source::Layout { path } => {
+                repository.registry == format!("{}{path}", crate::layout::LAYOUT_SCHEME)
+            }
+        }
+    }
+}
+
 impl RegistryClient {
     /// The repositories `source` names, in the order the source gives them.
     pub async fn enumerate(&self, source: &Source) -> Result<Vec<RepositoryRef>> {
@@ -232,4 +254,33 @@ fn json<T: serde::de::DeserializeOwned>(response: &Response, what: &str) -> Resu
         what: what.to_string(),
         problem: format!("unexpected JSON: {e}"),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn repo(image: &str) -> RepositoryRef {
+        RepositoryRef::parse(image).unwrap()
+    }
+
+    #[test]
+    fn a_source_contains_its_listed_repositories_and_those_under_its_project() {
+        let list = Source::List(vec!["r.example:5000/apps/web".into()]);
+        assert!(list.contains(&repo("r.example:5000/apps/web")));
+        assert!(!list.contains(&repo("r.example:5000/apps/webby")));
+        assert!(!list.contains(&repo("other.example/apps/web")), "same path, another registry");
+        let harbor = Source::Harbor { registry: "h.example".into(), project: "team".into() };
+        assert!(harbor.contains(&repo("h.example/team/app")));
+        assert!(!harbor.contains(&repo("h.example/teammate/app")), "a prefix is not a project");
+        assert!(!harbor.contains(&repo("x.example/team/app")));
+        let gitlab = Source::Gitlab {
+            url: "https://g".into(),
+            registry: "g.example".into(),
+            project: "grp/proj".into(),
+        };
+        assert!(gitlab.contains(&repo("g.example/grp/proj")));
+        assert!(gitlab.contains(&repo("g.example/grp/proj/image")));
+        assert!(!gitlab.contains(&repo("g.example/grp/project")));
+    }
 }

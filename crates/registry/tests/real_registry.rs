@@ -105,6 +105,7 @@ async fn artifacts_fall_back_to_the_cosign_tag_convention_when_referrers_are_not
 async fn basic_auth_works_with_the_right_credentials_and_fails_clearly_without_leaking_them() {
     let registry = RegistryServer::start_with(RegistryOptions {
         basic_auth: Some(("robot".into(), "correct-horse".into())),
+        ..Default::default()
     })
     .await
     .unwrap();

@@ -55,7 +55,7 @@ pub use annotations::{ManifestMetadata, parse_annotations};
 pub use channel::{Channel, runs_on};
 pub use package::{Package, PackageContent, PackageMeta, PackageType, Requirement};
 pub use retention::{RetentionConfig, RetentionPlan, plan_retention};
-pub use scan::{ScanFilter, merge_packages, repositories_for};
+pub use scan::{ScanFilter, ScanScope, merge_packages, merge_scoped, repositories_for};
 pub use selection::{CleanupDecision, InstallQuery, NoMatch, select_cleanup, select_install};
 pub use tag::{ArtifactTag, Tag};
 pub use view::{Versions, View, ViewBuilder, Viewer, catalog_view, compute_view, view_of_versions};

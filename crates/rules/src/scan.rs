@@ -64,6 +64,45 @@ impl fmt::Display for ScanFilter {
 /// A repository to scan: `(registry, image)`.
 pub type Repository = (String, String);
 
+/// What one scan reads, and so what its merge replaces.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum ScanScope {
+    /// Every repository of the JukeBox's source.
+    Full,
+    /// The repositories of known entries the filter matches (upstream #9).
+    Partial(ScanFilter),
+    /// Exactly one repository (a registry push event), read only if it
+    /// belongs to the JukeBox's source: a repository that is not yet a known
+    /// package is discovered, without a full scan.
+    Repository(Repository),
+}
+
+impl ScanScope {
+    /// A full scan, or a partial one.
+    pub fn from_filter(filter: Option<ScanFilter>) -> Self {
+        filter.map_or(ScanScope::Full, ScanScope::Partial)
+    }
+
+    pub fn filter(&self) -> Option<&ScanFilter> {
+        match self {
+            ScanScope::Partial(filter) => Some(filter),
+            _ => None,
+        }
+    }
+}
+
+/// As a scan record shows it: empty for a full scan, the filter, or
+/// `registry/repository`.
+impl fmt::Display for ScanScope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ScanScope::Full => Ok(()),
+            ScanScope::Partial(filter) => filter.fmt(f),
+            ScanScope::Repository((registry, image)) => write!(f, "{registry}/{image}"),
+        }
+    }
+}
+
 /// The repositories a partial scan reads: those of known entries matching the
 /// filter, deduplicated, in list order. Empty when nothing matches (never a
 /// fallback to a full scan).
@@ -85,6 +124,41 @@ pub enum RepositoryOutcome {
     Scanned(Vec<Package>),
     /// The scan failed: previous entries are kept.
     Failed,
+}
+
+/// The new `status.packages` after a scan of `scope`: [`merge_packages`]
+/// for full and partial scans; for a repository-scoped one, that
+/// repository's entries replaced in place by its new view (appended when it
+/// had none), everything else untouched, and nothing changed when its scan
+/// failed or it was not read.
+pub fn merge_scoped(
+    previous: &[Package],
+    scope: &ScanScope,
+    outcomes: &[(Repository, RepositoryOutcome)],
+) -> Vec<Package> {
+    let ScanScope::Repository(repository) = scope else {
+        return merge_packages(previous, scope.filter(), outcomes);
+    };
+    let found = outcomes.iter().find_map(|(r, outcome)| match outcome {
+        RepositoryOutcome::Scanned(found) if r == repository => Some(found),
+        _ => None,
+    });
+    let Some(found) = found else { return previous.to_vec() };
+    let ours = |p: &Package| p.registry == repository.0 && p.image == repository.1;
+    let mut merged = Vec::with_capacity(previous.len() + found.len());
+    let mut placed = false;
+    for package in previous {
+        if !ours(package) {
+            merged.push(package.clone());
+        } else if !placed {
+            merged.extend(found.iter().cloned());
+            placed = true;
+        }
+    }
+    if !placed {
+        merged.extend(found.iter().cloned());
+    }
+    merged
 }
 
 /// The new `status.packages`.

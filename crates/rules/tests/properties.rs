@@ -440,6 +440,38 @@ proptest! {
         }
     }
 
+    /// (e') A repository-scoped merge replaces exactly that repository's
+    /// entries by its new view (none of them when its scan failed) and
+    /// leaves every other entry, in order.
+    #[test]
+    fn a_repository_scoped_merge_touches_only_its_repository(
+        previous in prop::collection::vec((0usize..3, 0usize..3, 0u64..3), 0..12),
+        found in prop::collection::vec(0u64..4, 0..5),
+        scanned in (0usize..3, 0usize..3),
+        failed in prop::bool::ANY,
+    ) {
+        let categories = ["db", "apps", "mon"];
+        let names = ["a", "b", "c"];
+        let make = |(c, n, v): (usize, usize, u64)| {
+            Package::new("reg", &format!("{}/{}", categories[c], names[n]), &format!("{v}.0.0"), content_of(categories[c], names[n], "tenant", None, None))
+        };
+        let previous: Vec<Package> = previous.into_iter().map(make).collect();
+        let repository = ("reg".to_string(), format!("{}/{}", categories[scanned.0], names[scanned.1]));
+        let view: Vec<Package> = found.iter().map(|v| make((scanned.0, scanned.1, *v))).collect();
+        let outcome = if failed { RepositoryOutcome::Failed } else { RepositoryOutcome::Scanned(view.clone()) };
+        let scope = vynil_rules::ScanScope::Repository(repository.clone());
+        let merged = vynil_rules::merge_scoped(&previous, &scope, &[(repository.clone(), outcome)]);
+        let ours = |p: &Package| p.registry == repository.0 && p.image == repository.1;
+        let others = |list: &[Package]| list.iter().filter(|p| !ours(p)).cloned().collect::<Vec<_>>();
+        prop_assert_eq!(others(&merged), others(&previous));
+        let mine: Vec<Package> = merged.iter().filter(|p| ours(p)).cloned().collect();
+        if failed {
+            prop_assert_eq!(mine, previous.iter().filter(|p| ours(p)).cloned().collect::<Vec<_>>());
+        } else {
+            prop_assert_eq!(mine, view);
+        }
+    }
+
     /// (f) No parser panics, whatever the input.
     #[test]
     fn no_parser_panics_on_arbitrary_strings(raw in any::<String>(), json in "[\\[\\]{}\":,a-z0-9. ]{0,40}") {

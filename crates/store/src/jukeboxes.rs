@@ -271,33 +271,16 @@ impl LocalStore {
         let connection = redis::aio::ConnectionManager::new(client.clone()).await.map_err(redis_error)?;
         let (changes, _) = broadcast::channel(1024);
         let relay = changes.clone();
-        let mut pubsub = client.get_async_pubsub().await.map_err(redis_error)?;
-        pubsub.subscribe(CHANGES_CHANNEL).await.map_err(redis_error)?;
+        let mut messages = crate::pubsub::follow(client, CHANGES_CHANNEL).await.map_err(redis_error)?;
         tokio::spawn(async move {
-            use futures::StreamExt;
-            let mut pubsub = Some(pubsub);
-            loop {
-                if let Some(subscribed) = pubsub.take() {
-                    let mut messages = subscribed.into_on_message();
-                    while let Some(message) = messages.next().await {
-                        if let Ok(name) = message.get_payload::<String>() {
-                            let _ = relay.send(name);
-                        }
-                    }
-                }
-                if relay.receiver_count() == 0 {
-                    return;
-                }
-                // Redis went away: subscribe again once it is back. Changes
-                // made meanwhile are repaired by the subscribers' resyncs.
-                tokio::time::sleep(std::time::Duration::from_millis(250)).await;
-                if let Ok(mut again) = client.get_async_pubsub().await
-                    && again.subscribe(CHANGES_CHANNEL).await.is_ok()
-                {
-                    tracing::info!("JukeBox status notifications resumed");
-                    pubsub = Some(again);
-                    let _ = relay.send(String::new());
-                }
+            while let Some(message) = messages.recv().await {
+                // An empty name after an outage: changes made meanwhile are
+                // repaired by the subscribers' resyncs.
+                let name = match message {
+                    crate::pubsub::Message::Payload(name) => name,
+                    crate::pubsub::Message::Resumed => String::new(),
+                };
+                let _ = relay.send(name);
             }
         });
         Ok(Self {

@@ -15,6 +15,7 @@
 //!   scanner replicas (the registry client's `MetadataCache`).
 //! - [`lease`]: fenced leases (one worker per JukeBox or repository across
 //!   replicas), shared by the scanner and the purger.
+//! - [`pubsub`]: following a Redis channel across outages.
 //! - [`open`]: the store the flags ask for, so every service opens it alike.
 //! - [`source_of`]: the repositories a JukeBox's source names, `source.script`
 //!   included (a bounded Rhai engine).
@@ -24,6 +25,7 @@ mod kube;
 pub mod lease;
 pub mod metadata_cache;
 pub mod package_cache;
+pub mod pubsub;
 pub mod script;
 pub mod takeover;
 

@@ -221,14 +221,10 @@ impl PackageCache for RedisCache {
         let (sender, receiver) = mpsc::channel(1024);
         let client = self.client.clone();
         tokio::spawn(async move {
-            use futures::StreamExt;
             loop {
-                if let Ok(mut pubsub) = client.get_async_pubsub().await
-                    && pubsub.subscribe(CHANGES).await.is_ok()
-                {
-                    let mut messages = pubsub.into_on_message();
-                    while let Some(message) = messages.next().await {
-                        let payload: String = message.get_payload().unwrap_or_default();
+                if let Ok(mut messages) = crate::pubsub::follow(client.clone(), CHANGES).await {
+                    while let Some(message) = messages.recv().await {
+                        let crate::pubsub::Message::Payload(payload) = message else { continue };
                         let name = payload.split(' ').next().unwrap_or_default().to_string();
                         if sender.send(name).await.is_err() {
                             return;

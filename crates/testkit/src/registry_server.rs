@@ -19,6 +19,9 @@ use crate::{
 pub struct RegistryOptions {
     /// Require HTTP basic auth with this user and password (htpasswd, bcrypt).
     pub basic_auth: Option<(String, String)>,
+    /// Send push and delete notifications (distribution's
+    /// `notifications.endpoints`) to this URL, with this `Authorization`.
+    pub notify: Option<(String, String)>,
 }
 
 /// A running registry, killed on drop.
@@ -54,7 +57,7 @@ impl RegistryServer {
         for _ in 0..3 {
             let port = free_port()?;
             let config = dir.path().join("config.yml");
-            std::fs::write(&config, config_yaml(dir.path(), port, options.basic_auth.is_some()))
+            std::fs::write(&config, config_yaml(dir.path(), port, &options))
                 .map_err(io("writing the registry config"))?;
             let mut command = Command::new(&binary);
             command.arg("serve").arg(&config);
@@ -116,7 +119,7 @@ impl RegistryServer {
     }
 }
 
-fn config_yaml(dir: &Path, port: u16, basic_auth: bool) -> String {
+fn config_yaml(dir: &Path, port: u16, options: &RegistryOptions) -> String {
     let root = dir.join("data");
     let mut yaml = format!(
         "version: 0.1\n\
@@ -125,7 +128,16 @@ fn config_yaml(dir: &Path, port: u16, basic_auth: bool) -> String {
          http:\n  addr: 127.0.0.1:{port}\n  secret: vynil-testkit\n",
         root = root.display()
     );
-    if basic_auth {
+    if let Some((url, authorization)) = &options.notify {
+        // Sent as fast as the registry can: each event at once, retried
+        // every 100 ms while the endpoint refuses.
+        yaml.push_str(&format!(
+            "notifications:\n  endpoints:\n    - name: vynil\n      url: {url}\n      \
+             headers:\n        Authorization: [{authorization:?}]\n      timeout: 2s\n      \
+             threshold: 1\n      backoff: 100ms\n"
+        ));
+    }
+    if options.basic_auth.is_some() {
         yaml.push_str(&format!(
             "auth:\n  htpasswd:\n    realm: vynil-testkit\n    path: {}\n",
             dir.join("htpasswd").display()

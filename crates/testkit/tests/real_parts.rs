@@ -123,6 +123,7 @@ async fn artifacts_are_tagged_after_their_subject_digest() {
 async fn basic_auth_is_refused_without_credentials_and_accepted_with_them() {
     let registry = RegistryServer::start_with(RegistryOptions {
         basic_auth: Some(("vynil".into(), "s3cret-pass".into())),
+        ..Default::default()
     })
     .await
     .unwrap();

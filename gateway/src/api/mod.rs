@@ -34,11 +34,17 @@ pub struct AppInner {
     pub auth: Authenticator,
     pub services: Downstreams,
     pub metrics: GatewayMetrics,
+    pub hooks: crate::hooks::Hooks,
 }
 
 impl App {
-    pub fn new(auth: Authenticator, services: Downstreams, metrics: GatewayMetrics) -> Self {
-        Self(Arc::new(AppInner { auth, services, metrics }))
+    pub fn new(
+        auth: Authenticator,
+        services: Downstreams,
+        metrics: GatewayMetrics,
+        hooks: crate::hooks::Hooks,
+    ) -> Self {
+        Self(Arc::new(AppInner { auth, services, metrics, hooks }))
     }
 }
 

@@ -20,6 +20,9 @@ use crate::{downstream::Service, error::ApiError};
 pub struct ScanRequest {
     /// `<category>` or `<category>/<name>`: a partial scan; absent: a full scan.
     pub filter: Option<String>,
+    /// Exactly this repository (read only if it belongs to the JukeBox's
+    /// source): only its entries are replaced. Not with `filter`.
+    pub repository: Option<super::purge::RepositoryTarget>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
@@ -116,7 +119,15 @@ pub async fn start_scan(
     let filter = request.filter.unwrap_or_default();
     // The rules crate's own parser, so a bad filter never reaches the scanner.
     vynil_rules::ScanFilter::from_request(&filter).map_err(|e| ApiError::bad_request("filter", e))?;
-    let request = app.services.request(&ctx, pb::ScanRequest { jukebox, filter });
+    if request.repository.is_some() && !filter.is_empty() {
+        return Err(ApiError::bad_request(
+            "repository",
+            "a scan is partial (filter) or of one repository, not both",
+        ));
+    }
+    let repository =
+        request.repository.map(|r| pb::Repository { registry: r.registry, repository: r.repository });
+    let request = app.services.request(&ctx, pb::ScanRequest { jukebox, filter, repository });
     let answer = app.services.scanner()?.scan(request).await.map_err(failed(Service::Scanner))?;
     let answer = answer.into_inner();
     Ok((

@@ -9,9 +9,9 @@ use futures::StreamExt;
 use vynil_crds::{Condition, JukeBoxConditionType, JukeBoxStatus, set_condition};
 use vynil_registry::{ManifestMetadata, RegistryClient, RepositoryRef};
 use vynil_rules::{
-    Package, ScanFilter, Versions, ViewBuilder, Viewer,
+    Package, ScanScope, Versions, ViewBuilder, Viewer,
     jukebox::{self, ConditionChange, ConditionTransition, JukeboxCondition, ScanVerdict},
-    merge_packages, repositories_for,
+    merge_scoped, repositories_for,
     scan::{Repository, RepositoryOutcome},
 };
 
@@ -60,25 +60,38 @@ impl ScanOutput {
     }
 }
 
-/// Scans `record` (all of it, or what `filter` names); `on_progress` is
-/// called after each repository.
+/// Scans what `scope` names of `record`; `on_progress` is called after
+/// each repository.
 pub async fn scan(
     client: &RegistryClient,
     settings: &EngineSettings,
     record: &JukeboxRecord,
-    filter: Option<&ScanFilter>,
+    scope: &ScanScope,
     on_progress: &(dyn Fn(&Progress) + Send + Sync),
 ) -> ScanOutput {
     let known = record.status.as_ref().map(|s| s.packages.clone()).unwrap_or_default();
-    let repositories: Result<Vec<RepositoryRef>, String> = match filter {
-        Some(filter) => {
+    let repositories: Result<Vec<RepositoryRef>, String> = match scope {
+        ScanScope::Partial(filter) => {
             let selected = repositories_for(&known, filter);
             if selected.is_empty() {
                 return ScanOutput::NothingToScan;
             }
             selected.iter().map(|(r, i)| RepositoryRef::new(r, i).map_err(|e| e.to_string())).collect()
         }
-        None => match source_of(&record.spec) {
+        ScanScope::Repository((registry, image)) => {
+            let repository = match RepositoryRef::new(registry, image) {
+                Ok(repository) => repository,
+                Err(why) => return ScanOutput::SourceFailed(why.to_string()),
+            };
+            // Only a repository of this JukeBox's source: anything else
+            // reads nothing (a push event for another JukeBox's package).
+            match source_of(&record.spec) {
+                Ok(source) if source.contains(&repository) => Ok(vec![repository]),
+                Ok(_) => return ScanOutput::NothingToScan,
+                Err(why) => Err(why),
+            }
+        }
+        ScanScope::Full => match source_of(&record.spec) {
             Ok(source) => client.enumerate(&source).await.map_err(|e| e.to_string()),
             Err(why) => Err(why),
         },
@@ -128,7 +141,7 @@ pub async fn scan(
 pub fn new_status(
     previous: Option<&JukeBoxStatus>,
     output: &ScanOutput,
-    filter: Option<&ScanFilter>,
+    scope: &ScanScope,
     schedule_problem: Option<&str>,
     generation: i64,
     now: jiff::Timestamp,
@@ -138,7 +151,7 @@ pub fn new_status(
         ScanOutput::NothingToScan => return None,
         ScanOutput::SourceFailed(why) => (previous.packages.clone(), ScanVerdict::Failed(why.clone())),
         ScanOutput::Scanned { outcomes, errors } => {
-            let packages = merge_packages(&previous.packages, filter, outcomes);
+            let packages = merge_scoped(&previous.packages, scope, outcomes);
             let verdict = if errors.is_empty() {
                 ScanVerdict::Succeeded
             } else {

@@ -5,9 +5,10 @@ use std::{pin::Pin, sync::Arc, time::Duration};
 use futures::Stream;
 use tonic::{Request, Response, Status};
 use vynil_proto::scanner::v1::{
-    GetScanRequest, RepositoryError, ScanRequest, ScanResponse, ScanState, ScanStatus, WatchScanRequest,
-    scanner_server::Scanner as ScannerApi,
+    GetScanRequest, NotifiedScan, NotifyPushRequest, NotifyPushResponse, RepositoryError, ScanRequest,
+    ScanResponse, ScanState, ScanStatus, WatchScanRequest, scanner_server::Scanner as ScannerApi,
 };
+use vynil_rules::ScanScope;
 
 use vynil_runtime::{Classify, Failure};
 
@@ -84,13 +85,55 @@ impl ScannerService {
     }
 }
 
+/// A repository named in a request, validated as the registry client reads it.
+fn repository_of(repository: &vynil_proto::scanner::v1::Repository) -> Result<(String, String), Status> {
+    let parsed = vynil_registry::RepositoryRef::new(&repository.registry, &repository.repository)
+        .map_err(|e| Status::invalid_argument(e.to_string()))?;
+    Ok((parsed.registry, parsed.repository))
+}
+
 #[tonic::async_trait]
 impl ScannerApi for ScannerService {
     async fn scan(&self, request: Request<ScanRequest>) -> Result<Response<ScanResponse>, Status> {
         let request = request.into_inner();
         let filter = vynil_rules::ScanFilter::from_request(&request.filter).map_err(ScannerError::from)?;
-        let (scan_id, joined_existing) = self.scanner.request(&request.jukebox, filter).await?;
+        let scope = match (request.repository, filter) {
+            (None, filter) => ScanScope::from_filter(filter),
+            (Some(repository), None) => ScanScope::Repository(repository_of(&repository)?),
+            (Some(_), Some(_)) => {
+                return Err(Status::invalid_argument(
+                    "a scan is partial (filter) or of one repository (repository), not both",
+                ));
+            }
+        };
+        let (scan_id, joined_existing) = self.scanner.request(&request.jukebox, scope).await?;
         Ok(Response::new(ScanResponse { scan_id, joined_existing }))
+    }
+
+    async fn notify_push(
+        &self,
+        request: Request<NotifyPushRequest>,
+    ) -> Result<Response<NotifyPushResponse>, Status> {
+        let request = request.into_inner();
+        let repository = request
+            .repository
+            .as_ref()
+            .ok_or_else(|| Status::invalid_argument("name the repository pushed to"))?;
+        let repository = repository_of(repository)?;
+        let scans = self.scanner.notify(&repository).await?;
+        tracing::info!(
+            registry = %repository.0,
+            repository = %repository.1,
+            tag = %request.tag,
+            deleted = request.deleted,
+            jukeboxes = scans.len(),
+            "registry event"
+        );
+        let scans = scans
+            .into_iter()
+            .map(|(jukebox, scan_id, joined_existing)| NotifiedScan { jukebox, scan_id, joined_existing })
+            .collect();
+        Ok(Response::new(NotifyPushResponse { scans }))
     }
 
     async fn get_scan(&self, request: Request<GetScanRequest>) -> Result<Response<ScanStatus>, Status> {

@@ -52,9 +52,19 @@ pub struct Config {
     /// A scan holds its JukeBox for this long, renewed while alive.
     #[arg(long, env = "VYNIL_SCAN_LEASE_SECONDS", default_value_t = 30)]
     pub scan_lease_seconds: u64,
-    /// How often pending requests are looked for.
+    /// How often pending requests are looked for (requests made on another
+    /// replica wake this one at once through Redis; the poll repairs a
+    /// missed announcement).
     #[arg(long, env = "VYNIL_SCAN_POLL_MILLISECONDS", default_value_t = 1000)]
     pub poll_milliseconds: u64,
+    /// A scan caused by a registry push waits until no push came for this
+    /// long, so the other pushes of a burst join it (one scan, not one per
+    /// tag)...
+    #[arg(long, env = "VYNIL_PUSH_SETTLE_MILLISECONDS", default_value_t = 200)]
+    pub push_settle_milliseconds: u64,
+    /// ...and no longer than this after the burst's first push.
+    #[arg(long, env = "VYNIL_PUSH_SETTLE_LIMIT_MILLISECONDS", default_value_t = 2000)]
+    pub push_settle_limit_milliseconds: u64,
     /// At most this long after a schedule's tick, chosen at random per tick,
     /// so JukeBoxes sharing a schedule do not hit registries at once.
     #[arg(long, env = "VYNIL_SCHEDULE_JITTER_MILLISECONDS", default_value_t = 0)]
@@ -149,6 +159,8 @@ pub async fn build_with_store(
         holder: format!("scanner-{:016x}", fastrand::u64(..)),
         lease: Duration::from_secs(config.scan_lease_seconds.max(1)),
         poll: Duration::from_millis(config.poll_milliseconds.max(10)),
+        settle: Duration::from_millis(config.push_settle_milliseconds),
+        settle_limit: Duration::from_millis(config.push_settle_limit_milliseconds),
         wake: tokio::sync::Notify::new(),
     }))
 }

@@ -19,7 +19,7 @@ use std::{
 };
 
 use serde::{Deserialize, Serialize};
-use vynil_rules::ScanFilter;
+use vynil_rules::{ScanFilter, ScanScope};
 use vynil_store::lease::{Fence, LeaseStore, MemoryLeases, RedisLeases, run_fenced};
 
 use vynil_store::redis_error;
@@ -30,33 +30,49 @@ const PREFIX: &str = "vynil:v1:scanner";
 const RECORD_TTL: Duration = Duration::from_secs(24 * 3600);
 const FULL: &str = "full";
 
-/// What one claimed item asks: a full scan, or a partial one.
+/// What one claimed item asks: a full, partial or repository-scoped scan.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ScanItem {
     pub id: String,
-    /// `None`: full scan.
-    pub filter: Option<ScanFilter>,
+    pub scope: ScanScope,
 }
 
-/// The queue's field for a request (its serialised form).
-fn field(filter: Option<&ScanFilter>) -> String {
-    filter.map_or_else(|| FULL.to_string(), |f| format!("partial:{f}"))
+/// The queue's field for a request (its serialised form): identical
+/// requests share a field, so a burst of them queues one scan.
+fn field(scope: &ScanScope) -> String {
+    match scope {
+        ScanScope::Full => FULL.to_string(),
+        ScanScope::Partial(filter) => format!("partial:{filter}"),
+        // `|` appears in neither a registry host nor a repository name.
+        ScanScope::Repository((registry, repository)) => format!("repository:{registry}|{repository}"),
+    }
 }
 
 /// An item read back from the queue; a field that no longer parses (written
 /// by another version) is dropped with a warning rather than run as full.
 fn item(field: &str, id: &str) -> Option<ScanItem> {
-    let filter = match field.strip_prefix("partial:") {
-        None => None,
-        Some(raw) => match ScanFilter::parse(raw) {
-            Ok(filter) => Some(filter),
+    let unreadable = |why: &dyn std::fmt::Display| {
+        tracing::warn!(%id, %field, %why, "a queued scan request is unreadable; dropped");
+    };
+    let scope = if field == FULL {
+        ScanScope::Full
+    } else if let Some(raw) = field.strip_prefix("partial:") {
+        match ScanFilter::parse(raw) {
+            Ok(filter) => ScanScope::Partial(filter),
             Err(error) => {
-                tracing::warn!(%id, %error, "a queued scan request is unreadable; dropped");
+                unreadable(&error);
                 return None;
             }
-        },
+        }
+    } else if let Some((registry, repository)) =
+        field.strip_prefix("repository:").and_then(|r| r.split_once('|'))
+    {
+        ScanScope::Repository((registry.to_string(), repository.to_string()))
+    } else {
+        unreadable(&"unknown kind (written by another version?)");
+        return None;
     };
-    Some(ScanItem { id: id.to_string(), filter })
+    Some(ScanItem { id: id.to_string(), scope })
 }
 
 /// Where a scan stands.
@@ -112,6 +128,9 @@ pub struct ScanRecord {
     /// span continues that trace whichever replica runs it.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub trace: String,
+    /// Unix milliseconds the request was queued (what a push burst settles on).
+    #[serde(default)]
+    pub requested_at_ms: i64,
 }
 
 impl ScanRecord {
@@ -123,11 +142,7 @@ impl ScanRecord {
 #[async_trait::async_trait]
 pub trait RequestQueue: Send + Sync + std::fmt::Debug {
     /// Records a request; returns its scan id and whether it joined an existing one.
-    async fn submit(
-        &self,
-        jukebox: &str,
-        filter: Option<&ScanFilter>,
-    ) -> Result<(String, bool), ScannerError>;
+    async fn submit(&self, jukebox: &str, scope: &ScanScope) -> Result<(String, bool), ScannerError>;
     /// Takes the JukeBox's lease for `token` and the items to run now, if any.
     async fn claim(
         &self,
@@ -137,10 +152,17 @@ pub trait RequestQueue: Send + Sync + std::fmt::Debug {
     ) -> Result<Option<Vec<ScanItem>>, ScannerError>;
     /// Where the JukeBox leases `claim` takes live (renewed and checked there).
     fn leases(&self) -> Arc<dyn LeaseStore>;
+    /// Announcements of requests made by any replica; `None` where there is
+    /// no other replica (memory) or the announcements cannot be followed.
+    async fn wakeups(&self) -> Option<tokio::sync::mpsc::Receiver<vynil_store::pubsub::Message>> {
+        None
+    }
     /// The claimed items are done: forget them and release the lease, if
     /// `token` still holds it.
     async fn complete(&self, jukebox: &str, token: &str) -> Result<(), ScannerError>;
     async fn with_work(&self) -> Result<Vec<String>, ScannerError>;
+    /// The items queued (not yet claimed) for `jukebox`.
+    async fn pending(&self, jukebox: &str) -> Result<Vec<ScanItem>, ScannerError>;
     /// Writes a scan record; under a `fence`, only while its lease holds
     /// (`false`: refused, the lease is lost).
     async fn put_record(&self, record: &ScanRecord, fence: Option<&Fence>) -> Result<bool, ScannerError>;
@@ -152,7 +174,15 @@ pub trait RequestQueue: Send + Sync + std::fmt::Debug {
     /// replica: `true` for exactly one caller per tick, whichever replica asks
     /// first; the claim is forgotten after `keep`.
     async fn claim_tick(&self, jukebox: &str, at: i64, keep: Duration) -> Result<bool, ScannerError>;
+    /// Records that a push asked for `jukebox` at `at_ms` (Unix ms): the
+    /// burst it belongs to is still going.
+    async fn touch(&self, jukebox: &str, at_ms: i64) -> Result<(), ScannerError>;
+    /// The last [`RequestQueue::touch`] of `jukebox`, if recent.
+    async fn touched(&self, jukebox: &str) -> Result<Option<i64>, ScannerError>;
 }
+
+/// How long a touch is remembered.
+const TOUCH_TTL: Duration = Duration::from_secs(60);
 
 /// The queue of a single process.
 #[derive(Debug, Default)]
@@ -168,17 +198,14 @@ struct Memory {
     records: HashMap<String, ScanRecord>,
     latest: HashMap<String, String>,
     ticks: HashMap<(String, i64), Instant>,
+    touched: HashMap<String, i64>,
 }
 
 #[async_trait::async_trait]
 impl RequestQueue for MemoryQueue {
-    async fn submit(
-        &self,
-        jukebox: &str,
-        filter: Option<&ScanFilter>,
-    ) -> Result<(String, bool), ScannerError> {
+    async fn submit(&self, jukebox: &str, scope: &ScanScope) -> Result<(String, bool), ScannerError> {
         let mut m = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        let wanted = field(filter);
+        let wanted = field(scope);
         if let Some(id) = m.pending.get(jukebox).and_then(|t| t.get(FULL)) {
             return Ok((id.clone(), true));
         }
@@ -231,6 +258,14 @@ impl RequestQueue for MemoryQueue {
         Ok(())
     }
 
+    async fn pending(&self, jukebox: &str) -> Result<Vec<ScanItem>, ScannerError> {
+        let m = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(m.pending
+            .get(jukebox)
+            .map(|t| t.iter().filter_map(|(f, id)| item(f, id)).collect())
+            .unwrap_or_default())
+    }
+
     async fn with_work(&self) -> Result<Vec<String>, ScannerError> {
         let m = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         let names: HashSet<&String> = m.pending.keys().chain(m.running.keys()).collect();
@@ -266,6 +301,16 @@ impl RequestQueue for MemoryQueue {
         m.ticks.retain(|_, until| *until > now);
         Ok(m.ticks.insert((jukebox.to_string(), at), now + keep).is_none())
     }
+
+    async fn touch(&self, jukebox: &str, at_ms: i64) -> Result<(), ScannerError> {
+        let mut m = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        m.touched.insert(jukebox.to_string(), at_ms);
+        Ok(())
+    }
+
+    async fn touched(&self, jukebox: &str) -> Result<Option<i64>, ScannerError> {
+        Ok(self.inner.lock().unwrap_or_else(|p| p.into_inner()).touched.get(jukebox).copied())
+    }
 }
 
 fn new_id() -> String {
@@ -275,6 +320,7 @@ fn new_id() -> String {
 /// The queue shared by replicas through Redis (atomic Lua scripts).
 #[derive(Clone)]
 pub struct RedisQueue {
+    client: redis::Client,
     connection: redis::aio::ConnectionManager,
     leases: Arc<RedisLeases>,
 }
@@ -297,7 +343,12 @@ local existing = redis.call('HGET', KEYS[1], field)
 if existing then return {existing, 1} end
 redis.call('HSET', KEYS[1], field, ARGV[2])
 redis.call('SADD', KEYS[2], ARGV[3])
+redis.call('PUBLISH', ARGV[4], ARGV[3])
 return {ARGV[2], 0}";
+
+/// Pub/sub channel announcing a new request (payload: the JukeBox): every
+/// replica's worker wakes at once instead of at its next poll.
+const WAKE_CHANNEL: &str = "vynil:v1:scanner:requests";
 
 const CLAIM: &str = r"
 local holder = redis.call('GET', KEYS[1])
@@ -335,26 +386,33 @@ return 1";
 impl RedisQueue {
     pub async fn connect(url: &str) -> Result<Self, ScannerError> {
         let client = redis::Client::open(url).map_err(redis_error)?;
-        let connection = redis::aio::ConnectionManager::new(client).await.map_err(redis_error)?;
+        let connection = redis::aio::ConnectionManager::new(client.clone()).await.map_err(redis_error)?;
         let leases = Arc::new(RedisLeases::new(connection.clone(), &format!("{PREFIX}:lease")));
-        Ok(Self { connection, leases })
+        Ok(Self { client, connection, leases })
     }
 }
 
 #[async_trait::async_trait]
 impl RequestQueue for RedisQueue {
-    async fn submit(
-        &self,
-        jukebox: &str,
-        filter: Option<&ScanFilter>,
-    ) -> Result<(String, bool), ScannerError> {
+    async fn wakeups(&self) -> Option<tokio::sync::mpsc::Receiver<vynil_store::pubsub::Message>> {
+        match vynil_store::pubsub::follow(self.client.clone(), WAKE_CHANNEL).await {
+            Ok(messages) => Some(messages),
+            Err(error) => {
+                tracing::warn!(%error, "cannot follow scan requests on pub/sub; polling only");
+                None
+            }
+        }
+    }
+
+    async fn submit(&self, jukebox: &str, scope: &ScanScope) -> Result<(String, bool), ScannerError> {
         let mut c = self.connection.clone();
         let (id, joined): (String, i64) = redis::Script::new(SUBMIT)
             .key(key("pending", jukebox))
             .key(format!("{PREFIX}:with-work"))
-            .arg(field(filter))
+            .arg(field(scope))
             .arg(new_id())
             .arg(jukebox)
+            .arg(WAKE_CHANNEL)
             .invoke_async(&mut c)
             .await
             .map_err(redis_error)?;
@@ -396,6 +454,16 @@ impl RequestQueue for RedisQueue {
             .await
             .map_err(redis_error)?;
         Ok(())
+    }
+
+    async fn pending(&self, jukebox: &str) -> Result<Vec<ScanItem>, ScannerError> {
+        let mut c = self.connection.clone();
+        let fields: Vec<(String, String)> = redis::cmd("HGETALL")
+            .arg(key("pending", jukebox))
+            .query_async(&mut c)
+            .await
+            .map_err(redis_error)?;
+        Ok(fields.iter().filter_map(|(f, id)| item(f, id)).collect())
     }
 
     async fn with_work(&self) -> Result<Vec<String>, ScannerError> {
@@ -444,5 +512,23 @@ impl RequestQueue for RedisQueue {
             .await
             .map_err(redis_error)?;
         Ok(claimed.is_some())
+    }
+
+    async fn touch(&self, jukebox: &str, at_ms: i64) -> Result<(), ScannerError> {
+        let mut c = self.connection.clone();
+        let _: () = redis::cmd("SET")
+            .arg(key("touched", jukebox))
+            .arg(at_ms)
+            .arg("PX")
+            .arg(TOUCH_TTL.as_millis() as u64)
+            .query_async(&mut c)
+            .await
+            .map_err(redis_error)?;
+        Ok(())
+    }
+
+    async fn touched(&self, jukebox: &str) -> Result<Option<i64>, ScannerError> {
+        let mut c = self.connection.clone();
+        Ok(redis::cmd("GET").arg(key("touched", jukebox)).query_async(&mut c).await.map_err(redis_error)?)
     }
 }

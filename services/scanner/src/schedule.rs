@@ -41,7 +41,7 @@ pub async fn run(
         async move {
             // Claims outlive any clock skew between replicas.
             match scanner.queue.claim_tick(&jukebox, at, Duration::from_secs(3600)).await {
-                Ok(true) => match scanner.request(&jukebox, None).await {
+                Ok(true) => match scanner.request(&jukebox, vynil_rules::ScanScope::Full).await {
                     Ok((id, joined)) => tracing::info!(%jukebox, %id, joined, "scheduled scan requested"),
                     Err(error) => tracing::warn!(%jukebox, %error, "cannot request the scheduled scan"),
                 },

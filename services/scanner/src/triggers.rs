@@ -19,7 +19,7 @@ use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use tokio::sync::broadcast::error::RecvError;
 use vynil_crds::annotations::FORCE_SCAN;
-use vynil_rules::ScanFilter;
+use vynil_rules::{ScanFilter, ScanScope};
 use vynil_runtime::Shutdown;
 use vynil_store::JukeboxRecord;
 
@@ -209,7 +209,7 @@ impl Triggers {
                 return;
             }
         };
-        match self.scanner.request(name, filter.clone()).await {
+        match self.scanner.request(name, ScanScope::from_filter(filter.clone())).await {
             Ok((id, joined)) => {
                 let filter = filter.map(|f| f.to_string()).unwrap_or_default();
                 tracing::info!(jukebox = %name, %id, joined, %filter, "force-scan requested");

@@ -7,7 +7,7 @@ use std::{sync::Arc, time::Duration};
 use tokio::sync::{Notify, mpsc};
 use vynil_crds::{JukeBoxStatus, coded_message};
 use vynil_registry::{CredentialStore, RegistryClient};
-use vynil_rules::ScanFilter;
+use vynil_rules::{ScanScope, scan::Repository};
 use vynil_store::{
     JukeboxEvent, JukeboxRecord, JukeboxStore, ScannerStore,
     lease::{Fence, Lease, new_token},
@@ -33,6 +33,10 @@ pub struct Scanner {
     pub holder: String,
     pub lease: Duration,
     pub poll: Duration,
+    /// A push event's scan waits until no push came for this long...
+    pub settle: Duration,
+    /// ...but no longer than this after the first push of the burst.
+    pub settle_limit: Duration,
     pub wake: Notify,
     pub metrics: ScannerMetrics,
     /// What `GET /metrics` serves (Prometheus' registry, not an OCI one).
@@ -42,22 +46,23 @@ pub struct Scanner {
 impl Scanner {
     /// Records a scan request (validated); returns its id and whether it
     /// joined an existing request.
-    pub async fn request(
-        &self,
-        jukebox: &str,
-        filter: Option<ScanFilter>,
-    ) -> Result<(String, bool), ScannerError> {
+    pub async fn request(&self, jukebox: &str, scope: ScanScope) -> Result<(String, bool), ScannerError> {
         if self.store.get(jukebox).await?.is_none() {
             return Err(ScannerError::NotFound(no_jukebox(&*self.store, jukebox).await));
         }
-        let (id, joined) = self.queue.submit(jukebox, filter.as_ref()).await?;
+        // Touched before the request exists: a worker woken by it sees the burst going on.
+        if matches!(scope, ScanScope::Repository(_)) {
+            self.queue.touch(jukebox, jiff::Timestamp::now().as_millisecond()).await?;
+        }
+        let (id, joined) = self.queue.submit(jukebox, &scope).await?;
         if !joined {
             let record = ScanRecord {
                 id: id.clone(),
                 jukebox: jukebox.to_string(),
-                filter: filter.map(|f| f.to_string()).unwrap_or_default(),
+                filter: scope.to_string(),
                 state: RecordState::Queued,
                 trace: vynil_runtime::traceparent().unwrap_or_default(),
+                requested_at_ms: jiff::Timestamp::now().as_millisecond(),
                 ..ScanRecord::default()
             };
             self.queue.put_record(&record, None).await?;
@@ -66,15 +71,41 @@ impl Scanner {
         Ok((id, joined))
     }
 
+    /// A registry event for `repository`: a repository-scoped scan for each
+    /// JukeBox whose source contains it, as `(jukebox, scan id, joined)`.
+    /// A JukeBox whose source cannot be read is skipped (its own scans say
+    /// why).
+    pub async fn notify(&self, repository: &Repository) -> Result<Vec<(String, String, bool)>, ScannerError> {
+        let reference = vynil_registry::RepositoryRef::new(&repository.0, &repository.1)?;
+        let mut scans = Vec::new();
+        for record in self.store.list().await? {
+            let Ok(source) = vynil_store::source_of(&record.spec) else { continue };
+            if !source.contains(&reference) {
+                continue;
+            }
+            let (id, joined) = self.request(&record.name, ScanScope::Repository(repository.clone())).await?;
+            scans.push((record.name, id, joined));
+        }
+        Ok(scans)
+    }
+
     /// Runs until `shutdown` resolves: claims and runs whatever is pending.
     pub async fn work(self: Arc<Self>, shutdown: impl std::future::Future<Output = ()>) {
         tokio::pin!(shutdown);
+        // Requests made on other replicas wake this one at once (pub/sub);
+        // the poll is what repairs a missed message.
+        let mut wakeups = self.queue.wakeups().await;
         loop {
+            let mut next = self.poll;
             match self.queue.with_work().await {
                 Ok(jukeboxes) => {
                     for jukebox in jukeboxes {
-                        if let Err(error) = self.run_claimed(&jukebox).await {
-                            tracing::warn!(%jukebox, %error, "scan round failed; retrying later");
+                        match self.run_claimed(&jukebox).await {
+                            Ok(Some(settling)) => next = next.min(settling),
+                            Ok(None) => {}
+                            Err(error) => {
+                                tracing::warn!(%jukebox, %error, "scan round failed; retrying later")
+                            }
                         }
                     }
                 }
@@ -83,16 +114,50 @@ impl Scanner {
             tokio::select! {
                 _ = &mut shutdown => return,
                 _ = self.wake.notified() => {}
-                _ = tokio::time::sleep(self.poll) => {}
+                message = woken(&mut wakeups) => if message.is_none() {
+                    wakeups = None;
+                },
+                _ = tokio::time::sleep(next) => {}
             }
         }
     }
 
-    async fn run_claimed(&self, jukebox: &str) -> Result<(), ScannerError> {
+    /// How long `jukebox`'s queued requests still wait, when they are all
+    /// repository-scoped (push events): until no push came for the settle
+    /// time, at most the settle limit after the first. The pushes of one
+    /// burst join the queued request and make one scan, not one each; a
+    /// steady stream of pushes still scans every settle limit. A full or
+    /// partial request never waits.
+    async fn settling(&self, jukebox: &str) -> Option<Duration> {
+        let items = self.queue.pending(jukebox).await.ok()?;
+        if items.is_empty() || items.iter().any(|i| !matches!(i.scope, ScanScope::Repository(_))) {
+            return None;
+        }
+        let touched = self.queue.touched(jukebox).await.ok().flatten();
+        let mut first = i64::MAX;
+        for item in &items {
+            // A record not written yet (its request is being made): the burst's last touch.
+            let record = self.queue.record(&item.id).await.ok().flatten();
+            first = first.min(record.map_or(touched.unwrap_or(0), |r| r.requested_at_ms));
+        }
+        let last = touched.unwrap_or(first).max(first);
+        let millis = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+        let (quiet, limit) =
+            (last.saturating_add(millis(self.settle)), first.saturating_add(millis(self.settle_limit)));
+        let remaining = quiet.min(limit).saturating_sub(jiff::Timestamp::now().as_millisecond());
+        (remaining > 0).then(|| Duration::from_millis(u64::try_from(remaining).unwrap_or(0)))
+    }
+
+    /// Claims and runs `jukebox`'s requests until none is left, or until
+    /// what is left settles: `Some(how long)` then.
+    async fn run_claimed(&self, jukebox: &str) -> Result<Option<Duration>, ScannerError> {
         loop {
+            if let Some(settling) = self.settling(jukebox).await {
+                return Ok(Some(settling));
+            }
             let token = new_token(&self.holder);
             let Some(items) = self.queue.claim(jukebox, &token, self.lease).await? else {
-                return Ok(());
+                return Ok(None);
             };
             let lease = Lease::adopt(self.queue.leases(), vec![jukebox.to_string()], token, self.lease);
             match self.run_items(jukebox, &items, &lease).await {
@@ -100,7 +165,7 @@ impl Scanner {
                     // Another replica runs these items now: write nothing more.
                     tracing::warn!(%jukebox, %why, "scan abandoned");
                     self.metrics.scans.get_or_create(&Outcome { outcome: "abandoned".into() }).inc();
-                    return Ok(());
+                    return Ok(None);
                 }
                 result => result?,
             }
@@ -110,12 +175,12 @@ impl Scanner {
 
     /// A full item satisfies every item claimed with it; partial ones run in turn.
     async fn run_items(&self, jukebox: &str, items: &[ScanItem], lease: &Lease) -> Result<(), ScannerError> {
-        if items.iter().any(|i| i.filter.is_none()) {
+        if items.iter().any(|i| i.scope == ScanScope::Full) {
             let ids: Vec<String> = items.iter().map(|i| i.id.clone()).collect();
-            return self.traced_scan(jukebox, None, &ids, lease).await;
+            return self.traced_scan(jukebox, ScanScope::Full, &ids, lease).await;
         }
         for item in items {
-            self.traced_scan(jukebox, item.filter.clone(), std::slice::from_ref(&item.id), lease).await?;
+            self.traced_scan(jukebox, item.scope.clone(), std::slice::from_ref(&item.id), lease).await?;
         }
         Ok(())
     }
@@ -125,7 +190,7 @@ impl Scanner {
     async fn traced_scan(
         &self,
         jukebox: &str,
-        filter: Option<ScanFilter>,
+        scope: ScanScope,
         ids: &[String],
         lease: &Lease,
     ) -> Result<(), ScannerError> {
@@ -133,7 +198,7 @@ impl Scanner {
         let span = tracing::info_span!(
             "scan",
             %jukebox,
-            filter = ?filter.as_ref().map(ToString::to_string),
+            scope = %scope,
             scan_ids = ?ids,
         );
         let mut parented = false;
@@ -148,7 +213,7 @@ impl Scanner {
                 (false, true) => vynil_runtime::link(&span, &trace),
             }
         }
-        self.run_scan(jukebox, filter, ids, lease).instrument(span).await
+        self.run_scan(jukebox, scope, ids, lease).instrument(span).await
     }
 
     /// One scan under `lease`: every write it makes (records, status, Event)
@@ -156,7 +221,7 @@ impl Scanner {
     async fn run_scan(
         &self,
         jukebox: &str,
-        filter: Option<ScanFilter>,
+        scope: ScanScope,
         ids: &[String],
         lease: &Lease,
     ) -> Result<(), ScannerError> {
@@ -165,7 +230,7 @@ impl Scanner {
         let clock = std::time::Instant::now();
         let base = ScanRecord {
             jukebox: jukebox.to_string(),
-            filter: filter.as_ref().map(ToString::to_string).unwrap_or_default(),
+            filter: scope.to_string(),
             state: RecordState::Running,
             started_at: started_at.clone(),
             ..ScanRecord::default()
@@ -195,13 +260,13 @@ impl Scanner {
             let _ = progress_tx.send(p.clone());
         };
         let output = match self.client_for(&record).await {
-            Ok(client) => engine::scan(&client, &self.settings, &record, filter.as_ref(), &on_progress).await,
+            Ok(client) => engine::scan(&client, &self.settings, &record, &scope, &on_progress).await,
             Err(why) => ScanOutput::SourceFailed(why),
         };
         drop(on_progress);
         let _ = writer.await;
 
-        let write = self.write_status(jukebox, &output, filter.as_ref(), lease).await;
+        let write = self.write_status(jukebox, &output, &scope, lease).await;
         if let Err(ScannerError::LeaseLost(why)) = write {
             return Err(ScannerError::LeaseLost(why));
         }
@@ -239,15 +304,20 @@ impl Scanner {
             self.metrics.manifests_read.inc_by(progress.manifests_read);
         }
         tracing::info!(%jukebox, state = %last.state, seconds = clock.elapsed().as_secs_f64(), "scan finished");
-        let event = match (&write, &output, filter.as_ref()) {
+        let event = match (&write, &output, &scope) {
             (Ok(_), ScanOutput::NothingToScan, _) => None,
             (Ok(_), _, _) if !last.errors.is_empty() => {
                 Some(JukeboxEvent::scan(false, describe(&last.errors)))
             }
-            (Ok(_), _, Some(filter)) => {
+            (Ok(_), _, ScanScope::Partial(filter)) => {
                 Some(JukeboxEvent::scan(true, format!("Partial scan updated filter: {filter}")))
             }
-            (Ok(count), _, None) => Some(JukeboxEvent::scan(true, format!("Found {count} packages"))),
+            (Ok(_), _, ScanScope::Repository(_)) => {
+                Some(JukeboxEvent::scan(true, format!("Repository scan updated {scope}")))
+            }
+            (Ok(count), _, ScanScope::Full) => {
+                Some(JukeboxEvent::scan(true, format!("Found {count} packages")))
+            }
             (Err(_), _, _) => Some(JukeboxEvent::scan(false, describe(&last.errors))),
         };
         if let Some(event) = event {
@@ -335,14 +405,14 @@ impl Scanner {
         &self,
         jukebox: &str,
         output: &ScanOutput,
-        filter: Option<&ScanFilter>,
+        scope: &ScanScope,
         lease: &Lease,
     ) -> Result<usize, ScannerError> {
         let status = self
             .amend_status_under(jukebox, Some(lease), |record, now| {
                 let problem = schedule::problem(&record.spec.schedule);
                 let previous = record.status.as_ref();
-                engine::new_status(previous, output, filter, problem.as_deref(), record.generation, now)
+                engine::new_status(previous, output, scope, problem.as_deref(), record.generation, now)
             })
             .await?;
         Ok(status.map_or(0, |s| s.packages.len()))
@@ -392,5 +462,15 @@ fn with_progress(base: &ScanRecord, id: &str, p: &Progress) -> ScanRecord {
         manifests_read: p.manifests_read,
         errors: p.errors.clone(),
         ..base.clone()
+    }
+}
+
+/// The next announcement, or never when there is none to follow.
+async fn woken(
+    wakeups: &mut Option<tokio::sync::mpsc::Receiver<vynil_store::pubsub::Message>>,
+) -> Option<vynil_store::pubsub::Message> {
+    match wakeups {
+        Some(wakeups) => wakeups.recv().await,
+        None => std::future::pending().await,
     }
 }

@@ -280,10 +280,12 @@ async fn an_invalid_schedule_is_a_readable_condition() {
 #[tokio::test]
 async fn pull_secrets_give_credentials_and_a_bad_one_is_reported_without_stopping_others() {
     let world = world().await;
-    let private =
-        RegistryServer::start_with(RegistryOptions { basic_auth: Some(("bob".into(), "s3cret".into())) })
-            .await
-            .unwrap();
+    let private = RegistryServer::start_with(RegistryOptions {
+        basic_auth: Some(("bob".into(), "s3cret".into())),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
     let spec = PackageSpec::new("apps", "p", PackageType::Tenant, "2.0.0");
     private.publisher().publish("apps/p", &spec).await.unwrap();
     let create_box = |name: &str, secret: &str| {
@@ -358,7 +360,7 @@ async fn a_scanner_frozen_past_its_lease_writes_nothing_after_it_thaws() {
     ));
     let frozen = world.scanner(&["--repository-concurrency", "1"]).await;
     let mut client = ScannerClient::new(frozen.channel().await.unwrap());
-    client.scan(ScanRequest { jukebox: "box".into(), filter: String::new() }).await.unwrap();
+    client.scan(ScanRequest { jukebox: "box".into(), ..Default::default() }).await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
     while world.front.count(&Method::GET, "/tags/list") == 0 {
         assert!(Instant::now() < deadline, "the scan never started:\n{}", frozen.log());

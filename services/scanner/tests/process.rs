@@ -28,7 +28,7 @@ async fn with_embedded_defaults_an_unknown_scan_is_not_found() {
         client.get_scan(GetScanRequest { scan_id: "nope".into(), ..Default::default() }).await.unwrap_err();
     assert_eq!(status.code(), tonic::Code::NotFound, "{status:?}");
     let status = client
-        .scan(vynil_proto::scanner::v1::ScanRequest { jukebox: "absent".into(), filter: String::new() })
+        .scan(vynil_proto::scanner::v1::ScanRequest { jukebox: "absent".into(), ..Default::default() })
         .await
         .unwrap_err();
     assert_eq!(status.code(), tonic::Code::NotFound, "{status:?}");
@@ -50,7 +50,7 @@ async fn registry_requests_are_counted_in_the_metrics() {
     let args = ["--jukebox-dir", dir.path().to_str().unwrap(), "--insecure-registry", &registry.host()];
     let service = ServiceProcess::start(Path::new(env!("CARGO_BIN_EXE_vynil-scanner")), &args).await.unwrap();
     let mut client = ScannerClient::new(service.channel().await.unwrap());
-    let request = vynil_proto::scanner::v1::ScanRequest { jukebox: "box".into(), filter: String::new() };
+    let request = vynil_proto::scanner::v1::ScanRequest { jukebox: "box".into(), ..Default::default() };
     let id = client.scan(request).await.unwrap().into_inner().scan_id;
     for _ in 0..300 {
         let state = client

@@ -86,7 +86,7 @@ async fn wait_final(client: &mut ScannerClient<tonic::transport::Channel>, id: &
 }
 
 fn full() -> ScanRequest {
-    ScanRequest { jukebox: "box".into(), filter: String::new() }
+    ScanRequest { jukebox: "box".into(), ..Default::default() }
 }
 
 #[tokio::test]

@@ -65,7 +65,7 @@ async fn harness_with(
 
 async fn scan(h: &Harness, filter: &str) -> vynil_scanner::ScanRecord {
     let filter = vynil_rules::ScanFilter::from_request(filter).unwrap();
-    let (id, _) = h.scanner.request("box", filter).await.unwrap();
+    let (id, _) = h.scanner.request("box", vynil_rules::ScanScope::from_filter(filter)).await.unwrap();
     // Generous: a first scan of a large repository reads its manifests one by one.
     for _ in 0..7200 {
         let record = h.scanner.queue.record(&id).await.unwrap().unwrap();
@@ -163,7 +163,7 @@ async fn a_scan_requested_after_a_push_sees_the_tag_even_while_an_older_scan_run
         1,
         FaultAction::DelayAnswer(Duration::from_millis(800)),
     ));
-    let (running, _) = h.scanner.request("box", None).await.unwrap();
+    let (running, _) = h.scanner.request("box", vynil_rules::ScanScope::Full).await.unwrap();
     for _ in 0..400 {
         if h.front.count(&Method::GET, "/tags/list") >= 1 {
             break;
@@ -293,7 +293,10 @@ async fn a_failing_source_script_is_a_condition_and_keeps_the_catalog() {
 
 #[tokio::test]
 async fn a_private_registry_is_scanned_with_the_dockerconfig_credentials() {
-    let options = vynil_testkit::RegistryOptions { basic_auth: Some(("robot".into(), "pull-only".into())) };
+    let options = vynil_testkit::RegistryOptions {
+        basic_auth: Some(("robot".into(), "pull-only".into())),
+        ..Default::default()
+    };
     let private = || async {
         let registry = RegistryServer::start_with(options.clone()).await.unwrap();
         registry.publisher().publish("db/pg", &spec("db", "pg", PackageType::System, "1.0.0")).await.unwrap();

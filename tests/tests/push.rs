@@ -1,0 +1,322 @@
+//! Push-driven freshness, with a real distribution registry whose
+//! `notifications.endpoints` point at the gateway's hook: JukeBoxes scheduled
+//! far in the future, no scan requested by the test, and every push appears
+//! in all three catalog replicas (scanner, catalogs and gateway in this
+//! process over real gRPC, sharing one Redis). Prints push → all replicas
+//! fresh p50/p99 over 50 pushes; 100 tags pushed in a burst cause a few scans
+//! and end in the view a full scan computes; forged, unsigned and replayed
+//! events are refused and reach no registry.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::{
+    net::SocketAddr,
+    time::{Duration, Instant},
+};
+
+mod common;
+
+use clap::Parser;
+use hmac::{Hmac, Mac};
+use vynil_proto::catalog::v1::{GetCatalogRequest, catalog_client::CatalogClient};
+use vynil_runtime::Shutdown;
+use vynil_testkit::{
+    JukeboxBuilder, PackageSpec, PackageType, RedisServer, RegistryOptions, RegistryServer, free_port,
+};
+
+const SECRET: &str = "distribution-hook-secret";
+const CI_SECRET: &str = "ci-pipeline-hook-secret";
+
+fn loopback() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], free_port().unwrap()))
+}
+
+struct World {
+    registry: RegistryServer,
+    gateway: String,
+    scanner: SocketAddr,
+    catalogs: Vec<SocketAddr>,
+    shutdown: Shutdown,
+    _redis: RedisServer,
+    _dir: tempfile::TempDir,
+}
+
+impl World {
+    /// JukeBox `box` lists `apps/web` and `apps/new` (nothing published yet);
+    /// `other` lists `db/pg`. Both are scheduled once a year.
+    async fn start() -> Self {
+        let redis = RedisServer::start().await.unwrap();
+        let gateway = loopback();
+        let hook = format!("http://{gateway}/api/v1/hooks/registry");
+        let options =
+            RegistryOptions { notify: Some((hook, format!("Bearer {SECRET}"))), ..Default::default() };
+        let registry = RegistryServer::start_with(options).await.unwrap();
+        let host = registry.host();
+        let dir = tempfile::tempdir().unwrap();
+        let jukeboxes = dir.path().join("jukeboxes");
+        std::fs::create_dir_all(&jukeboxes).unwrap();
+        JukeboxBuilder::new("box")
+            .list([format!("{host}/apps/web"), format!("{host}/apps/new"), format!("{host}/apps/burst")])
+            .schedule("0 0 1 1 *")
+            .write_to(&jukeboxes)
+            .unwrap();
+        JukeboxBuilder::new("other")
+            .list([format!("{host}/db/pg")])
+            .schedule("0 0 1 1 *")
+            .write_to(&jukeboxes)
+            .unwrap();
+        let hooks = dir.path().join("hooks.yaml");
+        std::fs::write(
+            &hooks,
+            format!(
+                "hooks:\n  - name: registry\n    format: distribution\n    secret: {SECRET}\n  \
+                 - name: ci\n    format: generic\n    secret: {CI_SECRET}\n"
+            ),
+        )
+        .unwrap();
+        let (jukeboxes, url) = (jukeboxes.display().to_string(), redis.url());
+        let shutdown = Shutdown::new();
+        let scanner = loopback();
+        let config = vynil_scanner::Config::parse_from([
+            "vynil-scanner",
+            "--listen",
+            &scanner.to_string(),
+            "--jukebox-dir",
+            &jukeboxes,
+            "--redis-url",
+            &url,
+            "--insecure-registry",
+            &host,
+        ]);
+        tokio::spawn(vynil_scanner::run(config, shutdown.signaled()));
+        let mut catalogs = Vec::new();
+        for _ in 0..3 {
+            let listen = loopback();
+            let config = vynil_catalog::Config::parse_from([
+                "vynil-catalog",
+                "--listen",
+                &listen.to_string(),
+                "--jukebox-dir",
+                &jukeboxes,
+                "--redis-url",
+                &url,
+            ]);
+            tokio::spawn(vynil_catalog::run(config, shutdown.signaled()));
+            catalogs.push(listen);
+        }
+        let config = vynil_gateway::Config::parse_from([
+            "vynil-gateway",
+            "--listen",
+            &gateway.to_string(),
+            "--scanner-endpoint",
+            &format!("http://{scanner}"),
+            "--hooks-file",
+            hooks.to_str().unwrap(),
+        ]);
+        let bound = vynil_gateway::Gateway::bind(&config).await.unwrap();
+        tokio::spawn(bound.serve(shutdown.signaled()));
+        for addr in catalogs.iter().chain([&scanner]) {
+            common::channel(*addr).await;
+        }
+        Self {
+            registry,
+            gateway: format!("http://{gateway}"),
+            scanner,
+            catalogs,
+            shutdown,
+            _redis: redis,
+            _dir: dir,
+        }
+    }
+
+    async fn publish(&self, repository: &str, tag: &str) {
+        let (category, name) = repository.split_once('/').unwrap();
+        let spec = PackageSpec::new(category, name, PackageType::Tenant, tag);
+        self.registry.publisher().publish(repository, &spec).await.unwrap();
+    }
+
+    /// The tags of `repository` in `jukebox` as catalog replica `addr` answers.
+    async fn tags(addr: SocketAddr, jukebox: &str, repository: &str) -> Vec<String> {
+        let mut client = CatalogClient::new(common::channel(addr).await);
+        let request = GetCatalogRequest { jukebox: jukebox.into(), ..Default::default() };
+        match client.get_catalog(request).await {
+            Ok(answer) => answer
+                .into_inner()
+                .packages
+                .into_iter()
+                .filter(|p| p.image == repository)
+                .map(|p| p.tag)
+                .collect(),
+            Err(_) => Vec::new(),
+        }
+    }
+
+    /// Waits until every catalog replica shows `tag` of `repository` in `box`.
+    async fn until_everywhere(&self, repository: &str, tag: &str) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for addr in &self.catalogs {
+            while !Self::tags(*addr, "box", repository).await.iter().any(|t| t == tag) {
+                assert!(Instant::now() < deadline, "catalog {addr} never showed {repository}:{tag}");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    }
+
+    /// `(scans ended, registry requests)` so far, from the scanner's metrics.
+    async fn counts(&self) -> (u64, u64) {
+        let text =
+            reqwest::get(format!("http://{}/metrics", self.scanner)).await.unwrap().text().await.unwrap();
+        let sum = |prefix: &str| -> u64 {
+            text.lines()
+                .filter(|l| l.starts_with(prefix))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum::<f64>() as u64
+        };
+        (sum("vynil_scanner_scans_total{"), sum("vynil_scanner_registry_requests_total{"))
+    }
+
+    /// Waits until no scan is queued or running (the counts stop moving).
+    async fn settled(&self) -> (u64, u64) {
+        let mut last = self.counts().await;
+        loop {
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            let now = self.counts().await;
+            if now == last {
+                return now;
+            }
+            last = now;
+        }
+    }
+}
+
+fn quantile(sorted: &[Duration], q: f64) -> Duration {
+    sorted[((sorted.len() as f64 - 1.0) * q).round() as usize]
+}
+
+#[tokio::test]
+async fn a_push_reaches_every_catalog_replica_without_a_scan_request_and_bursts_coalesce() {
+    let world = World::start().await;
+
+    // A repository listed but never published is discovered by its first push.
+    world.publish("apps/new", "0.1.0").await;
+    world.until_everywhere("apps/new", "0.1.0").await;
+
+    let mut latencies = Vec::new();
+    for i in 0..50 {
+        let tag = format!("1.0.{i}");
+        world.publish("apps/web", &tag).await;
+        let pushed = Instant::now();
+        world.until_everywhere("apps/web", &tag).await;
+        latencies.push(pushed.elapsed());
+    }
+    latencies.sort();
+    println!(
+        "push -> all 3 catalog replicas fresh over {} pushes: p50 {:?}, p99 {:?}, max {:?}",
+        latencies.len(),
+        quantile(&latencies, 0.5),
+        quantile(&latencies, 0.99),
+        latencies.last().unwrap()
+    );
+    assert!(
+        World::tags(world.catalogs[0], "other", "apps/web").await.is_empty(),
+        "a JukeBox whose source does not contain the pushed repository does not show it"
+    );
+
+    // 100 tags at once: a few scans, and the view a full scan computes.
+    let (scans_before, _) = world.settled().await;
+    let tags: Vec<String> = (0..100).map(|i| format!("2.{}.{}", i / 10, i % 10)).collect();
+    let started = Instant::now();
+    for tag in &tags {
+        world.publish("apps/burst", tag).await;
+    }
+    let burst = started.elapsed();
+    world.until_everywhere("apps/burst", "2.9.9").await;
+    let (scans_after, _) = world.settled().await;
+    let burst_scans = scans_after - scans_before;
+    println!("100 tags pushed one after the other in {burst:?}: {burst_scans} scans");
+    assert!(burst_scans <= 6, "100 pushed tags caused {burst_scans} scans");
+    let pushed_view = World::tags(world.catalogs[1], "box", "apps/burst").await;
+    let mut scanner =
+        vynil_proto::scanner::v1::scanner_client::ScannerClient::new(common::channel(world.scanner).await);
+    let full = scanner
+        .scan(vynil_proto::scanner::v1::ScanRequest { jukebox: "box".into(), ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
+    common::eventually("the full scan", || {
+        let mut scanner = scanner.clone();
+        let id = full.scan_id.clone();
+        async move {
+            let status = scanner
+                .get_scan(vynil_proto::scanner::v1::GetScanRequest { scan_id: id, ..Default::default() })
+                .await
+                .ok()?
+                .into_inner();
+            (status.state == vynil_proto::scanner::v1::ScanState::Succeeded as i32).then_some(())
+        }
+    })
+    .await;
+    assert_eq!(World::tags(world.catalogs[2], "box", "apps/burst").await, pushed_view, "push-driven view");
+
+    // Forged, unsigned and replayed events: refused, and no registry request.
+    let (scans, requests) = world.settled().await;
+    let http = reqwest::Client::new();
+    let envelope = serde_json::json!({"events": [{"id": "forged-1", "action": "push",
+        "target": {"mediaType": "application/vnd.oci.image.manifest.v1+json", "repository": "apps/web", "tag": "9.9.9"},
+        "request": {"host": world.registry.host()}}]});
+    let hook = format!("{}/api/v1/hooks/registry", world.gateway);
+    for authorization in [None, Some("Bearer wrong-secret-of-the-right-size"), Some(CI_SECRET)] {
+        let mut request = http.post(&hook).json(&envelope);
+        if let Some(authorization) = authorization {
+            request = request.header("authorization", authorization);
+        }
+        assert_eq!(request.send().await.unwrap().status(), 401, "{authorization:?}");
+    }
+    let generic =
+        serde_json::json!({"registry": world.registry.host(), "repository": "apps/web", "tag": "9.9.9"})
+            .to_string();
+    let ci = format!("{}/api/v1/hooks/ci", world.gateway);
+    let sign = |at: i64, secret: &str| {
+        let mut mac = Hmac::<sha2::Sha256>::new_from_slice(secret.as_bytes()).unwrap();
+        mac.update(format!("{at}.{generic}").as_bytes());
+        format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
+    };
+    let now = jiff::Timestamp::now().as_second();
+    for (at, secret, what) in [
+        (now, SECRET, "signed with another hook's secret"),
+        (now - 3600, CI_SECRET, "replayed an hour later"),
+    ] {
+        let answer = http
+            .post(&ci)
+            .header("content-type", "application/json")
+            .header("x-vynil-timestamp", at.to_string())
+            .header("x-vynil-signature", sign(at, secret))
+            .body(generic.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), 401, "{what}");
+    }
+    let unsigned =
+        http.post(&ci).header("content-type", "application/json").body(generic.clone()).send().await;
+    assert_eq!(unsigned.unwrap().status(), 401, "unsigned");
+    let malformed =
+        http.post(&hook).header("authorization", format!("Bearer {SECRET}")).body("{").send().await;
+    assert_eq!(malformed.unwrap().status(), 400, "malformed");
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(world.counts().await, (scans, requests), "a refused event reached the scanner or a registry");
+
+    // The same signed event twice: the second is a duplicate, answered and ignored.
+    let signed = |at: i64| {
+        http.post(&ci)
+            .header("content-type", "application/json")
+            .header("x-vynil-timestamp", at.to_string())
+            .header("x-vynil-signature", sign(at, CI_SECRET))
+            .body(generic.clone())
+    };
+    let first: serde_json::Value = signed(now).send().await.unwrap().json().await.unwrap();
+    assert_eq!(first["scans"].as_array().unwrap().len(), 1, "{first}");
+    let again: serde_json::Value = signed(now).send().await.unwrap().json().await.unwrap();
+    assert_eq!((again["duplicates"].as_u64(), again["scans"].as_array().map(Vec::len)), (Some(1), Some(0)));
+    world.shutdown.trigger();
+}
