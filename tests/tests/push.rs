@@ -3,7 +3,8 @@
 //! far in the future, no scan requested by the test, and every push appears
 //! in all three catalog replicas (scanner, catalogs and gateway in this
 //! process over real gRPC, sharing one Redis). Prints push → all replicas
-//! fresh p50/p99 over 50 pushes; 100 tags pushed in a burst cause a few scans
+//! fresh p50/p99 over 50 pushes; a tag deleted in the registry leaves every
+//! view; 100 tags pushed in a burst cause a few scans
 //! and end in the view a full scan computes; forged, unsigned and replayed
 //! events are refused and reach no registry.
 
@@ -129,10 +130,11 @@ impl World {
         }
     }
 
-    async fn publish(&self, repository: &str, tag: &str) {
+    /// Publishes `tag`; returns its manifest digest.
+    async fn publish(&self, repository: &str, tag: &str) -> String {
         let (category, name) = repository.split_once('/').unwrap();
         let spec = PackageSpec::new(category, name, PackageType::Tenant, tag);
-        self.registry.publisher().publish(repository, &spec).await.unwrap();
+        self.registry.publisher().publish(repository, &spec).await.unwrap()
     }
 
     /// The tags of `repository` in `jukebox` as catalog replica `addr` answers.
@@ -157,6 +159,20 @@ impl World {
         for addr in &self.catalogs {
             while !Self::tags(*addr, "box", repository).await.iter().any(|t| t == tag) {
                 assert!(Instant::now() < deadline, "catalog {addr} never showed {repository}:{tag}");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    }
+
+    /// Waits until no catalog replica shows `tag` of `repository` in `box` any more.
+    async fn until_gone_everywhere(&self, repository: &str, tag: &str) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for addr in &self.catalogs {
+            while Self::tags(*addr, "box", repository).await.iter().any(|t| t == tag) {
+                assert!(
+                    Instant::now() < deadline,
+                    "catalog {addr} still shows the deleted {repository}:{tag}"
+                );
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
         }
@@ -202,9 +218,10 @@ async fn a_push_reaches_every_catalog_replica_without_a_scan_request_and_bursts_
     world.until_everywhere("apps/new", "0.1.0").await;
 
     let mut latencies = Vec::new();
+    let mut last = String::new();
     for i in 0..50 {
         let tag = format!("1.0.{i}");
-        world.publish("apps/web", &tag).await;
+        last = world.publish("apps/web", &tag).await;
         let pushed = Instant::now();
         world.until_everywhere("apps/web", &tag).await;
         latencies.push(pushed.elapsed());
@@ -217,6 +234,15 @@ async fn a_push_reaches_every_catalog_replica_without_a_scan_request_and_bursts_
         quantile(&latencies, 0.99),
         latencies.last().unwrap()
     );
+    // A tag deleted in the registry leaves the view at the scan its delete event causes.
+    let deleted = reqwest::Client::new()
+        .delete(format!("{}/v2/apps/web/manifests/{last}", world.registry.base_url()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(deleted.status(), 202, "{}", deleted.text().await.unwrap());
+    world.until_gone_everywhere("apps/web", "1.0.49").await;
+    world.until_everywhere("apps/web", "1.0.48").await;
     assert!(
         World::tags(world.catalogs[0], "other", "apps/web").await.is_empty(),
         "a JukeBox whose source does not contain the pushed repository does not show it"

@@ -141,11 +141,8 @@ impl Scanner {
             first = first.min(record.map_or(touched.unwrap_or(0), |r| r.requested_at_ms));
         }
         let last = touched.unwrap_or(first).max(first);
-        let millis = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
-        let (quiet, limit) =
-            (last.saturating_add(millis(self.settle)), first.saturating_add(millis(self.settle_limit)));
-        let remaining = quiet.min(limit).saturating_sub(jiff::Timestamp::now().as_millisecond());
-        (remaining > 0).then(|| Duration::from_millis(u64::try_from(remaining).unwrap_or(0)))
+        let now = jiff::Timestamp::now().as_millisecond();
+        still_settling(first, last, now, self.settle, self.settle_limit)
     }
 
     /// Claims and runs `jukebox`'s requests until none is left, or until
@@ -465,6 +462,16 @@ fn with_progress(base: &ScanRecord, id: &str, p: &Progress) -> ScanRecord {
     }
 }
 
+/// How long a burst whose first push came at `first` and last at `last`
+/// (Unix ms) still waits at `now`: until `settle` after the last, and never
+/// past `limit` after the first; `None` when it is time to scan.
+fn still_settling(first: i64, last: i64, now: i64, settle: Duration, limit: Duration) -> Option<Duration> {
+    let millis = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+    let due = last.saturating_add(millis(settle)).min(first.saturating_add(millis(limit)));
+    let remaining = due.saturating_sub(now);
+    (remaining > 0).then(|| Duration::from_millis(u64::try_from(remaining).unwrap_or(0)))
+}
+
 /// The next announcement, or never when there is none to follow.
 async fn woken(
     wakeups: &mut Option<tokio::sync::mpsc::Receiver<vynil_store::pubsub::Message>>,
@@ -472,5 +479,20 @@ async fn woken(
     match wakeups {
         Some(wakeups) => wakeups.recv().await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_burst_settles_after_its_last_push_but_never_past_its_limit() {
+        let (settle, limit) = (Duration::from_millis(200), Duration::from_millis(2000));
+        assert_eq!(still_settling(0, 0, 50, settle, limit), Some(Duration::from_millis(150)));
+        assert_eq!(still_settling(0, 0, 200, settle, limit), None, "quiet for the settle time");
+        assert_eq!(still_settling(0, 1500, 1600, settle, limit), Some(Duration::from_millis(100)));
+        assert_eq!(still_settling(0, 1950, 2000, settle, limit), None, "the limit after the first push");
+        assert_eq!(still_settling(0, 0, 0, Duration::ZERO, limit), None, "no settle: at once");
     }
 }
