@@ -342,6 +342,18 @@ async fn a_push_reaches_every_catalog_replica_without_a_scan_request_and_bursts_
     };
     let first: serde_json::Value = signed(now).send().await.unwrap().json().await.unwrap();
     assert_eq!(first["scans"].as_array().unwrap().len(), 1, "{first}");
+    let id = first["scans"][0]["scan_id"].as_str().unwrap().to_string();
+    let status = scanner
+        .get_scan(vynil_proto::scanner::v1::GetScanRequest { scan_id: id, ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
+    let repository = status.repository.unwrap();
+    assert_eq!(
+        (status.filter.as_str(), repository.registry, repository.repository.as_str()),
+        ("", world.registry.host(), "apps/web"),
+        "a push's scan says which repository it reads"
+    );
     let again: serde_json::Value = signed(now).send().await.unwrap().json().await.unwrap();
     assert_eq!((again["duplicates"].as_u64(), again["scans"].as_array().map(Vec::len)), (Some(1), Some(0)));
     world.shutdown.trigger();

@@ -61,6 +61,8 @@ pub struct Scan {
     pub scan_id: String,
     pub jukebox: String,
     pub filter: Option<String>,
+    /// Set for a repository-scoped scan (a push event's, say).
+    pub repository: Option<super::purge::RepositoryTarget>,
     pub state: ScanState,
     pub repositories_done: u32,
     pub repositories_total: u32,
@@ -85,6 +87,9 @@ impl From<pb::ScanStatus> for Scan {
             scan_id: s.scan_id,
             jukebox: s.jukebox,
             filter: non_empty(s.filter),
+            repository: s
+                .repository
+                .map(|r| super::purge::RepositoryTarget { registry: r.registry, repository: r.repository }),
             state,
             repositories_done: s.repositories_done,
             repositories_total: s.repositories_total,

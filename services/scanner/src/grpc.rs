@@ -50,6 +50,12 @@ fn to_proto(record: &ScanRecord) -> ScanStatus {
         scan_id: record.id.clone(),
         jukebox: record.jukebox.clone(),
         filter: record.filter.clone(),
+        repository: record.repository.as_ref().map(|(registry, repository)| {
+            vynil_proto::scanner::v1::Repository {
+                registry: registry.clone(),
+                repository: repository.clone(),
+            }
+        }),
         state: state as i32,
         repositories_done: record.repositories_done,
         repositories_total: record.repositories_total,

@@ -115,7 +115,11 @@ impl std::fmt::Display for RecordState {
 pub struct ScanRecord {
     pub id: String,
     pub jukebox: String,
+    /// A partial scan's filter; empty otherwise.
     pub filter: String,
+    /// A repository-scoped scan's `(registry, repository)`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repository: Option<(String, String)>,
     pub state: RecordState,
     pub repositories_done: u32,
     pub repositories_total: u32,
@@ -134,6 +138,19 @@ pub struct ScanRecord {
 }
 
 impl ScanRecord {
+    /// A record of `jukebox` for a scan of `scope`.
+    pub fn of(jukebox: &str, scope: &ScanScope) -> Self {
+        Self {
+            jukebox: jukebox.to_string(),
+            filter: scope.filter().map(ToString::to_string).unwrap_or_default(),
+            repository: match scope {
+                ScanScope::Repository(repository) => Some(repository.clone()),
+                _ => None,
+            },
+            ..Self::default()
+        }
+    }
+
     pub fn is_final(&self) -> bool {
         self.state.is_final()
     }

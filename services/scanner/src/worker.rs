@@ -58,12 +58,10 @@ impl Scanner {
         if !joined {
             let record = ScanRecord {
                 id: id.clone(),
-                jukebox: jukebox.to_string(),
-                filter: scope.to_string(),
                 state: RecordState::Queued,
                 trace: vynil_runtime::traceparent().unwrap_or_default(),
                 requested_at_ms: jiff::Timestamp::now().as_millisecond(),
-                ..ScanRecord::default()
+                ..ScanRecord::of(jukebox, &scope)
             };
             self.queue.put_record(&record, None).await?;
         }
@@ -226,11 +224,9 @@ impl Scanner {
         let started_at = jiff::Timestamp::now().to_string();
         let clock = std::time::Instant::now();
         let base = ScanRecord {
-            jukebox: jukebox.to_string(),
-            filter: scope.to_string(),
             state: RecordState::Running,
             started_at: started_at.clone(),
-            ..ScanRecord::default()
+            ..ScanRecord::of(jukebox, &scope)
         };
         self.put_records(ids, &base, &fence).await?;
         let Some(record) = self.store.get(jukebox).await? else {
