@@ -64,6 +64,14 @@ async fn a_session_of_vynilctl_scans_purges_explains_and_exits_with_the_document
     assert_eq!(code(&scanned), 0, "{}", text(&scanned));
     let summary = String::from_utf8_lossy(&scanned.stdout).to_string();
     assert!(summary.contains("succeeded") && summary.contains("1/1 repositories"), "{summary}");
+    // One repository of the JukeBox's source, as a registry push would scan it.
+    let repository = format!("{}/think/ollama", stack.registry.host());
+    let scanned = vynilctl(&["scan", "box", "--repository", &repository, "--wait"], &env).await;
+    assert_eq!(code(&scanned), 0, "{}", text(&scanned));
+    let summary = String::from_utf8_lossy(&scanned.stdout).to_string();
+    assert!(summary.contains(&format!("({repository}): succeeded, 1/1 repositories")), "{summary}");
+    let bad = vynilctl(&["scan", "box", "--repository", "no-slash"], &env).await;
+    assert_eq!(code(&bad), 2, "{}", text(&bad));
 
     // The catalog: as a table grouped per package, and as JSON parsed back into the API type.
     let page = eventually("the catalog", || async {

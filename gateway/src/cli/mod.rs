@@ -71,10 +71,15 @@ pub enum Command {
     /// Catalogs: each revision with its type and role.
     #[command(subcommand)]
     Catalog(CatalogCommand),
-    /// Starts a scan of a JukeBox (full, or partial with `<category>[/<name>]`).
+    /// Starts a scan of a JukeBox (full, partial with `<category>[/<name>]`,
+    /// or of one repository with `--repository`).
     Scan {
         jukebox: String,
         filter: Option<String>,
+        /// Only this `<registry>/<repository>` of the JukeBox's source (what a
+        /// registry push triggers): only its entries are replaced.
+        #[arg(long, value_parser = parse_repository, conflicts_with = "filter")]
+        repository: Option<(String, String)>,
         /// Follow the scan to its end, with a progress bar on a terminal.
         #[arg(long)]
         wait: bool,
@@ -162,6 +167,15 @@ pub enum InstanceCommand {
         #[arg(long, default_value = "")]
         reason: String,
     },
+}
+
+fn parse_repository(value: &str) -> Result<(String, String), String> {
+    match value.split_once('/') {
+        Some((registry, repository)) if !registry.is_empty() && !repository.is_empty() => {
+            Ok((registry.to_string(), repository.to_string()))
+        }
+        _ => Err(format!("{value:?} is not <registry>/<repository> (e.g. registry.example:5000/apps/web)")),
+    }
 }
 
 fn parse_type(value: &str) -> Result<PackageType, String> {
@@ -309,8 +323,14 @@ pub async fn run(cli: Cli) -> CliResult<Exit> {
             }
             Ok(Exit::Ok)
         }
-        Command::Scan { jukebox, filter, wait } => {
-            scan(&cli, &printer, jukebox, filter.as_deref(), *wait).await
+        Command::Scan { jukebox, filter, repository, wait } => {
+            let body = match repository {
+                Some((registry, repository)) => {
+                    json!({"repository": {"registry": registry, "repository": repository}})
+                }
+                None => json!({"filter": filter}),
+            };
+            scan(&cli, &printer, jukebox, &body, *wait).await
         }
         Command::Purge(PurgeCommand::Plan { target }) => {
             let body = match target.strip_prefix("jukebox/") {
@@ -465,12 +485,11 @@ async fn scan(
     cli: &Cli,
     printer: &Printer,
     jukebox: &str,
-    filter: Option<&str>,
+    body: &serde_json::Value,
     wait: bool,
 ) -> CliResult<Exit> {
     let client = connect(cli)?;
-    let started: ScanStarted =
-        client.post(&format!("/api/v1/jukeboxes/{jukebox}/scans"), &json!({"filter": filter})).await?;
+    let started: ScanStarted = client.post(&format!("/api/v1/jukeboxes/{jukebox}/scans"), body).await?;
     if !wait {
         if !printer.structured(&started)? {
             let joined = if started.joined_existing { " (joined a scan already covering it)" } else { "" };
@@ -500,8 +519,13 @@ async fn scan(
     if !printer.structured(&scan)? {
         let state = wire_name(scan.state);
         let tone = if scan.state == ScanState::Succeeded { Tone::Good } else { Tone::Bad };
+        let scope = match (&scan.repository, &scan.filter) {
+            (Some(r), _) => format!(" ({}/{})", r.registry, r.repository),
+            (None, Some(filter)) => format!(" ({filter})"),
+            (None, None) => String::new(),
+        };
         println!(
-            "scan {} of {jukebox}: {}, {}/{} repositories, {} tags, {} manifests read",
+            "scan {} of {jukebox}{scope}: {}, {}/{} repositories, {} tags, {} manifests read",
             scan.scan_id,
             printer.paint(&state, tone),
             scan.repositories_done,
