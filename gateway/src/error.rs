@@ -8,6 +8,7 @@
 //! | gRPC | HTTP | code |
 //! |---|---|---|
 //! | `INVALID_ARGUMENT` | 400 | `BAD_REQUEST` |
+//! | (a body over `--max-body-bytes`, refused before any service) | 413 | `TOO_LARGE` |
 //! | `UNAUTHENTICATED` | 401 | `UNAUTHENTICATED` |
 //! | `PERMISSION_DENIED` | 403 | `FORBIDDEN` |
 //! | `NOT_FOUND` | 404 | `NOT_FOUND` |
@@ -31,8 +32,8 @@ use utoipa::ToSchema;
 /// The body of every error answer.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct ErrorBody {
-    /// Stable: BAD_REQUEST, UNAUTHENTICATED, FORBIDDEN, NOT_FOUND, REFUSED,
-    /// CONFLICT, UNAVAILABLE, TIMEOUT, INTERNAL.
+    /// Stable: BAD_REQUEST, UNAUTHENTICATED, FORBIDDEN, NOT_FOUND, TOO_LARGE,
+    /// REFUSED, CONFLICT, UNAVAILABLE, TIMEOUT, INTERNAL.
     pub code: String,
     /// What was wrong and what to do.
     pub message: String,
@@ -56,6 +57,25 @@ impl ApiError {
     /// A request that cannot be right: `field` names what to fix.
     pub fn bad_request(field: &str, problem: impl std::fmt::Display) -> Self {
         Self::new(StatusCode::BAD_REQUEST, "BAD_REQUEST", format!("{field}: {problem}"))
+    }
+
+    /// A body over the gateway's limit.
+    pub fn too_large() -> Self {
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "TOO_LARGE",
+            "the request body is over the gateway's limit: send less, or raise --max-body-bytes \
+             (VYNIL_GATEWAY_MAX_BODY_BYTES) on the gateway",
+        )
+    }
+
+    /// A body that could not be read: over the limit, or cut.
+    pub fn unreadable_body(status: StatusCode, problem: impl std::fmt::Display) -> Self {
+        if status == StatusCode::PAYLOAD_TOO_LARGE {
+            Self::too_large()
+        } else {
+            Self::bad_request("body", problem)
+        }
     }
 
     pub fn unauthenticated(message: impl Into<String>) -> Self {

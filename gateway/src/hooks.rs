@@ -397,6 +397,7 @@ pub struct HookScan {
         (status = 202, body = HookAnswer),
         (status = 400, body = crate::error::ErrorBody),
         (status = 401, body = crate::error::ErrorBody),
+        (status = 413, body = crate::error::ErrorBody),
         (status = 503, body = crate::error::ErrorBody),
     ))]
 pub async fn receive(
@@ -404,8 +405,9 @@ pub async fn receive(
     Ctx(context): Ctx,
     UrlPath(hook): UrlPath<String>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<(StatusCode, Json<HookAnswer>), ApiError> {
+    let body = body.map_err(|e| ApiError::unreadable_body(e.status(), e.body_text()))?;
     let hooks = &app.hooks;
     let unknown = || ApiError::unauthenticated(format!("no hook {hook:?} is declared in --hooks-file"));
     let declared = hooks.hooks.get(&hook).ok_or_else(unknown)?;

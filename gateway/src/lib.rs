@@ -57,6 +57,9 @@ pub struct Config {
     /// it every API route but login answers 401.
     #[arg(long, env = "VYNIL_GATEWAY_TOKENS_FILE")]
     pub tokens_file: Option<PathBuf>,
+    /// Request bodies larger than this are refused (413 `TOO_LARGE`).
+    #[arg(long, env = "VYNIL_GATEWAY_MAX_BODY_BYTES", default_value_t = 1024 * 1024)]
+    pub max_body_bytes: usize,
     /// Registry push hooks (`hooks: [{name, format, secret|secretFile}]`):
     /// `POST /api/v1/hooks/<name>` turns a push into a scan of that
     /// repository (`docs/push.md`).
@@ -227,6 +230,7 @@ pub fn router(config: &Config, kube: Option<kube::Client>) -> Result<Router, Gat
             }),
         )
         .nest("/api", Router::new().fallback(routes::api_not_found))
+        .layer(axum::extract::DefaultBodyLimit::max(config.max_body_bytes))
         .layer(middleware::from_fn_with_state(app, routes::observe));
     Ok(router)
 }

@@ -258,3 +258,54 @@ async fn a_call_carries_the_service_token_the_principal_the_request_id_and_the_t
     assert!(headers.values().all(|v| !v.to_str().unwrap_or_default().contains("t-ann")));
     stop.trigger();
 }
+
+#[tokio::test]
+async fn a_body_over_the_limit_is_refused_with_413_naming_the_flag_before_any_service() {
+    let dir = tempfile::tempdir().unwrap();
+    let line = TokenBook::line("ops", Role::Operator, "token-ops");
+    std::fs::write(dir.path().join("tokens.yaml"), format!("tokens:\n{line}\n")).unwrap();
+    std::fs::write(
+        dir.path().join("hooks.yaml"),
+        "hooks:\n  - name: ci\n    format: generic\n    secret: a-secret-of-16-chars\n",
+    )
+    .unwrap();
+    let nowhere = format!("http://127.0.0.1:{}", vynil_testkit::free_port().unwrap());
+    let config = <Config as clap::Parser>::parse_from([
+        "vynil-gateway",
+        "--listen",
+        "127.0.0.1:0",
+        "--tokens-file",
+        dir.path().join("tokens.yaml").to_str().unwrap(),
+        "--hooks-file",
+        dir.path().join("hooks.yaml").to_str().unwrap(),
+        "--scanner-endpoint",
+        &nowhere,
+        "--max-body-bytes",
+        "1024",
+    ]);
+    let gateway = vynil_gateway::Gateway::bind(&config).await.unwrap();
+    let base = format!("http://{}", gateway.local_addr().unwrap());
+    let stop = vynil_runtime::Shutdown::new();
+    let serving = tokio::spawn(gateway.serve(stop.signaled()));
+    let http = reqwest::Client::new();
+    let big = serde_json::json!({"filter": "a".repeat(2048)});
+    for path in ["/api/v1/jukeboxes/box/scans", "/api/v1/hooks/ci"] {
+        let answer =
+            http.post(format!("{base}{path}")).bearer_auth("token-ops").json(&big).send().await.unwrap();
+        let status = answer.status();
+        let body: serde_json::Value = answer.json().await.unwrap();
+        assert_eq!((status.as_u16(), body["code"].as_str()), (413, Some("TOO_LARGE")), "{path}: {body}");
+        assert!(body["message"].as_str().unwrap().contains("--max-body-bytes"), "{body}");
+    }
+    // Under the limit, the same route goes on to the (absent) scanner.
+    let small = http
+        .post(format!("{base}/api/v1/jukeboxes/box/scans"))
+        .bearer_auth("token-ops")
+        .json(&serde_json::json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(small.status(), 503);
+    stop.trigger();
+    serving.await.unwrap().unwrap();
+}

@@ -81,7 +81,7 @@ pub fn query<T: DeserializeOwned>(extracted: Result<Query<T>, QueryRejection>) -
 pub fn body<T>(
     extracted: Result<axum::Json<T>, axum::extract::rejection::JsonRejection>,
 ) -> Result<T, ApiError> {
-    extracted.map(|axum::Json(b)| b).map_err(|e| ApiError::bad_request("body", e.body_text()))
+    extracted.map(|axum::Json(b)| b).map_err(|e| ApiError::unreadable_body(e.status(), e.body_text()))
 }
 
 /// A service's error, as the API answers it.
@@ -170,6 +170,9 @@ pub enum Errors {
     /// Refused as the state stands (a stale plan, a wrong confirmation) or a concurrent change.
     #[response(status = 409)]
     Conflict(ErrorBody),
+    /// The body is over the gateway's `--max-body-bytes`.
+    #[response(status = 413)]
+    TooLarge(ErrorBody),
     /// A service (named in the message) is down or not configured.
     #[response(status = 503)]
     Unavailable(ErrorBody),
