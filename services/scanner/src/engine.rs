@@ -33,6 +33,8 @@ pub struct Progress {
 pub struct EngineSettings {
     pub framework: semver::Version,
     pub max_tags_per_repository: usize,
+    /// Repositories one JukeBox's source may name.
+    pub max_repositories: usize,
     pub repository_concurrency: usize,
 }
 
@@ -97,6 +99,14 @@ pub async fn scan(
         },
     };
     let repositories = match repositories {
+        Ok(repositories) if repositories.len() > settings.max_repositories => {
+            return ScanOutput::SourceFailed(format!(
+                "the source names {} repositories, over the cap of {}: nothing scanned, the catalog is kept \
+                 (narrow the source, or raise --max-repositories-per-jukebox)",
+                repositories.len(),
+                settings.max_repositories
+            ));
+        }
         Ok(repositories) => repositories,
         Err(why) => {
             return ScanOutput::SourceFailed(format!("cannot list the repositories: {why}"));

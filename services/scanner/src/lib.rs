@@ -46,6 +46,11 @@ pub struct Config {
     /// A repository with more tags is reported, not scanned.
     #[arg(long, env = "VYNIL_MAX_TAGS_PER_REPOSITORY", default_value_t = 10_000)]
     pub max_tags_per_repository: usize,
+    /// A JukeBox whose source names more repositories fails its scan (its
+    /// catalog is kept): a Harbor project or a script gone wrong must not
+    /// scan a whole registry.
+    #[arg(long, env = "VYNIL_MAX_REPOSITORIES_PER_JUKEBOX", default_value_t = 1_000)]
+    pub max_repositories_per_jukebox: usize,
     /// Repositories scanned at once within a JukeBox.
     #[arg(long, env = "VYNIL_REPOSITORY_CONCURRENCY", default_value_t = 4)]
     pub repository_concurrency: usize,
@@ -154,6 +159,7 @@ pub async fn build_with_store(
         settings: EngineSettings {
             framework: config.shared.vynil_version.clone(),
             max_tags_per_repository: config.max_tags_per_repository,
+            max_repositories: config.max_repositories_per_jukebox,
             repository_concurrency: config.repository_concurrency,
         },
         holder: format!("scanner-{:016x}", fastrand::u64(..)),

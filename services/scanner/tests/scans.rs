@@ -266,6 +266,31 @@ async fn a_repository_over_the_tag_cap_is_reported_not_truncated() {
 }
 
 #[tokio::test]
+async fn a_source_over_the_repository_cap_fails_its_scan_and_keeps_the_catalog() {
+    let h = harness_with(three_repositories().await, &["db/pg", "db/mysql"], &|_, _| {
+        vec!["--max-repositories-per-jukebox".into(), "2".into()]
+    })
+    .await;
+    assert_eq!(scan(&h, "").await.state, RecordState::Succeeded, "two repositories: within the cap");
+    let before = catalog(&h).await;
+    let host = h.front.host();
+    JukeboxBuilder::new("box")
+        .list([format!("{host}/db/pg"), format!("{host}/db/mysql"), format!("{host}/monitoring/prom")])
+        .write_to(h.dir.path())
+        .unwrap();
+    h.front.reset_counts();
+    let record = scan(&h, "").await;
+    assert_eq!(record.state, RecordState::Failed);
+    let why = &record.errors[0].1;
+    assert!(
+        why.contains("3 repositories, over the cap of 2") && why.contains("--max-repositories-per-jukebox"),
+        "{why}"
+    );
+    assert_eq!(catalog(&h).await, before, "nothing lost");
+    assert_eq!(h.front.count(&Method::GET, "/tags/list"), 0, "nothing read");
+}
+
+#[tokio::test]
 async fn a_failing_source_script_is_a_condition_and_keeps_the_catalog() {
     let h = harness(three_repositories().await, &["db/pg"]).await;
     assert_eq!(scan(&h, "").await.state, RecordState::Succeeded);
