@@ -169,6 +169,11 @@ pub trait RequestQueue: Send + Sync + std::fmt::Debug {
     ) -> Result<Option<Vec<ScanItem>>, ScannerError>;
     /// Where the JukeBox leases `claim` takes live (renewed and checked there).
     fn leases(&self) -> Arc<dyn LeaseStore>;
+    /// Tells every replica's worker that `jukebox` has a new request (once
+    /// its record is written, so the worker that runs it finds its trace).
+    async fn announce(&self, _jukebox: &str) -> Result<(), ScannerError> {
+        Ok(())
+    }
     /// Announcements of requests made by any replica; `None` where there is
     /// no other replica (memory) or the announcements cannot be followed.
     async fn wakeups(&self) -> Option<tokio::sync::mpsc::Receiver<vynil_store::pubsub::Message>> {
@@ -360,7 +365,6 @@ local existing = redis.call('HGET', KEYS[1], field)
 if existing then return {existing, 1} end
 redis.call('HSET', KEYS[1], field, ARGV[2])
 redis.call('SADD', KEYS[2], ARGV[3])
-redis.call('PUBLISH', ARGV[4], ARGV[3])
 return {ARGV[2], 0}";
 
 /// Pub/sub channel announcing a new request (payload: the JukeBox): every
@@ -411,6 +415,17 @@ impl RedisQueue {
 
 #[async_trait::async_trait]
 impl RequestQueue for RedisQueue {
+    async fn announce(&self, jukebox: &str) -> Result<(), ScannerError> {
+        let mut c = self.connection.clone();
+        let _: i64 = redis::cmd("PUBLISH")
+            .arg(WAKE_CHANNEL)
+            .arg(jukebox)
+            .query_async(&mut c)
+            .await
+            .map_err(redis_error)?;
+        Ok(())
+    }
+
     async fn wakeups(&self) -> Option<tokio::sync::mpsc::Receiver<vynil_store::pubsub::Message>> {
         match vynil_store::pubsub::follow(self.client.clone(), WAKE_CHANNEL).await {
             Ok(messages) => Some(messages),
@@ -429,7 +444,6 @@ impl RequestQueue for RedisQueue {
             .arg(field(scope))
             .arg(new_id())
             .arg(jukebox)
-            .arg(WAKE_CHANNEL)
             .invoke_async(&mut c)
             .await
             .map_err(redis_error)?;

@@ -64,6 +64,7 @@ impl Scanner {
                 ..ScanRecord::of(jukebox, &scope)
             };
             self.queue.put_record(&record, None).await?;
+            self.queue.announce(jukebox).await?;
         }
         self.wake.notify_one();
         Ok((id, joined))
