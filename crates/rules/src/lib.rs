@@ -32,6 +32,7 @@
 //! - [`selection`]: install selection (upstream's strict filter) and cleanup
 //!   selection as a decision (upstream #12 C).
 //! - [`scan`]: partial-scan filters and the status merge (upstream #9).
+//! - [`index`]: what an exported index holds, and a consumer's view of one.
 //! - [`catalog`]: each revision's roles and the upgrade path, for the surfaces.
 //! - [`install`]: the options check and hash, requirements and
 //!   recommendations against cluster facts, and the re-run fingerprint.
@@ -39,6 +40,7 @@
 pub mod annotations;
 pub mod catalog;
 pub mod channel;
+pub mod index;
 pub mod install;
 pub mod jukebox;
 pub mod package;

@@ -316,6 +316,29 @@ proptest! {
         prop_assert_eq!(typed.tags(), plain.tags());
     }
 
+    /// (i) An exported index gives every consumer, whatever its channel and
+    /// framework version, exactly the view a direct scan gives it.
+    #[test]
+    fn an_exported_index_gives_every_consumer_its_direct_view(
+        case in case(),
+        channel_index in 0usize..3,
+        fw in prop_oneof![Just("0.1.0"), Just("0.7.0"), Just("0.7.5"), Just("0.8.0"), Just("0.8.9"), Just("0.9.0"), Just("2.0.0")],
+    ) {
+        let repository = ("r.example".to_string(), "db/pg".to_string());
+        let exported = vynil_rules::index::exported(&repository, &case.tags).unwrap();
+        let viewer = Viewer { channel: Channel::ALL[channel_index], framework: framework(fw) };
+        let unannotated = vec![(repository.clone(), exported.unannotated)];
+        let files = vec![(("db".to_string(), "pg".to_string()), vynil_rules::index::IndexFile::Read(exported.packages))];
+        let outcomes = vynil_rules::index::index_outcomes(&[], None, &files, &unannotated, &viewer);
+        let consumed: Vec<String> = match outcomes.first() {
+            Some((_, RepositoryOutcome::Scanned(found))) => found.iter().map(|p| p.tag.clone()).collect(),
+            Some((_, RepositoryOutcome::Failed)) => panic!("an index of readable files failed"),
+            None => Vec::new(),
+        };
+        let direct: Vec<String> = view_of(&case, viewer.channel, &viewer.framework).tags().into_iter().map(String::from).collect();
+        prop_assert_eq!(consumed, direct);
+    }
+
     /// (g) What a catalog answers for a channel is exactly the rules' view of
     /// that channel, or a refusal; never a filter of another channel's view.
     #[test]
