@@ -387,6 +387,38 @@ impl RegistryClient {
         Ok(Some(TaggedManifest { tag: tag.to_string(), digest, metadata, manifest_read: true }))
     }
 
+    /// Every tag of `repo` with its digest, and the metadata of version tags
+    /// (read by digest through the cache): what a retention plan or an index
+    /// export needs of a repository. Non-version tags need no metadata, their
+    /// name says what they are. `concurrency` requests at a time.
+    pub async fn snapshot(
+        &self,
+        repo: &RepositoryRef,
+        concurrency: usize,
+    ) -> Result<Vec<vynil_rules::retention::RepositoryTag>> {
+        use futures::{StreamExt, TryStreamExt};
+        use vynil_rules::retention::RepositoryTag;
+        let tags = self.list_tags(repo).await?;
+        futures::stream::iter(tags)
+            .map(|tag| async move {
+                if vynil_rules::Tag::parse(&tag).is_some() {
+                    let found = self.tag_metadata(repo, &tag).await?;
+                    Ok(found.map(|f| RepositoryTag { name: tag, digest: f.digest, metadata: f.metadata }))
+                } else {
+                    let digest = self.head_digest(repo, &tag).await?;
+                    Ok(digest.map(|digest| RepositoryTag {
+                        name: tag,
+                        digest,
+                        metadata: ManifestMetadata::NotVynil,
+                    }))
+                }
+            })
+            .buffer_unordered(concurrency.max(1))
+            .try_filter_map(|t| async move { Ok::<_, RegistryError>(t) })
+            .try_collect()
+            .await
+    }
+
     /// Artifacts of `subject` (`sha256:…`): the OCI referrers API where the
     /// registry offers it, else the cosign tag convention among `tags`.
     pub async fn artifacts(

@@ -70,6 +70,21 @@ impl Classify for RegistryError {
     }
 }
 
+impl Classify for vynil_index::IndexError {
+    fn failure(&self) -> Failure {
+        use vynil_index::IndexError;
+        match self {
+            IndexError::InvalidLocation { .. } => Failure::BadInput,
+            IndexError::Missing { .. } => Failure::Missing,
+            IndexError::Unreachable { .. } | IndexError::Write { .. } => Failure::Transient,
+            IndexError::Secret { .. }
+            | IndexError::Malformed { .. }
+            | IndexError::TooLarge { .. }
+            | IndexError::Unauthorized { .. } => Failure::Refused,
+        }
+    }
+}
+
 impl Classify for StoreError {
     fn failure(&self) -> Failure {
         match self {

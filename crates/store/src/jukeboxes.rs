@@ -24,6 +24,9 @@ type Annotations = std::collections::BTreeMap<String, String>;
 /// A JukeBox file as read: its name, spec and annotations.
 type Spec = (String, JukeBoxSpec, Annotations);
 
+/// A Secret's `data`, decoded.
+pub type SecretData = std::collections::BTreeMap<String, Vec<u8>>;
+
 /// Redis pub/sub channel announcing a JukeBox status change (payload: name).
 pub const CHANGES_CHANNEL: &str = "vynil:v1:jukebox-status-changes";
 const STATUS_PREFIX: &str = "vynil:v1:jukebox-status";
@@ -143,6 +146,9 @@ pub trait ScannerStore: JukeboxStore {
     /// The `.dockerconfigjson` of a pull secret, or `None` where pull secrets
     /// are not read (outside a cluster: `--dockerconfig` applies).
     async fn pull_secret(&self, secret: &str) -> Result<Option<Vec<u8>>, StoreError>;
+    /// The data of Secret `name` (an index source's credentials); an absent
+    /// Secret is a configuration error naming where it was looked for.
+    async fn secret(&self, name: &str) -> Result<SecretData, StoreError>;
     /// Takes JukeBox `name` over from upstream's operator (`crate::takeover`);
     /// nothing to do outside a cluster.
     async fn retire_upstream(&self, _name: &str) -> Result<crate::takeover::Retired, StoreError> {
@@ -295,13 +301,18 @@ impl LocalStore {
         Ok(self.read_directory()?.0)
     }
 
-    /// The JukeBoxes of the directory, and the files that are not.
-    fn read_directory(&self) -> Result<(Vec<Spec>, Vec<SkippedSource>), StoreError> {
+    /// The JukeBoxes of the directory, the files that are neither a JukeBox
+    /// nor a Secret, and the Secrets.
+    #[allow(clippy::type_complexity)]
+    fn read_directory(
+        &self,
+    ) -> Result<(Vec<Spec>, Vec<SkippedSource>, Vec<(String, SecretData)>), StoreError> {
         let entries = std::fs::read_dir(&self.directory).map_err(|e| {
             StoreError::Config(format!("cannot read the JukeBox directory {}: {e}", self.directory.display()))
         })?;
         let mut specs = Vec::new();
         let mut skipped = Vec::new();
+        let mut secrets = Vec::new();
         for entry in entries.flatten() {
             let path = entry.path();
             let is_yaml = path.extension().is_some_and(|e| e == "yaml" || e == "yml");
@@ -318,7 +329,25 @@ impl LocalStore {
             };
             // Through a JSON value: YAML enum tags would otherwise be required
             // for `source`, whose upstream form is a single-key map.
-            let parsed = serde_yaml_ng::from_str::<serde_json::Value>(&text)
+            let value = serde_yaml_ng::from_str::<serde_json::Value>(&text);
+            if let Ok(value) = &value
+                && value.get("kind").and_then(|k| k.as_str()) == Some("Secret")
+            {
+                match serde_json::from_value::<k8s_openapi::api::core::v1::Secret>(value.clone()) {
+                    Ok(secret) => {
+                        let name = secret.metadata.name.clone().unwrap_or_default();
+                        let mut data: SecretData =
+                            secret.data.unwrap_or_default().into_iter().map(|(k, v)| (k, v.0)).collect();
+                        for (key, text) in secret.string_data.unwrap_or_default() {
+                            data.insert(key, text.into_bytes());
+                        }
+                        secrets.push((name, data));
+                    }
+                    Err(e) => skipped.push(skip(format!("not a Secret: {e}"))),
+                }
+                continue;
+            }
+            let parsed = value
                 .map_err(|e| e.to_string())
                 .and_then(|value| serde_json::from_value::<JukeBox>(value).map_err(|e| e.to_string()));
             match parsed {
@@ -337,7 +366,7 @@ impl LocalStore {
         }
         specs.sort_by(|a, b| a.0.cmp(&b.0));
         skipped.sort_by(|a, b| a.source.cmp(&b.source));
-        Ok((specs, skipped))
+        Ok((specs, skipped, secrets))
     }
 
     async fn record(
@@ -392,7 +421,7 @@ impl JukeboxStore for LocalStore {
     }
 
     async fn skipped(&self) -> Vec<SkippedSource> {
-        self.read_directory().map(|(_, skipped)| skipped).unwrap_or_default()
+        self.read_directory().map(|(_, skipped, _)| skipped).unwrap_or_default()
     }
 }
 
@@ -404,6 +433,18 @@ impl ScannerStore for LocalStore {
 
     async fn pull_secret(&self, _secret: &str) -> Result<Option<Vec<u8>>, StoreError> {
         Ok(None)
+    }
+
+    /// Outside a cluster, Secrets are `kind: Secret` manifests in the JukeBox
+    /// directory (`data` base64, or `stringData`), as `kubectl` would apply them.
+    async fn secret(&self, name: &str) -> Result<SecretData, StoreError> {
+        let secrets = self.read_directory()?.2;
+        secrets.into_iter().find(|(n, _)| n == name).map(|(_, data)| data).ok_or_else(|| {
+            StoreError::Config(format!(
+                "secret {name:?} is not in {}: add a Secret manifest (kind: Secret, metadata.name: {name}) there",
+                self.directory.display()
+            ))
+        })
     }
 }
 

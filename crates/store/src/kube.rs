@@ -221,6 +221,17 @@ impl ScannerStore for KubeStore {
         crate::takeover::retire(&self.api, &cronjobs, &jobs, name).await
     }
 
+    async fn secret(&self, name: &str) -> Result<crate::jukeboxes::SecretData, StoreError> {
+        let namespace = &self.namespace;
+        let found = self.secrets.get_opt(name).await.map_err(|e| kube_error("reading a secret", e))?;
+        let Some(found) = found else {
+            return Err(StoreError::Config(format!(
+                "secret {name:?} does not exist in namespace {namespace:?}: create it there"
+            )));
+        };
+        Ok(found.data.unwrap_or_default().into_iter().map(|(k, v)| (k, v.0)).collect())
+    }
+
     async fn pull_secret(&self, secret: &str) -> Result<Option<Vec<u8>>, StoreError> {
         let namespace = &self.namespace;
         let found = self.secrets.get_opt(secret).await.map_err(|e| kube_error("reading a pull secret", e))?;

@@ -30,8 +30,8 @@ pub mod script;
 pub mod takeover;
 
 pub use jukeboxes::{
-    CHANGES_CHANNEL, JukeboxEvent, JukeboxRecord, JukeboxStore, LocalStore, ScannerStore, SkippedSource,
-    StatusVersion,
+    CHANGES_CHANNEL, JukeboxEvent, JukeboxRecord, JukeboxStore, LocalStore, ScannerStore, SecretData,
+    SkippedSource, StatusVersion,
 };
 pub use kube::KubeStore;
 use vynil_crds::{JukeBoxSource, JukeBoxSpec};
@@ -134,7 +134,7 @@ pub fn source_of(spec: &JukeBoxSpec) -> Result<Source, String> {
         Some(JukeBoxSource::Script(source)) => script::repositories(source).map(Source::List),
         Some(JukeBoxSource::Layout(layout)) => Ok(Source::Layout { path: layout.path.clone() }),
         Some(JukeBoxSource::Http(_)) | Some(JukeBoxSource::S3(_)) => {
-            Err("http and s3 index sources are not supported yet".into())
+            Err("an http or s3 source is an index of packages, not a list of repositories".into())
         }
         None => Err("the JukeBox has no source".into()),
     }

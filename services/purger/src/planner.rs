@@ -2,13 +2,12 @@
 //! registry client's cache by digest), ask lifecycle what instances use, and
 //! let the rules crate decide. Nothing here decides what to keep.
 
-use futures::{StreamExt, TryStreamExt};
 use vynil_proto::lifecycle::v1::{
     InstanceKind, ListInstalledRevisionsRequest, RevisionUse as ProtoUse, lifecycle_client::LifecycleClient,
 };
-use vynil_registry::{ManifestMetadata, RegistryClient, RepositoryRef};
+use vynil_registry::{RegistryClient, RepositoryRef};
 use vynil_rules::{
-    RetentionConfig, Tag, plan_retention,
+    RetentionConfig, plan_retention,
     retention::{InstalledRevision, RepositoryTag, RevisionUse, Usage},
 };
 
@@ -24,27 +23,7 @@ pub async fn snapshot(
     client: &RegistryClient,
     repo: &RepositoryRef,
 ) -> Result<Vec<RepositoryTag>, PurgerError> {
-    let tags = client.list_tags(repo).await?;
-    futures::stream::iter(tags)
-        .map(|tag| async move {
-            if Tag::parse(&tag).is_some() {
-                let Some(found) = client.tag_metadata(repo, &tag).await? else {
-                    return Ok(None);
-                };
-                Ok(Some(RepositoryTag { name: tag, digest: found.digest, metadata: found.metadata }))
-            } else {
-                // Non-version tags need no metadata: their name says what they are.
-                Ok(client.head_digest(repo, &tag).await?.map(|digest| RepositoryTag {
-                    name: tag,
-                    digest,
-                    metadata: ManifestMetadata::NotVynil,
-                }))
-            }
-        })
-        .buffer_unordered(READ_CONCURRENCY)
-        .try_filter_map(|t| async move { Ok::<_, PurgerError>(t) })
-        .try_collect()
-        .await
+    Ok(client.snapshot(repo, READ_CONCURRENCY).await?)
 }
 
 /// What instances use in `repo`, as every lifecycle (one per cluster) says;

@@ -5,8 +5,9 @@ use std::{pin::Pin, sync::Arc, time::Duration};
 use futures::Stream;
 use tonic::{Request, Response, Status};
 use vynil_proto::scanner::v1::{
-    GetScanRequest, NotifiedScan, NotifyPushRequest, NotifyPushResponse, RepositoryError, ScanRequest,
-    ScanResponse, ScanState, ScanStatus, WatchScanRequest, scanner_server::Scanner as ScannerApi,
+    ExportIndexRequest, ExportIndexResponse, GetScanRequest, NotifiedScan, NotifyPushRequest,
+    NotifyPushResponse, RepositoryError, ScanRequest, ScanResponse, ScanState, ScanStatus, WatchScanRequest,
+    scanner_server::Scanner as ScannerApi,
 };
 use vynil_rules::ScanScope;
 
@@ -24,6 +25,7 @@ impl Classify for ScannerError {
             ScannerError::NotFound(_) => Failure::Missing,
             ScannerError::Rules(e) => e.failure(),
             ScannerError::Registry(e) => e.failure(),
+            ScannerError::Index(e) => e.failure(),
             ScannerError::Conflict(_) | ScannerError::LeaseLost(_) => Failure::Concurrent,
             ScannerError::Store(_) => Failure::Transient,
             ScannerError::Config(_) => Failure::Refused,
@@ -140,6 +142,25 @@ impl ScannerApi for ScannerService {
             .map(|(jukebox, scan_id, joined_existing)| NotifiedScan { jukebox, scan_id, joined_existing })
             .collect();
         Ok(Response::new(NotifyPushResponse { scans }))
+    }
+
+    async fn export_index(
+        &self,
+        request: Request<ExportIndexRequest>,
+    ) -> Result<Response<ExportIndexResponse>, Status> {
+        let request = request.into_inner();
+        if request.jukebox.is_empty() || request.destination.is_empty() {
+            return Err(Status::invalid_argument("name the jukebox to export and its destination"));
+        }
+        let secret = Some(request.secret.as_str()).filter(|s| !s.is_empty());
+        let done = self.scanner.export(&request.jukebox, &request.destination, secret).await?;
+        tracing::info!(jukebox = %request.jukebox, destination = %request.destination, packages = done.report.packages, written = done.report.written.len(), removed = done.report.removed.len(), "index exported");
+        Ok(Response::new(ExportIndexResponse {
+            repositories: done.repositories as u32,
+            packages: done.report.packages as u32,
+            written: done.report.written,
+            removed: done.report.removed,
+        }))
     }
 
     async fn get_scan(&self, request: Request<GetScanRequest>) -> Result<Response<ScanStatus>, Status> {

@@ -10,7 +10,9 @@
 //! (`triggers`); a JukeBox's pull secret gives the credentials of its scans.
 
 mod engine;
+pub mod export;
 mod grpc;
+mod index;
 mod metrics;
 mod requests;
 mod schedule;
@@ -38,6 +40,9 @@ pub use worker::Scanner;
 #[derive(Debug, Clone, clap::Parser)]
 #[command(name = "vynil-scanner", version, about = "Scans registries into JukeBox status")]
 pub struct Config {
+    /// Without a command, the scanner serves; `export` writes an index and exits.
+    #[command(subcommand)]
+    pub command: Option<Command>,
     /// Address the gRPC server listens on.
     #[arg(long, env = "VYNIL_SCANNER_LISTEN", default_value = "0.0.0.0:50052")]
     pub listen: SocketAddr,
@@ -80,6 +85,14 @@ pub struct Config {
     pub trigger_resync_seconds: u64,
 }
 
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum Command {
+    /// Scans a JukeBox file's OCI source and writes an index (`index.yaml`
+    /// and package files) that http and s3 JukeBoxes of any maturity and
+    /// framework version consume.
+    Export(export::ExportArgs),
+}
+
 /// Errors of the scanner, mapped to gRPC codes in `grpc.rs`.
 #[derive(Debug, thiserror::Error)]
 pub enum ScannerError {
@@ -97,6 +110,8 @@ pub enum ScannerError {
     Rules(#[from] vynil_rules::RulesError),
     #[error(transparent)]
     Registry(#[from] vynil_registry::RegistryError),
+    #[error(transparent)]
+    Index(#[from] vynil_index::IndexError),
     #[error(transparent)]
     Serve(#[from] vynil_runtime::RuntimeError),
 }
@@ -156,6 +171,7 @@ pub async fn build_with_store(
         store,
         queue,
         client,
+        index_cache: vynil_index::ConditionalCache::default(),
         settings: EngineSettings {
             framework: config.shared.vynil_version.clone(),
             max_tags_per_repository: config.max_tags_per_repository,
@@ -171,8 +187,12 @@ pub async fn build_with_store(
     }))
 }
 
-/// Binds, serves and works until `shutdown` resolves, then drains.
+/// Binds, serves and works until `shutdown` resolves, then drains (or runs
+/// the command the configuration names).
 pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> Result<(), ScannerError> {
+    if let Some(Command::Export(args)) = config.command {
+        return export::run_cli(args).await;
+    }
     let store = open_store(&config).await?;
     run_with_store(config, store, shutdown).await
 }

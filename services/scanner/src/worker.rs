@@ -6,6 +6,7 @@ use std::{sync::Arc, time::Duration};
 
 use tokio::sync::{Notify, mpsc};
 use vynil_crds::{JukeBoxStatus, coded_message};
+use vynil_index::{ConditionalCache, IndexReader, Location};
 use vynil_registry::{CredentialStore, RegistryClient};
 use vynil_rules::{ScanScope, scan::Repository};
 use vynil_store::{
@@ -29,6 +30,8 @@ pub struct Scanner {
     pub store: Arc<dyn ScannerStore>,
     pub queue: Arc<dyn RequestQueue>,
     pub client: RegistryClient,
+    /// The last bytes and `ETag` of every index file read, for conditional reads.
+    pub index_cache: ConditionalCache,
     pub settings: EngineSettings,
     pub holder: String,
     pub lease: Duration,
@@ -253,9 +256,17 @@ impl Scanner {
         let on_progress = move |p: &Progress| {
             let _ = progress_tx.send(p.clone());
         };
-        let output = match self.client_for(&record).await {
-            Ok(client) => engine::scan(&client, &self.settings, &record, &scope, &on_progress).await,
-            Err(why) => ScanOutput::SourceFailed(why),
+        let output = match crate::index::location_of(&record.spec) {
+            Some((location, secret)) => match self.index_reader(location, secret.as_deref()).await {
+                Ok(reader) => {
+                    crate::index::scan(&reader, &self.settings, &record, &scope, &on_progress).await
+                }
+                Err(why) => ScanOutput::SourceFailed(why),
+            },
+            None => match self.client_for(&record).await {
+                Ok(client) => engine::scan(&client, &self.settings, &record, &scope, &on_progress).await,
+                Err(why) => ScanOutput::SourceFailed(why),
+            },
         };
         drop(on_progress);
         let _ = writer.await;
@@ -336,6 +347,41 @@ impl Scanner {
         let credentials = CredentialStore::from_dockerconfigjson(&document)
             .map_err(|e| coded_message("E_PULL_SECRET", &format!("pull secret {secret:?}: {e}")))?;
         self.client.with_credentials(&credentials).map_err(|e| e.to_string())
+    }
+
+    /// Exports JukeBox `jukebox`'s OCI source as an index at `destination`
+    /// (`crate::export`), with Secret `secret`'s credentials for it.
+    pub async fn export(
+        &self,
+        jukebox: &str,
+        destination: &str,
+        secret: Option<&str>,
+    ) -> Result<crate::export::Exported, ScannerError> {
+        let record = self
+            .store
+            .get(jukebox)
+            .await?
+            .ok_or_else(|| ScannerError::NotFound(format!("no JukeBox {jukebox:?}")))?;
+        let source = vynil_store::source_of(&record.spec).map_err(ScannerError::Config)?;
+        let mut location = Location::parse(destination)?;
+        if let Some(secret) = secret {
+            location = location.with_secret(secret, &self.store.secret(secret).await?)?;
+        }
+        let client = self.client_for(&record).await.map_err(ScannerError::Config)?;
+        crate::export::export(&client, &self.settings, &source, &location).await
+    }
+
+    /// The reader of an index source, with its Secret's credentials when it
+    /// names one (read afresh at each scan, as pull secrets).
+    async fn index_reader(&self, location: Location, secret: Option<&str>) -> Result<IndexReader, String> {
+        let location = match secret.filter(|s| !s.is_empty()) {
+            None => location,
+            Some(secret) => {
+                let data = self.store.secret(secret).await.map_err(|e| e.to_string())?;
+                location.with_secret(secret, &data).map_err(|e| e.to_string())?
+            }
+        };
+        IndexReader::open(location, self.index_cache.clone()).map_err(|e| e.to_string())
     }
 
     /// Writes the status `change` computes from the current record
