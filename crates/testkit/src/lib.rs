@@ -21,6 +21,7 @@
 mod examples;
 mod fixture;
 mod front;
+mod index_server;
 mod jukebox;
 pub mod kube_api;
 mod layout;
@@ -29,10 +30,12 @@ mod process;
 mod publisher;
 mod redis_server;
 mod registry_server;
+mod s3_server;
 mod service_process;
 
 pub use examples::{EXAMPLE_REPOSITORIES, Example, examples, publish_examples, write_examples};
 pub use front::{Fault, FaultAction, HttpFront, Seen};
+pub use index_server::{IndexRequest, IndexServer};
 pub use jukebox::JukeboxBuilder;
 pub use layout::{LayoutWriter, reachable_blobs, stored_blobs};
 pub use package::{ArtifactKind, PackageSpec, PackageType};
@@ -40,6 +43,7 @@ pub use process::free_port;
 pub use publisher::Publisher;
 pub use redis_server::RedisServer;
 pub use registry_server::{RegistryOptions, RegistryServer};
+pub use s3_server::S3Server;
 pub use service_process::{ServiceProcess, ServingStatus};
 
 /// What can go wrong while starting or driving test infrastructure.
