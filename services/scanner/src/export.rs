@@ -103,12 +103,8 @@ pub struct ExportArgs {
     /// Registries reached over plain HTTP.
     #[arg(long = "insecure-registry", env = "VYNIL_INSECURE_REGISTRIES", value_delimiter = ',')]
     pub insecure_registries: Vec<String>,
-    #[arg(long, env = "VYNIL_MAX_TAGS_PER_REPOSITORY", default_value_t = 10_000)]
-    pub max_tags_per_repository: usize,
-    #[arg(long, env = "VYNIL_MAX_REPOSITORIES_PER_JUKEBOX", default_value_t = 1_000)]
-    pub max_repositories_per_jukebox: usize,
-    #[arg(long, env = "VYNIL_REPOSITORY_CONCURRENCY", default_value_t = 4)]
-    pub repository_concurrency: usize,
+    #[command(flatten)]
+    pub limits: crate::ScanLimits,
 }
 
 /// Runs `vynil-scanner export` and prints what it did.
@@ -142,12 +138,8 @@ pub async fn run_cli(args: ExportArgs) -> Result<(), ScannerError> {
     let credentials = CredentialStore::from_file(args.dockerconfig.as_deref())?;
     let client =
         RegistryClient::new(transport, credentials, std::sync::Arc::new(InMemoryMetadataCache::default()))?;
-    let settings = EngineSettings {
-        framework: semver::Version::new(0, 0, 0),
-        max_tags_per_repository: args.max_tags_per_repository,
-        max_repositories: args.max_repositories_per_jukebox,
-        repository_concurrency: args.repository_concurrency,
-    };
+    // The export covers every framework version: none is configured.
+    let settings = args.limits.settings(semver::Version::new(0, 0, 0));
     let done = export(&client, &settings, &source, &destination).await?;
     println!(
         "exported {} revisions of {} repositories to {destination}: {} files written{}, {} removed",

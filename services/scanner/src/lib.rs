@@ -48,17 +48,8 @@ pub struct Config {
     pub listen: SocketAddr,
     #[command(flatten)]
     pub shared: vynil_runtime::SharedConfig,
-    /// A repository with more tags is reported, not scanned.
-    #[arg(long, env = "VYNIL_MAX_TAGS_PER_REPOSITORY", default_value_t = 10_000)]
-    pub max_tags_per_repository: usize,
-    /// A JukeBox whose source names more repositories fails its scan (its
-    /// catalog is kept): a Harbor project or a script gone wrong must not
-    /// scan a whole registry.
-    #[arg(long, env = "VYNIL_MAX_REPOSITORIES_PER_JUKEBOX", default_value_t = 1_000)]
-    pub max_repositories_per_jukebox: usize,
-    /// Repositories scanned at once within a JukeBox.
-    #[arg(long, env = "VYNIL_REPOSITORY_CONCURRENCY", default_value_t = 4)]
-    pub repository_concurrency: usize,
+    #[command(flatten)]
+    pub limits: ScanLimits,
     /// A scan holds its JukeBox for this long, renewed while alive.
     #[arg(long, env = "VYNIL_SCAN_LEASE_SECONDS", default_value_t = 30)]
     pub scan_lease_seconds: u64,
@@ -83,6 +74,34 @@ pub struct Config {
     /// notifications).
     #[arg(long, env = "VYNIL_TRIGGER_RESYNC_SECONDS", default_value_t = 30)]
     pub trigger_resync_seconds: u64,
+}
+
+/// How much one scan (or export) may read, and how much at once.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ScanLimits {
+    /// A repository with more tags is reported, not scanned.
+    #[arg(long, env = "VYNIL_MAX_TAGS_PER_REPOSITORY", default_value_t = 10_000)]
+    pub max_tags_per_repository: usize,
+    /// A JukeBox whose source names more repositories fails its scan (its
+    /// catalog is kept): a Harbor project or a script gone wrong must not
+    /// scan a whole registry.
+    #[arg(long, env = "VYNIL_MAX_REPOSITORIES_PER_JUKEBOX", default_value_t = 1_000)]
+    pub max_repositories_per_jukebox: usize,
+    /// Repositories scanned at once within a JukeBox.
+    #[arg(long, env = "VYNIL_REPOSITORY_CONCURRENCY", default_value_t = 4)]
+    pub repository_concurrency: usize,
+}
+
+impl ScanLimits {
+    /// The engine's settings for consumers running `framework`.
+    pub fn settings(&self, framework: semver::Version) -> EngineSettings {
+        EngineSettings {
+            framework,
+            max_tags_per_repository: self.max_tags_per_repository,
+            max_repositories: self.max_repositories_per_jukebox,
+            repository_concurrency: self.repository_concurrency,
+        }
+    }
 }
 
 #[derive(Debug, Clone, clap::Subcommand)]
@@ -172,12 +191,7 @@ pub async fn build_with_store(
         queue,
         client,
         index_cache: vynil_index::ConditionalCache::default(),
-        settings: EngineSettings {
-            framework: config.shared.vynil_version.clone(),
-            max_tags_per_repository: config.max_tags_per_repository,
-            max_repositories: config.max_repositories_per_jukebox,
-            repository_concurrency: config.repository_concurrency,
-        },
+        settings: config.limits.settings(config.shared.vynil_version.clone()),
         holder: format!("scanner-{:016x}", fastrand::u64(..)),
         lease: Duration::from_secs(config.scan_lease_seconds.max(1)),
         poll: Duration::from_millis(config.poll_milliseconds.max(10)),
