@@ -44,7 +44,15 @@ async fn scanner(
 }
 
 async fn scan(scanner: &Scanner, jukebox: &str) -> vynil_scanner::ScanRecord {
-    let (id, _) = scanner.request(jukebox, vynil_rules::ScanScope::Full).await.unwrap();
+    scan_scoped(scanner, jukebox, vynil_rules::ScanScope::Full).await
+}
+
+async fn scan_scoped(
+    scanner: &Scanner,
+    jukebox: &str,
+    scope: vynil_rules::ScanScope,
+) -> vynil_scanner::ScanRecord {
+    let (id, _) = scanner.request(jukebox, scope).await.unwrap();
     for _ in 0..2400 {
         let record = scanner.queue.record(&id).await.unwrap().unwrap();
         if record.is_final() {
@@ -203,6 +211,31 @@ async fn an_exported_http_index_gives_every_consumer_the_direct_scans_catalog() 
     assert!(requests.iter().all(|r| r.method == "GET" && r.conditional && r.status == 304), "{requests:?}");
     let after = scanner.store.get("http-stable").await.unwrap().unwrap();
     assert_eq!(after.status_version, before.status_version, "an unchanged index writes nothing");
+
+    // A partial scan reads the index and the matching files only; an entry
+    // the index no longer lists under the filter goes, as upstream.
+    let partial =
+        |filter: &str| vynil_rules::ScanScope::Partial(vynil_rules::ScanFilter::parse(filter).unwrap());
+    let full = packages(&scanner, "http-stable").await;
+    let pg = index.packages.iter().find(|e| e.name == "pg").unwrap();
+    server.clear_requests();
+    let record = scan_scoped(&scanner, "http-stable", partial("db/pg")).await;
+    assert!(record.errors.is_empty(), "{:?}", record.errors);
+    let files: Vec<String> = server.requests().iter().map(|r| r.file.clone()).collect();
+    assert_eq!(files, ["team/index/index.yaml".to_string(), format!("team/index/{}", pg.file)]);
+    assert_eq!(packages(&scanner, "http-stable").await, full);
+    let without_pg = vynil_index::IndexDocument {
+        packages: index.packages.iter().filter(|e| e.name != "pg").cloned().collect(),
+        unannotated: index.unannotated.clone(),
+    };
+    let original = std::fs::read(index_dir.join("index.yaml")).unwrap();
+    std::fs::write(index_dir.join("index.yaml"), without_pg.render().unwrap()).unwrap();
+    scan_scoped(&scanner, "http-stable", partial("db")).await;
+    let expected: Vec<String> = full.iter().filter(|r| !r.starts_with("db/pg")).cloned().collect();
+    assert_eq!(packages(&scanner, "http-stable").await, expected, "db/pg is no longer listed");
+    std::fs::write(index_dir.join("index.yaml"), original).unwrap();
+    scan(&scanner, "http-stable").await;
+    assert_eq!(packages(&scanner, "http-stable").await, full);
 
     // A malformed package file: a condition naming it; every entry stays.
     let known = packages(&scanner, "http-stable").await;
