@@ -313,6 +313,17 @@ impl RegistryClient {
                 problem: format!("content does not match its digest (got {digest}): truncated or corrupt"),
             });
         }
+        // Read by tag, the digest is the body's: the registry's header must agree.
+        if let Some(served) = served_digest.as_deref().filter(|d| d.starts_with("sha256:"))
+            && served != digest
+        {
+            return Err(RegistryError::InvalidBody {
+                what,
+                problem: format!(
+                    "the registry names digest {served} but the content hashes to {digest}: truncated or corrupt"
+                ),
+            });
+        }
         let parsed: OciManifest = serde_json::from_slice(&body).map_err(|e| RegistryError::InvalidBody {
             what: what.clone(),
             problem: format!("not an OCI manifest: {e}"),
@@ -324,7 +335,7 @@ impl RegistryClient {
                 (index.annotations.unwrap_or_default(), first)
             }
         };
-        Ok(Some((Manifest { digest: served_digest.unwrap_or(digest), media_type, annotations }, first)))
+        Ok(Some((Manifest { digest, media_type, annotations }, first)))
     }
 
     /// The bytes of the manifest `reference` names, its media type and the
@@ -370,12 +381,26 @@ impl RegistryClient {
         }
     }
 
-    /// The digest of `tag` and its Vynil metadata; the manifest is read only
-    /// when this digest was never seen before. `None` if the tag is absent.
+    /// The digest of `tag` and its Vynil metadata. A tag seen before costs a
+    /// HEAD (it may have been re-pointed), and a GET only when its digest is
+    /// new; a tag never seen costs one GET, its digest the body's hash
+    /// (checked against the one the registry names). `None` if absent.
     pub async fn tag_metadata(&self, repo: &RepositoryRef, tag: &str) -> Result<Option<TaggedManifest>> {
+        let reference = format!("{repo}:{tag}");
+        if self.cache.tag_digest(&reference).await.is_none() {
+            let Some(manifest) = self.get_manifest(repo, tag).await? else {
+                return Ok(None);
+            };
+            let metadata = ManifestMetadata::read(|key| manifest.annotations.get(key).map(String::as_str));
+            self.cache.put(&manifest.digest, &metadata).await;
+            self.cache.put_tag_digest(&reference, &manifest.digest).await;
+            let digest = manifest.digest;
+            return Ok(Some(TaggedManifest { tag: tag.to_string(), digest, metadata, manifest_read: true }));
+        }
         let Some(digest) = self.head_digest(repo, tag).await? else {
             return Ok(None);
         };
+        self.cache.put_tag_digest(&reference, &digest).await;
         if let Some(metadata) = self.cache.get(&digest).await {
             return Ok(Some(TaggedManifest { tag: tag.to_string(), digest, metadata, manifest_read: false }));
         }

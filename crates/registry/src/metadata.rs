@@ -16,12 +16,18 @@ pub use vynil_rules::ManifestMetadata;
 pub trait MetadataCache: Send + Sync + std::fmt::Debug {
     async fn get(&self, digest: &str) -> Option<ManifestMetadata>;
     async fn put(&self, digest: &str, metadata: &ManifestMetadata);
+    /// The digest tag `reference` (`<registry>/<repository>:<tag>`) had when
+    /// last read. A tag seen before is checked with a HEAD (it may have been
+    /// re-pointed); one never seen is read with a single GET.
+    async fn tag_digest(&self, reference: &str) -> Option<String>;
+    async fn put_tag_digest(&self, reference: &str, digest: &str);
 }
 
 /// A process-local cache.
 #[derive(Debug, Clone, Default)]
 pub struct InMemoryMetadataCache {
     entries: Arc<Mutex<HashMap<String, ManifestMetadata>>>,
+    tags: Arc<Mutex<HashMap<String, String>>>,
 }
 
 #[async_trait::async_trait]
@@ -33,6 +39,16 @@ impl MetadataCache for InMemoryMetadataCache {
     async fn put(&self, digest: &str, metadata: &ManifestMetadata) {
         if let Ok(mut entries) = self.entries.lock() {
             entries.insert(digest.to_string(), metadata.clone());
+        }
+    }
+
+    async fn tag_digest(&self, reference: &str) -> Option<String> {
+        self.tags.lock().ok()?.get(reference).cloned()
+    }
+
+    async fn put_tag_digest(&self, reference: &str, digest: &str) {
+        if let Ok(mut tags) = self.tags.lock() {
+            tags.insert(reference.to_string(), digest.to_string());
         }
     }
 }

@@ -104,6 +104,19 @@ async fn a_truncated_body_is_retried_then_reported() {
 }
 
 #[tokio::test]
+async fn a_manifest_read_by_tag_must_hash_to_the_digest_the_registry_names() {
+    let (_registry, front) = setup().await;
+    let client = client(&front.host(), CredentialStore::default());
+    front.inject(Fault::new(Some(Method::GET), "/v2/good/a/manifests/", usize::MAX, FaultAction::Tamper));
+    let error = client.tag_metadata(&repo(&front.host(), "good/a"), "1.0.0").await.unwrap_err();
+    assert!(
+        matches!(error, RegistryError::InvalidBody { ref problem, .. } if problem.contains("the registry names digest")),
+        "{error:?}"
+    );
+    assert_eq!(front.count(&Method::HEAD, "/v2/good/a/manifests/"), 0, "a tag never seen: one GET, no HEAD");
+}
+
+#[tokio::test]
 async fn an_over_size_manifest_is_refused_without_retry() {
     let (_registry, front) = setup().await;
     let client = client(&front.host(), CredentialStore::default());

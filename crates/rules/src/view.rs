@@ -198,6 +198,14 @@ impl<'v> ViewBuilder<'v> {
         }
     }
 
+    /// The tags the descent may need next, in order, at most `n`, starting
+    /// with [`ViewBuilder::next_needed`]: what a caller can read ahead (each
+    /// is needed unless the view completes first). Empty once it is complete.
+    pub fn upcoming(&self, n: usize) -> impl Iterator<Item = &'v Tag> + '_ {
+        let start = if self.phase == Phase::Done { self.candidates.len() } else { self.position };
+        self.candidates.iter().skip(start).take(n).copied()
+    }
+
     /// The metadata of [`ViewBuilder::next_needed`]: `None` when the manifest
     /// carries no Vynil annotations.
     pub fn provide(&mut self, content: Option<&impl Revision>) {

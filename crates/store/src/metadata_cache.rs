@@ -5,6 +5,7 @@ use redis::AsyncCommands;
 use vynil_registry::{ManifestMetadata, MetadataCache};
 
 const PREFIX: &str = "vynil:v1:manifest-metadata";
+const TAG_PREFIX: &str = "vynil:v1:tag-digest";
 const TTL_SECONDS: u64 = 90 * 24 * 3600;
 
 #[derive(Clone)]
@@ -42,6 +43,20 @@ impl MetadataCache for RedisMetadataCache {
             if let Err(error) = result {
                 tracing::warn!(%error, "cannot cache manifest metadata");
             }
+        }
+    }
+
+    async fn tag_digest(&self, reference: &str) -> Option<String> {
+        let mut c = self.connection.clone();
+        // An outage reads as "never seen": one GET instead of a HEAD.
+        c.get(format!("{TAG_PREFIX}:{reference}")).await.ok()?
+    }
+
+    async fn put_tag_digest(&self, reference: &str, digest: &str) {
+        let mut c = self.connection.clone();
+        let result: Result<(), _> = c.set_ex(format!("{TAG_PREFIX}:{reference}"), digest, TTL_SECONDS).await;
+        if let Err(error) = result {
+            tracing::warn!(%error, "cannot remember a tag's digest");
         }
     }
 }

@@ -41,6 +41,10 @@ pub enum FaultAction {
     /// Answer 200 with a manifest-typed body of this many bytes, streamed
     /// without a Content-Length.
     Oversize(usize),
+    /// Proxy, but alter one byte of a JSON body's whitespace-free content
+    /// (headers kept, `Docker-Content-Digest` included): a body that no
+    /// longer matches the digest the registry names.
+    Tamper,
 }
 
 /// A fault for requests whose method matches (any if `None`) and whose path
@@ -233,10 +237,11 @@ async fn handle(State(state): State<Arc<FrontState>>, request: Request) -> Respo
                 .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response());
         }
         Some(FaultAction::Delay(delay)) => tokio::time::sleep(*delay).await,
-        Some(FaultAction::Truncate | FaultAction::DelayAnswer(_)) | None => {}
+        Some(FaultAction::Truncate | FaultAction::DelayAnswer(_) | FaultAction::Tamper) | None => {}
     }
     match proxy(&state, request).await {
         Ok(response) if fault == Some(FaultAction::Truncate) => truncate(response).await,
+        Ok(response) if fault == Some(FaultAction::Tamper) => tamper(response).await,
         Ok(response) => {
             if let Some(FaultAction::DelayAnswer(delay)) = fault {
                 tokio::time::sleep(delay).await;
@@ -294,6 +299,16 @@ async fn proxy(state: &FrontState, request: Request) -> Result<Response> {
 }
 
 /// Half the body, then a broken connection (the declared length is kept).
+async fn tamper(response: Response) -> Response {
+    let (parts, body) = response.into_parts();
+    let mut bytes = axum::body::to_bytes(body, 256 * 1024 * 1024).await.unwrap_or_default().to_vec();
+    // A key's first letter, upper-cased: still JSON, another hash.
+    if let Some(at) = bytes.windows(2).position(|w| w[0] == b'"' && w[1].is_ascii_lowercase()) {
+        bytes[at + 1] = bytes[at + 1].to_ascii_uppercase();
+    }
+    Response::from_parts(parts, Body::from(bytes))
+}
+
 async fn truncate(response: Response) -> Response {
     let (parts, body) = response.into_parts();
     let bytes = axum::body::to_bytes(body, 256 * 1024 * 1024).await.unwrap_or_default();

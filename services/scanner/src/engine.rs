@@ -3,11 +3,13 @@
 //! (waypoints + type-aware), the partial filter, the merge. This module only
 //! reads the registry and reports progress.
 
-use std::sync::Arc;
+use std::{collections::HashMap, sync::Arc};
 
 use futures::StreamExt;
+use tokio_util::task::AbortOnDropHandle;
+use tracing::Instrument;
 use vynil_crds::{Condition, JukeBoxConditionType, JukeBoxStatus, set_condition};
-use vynil_registry::{ManifestMetadata, RegistryClient, RepositoryRef};
+use vynil_registry::{ManifestMetadata, RegistryClient, RepositoryRef, TaggedManifest};
 use vynil_rules::{
     Package, ScanScope, Versions, ViewBuilder, Viewer,
     jukebox::{self, ConditionChange, ConditionTransition, JukeboxCondition, ScanVerdict},
@@ -36,6 +38,8 @@ pub struct EngineSettings {
     /// Repositories one JukeBox's source may name.
     pub max_repositories: usize,
     pub repository_concurrency: usize,
+    /// Manifests read ahead of the descent within one repository.
+    pub read_ahead: usize,
 }
 
 /// What a scan found; merged into the status at write time, so a write that
@@ -123,7 +127,7 @@ pub async fn scan(
         .map(|repo| {
             let (viewer, progress) = (viewer.clone(), progress.clone());
             async move {
-                let outcome = scan_repository(client, settings, &repo, &viewer, &progress).await;
+                let outcome = scan_repository(client, settings, &repo, &viewer, progress.clone()).await;
                 let snapshot = {
                     let mut p = progress.lock().unwrap_or_else(|e| e.into_inner());
                     p.repositories_done += 1;
@@ -240,14 +244,18 @@ fn apply(
     }
 }
 
-/// The view of one repository, reading only the manifests the descent needs.
+/// The view of one repository, reading the manifests the descent needs, up
+/// to `settings.read_ahead` of them at once: the descent asks one tag at a
+/// time, but the next tags it may ask are known (`ViewBuilder::upcoming`),
+/// so they are read while it decides. A first scan then costs about its
+/// manifest reads divided by the window, and extra reads are bounded by it.
 #[tracing::instrument(skip_all, fields(repository = %repo))]
 async fn scan_repository(
     client: &RegistryClient,
     settings: &EngineSettings,
     repo: &RepositoryRef,
     viewer: &Viewer,
-    progress: &std::sync::Mutex<Progress>,
+    progress: Arc<std::sync::Mutex<Progress>>,
 ) -> Result<Vec<Package>, String> {
     let tags = client.list_tags(repo).await.map_err(|e| e.to_string())?;
     if let Ok(mut p) = progress.lock() {
@@ -263,13 +271,29 @@ async fn scan_repository(
     let versions = Versions::parse(tags.iter().map(String::as_str));
     let mut builder = ViewBuilder::new(&versions, viewer.clone(), true);
     let mut contents = Vec::new();
+    let mut ahead: HashMap<String, AbortOnDropHandle<Result<Option<TaggedManifest>, String>>> =
+        HashMap::new();
+    let read = |tag: String| {
+        let (client, repo, progress) = (client.clone(), repo.clone(), progress.clone());
+        let task = async move {
+            let found = client.tag_metadata(&repo, &tag).await.map_err(|e| e.to_string())?;
+            if found.as_ref().is_some_and(|f| f.manifest_read)
+                && let Ok(mut p) = progress.lock()
+            {
+                p.manifests_read += 1;
+            }
+            Ok(found)
+        };
+        AbortOnDropHandle::new(tokio::spawn(task.instrument(tracing::Span::current())))
+    };
     while let Some(tag) = builder.next_needed() {
-        let found = client.tag_metadata(repo, tag.as_str()).await.map_err(|e| e.to_string())?;
-        if found.as_ref().is_some_and(|f| f.manifest_read)
-            && let Ok(mut p) = progress.lock()
-        {
-            p.manifests_read += 1;
+        for next in builder.upcoming(settings.read_ahead.max(1)) {
+            if !ahead.contains_key(next.as_str()) {
+                ahead.insert(next.as_str().to_string(), read(next.as_str().to_string()));
+            }
         }
+        let task = ahead.remove(tag.as_str()).unwrap_or_else(|| read(tag.as_str().to_string()));
+        let found = task.await.map_err(|e| format!("tag {tag}: the read was lost: {e}"))??;
         match found.map(|f| (f.metadata, f.digest)) {
             Some((ManifestMetadata::Vynil(content), digest)) => {
                 builder.provide(Some(content.as_ref()));
@@ -280,6 +304,11 @@ async fn scan_repository(
                 builder.provide(None::<&vynil_rules::PackageContent>)
             }
         }
+    }
+    // Reads already in flight finish (they are counted, and cached for the
+    // next scan); at most the window.
+    for (_, task) in ahead {
+        let _ = task.await;
     }
     let view = builder.finish();
     Ok(view

@@ -90,6 +90,12 @@ pub struct ScanLimits {
     /// Repositories scanned at once within a JukeBox.
     #[arg(long, env = "VYNIL_REPOSITORY_CONCURRENCY", default_value_t = 4)]
     pub repository_concurrency: usize,
+    /// Manifests read at once within a repository, ahead of the descent
+    /// (HEADs for tags seen before, GETs for new ones): a first scan of a
+    /// large repository costs about its reads divided by this. Lower it for
+    /// registries with strict rate limits.
+    #[arg(long, env = "VYNIL_MANIFEST_READ_AHEAD", default_value_t = 8)]
+    pub manifest_read_ahead: usize,
 }
 
 impl ScanLimits {
@@ -100,6 +106,7 @@ impl ScanLimits {
             max_tags_per_repository: self.max_tags_per_repository,
             max_repositories: self.max_repositories_per_jukebox,
             repository_concurrency: self.repository_concurrency,
+            read_ahead: self.manifest_read_ahead,
         }
     }
 }

@@ -243,10 +243,14 @@ async fn a_repository_of_1200_tags_is_scanned_completely_and_a_rescan_reads_no_m
     // Only tenant and service revisions exist: the type-aware descent looks for
     // a system revision to the end, reading each manifest once.
     assert_eq!(h.front.count(&Method::GET, "/manifests/"), 1200);
+    // A tag never seen is read with one GET, its digest the body's: no HEAD.
+    assert_eq!(h.front.count(&Method::HEAD, "/manifests/"), 0, "a first scan sends no HEAD");
 
     h.front.reset_counts();
     assert_eq!(scan(&h, "").await.state, RecordState::Succeeded);
     assert_eq!(h.front.count(&Method::GET, "/manifests/"), 0, "an immediate rescan makes zero manifest GETs");
+    // Tags seen before are checked for re-pointing: one HEAD each.
+    assert_eq!(h.front.count(&Method::HEAD, "/manifests/"), 1200);
     let _ = h.dir.path();
 }
 
