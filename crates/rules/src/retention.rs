@@ -249,9 +249,18 @@ impl RetentionPlan {
 
 enum Class<'a> {
     Version(Tag, &'a PackageContent),
-    VersionWithoutVynil,
+    VersionWithoutVynil(Tag),
     Artifact(ArtifactTag),
     Other,
+}
+
+impl Class<'_> {
+    fn version(&self) -> Option<&Tag> {
+        match self {
+            Class::Version(tag, _) | Class::VersionWithoutVynil(tag) => Some(tag),
+            _ => None,
+        }
+    }
 }
 
 /// Plans the retention of one repository.
@@ -260,33 +269,42 @@ pub fn plan_retention(
     usage: &Usage,
     config: &RetentionConfig,
 ) -> Result<RetentionPlan, RulesError> {
+    // Each tag is classified (its name parsed) once; reasons are kept by
+    // position, so nothing below looks a tag up by name but the views.
+    let classes: Vec<Class> = tags.iter().map(classify).collect();
     let unreadable: Vec<String> = tags
         .iter()
-        .filter_map(|t| match (&t.metadata, Tag::parse(&t.name)) {
-            (ManifestMetadata::Malformed(why), Some(_)) => Some(format!("{}: {why}", t.name)),
+        .zip(&classes)
+        .filter_map(|(t, c)| match (&t.metadata, c) {
+            (ManifestMetadata::Malformed(why), Class::VersionWithoutVynil(_)) => {
+                Some(format!("{}: {why}", t.name))
+            }
             _ => None,
         })
         .collect();
     if !unreadable.is_empty() {
         return Err(RulesError::UnreadableMetadata(unreadable.join("; ")));
     }
+    let breakpoints = breakpoints(
+        config.framework(),
+        classes.iter().filter_map(|c| match c {
+            Class::Version(_, content) => Some(*content),
+            _ => None,
+        }),
+    );
 
-    let classes: Vec<Class> = tags.iter().map(classify).collect();
-    let contents: BTreeMap<&str, &PackageContent> = tags
+    // What the descent and the fingerprint read of each revision, parsed once.
+    let facts: Vec<Option<RevisionFacts>> = classes
         .iter()
-        .zip(&classes)
-        .filter_map(|(t, c)| match c {
-            Class::Version(_, content) => Some((t.name.as_str(), *content)),
+        .map(|c| match c {
+            Class::Version(_, content) => Some(RevisionFacts::of(content)),
             _ => None,
         })
         .collect();
-    let breakpoints = breakpoints(config.framework(), contents.values().copied());
-
-    let mut reasons: Reasons = BTreeMap::new();
-    add_view_reasons(tags, &contents, &breakpoints, config.framework(), &mut reasons);
+    let mut reasons: Reasons = vec![BTreeSet::new(); tags.len()];
+    add_view_reasons(&classes, &facts, &breakpoints, config.framework(), &mut reasons);
     add_newest_of_each_type(&classes, &mut reasons);
-    for tag in tags {
-        let entry = reasons.entry(tag.name.clone()).or_default();
+    for (tag, entry) in tags.iter().zip(reasons.iter_mut()) {
         if let Usage::Known(used) = usage {
             for revision in used {
                 if revision.uses(&tag.digest, std::slice::from_ref(&tag.name)) {
@@ -303,32 +321,32 @@ pub fn plan_retention(
             }
         }
     }
-    add_digest_reasons(tags, &classes, &mut reasons);
+    let digests = Digests::new(tags, &classes);
+    add_digest_reasons(tags, &classes, &digests, &mut reasons);
     // What is neither managed nor an artifact is kept: as the alias of a kept
     // digest when it is one (more telling), else as unmanaged.
-    for (tag, class) in tags.iter().zip(&classes) {
-        let entry = reasons.entry(tag.name.clone()).or_default();
-        if entry.is_empty() && matches!(class, Class::VersionWithoutVynil | Class::Other) {
+    for (entry, class) in reasons.iter_mut().zip(&classes) {
+        if entry.is_empty() && matches!(class, Class::VersionWithoutVynil(_) | Class::Other) {
             entry.insert(KeepReason::Unmanaged);
         }
     }
-    add_digest_reasons(tags, &classes, &mut reasons);
+    add_digest_reasons(tags, &classes, &digests, &mut reasons);
 
-    let mut entries: Vec<(Option<Tag>, PlanEntry)> = tags
+    let mut entries: Vec<(Option<&Tag>, PlanEntry)> = tags
         .iter()
         .zip(&classes)
-        .map(|(tag, class)| {
-            let kept = reasons.get(&tag.name).filter(|r| !r.is_empty());
-            let decision = match (kept, class) {
-                (Some(r), _) => Decision::Keep(r.iter().cloned().collect()),
-                (None, Class::Artifact(a)) => Decision::Delete(DeleteReason::OrphanedArtifact {
+        .zip(reasons)
+        .map(|((tag, class), kept)| {
+            let decision = match (kept.is_empty(), class) {
+                (false, _) => Decision::Keep(kept.into_iter().collect()),
+                (true, Class::Artifact(a)) => Decision::Delete(DeleteReason::OrphanedArtifact {
                     kind: a.kind,
                     subject: a.subject.clone(),
                 }),
-                (None, _) => Decision::Delete(DeleteReason::Superseded),
+                (true, _) => Decision::Delete(DeleteReason::Superseded),
             };
             let entry = PlanEntry { tag: tag.name.clone(), digest: tag.digest.clone(), decision };
-            (Tag::parse(&tag.name), entry)
+            (class.version(), entry)
         })
         .collect();
     entries.sort_by(|(va, a), (vb, b)| match (va, vb) {
@@ -341,19 +359,20 @@ pub fn plan_retention(
 
     Ok(RetentionPlan {
         entries: entries.into_iter().map(|(_, e)| e).collect(),
-        fingerprint: fingerprint(tags, usage, config),
+        fingerprint: fingerprint(tags, &facts, usage, config),
         usage_unknown: matches!(usage, Usage::Unknown),
         breakpoints,
     })
 }
 
-type Reasons = BTreeMap<String, BTreeSet<KeepReason>>;
+/// The reasons of each tag, by its position in the input.
+type Reasons = Vec<BTreeSet<KeepReason>>;
 
 fn classify(tag: &RepositoryTag) -> Class<'_> {
     if let Some(version) = Tag::parse(&tag.name) {
         return match &tag.metadata {
             ManifestMetadata::Vynil(content) => Class::Version(version, content),
-            _ => Class::VersionWithoutVynil,
+            _ => Class::VersionWithoutVynil(version),
         };
     }
     match ArtifactTag::parse(&tag.name) {
@@ -370,8 +389,8 @@ fn breakpoints<'a>(configured: &Version, contents: impl Iterator<Item = &'a Pack
 }
 
 fn add_view_reasons(
-    tags: &[RepositoryTag],
-    contents: &BTreeMap<&str, &PackageContent>,
+    classes: &[Class],
+    tag_facts: &[Option<RevisionFacts>],
     breakpoints: &[Version],
     configured: &Version,
     reasons: &mut Reasons,
@@ -380,14 +399,26 @@ fn add_view_reasons(
     // where the configured one gave none of that kind for that channel.
     let mut order: Vec<&Version> = vec![configured];
     order.extend(breakpoints.iter().filter(|b| *b != configured));
-    let versions = Versions::parse(tags.iter().map(|t| t.name.as_str()));
-    let facts: std::collections::HashMap<&str, RevisionFacts> =
-        contents.iter().map(|(name, content)| (*name, RevisionFacts::of(content))).collect();
+    // Each version with the position of its tag, newest first; the facts of
+    // the descent in the same order, found by the tag's own address.
+    let mut indexed: Vec<(&Tag, usize)> =
+        classes.iter().enumerate().filter_map(|(at, c)| c.version().map(|tag| (tag, at))).collect();
+    indexed.sort_by(|(a, _), (b, _)| b.cmp(a));
+    indexed.dedup_by(|(a, _), (b, _)| a == b);
+    let versions = Versions::from_tags(indexed.iter().map(|(tag, _)| (*tag).clone()).collect());
+    let facts: Vec<Option<&RevisionFacts>> =
+        indexed.iter().map(|(_, at)| tag_facts.get(*at).and_then(Option::as_ref)).collect();
     for framework in order {
         for channel in Channel::ALL {
             let viewer = Viewer { channel, framework: framework.clone() };
-            let view = view_of_versions(&versions, &viewer, true, |tag| facts.get(tag.as_str()));
+            let view = view_of_versions(&versions, &viewer, true, |tag| {
+                versions.index_of(tag).and_then(|i| facts.get(i).copied().flatten())
+            });
             for entry in view.entries {
+                let Some(at) = versions.index_of(&entry.tag).and_then(|i| indexed.get(i)).map(|(_, at)| *at)
+                else {
+                    continue;
+                };
                 let framework = (framework != configured).then(|| framework.clone());
                 let reason = match entry.role {
                     Role::Head => KeepReason::ChannelHead { channel, framework },
@@ -396,7 +427,7 @@ fn add_view_reasons(
                         KeepReason::TypeInView { channel, framework, package_type }
                     }
                 };
-                let set = reasons.entry(entry.tag.as_str().to_string()).or_default();
+                let set = &mut reasons[at];
                 if is_configured(&reason) || !set.iter().any(|r| same_kind(r, &reason)) {
                     set.insert(reason);
                 }
@@ -424,51 +455,109 @@ fn same_kind(a: &KeepReason, b: &KeepReason) -> bool {
 }
 
 fn add_newest_of_each_type(classes: &[Class], reasons: &mut Reasons) {
-    let mut newest: BTreeMap<PackageType, &Tag> = BTreeMap::new();
-    for class in classes {
+    let mut newest: BTreeMap<PackageType, (usize, &Tag)> = BTreeMap::new();
+    for (at, class) in classes.iter().enumerate() {
         if let Class::Version(tag, content) = class {
-            let slot = newest.entry(content.package_type()).or_insert(tag);
-            if tag > *slot {
-                *slot = tag;
+            let slot = newest.entry(content.package_type()).or_insert((at, tag));
+            if tag > slot.1 {
+                *slot = (at, tag);
             }
         }
     }
-    for (package_type, tag) in newest {
-        reasons.entry(tag.as_str().to_string()).or_default().insert(KeepReason::NewestOfType(package_type));
+    for (package_type, (at, _)) in newest {
+        reasons[at].insert(KeepReason::NewestOfType(package_type));
+    }
+}
+
+/// A word-at-a-time hash (rustc's Fx): SipHash over each 71-byte digest was
+/// an eighth of the planning time. Digests are the registry's SHA-256, so
+/// flooding one bucket would need colliding content; it would only cost time.
+#[derive(Clone, Copy, Default)]
+struct BuildFx;
+
+struct Fx(u64);
+
+impl std::hash::BuildHasher for BuildFx {
+    type Hasher = Fx;
+    fn build_hasher(&self) -> Fx {
+        Fx(0)
+    }
+}
+
+impl std::hash::Hasher for Fx {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.0 = (self.0.rotate_left(5) ^ u64::from_le_bytes(word)).wrapping_mul(0x517c_c1b7_2722_0a95);
+        }
+    }
+}
+
+/// Each tag's digest as a small number, and each artifact's subject digest
+/// when some tag has it: digests are hashed once, not once per pass.
+struct Digests {
+    count: usize,
+    of_tag: Vec<usize>,
+    subject: Vec<Option<usize>>,
+}
+
+impl Digests {
+    fn new(tags: &[RepositoryTag], classes: &[Class]) -> Self {
+        let mut ids: HashMap<&str, usize, BuildFx> = HashMap::with_capacity_and_hasher(tags.len(), BuildFx);
+        let of_tag = tags
+            .iter()
+            .map(|t| {
+                let next = ids.len();
+                *ids.entry(t.digest.as_str()).or_insert(next)
+            })
+            .collect();
+        let subject = classes
+            .iter()
+            .map(|c| match c {
+                Class::Artifact(artifact) => ids.get(artifact.subject.as_str()).copied(),
+                _ => None,
+            })
+            .collect();
+        Self { count: ids.len(), of_tag, subject }
     }
 }
 
 /// Deletion is by digest: a tag sharing a kept digest is kept, and so is an
 /// artifact of a kept digest. Repeated until nothing changes, since keeping an
 /// artifact keeps its own digest (and its artifacts) in turn.
-fn add_digest_reasons(tags: &[RepositoryTag], classes: &[Class], reasons: &mut Reasons) {
+fn add_digest_reasons(tags: &[RepositoryTag], classes: &[Class], digests: &Digests, reasons: &mut Reasons) {
     loop {
         // The first kept tag (by name) of each kept digest names it in reasons.
-        let mut kept_digests: BTreeMap<&str, &str> = BTreeMap::new();
-        for tag in tags {
-            if reasons.get(&tag.name).is_some_and(|r| !r.is_empty()) {
-                let slot = kept_digests.entry(tag.digest.as_str()).or_insert(tag.name.as_str());
-                if tag.name.as_str() < *slot {
-                    *slot = tag.name.as_str();
-                }
+        let mut namer: Vec<Option<usize>> = vec![None; digests.count];
+        for (at, kept) in reasons.iter().enumerate() {
+            if kept.is_empty() {
+                continue;
+            }
+            let slot = &mut namer[digests.of_tag[at]];
+            match slot {
+                Some(first) if tags[*first].name <= tags[at].name => {}
+                _ => *slot = Some(at),
             }
         }
         let mut added = false;
-        for (tag, class) in tags.iter().zip(classes) {
-            if reasons.get(&tag.name).is_some_and(|r| !r.is_empty()) {
+        for (at, class) in classes.iter().enumerate() {
+            if !reasons[at].is_empty() {
                 continue;
             }
-            let reason = if let Some(of) = kept_digests.get(tag.digest.as_str()) {
-                Some(KeepReason::Alias { of: of.to_string() })
-            } else if let Class::Artifact(artifact) = class {
-                kept_digests
-                    .get(artifact.subject.as_str())
-                    .map(|of| KeepReason::Artifact { kind: artifact.kind, of: of.to_string() })
+            let reason = if let Some(of) = namer[digests.of_tag[at]] {
+                Some(KeepReason::Alias { of: tags[of].name.clone() })
+            } else if let (Class::Artifact(artifact), Some(subject)) = (class, digests.subject[at]) {
+                namer[subject]
+                    .map(|of| KeepReason::Artifact { kind: artifact.kind, of: tags[of].name.clone() })
             } else {
                 None
             };
             if let Some(reason) = reason {
-                reasons.entry(tag.name.clone()).or_default().insert(reason);
+                reasons[at].insert(reason);
                 added = true;
             }
         }
@@ -549,41 +638,84 @@ pub fn combined_fingerprint<'a>(parts: &[(&'a str, &'a str)]) -> String {
 
 /// Hash of a canonical form of every input: sorted lists, and each tag's
 /// metadata as serialised by its type (a fixed field order).
-fn fingerprint(tags: &[RepositoryTag], usage: &Usage, config: &RetentionConfig) -> String {
-    let mut tag_lines: Vec<String> = tags
-        .iter()
-        .map(|t| {
-            let metadata = match &t.metadata {
-                ManifestMetadata::Vynil(content) => serde_json::to_string(content).unwrap_or_default(),
-                ManifestMetadata::NotVynil => "not-vynil".into(),
-                ManifestMetadata::Malformed(_) => "unreadable".into(),
-            };
-            // Tag names and digests never hold a NUL: an unambiguous separator.
-            format!("{}\0{}\0{metadata}", t.name, t.digest)
-        })
-        .collect();
-    tag_lines.sort_unstable();
-    let usage = match usage {
-        Usage::Unknown => json!("unknown"),
-        Usage::Known(used) => {
-            let mut used: Vec<String> = used
-                .iter()
-                .map(|r| canonical(&json!([r.tag, r.digest, r.instance, format!("{:?}", r.usage)])))
-                .collect();
-            used.sort_unstable();
-            json!(used)
-        }
+/// The plan's inputs hashed in one pass, in an order-free form: every tag's
+/// name, digest and the metadata the plan reads (type, minimum, framework
+/// requirements), usage, framework and pins; each field length-prefixed, so
+/// no two inputs share an encoding. (Serialising each revision to canonical
+/// JSON first made the fingerprint 60% of the planning time.)
+fn fingerprint(
+    tags: &[RepositoryTag],
+    facts: &[Option<RevisionFacts>],
+    usage: &Usage,
+    config: &RetentionConfig,
+) -> String {
+    use std::fmt::Write as _;
+    let mut hasher = Sha256::new();
+    let mut field = |bytes: &[u8]| {
+        hasher.update((bytes.len() as u64).to_le_bytes());
+        hasher.update(bytes);
     };
+    let mut text = String::new();
+    let mut version = |field: &mut dyn FnMut(&[u8]), v: Option<&Version>| {
+        text.clear();
+        if let Some(v) = v {
+            let _ = write!(text, "{v}");
+        }
+        field(text.as_bytes());
+    };
+    field(b"vynil retention plan, fingerprint schema 2");
+    version(&mut field, Some(&config.framework));
     let mut pins: Vec<&str> = config.pins.iter().map(|(p, _)| p.as_str()).collect();
     pins.sort_unstable();
-    let input = json!({
-        "schema": 1,
-        "framework": config.framework.to_string(),
-        "pins": pins,
-        "tags": tag_lines,
-        "usage": usage,
+    pins.dedup();
+    field(&(pins.len() as u64).to_le_bytes());
+    for pin in pins {
+        field(pin.as_bytes());
+    }
+    let mut order: Vec<usize> = (0..tags.len()).collect();
+    order.sort_unstable_by(|&a, &b| {
+        (tags[a].name.as_str(), tags[a].digest.as_str())
+            .cmp(&(tags[b].name.as_str(), tags[b].digest.as_str()))
     });
-    format!("sha256:{}", hex::encode(Sha256::digest(canonical(&input).as_bytes())))
+    field(&(order.len() as u64).to_le_bytes());
+    for at in order {
+        let tag = &tags[at];
+        field(tag.name.as_bytes());
+        field(tag.digest.as_bytes());
+        match (&tag.metadata, facts.get(at).and_then(Option::as_ref)) {
+            (ManifestMetadata::Vynil(_), Some(facts)) => {
+                field(b"vynil");
+                field(facts.package_type.as_str().as_bytes());
+                version(&mut field, facts.minimum.as_ref());
+                field(&(facts.vynil_versions.len() as u64).to_le_bytes());
+                for requirement in &facts.vynil_versions {
+                    version(&mut field, Some(requirement));
+                }
+            }
+            // Not a version: its metadata decides nothing but that it has some.
+            (ManifestMetadata::Vynil(_), None) => field(b"vynil, not a version"),
+            (ManifestMetadata::NotVynil, _) => field(b"not-vynil"),
+            (ManifestMetadata::Malformed(_), _) => field(b"unreadable"),
+        }
+    }
+    match usage {
+        Usage::Unknown => field(b"usage unknown"),
+        Usage::Known(used) => {
+            let mut used: Vec<(&str, &str, &str, RevisionUse)> = used
+                .iter()
+                .map(|r| (r.tag.as_str(), r.digest.as_deref().unwrap_or(""), r.instance.as_str(), r.usage))
+                .collect();
+            used.sort_unstable();
+            field(&(used.len() as u64).to_le_bytes());
+            for (tag, digest, instance, usage) in used {
+                field(tag.as_bytes());
+                field(digest.as_bytes());
+                field(instance.as_bytes());
+                field(format!("{usage:?}").as_bytes());
+            }
+        }
+    }
+    format!("sha256:{}", hex::encode(hasher.finalize()))
 }
 
 /// JSON text with object keys sorted at every depth, whatever map order

@@ -149,13 +149,31 @@ pub struct Versions {
 impl Versions {
     /// `tags`: every tag of the repository (non-versions are ignored).
     pub fn parse<'a>(tags: impl IntoIterator<Item = &'a str>) -> Self {
-        let mut newest_first = crate::tag::versions_newest_first(tags);
-        newest_first.dedup();
-        Self { newest_first }
+        Self::from_tags(tags.into_iter().filter_map(Tag::parse).collect())
+    }
+
+    /// The same from tags already parsed.
+    pub fn from_tags(mut tags: Vec<Tag>) -> Self {
+        tags.sort_by(|a, b| b.cmp(a));
+        tags.dedup();
+        Self { newest_first: tags }
     }
 
     pub fn as_slice(&self) -> &[Tag] {
         &self.newest_first
+    }
+
+    /// The position of `tag` in [`Versions::as_slice`], so a caller keeps
+    /// facts in a vector instead of a map by name: at once for one of this
+    /// set's own tags (as [`ViewBuilder`] hands them out, found by address),
+    /// else by binary search.
+    pub fn index_of(&self, tag: &Tag) -> Option<usize> {
+        let start = self.newest_first.as_ptr() as usize;
+        let by_address = (std::ptr::from_ref(tag) as usize)
+            .checked_sub(start)
+            .map(|offset| offset / std::mem::size_of::<Tag>().max(1))
+            .filter(|at| self.newest_first.get(*at).is_some_and(|own| std::ptr::eq(own, tag)));
+        by_address.or_else(|| self.newest_first.binary_search_by(|probe| tag.cmp(probe)).ok())
     }
 }
 
