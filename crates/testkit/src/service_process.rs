@@ -111,6 +111,11 @@ impl ServiceProcess {
         Ok(())
     }
 
+    /// The process id (to read its memory in `/proc`, say).
+    pub fn pid(&self) -> u32 {
+        self.process.pid()
+    }
+
     /// Freezes the process (SIGSTOP), as a long pause or a partition would:
     /// it answers nothing and renews nothing until [`ServiceProcess::resume`].
     pub fn pause(&self) -> Result<()> {

@@ -1,6 +1,6 @@
-//! Status change → every catalog replica fresh: p50/p99 over 200 changes with
-//! three replicas on one real Redis, printed beside a bare Redis pub/sub round
-//! trip measured in the same run (`cargo bench -p vynil-catalog`).
+//! P1, local mode: status change → all 3 catalog replicas fresh, p50/p99
+//! over 200 changes on one real Redis, beside a bare Redis pub/sub round
+//! trip measured in the same run.
 
 use std::{
     sync::Arc,
@@ -14,6 +14,8 @@ use vynil_rules::{Package, PackageContent, PackageType};
 use vynil_store::{JukeboxStore, LocalStore};
 use vynil_testkit::RedisServer;
 
+use crate::report::{Figure, Row};
+
 const CHANGES: usize = 200;
 
 fn package(tag: &str) -> Package {
@@ -26,8 +28,11 @@ fn percentiles(mut samples: Vec<Duration>) -> (Duration, Duration) {
     (at(0.50), at(0.99))
 }
 
-#[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+pub async fn local() -> Figure {
+    Figure::from_result("P1", "cache freshness, local mode (3 catalogs)", measure().await)
+}
+
+async fn measure() -> anyhow::Result<Vec<Row>> {
     let redis = RedisServer::start().await?;
     let dir = tempfile::tempdir()?;
     vynil_testkit::JukeboxBuilder::new("box").write_to(dir.path())?;
@@ -75,13 +80,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let (bare50, bare99) = percentiles(bare);
     let (fresh50, fresh99) = percentiles(fresh);
-    println!("{CHANGES} changes, 3 replicas, one Redis");
-    println!("bare pub/sub round trip:            p50 {bare50:>10.2?}  p99 {bare99:>10.2?}");
-    println!("status change -> all replicas fresh: p50 {fresh50:>10.2?}  p99 {fresh99:>10.2?}");
-    println!(
-        "ratio to the bare round trip:        p50 {:>9.1}x  p99 {:>9.1}x",
-        fresh50.as_secs_f64() / bare50.as_secs_f64(),
-        fresh99.as_secs_f64() / bare99.as_secs_f64()
-    );
-    Ok(())
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    Ok(vec![
+        Row::new(format!("status change -> all fresh, p50 of {CHANGES}"), ms(fresh50), "ms")
+            .against("bare pub/sub round trip, p50", ms(bare50)),
+        Row::new(format!("status change -> all fresh, p99 of {CHANGES}"), ms(fresh99), "ms")
+            .against("bare pub/sub round trip, p99", ms(bare99)),
+    ])
 }

@@ -1,6 +1,5 @@
-//! Retention planning of 100 repositories × 1 000 tags, beside the floor:
-//! merely parsing and sorting the same tags. Prints both and their ratio,
-//! measured side by side in one run (`cargo bench -p vynil-rules`).
+//! P3: retention planning of 100 repositories × 1 000 tags, beside the
+//! floor: merely parsing and sorting the same tags, best of 5 rounds each.
 
 use std::{hint::black_box, time::Instant};
 
@@ -10,6 +9,8 @@ use vynil_rules::{
     retention::{ManifestMetadata, RepositoryTag, Usage},
     tag::versions_newest_first,
 };
+
+use crate::report::{Figure, Row};
 
 const REPOSITORIES: usize = 100;
 const TAGS: usize = 1_000;
@@ -55,33 +56,37 @@ fn best_of<F: FnMut()>(mut f: F) -> f64 {
         .fold(f64::INFINITY, f64::min)
 }
 
-fn main() {
+pub fn planning() -> Figure {
+    let name = "purge planning, 100 x 1 000 tags";
     let repositories: Vec<Vec<RepositoryTag>> = (0..REPOSITORIES).map(repository).collect();
     let config = match RetentionConfig::new(Version::new(0, 8, 0), &[]) {
         Ok(config) => config,
-        Err(error) => {
-            eprintln!("bad bench config: {error}");
-            std::process::exit(1);
-        }
+        Err(error) => return Figure::failed("P3", name, error),
     };
     let usage = Usage::Known(vec![]);
-
     let floor = best_of(|| {
         for tags in &repositories {
             black_box(versions_newest_first(tags.iter().map(|t| t.name.as_str())));
         }
     });
-    let mut kept = 0;
+    let mut planned = 0;
     let planning = best_of(|| {
-        kept = 0;
+        planned = 0;
         for tags in &repositories {
-            if let Ok(plan) = plan_retention(black_box(tags), &usage, &config) {
-                kept += plan.kept().count();
+            if plan_retention(black_box(tags), &usage, &config).is_ok() {
+                planned += 1;
             }
         }
     });
-    println!("repositories: {REPOSITORIES}, tags each: {TAGS}, best of {ROUNDS} rounds");
-    println!("parse + sort tags (floor): {:>9.2} ms", floor * 1e3);
-    println!("retention planning:        {:>9.2} ms  ({kept} tags kept)", planning * 1e3);
-    println!("ratio planning / floor:    {:>9.1}x", planning / floor);
+    if planned != REPOSITORIES {
+        return Figure::failed("P3", name, format!("only {planned} of {REPOSITORIES} repositories planned"));
+    }
+    Figure::measured(
+        "P3",
+        name,
+        vec![
+            Row::new("plan every repository", planning * 1e3, "ms")
+                .against("parse + sort the same tags", floor * 1e3),
+        ],
+    )
 }

@@ -1,0 +1,65 @@
+//! `cargo run --release -p vynil-bench`: every performance figure beside a
+//! baseline measured in the same run, on real Redis and registry instances
+//! (these machines are 2 shared, noisy cores: only ratios measured together
+//! mean anything). Prints a table, writes `bench/results/latest.json` and
+//! appends one dated line with the core count to `bench/results/history.jsonl`.
+//! A figure its services cannot give yet is listed as not measured, with why;
+//! the command fails only when a figure it can measure could not be.
+
+mod freshness;
+mod planning;
+mod report;
+mod scan;
+
+use clap::Parser;
+use report::{Figure, Report};
+
+#[derive(Debug, Parser)]
+#[command(name = "vynil-bench", about = "Every performance figure beside its baseline, in one run")]
+struct Args {
+    /// Only these figures (P1, P2, P3…); all by default.
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+    /// Tags of P2's large repository.
+    #[arg(long, default_value_t = 10_000)]
+    tags: usize,
+    /// Where results are written.
+    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/results"))]
+    results: std::path::PathBuf,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let wanted = |id: &str| args.only.is_empty() || args.only.iter().any(|o| o.eq_ignore_ascii_case(id));
+    let mut report = Report::new();
+    if wanted("P1") {
+        report.add(freshness::local().await);
+        report.add(Figure::not_measured(
+            "P1",
+            "cache freshness, cluster mode",
+            "not measured yet: the catalogs through the fake API server's watch",
+        ));
+    }
+    if wanted("P2") {
+        report.add(scan::scan_cost(args.tags).await);
+    }
+    if wanted("P3") {
+        report.add(planning::planning());
+    }
+    for (id, name) in [
+        ("P4", "gateway catalog reads under load"),
+        ("P5", "delete Job Failed -> instance condition"),
+        ("P6", "idle and loaded RSS of each service"),
+    ] {
+        if wanted(id) {
+            report.add(Figure::not_measured(id, name, "not measured yet"));
+        }
+    }
+    report.print();
+    report.write(&args.results)?;
+    if report.failed() {
+        anyhow::bail!("some figures could not be measured (see above)");
+    }
+    Ok(())
+}

@@ -1,0 +1,238 @@
+//! P2: what a scan costs, counted at the registry's front: a repository of
+//! `--tags` versions (one `service` among `tenant`s, so the type-aware
+//! descent reads to the end, and a signature every 100 tags) and three of
+//! 100, scanned by a `vynil-scanner` process; a first scan, then an
+//! immediate rescan. Baselines in the same run, through the same front: the
+//! tag-list requests alone, and every manifest of the large repository read
+//! by a plain HTTP client at the scanner's concurrency.
+
+use std::{
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use futures::StreamExt;
+use reqwest::Method;
+use vynil_proto::scanner::v1::{GetScanRequest, ScanRequest, ScanState, scanner_client::ScannerClient};
+use vynil_testkit::{
+    ArtifactKind, HttpFront, JukeboxBuilder, PackageSpec, PackageType, RegistryServer, ServiceProcess,
+};
+
+use crate::report::{Figure, Row};
+
+const SMALL: [&str; 3] = ["small/a", "small/b", "small/c"];
+const SMALL_TAGS: usize = 100;
+/// The scanner's default `--manifest-read-ahead`: the plain client's concurrency too.
+const CONCURRENCY: usize = 8;
+
+pub async fn scan_cost(tags: usize) -> Figure {
+    Figure::from_result("P2", "scan cost", measure(tags).await)
+}
+
+fn version(i: usize) -> String {
+    format!("{}.{}.{}", i / 1000, (i / 10) % 100, i % 10)
+}
+
+async fn registry(tags: usize) -> anyhow::Result<RegistryServer> {
+    let registry = RegistryServer::from_fixture(&format!("bench-scan-{tags}-v1"), |registry| async move {
+        let publisher = registry.publisher();
+        let mut items: Vec<(String, PackageSpec)> = (0..tags)
+            .map(|i| {
+                let kind = if i == 3 { PackageType::Service } else { PackageType::Tenant };
+                ("big/repo".to_string(), PackageSpec::new("big", "repo", kind, &version(i)))
+            })
+            .collect();
+        for repository in SMALL {
+            let name = repository.trim_start_matches("small/");
+            items.extend((0..SMALL_TAGS).map(|i| {
+                let spec = PackageSpec::new("small", name, PackageType::Tenant, &version(i));
+                (repository.to_string(), if i % 3 == 1 { spec.min(&version(i - 1)) } else { spec })
+            }));
+        }
+        let digests = publisher.publish_all(&items, 16).await?;
+        for digest in digests.iter().take(tags).step_by(100) {
+            publisher.attach("big/repo", digest, ArtifactKind::Signature).await?;
+        }
+        Ok(registry)
+    })
+    .await?;
+    Ok(registry)
+}
+
+/// A binary beside this one, built with the same profile if absent.
+fn sibling(name: &str) -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let dir = exe.parent().ok_or_else(|| anyhow::anyhow!("{} has no directory", exe.display()))?;
+    let path = dir.join(name);
+    if !path.is_file() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut command = std::process::Command::new(cargo);
+        command.args(["build", "-p", name]);
+        if dir.ends_with("release") {
+            command.arg("--release");
+        }
+        let status = command.status()?;
+        anyhow::ensure!(
+            status.success() && path.is_file(),
+            "cannot build {name} ({status}): run `cargo build --release -p {name}`"
+        );
+    }
+    Ok(path)
+}
+
+/// Peak resident memory of a process, in MiB (`VmHWM`).
+fn peak_rss_mib(pid: u32) -> anyhow::Result<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("no VmHWM for process {pid}"))?;
+    Ok(kib / 1024.0)
+}
+
+async fn scan_once(client: &mut ScannerClient<tonic::transport::Channel>) -> anyhow::Result<Duration> {
+    let start = Instant::now();
+    let id =
+        client.scan(ScanRequest { jukebox: "box".into(), ..Default::default() }).await?.into_inner().scan_id;
+    loop {
+        let status =
+            client.get_scan(GetScanRequest { scan_id: id.clone(), ..Default::default() }).await?.into_inner();
+        match ScanState::try_from(status.state) {
+            Ok(ScanState::Succeeded) => return Ok(start.elapsed()),
+            Ok(ScanState::Queued | ScanState::Running) => tokio::time::sleep(Duration::from_millis(20)).await,
+            other => anyhow::bail!("the scan ended {other:?}: {:?}", status.errors),
+        }
+    }
+}
+
+struct Counts {
+    lists: usize,
+    heads: usize,
+    gets: usize,
+}
+
+fn counts(front: &HttpFront) -> Counts {
+    Counts {
+        lists: front.count(&Method::GET, "/tags/list"),
+        heads: front.count(&Method::HEAD, "/manifests/"),
+        gets: front.count(&Method::GET, "/manifests/"),
+    }
+}
+
+async fn measure(tags: usize) -> anyhow::Result<Vec<Row>> {
+    let binary = sibling("vynil-scanner")?;
+    let registry = registry(tags).await?;
+    let front = HttpFront::start(&registry.base_url()).await?;
+    let dir = tempfile::tempdir()?;
+    let repositories: Vec<String> =
+        std::iter::once("big/repo").chain(SMALL).map(|r| format!("{}/{r}", front.host())).collect();
+    JukeboxBuilder::new("box").list(&repositories).write_to(dir.path())?;
+    let max_tags = (tags + tags / 10 + 100).to_string();
+    let host = front.host();
+    let args = [
+        "--jukebox-dir",
+        dir.path().to_str().unwrap_or_default(),
+        "--insecure-registry",
+        &host,
+        "--max-tags-per-repository",
+        &max_tags,
+        "--vynil-version",
+        "0.8.0",
+        "--poll-milliseconds",
+        "20",
+    ];
+    let scanner = ServiceProcess::start(&binary, &args).await?;
+    let idle_rss = peak_rss_mib(scanner.pid())?;
+    let mut client = ScannerClient::new(scanner.channel().await?);
+
+    front.reset_counts();
+    let first = scan_once(&mut client).await?;
+    let first_counts = counts(&front);
+    front.reset_counts();
+    let rescan = scan_once(&mut client).await?;
+    let rescan_counts = counts(&front);
+    let peak_rss = peak_rss_mib(scanner.pid())?;
+
+    // Baselines, through the same front.
+    let http = reqwest::Client::new();
+    let base = format!("http://{}", front.host());
+    let list = |repository: String| {
+        let (http, base) = (http.clone(), base.clone());
+        async move {
+            let mut names = Vec::new();
+            let mut path = format!("/v2/{repository}/tags/list?n=1000");
+            loop {
+                let response = http.get(format!("{base}{path}")).send().await?.error_for_status()?;
+                let next = response
+                    .headers()
+                    .get("link")
+                    .and_then(|l| l.to_str().ok())
+                    .and_then(|l| l.split(';').next())
+                    .map(|l| l.trim().trim_start_matches('<').trim_end_matches('>').to_string());
+                let page: serde_json::Value = response.json().await?;
+                names.extend(
+                    page["tags"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|t| t.as_str().map(String::from)),
+                );
+                match next {
+                    Some(next) => path = next,
+                    None => return Ok::<_, anyhow::Error>(names),
+                }
+            }
+        }
+    };
+    let start = Instant::now();
+    let mut big_tags = Vec::new();
+    for repository in std::iter::once("big/repo").chain(SMALL) {
+        let names = list(repository.to_string()).await?;
+        if repository == "big/repo" {
+            big_tags = names;
+        }
+    }
+    let lists_alone = start.elapsed();
+    let versions: Vec<String> =
+        big_tags.into_iter().filter(|t| vynil_rules::Tag::parse(t).is_some()).collect();
+    let start = Instant::now();
+    let read: Vec<anyhow::Result<()>> = futures::stream::iter(versions.iter())
+        .map(|tag| {
+            let (http, base) = (http.clone(), base.clone());
+            async move {
+                http.get(format!("{base}/v2/big/repo/manifests/{tag}"))
+                    .header("accept", "application/vnd.oci.image.manifest.v1+json")
+                    .send()
+                    .await?
+                    .error_for_status()?
+                    .bytes()
+                    .await?;
+                Ok(())
+            }
+        })
+        .buffer_unordered(CONCURRENCY)
+        .collect()
+        .await;
+    let plain_gets = start.elapsed();
+    anyhow::ensure!(read.iter().all(Result::is_ok), "the plain client's manifest reads failed");
+
+    let version_tags = (versions.len() + SMALL.len() * SMALL_TAGS) as f64;
+    let s = |d: Duration| d.as_secs_f64();
+    Ok(vec![
+        Row::new(format!("first scan, {tags} + 3 x {SMALL_TAGS} tags"), s(first), "s").against(
+            format!("{} manifest GETs, plain client, {CONCURRENCY} at once", versions.len()),
+            s(plain_gets),
+        ),
+        Row::new("first scan: manifest GETs", first_counts.gets as f64, "requests")
+            .against("version tags", version_tags),
+        Row::new("first scan: manifest HEADs", first_counts.heads as f64, "requests"),
+        Row::new("first scan: tag-list requests", first_counts.lists as f64, "requests"),
+        Row::new("immediate rescan", s(rescan), "s").against("the tag-list requests alone", s(lists_alone)),
+        Row::new("rescan: manifest GETs", rescan_counts.gets as f64, "requests"),
+        Row::new("rescan: manifest HEADs", rescan_counts.heads as f64, "requests")
+            .against("version tags", version_tags),
+        Row::new("scanner peak RSS", peak_rss, "MiB").against("the same process idle", idle_rss),
+    ])
+}
