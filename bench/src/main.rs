@@ -7,6 +7,7 @@
 //! the command fails only when a figure it can measure could not be.
 
 mod freshness;
+mod memory;
 mod planning;
 mod report;
 mod scan;
@@ -47,11 +48,12 @@ async fn main() -> anyhow::Result<()> {
     if wanted("P3") {
         report.add(planning::planning());
     }
-    for (id, name) in [
-        ("P4", "gateway catalog reads under load"),
-        ("P5", "delete Job Failed -> instance condition"),
-        ("P6", "idle and loaded RSS of each service"),
-    ] {
+    if wanted("P6") {
+        report.add(memory::idle().await);
+    }
+    for (id, name) in
+        [("P4", "gateway catalog reads under load"), ("P5", "delete Job Failed -> instance condition")]
+    {
         if wanted(id) {
             report.add(Figure::not_measured(id, name, "not measured yet"));
         }

@@ -59,15 +59,17 @@ async fn registry(tags: usize) -> anyhow::Result<RegistryServer> {
     Ok(registry)
 }
 
-/// A binary beside this one, built with the same profile if absent.
-fn sibling(name: &str) -> anyhow::Result<PathBuf> {
+/// A binary beside this one, built with the same profile if absent (the
+/// package of a `vynil-<service>` binary is its name; the baseline is ours).
+pub fn sibling(name: &str) -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe()?;
     let dir = exe.parent().ok_or_else(|| anyhow::anyhow!("{} has no directory", exe.display()))?;
     let path = dir.join(name);
     if !path.is_file() {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let mut command = std::process::Command::new(cargo);
-        command.args(["build", "-p", name]);
+        let package = if name == "vynil-health-only" { "vynil-bench" } else { name };
+        command.args(["build", "-p", package, "--bin", name]);
         if dir.ends_with("release") {
             command.arg("--release");
         }
@@ -80,15 +82,16 @@ fn sibling(name: &str) -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
-/// Peak resident memory of a process, in MiB (`VmHWM`).
-fn peak_rss_mib(pid: u32) -> anyhow::Result<f64> {
+/// Resident memory of a process in MiB, as `/proc` gives it: `VmHWM:` (the
+/// peak) or `VmRSS:` (now).
+pub fn resident_mib(pid: u32, field: &str) -> anyhow::Result<f64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     let kib: f64 = status
         .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.split_whitespace().next())
         .and_then(|v| v.parse().ok())
-        .ok_or_else(|| anyhow::anyhow!("no VmHWM for process {pid}"))?;
+        .ok_or_else(|| anyhow::anyhow!("no {field} for process {pid}"))?;
     Ok(kib / 1024.0)
 }
 
@@ -144,7 +147,7 @@ async fn measure(tags: usize) -> anyhow::Result<Vec<Row>> {
         "20",
     ];
     let scanner = ServiceProcess::start(&binary, &args).await?;
-    let idle_rss = peak_rss_mib(scanner.pid())?;
+    let idle_rss = resident_mib(scanner.pid(), "VmHWM:")?;
     let mut client = ScannerClient::new(scanner.channel().await?);
 
     front.reset_counts();
@@ -153,7 +156,7 @@ async fn measure(tags: usize) -> anyhow::Result<Vec<Row>> {
     front.reset_counts();
     let rescan = scan_once(&mut client).await?;
     let rescan_counts = counts(&front);
-    let peak_rss = peak_rss_mib(scanner.pid())?;
+    let peak_rss = resident_mib(scanner.pid(), "VmHWM:")?;
 
     // Baselines, through the same front.
     let http = reqwest::Client::new();
