@@ -31,7 +31,7 @@ mod writer;
 
 pub use format::{INDEX_FILE, IndexDocument, IndexEntry, UnannotatedTags};
 pub use location::{Authorization, Location, S3Credentials};
-pub use reader::{ConditionalCache, IndexReader};
+pub use reader::{ConditionalCache, ConditionalStore, IndexReader};
 pub use writer::{ExportReport, write_index};
 
 /// Largest index or package file read (a limit: a runaway exporter or a

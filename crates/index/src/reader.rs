@@ -14,26 +14,69 @@ use crate::{
     format::parse_package_file,
 };
 
-/// The last bytes read of each index file with their `ETag`, shared by every
-/// scan of a process: the next read asks `If-None-Match` and an unchanged
-/// file costs a `304`. Bounded by the files of the indexes read (each at most
-/// [`MAX_FILE_BYTES`]); an entry is replaced when its file changes.
-#[derive(Debug, Default, Clone)]
-pub struct ConditionalCache {
-    entries: Arc<Mutex<HashMap<String, (String, Bytes)>>>,
+/// Where the last bytes read of each index file are kept with their `ETag`,
+/// keyed by the file's address: in process memory, or shared by replicas
+/// (Redis, in the store crate). A miss or an outage only costs a full GET.
+#[async_trait::async_trait]
+pub trait ConditionalStore: Send + Sync + std::fmt::Debug {
+    async fn get(&self, key: &str) -> Option<(String, Bytes)>;
+    async fn put(&self, key: &str, etag: &str, bytes: &Bytes);
+    async fn forget(&self, key: &str);
 }
 
-impl ConditionalCache {
-    fn get(&self, key: &str) -> Option<(String, Bytes)> {
+#[derive(Debug, Default)]
+struct MemoryStore {
+    entries: Mutex<HashMap<String, (String, Bytes)>>,
+}
+
+#[async_trait::async_trait]
+impl ConditionalStore for MemoryStore {
+    async fn get(&self, key: &str) -> Option<(String, Bytes)> {
         self.entries.lock().ok()?.get(key).cloned()
     }
 
-    fn put(&self, key: String, etag: Option<String>, bytes: Bytes) {
+    async fn put(&self, key: &str, etag: &str, bytes: &Bytes) {
         if let Ok(mut entries) = self.entries.lock() {
-            match etag {
-                Some(etag) => entries.insert(key, (etag, bytes)),
-                None => entries.remove(&key),
-            };
+            entries.insert(key.to_string(), (etag.to_string(), bytes.clone()));
+        }
+    }
+
+    async fn forget(&self, key: &str) {
+        if let Ok(mut entries) = self.entries.lock() {
+            entries.remove(key);
+        }
+    }
+}
+
+/// The last bytes read of each index file with their `ETag`, shared by every
+/// scan (of a process, or of every replica with a shared store): the next
+/// read asks `If-None-Match` and an unchanged file costs a `304`. Bounded by
+/// the files of the indexes read (each at most [`MAX_FILE_BYTES`]); an entry
+/// is replaced when its file changes.
+#[derive(Debug, Clone)]
+pub struct ConditionalCache {
+    store: Arc<dyn ConditionalStore>,
+}
+
+impl Default for ConditionalCache {
+    fn default() -> Self {
+        Self { store: Arc::new(MemoryStore::default()) }
+    }
+}
+
+impl ConditionalCache {
+    pub fn new(store: Arc<dyn ConditionalStore>) -> Self {
+        Self { store }
+    }
+
+    async fn get(&self, key: &str) -> Option<(String, Bytes)> {
+        self.store.get(key).await
+    }
+
+    async fn put(&self, key: String, etag: Option<String>, bytes: Bytes) {
+        match etag {
+            Some(etag) => self.store.put(&key, &etag, &bytes).await,
+            None => self.store.forget(&key).await,
         }
     }
 }
@@ -75,7 +118,7 @@ impl IndexReader {
         let described = self.location.describe(file);
         let path =
             if self.prefix.as_ref().is_empty() { Path::from(file) } else { self.prefix.clone().join(file) };
-        let cached = self.cache.get(&described);
+        let cached = self.cache.get(&described).await;
         let options = GetOptions {
             if_none_match: cached.as_ref().map(|(etag, _)| etag.clone()),
             ..GetOptions::default()
@@ -91,7 +134,7 @@ impl IndexReader {
                 }
                 let etag = result.meta.e_tag.clone();
                 let bytes = result.bytes().await.map_err(|e| error(&described, e))?;
-                self.cache.put(described, etag, bytes.clone());
+                self.cache.put(described, etag, bytes.clone()).await;
                 Ok(bytes)
             }
             Err(object_store::Error::NotModified { .. }) => match cached {

@@ -60,3 +60,63 @@ impl MetadataCache for RedisMetadataCache {
         }
     }
 }
+
+/// Index files' last bytes and `ETag`s in Redis, shared by scanner replicas:
+/// a replica that never read a file still asks `If-None-Match`.
+#[derive(Clone)]
+pub struct RedisIndexCache {
+    connection: redis::aio::ConnectionManager,
+}
+
+const INDEX_PREFIX: &str = "vynil:v1:index-file";
+const INDEX_TTL_SECONDS: u64 = 7 * 24 * 3600;
+
+impl std::fmt::Debug for RedisIndexCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RedisIndexCache")
+    }
+}
+
+impl RedisIndexCache {
+    pub async fn connect(url: &str) -> Result<Self, crate::StoreError> {
+        let client = redis::Client::open(url).map_err(crate::redis_error)?;
+        let connection = redis::aio::ConnectionManager::new(client).await.map_err(crate::redis_error)?;
+        Ok(Self { connection })
+    }
+}
+
+#[async_trait::async_trait]
+impl vynil_index::ConditionalStore for RedisIndexCache {
+    async fn get(&self, key: &str) -> Option<(String, bytes::Bytes)> {
+        let mut c = self.connection.clone();
+        let (etag, body): (Option<String>, Option<Vec<u8>>) = redis::cmd("HMGET")
+            .arg(format!("{INDEX_PREFIX}:{key}"))
+            .arg("etag")
+            .arg("body")
+            .query_async(&mut c)
+            .await
+            .ok()?;
+        Some((etag?, bytes::Bytes::from(body?)))
+    }
+
+    async fn put(&self, key: &str, etag: &str, bytes: &bytes::Bytes) {
+        let mut c = self.connection.clone();
+        let key = format!("{INDEX_PREFIX}:{key}");
+        let result: Result<(), _> = redis::pipe()
+            .atomic()
+            .hset_multiple(&key, &[("etag", etag.as_bytes()), ("body", bytes.as_ref())])
+            .ignore()
+            .expire(&key, INDEX_TTL_SECONDS as i64)
+            .ignore()
+            .query_async(&mut c)
+            .await;
+        if let Err(error) = result {
+            tracing::warn!(%error, "cannot cache an index file");
+        }
+    }
+
+    async fn forget(&self, key: &str) {
+        let mut c = self.connection.clone();
+        let _: Result<(), _> = c.del(format!("{INDEX_PREFIX}:{key}")).await;
+    }
+}

@@ -177,13 +177,21 @@ pub async fn build_with_store(
     store: Arc<dyn ScannerStore>,
 ) -> Result<Arc<Scanner>, ScannerError> {
     let shared = &config.shared;
-    let (queue, cache): (Arc<dyn RequestQueue>, Arc<dyn MetadataCache>) = match &shared.redis_url {
-        Some(url) => (
-            Arc::new(RedisQueue::connect(url).await?),
-            Arc::new(vynil_store::metadata_cache::RedisMetadataCache::connect(url).await?),
-        ),
-        None => (Arc::new(MemoryQueue::default()), Arc::new(InMemoryMetadataCache::default())),
-    };
+    let (queue, cache, index_cache): (Arc<dyn RequestQueue>, Arc<dyn MetadataCache>, _) =
+        match &shared.redis_url {
+            Some(url) => (
+                Arc::new(RedisQueue::connect(url).await?),
+                Arc::new(vynil_store::metadata_cache::RedisMetadataCache::connect(url).await?),
+                vynil_index::ConditionalCache::new(Arc::new(
+                    vynil_store::metadata_cache::RedisIndexCache::connect(url).await?,
+                )),
+            ),
+            None => (
+                Arc::new(MemoryQueue::default()),
+                Arc::new(InMemoryMetadataCache::default()),
+                vynil_index::ConditionalCache::default(),
+            ),
+        };
     let transport = TransportConfig {
         insecure_registries: config.shared.insecure_registries.clone(),
         ..TransportConfig::default()
@@ -197,7 +205,7 @@ pub async fn build_with_store(
         store,
         queue,
         client,
-        index_cache: vynil_index::ConditionalCache::default(),
+        index_cache,
         settings: config.limits.settings(config.shared.vynil_version.clone()),
         holder: format!("scanner-{:016x}", fastrand::u64(..)),
         lease: Duration::from_secs(config.scan_lease_seconds.max(1)),

@@ -24,7 +24,17 @@ async fn scanner(
     registry: &str,
     framework: &str,
 ) -> (Arc<Scanner>, tokio::sync::oneshot::Sender<()>) {
-    let config = Config::parse_from([
+    scanner_with(dir, registry, framework, &[]).await
+}
+
+/// The same with `extra` flags (a Redis, say).
+async fn scanner_with(
+    dir: &Path,
+    registry: &str,
+    framework: &str,
+    extra: &[&str],
+) -> (Arc<Scanner>, tokio::sync::oneshot::Sender<()>) {
+    let base = [
         "vynil-scanner",
         "--jukebox-dir",
         dir.to_str().unwrap(),
@@ -34,7 +44,8 @@ async fn scanner(
         framework,
         "--poll-milliseconds",
         "20",
-    ]);
+    ];
+    let config = Config::parse_from(base.iter().chain(extra.iter()));
     let scanner = vynil_scanner::build(&config).await.unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(scanner.clone().work(async move {
@@ -312,4 +323,33 @@ async fn an_index_exported_to_s3_is_consumed_with_the_right_credentials_and_refu
     // A second export of the same registry writes nothing.
     let again = scanner.export("oci-stable", &destination, Some("s3-credentials")).await.unwrap();
     assert!(again.report.written.is_empty() && again.report.removed.is_empty(), "{again:?}");
+}
+
+#[tokio::test]
+async fn a_replica_that_never_read_the_index_asks_conditionally_through_redis() {
+    let redis = vynil_testkit::RedisServer::start().await.unwrap();
+    let registry = registry().await;
+    let served = tempfile::tempdir().unwrap();
+    let server = IndexServer::start(served.path(), TOKEN).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    jukebox(dir.path(), "oci-stable", "stable", &list_source(&registry));
+    let http = format!("    http:\n      url: {}/idx\n      secret: index-credentials\n", server.url());
+    jukebox(dir.path(), "http-stable", "stable", &http);
+    secret(dir.path(), "index-credentials", &[("token", TOKEN)]);
+    let url = redis.url();
+    let redis_flags = ["--redis-url", url.as_str()];
+    let (first, stop_first) = scanner_with(dir.path(), &registry.host(), "0.7.7", &redis_flags).await;
+    first.export("oci-stable", served.path().join("idx").to_str().unwrap(), None).await.unwrap();
+    assert!(scan(&first, "http-stable").await.errors.is_empty());
+    let files = server.requests().len();
+    assert!(files >= 2, "{:?}", server.requests());
+    // The first replica stops working: the second runs the next scan.
+    drop(stop_first);
+    let (second, _stop) = scanner_with(dir.path(), &registry.host(), "0.7.7", &redis_flags).await;
+    server.clear_requests();
+    let record = scan(&second, "http-stable").await;
+    assert!(record.errors.is_empty(), "{:?}", record.errors);
+    let requests = server.requests();
+    assert_eq!(requests.len(), files, "{requests:?}");
+    assert!(requests.iter().all(|r| r.conditional && r.status == 304), "{requests:?}");
 }
