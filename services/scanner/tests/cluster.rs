@@ -456,3 +456,51 @@ async fn taking_over_from_upstream_deletes_its_scan_cronjob_and_job_and_releases
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+#[tokio::test]
+async fn an_http_index_source_reads_its_secret_from_the_api_and_says_when_it_is_missing() {
+    let world = world().await;
+    let served = tempfile::tempdir().unwrap();
+    let server = vynil_testkit::IndexServer::start(served.path(), "t0ken").await.unwrap();
+    let package = vynil_rules::Package::new(
+        "r.example",
+        "db/pg",
+        "1.0.0",
+        vynil_rules::PackageContent::minimal("db", "pg", vynil_rules::PackageType::Tenant),
+    );
+    let location = vynil_index::Location::Directory(served.path().join("idx"));
+    vynil_index::write_index(&location, &[package], &[]).await.unwrap();
+    let jukebox: JukeBox = serde_json::from_value(json!({
+        "apiVersion": "vynil.solidite.fr/v1", "kind": "JukeBox",
+        "metadata": {"name": "box", "annotations": {FORCE_SCAN: "true"}},
+        "spec": {"schedule": "0 0 1 1 *", "source": {"http": {"url": format!("{}/idx", server.url()), "secret": "index-auth"}}}
+    }))
+    .unwrap();
+    world.boxes.create(&PostParams::default(), &jukebox).await.unwrap();
+    let scanner = world.scanner(&[]).await;
+
+    let failed = world.until("the missing secret to be reported", &scanner, no_annotation).await;
+    let (status, message) = condition(&failed, "Updated").unwrap_or_default();
+    assert_eq!(status, "False");
+    assert!(
+        message.contains("secret \"index-auth\" does not exist in namespace \"vynil-system\""),
+        "{failed:?}"
+    );
+    assert!(server.requests().is_empty(), "nothing asked without credentials");
+
+    let secrets: Api<Secret> = Api::namespaced(world.api.client().unwrap(), "vynil-system");
+    let secret: Secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "index-auth"}, "type": "Opaque",
+        "data": {"token": "dDBrZW4="}
+    }))
+    .unwrap();
+    secrets.create(&PostParams::default(), &secret).await.unwrap();
+    world.annotate("box", "true").await;
+    world
+        .until("the index to be scanned", &scanner, |j| {
+            no_annotation(j) && j.status.as_ref().is_some_and(|s| !s.packages.is_empty())
+        })
+        .await;
+    assert_eq!(world.tags("box").await, ["pg:1.0.0"]);
+    assert!(server.requests().iter().all(|r| r.status == 200 || r.status == 304), "{:?}", server.requests());
+}
