@@ -48,7 +48,13 @@ impl ScanFilter {
     }
 
     pub fn matches(&self, package: &Package) -> bool {
-        package.category() == self.category && self.name.as_deref().is_none_or(|n| package.name() == n)
+        self.names(package.category(), package.name())
+    }
+
+    /// Whether the package `category/name` is one this filter names (an
+    /// index entry, say, before its revisions are read).
+    pub fn names(&self, category: &str, name: &str) -> bool {
+        category == self.category && self.name.as_deref().is_none_or(|n| name == n)
     }
 }
 

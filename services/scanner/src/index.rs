@@ -52,13 +52,8 @@ pub async fn scan(
         Err(why) => return ScanOutput::SourceFailed(format!("cannot read the index: {why}")),
     };
     let filter = scope.filter();
-    let selected: Vec<_> = document
-        .packages
-        .iter()
-        .filter(|e| {
-            filter.is_none_or(|f| e.category == f.category && f.name.as_ref().is_none_or(|n| *n == e.name))
-        })
-        .collect();
+    let selected: Vec<_> =
+        document.packages.iter().filter(|e| filter.is_none_or(|f| f.names(&e.category, &e.name))).collect();
     if selected.len() > settings.max_repositories {
         return ScanOutput::SourceFailed(format!(
             "the index lists {} packages, over the cap of {}: nothing scanned, the catalog is kept \
