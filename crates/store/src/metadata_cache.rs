@@ -61,32 +61,14 @@ impl MetadataCache for RedisMetadataCache {
     }
 }
 
-/// Index files' last bytes and `ETag`s in Redis, shared by scanner replicas:
-/// a replica that never read a file still asks `If-None-Match`.
-#[derive(Clone)]
-pub struct RedisIndexCache {
-    connection: redis::aio::ConnectionManager,
-}
-
 const INDEX_PREFIX: &str = "vynil:v1:index-file";
 const INDEX_TTL_SECONDS: u64 = 7 * 24 * 3600;
 
-impl std::fmt::Debug for RedisIndexCache {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("RedisIndexCache")
-    }
-}
-
-impl RedisIndexCache {
-    pub async fn connect(url: &str) -> Result<Self, crate::StoreError> {
-        let client = redis::Client::open(url).map_err(crate::redis_error)?;
-        let connection = redis::aio::ConnectionManager::new(client).await.map_err(crate::redis_error)?;
-        Ok(Self { connection })
-    }
-}
-
+/// Index files' last bytes and `ETag`s, on the same connection: shared by
+/// scanner replicas, so a replica that never read a file still asks
+/// `If-None-Match`.
 #[async_trait::async_trait]
-impl vynil_index::ConditionalStore for RedisIndexCache {
+impl vynil_index::ConditionalStore for RedisMetadataCache {
     async fn get(&self, key: &str) -> Option<(String, bytes::Bytes)> {
         let mut c = self.connection.clone();
         let (etag, body): (Option<String>, Option<Vec<u8>>) = redis::cmd("HMGET")

@@ -179,13 +179,11 @@ pub async fn build_with_store(
     let shared = &config.shared;
     let (queue, cache, index_cache): (Arc<dyn RequestQueue>, Arc<dyn MetadataCache>, _) =
         match &shared.redis_url {
-            Some(url) => (
-                Arc::new(RedisQueue::connect(url).await?),
-                Arc::new(vynil_store::metadata_cache::RedisMetadataCache::connect(url).await?),
-                vynil_index::ConditionalCache::new(Arc::new(
-                    vynil_store::metadata_cache::RedisIndexCache::connect(url).await?,
-                )),
-            ),
+            Some(url) => {
+                let cache = Arc::new(vynil_store::metadata_cache::RedisMetadataCache::connect(url).await?);
+                let index_cache = vynil_index::ConditionalCache::new(cache.clone());
+                (Arc::new(RedisQueue::connect(url).await?), cache, index_cache)
+            }
             None => (
                 Arc::new(MemoryQueue::default()),
                 Arc::new(InMemoryMetadataCache::default()),
