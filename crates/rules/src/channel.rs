@@ -28,6 +28,11 @@ impl Channel {
 
     /// Whether a consumer on this channel may be shown `raw_tag`.
     pub fn admits(self, raw_tag: &str) -> bool {
+        // Both words hold an `a`: most tags have none, and a byte search is
+        // cheaper than two substring searches (views filter every tag).
+        if !raw_tag.as_bytes().contains(&b'a') {
+            return true;
+        }
         match self {
             Channel::Alpha => true,
             Channel::Beta => !raw_tag.contains("alpha"),

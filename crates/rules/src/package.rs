@@ -177,7 +177,7 @@ impl PackageContent {
     /// the first valid entry counts).
     pub fn minimum_previous_version(&self) -> Option<semver::Version> {
         self.requirements.iter().find_map(|r| match r {
-            Requirement::MinimumPreviousVersion(v) => Tag::parse(v).map(|t| t.version().clone()),
+            Requirement::MinimumPreviousVersion(v) => Tag::version_of(v),
             _ => None,
         })
     }
@@ -185,7 +185,7 @@ impl PackageContent {
     /// Every `vynil_version` requirement that is valid SemVer.
     pub fn vynil_versions(&self) -> impl Iterator<Item = semver::Version> + '_ {
         self.requirements.iter().filter_map(|r| match r {
-            Requirement::VynilVersion(v) => Tag::parse(v).map(|t| t.version().clone()),
+            Requirement::VynilVersion(v) => Tag::version_of(v),
             _ => None,
         })
     }

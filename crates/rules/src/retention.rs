@@ -26,7 +26,7 @@ use crate::{
     channel::Channel,
     package::{PackageContent, PackageType},
     tag::{ArtifactKind, ArtifactTag, Tag},
-    view::{RevisionFacts, Role, Versions, Viewer, view_of_versions},
+    view::{RevisionFacts, Role, Versions},
 };
 
 /// What the registry holds under one tag.
@@ -247,20 +247,40 @@ impl RetentionPlan {
     }
 }
 
+/// What a tag is to the plan. A version is named by its place in the
+/// repository's [`Versions`] (newest first), so versions compare as numbers.
 enum Class<'a> {
-    Version(Tag, &'a PackageContent),
-    VersionWithoutVynil(Tag),
+    Version(usize, &'a PackageContent),
+    VersionWithoutVynil(usize),
     Artifact(ArtifactTag),
     Other,
 }
 
 impl Class<'_> {
-    fn version(&self) -> Option<&Tag> {
+    fn version(&self) -> Option<usize> {
         match self {
-            Class::Version(tag, _) | Class::VersionWithoutVynil(tag) => Some(tag),
+            Class::Version(place, _) | Class::VersionWithoutVynil(place) => Some(*place),
             _ => None,
         }
     }
+}
+
+/// The repository's versions, each parsed once, and the place in them of
+/// each tag that is one (a name listed twice shares its place).
+fn versions_of(tags: &[RepositoryTag]) -> (Versions, Vec<Option<usize>>) {
+    let mut found: Vec<(Tag, usize)> =
+        tags.iter().enumerate().filter_map(|(at, t)| Tag::parse(&t.name).map(|v| (v, at))).collect();
+    found.sort_unstable_by(|(a, x), (b, y)| b.cmp(a).then(x.cmp(y)));
+    let mut places = vec![None; tags.len()];
+    let mut unique: Vec<Tag> = Vec::with_capacity(found.len());
+    for (tag, at) in found {
+        if unique.last() != Some(&tag) {
+            unique.push(tag);
+        }
+        places[at] = Some(unique.len() - 1);
+    }
+    // Already sorted and without duplicates: `from_tags` keeps this order.
+    (Versions::from_tags(unique), places)
 }
 
 /// Plans the retention of one repository.
@@ -271,7 +291,8 @@ pub fn plan_retention(
 ) -> Result<RetentionPlan, RulesError> {
     // Each tag is classified (its name parsed) once; reasons are kept by
     // position, so nothing below looks a tag up by name but the views.
-    let classes: Vec<Class> = tags.iter().map(classify).collect();
+    let (versions, places) = versions_of(tags);
+    let classes: Vec<Class> = tags.iter().zip(&places).map(|(tag, place)| classify(tag, *place)).collect();
     let unreadable: Vec<String> = tags
         .iter()
         .zip(&classes)
@@ -285,14 +306,6 @@ pub fn plan_retention(
     if !unreadable.is_empty() {
         return Err(RulesError::UnreadableMetadata(unreadable.join("; ")));
     }
-    let breakpoints = breakpoints(
-        config.framework(),
-        classes.iter().filter_map(|c| match c {
-            Class::Version(_, content) => Some(*content),
-            _ => None,
-        }),
-    );
-
     // What the descent and the fingerprint read of each revision, parsed once.
     let facts: Vec<Option<RevisionFacts>> = classes
         .iter()
@@ -301,8 +314,24 @@ pub fn plan_retention(
             _ => None,
         })
         .collect();
+    let breakpoints = breakpoints(config.framework(), facts.iter().flatten());
+    // One order serves everything below: versions newest first, then the
+    // other tags by name (the plan's order), ties broken by digest (so the
+    // fingerprint reads the inputs in an order that does not depend on theirs).
+    let mut order: Vec<usize> = (0..tags.len()).collect();
+    order.sort_unstable_by(|&a, &b| {
+        let by_version = match (classes[a].version(), classes[b].version()) {
+            (Some(x), Some(y)) => x.cmp(&y),
+            (Some(_), None) => std::cmp::Ordering::Less,
+            (None, Some(_)) => std::cmp::Ordering::Greater,
+            (None, None) => std::cmp::Ordering::Equal,
+        };
+        by_version
+            .then_with(|| tags[a].name.cmp(&tags[b].name))
+            .then_with(|| tags[a].digest.cmp(&tags[b].digest))
+    });
     let mut reasons: Reasons = vec![BTreeSet::new(); tags.len()];
-    add_view_reasons(&classes, &facts, &breakpoints, config.framework(), &mut reasons);
+    add_view_reasons(&versions, &classes, &order, &facts, &breakpoints, config.framework(), &mut reasons);
     add_newest_of_each_type(&classes, &mut reasons);
     for (tag, entry) in tags.iter().zip(reasons.iter_mut()) {
         if let Usage::Known(used) = usage {
@@ -332,11 +361,11 @@ pub fn plan_retention(
     }
     add_digest_reasons(tags, &classes, &digests, &mut reasons);
 
-    let mut entries: Vec<(Option<&Tag>, PlanEntry)> = tags
+    let mut entries: Vec<PlanEntry> = order
         .iter()
-        .zip(&classes)
-        .zip(reasons)
-        .map(|((tag, class), kept)| {
+        .map(|&at| {
+            let (tag, class) = (&tags[at], &classes[at]);
+            let kept = std::mem::take(&mut reasons[at]);
             let decision = match (kept.is_empty(), class) {
                 (false, _) => Decision::Keep(kept.into_iter().collect()),
                 (true, Class::Artifact(a)) => Decision::Delete(DeleteReason::OrphanedArtifact {
@@ -345,21 +374,14 @@ pub fn plan_retention(
                 }),
                 (true, _) => Decision::Delete(DeleteReason::Superseded),
             };
-            let entry = PlanEntry { tag: tag.name.clone(), digest: tag.digest.clone(), decision };
-            (class.version(), entry)
+            PlanEntry { tag: tag.name.clone(), digest: tag.digest.clone(), decision }
         })
         .collect();
-    entries.sort_by(|(va, a), (vb, b)| match (va, vb) {
-        (Some(x), Some(y)) => y.cmp(x),
-        (Some(_), None) => std::cmp::Ordering::Less,
-        (None, Some(_)) => std::cmp::Ordering::Greater,
-        (None, None) => a.tag.cmp(&b.tag),
-    });
-    entries.dedup_by(|(_, a), (_, b)| a.tag == b.tag);
+    entries.dedup_by(|a, b| a.tag == b.tag);
 
     Ok(RetentionPlan {
-        entries: entries.into_iter().map(|(_, e)| e).collect(),
-        fingerprint: fingerprint(tags, &facts, usage, config),
+        fingerprint: fingerprint(tags, &order, &facts, usage, config),
+        entries,
         usage_unknown: matches!(usage, Usage::Unknown),
         breakpoints,
     })
@@ -368,11 +390,11 @@ pub fn plan_retention(
 /// The reasons of each tag, by its position in the input.
 type Reasons = Vec<BTreeSet<KeepReason>>;
 
-fn classify(tag: &RepositoryTag) -> Class<'_> {
-    if let Some(version) = Tag::parse(&tag.name) {
+fn classify(tag: &RepositoryTag, place: Option<usize>) -> Class<'_> {
+    if let Some(place) = place {
         return match &tag.metadata {
-            ManifestMetadata::Vynil(content) => Class::Version(version, content),
-            _ => Class::VersionWithoutVynil(version),
+            ManifestMetadata::Vynil(content) => Class::Version(place, content),
+            _ => Class::VersionWithoutVynil(place),
         };
     }
     match ArtifactTag::parse(&tag.name) {
@@ -382,14 +404,16 @@ fn classify(tag: &RepositoryTag) -> Class<'_> {
 }
 
 /// The configured framework and every distinct `vynil_version` requirement.
-fn breakpoints<'a>(configured: &Version, contents: impl Iterator<Item = &'a PackageContent>) -> Vec<Version> {
-    let mut set: BTreeSet<Version> = contents.flat_map(|c| c.vynil_versions()).collect();
+fn breakpoints<'a>(configured: &Version, revisions: impl Iterator<Item = &'a RevisionFacts>) -> Vec<Version> {
+    let mut set: BTreeSet<Version> = revisions.flat_map(|r| r.vynil_versions.iter().cloned()).collect();
     set.insert(configured.clone());
     set.into_iter().collect()
 }
 
 fn add_view_reasons(
+    versions: &Versions,
     classes: &[Class],
+    newest_first: &[usize],
     tag_facts: &[Option<RevisionFacts>],
     breakpoints: &[Version],
     configured: &Version,
@@ -399,27 +423,30 @@ fn add_view_reasons(
     // where the configured one gave none of that kind for that channel.
     let mut order: Vec<&Version> = vec![configured];
     order.extend(breakpoints.iter().filter(|b| *b != configured));
-    // Each version with the position of its tag, newest first; the facts of
-    // the descent in the same order, found by the tag's own address.
-    let mut indexed: Vec<(&Tag, usize)> =
-        classes.iter().enumerate().filter_map(|(at, c)| c.version().map(|tag| (tag, at))).collect();
-    indexed.sort_by(|(a, _), (b, _)| b.cmp(a));
-    indexed.dedup_by(|(a, _), (b, _)| a == b);
-    let versions = Versions::from_tags(indexed.iter().map(|(tag, _)| (*tag).clone()).collect());
+    // The position of the first tag of each version (the one its reasons go
+    // to), and the facts of the descent by version, found by the tag's own
+    // address.
+    let mut indexed: Vec<usize> = Vec::with_capacity(versions.as_slice().len());
+    for &at in newest_first {
+        if classes[at].version() == Some(indexed.len()) {
+            indexed.push(at);
+        }
+    }
     let facts: Vec<Option<&RevisionFacts>> =
-        indexed.iter().map(|(_, at)| tag_facts.get(*at).and_then(Option::as_ref)).collect();
-    for framework in order {
-        for channel in Channel::ALL {
-            let viewer = Viewer { channel, framework: framework.clone() };
-            let view = view_of_versions(&versions, &viewer, true, |tag| {
+        indexed.iter().map(|at| tag_facts.get(*at).and_then(Option::as_ref)).collect();
+    // Reasons of one channel never meet another's (`same_kind`), so each
+    // channel's admitted versions are filtered once for every framework.
+    for channel in Channel::ALL {
+        let admitted = versions.admitted(channel);
+        for framework in &order {
+            let view = admitted.view((*framework).clone(), true, |tag| {
                 versions.index_of(tag).and_then(|i| facts.get(i).copied().flatten())
             });
             for entry in view.entries {
-                let Some(at) = versions.index_of(&entry.tag).and_then(|i| indexed.get(i)).map(|(_, at)| *at)
-                else {
+                let Some(&at) = versions.index_of(&entry.tag).and_then(|i| indexed.get(i)) else {
                     continue;
                 };
-                let framework = (framework != configured).then(|| framework.clone());
+                let framework = (*framework != configured).then(|| (*framework).clone());
                 let reason = match entry.role {
                     Role::Head => KeepReason::ChannelHead { channel, framework },
                     Role::Waypoint { minimum } => KeepReason::Waypoint { channel, framework, minimum },
@@ -455,12 +482,13 @@ fn same_kind(a: &KeepReason, b: &KeepReason) -> bool {
 }
 
 fn add_newest_of_each_type(classes: &[Class], reasons: &mut Reasons) {
-    let mut newest: BTreeMap<PackageType, (usize, &Tag)> = BTreeMap::new();
+    // By place in the versions: the smaller, the newer.
+    let mut newest: BTreeMap<PackageType, (usize, usize)> = BTreeMap::new();
     for (at, class) in classes.iter().enumerate() {
-        if let Class::Version(tag, content) = class {
-            let slot = newest.entry(content.package_type()).or_insert((at, tag));
-            if tag > slot.1 {
-                *slot = (at, tag);
+        if let Class::Version(place, content) = class {
+            let slot = newest.entry(content.package_type()).or_insert((at, *place));
+            if *place < slot.1 {
+                *slot = (at, *place);
             }
         }
     }
@@ -469,36 +497,8 @@ fn add_newest_of_each_type(classes: &[Class], reasons: &mut Reasons) {
     }
 }
 
-/// A word-at-a-time hash (rustc's Fx): SipHash over each 71-byte digest was
-/// an eighth of the planning time. Digests are the registry's SHA-256, so
-/// flooding one bucket would need colliding content; it would only cost time.
-#[derive(Clone, Copy, Default)]
-struct BuildFx;
-
-struct Fx(u64);
-
-impl std::hash::BuildHasher for BuildFx {
-    type Hasher = Fx;
-    fn build_hasher(&self) -> Fx {
-        Fx(0)
-    }
-}
-
-impl std::hash::Hasher for Fx {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for chunk in bytes.chunks(8) {
-            let mut word = [0u8; 8];
-            word[..chunk.len()].copy_from_slice(chunk);
-            self.0 = (self.0.rotate_left(5) ^ u64::from_le_bytes(word)).wrapping_mul(0x517c_c1b7_2722_0a95);
-        }
-    }
-}
-
 /// Each tag's digest as a small number, and each artifact's subject digest
-/// when some tag has it: digests are hashed once, not once per pass.
+/// when some tag has it: digests are compared once, not once per pass.
 struct Digests {
     count: usize,
     of_tag: Vec<usize>,
@@ -506,24 +506,44 @@ struct Digests {
 }
 
 impl Digests {
+    /// Numbered by sorting on each digest's last 16 bytes, then its whole
+    /// text: registry digests are SHA-256, so their ends already tell them
+    /// apart and equal digests meet side by side. (A hash map over the 71-byte
+    /// texts was a tenth of the planning time.)
     fn new(tags: &[RepositoryTag], classes: &[Class]) -> Self {
-        let mut ids: HashMap<&str, usize, BuildFx> = HashMap::with_capacity_and_hasher(tags.len(), BuildFx);
-        let of_tag = tags
-            .iter()
-            .map(|t| {
-                let next = ids.len();
-                *ids.entry(t.digest.as_str()).or_insert(next)
-            })
-            .collect();
+        let whole = |(key, at): &(u128, usize)| (*key, tags[*at].digest.as_str());
+        let mut sorted: Vec<(u128, usize)> =
+            tags.iter().enumerate().map(|(at, t)| (digest_end(&t.digest), at)).collect();
+        sorted.sort_unstable_by(|a, b| whole(a).cmp(&whole(b)));
+        let mut of_tag = vec![0; tags.len()];
+        let mut count = 0;
+        for (i, entry) in sorted.iter().enumerate() {
+            if i == 0 || sorted.get(i - 1).map(whole) != Some(whole(entry)) {
+                count += 1;
+            }
+            of_tag[entry.1] = count - 1;
+        }
         let subject = classes
             .iter()
             .map(|c| match c {
-                Class::Artifact(artifact) => ids.get(artifact.subject.as_str()).copied(),
+                Class::Artifact(artifact) => {
+                    let wanted = (digest_end(&artifact.subject), artifact.subject.as_str());
+                    let found = sorted.binary_search_by(|probe| whole(probe).cmp(&wanted)).ok();
+                    found.map(|i| of_tag[sorted[i].1])
+                }
                 _ => None,
             })
             .collect();
-        Self { count: ids.len(), of_tag, subject }
+        Self { count, of_tag, subject }
     }
+}
+
+fn digest_end(digest: &str) -> u128 {
+    let bytes = digest.as_bytes();
+    let n = bytes.len().min(16);
+    let mut end = [0u8; 16];
+    end[16 - n..].copy_from_slice(&bytes[bytes.len() - n..]);
+    u128::from_be_bytes(end)
 }
 
 /// Deletion is by digest: a tag sharing a kept digest is kept, and so is an
@@ -636,86 +656,155 @@ pub fn combined_fingerprint<'a>(parts: &[(&'a str, &'a str)]) -> String {
     }
 }
 
-/// Hash of a canonical form of every input: sorted lists, and each tag's
-/// metadata as serialised by its type (a fixed field order).
 /// The plan's inputs hashed in one pass, in an order-free form: every tag's
 /// name, digest and the metadata the plan reads (type, minimum, framework
-/// requirements), usage, framework and pins; each field length-prefixed, so
+/// requirements), usage, framework and pins, written by [`Encoding`] so that
 /// no two inputs share an encoding. (Serialising each revision to canonical
-/// JSON first made the fingerprint 60% of the planning time.)
+/// JSON first made the fingerprint 60% of the planning time; hashing each
+/// field by its own `update` with a digest's 71 hex characters, a quarter.)
 fn fingerprint(
     tags: &[RepositoryTag],
+    order: &[usize],
     facts: &[Option<RevisionFacts>],
     usage: &Usage,
     config: &RetentionConfig,
 ) -> String {
-    use std::fmt::Write as _;
-    let mut hasher = Sha256::new();
-    let mut field = |bytes: &[u8]| {
-        hasher.update((bytes.len() as u64).to_le_bytes());
-        hasher.update(bytes);
-    };
-    let mut text = String::new();
-    let mut version = |field: &mut dyn FnMut(&[u8]), v: Option<&Version>| {
-        text.clear();
-        if let Some(v) = v {
-            let _ = write!(text, "{v}");
-        }
-        field(text.as_bytes());
-    };
-    field(b"vynil retention plan, fingerprint schema 2");
-    version(&mut field, Some(&config.framework));
+    let mut out = Encoding::default();
+    out.field(b"vynil retention plan, fingerprint schema 3");
+    out.version(Some(&config.framework));
     let mut pins: Vec<&str> = config.pins.iter().map(|(p, _)| p.as_str()).collect();
     pins.sort_unstable();
     pins.dedup();
-    field(&(pins.len() as u64).to_le_bytes());
+    out.number(pins.len() as u64);
     for pin in pins {
-        field(pin.as_bytes());
+        out.field(pin.as_bytes());
     }
-    let mut order: Vec<usize> = (0..tags.len()).collect();
-    order.sort_unstable_by(|&a, &b| {
-        (tags[a].name.as_str(), tags[a].digest.as_str())
-            .cmp(&(tags[b].name.as_str(), tags[b].digest.as_str()))
-    });
-    field(&(order.len() as u64).to_le_bytes());
-    for at in order {
+    out.number(order.len() as u64);
+    for &at in order {
         let tag = &tags[at];
-        field(tag.name.as_bytes());
-        field(tag.digest.as_bytes());
+        out.field(tag.name.as_bytes());
+        out.digest(&tag.digest);
         match (&tag.metadata, facts.get(at).and_then(Option::as_ref)) {
             (ManifestMetadata::Vynil(_), Some(facts)) => {
-                field(b"vynil");
-                field(facts.package_type.as_str().as_bytes());
-                version(&mut field, facts.minimum.as_ref());
-                field(&(facts.vynil_versions.len() as u64).to_le_bytes());
+                out.field(facts.package_type.as_str().as_bytes());
+                out.version(facts.minimum.as_ref());
+                out.number(facts.vynil_versions.len() as u64);
                 for requirement in &facts.vynil_versions {
-                    version(&mut field, Some(requirement));
+                    out.version(Some(requirement));
                 }
             }
             // Not a version: its metadata decides nothing but that it has some.
-            (ManifestMetadata::Vynil(_), None) => field(b"vynil, not a version"),
-            (ManifestMetadata::NotVynil, _) => field(b"not-vynil"),
-            (ManifestMetadata::Malformed(_), _) => field(b"unreadable"),
+            (ManifestMetadata::Vynil(_), None) => out.field(b"vynil, not a version"),
+            (ManifestMetadata::NotVynil, _) => out.field(b"not-vynil"),
+            (ManifestMetadata::Malformed(_), _) => out.field(b"unreadable"),
         }
     }
     match usage {
-        Usage::Unknown => field(b"usage unknown"),
+        Usage::Unknown => out.field(b"usage unknown"),
         Usage::Known(used) => {
             let mut used: Vec<(&str, &str, &str, RevisionUse)> = used
                 .iter()
                 .map(|r| (r.tag.as_str(), r.digest.as_deref().unwrap_or(""), r.instance.as_str(), r.usage))
                 .collect();
             used.sort_unstable();
-            field(&(used.len() as u64).to_le_bytes());
+            out.field(b"usage known");
+            out.number(used.len() as u64);
             for (tag, digest, instance, usage) in used {
-                field(tag.as_bytes());
-                field(digest.as_bytes());
-                field(instance.as_bytes());
-                field(format!("{usage:?}").as_bytes());
+                out.field(tag.as_bytes());
+                out.digest(digest);
+                out.field(instance.as_bytes());
+                out.field(format!("{usage:?}").as_bytes());
             }
         }
     }
-    format!("sha256:{}", hex::encode(hasher.finalize()))
+    out.finish()
+}
+
+/// A prefix-free encoding fed to SHA-256 in whole buffers: numbers as LEB128
+/// varints, byte strings after their length, a lowercase `sha256:` digest as
+/// its 32 bytes (marked, so it cannot read as another string), a version as
+/// its numbers and its pre-release and build texts.
+struct Encoding {
+    hasher: Sha256,
+    buffer: Vec<u8>,
+}
+
+impl Default for Encoding {
+    fn default() -> Self {
+        Self { hasher: Sha256::new(), buffer: Vec::with_capacity(Self::FLUSH_AT + 256) }
+    }
+}
+
+impl Encoding {
+    const FLUSH_AT: usize = 8192;
+
+    fn number(&mut self, mut n: u64) {
+        while n >= 0x80 {
+            self.buffer.push((n as u8 & 0x7f) | 0x80);
+            n >>= 7;
+        }
+        self.buffer.push(n as u8);
+    }
+
+    fn field(&mut self, bytes: &[u8]) {
+        self.number(bytes.len() as u64);
+        self.buffer.extend_from_slice(bytes);
+        if self.buffer.len() >= Self::FLUSH_AT {
+            self.hasher.update(&self.buffer);
+            self.buffer.clear();
+        }
+    }
+
+    fn digest(&mut self, digest: &str) {
+        match digest.strip_prefix("sha256:").and_then(lowercase_hex_32) {
+            Some(raw) => {
+                self.buffer.push(1);
+                self.buffer.extend_from_slice(&raw);
+            }
+            None => {
+                self.buffer.push(0);
+                self.field(digest.as_bytes());
+            }
+        }
+    }
+
+    fn version(&mut self, version: Option<&Version>) {
+        match version {
+            None => self.buffer.push(0),
+            Some(v) => {
+                self.buffer.push(1);
+                self.number(v.major);
+                self.number(v.minor);
+                self.number(v.patch);
+                self.field(v.pre.as_str().as_bytes());
+                self.field(v.build.as_str().as_bytes());
+            }
+        }
+    }
+
+    fn finish(mut self) -> String {
+        self.hasher.update(&self.buffer);
+        format!("sha256:{}", hex::encode(self.hasher.finalize()))
+    }
+}
+
+/// The 32 bytes of 64 lowercase hex digits; `None` for anything else (upper
+/// case included, so that two spellings never meet in one encoding).
+fn lowercase_hex_32(hex: &str) -> Option<[u8; 32]> {
+    let digit = |b: u8| match b {
+        b'0'..=b'9' => Some(b - b'0'),
+        b'a'..=b'f' => Some(b - b'a' + 10),
+        _ => None,
+    };
+    let bytes = hex.as_bytes();
+    if bytes.len() != 64 {
+        return None;
+    }
+    let mut raw = [0u8; 32];
+    for (out, pair) in raw.iter_mut().zip(bytes.chunks_exact(2)) {
+        *out = (digit(pair[0])? << 4) | digit(pair[1])?;
+    }
+    Some(raw)
 }
 
 /// JSON text with object keys sorted at every depth, whatever map order

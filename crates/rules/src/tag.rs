@@ -20,13 +20,17 @@ pub struct Tag {
 impl Tag {
     /// `Some` iff `raw` is a strict SemVer version, optionally prefixed by `v`.
     pub fn parse(raw: &str) -> Option<Tag> {
+        Some(Tag { version: Self::version_of(raw)?, raw: raw.to_string() })
+    }
+
+    /// The version [`Tag::parse`] reads in `raw`, without keeping the text.
+    pub fn version_of(raw: &str) -> Option<Version> {
         let digits = raw.strip_prefix('v').unwrap_or(raw);
         // semver accepts neither a leading zero, two components, nor spaces.
         if !digits.starts_with(|c: char| c.is_ascii_digit()) {
             return None;
         }
-        let version = Version::parse(digits).ok()?;
-        Some(Tag { raw: raw.to_string(), version })
+        Version::parse(digits).ok()
     }
 
     pub fn as_str(&self) -> &str {

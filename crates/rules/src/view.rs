@@ -163,6 +163,14 @@ impl Versions {
         &self.newest_first
     }
 
+    /// The versions `channel` admits, newest first: what every view of that
+    /// channel walks, whatever the framework, so a caller computing views for
+    /// several frameworks filters once.
+    pub fn admitted(&self, channel: Channel) -> Admitted<'_> {
+        let tags = self.newest_first.iter().filter(|tag| channel.admits(tag.as_str())).collect();
+        Admitted { channel, tags }
+    }
+
     /// The position of `tag` in [`Versions::as_slice`], so a caller keeps
     /// facts in a vector instead of a map by name: at once for one of this
     /// set's own tags (as [`ViewBuilder`] hands them out, found by address),
@@ -174,6 +182,35 @@ impl Versions {
             .map(|offset| offset / std::mem::size_of::<Tag>().max(1))
             .filter(|at| self.newest_first.get(*at).is_some_and(|own| std::ptr::eq(own, tag)));
         by_address.or_else(|| self.newest_first.binary_search_by(|probe| tag.cmp(probe)).ok())
+    }
+}
+
+/// The versions one channel admits ([`Versions::admitted`]).
+#[derive(Debug, Clone)]
+pub struct Admitted<'v> {
+    channel: Channel,
+    tags: Vec<&'v Tag>,
+}
+
+impl<'v> Admitted<'v> {
+    /// The descent of a viewer on this channel and `framework`.
+    pub fn builder(&self, framework: Version, type_aware: bool) -> ViewBuilder<'v> {
+        ViewBuilder::over(self.tags.clone(), Viewer { channel: self.channel, framework }, type_aware)
+    }
+
+    /// [`view_of_versions`] for this channel and `framework`.
+    pub fn view<'c, R: Revision + 'c>(
+        &self,
+        framework: Version,
+        type_aware: bool,
+        mut lookup: impl FnMut(&Tag) -> Option<&'c R>,
+    ) -> View {
+        let mut builder = self.builder(framework, type_aware);
+        while let Some(tag) = builder.next_needed() {
+            let content = lookup(tag);
+            builder.provide(content);
+        }
+        builder.finish()
     }
 }
 
@@ -193,8 +230,11 @@ pub struct ViewBuilder<'v> {
 
 impl<'v> ViewBuilder<'v> {
     pub fn new(versions: &'v Versions, viewer: Viewer, type_aware: bool) -> Self {
-        let candidates: Vec<&Tag> =
-            versions.as_slice().iter().filter(|tag| viewer.channel.admits(tag.as_str())).collect();
+        versions.admitted(viewer.channel).builder(viewer.framework, type_aware)
+    }
+
+    /// `candidates`: the versions `viewer`'s channel admits, newest first.
+    fn over(candidates: Vec<&'v Tag>, viewer: Viewer, type_aware: bool) -> Self {
         let phase = if candidates.is_empty() { Phase::Done } else { Phase::Waypoints };
         Self {
             viewer,
@@ -302,14 +342,9 @@ pub fn view_of_versions<'c, R: Revision + 'c>(
     versions: &Versions,
     viewer: &Viewer,
     type_aware: bool,
-    mut lookup: impl FnMut(&Tag) -> Option<&'c R>,
+    lookup: impl FnMut(&Tag) -> Option<&'c R>,
 ) -> View {
-    let mut builder = ViewBuilder::new(versions, viewer.clone(), type_aware);
-    while let Some(tag) = builder.next_needed() {
-        let content = lookup(tag);
-        builder.provide(content);
-    }
-    builder.finish()
+    versions.admitted(viewer.channel).view(viewer.framework.clone(), type_aware, lookup)
 }
 
 /// [`view_of_versions`] over raw tag names.

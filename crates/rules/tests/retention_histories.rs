@@ -321,3 +321,42 @@ fn a_plan_over_several_repositories_has_one_order_sensitive_fingerprint() {
     assert!(both.starts_with("sha256:") && both != "sha256:1");
     assert_ne!(both, combined_fingerprint(&[("r/a", "sha256:1"), ("r/b", "sha256:3")]));
 }
+
+#[test]
+fn the_fingerprint_tells_apart_digests_that_differ_only_in_their_spelling() {
+    // A digest is hashed as its 32 bytes when it is lowercase hex: an upper
+    // case spelling, another algorithm or a malformed text must still give
+    // another fingerprint, not read as the same bytes.
+    let lower = vynil_rules::retention::RepositoryTag {
+        digest: format!("sha256:{}", "0123456789abcdef".repeat(4)),
+        ..plain_tag("1.0.0", "a")
+    };
+    let fingerprint = |digest: String| {
+        plan(&[vynil_rules::retention::RepositoryTag { digest, ..lower.clone() }], &Usage::Known(vec![]), &[])
+            .fingerprint
+    };
+    let hex = lower.digest.trim_start_matches("sha256:").to_string();
+    let spellings = [
+        lower.digest.clone(),
+        format!("sha256:{}", hex.to_uppercase()),
+        format!("sha512:{hex}"),
+        format!("sha256:{}", &hex[..63]),
+        hex.clone(),
+    ];
+    let prints: std::collections::BTreeSet<String> = spellings.iter().cloned().map(fingerprint).collect();
+    assert_eq!(prints.len(), spellings.len(), "{spellings:?}");
+}
+
+#[test]
+fn digests_sharing_their_last_characters_are_still_two_digests() {
+    // Digests are told apart by their ends first: a superseded revision whose
+    // digest ends like the head's is not the head's alias.
+    let end = "0123456789abcdef";
+    let with = |name: &str, start: char| vynil_rules::retention::RepositoryTag {
+        digest: format!("sha256:{}{end}", start.to_string().repeat(48)),
+        ..vynil_tag(name, "unused", "tenant", None, None)
+    };
+    let plan = plan(&[with("1.0.0", 'a'), with("0.9.0", 'b')], &Usage::Known(vec![]), &[]);
+    let deleted: Vec<&str> = plan.deleted().map(|e| e.tag.as_str()).collect();
+    assert_eq!(deleted, ["0.9.0"]);
+}
