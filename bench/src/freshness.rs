@@ -22,7 +22,7 @@ fn package(tag: &str) -> Package {
     Package::new("registry.example", "db/pg", tag, PackageContent::minimal("db", "pg", PackageType::System))
 }
 
-fn percentiles(mut samples: Vec<Duration>) -> (Duration, Duration) {
+pub fn percentiles(mut samples: Vec<Duration>) -> (Duration, Duration) {
     samples.sort();
     let at = |q: f64| samples[((samples.len() as f64 - 1.0) * q).round() as usize];
     (at(0.50), at(0.99))
