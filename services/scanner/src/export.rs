@@ -136,8 +136,11 @@ pub async fn run_cli(args: ExportArgs) -> Result<(), ScannerError> {
         ..TransportConfig::default()
     };
     let credentials = CredentialStore::from_file(args.dockerconfig.as_deref())?;
-    let client =
-        RegistryClient::new(transport, credentials, std::sync::Arc::new(InMemoryMetadataCache::default()))?;
+    let client = RegistryClient::new(
+        transport,
+        credentials,
+        std::sync::Arc::new(InMemoryMetadataCache::with_capacity(args.limits.metadata_cache_entries)),
+    )?;
     // The export covers every framework version: none is configured.
     let settings = args.limits.settings(semver::Version::new(0, 0, 0));
     let done = export(&client, &settings, &source, &destination).await?;

@@ -96,6 +96,11 @@ pub struct ScanLimits {
     /// registries with strict rate limits.
     #[arg(long, env = "VYNIL_MANIFEST_READ_AHEAD", default_value_t = 8)]
     pub manifest_read_ahead: usize,
+    /// Manifest metadata kept in process memory without `--redis-url`
+    /// (entries, and as many tag digests; the least used are evicted and
+    /// read again when next needed). Redis entries expire instead.
+    #[arg(long, env = "VYNIL_METADATA_CACHE_ENTRIES", default_value_t = InMemoryMetadataCache::DEFAULT_CAPACITY)]
+    pub metadata_cache_entries: usize,
 }
 
 impl ScanLimits {
@@ -186,7 +191,7 @@ pub async fn build_with_store(
             }
             None => (
                 Arc::new(MemoryQueue::default()),
-                Arc::new(InMemoryMetadataCache::default()),
+                Arc::new(InMemoryMetadataCache::with_capacity(config.limits.metadata_cache_entries)),
                 vynil_index::ConditionalCache::default(),
             ),
         };
