@@ -222,16 +222,28 @@ impl RegistryClient {
 
     /// Every tag of the repository, following `Link` pages to the end.
     pub async fn list_tags(&self, repo: &RepositoryRef) -> Result<Vec<String>> {
+        self.list_tags_at_most(repo, usize::MAX).await
+    }
+
+    /// [`RegistryClient::list_tags`], refused with
+    /// [`RegistryError::TooManyTags`] as soon as a page takes the count past
+    /// `cap`: pages are asked for at most `cap + 1` tags and read one at a
+    /// time, so what a listing holds is bounded by the cap, whatever the
+    /// repository holds.
+    pub async fn list_tags_at_most(&self, repo: &RepositoryRef, cap: usize) -> Result<Vec<String>> {
         #[derive(serde::Deserialize)]
         struct TagList {
             tags: Option<Vec<String>>,
         }
-        if let Some(layout) = Layout::of(repo)? {
-            return blocking(move || layout.tags()).await;
-        }
         let what = format!("tags of {repo}");
+        let over = |listed: usize| RegistryError::TooManyTags { what: what.clone(), listed, cap };
+        if let Some(layout) = Layout::of(repo)? {
+            let tags = blocking(move || layout.tags()).await?;
+            return if tags.len() > cap { Err(over(tags.len())) } else { Ok(tags) };
+        }
         let mut tags = Vec::new();
-        let mut path = format!("/v2/{}/tags/list?n={PAGE_SIZE}", repo.api_repository());
+        let page_size = PAGE_SIZE.min(cap.saturating_add(1));
+        let mut path = format!("/v2/{}/tags/list?n={page_size}", repo.api_repository());
         let mut pages = 0;
         loop {
             pages += 1;
@@ -246,6 +258,9 @@ impl RegistryClient {
                     problem: format!("tag list is not JSON: {e}"),
                 })?;
             tags.extend(page.tags.unwrap_or_default());
+            if tags.len() > cap {
+                return Err(over(tags.len()));
+            }
             match response.header("link").and_then(next_link) {
                 Some(next) if pages < 100_000 => path = next,
                 _ => break,

@@ -52,6 +52,8 @@ pub enum RegistryError {
     Unreachable { what: String, attempts: u32, problem: String },
     #[error("{what}: the manifest is larger than {limit} bytes; it is not a Vynil package manifest")]
     TooLarge { what: String, limit: usize },
+    #[error("{what}: {listed} tags, over the cap of {cap} (listing stopped there)")]
+    TooManyTags { what: String, listed: usize, cap: usize },
     #[error("{what}: invalid answer: {problem}")]
     InvalidBody { what: String, problem: String },
     #[error("{what}: {problem}; check the OCI image layout (index.json and blobs/sha256)")]

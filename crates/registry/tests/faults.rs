@@ -6,7 +6,13 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::{Duration, Instant},
+};
 
 use axum::http::Method;
 use common::*;
@@ -248,4 +254,81 @@ async fn a_revoked_token_is_replaced_once_and_the_request_succeeds() {
     assert_eq!(client.list_tags(&repo(&host, "apps/t")).await.unwrap(), ["1.0.0"]);
     assert_eq!(front.count(&Method::GET, "/token"), 1);
     assert_eq!(front.count(&Method::GET, "/tags/list"), 2, "refused once, then served");
+}
+
+/// A registry's tag list that pages as the distribution spec says (`n`,
+/// `last`, a `Link` to the next page), over `count` tags, counting requests.
+/// Distribution 2.8 answers every tag in one page whatever `n` asks, so the
+/// real registry cannot show where a listing stops.
+async fn paging_tag_list(count: usize) -> (String, Arc<AtomicUsize>) {
+    use axum::{extract::Query, response::IntoResponse};
+    let asked = Arc::new(AtomicUsize::new(0));
+    let counter = asked.clone();
+    let tags: Vec<String> = (0..count).map(|i| format!("1.{i}.0")).collect();
+    let list = move |Query(query): Query<std::collections::HashMap<String, String>>| {
+        let (tags, counter) = (tags.clone(), counter.clone());
+        async move {
+            counter.fetch_add(1, Ordering::SeqCst);
+            let n: usize = query.get("n").and_then(|n| n.parse().ok()).unwrap_or(tags.len());
+            let start =
+                query.get("last").and_then(|l| tags.iter().position(|t| t == l)).map_or(0, |at| at + 1);
+            let page: Vec<&String> = tags.iter().skip(start).take(n).collect();
+            let body = serde_json::json!({ "name": "big/r", "tags": page }).to_string();
+            let mut headers = axum::http::HeaderMap::new();
+            headers.insert("content-type", "application/json".parse().unwrap());
+            if let (Some(last), true) = (page.last(), start + n < tags.len()) {
+                let link = format!("</v2/big/r/tags/list?n={n}&last={last}>; rel=\"next\"");
+                headers.insert("link", link.parse().unwrap());
+            }
+            (headers, body).into_response()
+        }
+    };
+    let app = axum::Router::new()
+        .route("/v2/", axum::routing::get(|| async { "{}" }))
+        .route("/v2/big/r/tags/list", axum::routing::get(list));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let host = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (host, asked)
+}
+
+#[tokio::test]
+async fn a_listing_over_its_cap_stops_at_the_page_that_passes_it() {
+    let (host, asked) = paging_tag_list(10).await;
+    let client = client(&host, CredentialStore::default());
+    let big = repo(&host, "big/r");
+
+    // Pages of cap + 1 = 3 tags: the first already passes the cap, and the
+    // other three pages are never asked for.
+    let error = client.list_tags_at_most(&big, 2).await.unwrap_err();
+    assert_eq!(error, RegistryError::TooManyTags { what: format!("tags of {big}"), listed: 3, cap: 2 });
+    assert!(error.to_string().contains("3 tags, over the cap of 2"), "{error}");
+    assert_eq!(asked.swap(0, Ordering::SeqCst), 1, "listing stopped at the first page");
+
+    let error = client.list_tags_at_most(&big, 4).await.unwrap_err();
+    assert!(matches!(error, RegistryError::TooManyTags { listed: 5, cap: 4, .. }), "{error:?}");
+    assert_eq!(asked.swap(0, Ordering::SeqCst), 1);
+
+    let tags = client.list_tags_at_most(&big, 10).await.unwrap();
+    assert_eq!(tags.len(), 10, "at the cap is within it");
+    assert_eq!(asked.swap(0, Ordering::SeqCst), 1, "one page of 11");
+
+    assert_eq!(client.list_tags_at_most(&big, 12).await.unwrap(), tags);
+    let all = client.list_tags(&big).await.unwrap();
+    assert_eq!(all, tags, "every page followed without a cap");
+}
+
+#[tokio::test]
+async fn a_listing_without_pages_is_held_to_its_cap_too() {
+    // Distribution 2.8 answers one page whatever `n` asks.
+    let registry = RegistryServer::start().await.unwrap();
+    let publisher = registry.publisher();
+    for tag in ["1.0.0", "1.1.0", "1.2.0"] {
+        publisher.publish("big/r", &PackageSpec::new("big", "r", PackageType::Tenant, tag)).await.unwrap();
+    }
+    let client = client(&registry.host(), CredentialStore::default());
+    let big = repo(&registry.host(), "big/r");
+    let error = client.list_tags_at_most(&big, 2).await.unwrap_err();
+    assert!(matches!(error, RegistryError::TooManyTags { listed: 3, cap: 2, .. }), "{error:?}");
+    assert_eq!(client.list_tags_at_most(&big, 3).await.unwrap().len(), 3);
 }

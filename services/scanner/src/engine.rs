@@ -9,7 +9,7 @@ use futures::StreamExt;
 use tokio_util::task::AbortOnDropHandle;
 use tracing::Instrument;
 use vynil_crds::{Condition, JukeBoxConditionType, JukeBoxStatus, set_condition};
-use vynil_registry::{ManifestMetadata, RegistryClient, RepositoryRef, TaggedManifest};
+use vynil_registry::{ManifestMetadata, RegistryClient, RegistryError, RepositoryRef, TaggedManifest};
 use vynil_rules::{
     Package, ScanScope, Versions, ViewBuilder, Viewer,
     jukebox::{self, ConditionChange, ConditionTransition, JukeboxCondition, ScanVerdict},
@@ -257,16 +257,15 @@ async fn scan_repository(
     viewer: &Viewer,
     progress: Arc<std::sync::Mutex<Progress>>,
 ) -> Result<Vec<Package>, String> {
-    let tags = client.list_tags(repo).await.map_err(|e| e.to_string())?;
+    let tags =
+        client.list_tags_at_most(repo, settings.max_tags_per_repository).await.map_err(|e| match e {
+            RegistryError::TooManyTags { .. } => {
+                format!("{e}: not scanned (raise --max-tags-per-repository or clean the repository)")
+            }
+            e => e.to_string(),
+        })?;
     if let Ok(mut p) = progress.lock() {
         p.tags_seen += tags.len() as u64;
-    }
-    if tags.len() > settings.max_tags_per_repository {
-        return Err(format!(
-            "{} tags, over the cap of {}: not scanned (raise --max-tags-per-repository or clean the repository)",
-            tags.len(),
-            settings.max_tags_per_repository
-        ));
     }
     let versions = Versions::parse(tags.iter().map(String::as_str));
     let mut builder = ViewBuilder::new(&versions, viewer.clone(), true);
