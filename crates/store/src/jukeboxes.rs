@@ -58,6 +58,32 @@ impl std::fmt::Display for StatusVersion {
     }
 }
 
+/// What a store's change feed says ([`JukeboxStore::subscribe`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum StoreChange {
+    /// Notifications may have been lost (a watch relisted, Redis came back
+    /// after an outage): re-read everything.
+    Resync,
+    /// This JukeBox changed; read it (a feed of names: Redis pub/sub).
+    Named(String),
+    /// This JukeBox changed, as the change carried it (a watch event holds
+    /// the object): a replica needs no read of its own.
+    Applied(Box<JukeboxRecord>),
+    /// This JukeBox is gone.
+    Deleted(String),
+}
+
+impl StoreChange {
+    /// The JukeBox concerned; `None` for [`StoreChange::Resync`].
+    pub fn name(&self) -> Option<&str> {
+        match self {
+            StoreChange::Resync => None,
+            StoreChange::Named(name) | StoreChange::Deleted(name) => Some(name),
+            StoreChange::Applied(record) => Some(&record.name),
+        }
+    }
+}
+
 /// A JukeBox and the version of its status (for compare-and-set).
 #[derive(Debug, Clone, PartialEq)]
 pub struct JukeboxRecord {
@@ -124,9 +150,8 @@ pub trait JukeboxStore: Send + Sync + std::fmt::Debug {
         expected: &StatusVersion,
         status: &JukeBoxStatus,
     ) -> Result<StatusVersion, StoreError>;
-    /// Names of JukeBoxes whose status changed; an empty name means
-    /// notifications may have been lost (Redis went away): re-read everything.
-    fn subscribe(&self) -> broadcast::Receiver<String>;
+    /// The JukeBoxes that changed, as the store learns of them.
+    fn subscribe(&self) -> broadcast::Receiver<StoreChange>;
     /// Records an event where users look for it (nowhere outside a cluster).
     async fn record_event(&self, _name: &str, _event: &JukeboxEvent) {}
     /// Sources that could not be read as JukeBoxes (bad YAML files).
@@ -259,7 +284,7 @@ impl StatusBackend for RedisBackend {
 pub struct LocalStore {
     directory: PathBuf,
     backend: Arc<dyn StatusBackend>,
-    changes: broadcast::Sender<String>,
+    changes: broadcast::Sender<StoreChange>,
     /// In memory, writes are announced here; with Redis, by the pub/sub relay.
     announce_writes: bool,
 }
@@ -280,13 +305,13 @@ impl LocalStore {
         let mut messages = crate::pubsub::follow(client, CHANGES_CHANNEL).await.map_err(redis_error)?;
         tokio::spawn(async move {
             while let Some(message) = messages.recv().await {
-                // An empty name after an outage: changes made meanwhile are
-                // repaired by the subscribers' resyncs.
-                let name = match message {
-                    crate::pubsub::Message::Payload(name) => name,
-                    crate::pubsub::Message::Resumed => String::new(),
+                // After an outage, changes made meanwhile are repaired by
+                // the subscribers' resyncs.
+                let change = match message {
+                    crate::pubsub::Message::Payload(name) => StoreChange::Named(name),
+                    crate::pubsub::Message::Resumed => StoreChange::Resync,
                 };
-                let _ = relay.send(name);
+                let _ = relay.send(change);
             }
         });
         Ok(Self {
@@ -411,12 +436,12 @@ impl JukeboxStore for LocalStore {
     ) -> Result<StatusVersion, StoreError> {
         let version = self.backend.compare_and_set(name, expected.local(), status).await?;
         if self.announce_writes {
-            let _ = self.changes.send(name.to_string());
+            let _ = self.changes.send(StoreChange::Named(name.to_string()));
         }
         Ok(StatusVersion::new(version.to_string()))
     }
 
-    fn subscribe(&self) -> broadcast::Receiver<String> {
+    fn subscribe(&self) -> broadcast::Receiver<StoreChange> {
         self.changes.subscribe()
     }
 
@@ -476,6 +501,6 @@ mod tests {
         let first = StatusVersion::default();
         assert_eq!(store.write_status("box", &first, &status).await.unwrap(), StatusVersion::new("1"));
         assert!(matches!(store.write_status("box", &first, &status).await, Err(StoreError::Conflict(_))));
-        assert_eq!(changes.recv().await.unwrap(), "box");
+        assert_eq!(changes.recv().await.unwrap(), StoreChange::Named("box".into()));
     }
 }

@@ -29,7 +29,9 @@ use serde_json::json;
 use tokio::sync::broadcast;
 use vynil_crds::{JukeBox, JukeBoxStatus};
 
-use crate::{JukeboxEvent, JukeboxRecord, JukeboxStore, ScannerStore, StatusVersion, StoreError};
+use crate::{
+    JukeboxEvent, JukeboxRecord, JukeboxStore, ScannerStore, StatusVersion, StoreChange, StoreError,
+};
 
 /// See the module documentation.
 pub struct KubeStore {
@@ -38,7 +40,7 @@ pub struct KubeStore {
     secrets: Api<Secret>,
     namespace: String,
     recorder: Recorder,
-    changes: broadcast::Sender<String>,
+    changes: broadcast::Sender<StoreChange>,
     watcher: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
@@ -110,18 +112,21 @@ impl KubeStore {
             let mut events =
                 kube::runtime::watcher(watched, watcher::Config::default()).default_backoff().boxed();
             while let Some(event) = events.next().await {
-                let name = match event {
-                    Ok(watcher::Event::Apply(jb) | watcher::Event::Delete(jb)) => jb.name_any(),
+                // The watch carries each object: every replica following it
+                // has the JukeBox without a GET of its own.
+                let change = match event {
+                    Ok(watcher::Event::Apply(jb)) => StoreChange::Applied(Box::new(record(jb))),
+                    Ok(watcher::Event::Delete(jb)) => StoreChange::Deleted(jb.name_any()),
                     // A (re)list is complete: one full re-read covers every object
                     // it listed and the deletions missed meanwhile.
-                    Ok(watcher::Event::InitDone) => String::new(),
+                    Ok(watcher::Event::InitDone) => StoreChange::Resync,
                     Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => continue,
                     Err(error) => {
                         tracing::warn!(%error, "JukeBox watch interrupted; retrying with backoff");
                         continue;
                     }
                 };
-                let _ = relay.send(name);
+                let _ = relay.send(change);
             }
         }));
     }
@@ -165,7 +170,7 @@ impl JukeboxStore for KubeStore {
         }
     }
 
-    fn subscribe(&self) -> broadcast::Receiver<String> {
+    fn subscribe(&self) -> broadcast::Receiver<StoreChange> {
         let receiver = self.changes.subscribe();
         self.follow();
         receiver

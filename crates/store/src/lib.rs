@@ -31,7 +31,7 @@ pub mod takeover;
 
 pub use jukeboxes::{
     CHANGES_CHANNEL, JukeboxEvent, JukeboxRecord, JukeboxStore, LocalStore, ScannerStore, SecretData,
-    SkippedSource, StatusVersion,
+    SkippedSource, StatusVersion, StoreChange,
 };
 pub use kube::KubeStore;
 use vynil_crds::{JukeBoxSource, JukeBoxSpec};

@@ -8,7 +8,7 @@ use kube::{
 };
 use serde_json::json;
 use vynil_crds::{JukeBox, JukeBoxStatus};
-use vynil_store::{JukeboxStore, KubeStore, ScannerStore, StoreError};
+use vynil_store::{JukeboxStore, KubeStore, ScannerStore, StoreChange, StoreError};
 use vynil_testkit::kube_api::{ApiFault, ApiFaultAction, FakeApiServer};
 
 type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
@@ -21,14 +21,18 @@ fn jukebox(name: &str) -> Result<JukeBox, serde_json::Error> {
     }))
 }
 
-async fn next_name(changes: &mut tokio::sync::broadcast::Receiver<String>, wanted: &str) -> bool {
+/// The next change of the feed about `wanted`.
+async fn next_change(
+    changes: &mut tokio::sync::broadcast::Receiver<StoreChange>,
+    wanted: &str,
+) -> Option<StoreChange> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while let Ok(Ok(name)) = tokio::time::timeout_at(deadline, changes.recv()).await {
-        if name == wanted {
-            return true;
+    while let Ok(Ok(change)) = tokio::time::timeout_at(deadline, changes.recv()).await {
+        if change.name() == Some(wanted) {
+            return Some(change);
         }
     }
-    false
+    None
 }
 
 #[tokio::test]
@@ -38,14 +42,21 @@ async fn status_writes_are_compare_and_set_on_the_resource_version() -> TestResu
     let store = KubeStore::new(client.clone());
     let mut changes = store.subscribe();
     Api::<JukeBox>::all(client.clone()).create(&PostParams::default(), &jukebox("box")?).await?;
-    assert!(next_name(&mut changes, "box").await, "the watcher announces the new JukeBox");
+    let created = next_change(&mut changes, "box").await;
+    assert!(
+        matches!(created, Some(StoreChange::Applied(_))),
+        "the watcher announces the new JukeBox: {created:?}"
+    );
 
     let read = store.get("box").await?.ok_or("no record")?;
     assert_eq!(read.annotations.get("vynil.solidite.fr/force-scan").map(String::as_str), Some("apps/x"));
     assert!(read.status.is_none());
     let version = store.write_status("box", &read.status_version, &JukeBoxStatus::default()).await?;
     assert_ne!(version, read.status_version, "a write moves the version (opaque: compared, never ordered)");
-    assert!(next_name(&mut changes, "box").await, "the status change is announced");
+    // The watch's object is the record a read gives: replicas need no GET.
+    let announced = next_change(&mut changes, "box").await;
+    let reread = store.get("box").await?.ok_or("no record")?;
+    assert_eq!(announced, Some(StoreChange::Applied(Box::new(reread))), "the status change is announced");
 
     // The version read before is stale now: a conflict, the stored status untouched.
     let stale = store.write_status("box", &read.status_version, &JukeBoxStatus::default()).await;
@@ -66,7 +77,14 @@ async fn status_writes_are_compare_and_set_on_the_resource_version() -> TestResu
         Err(StoreError::Conflict(_))
     ));
     assert!(store.get("box").await?.is_none());
-    assert!(next_name(&mut changes, "box").await, "the deletion is announced");
+    let mut deleted = None;
+    while let Some(change) = next_change(&mut changes, "box").await {
+        if matches!(change, StoreChange::Deleted(_)) {
+            deleted = Some(change);
+            break;
+        }
+    }
+    assert_eq!(deleted, Some(StoreChange::Deleted("box".into())), "the deletion is announced");
     Ok(())
 }
 

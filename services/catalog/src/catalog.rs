@@ -13,7 +13,7 @@ use std::{
 use tracing::Instrument;
 
 use tokio::sync::broadcast;
-use vynil_store::JukeboxStore;
+use vynil_store::{JukeboxRecord, JukeboxStore, StoreChange};
 
 use vynil_store::package_cache::{Entry, PackageCache};
 
@@ -143,8 +143,28 @@ impl Catalog {
         result
     }
 
+    /// A change of the store's feed: the record it carries, else read.
+    async fn ingest_change(&self, change: StoreChange) -> Result<(), CatalogError> {
+        let result = match change {
+            StoreChange::Resync => return Ok(()),
+            StoreChange::Named(name) => self.try_ingest(&name).await,
+            StoreChange::Applied(record) => {
+                let name = record.name.clone();
+                self.absorb(&name, Some(*record)).await
+            }
+            StoreChange::Deleted(name) => self.absorb(&name, None).await,
+        };
+        self.set_degraded(result.is_err());
+        result
+    }
+
     async fn try_ingest(&self, jukebox: &str) -> Result<(), CatalogError> {
         let record = self.store.get(jukebox).await.map_err(|e| CatalogError::Unavailable(e.to_string()))?;
+        self.absorb(jukebox, record).await
+    }
+
+    /// `jukebox` as it is now (`None`: gone) into the shared cache and the snapshot.
+    async fn absorb(&self, jukebox: &str, record: Option<JukeboxRecord>) -> Result<(), CatalogError> {
         let mut cause = None;
         let entry = record.and_then(|r| {
             let (pull_secret, channel) = (r.spec.pull_secret.clone(), r.spec.channel());
@@ -222,11 +242,12 @@ impl Catalog {
                 self.set_degraded(false);
             }
             tokio::select! {
-                name = store_changes.recv() => match name {
-                    Ok(name) if name.is_empty() => self.resync_due.store(true, Ordering::Release),
-                    Ok(name) => {
+                change = store_changes.recv() => match change {
+                    Ok(StoreChange::Resync) => self.resync_due.store(true, Ordering::Release),
+                    Ok(change) => {
+                        let name = change.name().unwrap_or_default().to_string();
                         let span = tracing::info_span!("catalog_ingest", jukebox = %name);
-                        if let Err(error) = self.ingest(&name).instrument(span).await {
+                        if let Err(error) = self.ingest_change(change).instrument(span).await {
                             tracing::warn!(%name, %error, "cannot ingest a status change; will resync");
                         }
                     }

@@ -185,3 +185,31 @@ async fn the_binary_follows_the_cluster_with_the_kubernetes_flag() {
     }
     panic!("the catalog process never saw the new status; its log:\n{}", service.log());
 }
+
+#[tokio::test]
+async fn replicas_take_each_change_from_the_watch_without_asking_the_api_server() {
+    // Each replica follows the watch, whose events carry the object: N
+    // replicas must not cost N GETs per change (nor one).
+    let world = world(&["box"]).await;
+    let replicas = [replica(&world).await, replica(&world).await, replica(&world).await];
+    write(&world, "box", &["1.0.0"], "Updated succesfully").await;
+    for catalog in &replicas {
+        eventually(catalog, "box", &["1.0.0"]).await;
+    }
+    world.api.clear_requests();
+    let changes = 10;
+    for i in 1..=changes {
+        let tag = format!("1.0.{i}");
+        write(&world, "box", &[tag.as_str()], "Updated succesfully").await;
+        for catalog in &replicas {
+            eventually(catalog, "box", &[tag.as_str()]).await;
+        }
+    }
+    let reads: Vec<_> = world
+        .api
+        .requests()
+        .into_iter()
+        .filter(|r| r.resource == "jukeboxes" && matches!(r.verb.as_str(), "get" | "list"))
+        .collect();
+    assert!(reads.is_empty(), "{changes} changes on 3 replicas cost {} reads: {reads:?}", reads.len());
+}

@@ -21,7 +21,7 @@ use tokio::sync::broadcast::error::RecvError;
 use vynil_crds::annotations::FORCE_SCAN;
 use vynil_rules::{ScanFilter, ScanScope};
 use vynil_runtime::Shutdown;
-use vynil_store::JukeboxRecord;
+use vynil_store::{JukeboxRecord, StoreChange};
 
 use crate::{Scanner, engine, schedule};
 
@@ -84,8 +84,10 @@ impl Triggers {
             tokio::select! {
                 _ = &mut shutdown => return,
                 change = changes.recv() => match change {
-                    Ok(name) if !name.is_empty() => self.observe(&name).await,
-                    Ok(_) | Err(RecvError::Lagged(_)) => self.observe_all().await,
+                    Ok(StoreChange::Applied(record)) => self.observe_record(*record).await,
+                    Ok(StoreChange::Named(name)) => self.observe(&name).await,
+                    Ok(StoreChange::Deleted(name)) => self.forget(&name),
+                    Ok(StoreChange::Resync) | Err(RecvError::Lagged(_)) => self.observe_all().await,
                     Err(RecvError::Closed) => return,
                 },
                 _ = tokio::time::sleep(resync) => self.observe_all().await,
