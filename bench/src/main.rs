@@ -3,8 +3,8 @@
 //! (these machines are 2 shared, noisy cores: only ratios measured together
 //! mean anything). Prints a table, writes `bench/results/latest.json` and
 //! appends one dated line with the core count to `bench/results/history.jsonl`.
-//! A figure its services cannot give yet is listed as not measured, with why;
-//! the command fails only when a figure it can measure could not be.
+//! A figure that could not be measured is listed as failed, with why, and
+//! the command then exits non-zero.
 
 mod freshness;
 mod gateway;
@@ -12,9 +12,10 @@ mod memory;
 mod planning;
 mod report;
 mod scan;
+mod uninstall;
 
 use clap::Parser;
-use report::{Figure, Report};
+use report::Report;
 
 #[derive(Debug, Parser)]
 #[command(name = "vynil-bench", about = "Every performance figure beside its baseline, in one run")]
@@ -56,7 +57,7 @@ async fn main() -> anyhow::Result<()> {
         }
     }
     if wanted("P5") {
-        report.add(Figure::not_measured("P5", "delete Job Failed -> instance condition", "not measured yet"));
+        report.add(uninstall::delete_failure().await);
     }
     report.print();
     report.write(&args.results)?;

@@ -36,10 +36,6 @@ pub enum Outcome {
     Measured {
         rows: Vec<Row>,
     },
-    /// The services cannot give it yet: not a failure.
-    NotMeasured {
-        why: String,
-    },
     /// It should have been measured and could not be.
     Failed {
         why: String,
@@ -56,10 +52,6 @@ pub struct Figure {
 impl Figure {
     pub fn measured(id: &'static str, name: &'static str, rows: Vec<Row>) -> Self {
         Self { id, name, outcome: Outcome::Measured { rows } }
-    }
-
-    pub fn not_measured(id: &'static str, name: &'static str, why: &str) -> Self {
-        Self { id, name, outcome: Outcome::NotMeasured { why: why.to_string() } }
     }
 
     pub fn failed(id: &'static str, name: &'static str, why: impl std::fmt::Display) -> Self {
@@ -117,9 +109,6 @@ impl Report {
                             figure.id, figure.name, row.what, row.value, row.unit, row.baseline
                         ));
                     }
-                }
-                Outcome::NotMeasured { why } => {
-                    out.push_str(&format!("| {} {} | {why} | | | | |\n", figure.id, figure.name))
                 }
                 Outcome::Failed { why } => {
                     out.push_str(&format!("| {} {} | FAILED: {why} | | | | |\n", figure.id, figure.name))

@@ -1,0 +1,165 @@
+//! P5: a delete Job marked `Failed` → the instance's `Deleting=False`
+//! condition. The services of a cluster install on the fake Kubernetes API
+//! server (`vynil_e2e::Stack`), the fake agent failing every delete Job;
+//! [`INSTANCES`] TenantInstances installed, then deleted at once. Each delay
+//! runs from the agent's read-back of the Failed Job to a watcher seeing the
+//! condition. Baseline, same run: the fake's own watch delivery (a status
+//! patch to a bare watcher's event), as often.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use futures::StreamExt;
+use kube::{
+    Api,
+    api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams},
+    runtime::watcher,
+};
+use serde_json::{Value, json};
+use vynil_testkit::{
+    PackageType,
+    kube_api::{AgentOutcome, FakeAgent},
+};
+
+use crate::{
+    freshness::percentiles,
+    report::{Figure, Row},
+};
+
+const INSTANCES: usize = 20;
+const WAIT: Duration = Duration::from_secs(60);
+
+pub async fn delete_failure() -> Figure {
+    let name = "delete Job Failed -> instance condition";
+    // The stack is test infrastructure, which panics on a failed set-up: a
+    // task keeps that from taking the whole bench down.
+    match tokio::spawn(measure()).await {
+        Ok(rows) => Figure::from_result("P5", name, rows),
+        Err(panic) => Figure::failed("P5", name, format!("the cluster stack panicked: {panic}")),
+    }
+}
+
+fn deleting_failed(object: &DynamicObject) -> bool {
+    object.data["status"]["conditions"]
+        .as_array()
+        .is_some_and(|cs| cs.iter().any(|c| c["type"] == "Deleting" && c["status"] == "False"))
+}
+
+async fn measure() -> anyhow::Result<Vec<Row>> {
+    let stack = vynil_e2e::Stack::start("apps/web").await;
+    stack.publish("apps", "web", PackageType::Tenant, "1.0.0").await;
+    stack.scan_until(&["1.0.0"]).await;
+    let agent = FakeAgent::start(stack.client.clone(), vynil_e2e::CONTROL_PLANE_NAMESPACE, |job| {
+        if job.action == "delete" {
+            AgentOutcome::fail("BackoffLimitExceeded", "the delete hook exited 1")
+        } else {
+            AgentOutcome::succeed()
+        }
+    });
+    let instances = stack.tenant_instances();
+
+    // When a watcher first sees each instance's failure condition.
+    let seen: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    let (watched, record) = (instances.clone(), seen.clone());
+    let follower = tokio::spawn(async move {
+        let mut objects = watcher(watched, watcher::Config::default()).boxed();
+        while let Some(event) = objects.next().await {
+            if let Ok(watcher::Event::Apply(object) | watcher::Event::InitApply(object)) = event
+                && deleting_failed(&object)
+                && let (Some(name), Ok(mut seen)) = (object.metadata.name.clone(), record.lock())
+            {
+                seen.entry(name).or_insert_with(Instant::now);
+            }
+        }
+    });
+
+    let names: Vec<String> = (0..INSTANCES).map(|i| format!("web-{i}")).collect();
+    for name in &names {
+        let instance = json!({"apiVersion": "vynil.solidite.fr/v1", "kind": "TenantInstance",
+            "metadata": {"name": name, "namespace": "apps"},
+            "spec": {"jukebox": "box", "category": "apps", "package": "web"}});
+        instances.create(&PostParams::default(), &serde_json::from_value(instance)?).await?;
+    }
+    let deadline = Instant::now() + WAIT;
+    for name in &names {
+        while instances.get(name).await?.data["status"]["package"]["tag"] != "1.0.0" {
+            anyhow::ensure!(Instant::now() < deadline, "{name} was not installed within {WAIT:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    for name in &names {
+        instances.delete(name, &DeleteParams::default()).await?;
+    }
+    let runs = agent.wait_for_runs(2 * INSTANCES, WAIT).await?;
+    let marked: HashMap<String, Instant> = runs
+        .iter()
+        .filter(|r| r.job.action == "delete")
+        .filter_map(|r| Some((r.job.instance_name.clone(), r.finished_at?)))
+        .collect();
+    anyhow::ensure!(
+        marked.len() == INSTANCES,
+        "{} of {INSTANCES} delete Jobs were marked Failed",
+        marked.len()
+    );
+    let mut delays = Vec::new();
+    let deadline = Instant::now() + WAIT;
+    while delays.is_empty() {
+        let seen = seen.lock().map(|s| s.clone()).unwrap_or_default();
+        if seen.len() >= INSTANCES {
+            for (name, failed_at) in &marked {
+                let shown = seen.get(name).ok_or_else(|| anyhow::anyhow!("no condition seen on {name}"))?;
+                delays.push(shown.saturating_duration_since(*failed_at));
+            }
+        } else {
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "{} of {INSTANCES} instances showed Deleting=False within {WAIT:?}",
+                seen.len()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    follower.abort();
+
+    let bare = watch_delivery(&stack.boxes).await?;
+    stack.stop().await;
+    let (fail50, fail99) = percentiles(delays);
+    let (bare50, bare99) = percentiles(bare);
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    Ok(vec![
+        Row::new(format!("Failed Job -> Deleting=False, p50 of {INSTANCES}"), ms(fail50), "ms")
+            .against("the fake API server's watch delivery, p50", ms(bare50)),
+        Row::new(format!("Failed Job -> Deleting=False, p99 of {INSTANCES}"), ms(fail99), "ms")
+            .against("the fake API server's watch delivery, p99", ms(bare99)),
+    ])
+}
+
+/// A status patch of JukeBox `box` to a bare watcher's event, `INSTANCES` times.
+async fn watch_delivery(boxes: &Api<vynil_crds::JukeBox>) -> anyhow::Result<Vec<Duration>> {
+    let mut events = watcher(boxes.clone(), watcher::Config::default()).boxed();
+    while let Some(event) = events.next().await {
+        if matches!(event?, watcher::Event::InitDone) {
+            break;
+        }
+    }
+    let mut bare = Vec::new();
+    for i in 0..INSTANCES {
+        let patch: Value = json!({"status": {"conditions": [
+            {"type": "Updated", "status": "True", "message": format!("Updated succesfully ({i})"), "generation": 1}]}});
+        let start = Instant::now();
+        boxes.patch_status("box", &PatchParams::default(), &Patch::Merge(&patch)).await?;
+        loop {
+            match events.next().await {
+                Some(Ok(watcher::Event::Apply(_))) => break,
+                Some(Ok(_)) => {}
+                Some(Err(error)) => return Err(error.into()),
+                None => anyhow::bail!("the watch ended"),
+            }
+        }
+        bare.push(start.elapsed());
+    }
+    Ok(bare)
+}
