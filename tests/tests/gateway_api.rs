@@ -332,3 +332,41 @@ async fn every_route_over_the_real_services_answers_its_success_and_its_errors()
     gw.stop.trigger();
     stack.stop().await;
 }
+
+#[tokio::test]
+async fn a_rendered_catalog_page_is_served_again_only_while_the_catalog_is_unchanged() {
+    let stack = Stack::start("think/ollama").await;
+    stack.publish("think", "ollama", PackageType::Tenant, "0.1.8").await;
+    stack.scan_until(&["0.1.8"]).await;
+    let gw = Gateway::start(&stack).await;
+    let read = |query: &'static str| {
+        let request = gw
+            .http
+            .get(format!("{}/api/v1/jukeboxes/box/catalog{query}", gw.base))
+            .bearer_auth(token(Role::Viewer));
+        async move {
+            let answer = request.send().await.unwrap();
+            assert_eq!(answer.status(), 200);
+            assert!(answer.headers()["content-type"].to_str().unwrap().starts_with("application/json"));
+            answer.text().await.unwrap()
+        }
+    };
+    let tags = |body: &str| -> Vec<String> {
+        let page: Value = serde_json::from_str(body).unwrap();
+        page["items"].as_array().unwrap().iter().map(|p| p["tag"].as_str().unwrap().to_string()).collect()
+    };
+    let first = read("").await;
+    assert_eq!(tags(&first), ["0.1.8"]);
+    assert_eq!(read("").await, first, "the same catalog, the same bytes");
+    assert_eq!(tags(&read("?type=service").await), Vec::<String>::new(), "filters are part of the page");
+
+    stack.publish("think", "ollama", PackageType::Tenant, "0.1.9").await;
+    stack.scan_until(&["0.1.9"]).await;
+    let after = read("").await;
+    assert_eq!(tags(&after), ["0.1.9"], "a changed catalog is rendered again: {after}");
+    let page: Value = serde_json::from_str(&after).unwrap();
+    let before: Value = serde_json::from_str(&first).unwrap();
+    assert_ne!(page["content_hash"], before["content_hash"]);
+    gw.stop.trigger();
+    stack.stop().await;
+}

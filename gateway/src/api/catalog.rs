@@ -3,6 +3,7 @@
 use axum::{
     Json,
     extract::{Path, Query, State, rejection::QueryRejection},
+    response::{IntoResponse, Response},
 };
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
@@ -223,27 +224,81 @@ pub async fn get_catalog(
     Ctx(ctx): Ctx,
     Path(jukebox): Path<String>,
     filters: Result<Query<CatalogQuery>, QueryRejection>,
-) -> Result<Json<CatalogPage>, ApiError> {
+) -> Result<Response, ApiError> {
     check_subdomain("jukebox", &jukebox)?;
     let filters = query(filters)?;
+    let page = PageQuery { limit: filters.limit, page_token: filters.page_token.clone() };
+    let key = RenderedPages::key(&jukebox, &filters);
+    let held = app.catalog_pages.get(&key);
     let request = pb::GetCatalogRequest {
         jukebox,
         category: filters.category.unwrap_or_default(),
         name: filters.name.unwrap_or_default(),
         r#type: filters.package_type.map(PackageType::to_proto).unwrap_or_default(),
         channel: 0,
+        if_none_match: held.as_ref().map(|(hash, _)| hash.clone()).unwrap_or_default(),
     };
+    // Asked every time (the catalog decides who may read, and whether it
+    // changed); only the decoding and rendering are saved.
     let request = app.services.request(&ctx, request);
     let answer = app.services.catalog()?.get_catalog(request).await.map_err(failed(Service::Catalog))?;
     let answer = answer.into_inner();
-    let page = PageQuery { limit: filters.limit, page_token: filters.page_token };
-    let (items, next_page_token) = page.page(answer.packages.into_iter().map(Package::from).collect())?;
-    Ok(Json(CatalogPage {
-        jukebox: answer.jukebox,
-        content_hash: answer.content_hash,
-        items,
-        next_page_token,
-    }))
+    if let (true, Some((_, body))) = (answer.not_modified, held) {
+        return Ok(json_body(body));
+    }
+    // Only the page is converted (a catalog holds hundreds of packages).
+    let (items, next_page_token) = page.page(answer.packages)?;
+    let items = items.into_iter().map(Package::from).collect();
+    let rendered =
+        CatalogPage { jukebox: answer.jukebox, content_hash: answer.content_hash, items, next_page_token };
+    let body = bytes::Bytes::from(
+        serde_json::to_vec(&rendered)
+            .map_err(|e| ApiError::internal(format!("cannot render the catalog: {e}")))?,
+    );
+    app.catalog_pages.insert(key, rendered.content_hash, body.clone());
+    Ok(json_body(body))
+}
+
+fn json_body(body: bytes::Bytes) -> Response {
+    ([(http::header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+/// Catalog pages as the gateway last rendered them, with the catalog's
+/// `content_hash` they were rendered from: a read whose catalog answers
+/// `not_modified` is served these bytes, neither decoded nor rendered again.
+/// Bounded (`quick_cache`): an evicted page is rendered at its next read.
+#[derive(Debug)]
+pub struct RenderedPages(quick_cache::sync::Cache<String, (String, bytes::Bytes)>);
+
+impl RenderedPages {
+    pub const CAPACITY: usize = 1024;
+
+    pub fn new(capacity: usize) -> Self {
+        Self(quick_cache::sync::Cache::new(capacity.max(1)))
+    }
+
+    /// Every input of a page but the catalog's content.
+    fn key(jukebox: &str, filters: &CatalogQuery) -> String {
+        let part = |v: Option<&str>| v.unwrap_or_default().replace('\0', "");
+        let package_type = filters.package_type.map(|t| format!("{t:?}"));
+        [
+            jukebox.to_string(),
+            part(filters.category.as_deref()),
+            part(filters.name.as_deref()),
+            part(package_type.as_deref()),
+            filters.limit.map(|l| l.to_string()).unwrap_or_default(),
+            part(filters.page_token.as_deref()),
+        ]
+        .join("\0")
+    }
+
+    fn get(&self, key: &str) -> Option<(String, bytes::Bytes)> {
+        self.0.get(key)
+    }
+
+    fn insert(&self, key: String, hash: String, body: bytes::Bytes) {
+        self.0.insert(key, (hash, body));
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, IntoParams)]

@@ -35,6 +35,8 @@ pub struct AppInner {
     pub services: Downstreams,
     pub metrics: GatewayMetrics,
     pub hooks: crate::hooks::Hooks,
+    /// Rendered catalog pages, served again while the catalog is unchanged.
+    pub catalog_pages: catalog::RenderedPages,
 }
 
 impl App {
@@ -44,7 +46,8 @@ impl App {
         metrics: GatewayMetrics,
         hooks: crate::hooks::Hooks,
     ) -> Self {
-        Self(Arc::new(AppInner { auth, services, metrics, hooks }))
+        let catalog_pages = catalog::RenderedPages::new(catalog::RenderedPages::CAPACITY);
+        Self(Arc::new(AppInner { auth, services, metrics, hooks, catalog_pages }))
     }
 }
 

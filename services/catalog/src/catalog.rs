@@ -13,6 +13,7 @@ use std::{
 use tracing::Instrument;
 
 use tokio::sync::broadcast;
+use vynil_rules::{Viewer, catalog::CatalogRole};
 use vynil_store::{JukeboxRecord, JukeboxStore, StoreChange};
 
 use vynil_store::package_cache::{Entry, PackageCache};
@@ -31,9 +32,39 @@ pub struct Change {
 /// stays SERVING (it keeps answering), so a Redis blip un-readies no pod.
 pub const CACHE_HEALTH: &str = "vynil.catalog.v1.Catalog/cache";
 
+/// A JukeBox as the catalog serves it: its cache entry, and each package's
+/// roles for the entry's own channel (the only one it answers), computed once
+/// per change. Every read used to clone the whole entry and recompute every
+/// repository's view; now it shares this.
+#[derive(Debug)]
+pub struct Served {
+    entry: Entry,
+    roles: Vec<Vec<CatalogRole>>,
+}
+
+impl Served {
+    fn new(entry: Entry, framework: &semver::Version) -> Self {
+        let viewer = Viewer { channel: entry.channel, framework: framework.clone() };
+        let roles = vynil_rules::catalog::roles(&entry.packages, &viewer);
+        Self { entry, roles }
+    }
+
+    /// The roles of each of [`Entry::packages`], in order.
+    pub fn roles(&self) -> &[Vec<CatalogRole>] {
+        &self.roles
+    }
+}
+
+impl std::ops::Deref for Served {
+    type Target = Entry;
+    fn deref(&self) -> &Entry {
+        &self.entry
+    }
+}
+
 #[derive(Debug)]
 pub struct Catalog {
-    snapshot: RwLock<HashMap<String, Entry>>,
+    snapshot: RwLock<HashMap<String, Arc<Served>>>,
     loaded: AtomicBool,
     resync_due: AtomicBool,
     /// `true` while the shared cache answers (`false`: degraded, serving
@@ -76,7 +107,7 @@ impl Catalog {
     }
 
     /// An entry, or `Unavailable` when nothing was ever loaded (never "not found").
-    pub fn entry(&self, jukebox: &str) -> Result<Option<Entry>, CatalogError> {
+    pub fn entry(&self, jukebox: &str) -> Result<Option<Arc<Served>>, CatalogError> {
         use crate::metrics::LookupResult;
         if !self.loaded.load(Ordering::Acquire) {
             self.metrics.lookup(LookupResult::not_loaded);
@@ -92,11 +123,11 @@ impl Catalog {
         self.store.skipped().await
     }
 
-    pub fn entries(&self) -> Result<Vec<Entry>, CatalogError> {
+    pub fn entries(&self) -> Result<Vec<Arc<Served>>, CatalogError> {
         if !self.loaded.load(Ordering::Acquire) {
             return Err(CatalogError::Unavailable("the catalog has not loaded yet; retry".into()));
         }
-        let mut entries: Vec<Entry> =
+        let mut entries: Vec<Arc<Served>> =
             self.snapshot.read().unwrap_or_else(|p| p.into_inner()).values().cloned().collect();
         entries.sort_by(|a, b| a.jukebox.cmp(&b.jukebox));
         Ok(entries)
@@ -121,17 +152,21 @@ impl Catalog {
     }
 
     fn apply(&self, jukebox: &str, entry: Option<Entry>) {
-        let mut snapshot = self.snapshot.write().unwrap_or_else(|p| p.into_inner());
-        let changed = snapshot.get(jukebox).map(|e| &e.hash) != entry.as_ref().map(|e| &e.hash);
+        let held =
+            self.snapshot.read().unwrap_or_else(|p| p.into_inner()).get(jukebox).map(|e| e.hash.clone());
         let hash = entry.as_ref().map(|e| e.hash.clone());
-        match entry {
-            Some(entry) => snapshot.insert(jukebox.to_string(), entry),
+        if held == hash {
+            return;
+        }
+        // Roles are computed here, once per change, outside the lock.
+        let served = entry.map(|entry| Arc::new(Served::new(entry, &self.framework)));
+        let mut snapshot = self.snapshot.write().unwrap_or_else(|p| p.into_inner());
+        match served {
+            Some(served) => snapshot.insert(jukebox.to_string(), served),
             None => snapshot.remove(jukebox),
         };
         drop(snapshot);
-        if changed {
-            let _ = self.changes.send(Change { jukebox: jukebox.to_string(), hash });
-        }
+        let _ = self.changes.send(Change { jukebox: jukebox.to_string(), hash });
     }
 
     /// Brings one JukeBox's entry in line with its status. A failure (store
@@ -201,8 +236,12 @@ impl Catalog {
     pub async fn resync(&self) -> Result<(), CatalogError> {
         let records = self.store.list().await.map_err(|e| CatalogError::Unavailable(e.to_string()))?;
         let names: Vec<String> = records.iter().map(|r| r.name.clone()).collect();
-        for name in &names {
-            self.ingest(name).await?;
+        // The list holds every record: no read of each.
+        for record in records {
+            let name = record.name.clone();
+            let absorbed = self.absorb(&name, Some(record)).await;
+            self.set_degraded(absorbed.is_err());
+            absorbed?;
         }
         let mut stale: Vec<String> =
             self.snapshot.read().unwrap_or_else(|p| p.into_inner()).keys().cloned().collect();

@@ -17,7 +17,7 @@ use vynil_proto::catalog::v1::{
     resolve_install_response::Outcome,
 };
 use vynil_rules::{
-    Channel, InstallQuery, PackageType, Viewer,
+    Channel, InstallQuery, PackageType,
     catalog::CatalogRole,
     selection::{CatalogState, CleanupDecision, RecordedCheck, RecordedRevision},
 };
@@ -101,7 +101,7 @@ impl CatalogApi for CatalogService {
                         generation: c.generation,
                     })
                     .collect(),
-                content_hash: e.hash,
+                content_hash: e.hash.clone(),
             })
             .collect();
         let skipped = self
@@ -132,13 +132,19 @@ impl CatalogApi for CatalogService {
         };
         let view = vynil_rules::catalog_view(&entry.packages, entry.channel, channel)
             .map_err(|e| Status::new(e.failure().code(), format!("JukeBox {:?}: {e}", request.jukebox)))?;
-        // Roles are computed over whole repositories, before the filters.
-        let viewer =
-            Viewer { channel: channel.unwrap_or(entry.channel), framework: self.catalog.framework.clone() };
-        let roles = vynil_rules::catalog::roles(view, &viewer);
+        if !request.if_none_match.is_empty() && request.if_none_match == entry.hash {
+            return Ok(Response::new(GetCatalogResponse {
+                jukebox: entry.jukebox.clone(),
+                content_hash: entry.hash.clone(),
+                packages: Vec::new(),
+                not_modified: true,
+            }));
+        }
+        // Roles are computed over whole repositories, before the filters, for
+        // the entry's own channel: the only one `catalog_view` answers.
         let packages = view
             .iter()
-            .zip(roles)
+            .zip(entry.roles())
             .filter(|(p, _)| request.category.is_empty() || p.category() == request.category)
             .filter(|(p, _)| request.name.is_empty() || p.name() == request.name)
             .filter(|(p, _)| wanted_type.is_none_or(|t| p.package_type() == t))
@@ -147,7 +153,12 @@ impl CatalogApi for CatalogService {
                 ..package_to_proto(p)
             })
             .collect();
-        Ok(Response::new(GetCatalogResponse { jukebox: entry.jukebox, content_hash: entry.hash, packages }))
+        Ok(Response::new(GetCatalogResponse {
+            jukebox: entry.jukebox.clone(),
+            content_hash: entry.hash.clone(),
+            packages,
+            not_modified: false,
+        }))
     }
 
     async fn resolve_install(

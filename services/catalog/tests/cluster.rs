@@ -100,7 +100,7 @@ async fn updating_one_jukebox_never_touches_another_on_any_replica() {
     for catalog in &replicas {
         eventually(catalog, "b", &["1.0.0"]).await;
     }
-    let b_hash = replicas[0].entry("b").unwrap().unwrap().hash;
+    let b_hash = replicas[0].entry("b").unwrap().unwrap().hash.clone();
     let mut changes = replicas[0].subscribe();
     write(&world, "a", &["0.1.10"], "Updated succesfully").await;
     for catalog in &replicas {
@@ -212,4 +212,11 @@ async fn replicas_take_each_change_from_the_watch_without_asking_the_api_server(
         .filter(|r| r.resource == "jukeboxes" && matches!(r.verb.as_str(), "get" | "list"))
         .collect();
     assert!(reads.is_empty(), "{changes} changes on 3 replicas cost {} reads: {reads:?}", reads.len());
+
+    // A resync reads the list, not each JukeBox again.
+    world.api.clear_requests();
+    replicas[0].resync().await.unwrap();
+    let verbs: Vec<String> =
+        world.api.requests().into_iter().filter(|r| r.resource == "jukeboxes").map(|r| r.verb).collect();
+    assert_eq!(verbs, ["list"], "a resync of one JukeBox");
 }

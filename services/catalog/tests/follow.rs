@@ -72,7 +72,7 @@ async fn a_status_change_updates_its_entry_on_every_replica_and_only_that_entry(
     for catalog in &replicas {
         eventually(catalog, "b", &["1.0.0"]).await;
     }
-    let b_hash = replicas[0].entry("b").unwrap().unwrap().hash;
+    let b_hash = replicas[0].entry("b").unwrap().unwrap().hash.clone();
     let mut changes = replicas[0].subscribe();
 
     write(&world, "a", vec![package("0.1.10", PackageType::Service, None)]).await;
@@ -367,4 +367,37 @@ async fn get_catalog_gives_each_revision_its_roles_and_the_upgrade_path_goes_thr
     let blocked = blocked.blocked.unwrap();
     assert_eq!(blocked.excluded_by, "minimum version");
     assert!(blocked.reason.contains("0.1.10 needs ≥ 0.1.9"), "{}", blocked.reason);
+}
+
+#[tokio::test]
+async fn get_catalog_answers_not_modified_while_the_callers_hash_is_the_content() {
+    use vynil_proto::catalog::v1::GetCatalogRequest;
+    let world = world(&["main"]).await;
+    let catalog = replica(&world).await;
+    let service = CatalogService::new(catalog.clone(), vynil_runtime::Shutdown::new());
+    write(&world, "main", vec![package("1.0.0", PackageType::Tenant, None)]).await;
+    eventually(&catalog, "main", &["1.0.0"]).await;
+    let ask = |held: &str| {
+        let (service, held) = (service.clone(), held.to_string());
+        let request = GetCatalogRequest { jukebox: "main".into(), if_none_match: held, ..Default::default() };
+        async move { service.get_catalog(Request::new(request)).await.unwrap().into_inner() }
+    };
+    let full = ask("").await;
+    assert!(!full.not_modified && full.packages.len() == 1, "{full:?}");
+    let same = ask(&full.content_hash).await;
+    assert!(same.not_modified && same.packages.is_empty(), "{same:?}");
+    assert_eq!(same.content_hash, full.content_hash);
+    assert!(!ask("sha256:something-else").await.not_modified, "another hash gets the packages");
+
+    write(
+        &world,
+        "main",
+        vec![package("1.1.0", PackageType::Tenant, None), package("1.0.0", PackageType::Tenant, None)],
+    )
+    .await;
+    eventually(&catalog, "main", &["1.1.0", "1.0.0"]).await;
+    let changed = ask(&full.content_hash).await;
+    assert!(!changed.not_modified, "the content moved: {changed:?}");
+    assert_ne!(changed.content_hash, full.content_hash);
+    assert_eq!(changed.packages.len(), 2);
 }

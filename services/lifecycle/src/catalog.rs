@@ -79,7 +79,7 @@ impl Catalog {
             category: instance.category.clone(),
             name: instance.package.clone(),
             r#type: if typed { proto_type(instance.kind.package_type()) } else { 0 },
-            channel: 0,
+            ..GetCatalogRequest::default()
         };
         match self.client.clone().get_catalog(request).await {
             Ok(response) => Ok(response.into_inner().packages),
