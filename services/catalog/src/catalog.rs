@@ -249,8 +249,11 @@ impl Catalog {
         stale.retain(|n| !names.contains(n));
         stale.sort();
         stale.dedup();
+        // The list is authoritative: what it lacks is gone, without a read.
         for name in stale {
-            self.ingest(&name).await?;
+            let removed = self.absorb(&name, None).await;
+            self.set_degraded(removed.is_err());
+            removed?;
         }
         self.loaded.store(true, Ordering::Release);
         Ok(())
