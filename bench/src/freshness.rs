@@ -54,7 +54,6 @@ async fn measure_cluster() -> anyhow::Result<Vec<Row>> {
     use kube::{
         Api,
         api::{Patch, PatchParams, PostParams},
-        runtime::watcher,
     };
     use vynil_crds::JukeBox;
     let redis = RedisServer::start().await?;
@@ -67,28 +66,8 @@ async fn measure_cluster() -> anyhow::Result<Vec<Row>> {
         anyhow::Ok(serde_json::json!({"status": {"packages": [package]}}))
     };
 
-    // The fake's own watch delivery: a status patch to a bare watcher's event.
-    let mut events = watcher(boxes.clone(), watcher::Config::default()).boxed();
-    while let Some(event) = events.next().await {
-        if matches!(event?, watcher::Event::InitDone) {
-            break;
-        }
-    }
-    let mut bare = Vec::new();
-    for i in 0..CHANGES {
-        let start = Instant::now();
-        boxes.patch_status("box", &PatchParams::default(), &Patch::Merge(&status(i)?)).await?;
-        loop {
-            match events.next().await {
-                Some(Ok(watcher::Event::Apply(_))) => break,
-                Some(Ok(_)) => {}
-                Some(Err(error)) => return Err(error.into()),
-                None => anyhow::bail!("the watch ended"),
-            }
-        }
-        bare.push(start.elapsed());
-    }
-    drop(events);
+    let patches = (0..CHANGES).map(status).collect::<anyhow::Result<Vec<_>>>()?;
+    let bare = watch_delivery(&boxes, &patches).await?;
 
     let mut replicas = Vec::new();
     for _ in 0..3 {
@@ -162,4 +141,37 @@ async fn measure() -> anyhow::Result<Vec<Row>> {
     }
 
     Ok(rows(fresh, bare, "bare pub/sub round trip"))
+}
+
+/// The fake API server's own watch delivery: each of `patches` applied to
+/// JukeBox `box`'s status, timed until a bare kube watcher sees it.
+pub async fn watch_delivery(
+    boxes: &kube::Api<vynil_crds::JukeBox>,
+    patches: &[serde_json::Value],
+) -> anyhow::Result<Vec<Duration>> {
+    use kube::{
+        api::{Patch, PatchParams},
+        runtime::watcher,
+    };
+    let mut events = watcher(boxes.clone(), watcher::Config::default()).boxed();
+    while let Some(event) = events.next().await {
+        if matches!(event?, watcher::Event::InitDone) {
+            break;
+        }
+    }
+    let mut delivered = Vec::new();
+    for patch in patches {
+        let start = Instant::now();
+        boxes.patch_status("box", &PatchParams::default(), &Patch::Merge(patch)).await?;
+        loop {
+            match events.next().await {
+                Some(Ok(watcher::Event::Apply(_))) => break,
+                Some(Ok(_)) => {}
+                Some(Err(error)) => return Err(error.into()),
+                None => anyhow::bail!("the watch ended"),
+            }
+        }
+        delivered.push(start.elapsed());
+    }
+    Ok(delivered)
 }

@@ -14,8 +14,7 @@ use std::{
 
 use futures::StreamExt;
 use kube::{
-    Api,
-    api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams},
+    api::{DeleteParams, DynamicObject, PostParams},
     runtime::watcher,
 };
 use serde_json::{Value, json};
@@ -124,7 +123,13 @@ async fn measure() -> anyhow::Result<Vec<Row>> {
     }
     follower.abort();
 
-    let bare = watch_delivery(&stack.boxes).await?;
+    let patches: Vec<Value> = (0..INSTANCES)
+        .map(|i| {
+            json!({"status": {"conditions": [
+                {"type": "Updated", "status": "True", "message": format!("Updated succesfully ({i})"), "generation": 1}]}})
+        })
+        .collect();
+    let bare = crate::freshness::watch_delivery(&stack.boxes, &patches).await?;
     stack.stop().await;
     let (fail50, fail99) = percentiles(delays);
     let (bare50, bare99) = percentiles(bare);
@@ -135,31 +140,4 @@ async fn measure() -> anyhow::Result<Vec<Row>> {
         Row::new(format!("Failed Job -> Deleting=False, p99 of {INSTANCES}"), ms(fail99), "ms")
             .against("the fake API server's watch delivery, p99", ms(bare99)),
     ])
-}
-
-/// A status patch of JukeBox `box` to a bare watcher's event, `INSTANCES` times.
-async fn watch_delivery(boxes: &Api<vynil_crds::JukeBox>) -> anyhow::Result<Vec<Duration>> {
-    let mut events = watcher(boxes.clone(), watcher::Config::default()).boxed();
-    while let Some(event) = events.next().await {
-        if matches!(event?, watcher::Event::InitDone) {
-            break;
-        }
-    }
-    let mut bare = Vec::new();
-    for i in 0..INSTANCES {
-        let patch: Value = json!({"status": {"conditions": [
-            {"type": "Updated", "status": "True", "message": format!("Updated succesfully ({i})"), "generation": 1}]}});
-        let start = Instant::now();
-        boxes.patch_status("box", &PatchParams::default(), &Patch::Merge(&patch)).await?;
-        loop {
-            match events.next().await {
-                Some(Ok(watcher::Event::Apply(_))) => break,
-                Some(Ok(_)) => {}
-                Some(Err(error)) => return Err(error.into()),
-                None => anyhow::bail!("the watch ended"),
-            }
-        }
-        bare.push(start.elapsed());
-    }
-    Ok(bare)
 }
