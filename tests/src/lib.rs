@@ -24,6 +24,8 @@ use vynil_testkit::{
     JukeboxBuilder, PackageSpec, PackageType, RegistryServer, free_port, kube_api::FakeApiServer,
 };
 
+pub mod fleet;
+
 pub struct Cluster {
     pub registry: RegistryServer,
     pub api: FakeApiServer,
@@ -240,14 +242,7 @@ impl Stack {
 
     /// TenantInstances of namespace `apps`.
     pub fn tenant_instances(&self) -> Api<kube::api::DynamicObject> {
-        let resource = kube::api::ApiResource {
-            group: "vynil.solidite.fr".into(),
-            version: "v1".into(),
-            api_version: "vynil.solidite.fr/v1".into(),
-            kind: "TenantInstance".into(),
-            plural: "tenantinstances".into(),
-        };
-        Api::namespaced_with(self.client.clone(), "apps", &resource)
+        tenant_instances(&self.client)
     }
 
     pub async fn stop(mut self) {
@@ -256,6 +251,18 @@ impl Stack {
             done.unwrap().unwrap();
         }
     }
+}
+
+/// TenantInstances of namespace `apps`, through `client`.
+pub fn tenant_instances(client: &kube::Client) -> Api<kube::api::DynamicObject> {
+    let resource = kube::api::ApiResource {
+        group: "vynil.solidite.fr".into(),
+        version: "v1".into(),
+        api_version: "vynil.solidite.fr/v1".into(),
+        kind: "TenantInstance".into(),
+        plural: "tenantinstances".into(),
+    };
+    Api::namespaced_with(client.clone(), "apps", &resource)
 }
 
 /// The Namespace the control plane runs in (its Jobs, Lease, pull secrets).

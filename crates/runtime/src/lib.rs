@@ -91,6 +91,13 @@ pub struct SharedConfig {
 }
 
 impl SharedConfig {
+    /// This replica's name among its service's replicas: `--pod-name` when
+    /// given, else `<service>-<random>`. It names the leases the replica
+    /// holds, so an operator (or a test) reading a lease knows which pod has it.
+    pub fn replica_name(&self, service: &str) -> String {
+        self.pod_name.clone().unwrap_or_else(|| format!("{service}-{:016x}", fastrand::u64(..)))
+    }
+
     /// Where JukeBoxes live, as these flags say, for the service presenting
     /// itself as `user_agent` (`vynil_runtime::user_agent!()` in the service).
     pub fn store_settings(&self, user_agent: &str) -> vynil_store::StoreSettings {

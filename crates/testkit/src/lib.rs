@@ -41,10 +41,10 @@ pub use layout::{LayoutWriter, reachable_blobs, stored_blobs};
 pub use package::{ArtifactKind, PackageSpec, PackageType};
 pub use process::free_port;
 pub use publisher::Publisher;
-pub use redis_server::RedisServer;
+pub use redis_server::{Persistence, RedisServer};
 pub use registry_server::{RegistryOptions, RegistryServer};
 pub use s3_server::S3Server;
-pub use service_process::{ServiceProcess, ServingStatus};
+pub use service_process::{Readiness, ServiceProcess, ServingStatus};
 
 /// What can go wrong while starting or driving test infrastructure.
 #[derive(Debug, thiserror::Error)]

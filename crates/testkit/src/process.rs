@@ -115,6 +115,13 @@ impl Supervised {
         }
     }
 
+    /// Sends `signal` to the process.
+    pub fn signal(&self, signal: nix::sys::signal::Signal) -> Result<()> {
+        let pid = i32::try_from(self.pid()).map_err(|_| TestkitError::Fixture("pid out of range".into()))?;
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal)?;
+        Ok(())
+    }
+
     /// Kills the process (SIGKILL) and reaps it.
     pub fn kill(&mut self) {
         let _ = self.child.kill();

@@ -1,4 +1,5 @@
-//! A real `redis-server` per test, on a free loopback port, without persistence.
+//! A real `redis-server` per test, on a free loopback port: without
+//! persistence, or with the append-only file `deploy/` configures.
 
 use std::{process::Command, time::Duration};
 
@@ -15,23 +16,39 @@ pub struct RedisServer {
     process: Supervised,
     port: u16,
     dir: tempfile::TempDir,
+    persistence: Persistence,
+}
+
+/// Whether a [`RedisServer`] keeps its data across a restart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Persistence {
+    /// Nothing on disk: a restart starts empty.
+    Off,
+    /// `--appendonly yes --appendfsync everysec`, as `deploy/base/redis.yaml`:
+    /// a restart (SIGTERM, as a pod is stopped) reloads every write.
+    AppendOnly,
 }
 
 impl RedisServer {
-    /// Starts a server and waits until it answers `PING`.
+    /// Starts a server without persistence and waits until it answers `PING`.
     pub async fn start() -> Result<Self> {
+        Self::start_with(Persistence::Off).await
+    }
+
+    /// Starts a server with `persistence` and waits until it answers `PING`.
+    pub async fn start_with(persistence: Persistence) -> Result<Self> {
         let binary = find_binary("redis-server", "apt-get install -y redis-server")?;
         let dir = tempfile::tempdir().map_err(io("creating a Redis directory"))?;
         let mut last_error = None;
         // A free port can be taken between our probe and Redis's bind: retry.
         for _ in 0..3 {
             let port = free_port()?;
-            let command = command(&binary, port, dir.path());
+            let command = command(&binary, port, dir.path(), persistence);
             let mut process =
                 Supervised::spawn(format!("redis-server :{port}"), command, &dir.path().join("redis.log"))?;
             match process.wait_ready(Duration::from_secs(10), || ping(port)).await {
                 Ok(()) => {
-                    return Ok(Self { process, port, dir });
+                    return Ok(Self { process, port, dir, persistence });
                 }
                 Err(error) => last_error = Some(error),
             }
@@ -57,12 +74,20 @@ impl RedisServer {
         self.process.kill();
     }
 
-    /// Starts the server again on the same port (empty: no persistence).
+    /// Starts the server again on the same port: empty without persistence
+    /// (killed), with every write reloaded from the append-only file with it
+    /// (stopped by SIGTERM first, as Kubernetes stops a pod).
     pub async fn restart(&mut self) -> Result<()> {
-        self.process.kill();
+        match self.persistence {
+            Persistence::Off => self.process.kill(),
+            Persistence::AppendOnly => {
+                self.process.signal(nix::sys::signal::Signal::SIGTERM)?;
+                self.process.wait_exit(Duration::from_secs(10)).await?;
+            }
+        }
         let binary = find_binary("redis-server", "apt-get install -y redis-server")?;
         let port = self.port;
-        let command = command(&binary, port, self.dir.path());
+        let command = command(&binary, port, self.dir.path(), self.persistence);
         let log = self.dir.path().join("redis-restarted.log");
         let mut process = Supervised::spawn(format!("redis-server :{port}"), command, &log)?;
         process.wait_ready(Duration::from_secs(10), || ping(port)).await?;
@@ -71,14 +96,24 @@ impl RedisServer {
     }
 }
 
-/// `redis-server` on `port`, loopback only, without persistence.
-fn command(binary: &std::path::Path, port: u16, dir: &std::path::Path) -> Command {
+/// `redis-server` on `port`, loopback only, with `persistence`.
+fn command(binary: &std::path::Path, port: u16, dir: &std::path::Path, persistence: Persistence) -> Command {
     let mut command = Command::new(binary);
-    command
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-        .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
-        .arg("--dir")
-        .arg(dir);
+    command.args([
+        "--port",
+        &port.to_string(),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--protected-mode",
+        "no",
+    ]);
+    match persistence {
+        Persistence::Off => command.args(["--appendonly", "no"]),
+        Persistence::AppendOnly => command.args(["--appendonly", "yes", "--appendfsync", "everysec"]),
+    };
+    command.arg("--dir").arg(dir);
     command
 }
 

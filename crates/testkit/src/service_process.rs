@@ -1,19 +1,46 @@
 //! Runs a service binary as a real process and talks to it over gRPC.
 
-use std::{path::Path, process::Command, time::Duration};
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+    time::Duration,
+};
 
-use nix::{sys::signal::Signal, unistd::Pid};
+use nix::sys::signal::Signal;
 pub use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 
 use crate::{Result, TestkitError, io, process::Supervised};
 
-/// A service process listening on a loopback port, killed on drop.
+/// A service process listening on a loopback port, killed on drop. It can be
+/// killed (`SIGKILL`), frozen and thawed, and started again on the same port
+/// with the same arguments, as a restarted pod would be.
 #[derive(Debug)]
 pub struct ServiceProcess {
     process: Supervised,
+    launch: Launch,
     port: u16,
-    _dir: tempfile::TempDir,
+    /// How many times it was started (each start has its own log).
+    starts: usize,
+    dir: tempfile::TempDir,
+}
+
+/// How a [`ServiceProcess`] is started, kept to start it again.
+#[derive(Debug, Clone)]
+struct Launch {
+    binary: PathBuf,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+    ready: Readiness,
+}
+
+/// When a started process counts as up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Readiness {
+    /// Its gRPC health check says SERVING.
+    Grpc,
+    /// `GET <path>` over HTTP answers a success (a gateway's `/healthz`).
+    Http(String),
 }
 
 impl ServiceProcess {
@@ -25,27 +52,49 @@ impl ServiceProcess {
 
     /// [`ServiceProcess::start`] with extra environment variables (`KUBECONFIG`…).
     pub async fn start_with_env(binary: &Path, args: &[&str], env: &[(&str, &str)]) -> Result<Self> {
+        Self::launch(binary, args, env, Readiness::Grpc).await
+    }
+
+    /// [`ServiceProcess::start_with_env`], up once `ready` says so.
+    pub async fn launch(
+        binary: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+        ready: Readiness,
+    ) -> Result<Self> {
+        let launch = Launch {
+            binary: binary.to_path_buf(),
+            args: args.iter().map(|a| a.to_string()).collect(),
+            env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            ready,
+        };
         let dir = tempfile::tempdir().map_err(io("creating a service directory"))?;
         let port = crate::free_port()?;
-        let mut command = Command::new(binary);
-        command.arg("--listen").arg(format!("127.0.0.1:{port}")).args(args).envs(env.iter().copied());
-        let name = binary.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        let mut process =
-            Supervised::spawn(format!("{name} :{port}"), command, &dir.path().join("service.log"))?;
-        let endpoint = format!("http://127.0.0.1:{port}");
-        process
-            .wait_ready(Duration::from_secs(20), || {
-                let endpoint = endpoint.clone();
-                async move { matches!(health(&endpoint, "").await, Ok(ServingStatus::Serving)) }
-            })
-            .await?;
-        Ok(Self { process, port, _dir: dir })
+        let process = spawn(&launch, port, &dir.path().join("service.log")).await?;
+        Ok(Self { process, launch, port, starts: 1, dir })
+    }
+
+    /// Kills the process now (`SIGKILL`, as `kill -9` or an OOM kill would):
+    /// it releases nothing, its leases expire on their own.
+    pub fn kill(&mut self) {
+        self.process.kill();
+    }
+
+    /// Starts the process again, on the same port with the same arguments
+    /// (killing it first if it still runs), and waits until it is up.
+    pub async fn restart(&mut self) -> Result<()> {
+        self.process.kill();
+        self.starts += 1;
+        let log = self.dir.path().join(format!("service-{}.log", self.starts));
+        self.process = spawn(&self.launch, self.port, &log).await?;
+        Ok(())
     }
 
     pub fn endpoint(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
     }
 
+    /// The output of the running process (of its latest start).
     pub fn log(&self) -> String {
         self.process.log()
     }
@@ -128,19 +177,45 @@ impl ServiceProcess {
     }
 
     fn signal(&self, signal: Signal) -> Result<()> {
-        let pid = i32::try_from(self.process.pid())
-            .map_err(|_| TestkitError::Fixture("pid out of range".into()))?;
-        nix::sys::signal::kill(Pid::from_raw(pid), signal)?;
-        Ok(())
+        self.process.signal(signal)
     }
 
     /// Sends SIGTERM and waits for the exit status.
     pub async fn terminate(mut self, timeout: Duration) -> Result<std::process::ExitStatus> {
-        let pid = i32::try_from(self.process.pid())
-            .map_err(|_| TestkitError::Fixture("pid out of range".into()))?;
-        nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGTERM)?;
+        self.process.signal(Signal::SIGTERM)?;
         self.process.wait_exit(timeout).await
     }
+}
+
+/// Starts `launch` on `port`, logging to `log`, and waits until it is up.
+async fn spawn(launch: &Launch, port: u16, log: &Path) -> Result<Supervised> {
+    let mut command = Command::new(&launch.binary);
+    command
+        .arg("--listen")
+        .arg(format!("127.0.0.1:{port}"))
+        .args(&launch.args)
+        .envs(launch.env.iter().cloned());
+    let name = launch.binary.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let mut process = Supervised::spawn(format!("{name} :{port}"), command, log)?;
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let ready = launch.ready.clone();
+    let http = reqwest::Client::new();
+    process
+        .wait_ready(Duration::from_secs(20), || {
+            let (endpoint, ready, http) = (endpoint.clone(), ready.clone(), http.clone());
+            async move {
+                match ready {
+                    Readiness::Grpc => matches!(health(&endpoint, "").await, Ok(ServingStatus::Serving)),
+                    Readiness::Http(path) => http
+                        .get(format!("{endpoint}{path}"))
+                        .send()
+                        .await
+                        .is_ok_and(|answer| answer.status().is_success()),
+                }
+            }
+        })
+        .await?;
+    Ok(process)
 }
 
 async fn channel(endpoint: &str) -> Result<tonic::transport::Channel> {

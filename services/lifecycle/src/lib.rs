@@ -247,11 +247,7 @@ pub async fn run_with_client(
         leader: leader::campaign(
             client.clone(),
             &namespace,
-            config
-                .shared
-                .pod_name
-                .clone()
-                .unwrap_or_else(|| format!("vynil-lifecycle-{:016x}", fastrand::u64(..))),
+            config.shared.replica_name("vynil-lifecycle"),
             Duration::from_secs(config.lease_seconds.max(1)),
             shutdown_token.child(),
         ),

@@ -157,7 +157,7 @@ impl Purger {
             plan_ttl: config.plan_ttl(),
             concurrency: config.delete_concurrency,
             lease: config.lease(),
-            owner: format!("purger-{:016x}", fastrand::u64(..)),
+            owner: config.shared.replica_name("purger"),
         })
     }
 

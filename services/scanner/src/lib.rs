@@ -210,7 +210,7 @@ pub async fn build_with_store(
         client,
         index_cache,
         settings: config.limits.settings(config.shared.vynil_version.clone()),
-        holder: format!("scanner-{:016x}", fastrand::u64(..)),
+        holder: config.shared.replica_name("scanner"),
         lease: Duration::from_secs(config.scan_lease_seconds.max(1)),
         poll: Duration::from_millis(config.poll_milliseconds.max(10)),
         settle: Duration::from_millis(config.push_settle_milliseconds),

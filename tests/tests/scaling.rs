@@ -1,0 +1,319 @@
+//! Horizontal scaling shown with processes: 3 catalogs, 2 scanners, 2
+//! purgers, 2 lifecycles and 2 gateways (`vynil_e2e::fleet`), each its own
+//! binary, on one Redis and the fake Kubernetes API server. Requests go
+//! through different gateways; the registry front counts what reached the
+//! registry, the fake API server what reached Kubernetes.
+//!
+//! Time budget on 2 cores (debug build): about 20–30 s per test, most of it
+//! lease expiries (3 s leases) and the slowed tag lists that make scans long
+//! enough to race, kill and freeze (`docs/scaling.md`).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    time::{Duration, Instant},
+};
+
+use http::Method;
+use serde_json::{Value, json};
+use vynil_e2e::{
+    eventually,
+    fleet::{Fleet, Shape},
+};
+use vynil_gateway::auth::{Role, TokenBook};
+use vynil_proto::catalog::v1::{GetCatalogRequest, catalog_client::CatalogClient};
+use vynil_testkit::{Fault, FaultAction};
+
+fn token(role: Role) -> String {
+    format!("fleet-token-of-the-{}", role.as_str())
+}
+
+fn tokens_yaml() -> String {
+    let lines: Vec<String> =
+        Role::ALL.iter().map(|r| TokenBook::line(&format!("{}-user", r.as_str()), *r, &token(*r))).collect();
+    format!("tokens:\n{}\n", lines.join("\n"))
+}
+
+/// One gateway of the fleet, over HTTP.
+struct Gateway {
+    base: String,
+    http: reqwest::Client,
+}
+
+impl Gateway {
+    fn of(fleet: &Fleet, index: usize) -> Self {
+        Self { base: fleet.gateway(index), http: reqwest::Client::new() }
+    }
+
+    async fn call(&self, method: Method, path: &str, role: Role, body: Option<Value>) -> (u16, Value) {
+        let mut request = self.http.request(method, format!("{}{path}", self.base)).bearer_auth(token(role));
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let answer = request.send().await.unwrap();
+        let status = answer.status().as_u16();
+        let text = answer.text().await.unwrap();
+        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+    }
+
+    async fn get(&self, path: &str) -> (u16, Value) {
+        self.call(Method::GET, path, Role::Viewer, None).await
+    }
+
+    async fn scan(&self) -> String {
+        let (status, body) =
+            self.call(Method::POST, "/api/v1/jukeboxes/box/scans", Role::Operator, Some(json!({}))).await;
+        assert_eq!(status, 202, "{body}");
+        body["scan_id"].as_str().unwrap().to_string()
+    }
+
+    /// The scan's state once final.
+    async fn finished(&self, scan_id: &str) -> Value {
+        let path = format!("/api/v1/scans/{scan_id}");
+        eventually(&format!("scan {scan_id} to finish"), || async {
+            let (status, scan) = self.get(&path).await;
+            let final_state = ["succeeded", "partially_failed", "failed"].contains(&scan["state"].as_str()?);
+            (status == 200 && final_state).then_some(scan)
+        })
+        .await
+    }
+
+    /// Executes `plan` as admin and returns the names of the events it streamed
+    /// (or the refusal's status and code).
+    async fn execute(&self, plan: &Value) -> Result<Vec<(String, Value)>, (u16, Value)> {
+        let path = format!("{}/api/v1/purge/plans/{}/execute", self.base, plan["plan_id"].as_str().unwrap());
+        let confirm = json!({"confirm": plan["target"], "fingerprint": plan["fingerprint"]});
+        let request = self.http.post(path).bearer_auth(token(Role::Admin)).json(&confirm);
+        let mut answer = request.header("accept", "text/event-stream").send().await.unwrap();
+        let status = answer.status().as_u16();
+        if status != 200 {
+            return Err((status, answer.json().await.unwrap_or(Value::Null)));
+        }
+        let mut text = String::new();
+        while let Some(chunk) = answer.chunk().await.unwrap() {
+            text.push_str(&String::from_utf8_lossy(&chunk));
+        }
+        Ok(text
+            .split("\n\n")
+            .filter_map(|block| {
+                let field = |name: &str| {
+                    block.lines().find_map(|l| l.strip_prefix(name).map(|v| v.trim_start().to_string()))
+                };
+                Some((field("event:")?, serde_json::from_str(&field("data:")?).unwrap()))
+            })
+            .collect())
+    }
+}
+
+/// What each catalog replica serves for `box`: `<image>:<tag>`, sorted.
+async fn served(fleet: &Fleet) -> Vec<BTreeSet<String>> {
+    let mut all = Vec::new();
+    for catalog in &fleet.catalogs {
+        let mut client = CatalogClient::new(catalog.channel().await.unwrap());
+        let request = GetCatalogRequest { jukebox: "box".into(), ..Default::default() };
+        let tags = match client.get_catalog(request).await {
+            Ok(answer) => {
+                answer.into_inner().packages.into_iter().map(|p| format!("{}:{}", p.image, p.tag)).collect()
+            }
+            Err(status) => BTreeSet::from([format!("error: {status}")]),
+        };
+        all.push(tags);
+    }
+    all
+}
+
+/// Until every catalog replica serves `packages` (`<image>:<tag>`).
+async fn every_catalog_serves(fleet: &Fleet, packages: &[&str]) {
+    let wanted: BTreeSet<String> = packages.iter().map(|p| p.to_string()).collect();
+    let mut last = Vec::new();
+    let waited = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            last = served(fleet).await;
+            if last.iter().all(|seen| *seen == wanted) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert!(waited.is_ok(), "every catalog replica should serve {wanted:?}; they serve {last:?}");
+}
+
+/// Tag lists slowed, so a scan lasts long enough to race with.
+fn slow_scans(fleet: &Fleet, each: Duration) {
+    let slow = FaultAction::DelayAnswer(each);
+    fleet.front.inject(Fault::new(Some(Method::GET), "/tags/list", usize::MAX, slow));
+}
+
+/// JukeBox reads by the catalog replicas (get or list), as the API server saw them.
+fn catalog_reads(fleet: &Fleet) -> usize {
+    fleet
+        .api
+        .requests()
+        .iter()
+        .filter(|r| r.resource == "jukeboxes" && r.user_agent.starts_with("vynil-catalog"))
+        .filter(|r| r.verb == "get" || r.verb == "list")
+        .count()
+}
+
+#[tokio::test]
+async fn replicas_share_one_scan_one_execution_and_every_catalog_follows() {
+    let fleet = Fleet::start(&Shape::default(), &["apps/web"], &tokens_yaml()).await;
+    for tag in ["1.0.0", "1.1.0", "2.0.0"] {
+        fleet.publish("web", tag).await;
+    }
+    let gateways = [Gateway::of(&fleet, 0), Gateway::of(&fleet, 1)];
+    let reads_at_start = catalog_reads(&fleet);
+
+    // 20 scan requests at once, alternating gateways (so scanners): one scan
+    // runs, at most one more is queued behind it, every request is satisfied.
+    slow_scans(&fleet, Duration::from_millis(400));
+    fleet.front.reset_counts();
+    let requests = (0..20).map(|i| gateways[i % 2].scan());
+    let ids: Vec<String> = futures::future::join_all(requests).await;
+    let distinct: BTreeSet<&String> = ids.iter().collect();
+    for id in &distinct {
+        let scan = gateways[0].finished(id).await;
+        assert_eq!(scan["state"], "succeeded", "{scan}");
+    }
+    let lists = fleet.front.count(&Method::GET, "/v2/apps/web/tags/list");
+    println!("20 concurrent scan requests -> {} scan ids, {lists} tag lists", distinct.len());
+    assert!(distinct.len() <= 2 && (1..=2).contains(&lists), "{} scans, {lists} tag lists", distinct.len());
+
+    // Every catalog replica serves what the scan found, fed by the watch.
+    every_catalog_serves(&fleet, &["apps/web:2.0.0"]).await;
+    fleet.publish("web", "2.1.0").await;
+    let id = gateways[1].scan().await;
+    gateways[1].finished(&id).await;
+    every_catalog_serves(&fleet, &["apps/web:2.1.0"]).await;
+    let reads = catalog_reads(&fleet) - reads_at_start;
+    println!("2 status changes -> {reads} JukeBox reads by 3 catalog replicas");
+    assert!(reads <= 2, "at most one read per change, {reads} for 2 changes on 3 replicas");
+
+    // One plan executed at once through both gateways (so both purgers):
+    // no digest is deleted twice, and there is one report.
+    let (status, plan) = gateways[0]
+        .call(Method::POST, "/api/v1/purge/plans", Role::Operator, Some(json!({"jukebox": "box"})))
+        .await;
+    assert_eq!(status, 201, "{plan}");
+    let doomed: BTreeSet<&str> = plan["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["keep"] == false)
+        .map(|e| e["tag"].as_str().unwrap())
+        .collect();
+    assert_eq!(doomed, BTreeSet::from(["1.0.0", "1.1.0", "2.0.0"]), "{plan}");
+    fleet.front.reset_counts();
+    let slow_delete = FaultAction::DelayAnswer(Duration::from_millis(300));
+    fleet.front.inject(Fault::new(Some(Method::DELETE), "/manifests/", usize::MAX, slow_delete));
+    let (first, second) = tokio::join!(gateways[0].execute(&plan), gateways[1].execute(&plan));
+    let summary = |outcome: &Result<Vec<(String, Value)>, (u16, Value)>| match outcome {
+        Ok(events) => format!("{} events", events.len()),
+        Err((status, body)) => format!("{status} {}", body["code"]),
+    };
+    println!("2 concurrent executes of one plan -> {}, {}", summary(&first), summary(&second));
+    let reported = [&first, &second]
+        .iter()
+        .filter(|outcome| {
+            outcome.as_ref().is_ok_and(|events| events.iter().any(|(name, _)| name == "report"))
+        })
+        .count();
+    assert!(reported >= 1, "at least one execution streams its report: {first:?} {second:?}");
+    for refused in [&first, &second].into_iter().filter_map(|outcome| outcome.as_ref().err()) {
+        assert_eq!((refused.0, &refused.1["code"]), (409, &json!("CONFLICT")), "{refused:?}");
+    }
+    let mut deletes: BTreeMap<String, usize> = BTreeMap::new();
+    for seen in fleet.front.seen().iter().filter(|s| s.method == Method::DELETE) {
+        *deletes.entry(seen.path.clone()).or_default() += 1;
+    }
+    assert_eq!(deletes.len(), 3, "one DELETE per doomed digest: {deletes:?}");
+    assert!(deletes.values().all(|n| *n == 1), "a digest deleted twice: {deletes:?}");
+    let report_path = format!("/api/v1/purge/plans/{}/report", plan["plan_id"].as_str().unwrap());
+    let (a, b) = (gateways[0].get(&report_path).await, gateways[1].get(&report_path).await);
+    assert_eq!((a.0, b.0), (200, 200), "{a:?} {b:?}");
+    assert_eq!(a.1, b.1, "one report, whichever gateway reads it");
+}
+
+/// Writes to Kubernetes by scanner replicas among `requests`.
+fn scanner_writes(requests: &[vynil_testkit::kube_api::RequestRecord]) -> Vec<String> {
+    requests
+        .iter()
+        .filter(|r| r.user_agent.starts_with("vynil-scanner"))
+        .filter(|r| ["create", "update", "patch", "delete"].contains(&r.verb.as_str()))
+        .map(|r| format!("{} {}/{:?} {:?}", r.verb, r.resource, r.subresource, r.name))
+        .collect()
+}
+
+/// Until a scanner holds the scan lease of `box` and the scan has reached the registry.
+async fn holder_mid_scan(fleet: &Fleet) -> usize {
+    let holder = eventually("a scanner to hold the scan lease", || async {
+        let holder = fleet.scan_lease_holder().await?;
+        (fleet.front.count(&Method::GET, "/tags/list") > 0).then_some(holder)
+    })
+    .await;
+    Fleet::index_of(&holder)
+}
+
+#[tokio::test]
+async fn a_scanner_killed_or_frozen_mid_scan_loses_no_request_and_writes_nothing_once_thawed() {
+    let shape = Shape::default();
+    let repositories = ["apps/web", "apps/db", "apps/cache"];
+    let mut fleet = Fleet::start(&shape, &repositories, &tokens_yaml()).await;
+    for name in ["web", "db", "cache"] {
+        fleet.publish(name, "1.0.0").await;
+    }
+    slow_scans(&fleet, Duration::from_millis(1500));
+
+    // kill -9 of the replica holding the scan: the other runs the same
+    // request once the lease has expired.
+    fleet.front.reset_counts();
+    let id = Gateway::of(&fleet, 0).scan().await;
+    let holder = holder_mid_scan(&fleet).await;
+    let killed_at = Instant::now();
+    fleet.scanners[holder].kill();
+    let other = Gateway::of(&fleet, 1 - holder);
+    let scan = other.finished(&id).await;
+    println!("scanner-{holder} killed -> scan {id} finished by the other after {:?}", killed_at.elapsed());
+    assert_eq!(
+        (scan["state"].as_str(), scan["repositories_done"].as_u64()),
+        (Some("succeeded"), Some(3)),
+        "{scan}"
+    );
+    assert!(killed_at.elapsed() >= Duration::from_secs(shape.lease_seconds) - Duration::from_millis(500));
+    every_catalog_serves(&fleet, &["apps/web:1.0.0", "apps/db:1.0.0", "apps/cache:1.0.0"]).await;
+
+    // Restarted on its port, it serves again behind its gateway.
+    fleet.scanners[holder].restart().await.unwrap();
+    let id = Gateway::of(&fleet, holder).scan().await;
+    assert_eq!(Gateway::of(&fleet, holder).finished(&id).await["state"], "succeeded");
+
+    // SIGSTOP of the holder past its lease: the other finishes the scan;
+    // after SIGCONT the frozen one writes nothing, in Kubernetes or Redis.
+    fleet.publish("web", "1.1.0").await;
+    fleet.front.reset_counts();
+    let id = Gateway::of(&fleet, 0).scan().await;
+    let holder = holder_mid_scan(&fleet).await;
+    fleet.scanners[holder].pause().unwrap();
+    let other = Gateway::of(&fleet, 1 - holder);
+    let done = other.finished(&id).await;
+    assert_eq!(done["state"], "succeeded", "{done}");
+    every_catalog_serves(&fleet, &["apps/web:1.1.0", "apps/db:1.0.0", "apps/cache:1.0.0"]).await;
+    let before = fleet.api.requests().len();
+    fleet.scanners[holder].resume().unwrap();
+    // Thawed, it goes on where it stood: its slowed tag lists are answered,
+    // it reads on, then finds its lease lost at its next write and abandons.
+    let metrics = format!("{}/metrics", fleet.scanners[holder].endpoint());
+    eventually("the thawed scanner to abandon its scan", || async {
+        let text = reqwest::get(&metrics).await.ok()?.text().await.ok()?;
+        text.lines().any(|l| l == r#"vynil_scanner_scans_total{outcome="abandoned"} 1"#).then_some(())
+    })
+    .await;
+    let after = fleet.api.requests();
+    let writes = scanner_writes(&after[before..]);
+    assert!(writes.is_empty(), "the thawed scanner wrote after losing its lease: {writes:?}");
+    let (_, record) = other.get(&format!("/api/v1/scans/{id}")).await;
+    assert_eq!(record, done, "the scan record is the finisher's");
+    every_catalog_serves(&fleet, &["apps/web:1.1.0", "apps/db:1.0.0", "apps/cache:1.0.0"]).await;
+}
