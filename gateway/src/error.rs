@@ -111,6 +111,8 @@ impl ApiError {
             Code::Unauthenticated => (StatusCode::UNAUTHORIZED, "UNAUTHENTICATED"),
             Code::PermissionDenied => (StatusCode::FORBIDDEN, "FORBIDDEN"),
             Code::NotFound => (StatusCode::NOT_FOUND, "NOT_FOUND"),
+            // A record the services' shared state lost: gone, make it again.
+            Code::DataLoss => (StatusCode::GONE, "LOST"),
             Code::FailedPrecondition => (StatusCode::CONFLICT, "REFUSED"),
             Code::Aborted | Code::AlreadyExists => (StatusCode::CONFLICT, "CONFLICT"),
             // The connection failed or dropped: the service did not answer.

@@ -16,14 +16,18 @@ use std::{
 };
 
 use http::Method;
+use kube::api::PostParams;
 use serde_json::{Value, json};
 use vynil_e2e::{
-    eventually,
+    CONTROL_PLANE_NAMESPACE, eventually,
     fleet::{Fleet, Shape},
 };
 use vynil_gateway::auth::{Role, TokenBook};
 use vynil_proto::catalog::v1::{GetCatalogRequest, catalog_client::CatalogClient};
-use vynil_testkit::{Fault, FaultAction};
+use vynil_testkit::{
+    Fault, FaultAction, Persistence,
+    kube_api::{AgentOutcome, FakeAgent},
+};
 
 fn token(role: Role) -> String {
     format!("fleet-token-of-the-{}", role.as_str())
@@ -59,6 +63,17 @@ impl Gateway {
 
     async fn get(&self, path: &str) -> (u16, Value) {
         self.call(Method::GET, path, Role::Viewer, None).await
+    }
+
+    /// `get`, again while it answers 503: right after Redis restarts, the
+    /// first command on each of a service's connections fails (retry), and
+    /// the connection is made again at once.
+    async fn read(&self, path: &str) -> (u16, Value) {
+        eventually(&format!("{path} to answer other than 503"), || async {
+            let answer = self.get(path).await;
+            (answer.0 != 503).then_some(answer)
+        })
+        .await
     }
 
     async fn scan(&self) -> String {
@@ -316,4 +331,132 @@ async fn a_scanner_killed_or_frozen_mid_scan_loses_no_request_and_writes_nothing
     let (_, record) = other.get(&format!("/api/v1/scans/{id}")).await;
     assert_eq!(record, done, "the scan record is the finisher's");
     every_catalog_serves(&fleet, &["apps/web:1.1.0", "apps/db:1.0.0", "apps/cache:1.0.0"]).await;
+}
+
+#[tokio::test]
+async fn the_lifecycle_leader_killed_is_replaced_within_its_lease_and_one_retry() {
+    let shape = Shape::default();
+    let mut fleet = Fleet::start(&shape, &["apps/web"], &tokens_yaml()).await;
+    fleet.publish("web", "1.0.0").await;
+    let id = Gateway::of(&fleet, 0).scan().await;
+    Gateway::of(&fleet, 0).finished(&id).await;
+    every_catalog_serves(&fleet, &["apps/web:1.0.0"]).await;
+    let _agent =
+        FakeAgent::start(fleet.api.client().unwrap(), CONTROL_PLANE_NAMESPACE, |_| AgentOutcome::succeed());
+    let leader = eventually("a lifecycle leader", || async { fleet.lifecycle_leader() }).await;
+    let leader = Fleet::index_of(&leader);
+    let killed_at = Instant::now();
+    fleet.lifecycles[leader].kill();
+    let instances = vynil_e2e::tenant_instances(&fleet.api.client().unwrap());
+    let instance = json!({"apiVersion": "vynil.solidite.fr/v1", "kind": "TenantInstance",
+        "metadata": {"name": "web", "namespace": "apps"},
+        "spec": {"jukebox": "box", "category": "apps", "package": "web"}});
+    instances.create(&PostParams::default(), &serde_json::from_value(instance).unwrap()).await.unwrap();
+    eventually("the pending instance installed by the other replica", || async {
+        let object = instances.get("web").await.ok()?;
+        (object.data["status"]["package"]["tag"] == "1.0.0").then_some(())
+    })
+    .await;
+    let took = killed_at.elapsed();
+    let new_leader = fleet.lifecycle_leader().unwrap();
+    println!("lifecycle-{leader} killed -> {new_leader} installed the pending instance after {took:?}");
+    assert_ne!(Fleet::index_of(&new_leader), leader);
+    // The lease, one retry period (a third of it), and room for the reconcile and its Job.
+    let bound = Duration::from_secs(shape.lease_seconds) * 4 / 3 + Duration::from_secs(3);
+    assert!(took <= bound, "took {took:?}, more than {bound:?}");
+}
+
+/// A fleet whose JukeBox has one package with a superseded revision, a plan
+/// to delete it, and one scan running (slowed) with one queued behind it.
+async fn mid_scan_with_a_plan(persistence: Persistence) -> (Fleet, Value, [String; 2]) {
+    let shape = Shape { persistence, ..Shape::default() };
+    let fleet = Fleet::start(&shape, &["apps/web"], &tokens_yaml()).await;
+    fleet.publish("web", "1.0.0").await;
+    fleet.publish("web", "1.1.0").await;
+    let gateways = [Gateway::of(&fleet, 0), Gateway::of(&fleet, 1)];
+    let id = gateways[0].scan().await;
+    gateways[0].finished(&id).await;
+    every_catalog_serves(&fleet, &["apps/web:1.1.0"]).await;
+    let (status, plan) = gateways[0]
+        .call(Method::POST, "/api/v1/purge/plans", Role::Operator, Some(json!({"jukebox": "box"})))
+        .await;
+    assert_eq!(status, 201, "{plan}");
+    slow_scans(&fleet, Duration::from_millis(1500));
+    fleet.front.reset_counts();
+    let running = gateways[0].scan().await;
+    holder_mid_scan(&fleet).await;
+    let queued = gateways[1].scan().await;
+    assert_ne!(running, queued, "the second request queues behind the running scan");
+    (fleet, plan, [running, queued])
+}
+
+/// After Redis came back: a new push is scanned and reaches every catalog
+/// replica, through both gateways — no service was restarted.
+async fn every_service_recovered(fleet: &Fleet, tag: &str) {
+    fleet.front.clear_faults();
+    fleet.publish("web", tag).await;
+    for index in [1, 0] {
+        let gateway = Gateway::of(fleet, index);
+        let id = eventually("a scan request accepted again", || async {
+            let (status, body) = gateway
+                .call(Method::POST, "/api/v1/jukeboxes/box/scans", Role::Operator, Some(json!({})))
+                .await;
+            (status == 202).then(|| body["scan_id"].as_str().unwrap().to_string())
+        })
+        .await;
+        assert_eq!(gateway.finished(&id).await["state"], "succeeded");
+    }
+    every_catalog_serves(fleet, &[&format!("apps/web:{tag}")]).await;
+}
+
+#[tokio::test]
+async fn a_redis_restarted_with_its_append_only_file_keeps_every_request_and_plan() {
+    let (mut fleet, plan, scans) = mid_scan_with_a_plan(Persistence::AppendOnly).await;
+    fleet.redis.restart().await.unwrap();
+    let gateway = Gateway::of(&fleet, 1);
+    for id in &scans {
+        let scan = gateway.finished(id).await;
+        assert_eq!(scan["state"], "succeeded", "{scan}");
+    }
+    let plan_path = format!("/api/v1/purge/plans/{}", plan["plan_id"].as_str().unwrap());
+    let (status, kept) = gateway.read(&plan_path).await;
+    assert_eq!((status, &kept["fingerprint"]), (200, &plan["fingerprint"]), "{kept}");
+    fleet.front.clear_faults(); // the purger re-lists within its 1 s registry timeout
+    let events = gateway.execute(&plan).await.unwrap();
+    assert_eq!(events.last().map(|(name, _)| name.as_str()), Some("report"), "{events:?}");
+    every_service_recovered(&fleet, "1.2.0").await;
+}
+
+#[tokio::test]
+async fn a_redis_restarted_empty_reports_each_lost_request_and_plan_as_lost() {
+    let (mut fleet, plan, scans) = mid_scan_with_a_plan(Persistence::Off).await;
+    let gateway = Gateway::of(&fleet, 1);
+    let follow = gateway.http.get(format!("{}/api/v1/scans/{}/events", gateway.base, scans[1]));
+    let following = tokio::spawn(follow.bearer_auth(token(Role::Viewer)).send());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    fleet.redis.restart().await.unwrap();
+    for id in &scans {
+        let (status, body) = eventually(&format!("scan {id} reported lost"), || async {
+            let answer = gateway.read(&format!("/api/v1/scans/{id}")).await;
+            (answer.0 != 200).then_some(answer)
+        })
+        .await;
+        assert_eq!((status, body["code"].as_str()), (410, Some("LOST")), "{body}");
+        assert!(body["message"].as_str().unwrap().contains("request a new scan"), "{body}");
+    }
+    // Whoever was following the queued scan is told, not left with a stream that just ends.
+    let mut answer = following.await.unwrap().unwrap();
+    let mut text = String::new();
+    while let Some(chunk) = answer.chunk().await.unwrap() {
+        text.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    assert!(text.contains("event: error") && text.contains("LOST"), "{text}");
+    let plan_path = format!("/api/v1/purge/plans/{}", plan["plan_id"].as_str().unwrap());
+    for path in [plan_path.clone(), format!("{plan_path}/report")] {
+        let (status, body) = gateway.read(&path).await;
+        assert_eq!((status, body["code"].as_str()), (410, Some("LOST")), "{path}: {body}");
+    }
+    let refused = gateway.execute(&plan).await.unwrap_err();
+    assert_eq!((refused.0, refused.1["code"].as_str()), (410, Some("LOST")), "{refused:?}");
+    every_service_recovered(&fleet, "1.2.0").await;
 }

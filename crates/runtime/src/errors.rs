@@ -12,6 +12,7 @@
 //! | missing | `NOT_FOUND` | name something that exists |
 //! | refused (a precondition or a setting) | `FAILED_PRECONDITION` | fix the state the message names |
 //! | concurrent change (compare-and-set lost, busy) | `ABORTED` | re-read and retry |
+//! | lost (the state keeping it restarted without it) | `DATA_LOSS` | make it again |
 //! | unauthenticated caller of a destructive call | `UNAUTHENTICATED` | go through the gateway |
 //! | a bug or a serving failure | `INTERNAL` | report it |
 
@@ -28,6 +29,8 @@ pub enum Failure {
     Missing,
     Refused,
     Concurrent,
+    /// A record the shared state lost (`vynil_store::epoch`).
+    Lost,
     /// The caller is not who it must be to do this.
     Unauthenticated,
     Internal,
@@ -41,6 +44,7 @@ impl Failure {
             Failure::Missing => Code::NotFound,
             Failure::Refused => Code::FailedPrecondition,
             Failure::Concurrent => Code::Aborted,
+            Failure::Lost => Code::DataLoss,
             Failure::Unauthenticated => Code::Unauthenticated,
             Failure::Internal => Code::Internal,
         }
@@ -91,6 +95,7 @@ impl Classify for StoreError {
             StoreError::Config(_) => Failure::Refused,
             StoreError::Unavailable(_) => Failure::Transient,
             StoreError::Conflict(_) => Failure::Concurrent,
+            StoreError::Lost(_) => Failure::Lost,
         }
     }
 }

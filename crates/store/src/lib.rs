@@ -16,10 +16,13 @@
 //! - [`lease`]: fenced leases (one worker per JukeBox or repository across
 //!   replicas), shared by the scanner and the purger.
 //! - [`pubsub`]: following a Redis channel across outages.
+//! - [`epoch`]: which life of the shared state an id was made in, so a record
+//!   lost with a Redis restarted without persistence is reported lost.
 //! - [`open`]: the store the flags ask for, so every service opens it alike.
 //! - [`source_of`]: the repositories a JukeBox's source names, `source.script`
 //!   included (a bounded Rhai engine).
 
+pub mod epoch;
 mod jukeboxes;
 mod kube;
 pub mod lease;
@@ -46,6 +49,9 @@ pub enum StoreError {
     Unavailable(String),
     #[error("the status of {0} changed concurrently; re-read and merge again")]
     Conflict(String),
+    /// A record the shared state lost (see [`epoch`]).
+    #[error("{0}")]
+    Lost(String),
 }
 
 /// Where JukeBoxes come from.

@@ -173,6 +173,10 @@ pub enum Errors {
     /// Refused as the state stands (a stale plan, a wrong confirmation) or a concurrent change.
     #[response(status = 409)]
     Conflict(ErrorBody),
+    /// A scan or plan the services' shared state lost (a Redis restarted
+    /// without persistence): make it again.
+    #[response(status = 410)]
+    Lost(ErrorBody),
     /// The body is over the gateway's `--max-body-bytes`.
     #[response(status = 413)]
     TooLarge(ErrorBody),

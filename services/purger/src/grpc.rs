@@ -33,6 +33,7 @@ impl Classify for PurgerError {
                 Failure::Concurrent
             }
             PurgerError::Store(_) => Failure::Transient,
+            PurgerError::Lost(_) => Failure::Lost,
             PurgerError::Registry(e) => e.failure(),
             PurgerError::Rules(e) => e.failure(),
             PurgerError::Serve(e) => e.failure(),

@@ -59,6 +59,9 @@ pub enum PurgerError {
     Busy(String),
     #[error("the execution lease on {0} was lost to another replica; this execution stopped")]
     LeaseLost(String),
+    /// A record the shared state lost (`vynil_store::epoch`).
+    #[error("{0}")]
+    Lost(String),
     #[error("the status of {0} changed concurrently; retry")]
     Conflict(String),
     #[error(transparent)]
@@ -79,6 +82,7 @@ impl From<vynil_store::StoreError> for PurgerError {
         match error {
             vynil_store::StoreError::Config(why) => PurgerError::Config(why),
             vynil_store::StoreError::Conflict(name) => PurgerError::Conflict(name),
+            vynil_store::StoreError::Lost(what) => PurgerError::Lost(what),
             vynil_store::StoreError::Unavailable(why) => PurgerError::Store(why),
         }
     }
@@ -183,7 +187,8 @@ impl Purger {
         target: String,
         repositories: Vec<RepositoryPlan>,
     ) -> Result<StoredPlan, PurgerError> {
-        let plan = planner::assemble(target, repositories, jiff::Timestamp::now(), self.plan_ttl);
+        let id = self.store.epoch().await?.new_id(store::PLAN_ID_PREFIX);
+        let plan = planner::assemble(id, target, repositories, jiff::Timestamp::now(), self.plan_ttl);
         self.store.put_plan(&plan, self.plan_ttl).await?;
         self.metrics.plans.inc();
         let deletions: usize = plan.repositories.iter().map(|r| r.deletions.len()).sum();
@@ -221,17 +226,28 @@ impl Purger {
     }
 
     pub async fn get_plan(&self, id: &str) -> Result<StoredPlan, PurgerError> {
-        self.store.get_plan(id).await?.ok_or_else(|| {
-            PurgerError::NotFound(format!("no plan {id:?}: it expired or never existed; make a new plan"))
+        if let Some(plan) = self.store.get_plan(id).await? {
+            return Ok(plan);
+        }
+        let missing = self.store.epoch().await?.missing(id, store::PLAN_ID_PREFIX);
+        Err(match missing.lost(&format!("plan {id:?}"), "make a new plan") {
+            Some(lost) => lost.into(),
+            None => {
+                PurgerError::NotFound(format!("no plan {id:?}: it expired or never existed; make a new plan"))
+            }
         })
     }
 
     /// The report of a plan's execution: complete, or — while it runs or
     /// after it was interrupted — the verified outcomes journaled so far.
     pub async fn get_report(&self, plan_id: &str) -> Result<StoredReport, PurgerError> {
-        let mut report = self.store.get_report(plan_id).await?.ok_or_else(|| {
-            PurgerError::NotFound(format!("no report for plan {plan_id:?}: it was never executed"))
-        })?;
+        let Some(mut report) = self.store.get_report(plan_id).await? else {
+            // A plan lost or expired says so; one still kept was never executed.
+            self.get_plan(plan_id).await?;
+            return Err(PurgerError::NotFound(format!(
+                "no report for plan {plan_id:?}: it was never executed"
+            )));
+        };
         if report.state != ReportState::Running {
             return Ok(report);
         }

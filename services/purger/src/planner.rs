@@ -125,8 +125,9 @@ pub fn plan_repository(
     })
 }
 
-/// A plan over `repositories`, named `target`, valid for `ttl`.
+/// Plan `id` over `repositories`, named `target`, valid for `ttl`.
 pub fn assemble(
+    id: String,
     target: String,
     repositories: Vec<RepositoryPlan>,
     now: jiff::Timestamp,
@@ -138,7 +139,7 @@ pub fn assemble(
         names.iter().zip(&repositories).map(|(n, r)| (n.as_str(), r.fingerprint.as_str())).collect();
     let fingerprint = vynil_rules::retention::combined_fingerprint(&parts);
     StoredPlan {
-        id: format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..)),
+        id,
         target,
         fingerprint,
         usage_unknown: repositories.iter().any(|r| r.usage_unknown),

@@ -107,6 +107,7 @@ mod tests {
             deletions,
         };
         crate::planner::assemble(
+            "plan-test".into(),
             "jukebox/box".into(),
             vec![repository],
             jiff::Timestamp::UNIX_EPOCH,

@@ -12,8 +12,11 @@ use std::{
 
 use redis::AsyncCommands;
 use serde::{Deserialize, Serialize};
-use vynil_store::lease::{Fence, LeaseStore, MemoryLeases, RedisLeases, run_fenced};
 use vynil_store::redis_error;
+use vynil_store::{
+    epoch::Epoch,
+    lease::{Fence, LeaseStore, MemoryLeases, RedisLeases, run_fenced},
+};
 
 use crate::PurgerError;
 
@@ -164,7 +167,12 @@ pub trait PlanStore: Send + Sync + std::fmt::Debug {
     async fn get_report(&self, plan_id: &str) -> Result<Option<StoredReport>, PurgerError>;
     /// Where execution leases live (one per repository, `registry/repository`).
     fn leases(&self) -> Arc<dyn LeaseStore>;
+    /// The current life of the store's state (`vynil_store::epoch`).
+    async fn epoch(&self) -> Result<Epoch, PurgerError>;
 }
+
+/// What every plan id starts with (then its [`Epoch`] and a random part).
+pub const PLAN_ID_PREFIX: &str = "plan-";
 
 fn key(kind: &str, id: &str) -> String {
     format!("{PREFIX}:{kind}:{id}")
@@ -259,13 +267,24 @@ impl PlanStore for RedisStore {
     fn leases(&self) -> Arc<dyn LeaseStore> {
         self.leases.clone()
     }
+
+    async fn epoch(&self) -> Result<Epoch, PurgerError> {
+        Ok(Epoch::of_redis(&self.connection).await?)
+    }
 }
 
-/// The in-memory store of a single process.
-#[derive(Debug, Default, Clone)]
+/// The in-memory store of a single process: its state lives as long as the process.
+#[derive(Debug, Clone)]
 pub struct MemoryStore {
     inner: Arc<Mutex<Memory>>,
     leases: Arc<MemoryLeases>,
+    epoch: Epoch,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self { inner: Arc::default(), leases: Arc::default(), epoch: Epoch::random() }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -334,5 +353,9 @@ impl PlanStore for MemoryStore {
 
     fn leases(&self) -> Arc<dyn LeaseStore> {
         self.leases.clone()
+    }
+
+    async fn epoch(&self) -> Result<Epoch, PurgerError> {
+        Ok(self.epoch)
     }
 }

@@ -28,6 +28,7 @@ impl Classify for ScannerError {
             ScannerError::Index(e) => e.failure(),
             ScannerError::Conflict(_) | ScannerError::LeaseLost(_) => Failure::Concurrent,
             ScannerError::Store(_) => Failure::Transient,
+            ScannerError::Lost(_) => Failure::Lost,
             ScannerError::Config(_) => Failure::Refused,
             ScannerError::Serve(e) => e.failure(),
         }
@@ -85,11 +86,7 @@ type StatusStream = Pin<Box<dyn Stream<Item = Result<ScanStatus, Status>> + Send
 
 impl ScannerService {
     async fn record(&self, id: &str) -> Result<ScanRecord, Status> {
-        self.scanner
-            .queue
-            .record(id)
-            .await?
-            .ok_or_else(|| Status::not_found(format!("no scan {id:?} (scan records are kept 24 h)")))
+        Ok(self.scanner.queue.find(id).await?)
     }
 }
 
@@ -195,10 +192,15 @@ impl ScannerApi for ScannerService {
                 }
                 loop {
                     tokio::time::sleep(Duration::from_millis(100)).await;
-                    match this.record(&id).await {
-                        Ok(next) if next != last => return Some(next),
+                    match this.scanner.queue.find(&id).await {
+                        Ok(next) if next != last => return Some(Ok(next)),
                         Ok(_) => continue,
-                        Err(_) => return None,
+                        // The store is away: the scan goes on, keep following it.
+                        Err(error @ ScannerError::Store(_)) => {
+                            tracing::debug!(%id, %error, "following a scan: store unavailable; retrying");
+                        }
+                        // Lost or gone: say so, rather than end as if it had finished.
+                        Err(error) => return Some(Err(Status::from(error))),
                     }
                 }
             }
@@ -207,16 +209,22 @@ impl ScannerApi for ScannerService {
     }
 }
 
-/// `first`, then each value `next` yields from the previous one.
+/// `first`, then each value `next` yields from the previous one, until it
+/// yields nothing or an error (sent, then the end).
 fn async_stream<F, Fut>(first: ScanRecord, next: F) -> impl Stream<Item = Result<ScanStatus, Status>> + Send
 where
     F: Fn(ScanRecord) -> Fut + Send + 'static,
-    Fut: std::future::Future<Output = Option<ScanRecord>> + Send,
+    Fut: std::future::Future<Output = Option<Result<ScanRecord, Status>>> + Send,
 {
-    futures::stream::unfold((Some(first), next), |(current, next)| async move {
-        let current = current?;
-        let following = next(current.clone()).await;
-        Some((Ok(to_proto(&current)), (following, next)))
+    futures::stream::unfold(Some((Ok(first), next)), |state| async move {
+        let (current, next) = state?;
+        match current {
+            Ok(record) => {
+                let following = next(record.clone()).await;
+                Some((Ok(to_proto(&record)), following.map(|f| (f, next))))
+            }
+            Err(status) => Some((Err(status), None)),
+        }
     })
 }
 

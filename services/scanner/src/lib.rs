@@ -137,6 +137,9 @@ pub enum ScannerError {
     Conflict(String),
     #[error("{0}: the scan lease was lost to another replica, which runs the scan now")]
     LeaseLost(String),
+    /// A record the shared state lost (`vynil_store::epoch`).
+    #[error("{0}")]
+    Lost(String),
     #[error(transparent)]
     Rules(#[from] vynil_rules::RulesError),
     #[error(transparent)]
@@ -153,6 +156,7 @@ impl From<vynil_store::StoreError> for ScannerError {
             vynil_store::StoreError::Config(why) => ScannerError::Config(why),
             vynil_store::StoreError::Unavailable(why) => ScannerError::Store(why),
             vynil_store::StoreError::Conflict(name) => ScannerError::Conflict(name),
+            vynil_store::StoreError::Lost(what) => ScannerError::Lost(what),
         }
     }
 }

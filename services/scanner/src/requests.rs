@@ -20,7 +20,10 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 use vynil_rules::{ScanFilter, ScanScope};
-use vynil_store::lease::{Fence, LeaseStore, MemoryLeases, RedisLeases, run_fenced};
+use vynil_store::{
+    epoch::Epoch,
+    lease::{Fence, LeaseStore, MemoryLeases, RedisLeases, run_fenced},
+};
 
 use vynil_store::redis_error;
 
@@ -29,6 +32,8 @@ use crate::ScannerError;
 const PREFIX: &str = "vynil:v1:scanner";
 const RECORD_TTL: Duration = Duration::from_secs(24 * 3600);
 const FULL: &str = "full";
+/// What every scan id starts with (then its [`Epoch`] and a random part).
+const ID_PREFIX: &str = "scan-";
 
 /// What one claimed item asks: a full, partial or repository-scoped scan.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -189,6 +194,20 @@ pub trait RequestQueue: Send + Sync + std::fmt::Debug {
     /// (`false`: refused, the lease is lost).
     async fn put_record(&self, record: &ScanRecord, fence: Option<&Fence>) -> Result<bool, ScannerError>;
     async fn record(&self, id: &str) -> Result<Option<ScanRecord>, ScannerError>;
+    /// The current life of the queue's state (`vynil_store::epoch`).
+    async fn epoch(&self) -> Result<Epoch, ScannerError>;
+    /// The record of scan `id`; `NotFound` when it expired or never was,
+    /// `Lost` when it was made in a life of the state that is gone.
+    async fn find(&self, id: &str) -> Result<ScanRecord, ScannerError> {
+        if let Some(record) = self.record(id).await? {
+            return Ok(record);
+        }
+        let missing = self.epoch().await?.missing(id, ID_PREFIX);
+        Err(match missing.lost(&format!("scan {id:?}"), "request a new scan") {
+            Some(lost) => lost.into(),
+            None => ScannerError::NotFound(format!("no scan {id:?} (scan records are kept 24 h)")),
+        })
+    }
     /// The latest finished scan of a JukeBox (`put_record` of a final record
     /// makes it the latest).
     async fn latest(&self, jukebox: &str) -> Result<Option<ScanRecord>, ScannerError>;
@@ -206,11 +225,18 @@ pub trait RequestQueue: Send + Sync + std::fmt::Debug {
 /// How long a touch is remembered.
 const TOUCH_TTL: Duration = Duration::from_secs(60);
 
-/// The queue of a single process.
-#[derive(Debug, Default)]
+/// The queue of a single process: its state lives as long as the process.
+#[derive(Debug)]
 pub struct MemoryQueue {
     inner: Mutex<Memory>,
     leases: Arc<MemoryLeases>,
+    epoch: Epoch,
+}
+
+impl Default for MemoryQueue {
+    fn default() -> Self {
+        Self { inner: Mutex::default(), leases: Arc::default(), epoch: Epoch::random() }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -234,7 +260,7 @@ impl RequestQueue for MemoryQueue {
         if let Some(id) = m.pending.get(jukebox).and_then(|t| t.get(&wanted)) {
             return Ok((id.clone(), true));
         }
-        let id = new_id();
+        let id = self.epoch.new_id(ID_PREFIX);
         m.pending.entry(jukebox.to_string()).or_default().insert(wanted, id.clone());
         Ok((id, false))
     }
@@ -312,6 +338,10 @@ impl RequestQueue for MemoryQueue {
         Ok(self.inner.lock().unwrap_or_else(|p| p.into_inner()).records.get(id).cloned())
     }
 
+    async fn epoch(&self) -> Result<Epoch, ScannerError> {
+        Ok(self.epoch)
+    }
+
     async fn latest(&self, jukebox: &str) -> Result<Option<ScanRecord>, ScannerError> {
         let m = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         Ok(m.latest.get(jukebox).and_then(|id| m.records.get(id)).cloned())
@@ -333,10 +363,6 @@ impl RequestQueue for MemoryQueue {
     async fn touched(&self, jukebox: &str) -> Result<Option<i64>, ScannerError> {
         Ok(self.inner.lock().unwrap_or_else(|p| p.into_inner()).touched.get(jukebox).copied())
     }
-}
-
-fn new_id() -> String {
-    format!("scan-{:016x}", fastrand::u64(..))
 }
 
 /// The queue shared by replicas through Redis (atomic Lua scripts).
@@ -442,7 +468,7 @@ impl RequestQueue for RedisQueue {
             .key(key("pending", jukebox))
             .key(format!("{PREFIX}:with-work"))
             .arg(field(scope))
-            .arg(new_id())
+            .arg(self.epoch().await?.new_id(ID_PREFIX))
             .arg(jukebox)
             .invoke_async(&mut c)
             .await
@@ -529,6 +555,10 @@ impl RequestQueue for RedisQueue {
             serde_json::from_str(&t).map_err(|e| ScannerError::Store(format!("scan record unreadable: {e}")))
         })
         .transpose()
+    }
+
+    async fn epoch(&self) -> Result<Epoch, ScannerError> {
+        Ok(Epoch::of_redis(&self.connection).await?)
     }
 
     async fn claim_tick(&self, jukebox: &str, at: i64, keep: Duration) -> Result<bool, ScannerError> {
