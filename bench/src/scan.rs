@@ -59,27 +59,11 @@ async fn registry(tags: usize) -> anyhow::Result<RegistryServer> {
     Ok(registry)
 }
 
-/// A binary beside this one, built with the same profile if absent (the
-/// package of a `vynil-<service>` binary is its name; the baseline is ours).
+/// A binary beside this one, built with the same profile as the code stands
+/// (the package of a `vynil-<service>` binary is its name; the baseline is ours).
 pub fn sibling(name: &str) -> anyhow::Result<PathBuf> {
-    let exe = std::env::current_exe()?;
-    let dir = exe.parent().ok_or_else(|| anyhow::anyhow!("{} has no directory", exe.display()))?;
-    let path = dir.join(name);
-    if !path.is_file() {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let mut command = std::process::Command::new(cargo);
-        let package = if name == "vynil-health-only" { "vynil-bench" } else { name };
-        command.args(["build", "-p", package, "--bin", name]);
-        if dir.ends_with("release") {
-            command.arg("--release");
-        }
-        let status = command.status()?;
-        anyhow::ensure!(
-            status.success() && path.is_file(),
-            "cannot build {name} ({status}): run `cargo build --release -p {name}`"
-        );
-    }
-    Ok(path)
+    let package = if name == "vynil-health-only" { "vynil-bench" } else { name };
+    Ok(vynil_testkit::workspace_binary(package, name)?)
 }
 
 /// Resident memory of a process in MiB, as `/proc` gives it: `VmHWM:` (the

@@ -9,9 +9,8 @@
 //! `scanner-0`…): that name is in every lease it holds, so a test reads in
 //! Redis or in the Lease object which process to kill.
 //!
-//! Processes are found beside the test executable (`target/debug`), where
-//! `cargo test --workspace` builds every binary; a missing one fails with the
-//! command that builds it.
+//! Each binary is built as the code stands before it is started
+//! (`vynil_testkit::workspace_binary`): a fleet never runs a stale service.
 
 use std::{path::PathBuf, time::Duration};
 
@@ -75,13 +74,9 @@ impl std::fmt::Debug for Fleet {
     }
 }
 
-/// A binary of the workspace, beside the running test executable.
+/// Service binary `name` (its package has the same name), built as the code stands.
 pub fn binary(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let candidates: Vec<PathBuf> = exe.ancestors().skip(1).take(2).map(|dir| dir.join(name)).collect();
-    candidates.iter().find(|path| path.is_file()).cloned().unwrap_or_else(|| {
-        panic!("{name} is not built (looked in {candidates:?}): run `cargo build --workspace --bins` first")
-    })
+    vynil_testkit::workspace_binary(name, name).unwrap()
 }
 
 impl Fleet {

@@ -310,24 +310,48 @@ async fn a_scanner_killed_or_frozen_mid_scan_loses_no_request_and_writes_nothing
     fleet.front.reset_counts();
     let id = Gateway::of(&fleet, 0).scan().await;
     let holder = holder_mid_scan(&fleet).await;
+    let metrics = format!("{}/metrics", fleet.scanners[holder].endpoint());
+    let scans_ended = || async {
+        let text = reqwest::get(&metrics).await.ok()?.text().await.ok()?;
+        let counts: BTreeMap<String, u64> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("vynil_scanner_scans_total{outcome=\""))
+            .filter_map(|l| l.split_once("\"} "))
+            .map(|(outcome, n)| (outcome.to_string(), n.parse().unwrap_or(0)))
+            .collect();
+        Some(counts)
+    };
+    let ended_before = scans_ended().await.unwrap();
     fleet.scanners[holder].pause().unwrap();
+    let paused = fleet.api.requests().len();
     let other = Gateway::of(&fleet, 1 - holder);
     let done = other.finished(&id).await;
     assert_eq!(done["state"], "succeeded", "{done}");
     every_catalog_serves(&fleet, &["apps/web:1.1.0", "apps/db:1.0.0", "apps/cache:1.0.0"]).await;
-    let before = fleet.api.requests().len();
-    fleet.scanners[holder].resume().unwrap();
+    // The finisher's last write is its Event, after the record: wait for it
+    // (the frozen one writes nothing meanwhile), so what follows is the thawed one's.
+    let before = eventually("the finisher's Event", || async {
+        let requests = fleet.api.requests();
+        scanner_writes(&requests[paused..]).iter().any(|w| w.contains("events")).then_some(requests.len())
+    })
+    .await;
     // Thawed, it goes on where it stood: its slowed tag lists are answered,
-    // it reads on, then finds its lease lost at its next write and abandons.
-    let metrics = format!("{}/metrics", fleet.scanners[holder].endpoint());
-    eventually("the thawed scanner to abandon its scan", || async {
-        let text = reqwest::get(&metrics).await.ok()?.text().await.ok()?;
-        text.lines().any(|l| l == r#"vynil_scanner_scans_total{outcome="abandoned"} 1"#).then_some(())
+    // it reads on, and its scan ends (abandoned, when it finds its lease lost).
+    fleet.scanners[holder].resume().unwrap();
+    let ended = eventually("the thawed scanner to end its scan", || async {
+        let now = scans_ended().await?;
+        (now.values().sum::<u64>() > ended_before.values().sum::<u64>()).then_some(now)
     })
     .await;
     let after = fleet.api.requests();
     let writes = scanner_writes(&after[before..]);
-    assert!(writes.is_empty(), "the thawed scanner wrote after losing its lease: {writes:?}");
+    assert!(
+        writes.is_empty(),
+        "the thawed scanner wrote after losing its lease: {writes:?}\n{}",
+        fleet.scanners[holder].log()
+    );
+    let abandoned = |counts: &BTreeMap<String, u64>| counts.get("abandoned").copied().unwrap_or(0);
+    assert_eq!(abandoned(&ended), abandoned(&ended_before) + 1, "{ended_before:?} -> {ended:?}");
     let (_, record) = other.get(&format!("/api/v1/scans/{id}")).await;
     assert_eq!(record, done, "the scan record is the finisher's");
     every_catalog_serves(&fleet, &["apps/web:1.1.0", "apps/db:1.0.0", "apps/cache:1.0.0"]).await;

@@ -39,7 +39,7 @@ pub use index_server::{IndexRequest, IndexServer};
 pub use jukebox::JukeboxBuilder;
 pub use layout::{LayoutWriter, reachable_blobs, stored_blobs};
 pub use package::{ArtifactKind, PackageSpec, PackageType};
-pub use process::free_port;
+pub use process::{free_port, workspace_binary};
 pub use publisher::Publisher;
 pub use redis_server::{Persistence, RedisServer};
 pub use registry_server::{RegistryOptions, RegistryServer};

@@ -16,6 +16,46 @@ pub fn free_port() -> Result<u16> {
     Ok(port)
 }
 
+/// Binary `name` of this workspace's package `package`, as the code stands:
+/// under cargo (`cargo test`, `cargo run`), it is built first (once per
+/// process; a no-op when up to date), so a test never runs a binary older
+/// than the library it was compiled with; it is then found beside the running
+/// executable (`target/<profile>`, or its parent from `deps/`).
+pub fn workspace_binary(package: &str, name: &str) -> Result<PathBuf> {
+    static BUILT: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let exe = std::env::current_exe().map_err(io("finding the running executable"))?;
+    let dir = exe.parent().map(|d| if d.ends_with("deps") { d.parent().unwrap_or(d) } else { d });
+    let dir = dir.ok_or_else(|| TestkitError::Fixture(format!("{} has no directory", exe.display())))?;
+    let release = dir.ends_with("release");
+    if let Some(cargo) = std::env::var_os("CARGO") {
+        let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
+        if !built.iter().any(|b| b == name) {
+            let mut command = Command::new(cargo);
+            command.args(["build", "--locked", "-p", package, "--bin", name]);
+            if release {
+                command.arg("--release");
+            }
+            let output = command.output().map_err(io(format!("running cargo build for {name}")))?;
+            if !output.status.success() {
+                return Err(TestkitError::Fixture(format!(
+                    "cargo build -p {package} --bin {name} failed:\n{}",
+                    String::from_utf8_lossy(&output.stderr)
+                )));
+            }
+            built.push(name.to_string());
+        }
+    }
+    let path = dir.join(name);
+    if !path.is_file() {
+        let profile = if release { " --release" } else { "" };
+        return Err(TestkitError::Fixture(format!(
+            "{} is not built: run `cargo build{profile} -p {package} --bin {name}`",
+            path.display()
+        )));
+    }
+    Ok(path)
+}
+
 /// Finds `binary` on the PATH, or says which package installs it.
 pub(crate) fn find_binary(binary: &'static str, hint: &'static str) -> Result<PathBuf> {
     find_binary_in(&std::env::var_os("PATH").unwrap_or_default(), binary, hint)
