@@ -9,7 +9,8 @@
 //! `scanner-0`…): that name is in every lease it holds, so a test reads in
 //! Redis or in the Lease object which process to kill.
 //!
-//! Each binary is built as the code stands before it is started
+//! Each binary is found beside the test executable, and built first when it
+//! is missing or older than its package's library
 //! (`vynil_testkit::workspace_binary`): a fleet never runs a stale service.
 
 use std::{path::PathBuf, time::Duration};
@@ -30,6 +31,8 @@ pub struct Shape {
     pub scanners: usize,
     pub purgers: usize,
     pub lifecycles: usize,
+    /// Each gateway talks to one replica of every service: with gateways,
+    /// every service needs a replica (the others may have none).
     pub gateways: usize,
     pub persistence: Persistence,
     /// The scan lease and the purger's execution lease (seconds).
@@ -74,7 +77,7 @@ impl std::fmt::Debug for Fleet {
     }
 }
 
-/// Service binary `name` (its package has the same name), built as the code stands.
+/// Service binary `name` (its package has the same name), never stale.
 pub fn binary(name: &str) -> PathBuf {
     vynil_testkit::workspace_binary(name, name).unwrap()
 }

@@ -16,36 +16,40 @@ pub fn free_port() -> Result<u16> {
     Ok(port)
 }
 
-/// Binary `name` of this workspace's package `package`, as the code stands:
-/// under cargo (`cargo test`, `cargo run`), it is built first (once per
-/// process; a no-op when up to date), so a test never runs a binary older
-/// than the library it was compiled with; it is then found beside the running
-/// executable (`target/<profile>`, or its parent from `deps/`).
+/// Binary `name` of this workspace's package `package`, found beside the
+/// running executable (`target/<profile>`, or its parent from `deps/`).
+///
+/// `cargo test --workspace` builds every binary with the libraries the tests
+/// link. A narrower run (`cargo test -p vynil-e2e`) rebuilds a changed
+/// library but not its binary: a binary older than its package's library is
+/// stale, and it is built again here (under cargo, once per process), as is
+/// a missing one, so a test never runs a service older than the code. (It is
+/// not built unconditionally: a build of one package resolves other features
+/// than the workspace's and would rebuild half the dependencies.)
 pub fn workspace_binary(package: &str, name: &str) -> Result<PathBuf> {
     static BUILT: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
     let exe = std::env::current_exe().map_err(io("finding the running executable"))?;
     let dir = exe.parent().map(|d| if d.ends_with("deps") { d.parent().unwrap_or(d) } else { d });
     let dir = dir.ok_or_else(|| TestkitError::Fixture(format!("{} has no directory", exe.display())))?;
     let release = dir.ends_with("release");
-    if let Some(cargo) = std::env::var_os("CARGO") {
-        let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
-        if !built.iter().any(|b| b == name) {
-            let mut command = Command::new(cargo);
-            command.args(["build", "--locked", "-p", package, "--bin", name]);
-            if release {
-                command.arg("--release");
-            }
-            let output = command.output().map_err(io(format!("running cargo build for {name}")))?;
-            if !output.status.success() {
-                return Err(TestkitError::Fixture(format!(
-                    "cargo build -p {package} --bin {name} failed:\n{}",
-                    String::from_utf8_lossy(&output.stderr)
-                )));
-            }
-            built.push(name.to_string());
-        }
-    }
     let path = dir.join(name);
+    let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
+    let cargo = std::env::var_os("CARGO");
+    if let Some(cargo) = cargo.filter(|_| !built.iter().any(|b| b == name) && stale(dir, package, &path)) {
+        let mut command = Command::new(cargo);
+        command.args(["build", "--locked", "-p", package, "--bin", name]);
+        if release {
+            command.arg("--release");
+        }
+        let output = command.output().map_err(io(format!("running cargo build for {name}")))?;
+        if !output.status.success() {
+            return Err(TestkitError::Fixture(format!(
+                "cargo build -p {package} --bin {name} failed:\n{}",
+                String::from_utf8_lossy(&output.stderr)
+            )));
+        }
+        built.push(name.to_string());
+    }
     if !path.is_file() {
         let profile = if release { " --release" } else { "" };
         return Err(TestkitError::Fixture(format!(
@@ -54,6 +58,20 @@ pub fn workspace_binary(package: &str, name: &str) -> Result<PathBuf> {
         )));
     }
     Ok(path)
+}
+
+/// Whether `binary` is missing or older than a build of its package's library.
+fn stale(dir: &Path, package: &str, binary: &Path) -> bool {
+    let modified = |path: &Path| std::fs::metadata(path).and_then(|m| m.modified()).ok();
+    let Some(built) = modified(binary) else { return true };
+    let library = format!("lib{}-", package.replace('-', "_"));
+    std::fs::read_dir(dir.join("deps")).into_iter().flatten().flatten().any(|entry| {
+        let file = entry.file_name();
+        let file = file.to_string_lossy();
+        file.starts_with(&library)
+            && file.ends_with(".rlib")
+            && modified(&entry.path()).is_some_and(|m| m > built)
+    })
 }
 
 /// Finds `binary` on the PATH, or says which package installs it.
