@@ -4,7 +4,9 @@
 //! 100, scanned by a `vynil-scanner` process; a first scan, then an
 //! immediate rescan. Baselines in the same run, through the same front: the
 //! tag-list requests alone, and every manifest of the large repository read
-//! by a plain HTTP client at the scanner's concurrency.
+//! by a plain HTTP client at the scanner's concurrency. Then the purger's
+//! load: a `vynil-purger` process plans the same JukeBox and executes the
+//! plan (about as many DELETEs as tags), its peak RSS beside its own idle one.
 
 use std::{
     path::PathBuf,
@@ -205,6 +207,8 @@ async fn measure(tags: usize) -> anyhow::Result<Vec<Row>> {
     let plain_gets = start.elapsed();
     anyhow::ensure!(read.iter().all(Result::is_ok), "the plain client's manifest reads failed");
 
+    let (purger_idle, purger_peak, deleted) = purge_load(dir.path(), &host).await?;
+
     let version_tags = (versions.len() + SMALL.len() * SMALL_TAGS) as f64;
     let s = |d: Duration| d.as_secs_f64();
     Ok(vec![
@@ -221,5 +225,48 @@ async fn measure(tags: usize) -> anyhow::Result<Vec<Row>> {
         Row::new("rescan: manifest HEADs", rescan_counts.heads as f64, "requests")
             .against("version tags", version_tags),
         Row::new("scanner peak RSS", peak_rss, "MiB").against("the same process idle", idle_rss),
+        Row::new(format!("purger peak RSS, planning and deleting {deleted} digests"), purger_peak, "MiB")
+            .against("the same process idle", purger_idle),
     ])
+}
+
+/// A purger on the scanned JukeBox (`dir`, through the front `host`): its
+/// idle and peak RSS around a plan of the whole JukeBox and its execution,
+/// and how many digests that deleted.
+async fn purge_load(dir: &std::path::Path, host: &str) -> anyhow::Result<(f64, f64, usize)> {
+    use vynil_proto::purger::v1::{
+        DeletionState, ExecuteRequest, PlanRequest, execute_progress::Event, plan_request::Target,
+        purger_client::PurgerClient,
+    };
+    let args = [
+        "--jukebox-dir",
+        dir.to_str().unwrap_or_default(),
+        "--insecure-registry",
+        host,
+        "--vynil-version",
+        "0.8.0",
+        // Loopback only: executing without the gateway's service token.
+        "--allow-unauthenticated",
+    ];
+    let purger = ServiceProcess::start(&sibling("vynil-purger")?, &args).await?;
+    let idle = resident_mib(purger.pid(), "VmHWM:")?;
+    let mut client = PurgerClient::new(purger.channel().await?);
+    let plan = client.plan(PlanRequest { target: Some(Target::Jukebox("box".into())) }).await?.into_inner();
+    let request = ExecuteRequest {
+        plan_id: plan.plan_id.clone(),
+        confirm: plan.target.clone(),
+        fingerprint: plan.fingerprint.clone(),
+        acknowledge_usage_unknown: plan.usage_unknown,
+    };
+    let mut progress = client.execute(request).await?.into_inner();
+    let mut deleted = 0;
+    while let Some(step) = progress.message().await? {
+        if let Some(Event::Outcome(outcome)) = step.event
+            && outcome.state == DeletionState::Deleted as i32
+        {
+            deleted += 1;
+        }
+    }
+    anyhow::ensure!(deleted > 0, "the purge of {} deleted nothing", plan.target);
+    Ok((idle, resident_mib(purger.pid(), "VmHWM:")?, deleted))
 }

@@ -1,10 +1,12 @@
 //! P5: a delete Job marked `Failed` → the instance's `Deleting=False`
-//! condition. The services of a cluster install on the fake Kubernetes API
-//! server (`vynil_e2e::Stack`), the fake agent failing every delete Job;
-//! [`INSTANCES`] TenantInstances installed, then deleted at once. Each delay
-//! runs from the agent's read-back of the Failed Job to a watcher seeing the
-//! condition. Baseline, same run: the fake's own watch delivery (a status
-//! patch to a bare watcher's event), as often.
+//! condition. The services of a cluster install as processes on the fake
+//! Kubernetes API server (a `vynil_e2e::fleet` of one replica each), the
+//! fake agent failing every delete Job; [`INSTANCES`] TenantInstances
+//! installed, then deleted at once. Each delay runs from the agent's
+//! read-back of the Failed Job to a watcher seeing the condition. Baseline,
+//! same run: the fake's own watch delivery (a status patch to a bare
+//! watcher's event), as often. The lifecycle's peak RSS through all this is
+//! P6's loaded figure, beside its own idle one.
 
 use std::{
     collections::HashMap,
@@ -18,14 +20,17 @@ use kube::{
     runtime::watcher,
 };
 use serde_json::{Value, json};
-use vynil_testkit::{
-    PackageType,
-    kube_api::{AgentOutcome, FakeAgent},
+use vynil_e2e::fleet::{Fleet, Shape};
+use vynil_proto::{
+    catalog::v1::{GetCatalogRequest, catalog_client::CatalogClient},
+    scanner::v1::{ScanRequest, scanner_client::ScannerClient},
 };
+use vynil_testkit::kube_api::{AgentOutcome, FakeAgent};
 
 use crate::{
     freshness::percentiles,
     report::{Figure, Row},
+    scan::resident_mib,
 };
 
 const INSTANCES: usize = 20;
@@ -33,11 +38,11 @@ const WAIT: Duration = Duration::from_secs(60);
 
 pub async fn delete_failure() -> Figure {
     let name = "delete Job Failed -> instance condition";
-    // The stack is test infrastructure, which panics on a failed set-up: a
+    // The fleet is test infrastructure, which panics on a failed set-up: a
     // task keeps that from taking the whole bench down.
     match tokio::spawn(measure()).await {
         Ok(rows) => Figure::from_result("P5", name, rows),
-        Err(panic) => Figure::failed("P5", name, format!("the cluster stack panicked: {panic}")),
+        Err(panic) => Figure::failed("P5", name, format!("the fleet panicked: {panic}")),
     }
 }
 
@@ -48,17 +53,35 @@ fn deleting_failed(object: &DynamicObject) -> bool {
 }
 
 async fn measure() -> anyhow::Result<Vec<Row>> {
-    let stack = vynil_e2e::Stack::start("apps/web").await;
-    stack.publish("apps", "web", PackageType::Tenant, "1.0.0").await;
-    stack.scan_until(&["1.0.0"]).await;
-    let agent = FakeAgent::start(stack.client.clone(), vynil_e2e::CONTROL_PLANE_NAMESPACE, |job| {
+    let shape =
+        Shape { catalogs: 1, scanners: 1, purgers: 0, lifecycles: 1, gateways: 0, ..Shape::default() };
+    let fleet = Fleet::start(&shape, &["apps/web"], "tokens: []\n").await;
+    fleet.publish("web", "1.0.0").await;
+    let mut scanner = ScannerClient::new(fleet.scanners[0].channel().await?);
+    let scan = scanner.scan(ScanRequest { jukebox: "box".into(), ..Default::default() }).await?.into_inner();
+    let mut catalog = CatalogClient::new(fleet.catalogs[0].channel().await?);
+    let deadline = Instant::now() + WAIT;
+    while catalog
+        .get_catalog(GetCatalogRequest { jukebox: "box".into(), ..Default::default() })
+        .await?
+        .into_inner()
+        .packages
+        .is_empty()
+    {
+        anyhow::ensure!(Instant::now() < deadline, "scan {} showed nothing within {WAIT:?}", scan.scan_id);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let lifecycle = fleet.lifecycles[0].pid();
+    let idle_rss = resident_mib(lifecycle, "VmHWM:")?;
+    let client = fleet.api.client()?;
+    let agent = FakeAgent::start(client.clone(), vynil_e2e::CONTROL_PLANE_NAMESPACE, |job| {
         if job.action == "delete" {
             AgentOutcome::fail("BackoffLimitExceeded", "the delete hook exited 1")
         } else {
             AgentOutcome::succeed()
         }
     });
-    let instances = stack.tenant_instances();
+    let instances = vynil_e2e::tenant_instances(&client);
 
     // When a watcher first sees each instance's failure condition.
     let seen: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
@@ -129,8 +152,8 @@ async fn measure() -> anyhow::Result<Vec<Row>> {
                 {"type": "Updated", "status": "True", "message": format!("Updated succesfully ({i})"), "generation": 1}]}})
         })
         .collect();
-    let bare = crate::freshness::watch_delivery(&stack.boxes, &patches).await?;
-    stack.stop().await;
+    let bare = crate::freshness::watch_delivery(&fleet.boxes, &patches).await?;
+    let loaded_rss = resident_mib(lifecycle, "VmHWM:")?;
     let (fail50, fail99) = percentiles(delays);
     let (bare50, bare99) = percentiles(bare);
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
@@ -139,5 +162,11 @@ async fn measure() -> anyhow::Result<Vec<Row>> {
             .against("the fake API server's watch delivery, p50", ms(bare50)),
         Row::new(format!("Failed Job -> Deleting=False, p99 of {INSTANCES}"), ms(fail99), "ms")
             .against("the fake API server's watch delivery, p99", ms(bare99)),
+        Row::new(
+            format!("vynil-lifecycle peak RSS, {INSTANCES} installs and failed deletes"),
+            loaded_rss,
+            "MiB",
+        )
+        .against("the same process idle", idle_rss),
     ])
 }
