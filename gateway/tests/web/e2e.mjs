@@ -79,7 +79,7 @@ try {
   await waitForText(page, "#totals", "1 to delete");
   const plan = await text(page, "#plan");
   check(plan.includes("superseded") && plan.includes("installed by tenant apps/ollama"), `the plan's reasons: ${plan}`);
-  const planId = (await text(page, "#totals")).match(/plan ([0-9a-f]+)/)[1];
+  const planId = (await text(page, "#totals")).match(/\(plan (plan-[0-9a-f]+)\)/)[1];
   await shot(page, "3-purge-plan");
   await page.locator("#execute").click();
   check(await page.locator("#confirm-ok").isDisabled(), "confirm is disabled until the target is typed");
