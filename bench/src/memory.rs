@@ -1,7 +1,8 @@
 //! P6: the resident memory of each gRPC service idle, as a process started
 //! with its defaults, beside the smallest tonic server (health only) on the
-//! same stack, measured in the same run. The scanner's loaded figure is
-//! P2's peak.
+//! same stack, measured in the same run. The loaded figures: the scanner's
+//! and the purger's in P2, the lifecycle's in P5, the catalog's and the
+//! gateway's under P4's load.
 
 use std::path::Path;
 

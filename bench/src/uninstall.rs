@@ -61,13 +61,9 @@ async fn measure() -> anyhow::Result<Vec<Row>> {
     let scan = scanner.scan(ScanRequest { jukebox: "box".into(), ..Default::default() }).await?.into_inner();
     let mut catalog = CatalogClient::new(fleet.catalogs[0].channel().await?);
     let deadline = Instant::now() + WAIT;
-    while catalog
-        .get_catalog(GetCatalogRequest { jukebox: "box".into(), ..Default::default() })
-        .await?
-        .into_inner()
-        .packages
-        .is_empty()
-    {
+    // NOT_FOUND until the catalog has followed the first status write.
+    let request = GetCatalogRequest { jukebox: "box".into(), ..Default::default() };
+    while !catalog.get_catalog(request.clone()).await.is_ok_and(|a| !a.into_inner().packages.is_empty()) {
         anyhow::ensure!(Instant::now() < deadline, "scan {} showed nothing within {WAIT:?}", scan.scan_id);
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
