@@ -28,15 +28,23 @@ impl Channel {
 
     /// Whether a consumer on this channel may be shown `raw_tag`.
     pub fn admits(self, raw_tag: &str) -> bool {
+        Channel::narrowest_admitting(raw_tag) <= self
+    }
+
+    /// The narrowest channel that admits `raw_tag`: it and every wider one
+    /// do (`stable` < `beta` < `alpha`), so a caller filtering a tag for
+    /// several channels searches its text once.
+    pub fn narrowest_admitting(raw_tag: &str) -> Channel {
         // Both words hold an `a`: most tags have none, and a byte search is
         // cheaper than two substring searches (views filter every tag).
         if !raw_tag.as_bytes().contains(&b'a') {
-            return true;
-        }
-        match self {
-            Channel::Alpha => true,
-            Channel::Beta => !raw_tag.contains("alpha"),
-            Channel::Stable => !raw_tag.contains("alpha") && !raw_tag.contains("beta"),
+            Channel::Stable
+        } else if raw_tag.contains("alpha") {
+            Channel::Alpha
+        } else if raw_tag.contains("beta") {
+            Channel::Beta
+        } else {
+            Channel::Stable
         }
     }
 

@@ -176,18 +176,12 @@ impl PackageContent {
     /// The first `minimum_previous_version` that is valid SemVer (upstream: only
     /// the first valid entry counts).
     pub fn minimum_previous_version(&self) -> Option<semver::Version> {
-        self.requirements.iter().find_map(|r| match r {
-            Requirement::MinimumPreviousVersion(v) => Tag::version_of(v),
-            _ => None,
-        })
+        Requirement::minimum_previous_version(&self.requirements)
     }
 
     /// Every `vynil_version` requirement that is valid SemVer.
     pub fn vynil_versions(&self) -> impl Iterator<Item = semver::Version> + '_ {
-        self.requirements.iter().filter_map(|r| match r {
-            Requirement::VynilVersion(v) => Tag::version_of(v),
-            _ => None,
-        })
+        Requirement::vynil_versions(&self.requirements)
     }
 
     pub fn package_type(&self) -> PackageType {
@@ -249,6 +243,22 @@ const REQUIREMENT_KINDS: &[&str] = &[
 ];
 
 impl Requirement {
+    /// [`PackageContent::minimum_previous_version`] of these requirements.
+    pub fn minimum_previous_version(requirements: &[Requirement]) -> Option<semver::Version> {
+        requirements.iter().find_map(|r| match r {
+            Requirement::MinimumPreviousVersion(v) => Tag::version_of(v),
+            _ => None,
+        })
+    }
+
+    /// [`PackageContent::vynil_versions`] of these requirements.
+    pub fn vynil_versions(requirements: &[Requirement]) -> impl Iterator<Item = semver::Version> + '_ {
+        requirements.iter().filter_map(|r| match r {
+            Requirement::VynilVersion(v) => Tag::version_of(v),
+            _ => None,
+        })
+    }
+
     /// The wire key of this requirement.
     pub fn kind(&self) -> &str {
         match self {

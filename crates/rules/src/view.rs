@@ -26,13 +26,13 @@
 //! tag's metadata it needs next, so the scanner reads only those manifests, and
 //! [`compute_view`] runs it against metadata already at hand.
 
-use std::collections::BTreeSet;
+use std::borrow::Cow;
 
 use semver::Version;
 
 use crate::{
     channel::{Channel, runs_on, satisfies},
-    package::{PackageContent, PackageType},
+    package::{PackageContent, PackageType, Requirement},
     tag::Tag,
 };
 
@@ -41,8 +41,9 @@ use crate::{
 /// that compute many views of the same repository.
 pub trait Revision {
     fn package_type(&self) -> PackageType;
-    /// The first valid `minimum_previous_version`.
-    fn minimum(&self) -> Option<Version>;
+    /// The first valid `minimum_previous_version` (borrowed where it is
+    /// already parsed: most steps of a descent only compare it).
+    fn minimum(&self) -> Option<Cow<'_, Version>>;
     fn runs_on(&self, framework: &Version) -> bool;
 }
 
@@ -51,8 +52,8 @@ impl Revision for PackageContent {
         self.metadata.package_type
     }
 
-    fn minimum(&self) -> Option<Version> {
-        self.minimum_previous_version()
+    fn minimum(&self) -> Option<Cow<'_, Version>> {
+        self.minimum_previous_version().map(Cow::Owned)
     }
 
     fn runs_on(&self, framework: &Version) -> bool {
@@ -70,10 +71,15 @@ pub struct RevisionFacts {
 
 impl RevisionFacts {
     pub fn of(content: &PackageContent) -> Self {
+        Self::new(content.package_type(), &content.requirements)
+    }
+
+    /// The facts of a revision of `package_type` with these requirements.
+    pub fn new(package_type: PackageType, requirements: &[Requirement]) -> Self {
         Self {
-            package_type: content.metadata.package_type,
-            minimum: content.minimum_previous_version(),
-            vynil_versions: content.vynil_versions().collect(),
+            package_type,
+            minimum: Requirement::minimum_previous_version(requirements),
+            vynil_versions: Requirement::vynil_versions(requirements).collect(),
         }
     }
 }
@@ -83,8 +89,8 @@ impl Revision for RevisionFacts {
         self.package_type
     }
 
-    fn minimum(&self) -> Option<Version> {
-        self.minimum.clone()
+    fn minimum(&self) -> Option<Cow<'_, Version>> {
+        self.minimum.as_ref().map(Cow::Borrowed)
     }
 
     fn runs_on(&self, framework: &Version) -> bool {
@@ -144,6 +150,8 @@ enum Phase {
 #[derive(Debug, Clone, Default)]
 pub struct Versions {
     newest_first: Vec<Tag>,
+    /// [`Channel::narrowest_admitting`] of each, found once for every view.
+    maturity: Vec<Channel>,
 }
 
 impl Versions {
@@ -156,7 +164,16 @@ impl Versions {
     pub fn from_tags(mut tags: Vec<Tag>) -> Self {
         tags.sort_by(|a, b| b.cmp(a));
         tags.dedup();
-        Self { newest_first: tags }
+        Self::from_newest_first(tags)
+    }
+
+    /// From tags already sorted newest first without duplicates (a caller
+    /// that sorted them with more in hand: sorting again, even sorted input,
+    /// and comparing neighbours cost the planner a twentieth of its time).
+    pub(crate) fn from_newest_first(tags: Vec<Tag>) -> Self {
+        debug_assert!(tags.windows(2).all(|pair| pair[0] > pair[1]), "versions not sorted newest first");
+        let maturity = tags.iter().map(|tag| Channel::narrowest_admitting(tag.as_str())).collect();
+        Self { newest_first: tags, maturity }
     }
 
     pub fn as_slice(&self) -> &[Tag] {
@@ -167,7 +184,13 @@ impl Versions {
     /// channel walks, whatever the framework, so a caller computing views for
     /// several frameworks filters once.
     pub fn admitted(&self, channel: Channel) -> Admitted<'_> {
-        let tags = self.newest_first.iter().filter(|tag| channel.admits(tag.as_str())).collect();
+        let tags = self
+            .newest_first
+            .iter()
+            .zip(&self.maturity)
+            .filter(|(_, narrowest)| **narrowest <= channel)
+            .map(|(tag, _)| tag)
+            .collect();
         Admitted { channel, tags }
     }
 
@@ -224,8 +247,34 @@ pub struct ViewBuilder<'v> {
     position: usize,
     phase: Phase,
     last_minimum: Option<Version>,
-    types: BTreeSet<PackageType>,
+    types: TypeSet,
     view: View,
+}
+
+/// The package types a view shows so far: a descent asks at every step.
+#[derive(Debug, Clone, Copy, Default)]
+struct TypeSet(u8);
+
+impl TypeSet {
+    fn bit(package_type: PackageType) -> u8 {
+        1 << package_type as u8
+    }
+
+    fn insert(&mut self, package_type: PackageType) {
+        self.0 |= Self::bit(package_type);
+    }
+
+    fn contains(self, package_type: PackageType) -> bool {
+        self.0 & Self::bit(package_type) != 0
+    }
+
+    fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    fn is_complete(self) -> bool {
+        self.0.count_ones() as usize == PackageType::ALL.len()
+    }
 }
 
 impl<'v> ViewBuilder<'v> {
@@ -243,7 +292,7 @@ impl<'v> ViewBuilder<'v> {
             position: 0,
             phase,
             last_minimum: None,
-            types: BTreeSet::new(),
+            types: TypeSet::default(),
             view: View::default(),
         }
     }
@@ -295,6 +344,7 @@ impl<'v> ViewBuilder<'v> {
         {
             return;
         }
+        let minimum = minimum.map(Cow::into_owned);
         let role = if self.view.entries.is_empty() {
             Role::Head
         } else {
@@ -311,17 +361,17 @@ impl<'v> ViewBuilder<'v> {
     /// when they show nothing (the newest tag has no annotations, or needs a
     /// newer framework all the way down), the view stays upstream's (empty).
     fn end_waypoints(&mut self) {
-        let other_types_missing = !self.types.is_empty() && self.types.len() < PackageType::ALL.len();
+        let other_types_missing = !self.types.is_empty() && !self.types.is_complete();
         self.phase = if self.type_aware && other_types_missing { Phase::Types } else { Phase::Done };
     }
 
     fn type_step(&mut self, tag: &Tag, content: &impl Revision) {
         let package_type = content.package_type();
-        if self.types.contains(&package_type) || !content.runs_on(&self.viewer.framework) {
+        if self.types.contains(package_type) || !content.runs_on(&self.viewer.framework) {
             return;
         }
         self.keep(tag, Role::NewestOfType(package_type), package_type);
-        if self.types.len() == PackageType::ALL.len() {
+        if self.types.is_complete() {
             self.phase = Phase::Done;
         }
     }

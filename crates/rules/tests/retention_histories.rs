@@ -360,3 +360,22 @@ fn digests_sharing_their_last_characters_are_still_two_digests() {
     let deleted: Vec<&str> = plan.deleted().map(|e| e.tag.as_str()).collect();
     assert_eq!(deleted, ["0.9.0"]);
 }
+
+#[test]
+fn a_name_listed_twice_is_planned_alike_in_any_input_order() {
+    // A merged listing can name a tag twice with two digests: the plan and
+    // its fingerprint must not depend on which came first.
+    let tags = [
+        vynil_tag("1.0.0", "b", "tenant", None, None),
+        vynil_tag("1.0.0", "a", "tenant", None, None),
+        vynil_tag("0.9.0", "c", "tenant", None, None),
+        plain_tag("latest", "e"),
+        plain_tag("latest", "d"),
+    ];
+    let forward = plan(&tags, &Usage::Known(vec![]), &[]);
+    let mut reversed = tags.to_vec();
+    reversed.reverse();
+    let backward = plan(&reversed, &Usage::Known(vec![]), &[]);
+    assert_eq!(forward.fingerprint, backward.fingerprint);
+    assert_eq!(forward.entries, backward.entries);
+}
