@@ -168,52 +168,6 @@ impl CredentialStore {
     }
 }
 
-/// A parsed `WWW-Authenticate` challenge.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Challenge {
-    pub scheme: String,
-    pub params: HashMap<String, String>,
-}
-
-/// Parses `Scheme key="value",key=value` (quoted values may hold commas).
-pub(crate) fn parse_challenge(header: &str) -> Option<Challenge> {
-    let header = header.trim();
-    let (scheme, rest) = header.split_once(' ').unwrap_or((header, ""));
-    if scheme.is_empty() {
-        return None;
-    }
-    let mut params = HashMap::new();
-    let mut chars = rest.chars().peekable();
-    loop {
-        while chars.peek().is_some_and(|c| *c == ',' || c.is_whitespace()) {
-            chars.next();
-        }
-        let key: String = std::iter::from_fn(|| chars.next_if(|c| *c != '=' && *c != ',')).collect();
-        if key.is_empty() {
-            break;
-        }
-        if chars.next() != Some('=') {
-            break;
-        }
-        let value = if chars.peek() == Some(&'"') {
-            chars.next();
-            let mut value = String::new();
-            while let Some(c) = chars.next() {
-                match c {
-                    '"' => break,
-                    '\\' => value.extend(chars.next()),
-                    other => value.push(other),
-                }
-            }
-            value
-        } else {
-            std::iter::from_fn(|| chars.next_if(|c| *c != ',')).collect::<String>().trim().to_string()
-        };
-        params.insert(key.trim().to_ascii_lowercase(), value);
-    }
-    Some(Challenge { scheme: scheme.to_ascii_lowercase(), params })
-}
-
 #[derive(Deserialize)]
 pub(crate) struct TokenResponse {
     pub token: Option<String>,
@@ -225,16 +179,6 @@ pub(crate) struct TokenResponse {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_bearer_challenge_is_parsed_with_quoted_commas() {
-        let c = parse_challenge(r#"Bearer realm="https://auth.example/token",service="registry.example",scope="repository:a/b:pull,push""#).unwrap();
-        assert_eq!(c.scheme, "bearer");
-        assert_eq!(c.params["realm"], "https://auth.example/token");
-        assert_eq!(c.params["service"], "registry.example");
-        assert_eq!(c.params["scope"], "repository:a/b:pull,push");
-        assert_eq!(parse_challenge(r#"Basic realm="x""#).unwrap().scheme, "basic");
-    }
 
     #[test]
     fn dockerconfigjson_credentials_are_found_by_host_and_never_printed() {

@@ -5,7 +5,7 @@ use std::{collections::BTreeMap, fmt, sync::Arc};
 
 use oci_client::manifest::{
     IMAGE_MANIFEST_LIST_MEDIA_TYPE, IMAGE_MANIFEST_MEDIA_TYPE, OCI_IMAGE_INDEX_MEDIA_TYPE,
-    OCI_IMAGE_MEDIA_TYPE, OciManifest,
+    OCI_IMAGE_MEDIA_TYPE,
 };
 use reqwest::{Method, StatusCode};
 use sha2::{Digest, Sha256};
@@ -13,7 +13,7 @@ use vynil_rules::ArtifactTag;
 
 use crate::{
     CredentialStore, ManifestMetadata, MetadataCache, RegistryError, RequestCounters, Result,
-    TransportConfig,
+    TransportConfig, decode,
     layout::{Layout, layout_root},
     transport::{Access, Request, Response, Transport},
 };
@@ -231,10 +231,6 @@ impl RegistryClient {
     /// time, so what a listing holds is bounded by the cap, whatever the
     /// repository holds.
     pub async fn list_tags_at_most(&self, repo: &RepositoryRef, cap: usize) -> Result<Vec<String>> {
-        #[derive(serde::Deserialize)]
-        struct TagList {
-            tags: Option<Vec<String>>,
-        }
         let what = format!("tags of {repo}");
         let over = |listed: usize| RegistryError::TooManyTags { what: what.clone(), listed, cap };
         if let Some(layout) = Layout::of(repo)? {
@@ -252,16 +248,18 @@ impl RegistryClient {
             request.max_body = MAX_LIST_BYTES;
             let response = self.transport.send(&request).await?;
             check_status(&response, &what)?;
-            let page: TagList =
-                serde_json::from_slice(&response.body).map_err(|e| RegistryError::InvalidBody {
-                    what: what.clone(),
-                    problem: format!("tag list is not JSON: {e}"),
-                })?;
-            tags.extend(page.tags.unwrap_or_default());
+            let page = decode::tag_page(&response.body)
+                .map_err(|problem| RegistryError::InvalidBody { what: what.clone(), problem })?;
+            tags.extend(page);
             if tags.len() > cap {
                 return Err(over(tags.len()));
             }
-            match response.header("link").and_then(next_link) {
+            let next = match response.header("link") {
+                Some(link) => decode::next_link(link, &path)
+                    .map_err(|problem| RegistryError::InvalidBody { what: what.clone(), problem })?,
+                None => None,
+            };
+            match next {
                 Some(next) if pages < 100_000 => path = next,
                 _ => break,
             }
@@ -339,17 +337,8 @@ impl RegistryClient {
                 ),
             });
         }
-        let parsed: OciManifest = serde_json::from_slice(&body).map_err(|e| RegistryError::InvalidBody {
-            what: what.clone(),
-            problem: format!("not an OCI manifest: {e}"),
-        })?;
-        let (annotations, first) = match parsed {
-            OciManifest::Image(image) => (image.annotations.unwrap_or_default(), None),
-            OciManifest::ImageIndex(index) => {
-                let first = index.manifests.first().map(|m| m.digest.clone());
-                (index.annotations.unwrap_or_default(), first)
-            }
-        };
+        let decode::ManifestBody { annotations, first } = decode::manifest(&body)
+            .map_err(|problem| RegistryError::InvalidBody { what: what.clone(), problem })?;
         Ok(Some((Manifest { digest, media_type, annotations }, first)))
     }
 
@@ -481,16 +470,11 @@ impl RegistryClient {
         let response = if is_layout { None } else { Some(self.transport.send(&request).await?) };
         if let Some(response) = response
             && response.status == StatusCode::OK
-            && let Ok(OciManifest::ImageIndex(index)) = serde_json::from_slice::<OciManifest>(&response.body)
+            && let Some(referrers) = decode::referrers(&response.body)
         {
-            return Ok(index
-                .manifests
+            return Ok(referrers
                 .into_iter()
-                .map(|m| Artifact {
-                    tag: None,
-                    digest: m.digest,
-                    kind: m.artifact_type.unwrap_or(m.media_type),
-                })
+                .map(|(digest, kind)| Artifact { tag: None, digest, kind })
                 .collect());
         }
         let mut artifacts = Vec::new();
@@ -639,44 +623,9 @@ fn check_status(response: &Response, what: &str) -> Result<()> {
     Err(RegistryError::Registry { what: what.to_string(), status: response.status.as_u16(), code, message })
 }
 
-/// The path of `<…>; rel="next"` in a `Link` header.
-fn next_link(header: &str) -> Option<String> {
-    header.split(',').find_map(|part| {
-        let (target, params) = part.split_once(';')?;
-        let is_next = params.split(';').any(|p| {
-            let p = p.trim().replace(' ', "");
-            p == "rel=\"next\"" || p == "rel=next"
-        });
-        let target = target.trim().strip_prefix('<')?.strip_suffix('>')?;
-        // Absolute URLs keep only their path and query: the host is ours.
-        let path = match url::Url::parse(target) {
-            Ok(absolute) => format!(
-                "{}{}",
-                absolute.path(),
-                absolute.query().map(|q| format!("?{q}")).unwrap_or_default()
-            ),
-            Err(_) => target.to_string(),
-        };
-        is_next.then_some(path)
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_next_page_is_read_from_the_link_header() {
-        assert_eq!(
-            next_link(r#"</v2/a/tags/list?last=x&n=2>; rel="next""#).as_deref(),
-            Some("/v2/a/tags/list?last=x&n=2")
-        );
-        assert_eq!(
-            next_link(r#"<https://r.example/v2/a/tags/list?last=x>; rel="next""#).as_deref(),
-            Some("/v2/a/tags/list?last=x")
-        );
-        assert_eq!(next_link(r#"</v2/a/tags/list?last=x>; rel="prev""#), None);
-    }
 
     #[test]
     fn repository_references_split_at_the_first_slash_and_refuse_hostile_names() {

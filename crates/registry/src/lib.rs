@@ -19,6 +19,7 @@
 mod auth;
 mod client;
 mod counters;
+pub mod decode;
 pub mod layout;
 mod metadata;
 pub mod sources;
@@ -50,9 +51,13 @@ pub enum RegistryError {
     Timeout { what: String, seconds: u64, attempts: u32 },
     #[error("{what}: cannot reach the registry after {attempts} attempts: {problem}")]
     Unreachable { what: String, attempts: u32, problem: String },
-    #[error("{what}: the manifest is larger than {limit} bytes; it is not a Vynil package manifest")]
+    #[error(
+        "{what}: the manifest is larger than {limit} bytes; it is not a Vynil package manifest (the limit is --max-manifest-bytes)"
+    )]
     TooLarge { what: String, limit: usize },
-    #[error("{what}: {listed} tags, over the cap of {cap} (listing stopped there)")]
+    #[error(
+        "{what}: {listed} tags, over the cap of {cap} (listing stopped there); raise --max-tags-per-repository to read it"
+    )]
     TooManyTags { what: String, listed: usize, cap: usize },
     #[error("{what}: invalid answer: {problem}")]
     InvalidBody { what: String, problem: String },

@@ -25,10 +25,7 @@ use futures::StreamExt;
 use reqwest::{Method, StatusCode, header::HeaderMap};
 use tokio::sync::Semaphore;
 
-use crate::{
-    CredentialStore, Credentials, RegistryError, RequestCounters, Result,
-    auth::{TokenResponse, parse_challenge},
-};
+use crate::{CredentialStore, Credentials, RegistryError, RequestCounters, Result, auth::TokenResponse};
 
 /// The transport policy.
 #[derive(Debug, Clone)]
@@ -107,26 +104,7 @@ impl Response {
 
     /// The distribution error envelope's first `(code, message)`, if any.
     pub fn error_code(&self) -> (String, String) {
-        #[derive(serde::Deserialize)]
-        struct Envelope {
-            errors: Vec<Item>,
-        }
-        #[derive(serde::Deserialize)]
-        struct Item {
-            code: Option<String>,
-            message: Option<String>,
-        }
-        match serde_json::from_slice::<Envelope>(&self.body) {
-            Ok(envelope) => envelope
-                .errors
-                .into_iter()
-                .next()
-                .map(|e| (e.code.unwrap_or_default(), e.message.unwrap_or_default()))
-                .unwrap_or_default(),
-            Err(_) => {
-                (String::new(), String::from_utf8_lossy(&self.body[..self.body.len().min(200)]).into_owned())
-            }
-        }
+        crate::decode::error_envelope(&self.body)
     }
 }
 
@@ -280,7 +258,8 @@ impl Transport {
                 Ok(response) if response.status == StatusCode::UNAUTHORIZED => {
                     if !token_fetched
                         && request.token_scope.is_some()
-                        && let Some(challenge) = response.header("www-authenticate").and_then(parse_challenge)
+                        && let Some(challenge) =
+                            response.header("www-authenticate").and_then(crate::decode::challenge)
                         && challenge.scheme == "bearer"
                     {
                         token_fetched = true;
