@@ -80,6 +80,15 @@ pub struct SharedConfig {
     /// Registries reached over plain http; every other one over https.
     #[arg(long = "insecure-registry", env = "VYNIL_INSECURE_REGISTRIES", value_delimiter = ',')]
     pub insecure_registries: Vec<String>,
+    /// A larger manifest is refused unread past this size, and reported (a
+    /// Vynil package manifest is a few KiB).
+    #[arg(long, env = "VYNIL_MAX_MANIFEST_BYTES", default_value_t = 4 * 1024 * 1024)]
+    pub max_manifest_bytes: usize,
+    /// Operations a cluster-provided Rhai script (JukeBox `source.script`,
+    /// package `value_script` and `prefly`) may run before it is stopped
+    /// and reported.
+    #[arg(long, env = "VYNIL_MAX_SCRIPT_OPERATIONS", default_value_t = vynil_store::script::ScriptLimits::DEFAULT_MAX_OPERATIONS)]
+    pub max_script_operations: u64,
     /// This replica's pod, named in the Events it reports (the Downward API
     /// sets `POD_NAME` in a cluster).
     #[arg(long, env = "POD_NAME")]
@@ -96,6 +105,21 @@ impl SharedConfig {
     /// holds, so an operator (or a test) reading a lease knows which pod has it.
     pub fn replica_name(&self, service: &str) -> String {
         self.pod_name.clone().unwrap_or_else(|| format!("{service}-{:016x}", fastrand::u64(..)))
+    }
+
+    /// How registries are reached, as these flags say (insecure registries,
+    /// the manifest size limit); the rest are the registry client's defaults.
+    pub fn transport(&self) -> vynil_registry::TransportConfig {
+        vynil_registry::TransportConfig {
+            insecure_registries: self.insecure_registries.clone(),
+            max_manifest_bytes: self.max_manifest_bytes,
+            ..vynil_registry::TransportConfig::default()
+        }
+    }
+
+    /// What a cluster-provided script may do, as these flags say.
+    pub fn scripts(&self) -> vynil_store::script::ScriptLimits {
+        vynil_store::script::ScriptLimits::new(self.max_script_operations)
     }
 
     /// Where JukeBoxes live, as these flags say, for the service presenting

@@ -125,8 +125,9 @@ pub fn redis_error(e: redis::RedisError) -> StoreError {
     StoreError::Unavailable(format!("Redis: {e}"))
 }
 
-/// What a JukeBox's source names, for the registry client to enumerate.
-pub fn source_of(spec: &JukeBoxSpec) -> Result<Source, String> {
+/// What a JukeBox's source names, for the registry client to enumerate (a
+/// `source.script` runs within `scripts`).
+pub fn source_of(spec: &JukeBoxSpec, scripts: script::ScriptLimits) -> Result<Source, String> {
     match &spec.source {
         Some(JukeBoxSource::List(images)) => Ok(Source::List(images.clone())),
         Some(JukeBoxSource::Harbor(h)) => {
@@ -137,7 +138,7 @@ pub fn source_of(spec: &JukeBoxSpec) -> Result<Source, String> {
             registry: g.registry.clone(),
             project: g.project.clone(),
         }),
-        Some(JukeBoxSource::Script(source)) => script::repositories(source).map(Source::List),
+        Some(JukeBoxSource::Script(source)) => scripts.repositories(source).map(Source::List),
         Some(JukeBoxSource::Layout(layout)) => Ok(Source::Layout { path: layout.path.clone() }),
         Some(JukeBoxSource::Http(_)) | Some(JukeBoxSource::S3(_)) => {
             Err("an http or s3 source is an index of packages, not a list of repositories".into())

@@ -9,50 +9,88 @@
 
 use std::time::{Duration, Instant};
 
-use rhai::packages::Package;
+use rhai::{EvalAltResult, packages::Package};
 
-const MAX_OPERATIONS: u64 = 1_000_000;
 const MAX_TIME: Duration = Duration::from_secs(2);
 
-/// The sealed engine every cluster-provided script runs in (JukeBox
-/// `source.script`, package `value_script` and `prefly`).
-pub fn sandbox() -> rhai::Engine {
-    let mut engine = rhai::Engine::new_raw();
-    engine.register_global_module(rhai::packages::StandardPackage::new().as_shared_module());
-    engine.disable_symbol("eval");
-    engine.set_max_operations(MAX_OPERATIONS);
-    engine.set_max_call_levels(32);
-    engine.set_max_expr_depths(64, 32);
-    engine.set_max_string_size(64 * 1024);
-    engine.set_max_array_size(100_000);
-    engine.set_max_map_size(10_000);
-    let started = Instant::now();
-    engine.on_progress(move |_| (started.elapsed() > MAX_TIME).then(|| "time limit".into()));
-    engine
+/// How much work a cluster-provided script may do: `--max-script-operations`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScriptLimits {
+    max_operations: u64,
 }
 
-/// The `registry/repository` strings the script returns.
-pub fn repositories(source: &str) -> Result<Vec<String>, String> {
-    let engine = sandbox();
-    let value: rhai::Dynamic = engine.eval(source).map_err(|e| format!("the source script failed: {e}"))?;
-    let array = value.try_cast::<rhai::Array>().ok_or_else(|| {
-        "the source script must return an array of \"registry/repository\" strings".to_string()
-    })?;
-    array
-        .into_iter()
-        .map(|item| {
-            item.into_string().map_err(|t| {
-                format!(
-                    "the source script returned a {t} where a \"registry/repository\" string was expected"
-                )
+impl Default for ScriptLimits {
+    fn default() -> Self {
+        Self { max_operations: Self::DEFAULT_MAX_OPERATIONS }
+    }
+}
+
+impl ScriptLimits {
+    /// `--max-script-operations`'s default.
+    pub const DEFAULT_MAX_OPERATIONS: u64 = 1_000_000;
+
+    pub fn new(max_operations: u64) -> Self {
+        Self { max_operations: max_operations.max(1) }
+    }
+
+    /// The sealed engine every cluster-provided script runs in (JukeBox
+    /// `source.script`, package `value_script` and `prefly`).
+    pub fn sandbox(self) -> rhai::Engine {
+        let mut engine = rhai::Engine::new_raw();
+        engine.register_global_module(rhai::packages::StandardPackage::new().as_shared_module());
+        engine.disable_symbol("eval");
+        engine.set_max_operations(self.max_operations);
+        engine.set_max_call_levels(32);
+        engine.set_max_expr_depths(64, 32);
+        engine.set_max_string_size(64 * 1024);
+        engine.set_max_array_size(100_000);
+        engine.set_max_map_size(10_000);
+        let started = Instant::now();
+        engine.on_progress(move |_| (started.elapsed() > MAX_TIME).then(|| "time limit".into()));
+        engine
+    }
+
+    /// A script's failure in words, the operation limit named with its flag
+    /// when that is what stopped it.
+    pub fn failure(self, error: &EvalAltResult) -> String {
+        match error {
+            EvalAltResult::ErrorTooManyOperations(_) => format!(
+                "{error} (over {} operations: raise --max-script-operations if the script is right)",
+                self.max_operations
+            ),
+            other => other.to_string(),
+        }
+    }
+
+    /// The `registry/repository` strings a JukeBox's `source.script` returns.
+    pub fn repositories(self, source: &str) -> Result<Vec<String>, String> {
+        let value: rhai::Dynamic = self
+            .sandbox()
+            .eval(source)
+            .map_err(|e| format!("the source script failed: {}", self.failure(&e)))?;
+        let array = value.try_cast::<rhai::Array>().ok_or_else(|| {
+            "the source script must return an array of \"registry/repository\" strings".to_string()
+        })?;
+        array
+            .into_iter()
+            .map(|item| {
+                item.into_string().map_err(|t| {
+                    format!(
+                        "the source script returned a {t} where a \"registry/repository\" string was expected"
+                    )
+                })
             })
-        })
-        .collect()
+            .collect()
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn repositories(source: &str) -> Result<Vec<String>, String> {
+        ScriptLimits::default().repositories(source)
+    }
 
     #[test]
     fn a_script_returns_its_repositories() {

@@ -36,6 +36,7 @@ use vynil_crds::{Condition, labels, set_condition};
 use vynil_proto::catalog::v1 as pb;
 use vynil_registry::{CredentialStore, RegistryClient, RepositoryRef};
 use vynil_rules::{install, selection::RecordedCheck};
+use vynil_store::script::ScriptLimits;
 
 use crate::{
     LifecycleError,
@@ -65,6 +66,7 @@ pub struct Context {
     registry: RegistryClient,
     pub agent: AgentSettings,
     pub framework: semver::Version,
+    pub scripts: ScriptLimits,
     pub max_attempts: u32,
     pub stores: Stores,
     pub metrics: LifecycleMetrics,
@@ -95,6 +97,8 @@ pub struct Settings {
     pub registry: RegistryClient,
     pub agent: AgentSettings,
     pub framework: semver::Version,
+    /// What a package's `value_script` and `prefly` may do.
+    pub scripts: ScriptLimits,
     pub max_attempts: u32,
     pub reporter: kube::runtime::events::Reporter,
     pub leader: Leader,
@@ -114,6 +118,7 @@ impl Context {
             registry: settings.registry,
             agent: settings.agent,
             framework: settings.framework,
+            scripts: settings.scripts,
             max_attempts: settings.max_attempts.max(1),
             stores,
             metrics,
@@ -356,14 +361,15 @@ pub async fn observe(
                 &context.agent.tenant_label,
                 &instance.namespace,
                 instance.object.clone(),
+                context.scripts,
             )
             .await?;
             let content = &package.content;
             let kind = instance.kind.package_type();
-            let controller_values = content
-                .value_script_source()
-                .map_err(|e| e.to_string())
-                .and_then(|source| crate::script::controller_values(source.as_deref(), &instance.object));
+            let controller_values =
+                content.value_script_source().map_err(|e| e.to_string()).and_then(|source| {
+                    crate::script::controller_values(source.as_deref(), &instance.object, context.scripts)
+                });
             let prepared = Prepared {
                 options: install::check_options(content.options.as_ref(), instance.options.as_ref()),
                 unmet: install::unmet_requirement(content, kind, &context.framework, &facts),
@@ -737,16 +743,17 @@ pub async fn observe_cleanup(
         Some(recorded) => Some(check_recorded(recorded, context).await),
         None => None,
     };
-    let answer = match context.catalog.resolve_cleanup(instance, check, instance.status.have_child).await? {
-        Cleanup::NothingToDelete => CleanupAnswer::NothingToDelete,
-        Cleanup::Gone { code, message } => {
-            CleanupAnswer::Gone { what: uninstall::Gone::from_code(&code), message }
-        }
-        Cleanup::WithoutPackage { warning } => CleanupAnswer::WithoutPackage { warning },
-        Cleanup::UsePackage { package, pull_secret } => {
-            CleanupAnswer::Revision(Box::new(delete_request(instance, &package, pull_secret)))
-        }
-    };
+    let answer =
+        match context.catalog.resolve_cleanup(instance, check, instance.status.have_child).await? {
+            Cleanup::NothingToDelete => CleanupAnswer::NothingToDelete,
+            Cleanup::Gone { code, message } => {
+                CleanupAnswer::Gone { what: uninstall::Gone::from_code(&code), message }
+            }
+            Cleanup::WithoutPackage { warning } => CleanupAnswer::WithoutPackage { warning },
+            Cleanup::UsePackage { package, pull_secret } => CleanupAnswer::Revision(Box::new(
+                delete_request(instance, &package, pull_secret, context.scripts),
+            )),
+        };
     let job = observe_job(job_name, JobAction::Delete, context).await?;
     let reaped = job.as_ref().is_some_and(|j| {
         j.state == JobState::Succeeded
@@ -764,7 +771,12 @@ pub async fn observe_cleanup(
 
 /// The delete Job of `package`: with what the install recorded when it is
 /// the recorded revision, else the package's own `value_script`.
-fn delete_request(instance: &Instance, package: &pb::Package, pull_secret: Option<String>) -> JobRequest {
+fn delete_request(
+    instance: &Instance,
+    package: &pb::Package,
+    pull_secret: Option<String>,
+    scripts: ScriptLimits,
+) -> JobRequest {
     let recorded = instance
         .status
         .package
@@ -775,7 +787,9 @@ fn delete_request(instance: &Instance, package: &pb::Package, pull_secret: Optio
         None => vynil_runtime::convert::package_from_proto(package)
             .ok()
             .and_then(|p| p.content.value_script_source().ok().flatten())
-            .and_then(|source| crate::script::controller_values(Some(&source), &instance.object).ok())
+            .and_then(|source| {
+                crate::script::controller_values(Some(&source), &instance.object, scripts).ok()
+            })
             .unwrap_or_else(|| "{}".into()),
     };
     let pull_secret = recorded.and_then(|r| r.pull_secret.clone()).or(pull_secret);
@@ -845,6 +859,7 @@ mod tests {
             registry,
             agent: AgentSettings::default(),
             framework: semver::Version::new(0, 7, 7),
+            scripts: ScriptLimits::default(),
             max_attempts: 3,
             reporter: kube::runtime::events::Reporter {
                 controller: "vynil-lifecycle".into(),

@@ -58,6 +58,8 @@ pub struct Facts {
     pub tenant_services: HashSet<String>,
     /// The instance object, bound as `instance` in `prefly`.
     pub instance: Value,
+    /// What a `prefly` expression may do.
+    pub scripts: vynil_store::script::ScriptLimits,
 }
 
 impl ClusterFacts for Facts {
@@ -80,7 +82,7 @@ impl ClusterFacts for Facts {
         self.tenant_services.contains(key)
     }
     fn prefly(&self, prefly: &Prefly) -> Result<bool, String> {
-        script::prefly(&prefly.script, &self.instance)
+        script::prefly(&prefly.script, &self.instance, self.scripts)
     }
 }
 
@@ -116,6 +118,7 @@ pub async fn gather(
     tenant_label: &str,
     namespace: &str,
     instance: Value,
+    scripts: vynil_store::script::ScriptLimits,
 ) -> Result<Facts, LifecycleError> {
     let info = client.apiserver_version().await.map_err(kube("reading /version"))?;
     let version = leading_number(&info.major)
@@ -152,6 +155,7 @@ pub async fn gather(
         tenant_packages: HashSet::new(),
         system_services: HashSet::new(),
         tenant_services: HashSet::new(),
+        scripts,
     };
     for object in stores.system.state() {
         facts.system_packages.extend(spec_package(&object));

@@ -214,14 +214,10 @@ pub async fn run_with_client(
     let stop = shutdown_token.clone();
     let outer = shutdown_token.after(shutdown);
     let catalog = catalog::Catalog::connect(endpoint)?;
-    let transport = vynil_registry::TransportConfig {
-        insecure_registries: config.shared.insecure_registries.clone(),
-        ..vynil_registry::TransportConfig::default()
-    };
     let credentials = vynil_registry::CredentialStore::from_file(config.shared.dockerconfig.as_deref())
         .map_err(|e| LifecycleError::Config(e.to_string()))?;
     let registry = vynil_registry::RegistryClient::new(
-        transport,
+        config.shared.transport(),
         credentials,
         Arc::new(vynil_registry::InMemoryMetadataCache::default()),
     )
@@ -239,6 +235,7 @@ pub async fn run_with_client(
             tenant_label: config.tenant_label.clone(),
         },
         framework: config.shared.vynil_version.clone(),
+        scripts: config.shared.scripts(),
         max_attempts: config.max_install_attempts,
         reporter: kube::runtime::events::Reporter {
             controller: "vynil-lifecycle".into(),

@@ -1,12 +1,13 @@
 //! A package's Rhai: `value_script` (a map, the agent's `CONTROLLER_VALUES`)
 //! and `prefly` requirements (a truth), both with `instance` bound to the
 //! instance object, as upstream's operator evaluates them. They run in the
-//! scanner's sealed engine (`vynil_store::script::sandbox`): no modules, no
+//! scanner's sealed engine (`vynil_store::script::ScriptLimits::sandbox`): no modules, no
 //! `eval`, bounded work. A function we do not provide is an error naming it
 //! (Rhai's "Function not found: …"), which becomes a condition and no Job.
 
 use rhai::{Dynamic, Scope};
 use serde_json::Value;
+use vynil_store::script::ScriptLimits;
 
 fn scope(instance: &Value) -> Result<Scope<'static>, String> {
     let bound = rhai::serde::to_dynamic(instance).map_err(|e| format!("cannot bind `instance`: {e}"))?;
@@ -17,13 +18,17 @@ fn scope(instance: &Value) -> Result<Scope<'static>, String> {
 
 /// `CONTROLLER_VALUES`: the map `source` evaluates to, as JSON text; `{}`
 /// without a script.
-pub fn controller_values(source: Option<&str>, instance: &Value) -> Result<String, String> {
+pub fn controller_values(
+    source: Option<&str>,
+    instance: &Value,
+    scripts: ScriptLimits,
+) -> Result<String, String> {
     let Some(source) = source.filter(|s| !s.trim().is_empty()) else {
         return Ok("{}".into());
     };
-    let engine = vynil_store::script::sandbox();
+    let engine = scripts.sandbox();
     let mut scope = scope(instance)?;
-    let value: Dynamic = engine.eval_with_scope(&mut scope, source).map_err(|e| e.to_string())?;
+    let value: Dynamic = engine.eval_with_scope(&mut scope, source).map_err(|e| scripts.failure(&e))?;
     if !value.is::<rhai::Map>() {
         return Err(format!("it must evaluate to a map, not a {}", value.type_name()));
     }
@@ -32,16 +37,24 @@ pub fn controller_values(source: Option<&str>, instance: &Value) -> Result<Strin
 }
 
 /// Whether a `prefly` expression holds for `instance`.
-pub fn prefly(source: &str, instance: &Value) -> Result<bool, String> {
-    let engine = vynil_store::script::sandbox();
+pub fn prefly(source: &str, instance: &Value, scripts: ScriptLimits) -> Result<bool, String> {
+    let engine = scripts.sandbox();
     let mut scope = scope(instance)?;
-    let value: Dynamic = engine.eval_with_scope(&mut scope, source).map_err(|e| e.to_string())?;
+    let value: Dynamic = engine.eval_with_scope(&mut scope, source).map_err(|e| scripts.failure(&e))?;
     value.as_bool().map_err(|t| format!("it must evaluate to a boolean, not a {t}"))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn controller_values(source: Option<&str>, instance: &Value) -> Result<String, String> {
+        super::controller_values(source, instance, ScriptLimits::default())
+    }
+
+    fn prefly(source: &str, instance: &Value) -> Result<bool, String> {
+        super::prefly(source, instance, ScriptLimits::default())
+    }
     use serde_json::json;
 
     #[test]
@@ -71,5 +84,21 @@ mod tests {
         let instance = json!({"metadata": {"namespace": "apps"}});
         assert!(prefly(r#"instance.metadata.namespace == "apps""#, &instance).unwrap());
         assert!(!prefly(r#"instance.metadata.namespace == "prod""#, &instance).unwrap());
+    }
+
+    #[test]
+    fn a_script_over_the_operation_limit_is_stopped_and_names_the_flag() {
+        let instance = json!({});
+        let counting = "let n = 0; for i in 0..200 { n += i } #{ n: n }";
+        let limited = ScriptLimits::new(100);
+        assert!(super::controller_values(Some(counting), &instance, ScriptLimits::default()).is_ok());
+        let error = super::controller_values(Some(counting), &instance, limited).unwrap_err();
+        assert!(
+            error.contains("over 100 operations") && error.contains("--max-script-operations"),
+            "{error}"
+        );
+        let error =
+            super::prefly("let n = 0; for i in 0..200 { n += i } n > 0", &instance, limited).unwrap_err();
+        assert!(error.contains("--max-script-operations"), "{error}");
     }
 }

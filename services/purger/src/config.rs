@@ -27,6 +27,11 @@ pub struct Config {
     /// How long a plan can be executed after it was made.
     #[arg(long, env = "VYNIL_PLAN_TTL_SECONDS", default_value_t = 3600)]
     pub plan_ttl_seconds: u64,
+    /// Tags one plan may hold across its repositories: a larger plan is
+    /// refused before it is stored (plan a JukeBox's repositories one at a
+    /// time, or raise it).
+    #[arg(long, env = "VYNIL_MAX_PLAN_TAGS", default_value_t = 1_000_000)]
+    pub max_plan_tags: usize,
     /// DELETEs in flight at once.
     #[arg(long, env = "VYNIL_DELETE_CONCURRENCY", default_value_t = 4)]
     pub delete_concurrency: usize,

@@ -99,8 +99,11 @@ pub struct Purger {
     /// exclusions or framework version is refused as stale.
     retention_path: Option<std::path::PathBuf>,
     framework: semver::Version,
+    /// What a JukeBox's `source.script` may do.
+    scripts: vynil_store::script::ScriptLimits,
     schedules: Vec<config::Schedule>,
     plan_ttl: Duration,
+    max_plan_tags: usize,
     concurrency: usize,
     lease: Duration,
     owner: String,
@@ -138,9 +141,8 @@ impl Purger {
         RetentionConfig::new(config.shared.vynil_version.clone(), &retention_file.pinned)?;
         let credentials = CredentialStore::from_file(config.shared.dockerconfig.as_deref())?;
         let transport = TransportConfig {
-            insecure_registries: config.shared.insecure_registries.clone(),
             timeout: Duration::from_secs(config.registry_timeout_seconds.max(1)),
-            ..TransportConfig::default()
+            ..config.shared.transport()
         };
         let client = RegistryClient::new(transport, credentials, Arc::new(InMemoryMetadataCache::default()))?;
         let store: Arc<dyn PlanStore> = match &config.shared.redis_url {
@@ -157,8 +159,10 @@ impl Purger {
             lifecycle: config.lifecycle_endpoint.clone(),
             retention_path: config.retention_config.clone(),
             framework: config.shared.vynil_version.clone(),
+            scripts: config.shared.scripts(),
             schedules: retention_file.schedules,
             plan_ttl: config.plan_ttl(),
+            max_plan_tags: config.max_plan_tags,
             concurrency: config.delete_concurrency,
             lease: config.lease(),
             owner: config.shared.replica_name("purger"),
@@ -204,6 +208,7 @@ impl Purger {
             return Err(PurgerError::Excluded(repo.to_string()));
         }
         let plan = self.plan_one(repo).await?;
+        self.check_size(&repo.to_string(), plan.entries.len())?;
         self.store_plan(repo.to_string(), vec![plan]).await
     }
 
@@ -215,14 +220,32 @@ impl Purger {
             .get(name)
             .await?
             .ok_or_else(|| PurgerError::NotFound(format!("no JukeBox {name:?}")))?;
-        let source = vynil_store::source_of(&record.spec).map_err(PurgerError::InvalidArgument)?;
-        let mut plans = Vec::new();
+        let source =
+            vynil_store::source_of(&record.spec, self.scripts).map_err(PurgerError::InvalidArgument)?;
+        let target = format!("jukebox/{name}");
+        let (mut plans, mut tags) = (Vec::new(), 0);
         for repo in self.client.enumerate(&source).await? {
             if !self.is_excluded(&repo)? {
-                plans.push(self.plan_one(&repo).await?);
+                let plan = self.plan_one(&repo).await?;
+                tags += plan.entries.len();
+                // Checked as it grows: an oversized plan is never held whole.
+                self.check_size(&target, tags)?;
+                plans.push(plan);
             }
         }
-        self.store_plan(format!("jukebox/{name}"), plans).await
+        self.store_plan(target, plans).await
+    }
+
+    /// A plan of `target` holding `tags` tags, within `--max-plan-tags`.
+    fn check_size(&self, target: &str, tags: usize) -> Result<(), PurgerError> {
+        if tags <= self.max_plan_tags {
+            return Ok(());
+        }
+        Err(PurgerError::Refused(format!(
+            "the plan of {target} holds {tags} tags or more, over --max-plan-tags {}: plan its repositories one \
+             at a time, or raise the limit",
+            self.max_plan_tags
+        )))
     }
 
     pub async fn get_plan(&self, id: &str) -> Result<StoredPlan, PurgerError> {

@@ -692,3 +692,24 @@ async fn in_a_cluster_each_execution_is_also_an_event_on_its_jukebox() {
     assert_eq!(purge[0]["regarding"]["name"], "box");
     assert_eq!(purge[0]["reportingController"], "vynil-purger");
 }
+
+#[tokio::test]
+async fn a_plan_over_the_size_limit_is_refused_and_names_the_flag() {
+    let setup = setup().await;
+    let lifecycle = lifecycle_stub(vec![]).await;
+    // The history holds 13 tags (see the first test): one fewer is refused.
+    let service = purger(&setup, &lifecycle, &["--max-plan-tags", "12"]).await;
+    let mut client = PurgerClient::new(service.channel().await.unwrap());
+    let target = Target::Repository(Repository { registry: setup.front.host(), repository: REPO.into() });
+    let refused = client.plan(PlanRequest { target: Some(target.clone()) }).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "{refused:?}");
+    assert!(
+        refused.message().contains("13 tags") && refused.message().contains("--max-plan-tags 12"),
+        "{}",
+        refused.message()
+    );
+    let service = purger(&setup, &lifecycle, &["--max-plan-tags", "13"]).await;
+    let mut client = PurgerClient::new(service.channel().await.unwrap());
+    let plan = client.plan(PlanRequest { target: Some(target) }).await.unwrap().into_inner();
+    assert_eq!(plan.entries.len(), 13, "at the limit: planned");
+}

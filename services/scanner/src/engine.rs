@@ -37,6 +37,8 @@ pub struct EngineSettings {
     pub max_tags_per_repository: usize,
     /// Repositories one JukeBox's source may name.
     pub max_repositories: usize,
+    /// What a `source.script` may do.
+    pub scripts: vynil_store::script::ScriptLimits,
     pub repository_concurrency: usize,
     /// Manifests read ahead of the descent within one repository.
     pub read_ahead: usize,
@@ -91,13 +93,13 @@ pub async fn scan(
             };
             // Only a repository of this JukeBox's source: anything else
             // reads nothing (a push event for another JukeBox's package).
-            match source_of(&record.spec) {
+            match source_of(&record.spec, settings.scripts) {
                 Ok(source) if source.contains(&repository) => Ok(vec![repository]),
                 Ok(_) => return ScanOutput::NothingToScan,
                 Err(why) => Err(why),
             }
         }
-        ScanScope::Full => match source_of(&record.spec) {
+        ScanScope::Full => match source_of(&record.spec, settings.scripts) {
             Ok(source) => client.enumerate(&source).await.map_err(|e| e.to_string()),
             Err(why) => Err(why),
         },

@@ -22,9 +22,7 @@ mod worker;
 use std::{future::Future, net::SocketAddr, sync::Arc, time::Duration};
 
 use vynil_proto::scanner::v1::scanner_server::ScannerServer;
-use vynil_registry::{
-    CredentialStore, InMemoryMetadataCache, MetadataCache, RegistryClient, TransportConfig,
-};
+use vynil_registry::{CredentialStore, InMemoryMetadataCache, MetadataCache, RegistryClient};
 use vynil_runtime::{GrpcServer, ServedService, Shutdown};
 
 pub use engine::{EngineSettings, ScanOutput, new_status};
@@ -105,9 +103,14 @@ pub struct ScanLimits {
 
 impl ScanLimits {
     /// The engine's settings for consumers running `framework`.
-    pub fn settings(&self, framework: semver::Version) -> EngineSettings {
+    pub fn settings(
+        &self,
+        framework: semver::Version,
+        scripts: vynil_store::script::ScriptLimits,
+    ) -> EngineSettings {
         EngineSettings {
             framework,
+            scripts,
             max_tags_per_repository: self.max_tags_per_repository,
             max_repositories: self.max_repositories_per_jukebox,
             repository_concurrency: self.repository_concurrency,
@@ -199,12 +202,8 @@ pub async fn build_with_store(
                 vynil_index::ConditionalCache::default(),
             ),
         };
-    let transport = TransportConfig {
-        insecure_registries: config.shared.insecure_registries.clone(),
-        ..TransportConfig::default()
-    };
     let credentials = CredentialStore::from_file(config.shared.dockerconfig.as_deref())?;
-    let client = RegistryClient::new(transport, credentials, cache)?;
+    let client = RegistryClient::new(config.shared.transport(), credentials, cache)?;
     let (metrics, exported_metrics) = metrics::ScannerMetrics::register(&client.counters());
     Ok(Arc::new(Scanner {
         metrics,
@@ -213,7 +212,7 @@ pub async fn build_with_store(
         queue,
         client,
         index_cache,
-        settings: config.limits.settings(config.shared.vynil_version.clone()),
+        settings: config.limits.settings(config.shared.vynil_version.clone(), config.shared.scripts()),
         holder: config.shared.replica_name("scanner"),
         lease: Duration::from_secs(config.scan_lease_seconds.max(1)),
         poll: Duration::from_millis(config.poll_milliseconds.max(10)),

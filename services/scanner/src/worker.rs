@@ -81,7 +81,7 @@ impl Scanner {
         let reference = vynil_registry::RepositoryRef::new(&repository.0, &repository.1)?;
         let mut scans = Vec::new();
         for record in self.store.list().await? {
-            let Ok(source) = vynil_store::source_of(&record.spec) else { continue };
+            let Ok(source) = vynil_store::source_of(&record.spec, self.settings.scripts) else { continue };
             if !source.contains(&reference) {
                 continue;
             }
@@ -362,7 +362,8 @@ impl Scanner {
             .get(jukebox)
             .await?
             .ok_or_else(|| ScannerError::NotFound(format!("no JukeBox {jukebox:?}")))?;
-        let source = vynil_store::source_of(&record.spec).map_err(ScannerError::Config)?;
+        let source =
+            vynil_store::source_of(&record.spec, self.settings.scripts).map_err(ScannerError::Config)?;
         let mut location = Location::parse(destination)?;
         if let Some(secret) = secret {
             location = location.with_secret(secret, &self.store.secret(secret).await?)?;

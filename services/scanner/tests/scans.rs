@@ -220,6 +220,45 @@ async fn a_failed_repository_keeps_its_entries_while_the_others_update() {
 }
 
 #[tokio::test]
+async fn under_each_registry_fault_the_others_update_the_faulted_keeps_its_entries_and_all_converge() {
+    // What a registry does wrong on one repository's manifests, until it is fixed.
+    let faults = [
+        ("500", FaultAction::Status(500)),
+        ("429", FaultAction::TooManyRequests { retry_after_secs: 0 }),
+        ("truncated", FaultAction::Truncate),
+        ("oversized", FaultAction::Oversize(5 * 1024 * 1024)),
+        ("tampered", FaultAction::Tamper),
+    ];
+    for (name, action) in faults {
+        let h = harness(three_repositories().await, &["db/pg", "db/mysql", "monitoring/prom"]).await;
+        assert_eq!(scan(&h, "").await.state, RecordState::Succeeded);
+        let untouched = h.scanner.store.get("box").await.unwrap().unwrap().status.unwrap().packages;
+        let untouched: Vec<_> = untouched.into_iter().filter(|p| p.image == "monitoring/prom").collect();
+        let p = h.registry.publisher();
+        p.publish("db/mysql", &spec("db", "mysql", PackageType::System, "2.0.0")).await.unwrap();
+        p.publish("db/pg", &spec("db", "pg", PackageType::System, "2.0.0")).await.unwrap();
+        h.front.inject(Fault::new(None, "/v2/db/pg/manifests/", usize::MAX, action));
+
+        let record = scan(&h, "").await;
+        assert_eq!(record.state, RecordState::PartiallyFailed, "{name}: {record:?}");
+        assert_eq!(record.errors.len(), 1, "{name}: {record:?}");
+        assert!(record.errors[0].0.ends_with("/db/pg"), "{name}: {record:?}");
+        assert_eq!(
+            catalog(&h).await,
+            ["db/pg:1.0.0", "db/mysql:2.0.0", "monitoring/prom:1.0.0"],
+            "{name}: the faulted repository keeps its entries, the others update"
+        );
+        let after = h.scanner.store.get("box").await.unwrap().unwrap().status.unwrap().packages;
+        let after: Vec<_> = after.into_iter().filter(|p| p.image == "monitoring/prom").collect();
+        assert_eq!(after, untouched, "{name}: an untouched repository's entries are identical");
+
+        h.front.clear_faults();
+        assert_eq!(scan(&h, "").await.state, RecordState::Succeeded, "{name}: converges once fixed");
+        assert_eq!(catalog(&h).await, ["db/pg:2.0.0", "db/mysql:2.0.0", "monitoring/prom:1.0.0"], "{name}");
+    }
+}
+
+#[tokio::test]
 async fn a_repository_of_1200_tags_is_scanned_completely_and_a_rescan_reads_no_manifest() {
     let registry = RegistryServer::from_fixture("scanner-1200-tags-v1", |registry| async move {
         let items: Vec<(String, PackageSpec)> = (0..1200)
@@ -267,6 +306,22 @@ async fn a_repository_over_the_tag_cap_is_reported_not_truncated() {
     let (repository, why) = &record.errors[0];
     assert!(repository.ends_with("/db/pg"), "{repository}");
     assert!(why.contains("2 tags, over the cap of 1"), "{why}");
+}
+
+#[tokio::test]
+async fn a_manifest_over_the_size_limit_is_reported_and_keeps_the_catalog() {
+    let h = harness_with(three_repositories().await, &["db/pg", "db/mysql"], &|_, _| {
+        vec!["--max-manifest-bytes".into(), "200".into()]
+    })
+    .await;
+    let record = scan(&h, "").await;
+    // Each repository failed on its own; the source was read.
+    assert_eq!(record.state, RecordState::PartiallyFailed, "{record:?}");
+    assert_eq!(record.errors.len(), 2, "{record:?}");
+    for (_, why) in &record.errors {
+        assert!(why.contains("larger than 200 bytes") && why.contains("--max-manifest-bytes"), "{why}");
+    }
+    assert!(catalog(&h).await.is_empty(), "nothing read, nothing invented");
 }
 
 #[tokio::test]
@@ -318,6 +373,27 @@ async fn a_failing_source_script_is_a_condition_and_keeps_the_catalog() {
             status.conditions.iter().find(|c| format!("{:?}", c.condition_type) == "Updated").unwrap();
         assert!(updated.message.contains(says), "{script}: {}", updated.message);
     }
+}
+
+#[tokio::test]
+async fn a_source_script_over_the_operation_limit_is_stopped_and_names_the_flag() {
+    let h = harness_with(three_repositories().await, &["db/pg"], &|_, _| {
+        vec!["--max-script-operations".into(), "500".into()]
+    })
+    .await;
+    assert_eq!(scan(&h, "").await.state, RecordState::Succeeded);
+    let host = h.front.host();
+    // A few operations: within the limit.
+    JukeboxBuilder::new("box").script(&format!("[\"{host}/db/pg\"]")).write_to(h.dir.path()).unwrap();
+    assert_eq!(scan(&h, "").await.state, RecordState::Succeeded);
+    // The same list built in a long loop: over it.
+    let looping = format!("let r = []; for i in 0..1000 {{ if i == 999 {{ r.push(\"{host}/db/pg\") }} }} r");
+    JukeboxBuilder::new("box").script(&looping).write_to(h.dir.path()).unwrap();
+    let record = scan(&h, "").await;
+    assert_eq!(record.state, RecordState::Failed);
+    let why = &record.errors[0].1;
+    assert!(why.contains("over 500 operations") && why.contains("--max-script-operations"), "{why}");
+    assert_eq!(catalog(&h).await, ["db/pg:1.0.0"], "nothing lost");
 }
 
 #[tokio::test]
