@@ -322,6 +322,11 @@ impl<'a> Sweep<'a> {
     }
 }
 
+/// A tag's metadata as text: a total order where the metadata has none.
+fn metadata_text(tag: &RepositoryTag) -> String {
+    serde_json::to_string(&tag.metadata).unwrap_or_default()
+}
+
 /// The repository's versions, sorted once.
 struct Parsed {
     versions: Versions,
@@ -336,10 +341,18 @@ struct Parsed {
 
 fn sort_versions(tags: &[RepositoryTag], mut found: Vec<(Tag, usize)>, mut others: Vec<usize>) -> Parsed {
     // Equal tags (a name listed twice) are next to each other, by digest.
-    found.sort_unstable_by(|(a, x), (b, y)| b.cmp(a).then_with(|| tags[*x].digest.cmp(&tags[*y].digest)));
-    others.sort_unstable_by(|&a, &b| {
-        tags[a].name.cmp(&tags[b].name).then_with(|| tags[a].digest.cmp(&tags[b].digest))
-    });
+    // A name listed twice with one digest and two metadata is ordered by its
+    // metadata (found by the fuzzer: the fingerprint, which reads both,
+    // followed the input order). Ties that far are rare: the text is made
+    // only for them.
+    let same = |x: usize, y: usize| {
+        tags[x]
+            .digest
+            .cmp(&tags[y].digest)
+            .then_with(|| metadata_text(&tags[x]).cmp(&metadata_text(&tags[y])))
+    };
+    found.sort_unstable_by(|(a, x), (b, y)| b.cmp(a).then_with(|| same(*x, *y)));
+    others.sort_unstable_by(|&a, &b| tags[a].name.cmp(&tags[b].name).then_with(|| same(a, b)));
     let mut places = vec![None; tags.len()];
     let mut order = Vec::with_capacity(tags.len());
     let mut unique: Vec<Tag> = Vec::with_capacity(found.len());

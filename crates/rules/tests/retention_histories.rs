@@ -379,3 +379,20 @@ fn a_name_listed_twice_is_planned_alike_in_any_input_order() {
     assert_eq!(forward.fingerprint, backward.fingerprint);
     assert_eq!(forward.entries, backward.entries);
 }
+
+#[test]
+fn a_name_listed_twice_with_one_digest_and_two_metadata_is_fingerprinted_alike_in_any_order() {
+    // Found by the fuzzer (fuzz/regressions/retention): the fingerprint reads
+    // both listings, and read them in input order.
+    let tags = [
+        plain_tag("latest", "a"),
+        vynil_rules::retention::RepositoryTag {
+            metadata: vynil_rules::retention::ManifestMetadata::Malformed("unreadable".into()),
+            ..plain_tag("latest", "a")
+        },
+    ];
+    let forward = plan(&tags, &Usage::Known(vec![]), &[]);
+    let mut reversed = tags.to_vec();
+    reversed.reverse();
+    assert_eq!(forward.fingerprint, plan(&reversed, &Usage::Known(vec![]), &[]).fingerprint);
+}

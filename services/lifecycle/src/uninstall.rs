@@ -143,7 +143,13 @@ pub fn cleanup(instance: &Instance, observed: &CleanupObserved) -> Plan {
     match &observed.answer {
         CleanupAnswer::NothingToDelete => released(vec![Step::DeleteJob]),
         CleanupAnswer::Gone { what, message } => {
-            let mut message = message.clone();
+            // The condition carries the code the outcome reports, whatever
+            // the catalog's message says (found by the fuzzer: a message
+            // without its `[CODE]` gave a condition without it).
+            let mut message = match message_code(message) {
+                Some(code) if code == what.code() => message.clone(),
+                _ => vynil_crds::coded_message(what.code(), message),
+            };
             if let Some(value) = instance.delete_without_package.as_deref().filter(|v| *v != "true") {
                 message.push_str(&format!(
                     " (vynil.solidite.fr/delete-without-package is {value:?}: only \"true\" is accepted)"

@@ -157,6 +157,22 @@ fn a_wrong_delete_without_package_value_is_refused_in_the_condition() {
 }
 
 #[test]
+fn a_gone_message_without_its_code_still_gives_a_coded_condition() {
+    // Found by the fuzzer (fuzz/regressions/objects): the condition took the
+    // catalog's text as it came, so a message without `[CODE]` gave a
+    // blocked outcome whose condition a client could not recognise.
+    for (what, text) in
+        [(Gone::Package, "no tenant revision"), (Gone::Jukebox, "[E_PACKAGE_GONE] mislabelled")]
+    {
+        let gone = CleanupAnswer::Gone { what, message: text.into() };
+        let plan = cleanup(&deleting(json!({}), with_children()), &observed(gone));
+        let (_, _, message) = condition(&plan).unwrap();
+        assert_eq!(vynil_crds::message_code(&message), Some(what.code()), "{message}");
+        assert!(message.contains(text), "{message}");
+    }
+}
+
+#[test]
 fn the_jukebox_gone_says_so_with_its_own_code() {
     let gone = CleanupAnswer::Gone {
         what: Gone::Jukebox,
