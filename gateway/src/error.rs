@@ -9,6 +9,7 @@
 //! |---|---|---|
 //! | `INVALID_ARGUMENT` | 400 | `BAD_REQUEST` |
 //! | (a body over `--max-body-bytes`, refused before any service) | 413 | `TOO_LARGE` |
+//! | (one more event stream than `--max-streams-per-client`) | 429 | `TOO_MANY_STREAMS` |
 //! | `UNAUTHENTICATED` | 401 | `UNAUTHENTICATED` |
 //! | `PERMISSION_DENIED` | 403 | `FORBIDDEN` |
 //! | `NOT_FOUND` | 404 | `NOT_FOUND` |
@@ -32,7 +33,7 @@ use utoipa::ToSchema;
 /// The body of every error answer.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct ErrorBody {
-    /// Stable: BAD_REQUEST, UNAUTHENTICATED, FORBIDDEN, NOT_FOUND, TOO_LARGE,
+    /// Stable: BAD_REQUEST, UNAUTHENTICATED, FORBIDDEN, NOT_FOUND, TOO_LARGE, TOO_MANY_STREAMS,
     /// REFUSED, CONFLICT, UNAVAILABLE, TIMEOUT, INTERNAL.
     pub code: String,
     /// What was wrong and what to do.
@@ -70,6 +71,17 @@ impl ApiError {
     }
 
     /// A body that could not be read: over the limit, or cut.
+    pub fn too_many_streams(client: &str, max: usize) -> Self {
+        Self::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "TOO_MANY_STREAMS",
+            format!(
+                "{client} already holds {max} event streams open: close one, or raise --max-streams-per-client \
+                 (VYNIL_GATEWAY_MAX_STREAMS_PER_CLIENT) on the gateway"
+            ),
+        )
+    }
+
     pub fn unreadable_body(status: StatusCode, problem: impl std::fmt::Display) -> Self {
         if status == StatusCode::PAYLOAD_TOO_LARGE {
             Self::too_large()

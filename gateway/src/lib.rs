@@ -60,6 +60,10 @@ pub struct Config {
     /// Request bodies larger than this are refused (413 `TOO_LARGE`).
     #[arg(long, env = "VYNIL_GATEWAY_MAX_BODY_BYTES", default_value_t = 1024 * 1024)]
     pub max_body_bytes: usize,
+    /// Event streams (following a scan, executing a plan) one client may
+    /// hold open at once; one more is refused (429 `TOO_MANY_STREAMS`).
+    #[arg(long, env = "VYNIL_GATEWAY_MAX_STREAMS_PER_CLIENT", default_value_t = 8)]
+    pub max_streams_per_client: usize,
     /// Registry push hooks (`hooks: [{name, format, secret|secretFile}]`):
     /// `POST /api/v1/hooks/<name>` turns a push into a scan of that
     /// repository (`docs/push.md`).
@@ -210,7 +214,8 @@ pub fn router(config: &Config, kube: Option<kube::Client>) -> Result<Router, Gat
     let (metrics, registry) = metrics::GatewayMetrics::register();
     let kube = kube.map(kube_auth::KubeAuth::new);
     let hooks = hooks::Hooks::load(config.hooks_file.as_deref()).map_err(GatewayError::Hooks)?;
-    let app = App::new(Authenticator { tokens, sessions, kube }, services, metrics, hooks);
+    let streams = api::Streams::new(config.max_streams_per_client);
+    let app = App::new(Authenticator { tokens, sessions, kube }, services, metrics, hooks, streams);
     let scrape = get(move || {
         let registry = registry.clone();
         async move { vynil_runtime::metrics::render(&[&registry]) }

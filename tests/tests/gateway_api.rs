@@ -33,7 +33,11 @@ struct Gateway {
 
 impl Gateway {
     async fn start(stack: &Stack) -> Self {
-        let gateway = TestGateway::start(stack).await;
+        Self::start_with(stack, &[]).await
+    }
+
+    async fn start_with(stack: &Stack, flags: &[&str]) -> Self {
+        let gateway = TestGateway::start_with(stack, flags).await;
         Self {
             base: gateway.url.clone(),
             http: reqwest::Client::new(),
@@ -369,4 +373,45 @@ async fn a_rendered_catalog_page_is_served_again_only_while_the_catalog_is_uncha
     assert_ne!(page["content_hash"], before["content_hash"]);
     gw.stop.trigger();
     stack.stop().await;
+}
+
+#[tokio::test]
+async fn a_client_holds_at_most_its_streams_open_and_another_client_is_not_refused() {
+    let stack = Stack::start("think/ollama").await;
+    // A registry that accepts connections and never answers: its scan runs
+    // until its timeouts, so the streams following it stay open.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent_host = silent.local_addr().unwrap().to_string();
+    let _silent = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = silent.accept().await {
+            held.push(socket);
+        }
+    });
+    let boxes: kube::Api<vynil_crds::JukeBox> = kube::Api::all(stack.client.clone());
+    let jukebox = vynil_testkit::JukeboxBuilder::new("silent").list([format!("{silent_host}/x/y")]).json();
+    boxes.create(&kube::api::PostParams::default(), &serde_json::from_value(jukebox).unwrap()).await.unwrap();
+    let gw = Gateway::start_with(&stack, &["--max-streams-per-client", "2"]).await;
+    let mut started = (StatusCode::NOT_FOUND, Value::Null);
+    for _ in 0..100 {
+        started = gw.post("/api/v1/jukeboxes/silent/scans", Role::Operator, json!({})).await;
+        if started.0 == StatusCode::ACCEPTED {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(started.0, StatusCode::ACCEPTED, "{}", started.1);
+    let url = format!("{}/api/v1/scans/{}/events", gw.base, started.1["scan_id"].as_str().unwrap());
+    let follow =
+        |role: Role| gw.http.get(&url).bearer_auth(token(role)).header("accept", "text/event-stream").send();
+    let first = follow(Role::Viewer).await.unwrap();
+    let second = follow(Role::Viewer).await.unwrap();
+    assert_eq!((first.status(), second.status()), (StatusCode::OK, StatusCode::OK));
+    let third = follow(Role::Viewer).await.unwrap();
+    let status = third.status();
+    let body: Value = third.json().await.unwrap();
+    refused(&(status, body), 429, "TOO_MANY_STREAMS", "--max-streams-per-client");
+    let other = follow(Role::Operator).await.unwrap();
+    assert_eq!(other.status(), StatusCode::OK, "another client has its own streams");
+    drop((first, second, other));
 }

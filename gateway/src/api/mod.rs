@@ -37,6 +37,7 @@ pub struct AppInner {
     pub hooks: crate::hooks::Hooks,
     /// Rendered catalog pages, served again while the catalog is unchanged.
     pub catalog_pages: catalog::RenderedPages,
+    pub streams: Streams,
 }
 
 impl App {
@@ -45,9 +46,57 @@ impl App {
         services: Downstreams,
         metrics: GatewayMetrics,
         hooks: crate::hooks::Hooks,
+        streams: Streams,
     ) -> Self {
         let catalog_pages = catalog::RenderedPages::new(catalog::RenderedPages::CAPACITY);
-        Self(Arc::new(AppInner { auth, services, metrics, hooks, catalog_pages }))
+        Self(Arc::new(AppInner { auth, services, metrics, hooks, catalog_pages, streams }))
+    }
+}
+
+/// The event streams each client holds open (`--max-streams-per-client`):
+/// a stream holds a service's stream and a connection for as long as the
+/// client reads, so one client cannot take them all.
+#[derive(Debug, Clone)]
+pub struct Streams {
+    max: usize,
+    open: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
+}
+
+/// One open stream of a client; dropped with the stream, it frees its place.
+#[derive(Debug)]
+pub struct StreamPermit {
+    client: String,
+    open: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
+}
+
+impl Streams {
+    pub fn new(max: usize) -> Self {
+        Self { max: max.max(1), open: Arc::default() }
+    }
+
+    /// A place for one more stream of `ctx`'s caller, or 429 once it holds
+    /// `--max-streams-per-client`.
+    pub fn open(&self, ctx: &CallContext) -> Result<StreamPermit, ApiError> {
+        let client = ctx.principal.as_ref().map_or("anonymous", |p| p.name.as_str()).to_string();
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        let count = open.entry(client.clone()).or_default();
+        if *count >= self.max {
+            return Err(ApiError::too_many_streams(&client, self.max));
+        }
+        *count += 1;
+        Ok(StreamPermit { client, open: self.open.clone() })
+    }
+}
+
+impl Drop for StreamPermit {
+    fn drop(&mut self) {
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(count) = open.get_mut(&self.client) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                open.remove(&self.client);
+            }
+        }
     }
 }
 
@@ -180,6 +229,9 @@ pub enum Errors {
     /// The body is over the gateway's `--max-body-bytes`.
     #[response(status = 413)]
     TooLarge(ErrorBody),
+    /// The caller already holds `--max-streams-per-client` event streams open.
+    #[response(status = 429)]
+    TooManyStreams(ErrorBody),
     /// A service (named in the message) is down or not configured.
     #[response(status = 503)]
     Unavailable(ErrorBody),
@@ -188,4 +240,22 @@ pub enum Errors {
 /// A timestamp or text that is empty when unknown, as `null` in JSON.
 pub fn non_empty(value: String) -> Option<String> {
     (!value.is_empty()).then_some(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_client_gets_its_streams_back_as_they_close() {
+        let streams = Streams::new(2);
+        let ctx = CallContext { principal: None, request_id: "r".into(), trace: Vec::new() };
+        let first = streams.open(&ctx).unwrap();
+        let _second = streams.open(&ctx).unwrap();
+        let refused = streams.open(&ctx).unwrap_err();
+        assert_eq!(refused.status(), axum::http::StatusCode::TOO_MANY_REQUESTS);
+        assert!(refused.body("r").message.contains("--max-streams-per-client"));
+        drop(first);
+        assert!(streams.open(&ctx).is_ok(), "a closed stream frees its place");
+    }
 }

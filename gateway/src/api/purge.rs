@@ -276,6 +276,7 @@ pub async fn execute(
         fingerprint: request.fingerprint,
         acknowledge_usage_unknown: request.acknowledge_usage_unknown,
     };
+    let permit = app.streams.open(&ctx)?;
     let request = app.services.request(&ctx, request);
     let stream = app.services.purger()?.execute(request).await.map_err(failed(Service::Purger))?.into_inner();
     let wants_events = headers
@@ -294,6 +295,7 @@ pub async fn execute(
     }
     let request_id = ctx.request_id.clone();
     let events = stream.map(move |item| {
+        let _held = &permit;
         Ok::<Event, Infallible>(match item {
             Ok(pb::ExecuteProgress { event: Some(pb::execute_progress::Event::Outcome(o)) }) => {
                 json_event("outcome", &DeletionOutcome::from(o))

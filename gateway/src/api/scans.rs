@@ -184,10 +184,12 @@ pub async fn follow_scan(
     Path(scan_id): Path<String>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
     check_scan_id(&scan_id)?;
+    let permit = app.streams.open(&ctx)?;
     let request = app.services.request(&ctx, pb::WatchScanRequest { scan_id });
     let stream = app.services.scanner()?.watch_scan(request).await.map_err(failed(Service::Scanner))?;
     let request_id = ctx.request_id.clone();
     let events = stream.into_inner().map(move |item| {
+        let _held = &permit;
         Ok(match item {
             Ok(status) => json_event("progress", &Scan::from(status)),
             Err(status) => json_event(
