@@ -50,3 +50,47 @@ async fn a_forced_scan_reaches_the_catalog_through_jukebox_status() {
 
     cluster.stop().await;
 }
+
+/// The catalog's tags of `box` once they equal `want`, or the last seen at the deadline.
+async fn catalog_until(cluster: &Cluster, want: &[&str]) -> Vec<String> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut catalog = CatalogClient::new(channel(cluster.catalog_addr).await);
+    loop {
+        let request = GetCatalogRequest { jukebox: "box".into(), ..Default::default() };
+        let tags: Vec<String> = match catalog.get_catalog(request).await {
+            Ok(answer) => answer.into_inner().packages.into_iter().map(|p| p.tag).collect(),
+            Err(_) => Vec::new(),
+        };
+        if tags == want || Instant::now() > deadline {
+            return tags;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn every_watch_closed_at_once_loses_nothing_the_next_scan_writes() {
+    let cluster = Cluster::start(&[]).await;
+    let force = serde_json::json!({"metadata": {"annotations": {"vynil.solidite.fr/force-scan": "true"}}});
+    let boxes = &cluster.boxes;
+    boxes.patch("box", &PatchParams::default(), &Patch::Merge(&force)).await.unwrap();
+    assert_eq!(catalog_until(&cluster, &["2.1.0"]).await, ["2.1.0"]);
+
+    // The API server drops every watch (a restart, a load balancer): the
+    // scanner must see the next force-scan and the catalog the status it writes.
+    let watches =
+        || cluster.api.requests().iter().filter(|r| r.verb == "watch" && r.resource == "jukeboxes").count();
+    let before = watches();
+    cluster.api.close_watches();
+    let spec = vynil_testkit::PackageSpec::new("apps", "web", vynil_testkit::PackageType::Tenant, "2.2.0");
+    cluster.registry.publisher().publish("apps/web", &spec).await.unwrap();
+    boxes.patch("box", &PatchParams::default(), &Patch::Merge(&force)).await.unwrap();
+    assert_eq!(
+        catalog_until(&cluster, &["2.2.0"]).await,
+        ["2.2.0"],
+        "a closed watch lost the scan or its status"
+    );
+    // Every watcher watched again (the scanner's and the catalog's at least).
+    assert!(watches() >= before + 2, "{before} watches before closing, {} after", watches());
+    cluster.stop().await;
+}

@@ -18,7 +18,7 @@
 //! | watches | `watch=true` from a `resourceVersion` replays the retained history, then live events; without one (or `0`) every object as `ADDED` first; `sendInitialEvents` ends its replay with the `k8s.io/initial-events-end` bookmark; bookmarks every [`FakeApiOptions::bookmark_interval`] when allowed; `timeoutSeconds` honoured; a compacted version (see [`FakeApiServer::compact`]) gets an `ERROR` event with `410 Expired`; an object leaving a selector is **not** sent as `DELETED` |
 //! | reviews | TokenReview and SubjectAccessReview answered from the test's table ([`FakeApiServer::add_token`], [`FakeApiServer::allow`]) |
 //! | request log | every request with its RBAC verb, resource, namespace, name, user agent and bearer token ([`FakeApiServer::requests`]) |
-//! | faults | per verb and resource: a status (`409`, `500`…) or a delay, for the next N requests ([`FakeApiServer::inject`]) |
+//! | faults | per verb and resource: a status (`409`, `500`…), a delay or a concurrent write, for the next N requests ([`FakeApiServer::inject`]); every open watch ended at once ([`FakeApiServer::close_watches`]) |
 //!
 //! Not emulated: authentication and authorization of requests themselves
 //! (everything is allowed; RBAC is checked by reading the request log),

@@ -49,6 +49,8 @@ pub(super) struct Shared {
     access: Mutex<AccessTable>,
     pub(super) bookmark_interval: Duration,
     address: String,
+    /// Bumped by [`FakeApiServer::close_watches`]: every open watch ends.
+    pub(super) watch_generation: tokio::sync::watch::Sender<u64>,
 }
 
 pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -97,6 +99,7 @@ impl FakeApiServer {
             faults: Mutex::default(),
             access: Mutex::default(),
             bookmark_interval: options.bookmark_interval,
+            watch_generation: tokio::sync::watch::Sender::new(0),
             address: addr.to_string(),
         });
         let app = axum::Router::new().fallback(handle).with_state(shared.clone());
@@ -187,6 +190,13 @@ impl FakeApiServer {
 
     pub fn clear_faults(&self) {
         lock(&self.shared.faults).clear();
+    }
+
+    /// Ends every open watch at once, as an API server restarting or a load
+    /// balancer dropping connections does: a watcher must watch again and
+    /// miss nothing.
+    pub fn close_watches(&self) {
+        self.shared.watch_generation.send_modify(|generation| *generation += 1);
     }
 
     /// TokenReview will authenticate `token` as `username` in `groups`.

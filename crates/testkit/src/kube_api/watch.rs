@@ -73,6 +73,8 @@ pub(super) fn watch_response(shared: Arc<Shared>, call: Call) -> Response {
     };
     let expired = first.last().is_some_and(|l| l.starts_with(b"{\"type\":\"ERROR\""));
     let interval = shared.bookmark_interval;
+    let mut closed = shared.watch_generation.subscribe();
+    closed.mark_unchanged();
     tokio::spawn(async move {
         for line in first {
             if tx.send(Ok(line)).await.is_err() {
@@ -89,6 +91,7 @@ pub(super) fn watch_response(shared: Arc<Shared>, call: Call) -> Response {
         loop {
             let line = tokio::select! {
                 _ = &mut deadline => return,
+                _ = closed.changed() => return,
                 _ = ticks.tick(), if bookmarks => event_line("BOOKMARK", &bookmark(&call.def, last_rv, false)),
                 event = live.recv() => match event {
                     Ok(e) if e.rv <= last_rv => continue,
