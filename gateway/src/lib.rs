@@ -64,6 +64,10 @@ pub struct Config {
     /// hold open at once; one more is refused (429 `TOO_MANY_STREAMS`).
     #[arg(long, env = "VYNIL_GATEWAY_MAX_STREAMS_PER_CLIENT", default_value_t = 8)]
     pub max_streams_per_client: usize,
+    /// The largest `limit` a list answers (jukeboxes, catalogs, instances);
+    /// a larger one is refused (400 naming `limit` and this flag).
+    #[arg(long, env = "VYNIL_GATEWAY_MAX_PAGE_SIZE", default_value_t = 1000)]
+    pub max_page_size: usize,
     /// Registry push hooks (`hooks: [{name, format, secret|secretFile}]`):
     /// `POST /api/v1/hooks/<name>` turns a push into a scan of that
     /// repository (`docs/push.md`).
@@ -215,7 +219,8 @@ pub fn router(config: &Config, kube: Option<kube::Client>) -> Result<Router, Gat
     let kube = kube.map(kube_auth::KubeAuth::new);
     let hooks = hooks::Hooks::load(config.hooks_file.as_deref()).map_err(GatewayError::Hooks)?;
     let streams = api::Streams::new(config.max_streams_per_client);
-    let app = App::new(Authenticator { tokens, sessions, kube }, services, metrics, hooks, streams);
+    let pages = api::Pages::new(config.max_page_size);
+    let app = App::new(Authenticator { tokens, sessions, kube }, services, metrics, hooks, streams, pages);
     let scrape = get(move || {
         let registry = registry.clone();
         async move { vynil_runtime::metrics::render(&[&registry]) }

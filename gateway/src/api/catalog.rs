@@ -189,7 +189,7 @@ pub async fn list_jukeboxes(
             content_hash: j.content_hash,
         })
         .collect();
-    let (items, next_page_token) = page.page(items)?;
+    let (items, next_page_token) = app.pages.page(&page, items)?;
     let skipped =
         answer.skipped.into_iter().map(|s| SkippedSource { source: s.source, problem: s.problem }).collect();
     Ok(Json(JukeboxList { items, skipped, next_page_token }))
@@ -247,7 +247,7 @@ pub async fn get_catalog(
         return Ok(json_body(body));
     }
     // Only the page is converted (a catalog holds hundreds of packages).
-    let (items, next_page_token) = page.page(answer.packages)?;
+    let (items, next_page_token) = app.pages.page(&page, answer.packages)?;
     let items = items.into_iter().map(Package::from).collect();
     let rendered =
         CatalogPage { jukebox: answer.jukebox, content_hash: answer.content_hash, items, next_page_token };

@@ -208,7 +208,7 @@ pub async fn list_instances(
         })
         .collect();
     let page = PageQuery { limit: filters.limit, page_token: filters.page_token };
-    let (items, next_page_token) = page.page(items)?;
+    let (items, next_page_token) = app.pages.page(&page, items)?;
     Ok(Json(InstanceList { items, next_page_token }))
 }
 

@@ -38,6 +38,7 @@ pub struct AppInner {
     /// Rendered catalog pages, served again while the catalog is unchanged.
     pub catalog_pages: catalog::RenderedPages,
     pub streams: Streams,
+    pub pages: Pages,
 }
 
 impl App {
@@ -47,9 +48,10 @@ impl App {
         metrics: GatewayMetrics,
         hooks: crate::hooks::Hooks,
         streams: Streams,
+        pages: Pages,
     ) -> Self {
         let catalog_pages = catalog::RenderedPages::new(catalog::RenderedPages::CAPACITY);
-        Self(Arc::new(AppInner { auth, services, metrics, hooks, catalog_pages, streams }))
+        Self(Arc::new(AppInner { auth, services, metrics, hooks, catalog_pages, streams, pages }))
     }
 }
 
@@ -162,7 +164,8 @@ pub fn check_id(field: &str, id: &str, answered_by: &str) -> Result<(), ApiError
 #[derive(Debug, Clone, Default, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct PageQuery {
-    /// At most this many items (1–1000, default 100).
+    /// At most this many items (1 to the gateway's `--max-page-size`, 1000
+    /// unless set; default 100).
     pub limit: Option<usize>,
     /// The `next_page_token` of the previous page.
     pub page_token: Option<String>,
@@ -170,12 +173,32 @@ pub struct PageQuery {
 
 const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::URL_SAFE_NO_PAD;
 
+/// How long a list answer may be (`--max-page-size`).
+#[derive(Debug, Clone, Copy)]
+pub struct Pages {
+    max: usize,
+}
+
+impl Pages {
+    pub fn new(max: usize) -> Self {
+        Self { max: max.max(1) }
+    }
+
+    /// One page of `items` as `query` asks, and the token of the next, if any.
+    pub fn page<T>(self, query: &PageQuery, items: Vec<T>) -> Result<(Vec<T>, Option<String>), ApiError> {
+        query.page(items, self.max)
+    }
+}
+
 impl PageQuery {
-    /// One page of `items` and the token of the next, if any.
-    pub fn page<T>(&self, items: Vec<T>) -> Result<(Vec<T>, Option<String>), ApiError> {
-        let limit = self.limit.unwrap_or(100);
-        if !(1..=1000).contains(&limit) {
-            return Err(ApiError::bad_request("limit", format!("{limit} is not between 1 and 1000")));
+    /// One page of `items` and the token of the next, if any; `limit` within 1..=`max`.
+    fn page<T>(&self, items: Vec<T>, max: usize) -> Result<(Vec<T>, Option<String>), ApiError> {
+        let limit = self.limit.unwrap_or(100.min(max));
+        if !(1..=max).contains(&limit) {
+            return Err(ApiError::bad_request(
+                "limit",
+                format!("{limit} is not between 1 and {max} (the gateway's --max-page-size)"),
+            ));
         }
         let start = match self.page_token.as_deref().filter(|t| !t.is_empty()) {
             None => 0,
@@ -257,5 +280,21 @@ mod tests {
         assert!(refused.body("r").message.contains("--max-streams-per-client"));
         drop(first);
         assert!(streams.open(&ctx).is_ok(), "a closed stream frees its place");
+    }
+
+    #[test]
+    fn a_page_longer_than_the_limit_is_refused_naming_the_flag() {
+        let items: Vec<u32> = (0..10).collect();
+        let pages = Pages::new(5);
+        let query = |limit: Option<usize>| PageQuery { limit, page_token: None };
+        let (page, next) = pages.page(&query(None), items.clone()).unwrap();
+        assert_eq!((page.len(), next.is_some()), (5, true), "the default is within the maximum");
+        assert_eq!(pages.page(&query(Some(5)), items.clone()).unwrap().0.len(), 5);
+        for limit in [0, 6] {
+            let refused = pages.page(&query(Some(limit)), items.clone()).unwrap_err();
+            let message = refused.body("r").message;
+            assert!(message.starts_with("limit:") && message.contains("--max-page-size"), "{message}");
+        }
+        assert_eq!(Pages::new(1000).page(&query(Some(1000)), items).unwrap().0.len(), 10);
     }
 }
