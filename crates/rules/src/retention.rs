@@ -434,10 +434,15 @@ pub fn plan_retention(
     }
     add_digest_reasons(tags, &classes, &digests, &mut reasons);
 
+    // A version's entry takes the text its parse already copied (a name
+    // listed twice copies it again for its second entry).
+    let mut texts: Vec<Option<String>> =
+        versions.into_tags().into_iter().map(|t| Some(t.into_string())).collect();
     let mut entries: Vec<PlanEntry> = order
         .iter()
         .map(|&at| {
             let (tag, class) = (&tags[at], &classes[at]);
+            let name = places[at].and_then(|place| texts.get_mut(place)).and_then(Option::take);
             let kept = std::mem::take(&mut reasons[at]);
             let decision = match (kept.is_empty(), class) {
                 (false, _) => Decision::Keep(kept.into_iter().collect()),
@@ -447,7 +452,7 @@ pub fn plan_retention(
                 }),
                 (true, _) => Decision::Delete(DeleteReason::Superseded),
             };
-            PlanEntry { tag: tag.name.clone(), digest: tag.digest.clone(), decision }
+            PlanEntry { tag: name.unwrap_or_else(|| tag.name.clone()), digest: tag.digest.clone(), decision }
         })
         .collect();
     entries.dedup_by(|a, b| a.tag == b.tag);

@@ -37,6 +37,11 @@ impl Tag {
         &self.raw
     }
 
+    /// The tag's text, as published.
+    pub fn into_string(self) -> String {
+        self.raw
+    }
+
     pub fn version(&self) -> &Version {
         &self.version
     }
