@@ -348,30 +348,49 @@ async fn a_wrong_confirm_a_wrong_fingerprint_or_a_tag_pushed_since_planning_dele
 }
 
 #[tokio::test]
-async fn failed_deletes_are_reported_with_their_status_and_nothing_reported_deleted_remains() {
-    let setup = setup().await;
-    let lifecycle = lifecycle_stub(vec![]).await;
-    let service = purger(&setup, &lifecycle, &[]).await;
-    let mut client = PurgerClient::new(service.channel().await.unwrap());
-    let plan = make_plan(&mut client, &setup.front.host()).await;
-    let d015 = digest_of(&setup.registry, "0.1.5").await.unwrap();
-    setup.front.inject(Fault::new(Some(Method::DELETE), &d015, usize::MAX, FaultAction::Status(500)));
+async fn failed_deletes_are_reported_with_their_status_nothing_reported_deleted_remains_and_all_converge() {
+    for (action, status, code) in [
+        (FaultAction::Status(500), 500, "INJECTED"),
+        (FaultAction::TooManyRequests { retry_after_secs: 0 }, 429, "TOOMANYREQUESTS"),
+    ] {
+        let setup = setup().await;
+        let lifecycle = lifecycle_stub(vec![]).await;
+        let service = purger(&setup, &lifecycle, &[]).await;
+        let mut client = PurgerClient::new(service.channel().await.unwrap());
+        let plan = make_plan(&mut client, &setup.front.host()).await;
+        let d015 = digest_of(&setup.registry, "0.1.5").await.unwrap();
+        setup.front.inject(Fault::new(Some(Method::DELETE), &d015, usize::MAX, action));
 
-    let report = execute(&mut client, execute_request(&plan)).await.unwrap();
-    let failed: Vec<_> = report.outcomes.iter().filter(|o| o.state == DeletionState::Failed as i32).collect();
-    assert_eq!(failed.len(), 1, "{report:?}");
-    assert_eq!(failed[0].digest, d015);
-    assert_eq!(failed[0].http_status, 500);
-    assert_eq!(failed[0].error_code, "INJECTED");
-    for outcome in report.outcomes.iter().filter(|o| o.state == DeletionState::Deleted as i32) {
-        assert_eq!(
-            digest_of(&setup.registry, &outcome.digest).await,
-            None,
-            "{} reported deleted but present",
-            outcome.digest
+        let report = execute(&mut client, execute_request(&plan)).await.unwrap();
+        let failed: Vec<_> =
+            report.outcomes.iter().filter(|o| o.state == DeletionState::Failed as i32).collect();
+        assert_eq!(failed.len(), 1, "{status}: {report:?}");
+        assert_eq!(failed[0].digest, d015);
+        assert_eq!(failed[0].http_status, status);
+        assert_eq!(failed[0].error_code, code, "{status}: {report:?}");
+        for outcome in report.outcomes.iter().filter(|o| o.state == DeletionState::Deleted as i32) {
+            assert_eq!(
+                digest_of(&setup.registry, &outcome.digest).await,
+                None,
+                "{} reported deleted but present",
+                outcome.digest
+            );
+        }
+        assert!(
+            digest_of(&setup.registry, "0.1.5").await.is_some(),
+            "{status}: the failed one is still there"
         );
+
+        // The registry recovers: a new plan deletes what the first could not.
+        setup.front.clear_faults();
+        let plan = make_plan(&mut client, &setup.front.host()).await;
+        let report = execute(&mut client, execute_request(&plan)).await.unwrap();
+        assert!(
+            report.outcomes.iter().all(|o| o.state == DeletionState::Deleted as i32),
+            "{status}: {report:?}"
+        );
+        assert_eq!(digest_of(&setup.registry, "0.1.5").await, None, "{status}: converged");
     }
-    assert!(digest_of(&setup.registry, "0.1.5").await.is_some(), "the failed one is still there");
 }
 
 #[tokio::test]
