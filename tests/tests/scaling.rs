@@ -484,3 +484,92 @@ async fn a_redis_restarted_empty_reports_each_lost_request_and_plan_as_lost() {
     assert_eq!((refused.0, refused.1["code"].as_str()), (410, Some("LOST")), "{refused:?}");
     every_service_recovered(&fleet, "1.2.0").await;
 }
+
+/// Whether tag `tag` of `apps/web` is still in the registry (read past the front).
+async fn present(fleet: &Fleet, tag: &str) -> bool {
+    let url = format!("{}/v2/apps/web/manifests/{tag}", fleet.registry.base_url());
+    let accept = "application/vnd.oci.image.manifest.v1+json, application/vnd.oci.image.index.v1+json";
+    let answer = reqwest::Client::new().head(url).header("accept", accept).send().await.unwrap();
+    match answer.status().as_u16() {
+        200 => true,
+        404 => false,
+        other => panic!("the registry answered {other} for {tag}"),
+    }
+}
+
+#[tokio::test]
+async fn a_redis_restarted_mid_execute_deletes_nothing_twice_and_the_execution_converges() {
+    let shape = Shape { persistence: Persistence::AppendOnly, ..Shape::default() };
+    let mut fleet = Fleet::start(&shape, &["apps/web"], &tokens_yaml()).await;
+    for tag in ["1.0.0", "1.1.0", "2.0.0", "2.1.0"] {
+        fleet.publish("web", tag).await;
+    }
+    let gateway = Gateway::of(&fleet, 0);
+    let id = gateway.scan().await;
+    gateway.finished(&id).await;
+    every_catalog_serves(&fleet, &["apps/web:2.1.0"]).await;
+    let (status, plan) = gateway
+        .call(Method::POST, "/api/v1/purge/plans", Role::Operator, Some(json!({"jukebox": "box"})))
+        .await;
+    assert_eq!(status, 201, "{plan}");
+    let doomed: Vec<String> = plan["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["keep"] == false)
+        .map(|e| e["tag"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(doomed.len(), 3, "{plan}");
+
+    // Each DELETE is applied at once and answered late: Redis restarts while
+    // the execution holds its lease and journals its outcomes.
+    fleet.front.reset_counts();
+    let slow = FaultAction::DelayAnswer(Duration::from_millis(700));
+    fleet.front.inject(Fault::new(Some(Method::DELETE), "/manifests/", usize::MAX, slow));
+    let first = {
+        let (gateway, plan) = (Gateway::of(&fleet, 0), plan.clone());
+        tokio::spawn(async move { gateway.execute(&plan).await })
+    };
+    eventually("the first DELETE to reach the registry", || async {
+        fleet.front.seen().iter().any(|s| s.method == Method::DELETE).then_some(())
+    })
+    .await;
+    fleet.redis.restart().await.unwrap();
+    let first = first.await.unwrap();
+    // What the first execution reported deleted is gone, whatever else it said.
+    if let Ok(events) = &first {
+        for (_, outcome) in
+            events.iter().filter(|(name, outcome)| name == "outcome" && outcome["state"] == "deleted")
+        {
+            for tag in outcome["tags"].as_array().into_iter().flatten() {
+                assert!(
+                    !present(&fleet, tag.as_str().unwrap()).await,
+                    "{outcome} reported deleted but present"
+                );
+            }
+        }
+    }
+
+    // Executing the same plan again converges: every doomed tag gone, every
+    // kept one present, no digest deleted twice.
+    fleet.front.clear_faults();
+    let again = Gateway::of(&fleet, 1);
+    let events = eventually("the plan executed again to its report", || async {
+        match again.execute(&plan).await {
+            Ok(events) if events.iter().any(|(name, _)| name == "report") => Some(events),
+            _ => None,
+        }
+    })
+    .await;
+    let names = |events: &[(String, Value)]| events.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();
+    println!("first execution: {:?}; second: {:?}", first.as_ref().map(|e| names(e)), names(&events));
+    for tag in &doomed {
+        assert!(!present(&fleet, tag).await, "{tag} still present after executing again");
+    }
+    assert!(present(&fleet, "2.1.0").await, "the head is kept");
+    let mut deletes: BTreeMap<String, usize> = BTreeMap::new();
+    for seen in fleet.front.seen().iter().filter(|s| s.method == Method::DELETE) {
+        *deletes.entry(seen.path.clone()).or_default() += 1;
+    }
+    assert!(deletes.values().all(|n| *n == 1), "a digest deleted twice: {deletes:?}");
+}
