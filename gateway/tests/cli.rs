@@ -55,7 +55,8 @@ async fn a_session_of_vynilctl_scans_purges_explains_and_exits_with_the_document
     {
         stack.publish("think", "ollama", kind, tag).await;
     }
-    let gw = TestGateway::start(&stack).await;
+    // One item a page: every list must be followed to its end.
+    let gw = TestGateway::start_with(&stack, &["--max-page-size", "1"]).await;
     let admin = token(Role::Admin);
     let env = [("VYNIL_URL", gw.url.as_str()), ("VYNIL_TOKEN", admin.as_str())];
 

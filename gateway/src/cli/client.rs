@@ -107,6 +107,18 @@ impl Client {
         self.json(response).await
     }
 
+    /// Every page of the list at `path` (which has a query string), in one
+    /// answer: the gateway's pages followed by their tokens, so no list is
+    /// cut at a page, whatever `--max-page-size` the gateway has.
+    pub async fn get_all<T: Paged>(&self, path: &str) -> CliResult<T> {
+        let mut all: T = self.get(path).await?;
+        while let Some(token) = all.take_next_page_token() {
+            let next: T = self.get(&format!("{path}&page_token={token}")).await?;
+            all.absorb(next);
+        }
+        Ok(all)
+    }
+
     pub async fn post<T: DeserializeOwned>(&self, path: &str, body: &impl Serialize) -> CliResult<T> {
         let response = self.send(self.request(reqwest::Method::POST, path).json(body)).await?;
         self.json(response).await
@@ -145,5 +157,44 @@ impl Client {
             }
         }
         Ok(())
+    }
+}
+
+/// A list answer that comes in pages.
+pub trait Paged: DeserializeOwned {
+    /// The next page's token, taken out (the whole list has none).
+    fn take_next_page_token(&mut self) -> Option<String>;
+    /// Appends the items of the next page, and takes its token.
+    fn absorb(&mut self, next: Self);
+}
+
+impl Paged for crate::api::catalog::JukeboxList {
+    fn take_next_page_token(&mut self) -> Option<String> {
+        self.next_page_token.take()
+    }
+    fn absorb(&mut self, next: Self) {
+        self.items.extend(next.items);
+        self.skipped.extend(next.skipped);
+        self.next_page_token = next.next_page_token;
+    }
+}
+
+impl Paged for crate::api::catalog::CatalogPage {
+    fn take_next_page_token(&mut self) -> Option<String> {
+        self.next_page_token.take()
+    }
+    fn absorb(&mut self, next: Self) {
+        self.items.extend(next.items);
+        self.next_page_token = next.next_page_token;
+    }
+}
+
+impl Paged for crate::api::instances::InstanceList {
+    fn take_next_page_token(&mut self) -> Option<String> {
+        self.next_page_token.take()
+    }
+    fn absorb(&mut self, next: Self) {
+        self.items.extend(next.items);
+        self.next_page_token = next.next_page_token;
     }
 }

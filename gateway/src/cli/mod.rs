@@ -259,7 +259,7 @@ pub async fn run(cli: Cli) -> CliResult<Exit> {
             Ok(Exit::Ok)
         }
         Command::Jukebox(JukeboxCommand::List) => {
-            let list: JukeboxList = connect(&cli)?.get("/api/v1/jukeboxes?limit=1000").await?;
+            let list: JukeboxList = connect(&cli)?.get_all("/api/v1/jukeboxes?").await?;
             if !printer.structured(&list)? {
                 let rows = list
                     .items
@@ -285,12 +285,12 @@ pub async fn run(cli: Cli) -> CliResult<Exit> {
             Ok(Exit::Ok)
         }
         Command::Catalog(CatalogCommand::Show { jukebox, category, name, package_type }) => {
-            let mut query = vec!["limit=1000".to_string()];
+            let mut query = Vec::new();
             query.extend(category.as_ref().map(|c| format!("category={c}")));
             query.extend(name.as_ref().map(|n| format!("name={n}")));
             query.extend(package_type.map(|t| format!("type={}", type_name(Some(t)))));
             let path = format!("/api/v1/jukeboxes/{jukebox}/catalog?{}", query.join("&"));
-            let page: CatalogPage = connect(&cli)?.get(&path).await?;
+            let page: CatalogPage = connect(&cli)?.get_all(&path).await?;
             if !printer.structured(&page)? {
                 print_catalog(&printer, &page.items);
             }
@@ -358,12 +358,12 @@ pub async fn run(cli: Cli) -> CliResult<Exit> {
             Ok(report_exit(&report))
         }
         Command::Instance(InstanceCommand::List { kind, namespace, jukebox }) => {
-            let mut query = vec!["limit=1000".to_string()];
+            let mut query = Vec::new();
             query.extend(kind.as_ref().map(|v| format!("kind={v}")));
             query.extend(namespace.as_ref().map(|v| format!("namespace={v}")));
             query.extend(jukebox.as_ref().map(|v| format!("jukebox={v}")));
             let list: InstanceList =
-                connect(&cli)?.get(&format!("/api/v1/instances?{}", query.join("&"))).await?;
+                connect(&cli)?.get_all(&format!("/api/v1/instances?{}", query.join("&"))).await?;
             if !printer.structured(&list)? {
                 let rows: Vec<Vec<(String, Tone)>> = list.items.iter().map(instance_row).collect();
                 printer.table(&["instance", "package", "tag", "state", "blocked by"], &rows);
