@@ -168,33 +168,23 @@ pub trait Paged: DeserializeOwned {
     fn absorb(&mut self, next: Self);
 }
 
-impl Paged for crate::api::catalog::JukeboxList {
-    fn take_next_page_token(&mut self) -> Option<String> {
-        self.next_page_token.take()
-    }
-    fn absorb(&mut self, next: Self) {
-        self.items.extend(next.items);
-        self.skipped.extend(next.skipped);
-        self.next_page_token = next.next_page_token;
-    }
+/// `Paged` for a list type whose pages hold `items` and `next_page_token`,
+/// and any other list fields named after it (gathered from every page too).
+macro_rules! paged {
+    ($list:ty $(, $also:ident)*) => {
+        impl Paged for $list {
+            fn take_next_page_token(&mut self) -> Option<String> {
+                self.next_page_token.take()
+            }
+            fn absorb(&mut self, next: Self) {
+                self.items.extend(next.items);
+                $(self.$also.extend(next.$also);)*
+                self.next_page_token = next.next_page_token;
+            }
+        }
+    };
 }
 
-impl Paged for crate::api::catalog::CatalogPage {
-    fn take_next_page_token(&mut self) -> Option<String> {
-        self.next_page_token.take()
-    }
-    fn absorb(&mut self, next: Self) {
-        self.items.extend(next.items);
-        self.next_page_token = next.next_page_token;
-    }
-}
-
-impl Paged for crate::api::instances::InstanceList {
-    fn take_next_page_token(&mut self) -> Option<String> {
-        self.next_page_token.take()
-    }
-    fn absorb(&mut self, next: Self) {
-        self.items.extend(next.items);
-        self.next_page_token = next.next_page_token;
-    }
-}
+paged!(crate::api::catalog::JukeboxList, skipped);
+paged!(crate::api::catalog::CatalogPage);
+paged!(crate::api::instances::InstanceList);
