@@ -60,7 +60,9 @@ pub use retention::{RetentionConfig, RetentionPlan, plan_retention};
 pub use scan::{ScanFilter, ScanScope, merge_packages, merge_scoped, repositories_for};
 pub use selection::{CleanupDecision, InstallQuery, NoMatch, select_cleanup, select_install};
 pub use tag::{ArtifactTag, Tag};
-pub use view::{Admitted, Versions, View, ViewBuilder, Viewer, catalog_view, compute_view, view_of_versions};
+pub use view::{
+    KnownRevisions, Versions, View, ViewBuilder, Viewer, catalog_view, compute_view, view_of_versions,
+};
 
 /// Every way input to the rules can be wrong. Each names what was wrong and
 /// what to do.

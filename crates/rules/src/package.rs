@@ -245,16 +245,34 @@ const REQUIREMENT_KINDS: &[&str] = &[
 impl Requirement {
     /// [`PackageContent::minimum_previous_version`] of these requirements.
     pub fn minimum_previous_version(requirements: &[Requirement]) -> Option<semver::Version> {
+        Self::minimum_previous_version_by(requirements, Tag::version_of)
+    }
+
+    /// The same, each candidate text read by `read` (which must answer as
+    /// [`Tag::version_of`]: a caller reading many revisions remembers texts).
+    pub(crate) fn minimum_previous_version_by<'a>(
+        requirements: &'a [Requirement],
+        mut read: impl FnMut(&'a str) -> Option<semver::Version>,
+    ) -> Option<semver::Version> {
         requirements.iter().find_map(|r| match r {
-            Requirement::MinimumPreviousVersion(v) => Tag::version_of(v),
+            Requirement::MinimumPreviousVersion(v) => read(v),
             _ => None,
         })
     }
 
     /// [`PackageContent::vynil_versions`] of these requirements.
     pub fn vynil_versions(requirements: &[Requirement]) -> impl Iterator<Item = semver::Version> + '_ {
-        requirements.iter().filter_map(|r| match r {
-            Requirement::VynilVersion(v) => Tag::version_of(v),
+        Self::vynil_versions_by(requirements, Tag::version_of)
+    }
+
+    /// The same, each text read by `read` (as in
+    /// [`Requirement::minimum_previous_version_by`]).
+    pub(crate) fn vynil_versions_by<'a>(
+        requirements: &'a [Requirement],
+        mut read: impl FnMut(&'a str) -> Option<semver::Version>,
+    ) -> impl Iterator<Item = semver::Version> {
+        requirements.iter().filter_map(move |r| match r {
+            Requirement::VynilVersion(v) => read(v),
             _ => None,
         })
     }

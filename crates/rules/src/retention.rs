@@ -24,9 +24,9 @@ use sha2::{Digest, Sha256};
 use crate::{
     RulesError,
     channel::Channel,
-    package::{PackageContent, PackageType, Requirement},
+    package::{PackageContent, PackageType},
     tag::{ArtifactKind, ArtifactTag, Tag},
-    view::{RevisionFacts, Role, Versions},
+    view::{FactsReader, KnownRevisions, RevisionFacts, Role, Versions, Viewer},
 };
 
 /// What the registry holds under one tag.
@@ -270,11 +270,13 @@ impl Class<'_> {
 /// reading them in one pass lets the CPU wait on all of a tag's loads at once
 /// (read in separate passes, each pass waited on its own; the planner spent a
 /// third of its time waiting on memory).
-struct Sweep<'a> {
+struct Sweep {
     versions: Vec<(Tag, usize)>,
     others: Vec<usize>,
     digests: Vec<ReadDigest>,
-    contents: Vec<Option<(PackageType, &'a [Requirement])>>,
+    /// What the descent and the fingerprint read of each version with Vynil
+    /// metadata (a [`Class::Version`]), parsed once.
+    facts: Vec<Option<RevisionFacts>>,
 }
 
 /// A digest as the plan compares and hashes it.
@@ -297,26 +299,28 @@ impl ReadDigest {
     }
 }
 
-impl<'a> Sweep<'a> {
-    fn of(tags: &'a [RepositoryTag]) -> Self {
+impl Sweep {
+    fn of(tags: &[RepositoryTag]) -> Self {
         let mut sweep = Sweep {
             versions: Vec::with_capacity(tags.len()),
             others: Vec::new(),
             digests: Vec::with_capacity(tags.len()),
-            contents: Vec::with_capacity(tags.len()),
+            facts: Vec::with_capacity(tags.len()),
         };
+        let mut reader = FactsReader::default();
         for (at, tag) in tags.iter().enumerate() {
-            match Tag::parse(&tag.name) {
-                Some(version) => sweep.versions.push((version, at)),
-                None => sweep.others.push(at),
-            }
+            let version = Tag::parse(&tag.name);
             sweep.digests.push(ReadDigest::of(&tag.digest));
-            sweep.contents.push(match &tag.metadata {
-                ManifestMetadata::Vynil(content) => {
-                    Some((content.package_type(), content.requirements.as_slice()))
+            sweep.facts.push(match (&version, &tag.metadata) {
+                (Some(_), ManifestMetadata::Vynil(content)) => {
+                    Some(reader.read(content.package_type(), &content.requirements))
                 }
                 _ => None,
             });
+            match version {
+                Some(version) => sweep.versions.push((version, at)),
+                None => sweep.others.push(at),
+            }
         }
         sweep
     }
@@ -375,7 +379,7 @@ pub fn plan_retention(
 ) -> Result<RetentionPlan, RulesError> {
     // Each tag is read once and classified once; reasons are kept by
     // position, so nothing below looks a tag up by name but the views.
-    let Sweep { versions, others, digests: read_digests, contents } = Sweep::of(tags);
+    let Sweep { versions, others, digests: read_digests, facts, .. } = Sweep::of(tags);
     let Parsed { versions, places, order } = sort_versions(tags, versions, others);
     let classes: Vec<Class> = tags.iter().zip(&places).map(|(tag, place)| classify(tag, *place)).collect();
     let unreadable: Vec<String> = tags
@@ -391,17 +395,6 @@ pub fn plan_retention(
     if !unreadable.is_empty() {
         return Err(RulesError::UnreadableMetadata(unreadable.join("; ")));
     }
-    // What the descent and the fingerprint read of each revision, parsed once.
-    let facts: Vec<Option<RevisionFacts>> = contents
-        .iter()
-        .zip(&classes)
-        .map(|(content, class)| match (content, class) {
-            (Some((package_type, requirements)), Class::Version(..)) => {
-                Some(RevisionFacts::new(*package_type, requirements))
-            }
-            _ => None,
-        })
-        .collect();
     let breakpoints = breakpoints(config.framework(), facts.iter().flatten());
     let mut reasons: Reasons = vec![BTreeSet::new(); tags.len()];
     add_view_reasons(&versions, &classes, &order, &facts, &breakpoints, config.framework(), &mut reasons);
@@ -510,16 +503,13 @@ fn add_view_reasons(
             indexed.push(at);
         }
     }
-    let facts: Vec<Option<&RevisionFacts>> =
-        indexed.iter().map(|at| tag_facts.get(*at).and_then(Option::as_ref)).collect();
-    // Reasons of one channel never meet another's (`same_kind`), so each
-    // channel's admitted versions are filtered once for every framework.
+    let known = KnownRevisions::new(
+        versions,
+        indexed.iter().map(|at| tag_facts.get(*at).and_then(Option::as_ref)).collect(),
+    );
     for channel in Channel::ALL {
-        let admitted = versions.admitted(channel);
         for framework in &order {
-            let view = admitted.view((*framework).clone(), true, |tag| {
-                versions.index_of(tag).and_then(|i| facts.get(i).copied().flatten())
-            });
+            let view = known.view(Viewer { channel, framework: (*framework).clone() });
             for entry in view.entries {
                 let Some(&at) = versions.index_of(&entry.tag).and_then(|i| indexed.get(i)) else {
                     continue;
@@ -742,7 +732,7 @@ fn fingerprint(
     config: &RetentionConfig,
 ) -> String {
     let mut out = Encoding::default();
-    out.field(b"vynil retention plan, fingerprint schema 3");
+    out.field(b"vynil retention plan, fingerprint schema 4");
     out.version(Some(&config.framework));
     let mut pins: Vec<&str> = config.pins.iter().map(|(p, _)| p.as_str()).collect();
     pins.sort_unstable();
@@ -759,9 +749,14 @@ fn fingerprint(
             Some(raw) => out.sha256(&raw),
             None => out.text_digest(&tag.digest),
         }
+        // What the metadata is, in one byte (the type's, for a revision).
         match (&tag.metadata, facts.get(at).and_then(Option::as_ref)) {
             (ManifestMetadata::Vynil(_), Some(facts)) => {
-                out.field(facts.package_type.as_str().as_bytes());
+                out.mark(match facts.package_type {
+                    PackageType::Tenant => 3,
+                    PackageType::Service => 4,
+                    PackageType::System => 5,
+                });
                 out.version(facts.minimum.as_ref());
                 out.number(facts.vynil_versions.len() as u64);
                 for requirement in &facts.vynil_versions {
@@ -769,9 +764,9 @@ fn fingerprint(
                 }
             }
             // Not a version: its metadata decides nothing but that it has some.
-            (ManifestMetadata::Vynil(_), None) => out.field(b"vynil, not a version"),
-            (ManifestMetadata::NotVynil, _) => out.field(b"not-vynil"),
-            (ManifestMetadata::Malformed(_), _) => out.field(b"unreadable"),
+            (ManifestMetadata::Vynil(_), None) => out.mark(2),
+            (ManifestMetadata::NotVynil, _) => out.mark(1),
+            (ManifestMetadata::Malformed(_), _) => out.mark(0),
         }
     }
     match usage {
@@ -837,15 +832,20 @@ impl Encoding {
         }
     }
 
+    /// One of a few alternatives, where the position says which are possible.
+    fn mark(&mut self, byte: u8) {
+        self.buffer.push(byte);
+    }
+
     /// A lowercase `sha256:` digest, as its 32 bytes.
     fn sha256(&mut self, raw: &[u8; 32]) {
-        self.buffer.push(1);
+        self.mark(1);
         self.buffer.extend_from_slice(raw);
     }
 
     /// Any other digest text.
     fn text_digest(&mut self, digest: &str) {
-        self.buffer.push(0);
+        self.mark(0);
         self.field(digest.as_bytes());
     }
 
@@ -853,7 +853,7 @@ impl Encoding {
         match version {
             None => self.buffer.push(0),
             Some(v) => {
-                self.buffer.push(1);
+                self.mark(1);
                 self.number(v.major);
                 self.number(v.minor);
                 self.number(v.patch);
@@ -870,33 +870,38 @@ impl Encoding {
 }
 
 /// The 32 bytes of 64 lowercase hex digits; `None` for anything else (upper
-/// case included, so that two spellings never meet in one encoding). A table
-/// lookup per digit: a match per digit was a fifth of the fingerprint.
+/// case included, so that two spellings never meet in one encoding).
+/// Eight digits at a time in a `u64` (SWAR): every digest of every plan is
+/// decoded, and a table lookup per digit was a twentieth of the planning.
 fn lowercase_hex_32(hex: &str) -> Option<[u8; 32]> {
-    const INVALID: u8 = 0xff;
-    const DIGITS: [u8; 256] = {
-        let mut table = [INVALID; 256];
-        let mut i = 0;
-        while i < 10 {
-            table[b'0' as usize + i] = i as u8;
-            i += 1;
-        }
-        let mut i = 0;
-        while i < 6 {
-            table[b'a' as usize + i] = 10 + i as u8;
-            i += 1;
-        }
-        table
-    };
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x80 * ONES;
+    // Bytes below 0x80 plus these never carry into the next byte; the
+    // sum's high bit then says "byte ≥ 0x80 - k".
+    let at_least = |x: u64, bound: u64| (x + (0x80 - bound) * ONES) & HIGH;
     let bytes: &[u8; 64] = hex.as_bytes().try_into().ok()?;
     let mut raw = [0u8; 32];
-    let mut invalid = 0u8;
-    for (out, pair) in raw.iter_mut().zip(bytes.chunks_exact(2)) {
-        let (high, low) = (DIGITS[pair[0] as usize], DIGITS[pair[1] as usize]);
-        invalid |= (high | low) & 0xf0;
-        *out = (high << 4) | (low & 0x0f);
+    for (out, chunk) in raw.chunks_exact_mut(4).zip(bytes.chunks_exact(8)) {
+        let mut eight = [0u8; 8];
+        eight.copy_from_slice(chunk);
+        let x = u64::from_le_bytes(eight);
+        if x & HIGH != 0 {
+            return None;
+        }
+        let digit = at_least(x, 0x30) & !at_least(x, 0x3a);
+        let letter = at_least(x, 0x61) & !at_least(x, 0x67);
+        if digit | letter != HIGH {
+            return None;
+        }
+        // Each byte's value: its low nibble, plus 9 for `a`..`f`.
+        let nibbles = (x & (0x0f * ONES)) + (letter >> 7) * 9;
+        // Pairs (high, low) into bytes, then the four bytes side by side.
+        let pairs = ((nibbles & 0x00ff_00ff_00ff_00ff) << 4) | ((nibbles >> 8) & 0x00ff_00ff_00ff_00ff);
+        let packed = (pairs | (pairs >> 8)) & 0x0000_ffff_0000_ffff;
+        let packed = (packed | (packed >> 16)) as u32;
+        out.copy_from_slice(&packed.to_le_bytes());
     }
-    (invalid == 0).then_some(raw)
+    Some(raw)
 }
 
 /// JSON text with object keys sorted at every depth, whatever map order
@@ -961,6 +966,37 @@ impl fmt::Display for DeleteReason {
             DeleteReason::OrphanedArtifact { kind, subject } => {
                 write!(f, "orphaned {} of {subject}", kind.noun())
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What `lowercase_hex_32` must answer, one digit at a time.
+    fn reference(hex: &str) -> Option<[u8; 32]> {
+        let lowercase = hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+        let decoded = hex::decode(hex).ok()?;
+        lowercase.then(|| decoded.try_into().ok()).flatten()
+    }
+
+    #[test]
+    fn a_digest_decodes_as_its_bytes_and_any_other_digit_is_refused() {
+        let base: String = (0..64).map(|i| char::from(b"0123456789abcdef"[(i * 7 + 3) % 16])).collect();
+        assert_eq!(lowercase_hex_32(&base), reference(&base));
+        assert!(lowercase_hex_32(&base).is_some());
+        // Every byte value at every position.
+        for position in 0..64 {
+            for byte in 0..=255u8 {
+                let mut bytes = base.clone().into_bytes();
+                bytes[position] = byte;
+                let Ok(text) = String::from_utf8(bytes) else { continue };
+                assert_eq!(lowercase_hex_32(&text), reference(&text), "{text:?}");
+            }
+        }
+        for wrong in ["", "ab", &base[1..], &format!("{base}0"), &base.to_uppercase()] {
+            assert_eq!(lowercase_hex_32(wrong), None, "{wrong:?}");
         }
     }
 }

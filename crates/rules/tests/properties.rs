@@ -10,8 +10,8 @@ use common::*;
 use proptest::prelude::*;
 use semver::Version;
 use vynil_rules::{
-    Channel, InstallQuery, Package, PackageContent, PackageType, RetentionConfig, RetentionPlan, ScanFilter,
-    Tag, Viewer, compute_view, merge_packages, plan_retention,
+    Channel, InstallQuery, KnownRevisions, Package, PackageContent, PackageType, RetentionConfig,
+    RetentionPlan, ScanFilter, Tag, Versions, Viewer, compute_view, merge_packages, plan_retention,
     retention::{
         Decision, InstalledRevision, KeepReason, ManifestMetadata, RepositoryTag, RevisionUse, Usage,
     },
@@ -314,6 +314,27 @@ proptest! {
         let typed = compute_view(names(), &viewer, true, |t| single.get(t.as_str()));
         let plain = compute_view(names(), &viewer, false, |t| single.get(t.as_str()));
         prop_assert_eq!(typed.tags(), plain.tags());
+    }
+
+    /// The planner's descent, which looks only at the revisions of the types
+    /// still missing, is the step-wise descent: the same entries and the same
+    /// count of tags asked, for every viewer.
+    #[test]
+    fn a_descent_over_known_revisions_is_the_step_wise_descent(case in case()) {
+        let contents = contents(&case);
+        let versions = Versions::parse(case.tags.iter().map(|t| t.name.as_str()));
+        let known = KnownRevisions::new(
+            &versions,
+            versions.as_slice().iter().map(|t| contents.get(t.as_str())).collect(),
+        );
+        let mut frameworks = breakpoints(&case);
+        frameworks.insert(framework("0.7.5"));
+        for fw in frameworks {
+            for channel in Channel::ALL {
+                let indexed = known.view(Viewer { channel, framework: fw.clone() });
+                prop_assert_eq!(indexed, view_of(&case, channel, &fw), "{} on {}", channel, fw);
+            }
+        }
     }
 
     /// (i) An exported index gives every consumer, whatever its channel and
