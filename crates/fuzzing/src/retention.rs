@@ -112,12 +112,12 @@ pub fn check(repository: &Repository) {
         }
     };
     let names: BTreeSet<&str> = tags.iter().map(|t| t.name.as_str()).collect();
-    let planned: Vec<&str> = plan.entries.iter().map(|e| e.tag.as_str()).collect();
+    let planned: Vec<&str> = plan.entries.iter().map(|e| e.tag).collect();
     assert_eq!(planned.len(), names.len(), "every tag once: {planned:?}");
     assert_eq!(planned.iter().copied().collect::<BTreeSet<_>>(), names);
-    let kept: BTreeSet<&str> = plan.kept().map(|e| e.digest.as_str()).collect();
+    let kept: BTreeSet<&str> = plan.kept().map(|e| e.digest).collect();
     for deleted in plan.deleted() {
-        assert!(!kept.contains(deleted.digest.as_str()), "{} deleted with a kept digest", deleted.tag);
+        assert!(!kept.contains(deleted.digest), "{} deleted with a kept digest", deleted.tag);
         // When in doubt, keep: only a managed version or an artifact goes.
         let managed = tags.iter().any(|t| {
             t.name == deleted.tag
@@ -125,16 +125,12 @@ pub fn check(repository: &Repository) {
                 && matches!(t.metadata, ManifestMetadata::Vynil(_))
         });
         assert!(
-            managed || vynil_rules::ArtifactTag::parse(&deleted.tag).is_some(),
+            managed || vynil_rules::ArtifactTag::parse(deleted.tag).is_some(),
             "{} deleted though unmanaged",
             deleted.tag
         );
         if let Usage::Known(used) = usage {
-            assert!(
-                !used.iter().any(|r| r.uses(&deleted.digest, std::slice::from_ref(&deleted.tag))),
-                "{} is used",
-                deleted.tag
-            );
+            assert!(!used.iter().any(|r| r.uses(deleted.digest, &[deleted.tag])), "{} is used", deleted.tag);
         }
     }
     for deletion in plan.deletions() {

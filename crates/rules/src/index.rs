@@ -50,12 +50,12 @@ pub fn exported(repository: &Repository, tags: &[RepositoryTag]) -> Result<Expor
     };
     let packages = plan
         .kept()
-        .filter(|entry| crate::Tag::parse(&entry.tag).is_some())
+        .filter(|entry| crate::Tag::parse(entry.tag).is_some())
         .filter_map(|entry| {
-            let content = annotated(&entry.tag)?;
+            let content = annotated(entry.tag)?;
             Some(
-                Package::new(&repository.0, &repository.1, &entry.tag, (**content).clone())
-                    .with_digest(&entry.digest),
+                Package::new(&repository.0, &repository.1, entry.tag, (**content).clone())
+                    .with_digest(entry.digest),
             )
         })
         .collect();

@@ -64,8 +64,8 @@ pub struct InstalledRevision {
 impl InstalledRevision {
     /// Whether this revision is the manifest `digest` (recorded digest) or
     /// one of its `tags` (by tag): the one test of "is it used".
-    pub fn uses(&self, digest: &str, tags: &[String]) -> bool {
-        self.digest.as_deref() == Some(digest) || tags.contains(&self.tag)
+    pub fn uses(&self, digest: &str, tags: &[impl AsRef<str>]) -> bool {
+        self.digest.as_deref() == Some(digest) || tags.iter().any(|tag| tag.as_ref() == self.tag)
     }
 }
 
@@ -173,14 +173,17 @@ pub enum Decision {
     Delete(DeleteReason),
 }
 
+/// One tag's decision, borrowing the tag's name and digest from the input:
+/// a caller keeps what it stores (copying both for every tag was a tenth of
+/// the planning time, and the purger copied them again).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PlanEntry {
-    pub tag: String,
-    pub digest: String,
+pub struct PlanEntry<'a> {
+    pub tag: &'a str,
+    pub digest: &'a str,
     pub decision: Decision,
 }
 
-impl PlanEntry {
+impl PlanEntry<'_> {
     pub fn is_kept(&self) -> bool {
         matches!(self.decision, Decision::Keep(_))
     }
@@ -205,9 +208,9 @@ pub struct DigestDeletion {
 
 /// The retention plan of one repository.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RetentionPlan {
+pub struct RetentionPlan<'a> {
     /// Version tags newest first, then the other tags by name.
-    pub entries: Vec<PlanEntry>,
+    pub entries: Vec<PlanEntry<'a>>,
     /// Hash of every input: changes when any tag, digest, metadata, usage or
     /// setting changes; independent of input order.
     pub fingerprint: String,
@@ -216,12 +219,12 @@ pub struct RetentionPlan {
     pub breakpoints: Vec<Version>,
 }
 
-impl RetentionPlan {
-    pub fn kept(&self) -> impl Iterator<Item = &PlanEntry> {
+impl<'a> RetentionPlan<'a> {
+    pub fn kept(&self) -> impl Iterator<Item = &PlanEntry<'a>> {
         self.entries.iter().filter(|e| e.is_kept())
     }
 
-    pub fn deleted(&self) -> impl Iterator<Item = &PlanEntry> {
+    pub fn deleted(&self) -> impl Iterator<Item = &PlanEntry<'a>> {
         self.entries.iter().filter(|e| !e.is_kept())
     }
 
@@ -230,8 +233,8 @@ impl RetentionPlan {
         let mut by_digest: BTreeMap<&str, (Vec<String>, bool)> = BTreeMap::new();
         for entry in self.deleted() {
             let artifact = matches!(entry.decision, Decision::Delete(DeleteReason::OrphanedArtifact { .. }));
-            let slot = by_digest.entry(&entry.digest).or_insert((Vec::new(), true));
-            slot.0.push(entry.tag.clone());
+            let slot = by_digest.entry(entry.digest).or_insert((Vec::new(), true));
+            slot.0.push(entry.tag.to_string());
             slot.1 &= artifact;
         }
         let mut deletions: Vec<DigestDeletion> = by_digest
@@ -372,14 +375,14 @@ fn sort_versions(tags: &[RepositoryTag], mut found: Vec<(Tag, usize)>, mut other
 }
 
 /// Plans the retention of one repository.
-pub fn plan_retention(
-    tags: &[RepositoryTag],
+pub fn plan_retention<'a>(
+    tags: &'a [RepositoryTag],
     usage: &Usage,
     config: &RetentionConfig,
-) -> Result<RetentionPlan, RulesError> {
+) -> Result<RetentionPlan<'a>, RulesError> {
     // Each tag is read once and classified once; reasons are kept by
     // position, so nothing below looks a tag up by name but the views.
-    let Sweep { versions, others, digests: read_digests, facts, .. } = Sweep::of(tags);
+    let Sweep { versions, others, digests: read_digests, facts } = Sweep::of(tags);
     let Parsed { versions, places, order } = sort_versions(tags, versions, others);
     let classes: Vec<Class> = tags.iter().zip(&places).map(|(tag, place)| classify(tag, *place)).collect();
     let unreadable: Vec<String> = tags
@@ -427,15 +430,10 @@ pub fn plan_retention(
     }
     add_digest_reasons(tags, &classes, &digests, &mut reasons);
 
-    // A version's entry takes the text its parse already copied (a name
-    // listed twice copies it again for its second entry).
-    let mut texts: Vec<Option<String>> =
-        versions.into_tags().into_iter().map(|t| Some(t.into_string())).collect();
     let mut entries: Vec<PlanEntry> = order
         .iter()
         .map(|&at| {
             let (tag, class) = (&tags[at], &classes[at]);
-            let name = places[at].and_then(|place| texts.get_mut(place)).and_then(Option::take);
             let kept = std::mem::take(&mut reasons[at]);
             let decision = match (kept.is_empty(), class) {
                 (false, _) => Decision::Keep(kept.into_iter().collect()),
@@ -445,7 +443,7 @@ pub fn plan_retention(
                 }),
                 (true, _) => Decision::Delete(DeleteReason::Superseded),
             };
-            PlanEntry { tag: name.unwrap_or_else(|| tag.name.clone()), digest: tag.digest.clone(), decision }
+            PlanEntry { tag: &tag.name, digest: &tag.digest, decision }
         })
         .collect();
     entries.dedup_by(|a, b| a.tag == b.tag);

@@ -37,11 +37,6 @@ impl Tag {
         &self.raw
     }
 
-    /// The tag's text, as published.
-    pub fn into_string(self) -> String {
-        self.raw
-    }
-
     pub fn version(&self) -> &Version {
         &self.version
     }

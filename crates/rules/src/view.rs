@@ -214,11 +214,6 @@ impl Versions {
         Self { newest_first: tags, maturity }
     }
 
-    /// The tags, newest first, given back (their texts move on, not copied).
-    pub fn into_tags(self) -> Vec<Tag> {
-        self.newest_first
-    }
-
     pub fn as_slice(&self) -> &[Tag] {
         &self.newest_first
     }

@@ -146,7 +146,7 @@ fn case() -> impl Strategy<Value = Case> {
         })
 }
 
-fn plan(case: &Case) -> RetentionPlan {
+fn plan(case: &Case) -> RetentionPlan<'_> {
     let config = RetentionConfig::new(framework("0.8.0"), &case.pins).unwrap();
     plan_retention(&case.tags, &case.usage, &config).unwrap()
 }
@@ -177,8 +177,8 @@ fn view_of(case: &Case, channel: Channel, fw: &Version) -> vynil_rules::View {
     compute_view(case.tags.iter().map(|t| t.name.as_str()), &viewer, true, |tag| contents.get(tag.as_str()))
 }
 
-fn kept_tags(plan: &RetentionPlan) -> BTreeSet<&str> {
-    plan.kept().map(|e| e.tag.as_str()).collect()
+fn kept_tags<'a>(plan: &RetentionPlan<'a>) -> BTreeSet<&'a str> {
+    plan.kept().map(|e| e.tag).collect()
 }
 
 proptest! {
@@ -210,12 +210,12 @@ proptest! {
                 }
             }
         }
-        let kept_digests: BTreeSet<&str> = plan.kept().map(|e| e.digest.as_str()).collect();
+        let kept_digests: BTreeSet<&str> = plan.kept().map(|e| e.digest).collect();
         for entry in plan.deleted() {
-            prop_assert!(!kept_digests.contains(entry.digest.as_str()), "{} shares a kept digest", entry.tag);
-            let pinned = case.pins.iter().any(|p| glob::Pattern::new(p).unwrap().matches(&entry.tag));
+            prop_assert!(!kept_digests.contains(entry.digest), "{} shares a kept digest", entry.tag);
+            let pinned = case.pins.iter().any(|p| glob::Pattern::new(p).unwrap().matches(entry.tag));
             prop_assert!(!pinned, "{} is pinned", entry.tag);
-            let managed = contents.contains_key(&entry.tag) || vynil_rules::ArtifactTag::parse(&entry.tag).is_some();
+            let managed = contents.contains_key(entry.tag) || vynil_rules::ArtifactTag::parse(entry.tag).is_some();
             prop_assert!(managed, "unmanaged {} deleted", entry.tag);
         }
         prop_assert_eq!(plan.entries.len(), case.tags.len());
@@ -247,20 +247,20 @@ proptest! {
                         view_of(&case, *channel, &fw).entries.iter().any(|e| e.tag.as_str() == entry.tag && e.role == Role::NewestOfType(*package_type))
                     }
                     KeepReason::NewestOfType(package_type) => {
-                        contents.get(&entry.tag).is_some_and(|c| c.package_type() == *package_type)
-                            && contents.iter().filter(|(_, c)| c.package_type() == *package_type).all(|(t, _)| Tag::parse(t) <= Tag::parse(&entry.tag))
+                        contents.get(entry.tag).is_some_and(|c| c.package_type() == *package_type)
+                            && contents.iter().filter(|(_, c)| c.package_type() == *package_type).all(|(t, _)| Tag::parse(t) <= Tag::parse(entry.tag))
                     }
                     KeepReason::Used { instance, .. } => match &case.usage {
-                        Usage::Known(used) => used.iter().any(|r| &r.instance == instance && (r.tag == entry.tag || r.digest.as_ref() == Some(&entry.digest))),
+                        Usage::Known(used) => used.iter().any(|r| &r.instance == instance && (r.tag == entry.tag || r.digest.as_deref() == Some(entry.digest))),
                         Usage::Unknown => false,
                     },
-                    KeepReason::Pinned { pattern } => case.pins.contains(pattern) && glob::Pattern::new(pattern).unwrap().matches(&entry.tag),
+                    KeepReason::Pinned { pattern } => case.pins.contains(pattern) && glob::Pattern::new(pattern).unwrap().matches(entry.tag),
                     KeepReason::Artifact { kind, of } => {
-                        let artifact = vynil_rules::ArtifactTag::parse(&entry.tag);
+                        let artifact = vynil_rules::ArtifactTag::parse(entry.tag);
                         artifact.is_some_and(|a| a.kind == *kind && by_name.get(of.as_str()).is_some_and(|t| t.digest == a.subject)) && kept.contains(of.as_str())
                     }
-                    KeepReason::Alias { of } => by_name.get(of.as_str()).is_some_and(|t| t.digest == entry.digest) && kept.contains(of.as_str()) && of != &entry.tag,
-                    KeepReason::Unmanaged => !contents.contains_key(&entry.tag) && vynil_rules::ArtifactTag::parse(&entry.tag).is_none(),
+                    KeepReason::Alias { of } => by_name.get(of.as_str()).is_some_and(|t| t.digest == entry.digest) && kept.contains(of.as_str()) && of != entry.tag,
+                    KeepReason::Unmanaged => !contents.contains_key(entry.tag) && vynil_rules::ArtifactTag::parse(entry.tag).is_none(),
                 };
                 prop_assert!(holds, "{}: reason {:?} does not hold", entry.tag, reason);
             }

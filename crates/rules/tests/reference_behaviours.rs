@@ -249,7 +249,7 @@ fn item_27_a_purge_keeps_heads_waypoints_each_types_newest_and_their_artifacts()
     ];
     let config = RetentionConfig::new(framework("0.8.0"), &[]).unwrap();
     let plan = plan_retention(&tags, &Usage::Known(vec![]), &config).unwrap();
-    let deleted: Vec<&str> = plan.deleted().map(|e| e.tag.as_str()).collect();
+    let deleted: Vec<&str> = plan.deleted().map(|e| e.tag).collect();
     let old_sig = format!("{}.sig", digest("old").replacen(':', "-", 1));
     assert_eq!(deleted, ["1.0.5", "0.8.0", old_sig.as_str()]);
     assert_eq!(plan.kept().count(), 7);

@@ -10,7 +10,11 @@ use vynil_rules::{
     retention::{InstalledRevision, RevisionUse, Usage},
 };
 
-fn plan(tags: &[vynil_rules::retention::RepositoryTag], usage: &Usage, pins: &[&str]) -> RetentionPlan {
+fn plan<'a>(
+    tags: &'a [vynil_rules::retention::RepositoryTag],
+    usage: &Usage,
+    pins: &[&str],
+) -> RetentionPlan<'a> {
     let pins: Vec<String> = pins.iter().map(|p| p.to_string()).collect();
     let config = RetentionConfig::new(framework("0.8.0"), &pins).unwrap();
     plan_retention(tags, usage, &config).unwrap()
@@ -18,7 +22,7 @@ fn plan(tags: &[vynil_rules::retention::RepositoryTag], usage: &Usage, pins: &[&
 
 /// `(tag, kept, reasons)` in plan order.
 fn summary(plan: &RetentionPlan) -> Vec<(String, bool, Vec<String>)> {
-    plan.entries.iter().map(|e| (e.tag.clone(), e.is_kept(), e.reasons())).collect()
+    plan.entries.iter().map(|e| (e.tag.to_string(), e.is_kept(), e.reasons())).collect()
 }
 
 fn row(tag: &str, kept: bool, reasons: &[&str]) -> (String, bool, Vec<String>) {
@@ -356,8 +360,9 @@ fn digests_sharing_their_last_characters_are_still_two_digests() {
         digest: format!("sha256:{}{end}", start.to_string().repeat(48)),
         ..vynil_tag(name, "unused", "tenant", None, None)
     };
-    let plan = plan(&[with("1.0.0", 'a'), with("0.9.0", 'b')], &Usage::Known(vec![]), &[]);
-    let deleted: Vec<&str> = plan.deleted().map(|e| e.tag.as_str()).collect();
+    let tags = [with("1.0.0", 'a'), with("0.9.0", 'b')];
+    let plan = plan(&tags, &Usage::Known(vec![]), &[]);
+    let deleted: Vec<&str> = plan.deleted().map(|e| e.tag).collect();
     assert_eq!(deleted, ["0.9.0"]);
 }
 

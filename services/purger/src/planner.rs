@@ -111,8 +111,8 @@ pub fn plan_repository(
             .entries
             .iter()
             .map(|e| StoredEntry {
-                tag: e.tag.clone(),
-                digest: e.digest.clone(),
+                tag: e.tag.to_string(),
+                digest: e.digest.to_string(),
                 keep: e.is_kept(),
                 reasons: e.reasons(),
             })
