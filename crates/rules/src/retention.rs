@@ -24,7 +24,7 @@ use sha2::{Digest, Sha256};
 use crate::{
     RulesError,
     channel::Channel,
-    package::{PackageContent, PackageType},
+    package::PackageType,
     tag::{ArtifactKind, ArtifactTag, Tag},
     view::{FactsReader, KnownRevisions, RevisionFacts, Role, Versions, Viewer},
 };
@@ -252,17 +252,17 @@ impl<'a> RetentionPlan<'a> {
 
 /// What a tag is to the plan. A version is named by its place in the
 /// repository's [`Versions`] (newest first), so versions compare as numbers.
-enum Class<'a> {
-    Version(usize, &'a PackageContent),
+enum Class {
+    Version(usize),
     VersionWithoutVynil(usize),
     Artifact(ArtifactTag),
     Other,
 }
 
-impl Class<'_> {
+impl Class {
     fn version(&self) -> Option<usize> {
         match self {
-            Class::Version(place, _) | Class::VersionWithoutVynil(place) => Some(*place),
+            Class::Version(place) | Class::VersionWithoutVynil(place) => Some(*place),
             _ => None,
         }
     }
@@ -362,15 +362,18 @@ fn sort_versions(tags: &[RepositoryTag], mut found: Vec<(Tag, usize)>, mut other
     others.sort_unstable_by(|&a, &b| tags[a].name.cmp(&tags[b].name).then_with(|| same(a, b)));
     let mut places = vec![None; tags.len()];
     let mut order = Vec::with_capacity(tags.len());
-    let mut unique: Vec<Tag> = Vec::with_capacity(found.len());
-    for (tag, at) in found {
-        if unique.last() != Some(&tag) {
-            unique.push(tag);
+    let mut place = 0;
+    for (i, (tag, at)) in found.iter().enumerate() {
+        if i > 0 && found.get(i - 1).is_some_and(|(previous, _)| previous != tag) {
+            place += 1;
         }
-        places[at] = Some(unique.len() - 1);
-        order.push(at);
+        places[*at] = Some(place);
+        order.push(*at);
     }
     order.extend(others);
+    // The versions, each once, in the buffer they were sorted in.
+    found.dedup_by(|(a, _), (b, _)| a == b);
+    let unique = found.into_iter().map(|(tag, _)| tag).collect();
     Parsed { versions: Versions::from_newest_first(unique), places, order }
 }
 
@@ -401,7 +404,7 @@ pub fn plan_retention<'a>(
     let breakpoints = breakpoints(config.framework(), facts.iter().flatten());
     let mut reasons: Reasons = vec![BTreeSet::new(); tags.len()];
     add_view_reasons(&versions, &classes, &order, &facts, &breakpoints, config.framework(), &mut reasons);
-    add_newest_of_each_type(&classes, &order, &mut reasons);
+    add_newest_of_each_type(&classes, &order, &facts, &mut reasons);
     for (tag, entry) in tags.iter().zip(reasons.iter_mut()) {
         if let Usage::Known(used) = usage {
             for revision in used {
@@ -459,10 +462,10 @@ pub fn plan_retention<'a>(
 /// The reasons of each tag, by its position in the input.
 type Reasons = Vec<BTreeSet<KeepReason>>;
 
-fn classify(tag: &RepositoryTag, place: Option<usize>) -> Class<'_> {
+fn classify(tag: &RepositoryTag, place: Option<usize>) -> Class {
     if let Some(place) = place {
         return match &tag.metadata {
-            ManifestMetadata::Vynil(content) => Class::Version(place, content),
+            ManifestMetadata::Vynil(_) => Class::Version(place),
             _ => Class::VersionWithoutVynil(place),
         };
     }
@@ -547,21 +550,25 @@ fn same_kind(a: &KeepReason, b: &KeepReason) -> bool {
     }
 }
 
-fn add_newest_of_each_type(classes: &[Class], order: &[usize], reasons: &mut Reasons) {
-    // By place in the versions: the smaller, the newer. In the plan's order,
-    // so that of a name listed twice the reason goes to the entry the plan
-    // keeps (the first), whatever the input order.
-    let mut newest: BTreeMap<PackageType, (usize, usize)> = BTreeMap::new();
+fn add_newest_of_each_type(
+    classes: &[Class],
+    order: &[usize],
+    facts: &[Option<RevisionFacts>],
+    reasons: &mut Reasons,
+) {
+    // In the plan's order, versions newest first: the first of each type is
+    // the newest, and of a name listed twice the reason goes to the entry the
+    // plan keeps (the first), whatever the input order.
+    let mut newest: [Option<usize>; PackageType::ALL.len()] = [None; PackageType::ALL.len()];
     for &at in order {
-        if let Some(Class::Version(place, content)) = classes.get(at) {
-            let slot = newest.entry(content.package_type()).or_insert((at, *place));
-            if *place < slot.1 {
-                *slot = (at, *place);
-            }
+        if let (Some(Class::Version(..)), Some(Some(revision))) = (classes.get(at), facts.get(at)) {
+            newest[revision.package_type as usize].get_or_insert(at);
         }
     }
-    for (package_type, (at, _)) in newest {
-        reasons[at].insert(KeepReason::NewestOfType(package_type));
+    for (package_type, at) in PackageType::ALL.into_iter().zip(newest) {
+        if let Some(at) = at {
+            reasons[at].insert(KeepReason::NewestOfType(package_type));
+        }
     }
 }
 
@@ -609,6 +616,10 @@ impl Digests {
 /// artifact of a kept digest. Repeated until nothing changes, since keeping an
 /// artifact keeps its own digest (and its artifacts) in turn.
 fn add_digest_reasons(tags: &[RepositoryTag], classes: &[Class], digests: &Digests, reasons: &mut Reasons) {
+    // No digest shared and no artifact of a tag's digest: nothing to add.
+    if digests.count == tags.len() && digests.subject.iter().all(Option::is_none) {
+        return;
+    }
     loop {
         // The first kept tag (by name) of each kept digest names it in reasons.
         let mut namer: Vec<Option<usize>> = vec![None; digests.count];
@@ -791,7 +802,7 @@ fn fingerprint(
 /// A prefix-free encoding fed to SHA-256 in whole buffers: numbers as LEB128
 /// varints, byte strings after their length, a lowercase `sha256:` digest as
 /// its 32 bytes (marked, so it cannot read as another string), a version as
-/// its numbers and its pre-release and build texts.
+/// its numbers and, unless it is a release, its pre-release and build texts.
 struct Encoding {
     hasher: Sha256,
     buffer: Vec<u8>,
@@ -847,17 +858,20 @@ impl Encoding {
         self.field(digest.as_bytes());
     }
 
+    /// A version: `0` for none, `2` and its numbers for a release (most
+    /// minimums), `1`, its numbers and both texts for any other.
     fn version(&mut self, version: Option<&Version>) {
-        match version {
-            None => self.buffer.push(0),
-            Some(v) => {
-                self.mark(1);
-                self.number(v.major);
-                self.number(v.minor);
-                self.number(v.patch);
-                self.field(v.pre.as_str().as_bytes());
-                self.field(v.build.as_str().as_bytes());
-            }
+        let Some(v) = version else {
+            return self.mark(0);
+        };
+        let release = v.pre.is_empty() && v.build.is_empty();
+        self.mark(if release { 2 } else { 1 });
+        self.number(v.major);
+        self.number(v.minor);
+        self.number(v.patch);
+        if !release {
+            self.field(v.pre.as_str().as_bytes());
+            self.field(v.build.as_str().as_bytes());
         }
     }
 
