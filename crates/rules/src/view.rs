@@ -419,7 +419,8 @@ impl<'v> ViewBuilder<'v> {
             Some((last, _)) if found.len() == missing => last + 1,
             _ => versions.newest_first.len(),
         };
-        self.view.lookups += (self.position..end).filter(|at| versions.admits(*at, channel)).count();
+        let asked = versions.maturity.get(self.position..end).unwrap_or_default();
+        self.view.lookups += asked.iter().filter(|narrowest| **narrowest <= channel).count();
         self.position = end;
         self.phase = Phase::Done;
         for (at, package_type) in found {
