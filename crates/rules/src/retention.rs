@@ -754,8 +754,8 @@ fn fingerprint(
     for &at in order {
         let tag = &tags[at];
         out.field(tag.name.as_bytes());
-        match digests.get(at).and_then(|d| d.raw) {
-            Some(raw) => out.sha256(&raw),
+        match digests.get(at).and_then(|d| d.raw.as_ref()) {
+            Some(raw) => out.sha256(raw),
             None => out.text_digest(&tag.digest),
         }
         // What the metadata is, in one byte (the type's, for a revision).
