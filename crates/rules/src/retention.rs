@@ -294,10 +294,15 @@ struct ReadDigest {
 
 impl ReadDigest {
     fn of(digest: &str) -> Self {
-        let bytes = digest.as_bytes();
-        let n = bytes.len().min(16);
-        let mut end = [0u8; 16];
-        end[16 - n..].copy_from_slice(&bytes[bytes.len() - n..]);
+        let end = match digest.as_bytes().last_chunk::<16>() {
+            Some(end) => *end,
+            // Shorter: its bytes at the end, zeros before them.
+            None => {
+                let mut end = [0u8; 16];
+                end[16 - digest.len()..].copy_from_slice(digest.as_bytes());
+                end
+            }
+        };
         Self { end: u128::from_be_bytes(end), raw: digest.strip_prefix("sha256:").and_then(lowercase_hex_32) }
     }
 }
@@ -402,14 +407,14 @@ pub fn plan_retention<'a>(
         return Err(RulesError::UnreadableMetadata(unreadable.join("; ")));
     }
     let breakpoints = breakpoints(config.framework(), facts.iter().flatten());
-    let mut reasons: Reasons = vec![BTreeSet::new(); tags.len()];
+    let mut reasons: Reasons = vec![Vec::new(); tags.len()];
     add_view_reasons(&versions, &classes, &order, &facts, &breakpoints, config.framework(), &mut reasons);
     add_newest_of_each_type(&classes, &order, &facts, &mut reasons);
     for (tag, entry) in tags.iter().zip(reasons.iter_mut()) {
         if let Usage::Known(used) = usage {
             for revision in used {
                 if revision.uses(&tag.digest, std::slice::from_ref(&tag.name)) {
-                    entry.insert(KeepReason::Used {
+                    entry.push(KeepReason::Used {
                         instance: revision.instance.clone(),
                         usage: revision.usage,
                     });
@@ -418,7 +423,7 @@ pub fn plan_retention<'a>(
         }
         for (pattern, compiled) in &config.pins {
             if compiled.matches(&tag.name) {
-                entry.insert(KeepReason::Pinned { pattern: pattern.clone() });
+                entry.push(KeepReason::Pinned { pattern: pattern.clone() });
             }
         }
     }
@@ -428,28 +433,38 @@ pub fn plan_retention<'a>(
     // digest when it is one (more telling), else as unmanaged.
     for (entry, class) in reasons.iter_mut().zip(&classes) {
         if entry.is_empty() && matches!(class, Class::VersionWithoutVynil(_) | Class::Other) {
-            entry.insert(KeepReason::Unmanaged);
+            entry.push(KeepReason::Unmanaged);
         }
     }
     add_digest_reasons(tags, &classes, &digests, &mut reasons);
 
-    let mut entries: Vec<PlanEntry> = order
-        .iter()
-        .map(|&at| {
-            let (tag, class) = (&tags[at], &classes[at]);
-            let kept = std::mem::take(&mut reasons[at]);
-            let decision = match (kept.is_empty(), class) {
-                (false, _) => Decision::Keep(kept.into_iter().collect()),
-                (true, Class::Artifact(a)) => Decision::Delete(DeleteReason::OrphanedArtifact {
-                    kind: a.kind,
-                    subject: a.subject.clone(),
-                }),
-                (true, _) => Decision::Delete(DeleteReason::Superseded),
-            };
-            PlanEntry { tag: &tag.name, digest: &tag.digest, decision }
-        })
-        .collect();
-    entries.dedup_by(|a, b| a.tag == b.tag);
+    // A name listed twice is planned once, as its first entry: the versions
+    // by their place, the others (sorted by name) by their names.
+    let same_name = |a: usize, b: usize| match (places[a], places[b]) {
+        (Some(x), Some(y)) => x == y,
+        (None, None) => tags[a].name == tags[b].name,
+        _ => false,
+    };
+    let mut entries: Vec<PlanEntry> = Vec::with_capacity(order.len());
+    let mut previous: Option<usize> = None;
+    for &at in &order {
+        if previous.is_some_and(|p| same_name(p, at)) {
+            continue;
+        }
+        previous = Some(at);
+        let (tag, class) = (&tags[at], &classes[at]);
+        let mut kept = std::mem::take(&mut reasons[at]);
+        kept.sort_unstable();
+        kept.dedup();
+        let decision = match (kept.is_empty(), class) {
+            (false, _) => Decision::Keep(kept),
+            (true, Class::Artifact(a)) => {
+                Decision::Delete(DeleteReason::OrphanedArtifact { kind: a.kind, subject: a.subject.clone() })
+            }
+            (true, _) => Decision::Delete(DeleteReason::Superseded),
+        };
+        entries.push(PlanEntry { tag: &tag.name, digest: &tag.digest, decision });
+    }
 
     Ok(RetentionPlan {
         fingerprint: fingerprint(tags, &order, &facts, &read_digests, usage, config),
@@ -459,8 +474,10 @@ pub fn plan_retention<'a>(
     })
 }
 
-/// The reasons of each tag, by its position in the input.
-type Reasons = Vec<BTreeSet<KeepReason>>;
+/// The reasons of each tag, by its position in the input: a few for a kept
+/// tag, none for most, put in order once for the plan (a set per tag,
+/// built and taken apart again, was a twentieth of the planning).
+type Reasons = Vec<Vec<KeepReason>>;
 
 fn classify(tag: &RepositoryTag, place: Option<usize>) -> Class {
     if let Some(place) = place {
@@ -525,7 +542,7 @@ fn add_view_reasons(
                 };
                 let set = &mut reasons[at];
                 if is_configured(&reason) || !set.iter().any(|r| same_kind(r, &reason)) {
-                    set.insert(reason);
+                    set.push(reason);
                 }
             }
         }
@@ -567,7 +584,7 @@ fn add_newest_of_each_type(
     }
     for (package_type, at) in PackageType::ALL.into_iter().zip(newest) {
         if let Some(at) = at {
-            reasons[at].insert(KeepReason::NewestOfType(package_type));
+            reasons[at].push(KeepReason::NewestOfType(package_type));
         }
     }
 }
@@ -647,7 +664,7 @@ fn add_digest_reasons(tags: &[RepositoryTag], classes: &[Class], digests: &Diges
                 None
             };
             if let Some(reason) = reason {
-                reasons[at].insert(reason);
+                reasons[at].push(reason);
                 added = true;
             }
         }
@@ -827,10 +844,33 @@ impl Encoding {
 
     fn field(&mut self, bytes: &[u8]) {
         self.number(bytes.len() as u64);
-        self.buffer.extend_from_slice(bytes);
+        self.append(bytes);
         if self.buffer.len() >= Self::FLUSH_AT {
             self.hasher.update(&self.buffer);
             self.buffer.clear();
+        }
+    }
+
+    /// Appends `bytes`; one of 4 to 16 bytes (a tag name) as two fixed-size
+    /// words that overlap, the second written over the first's excess: to
+    /// `extend_from_slice`, every name was a call to `memcpy` (a tenth of
+    /// the fingerprint).
+    fn append(&mut self, bytes: &[u8]) {
+        let end = self.buffer.len() + bytes.len();
+        if let (Some(first), Some(last)) = (bytes.first_chunk::<8>(), bytes.last_chunk::<8>())
+            && bytes.len() <= 16
+        {
+            self.buffer.extend_from_slice(first);
+            self.buffer.truncate(end - 8);
+            self.buffer.extend_from_slice(last);
+        } else if let (Some(first), Some(last)) = (bytes.first_chunk::<4>(), bytes.last_chunk::<4>())
+            && bytes.len() < 8
+        {
+            self.buffer.extend_from_slice(first);
+            self.buffer.truncate(end - 4);
+            self.buffer.extend_from_slice(last);
+        } else {
+            self.buffer.extend_from_slice(bytes);
         }
     }
 
@@ -883,37 +923,32 @@ impl Encoding {
 
 /// The 32 bytes of 64 lowercase hex digits; `None` for anything else (upper
 /// case included, so that two spellings never meet in one encoding).
-/// Eight digits at a time in a `u64` (SWAR): every digest of every plan is
+/// Eight digits at a time in a `u64` (SWAR), checked by spelling the values
+/// back and comparing, once at the end: every digest of every plan is
 /// decoded, and a table lookup per digit was a twentieth of the planning.
 fn lowercase_hex_32(hex: &str) -> Option<[u8; 32]> {
     const ONES: u64 = 0x0101_0101_0101_0101;
-    const HIGH: u64 = 0x80 * ONES;
-    // Bytes below 0x80 plus these never carry into the next byte; the
-    // sum's high bit then says "byte ≥ 0x80 - k".
-    let at_least = |x: u64, bound: u64| (x + (0x80 - bound) * ONES) & HIGH;
     let bytes: &[u8; 64] = hex.as_bytes().try_into().ok()?;
     let mut raw = [0u8; 32];
-    for (out, chunk) in raw.chunks_exact_mut(4).zip(bytes.chunks_exact(8)) {
-        let mut eight = [0u8; 8];
-        eight.copy_from_slice(chunk);
-        let x = u64::from_le_bytes(eight);
-        if x & HIGH != 0 {
-            return None;
-        }
-        let digit = at_least(x, 0x30) & !at_least(x, 0x3a);
-        let letter = at_least(x, 0x61) & !at_least(x, 0x67);
-        if digit | letter != HIGH {
-            return None;
-        }
-        // Each byte's value: its low nibble, plus 9 for `a`..`f`.
-        let nibbles = (x & (0x0f * ONES)) + (letter >> 7) * 9;
+    let mut wrong = 0;
+    for (out, eight) in raw.as_chunks_mut::<4>().0.iter_mut().zip(bytes.as_chunks::<8>().0) {
+        let x = u64::from_le_bytes(*eight);
+        // What each byte is worth if it is a digit: its low four bits, plus
+        // 9 for a letter (bit 6). At most 24: no byte carries into the next.
+        let nibbles = (x & (0x0f * ONES)) + ((x >> 6) & ONES) * 9;
+        // Those values spelled in lowercase (from 10, `a` is `0` + 10 +
+        // 0x27): only a lowercase digit spells back as itself, given values
+        // under 16 (`g`..`o` would too: they are worth 16..24).
+        let letter = ((nibbles + 6 * ONES) >> 4) & ONES;
+        let spelled = nibbles + 0x30 * ONES + letter * 0x27;
+        wrong |= (x ^ spelled) | ((nibbles + 0x70 * ONES) & (0x80 * ONES));
         // Pairs (high, low) into bytes, then the four bytes side by side.
         let pairs = ((nibbles & 0x00ff_00ff_00ff_00ff) << 4) | ((nibbles >> 8) & 0x00ff_00ff_00ff_00ff);
         let packed = (pairs | (pairs >> 8)) & 0x0000_ffff_0000_ffff;
         let packed = (packed | (packed >> 16)) as u32;
-        out.copy_from_slice(&packed.to_le_bytes());
+        *out = packed.to_le_bytes();
     }
-    Some(raw)
+    (wrong == 0).then_some(raw)
 }
 
 /// JSON text with object keys sorted at every depth, whatever map order
@@ -991,6 +1026,19 @@ mod tests {
         let lowercase = hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
         let decoded = hex::decode(hex).ok()?;
         lowercase.then(|| decoded.try_into().ok()).flatten()
+    }
+
+    #[test]
+    fn a_field_is_encoded_as_its_length_and_every_one_of_its_bytes() {
+        for length in 0..40u8 {
+            let bytes: Vec<u8> = (0..length).map(|i| i.wrapping_mul(37).wrapping_add(length)).collect();
+            let mut out = Encoding::default();
+            out.mark(0xee);
+            out.field(&bytes);
+            out.mark(0xff);
+            let expected: Vec<u8> = [vec![0xee, length], bytes, vec![0xff]].concat();
+            assert_eq!(out.buffer, expected, "a field of {length} bytes");
+        }
     }
 
     #[test]

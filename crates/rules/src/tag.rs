@@ -6,12 +6,16 @@
 //! a version. Cosign-convention artifact tags are recognised separately
 //! ([`ArtifactTag`]) because retention must keep those of kept digests.
 
-use std::{cmp::Ordering, fmt};
+use std::{
+    cmp::Ordering,
+    fmt,
+    hash::{Hash, Hasher},
+};
 
 use semver::Version;
 
 /// A tag that is a package version.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Eq)]
 pub struct Tag {
     raw: String,
     version: Version,
@@ -43,6 +47,23 @@ impl Tag {
 
     fn has_v(&self) -> bool {
         self.raw.starts_with('v')
+    }
+}
+
+/// Equal texts: the version is read from the text, so its numbers, compared
+/// first, tell most unequal tags apart without comparing the texts (sorted
+/// neighbours differ there; the planner compares every pair).
+impl PartialEq for Tag {
+    fn eq(&self, other: &Self) -> bool {
+        let (a, b) = (&self.version, &other.version);
+        a.patch == b.patch && a.minor == b.minor && a.major == b.major && self.raw == other.raw
+    }
+}
+
+/// By the text, as equality.
+impl Hash for Tag {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.raw.hash(state);
     }
 }
 

@@ -232,6 +232,7 @@ proptest! {
         for entry in &plan.entries {
             let Decision::Keep(reasons) = &entry.decision else { continue };
             prop_assert!(!reasons.is_empty(), "{} kept without reason", entry.tag);
+            prop_assert!(reasons.windows(2).all(|w| w[0] < w[1]), "{}: a reason twice or out of order: {:?}", entry.tag, reasons);
             for reason in reasons {
                 let holds = match reason {
                     KeepReason::ChannelHead { channel, framework } => {

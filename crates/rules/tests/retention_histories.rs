@@ -383,6 +383,8 @@ fn a_name_listed_twice_is_planned_alike_in_any_input_order() {
     let backward = plan(&reversed, &Usage::Known(vec![]), &[]);
     assert_eq!(forward.fingerprint, backward.fingerprint);
     assert_eq!(forward.entries, backward.entries);
+    let names: Vec<&str> = forward.entries.iter().map(|e| e.tag).collect();
+    assert_eq!(names, ["1.0.0", "0.9.0", "latest"], "each name is planned once");
 }
 
 #[test]
