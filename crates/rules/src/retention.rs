@@ -392,6 +392,9 @@ pub fn plan_retention<'a>(
     // position, so nothing below looks a tag up by name but the views.
     let Sweep { versions, others, digests: read_digests, facts } = Sweep::of(tags);
     let Parsed { versions, places, order } = sort_versions(tags, versions, others);
+    // Hashed while the tags are still in cache (hashed after the views, each
+    // name was read from memory again: a twentieth of the planning).
+    let fingerprint = fingerprint(tags, &order, &facts, &read_digests, usage, config);
     let classes: Vec<Class> = tags.iter().zip(&places).map(|(tag, place)| classify(tag, *place)).collect();
     let unreadable: Vec<String> = tags
         .iter()
@@ -466,12 +469,7 @@ pub fn plan_retention<'a>(
         entries.push(PlanEntry { tag: &tag.name, digest: &tag.digest, decision });
     }
 
-    Ok(RetentionPlan {
-        fingerprint: fingerprint(tags, &order, &facts, &read_digests, usage, config),
-        entries,
-        usage_unknown: matches!(usage, Usage::Unknown),
-        breakpoints,
-    })
+    Ok(RetentionPlan { fingerprint, entries, usage_unknown: matches!(usage, Usage::Unknown), breakpoints })
 }
 
 /// The reasons of each tag, by its position in the input: a few for a kept
@@ -527,13 +525,12 @@ fn add_view_reasons(
     );
     for channel in Channel::ALL {
         for framework in &order {
-            let view = known.view(Viewer { channel, framework: (*framework).clone() });
-            for entry in view.entries {
-                let Some(&at) = versions.index_of(&entry.tag).and_then(|i| indexed.get(i)) else {
+            for shown in known.shown(Viewer { channel, framework: (*framework).clone() }) {
+                let Some(&at) = indexed.get(shown.position) else {
                     continue;
                 };
                 let framework = (*framework != configured).then(|| (*framework).clone());
-                let reason = match entry.role {
+                let reason = match shown.role {
                     Role::Head => KeepReason::ChannelHead { channel, framework },
                     Role::Waypoint { minimum } => KeepReason::Waypoint { channel, framework, minimum },
                     Role::NewestOfType(package_type) => {

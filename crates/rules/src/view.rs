@@ -250,7 +250,18 @@ pub struct ViewBuilder<'v> {
     phase: Phase,
     last_minimum: Option<Version>,
     types: TypeSet,
-    view: View,
+    /// The revisions kept so far, by position: a caller that has the
+    /// versions at hand ([`KnownRevisions`]) needs no copy of their tags.
+    shown: Vec<Shown>,
+    lookups: usize,
+}
+
+/// A revision a view shows, by its position in [`Versions::as_slice`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Shown {
+    pub(crate) position: usize,
+    pub(crate) role: Role,
+    pub(crate) package_type: PackageType,
 }
 
 /// The package types a view shows so far: a descent asks at every step.
@@ -289,7 +300,8 @@ impl<'v> ViewBuilder<'v> {
             phase: Phase::Waypoints,
             last_minimum: None,
             types: TypeSet::default(),
-            view: View::default(),
+            shown: Vec::new(),
+            lookups: 0,
         };
         builder.skip_to_admitted();
         builder
@@ -329,22 +341,23 @@ impl<'v> ViewBuilder<'v> {
     /// The metadata of [`ViewBuilder::next_needed`]: `None` when the manifest
     /// carries no Vynil annotations.
     pub fn provide(&mut self, content: Option<&impl Revision>) {
-        let Some(tag) = self.next_needed() else {
+        if self.next_needed().is_none() {
             return;
-        };
-        self.view.lookups += 1;
+        }
+        let at = self.position;
+        self.lookups += 1;
         self.position += 1;
         match (self.phase, content) {
             (Phase::Done, _) => {}
             (Phase::Waypoints, None) => self.end_waypoints(),
-            (Phase::Waypoints, Some(content)) => self.waypoint_step(tag, content),
+            (Phase::Waypoints, Some(content)) => self.waypoint_step(at, content),
             (Phase::Types, None) => {}
-            (Phase::Types, Some(content)) => self.type_step(tag, content),
+            (Phase::Types, Some(content)) => self.type_step(at, content),
         }
         self.skip_to_admitted();
     }
 
-    fn waypoint_step(&mut self, tag: &Tag, content: &impl Revision) {
+    fn waypoint_step(&mut self, at: usize, content: &impl Revision) {
         if !content.runs_on(&self.viewer.framework) {
             return;
         }
@@ -355,12 +368,9 @@ impl<'v> ViewBuilder<'v> {
             return;
         }
         let minimum = minimum.map(Cow::into_owned);
-        let role = if self.view.entries.is_empty() {
-            Role::Head
-        } else {
-            Role::Waypoint { minimum: minimum.clone() }
-        };
-        self.keep(tag, role, content.package_type());
+        let role =
+            if self.shown.is_empty() { Role::Head } else { Role::Waypoint { minimum: minimum.clone() } };
+        self.keep(at, role, content.package_type());
         match minimum {
             Some(min) => self.last_minimum = Some(min),
             None => self.end_waypoints(),
@@ -383,9 +393,9 @@ impl<'v> ViewBuilder<'v> {
             .then_some(package_type)
     }
 
-    fn type_step(&mut self, tag: &Tag, content: &impl Revision) {
+    fn type_step(&mut self, at: usize, content: &impl Revision) {
         if let Some(package_type) = self.shows_another_type(content) {
-            self.keep(tag, Role::NewestOfType(package_type), package_type);
+            self.keep(at, Role::NewestOfType(package_type), package_type);
             if self.types.is_complete() {
                 self.phase = Phase::Done;
             }
@@ -420,23 +430,30 @@ impl<'v> ViewBuilder<'v> {
             _ => versions.newest_first.len(),
         };
         let asked = versions.maturity.get(self.position..end).unwrap_or_default();
-        self.view.lookups += asked.iter().filter(|narrowest| **narrowest <= channel).count();
+        self.lookups += asked.iter().filter(|narrowest| **narrowest <= channel).count();
         self.position = end;
         self.phase = Phase::Done;
         for (at, package_type) in found {
-            if let Some(tag) = versions.newest_first.get(at) {
-                self.keep(tag, Role::NewestOfType(package_type), package_type);
-            }
+            self.keep(at, Role::NewestOfType(package_type), package_type);
         }
     }
 
-    fn keep(&mut self, tag: &Tag, role: Role, package_type: PackageType) {
+    fn keep(&mut self, position: usize, role: Role, package_type: PackageType) {
         self.types.insert(package_type);
-        self.view.entries.push(ViewEntry { tag: tag.clone(), role, package_type });
+        self.shown.push(Shown { position, role, package_type });
     }
 
     pub fn finish(self) -> View {
-        self.view
+        let versions = self.versions;
+        let entries = self
+            .shown
+            .into_iter()
+            .filter_map(|Shown { position, role, package_type }| {
+                let tag = versions.newest_first.get(position)?.clone();
+                Some(ViewEntry { tag, role, package_type })
+            })
+            .collect();
+        View { entries, lookups: self.lookups }
     }
 }
 
@@ -476,13 +493,23 @@ impl<'v, 'r, R: Revision> KnownRevisions<'v, 'r, R> {
     /// The type-aware view `viewer` is shown: the same as
     /// [`view_of_versions`] with these revisions.
     pub fn view(&self, viewer: Viewer) -> View {
+        self.descend(viewer).finish()
+    }
+
+    /// The revisions of that view by position, without a copy of their tags
+    /// (the planner computes nine views per repository).
+    pub(crate) fn shown(&self, viewer: Viewer) -> Vec<Shown> {
+        self.descend(viewer).shown
+    }
+
+    fn descend(&self, viewer: Viewer) -> ViewBuilder<'v> {
         let mut builder = ViewBuilder::new(self.versions, viewer, true);
         while builder.phase == Phase::Waypoints {
             let content = self.revision(builder.position);
             builder.provide(content);
         }
         builder.complete_types(self);
-        builder.finish()
+        builder
     }
 }
 
