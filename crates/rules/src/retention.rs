@@ -391,10 +391,11 @@ pub fn plan_retention<'a>(
     // Each tag is read once and classified once; reasons are kept by
     // position, so nothing below looks a tag up by name but the views.
     let Sweep { versions, others, digests: read_digests, facts } = Sweep::of(tags);
-    let Parsed { versions, places, order } = sort_versions(tags, versions, others);
+    let parsed = sort_versions(tags, versions, others);
     // Hashed while the tags are still in cache (hashed after the views, each
     // name was read from memory again: a twentieth of the planning).
-    let fingerprint = fingerprint(tags, &order, &facts, &read_digests, usage, config);
+    let fingerprint = fingerprint(tags, &parsed, &facts, &read_digests, usage, config);
+    let Parsed { versions, places, order } = parsed;
     let classes: Vec<Class> = tags.iter().zip(&places).map(|(tag, place)| classify(tag, *place)).collect();
     let unreadable: Vec<String> = tags
         .iter()
@@ -748,7 +749,7 @@ pub fn combined_fingerprint<'a>(parts: &[(&'a str, &'a str)]) -> String {
 /// field by its own `update` with a digest's 71 hex characters, a quarter.)
 fn fingerprint(
     tags: &[RepositoryTag],
-    order: &[usize],
+    Parsed { versions, places, order }: &Parsed,
     facts: &[Option<RevisionFacts>],
     digests: &[ReadDigest],
     usage: &Usage,
@@ -767,7 +768,14 @@ fn fingerprint(
     out.number(order.len() as u64);
     for &at in order {
         let tag = &tags[at];
-        out.field(tag.name.as_bytes());
+        // A version's name is read from its parsed copy: the copies were
+        // made one after the other, so they share cache lines, where the
+        // names listed sit among the rest of their tags.
+        let name = match places[at].and_then(|place| versions.as_slice().get(place)) {
+            Some(version) => version.as_str(),
+            None => &tag.name,
+        };
+        out.field(name.as_bytes());
         match digests.get(at).and_then(|d| d.raw.as_ref()) {
             Some(raw) => out.sha256(raw),
             None => out.text_digest(&tag.digest),
