@@ -849,33 +849,10 @@ impl Encoding {
 
     fn field(&mut self, bytes: &[u8]) {
         self.number(bytes.len() as u64);
-        self.append(bytes);
+        self.buffer.extend_from_slice(bytes);
         if self.buffer.len() >= Self::FLUSH_AT {
             self.hasher.update(&self.buffer);
             self.buffer.clear();
-        }
-    }
-
-    /// Appends `bytes`; one of 4 to 16 bytes (a tag name) as two fixed-size
-    /// words that overlap, the second written over the first's excess: to
-    /// `extend_from_slice`, every name was a call to `memcpy` (a tenth of
-    /// the fingerprint).
-    fn append(&mut self, bytes: &[u8]) {
-        let end = self.buffer.len() + bytes.len();
-        if let (Some(first), Some(last)) = (bytes.first_chunk::<8>(), bytes.last_chunk::<8>())
-            && bytes.len() <= 16
-        {
-            self.buffer.extend_from_slice(first);
-            self.buffer.truncate(end - 8);
-            self.buffer.extend_from_slice(last);
-        } else if let (Some(first), Some(last)) = (bytes.first_chunk::<4>(), bytes.last_chunk::<4>())
-            && bytes.len() < 8
-        {
-            self.buffer.extend_from_slice(first);
-            self.buffer.truncate(end - 4);
-            self.buffer.extend_from_slice(last);
-        } else {
-            self.buffer.extend_from_slice(bytes);
         }
     }
 
