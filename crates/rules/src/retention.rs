@@ -393,7 +393,7 @@ pub fn plan_retention<'a>(
     let Sweep { versions, others, digests: read_digests, facts } = Sweep::of(tags);
     let parsed = sort_versions(tags, versions, others);
     // Hashed while the tags are still in cache (hashed after the views, each
-    // name was read from memory again: a twentieth of the planning).
+    // name was read from memory again).
     let fingerprint = fingerprint(tags, &parsed, &facts, &read_digests, usage, config);
     let Parsed { versions, places, order } = parsed;
     let classes: Vec<Class> = tags.iter().zip(&places).map(|(tag, place)| classify(tag, *place)).collect();
@@ -475,7 +475,7 @@ pub fn plan_retention<'a>(
 
 /// The reasons of each tag, by its position in the input: a few for a kept
 /// tag, none for most, put in order once for the plan (a set per tag,
-/// built and taken apart again, was a twentieth of the planning).
+/// built and taken apart again, was 3% of a plan's profile).
 type Reasons = Vec<Vec<KeepReason>>;
 
 fn classify(tag: &RepositoryTag, place: Option<usize>) -> Class {

@@ -52,7 +52,7 @@ impl Tag {
 
 /// Equal texts: the version is read from the text, so its numbers, compared
 /// first, tell most unequal tags apart without comparing the texts (sorted
-/// neighbours differ there; the planner compares every pair).
+/// neighbours differ there; the planner compares every neighbouring pair).
 impl PartialEq for Tag {
     fn eq(&self, other: &Self) -> bool {
         let (a, b) = (&self.version, &other.version);

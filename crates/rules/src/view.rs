@@ -222,19 +222,6 @@ impl Versions {
     fn admits(&self, at: usize, channel: Channel) -> bool {
         self.maturity.get(at).is_some_and(|narrowest| *narrowest <= channel)
     }
-
-    /// The position of `tag` in [`Versions::as_slice`], so a caller keeps
-    /// facts in a vector instead of a map by name: at once for one of this
-    /// set's own tags (as [`ViewBuilder`] hands them out, found by address),
-    /// else by binary search.
-    pub fn index_of(&self, tag: &Tag) -> Option<usize> {
-        let start = self.newest_first.as_ptr() as usize;
-        let by_address = (std::ptr::from_ref(tag) as usize)
-            .checked_sub(start)
-            .map(|offset| offset / std::mem::size_of::<Tag>().max(1))
-            .filter(|at| self.newest_first.get(*at).is_some_and(|own| std::ptr::eq(own, tag)));
-        by_address.or_else(|| self.newest_first.binary_search_by(|probe| tag.cmp(probe)).ok())
-    }
 }
 
 /// The descent as a state machine: call [`ViewBuilder::next_needed`], look the
