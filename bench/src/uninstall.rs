@@ -1,4 +1,4 @@
-//! P5: a delete Job marked `Failed` → the instance's `Deleting=False`
+//! P5: a delete Job marked `Failed` → the instance's `Ready=False`
 //! condition. The services of a cluster install as processes on the fake
 //! Kubernetes API server (a `vynil_e2e::fleet` of one replica each), the
 //! fake agent failing every delete Job; [`INSTANCES`] TenantInstances
@@ -47,9 +47,13 @@ pub async fn delete_failure() -> Figure {
 }
 
 fn deleting_failed(object: &DynamicObject) -> bool {
-    object.data["status"]["conditions"]
-        .as_array()
-        .is_some_and(|cs| cs.iter().any(|c| c["type"] == "Deleting" && c["status"] == "False"))
+    object.data["status"]["conditions"].as_array().is_some_and(|cs| {
+        cs.iter().any(|c| {
+            c["type"] == "Ready"
+                && c["status"] == "False"
+                && c["message"].as_str().is_some_and(|m| m.starts_with("[E_AGENT_FAILED]"))
+        })
+    })
 }
 
 async fn measure() -> anyhow::Result<Vec<Row>> {
@@ -134,7 +138,7 @@ async fn measure() -> anyhow::Result<Vec<Row>> {
         } else {
             anyhow::ensure!(
                 Instant::now() < deadline,
-                "{} of {INSTANCES} instances showed Deleting=False within {WAIT:?}",
+                "{} of {INSTANCES} instances showed Ready=False within {WAIT:?}",
                 seen.len()
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -154,9 +158,9 @@ async fn measure() -> anyhow::Result<Vec<Row>> {
     let (bare50, bare99) = percentiles(bare);
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     Ok(vec![
-        Row::new(format!("Failed Job -> Deleting=False, p50 of {INSTANCES}"), ms(fail50), "ms")
+        Row::new(format!("Failed Job -> Ready=False, p50 of {INSTANCES}"), ms(fail50), "ms")
             .against("the fake API server's watch delivery, p50", ms(bare50)),
-        Row::new(format!("Failed Job -> Deleting=False, p99 of {INSTANCES}"), ms(fail99), "ms")
+        Row::new(format!("Failed Job -> Ready=False, p99 of {INSTANCES}"), ms(fail99), "ms")
             .against("the fake API server's watch delivery, p99", ms(bare99)),
         Row::new(
             format!("vynil-lifecycle peak RSS, {INSTANCES} installs and failed deletes"),

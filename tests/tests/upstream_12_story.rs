@@ -65,7 +65,11 @@ fn deleting_message(object: &Value) -> Option<String> {
     object["status"]["conditions"]
         .as_array()?
         .iter()
-        .find(|c| c["type"] == "Deleting" && c["status"] == "False")
+        .find(|c| {
+            c["type"] == "Ready"
+                && c["status"] == "False"
+                && c["message"].as_str().is_some_and(|m| m.starts_with("[E_"))
+        })
         .and_then(|c| c["message"].as_str().map(str::to_string))
 }
 

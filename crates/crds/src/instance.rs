@@ -3,9 +3,12 @@
 //!
 //! Our additions are optional: `status.package` records the revision installed
 //! (registry, image, tag, digest, type, fingerprint) so cleanup can use exactly
-//! it (upstream #12 C); `Deleting` is a new condition type for cleanup progress
-//! and errors such as `[E_PACKAGE_GONE]`. Upstream's `status.digest` keeps its
-//! meaning: the hash of `spec.options`.
+//! it (upstream #12 C). Condition types are upstream's closed enums, plus
+//! `Deleting`, which our previous release wrote for uninstall states and
+//! upstream's agent cannot decode: the CRD keeps accepting it for this one
+//! release so the objects holding it stay writable, lifecycle removes every
+//! one it finds and never writes it (uninstall states go on `Ready=False`).
+//! Upstream's `status.digest` keeps its meaning: the hash of `spec.options`.
 
 // `printcolumn(...)` repeats `type_ = "string"` by design; clippy reads it as a duplicate.
 #![allow(clippy::duplicated_attributes)]
@@ -91,6 +94,10 @@ pub struct InstalledPackage {
     /// The last revisions installed, oldest first, this one last (at most 5).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub history: Vec<RevisionRecord>,
+    /// The instance was installed by upstream's operator before the switch:
+    /// checks upstream never made (the options' types) warn, never block.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub adopted: bool,
 }
 
 /// One entry of `status.package.history`.

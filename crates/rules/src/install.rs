@@ -32,6 +32,35 @@ pub const RETRY_SHORT: Duration = Duration::from_secs(300);
 /// Retry delay after the other requirements, a missing JukeBox or package.
 pub const RETRY_LONG: Duration = Duration::from_secs(900);
 
+/// Upstream's own control plane, as its bootstrap installs it: the package
+/// `core/vynil` (SystemInstance `vynil-system/vynil`), or any instance whose
+/// recorded CRDs include one of Vynil's own (`*.vynil.solidite.fr`), whatever
+/// it was renamed to. Its package ships upstream's CRDs and operator: running
+/// its agent (install, upgrade, reinstall or uninstall) would overwrite our
+/// CRDs and bring upstream's controller back, and garbage collection of its
+/// objects would take the `vynil-agent` ServiceAccount every agent Job runs
+/// as. It is never acted on; it is held with a condition saying why.
+pub fn is_upstream_control_plane(category: &str, package: &str, recorded_crds: &[String]) -> bool {
+    (category == "core" && package == "vynil")
+        || recorded_crds.iter().any(|crd| {
+            crd.strip_suffix(".vynil.solidite.fr")
+                .is_some_and(|plural| !plural.is_empty() && !plural.contains('.'))
+        })
+}
+
+/// The code and message of the hold on upstream's control plane.
+pub const CONTROL_PLANE_CODE: &str = "E_UPSTREAM_CONTROL_PLANE";
+
+/// Why upstream's control-plane instance is held, and what to do.
+pub fn control_plane_message(deleting: bool) -> String {
+    let what = if deleting {
+        "it is being deleted, but its package owns the vynil-agent ServiceAccount every agent Job runs as: its finalizer stays and no Job runs. Take the ownerReferences off the objects it shares (docs/migration.md, \"Removing upstream's control plane\"), then remove the finalizer by hand"
+    } else {
+        "its package ships upstream's CRDs and operator, which would replace this control plane: it is never installed, upgraded, reinstalled or uninstalled here. Keep it suspended (vynil.solidite.fr/suspend: \"true\") and never delete it (docs/migration.md)"
+    };
+    format!("[{CONTROL_PLANE_CODE}] upstream's own control plane (core/vynil): {what}")
+}
+
 /// Upstream's options hash: sha256 hex of the JSON of `spec.options`.
 pub fn options_hash(options: Option<&Map<String, Value>>) -> String {
     let text = options.map(|o| Value::Object(o.clone()).to_string()).unwrap_or_default();
@@ -316,6 +345,24 @@ pub fn fingerprint(
         hasher.update(field.as_bytes());
     }
     hex::encode(&hasher.finalize()[..16])
+}
+
+#[cfg(test)]
+mod control_plane_tests {
+    use super::*;
+
+    #[test]
+    fn upstreams_control_plane_is_its_package_or_any_instance_recording_vynils_crds() {
+        let none: &[String] = &[];
+        assert!(is_upstream_control_plane("core", "vynil", none));
+        let crds = ["jukeboxes.vynil.solidite.fr".to_string()];
+        assert!(is_upstream_control_plane("mine", "renamed", &crds));
+        assert!(!is_upstream_control_plane("core", "vynil-extra", none));
+        assert!(!is_upstream_control_plane("apps", "vynil", none));
+        let others = ["certificates.cert-manager.io".to_string(), "x.sub.vynil.solidite.fr".to_string()];
+        assert!(!is_upstream_control_plane("apps", "web", &others));
+        assert!(control_plane_message(true).starts_with("[E_UPSTREAM_CONTROL_PLANE]"));
+    }
 }
 
 #[cfg(test)]

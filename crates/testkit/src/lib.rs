@@ -32,6 +32,7 @@ mod redis_server;
 mod registry_server;
 mod s3_server;
 mod service_process;
+pub mod upstream;
 
 pub use examples::{EXAMPLE_REPOSITORIES, Example, examples, publish_examples, write_examples};
 pub use front::{Fault, FaultAction, HttpFront, Seen};

@@ -347,7 +347,8 @@ pub async fn observe(
     job_name: &str,
     context: &Context,
 ) -> Result<Observed, LifecycleError> {
-    let resolution = if instance.suspended {
+    // Not asked: the planner holds both before reading the resolution.
+    let resolution = if instance.suspended || instance.is_upstream_control_plane() {
         Resolution::JukeboxMissing
     } else {
         context.catalog.resolve(instance).await?
@@ -510,8 +511,13 @@ async fn execute(
         move |e: kube::Error| LifecycleError::Unavailable(format!("Kubernetes API, {doing}: {e}"))
     };
     let mut conditions = instance.status.conditions.clone();
-    let mut conditions_changed = false;
+    // An earlier release wrote `Deleting`, which upstream's agent cannot decode.
+    conditions.retain(|c| c.condition_type != plan::LEGACY_DELETING);
+    let mut conditions_changed = conditions.len() != instance.status.conditions.len();
     let mut resource_version = object.resource_version();
+    // Upstream's status types require `conditions`: a first status write
+    // carries an empty list (compare-and-set, so no list written meanwhile is lost).
+    let mut lacks_conditions = object.data.pointer("/status/conditions").is_none_or(|c| !c.is_array());
     let now = jiff::Timestamp::now();
     for step in steps {
         if !matches!(step, Step::Condition { .. }) {
@@ -548,7 +554,7 @@ async fn execute(
             Step::DeleteJob => delete_job(job_name, context).await?,
             Step::RecordTarget(mut target) => {
                 target.job = job_name.to_string();
-                let patch = json!({"status": {"target": target}});
+                let patch = status_patch(json!({"target": target}), &mut lacks_conditions, &resource_version);
                 let written = api
                     .patch_status(&instance.name, &PatchParams::default(), &Patch::Merge(&patch))
                     .await
@@ -579,7 +585,11 @@ async fn execute(
                 create_job(job_name, &rendered, &fingerprint, context).await?
             }
             Step::RecordInstalled(package) => {
-                let patch = json!({"status": {"package": package, "target": null}});
+                let patch = status_patch(
+                    json!({"package": package, "target": null}),
+                    &mut lacks_conditions,
+                    &resource_version,
+                );
                 let written = api
                     .patch_status(&instance.name, &PatchParams::default(), &Patch::Merge(&patch))
                     .await
@@ -606,6 +616,21 @@ async fn execute(
         }
     }
     Ok(())
+}
+
+/// A status merge patch of `fields`; when the status has no `conditions` yet
+/// (upstream's types require the list) it adds an empty one, guarded by the
+/// object's `resourceVersion`.
+fn status_patch(
+    mut fields: serde_json::Value,
+    lacks_conditions: &mut bool,
+    resource_version: &Option<String>,
+) -> serde_json::Value {
+    if !std::mem::take(lacks_conditions) {
+        return json!({"status": fields});
+    }
+    fields["conditions"] = json!([]);
+    json!({"metadata": {"resourceVersion": resource_version}, "status": fields})
 }
 
 async fn delete_job(name: &str, context: &Context) -> Result<(), LifecycleError> {
@@ -739,6 +764,17 @@ pub async fn observe_cleanup(
     job_name: &str,
     context: &Context,
 ) -> Result<CleanupObserved, LifecycleError> {
+    if instance.is_upstream_control_plane() {
+        // Not asked: the cleanup planner holds it before reading anything,
+        // and no Job of ours may be deleted or run for it.
+        return Ok(CleanupObserved {
+            answer: CleanupAnswer::NothingToDelete,
+            job: None,
+            report: None,
+            now: jiff::Timestamp::now(),
+            max_attempts: context.max_attempts,
+        });
+    }
     let check = match &instance.status.package {
         Some(recorded) => Some(check_recorded(recorded, context).await),
         None => None,

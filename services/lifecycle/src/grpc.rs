@@ -304,32 +304,11 @@ async fn explain(context: &Context, wanted: &InstanceRef) -> Result<ExplainRespo
             response.blocking_code = blocker.code.unwrap_or_default().into();
             response.blocking_reason = blocker.message.clone();
         }
-        response.summary = match &observed.answer {
-            CleanupAnswer::NothingToDelete => "nothing recorded to undo: the finalizer goes, no Job".into(),
-            CleanupAnswer::Revision(request) => {
-                let recorded = instance
-                    .status
-                    .package
-                    .as_ref()
-                    .is_some_and(|p| p.tag == request.tag && p.image == request.image);
-                format!(
-                    "the delete hooks of {}/{}:{} run ({})",
-                    request.registry,
-                    request.image,
-                    request.tag,
-                    if recorded {
-                        "the revision recorded at install, still in the registry"
-                    } else {
-                        "the catalog's revision of the same type"
-                    }
-                )
+        response.summary = match (&decision.outcome, &observed.answer) {
+            (Outcome::Blocked(blocker), _) if blocker.criterion == plan::Criterion::ControlPlane => {
+                format!("blocked by control_plane: {}", blocker.message)
             }
-            CleanupAnswer::Gone { message, .. } => format!(
-                "blocked: {message}. Explain lists what vynil.solidite.fr/delete-without-package would delete; AllowDeleteWithoutPackage sets it"
-            ),
-            CleanupAnswer::WithoutPackage { warning } => {
-                format!("the reaper deletes the recorded children: {warning}")
-            }
+            (_, answer) => cleanup_summary(&instance, answer),
         };
         response.details = decision.steps.iter().map(plan::Step::describe).collect();
         return Ok(response);
@@ -337,6 +316,43 @@ async fn explain(context: &Context, wanted: &InstanceRef) -> Result<ExplainRespo
     let observed = crate::controller::observe(&instance, &job_name, context).await?;
     let decision = plan::plan(&instance, &observed);
     response.latest_tag = context.catalog.latest_tag(&instance).await?.unwrap_or_default();
+    explain_outcome(&mut response, &decision);
+    Ok(response)
+}
+
+/// What the cleanup would do, from the catalog's answer.
+fn cleanup_summary(instance: &Instance, answer: &CleanupAnswer) -> String {
+    match answer {
+        CleanupAnswer::NothingToDelete => "nothing recorded to undo: the finalizer goes, no Job".into(),
+        CleanupAnswer::Revision(request) => {
+            let recorded = instance
+                .status
+                .package
+                .as_ref()
+                .is_some_and(|p| p.tag == request.tag && p.image == request.image);
+            format!(
+                "the delete hooks of {}/{}:{} run ({})",
+                request.registry,
+                request.image,
+                request.tag,
+                if recorded {
+                    "the revision recorded at install, still in the registry"
+                } else {
+                    "the catalog's revision of the same type"
+                }
+            )
+        }
+        CleanupAnswer::Gone { message, .. } => format!(
+            "blocked: {message}. Explain lists what vynil.solidite.fr/delete-without-package would delete; AllowDeleteWithoutPackage sets it"
+        ),
+        CleanupAnswer::WithoutPackage { warning } => {
+            format!("the reaper deletes the recorded children: {warning}")
+        }
+    }
+}
+
+/// Fills `response` with what `decision` would do to an instance not being deleted.
+fn explain_outcome(response: &mut ExplainResponse, decision: &plan::Plan) {
     let (state, blocker) = describe(&decision.outcome);
     response.state = state as i32;
     if let Some(blocker) = blocker {
@@ -375,7 +391,6 @@ async fn explain(context: &Context, wanted: &InstanceRef) -> Result<ExplainRespo
         }
     };
     response.details = decision.steps.iter().map(plan::Step::describe).collect();
-    Ok(response)
 }
 
 fn revision(

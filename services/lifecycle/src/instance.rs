@@ -13,8 +13,8 @@ use kube::{
 };
 use serde_json::{Map, Value};
 use vynil_crds::{
-    AgentTarget, Condition, HaveChild, InitFrom, InstalledPackage, ServiceInstance, SystemInstance,
-    TenantInstance, annotations, finalizers,
+    AgentTarget, Condition, HaveChild, InitFrom, InstalledPackage, ServiceInstance, ServiceInstanceStatus,
+    SystemInstance, SystemInstanceStatus, TenantInstance, annotations, finalizers,
 };
 use vynil_rules::PackageType;
 
@@ -122,6 +122,27 @@ pub struct InstanceStatus {
     pub package: Option<InstalledPackage>,
     pub target: Option<AgentTarget>,
     pub have_child: bool,
+    /// `status.crds` (service and system kinds).
+    pub crds: Vec<String>,
+}
+
+impl Instance {
+    /// Upstream's own control plane (`vynil_rules::install::is_upstream_control_plane`).
+    pub fn is_upstream_control_plane(&self) -> bool {
+        vynil_rules::install::is_upstream_control_plane(&self.category, &self.package, &self.status.crds)
+    }
+
+    /// Installed by upstream's operator before the switch: upstream's
+    /// `status.tag` with nothing of ours recorded, or recorded as adopted
+    /// (kept through later installs, so the instance keeps being served as
+    /// upstream served it).
+    pub fn upstream_installed(&self) -> bool {
+        match (&self.status.package, &self.status.target) {
+            (Some(package), _) => package.adopted,
+            (None, Some(target)) => target.revision.adopted,
+            (None, None) => self.status.tag.is_some(),
+        }
+    }
 }
 
 fn typed<T: serde::de::DeserializeOwned>(value: &Value) -> Result<T, String> {
@@ -148,22 +169,30 @@ impl Instance {
         // The typed decode is the schema check; the view is built from it.
         // The three kinds share these fields but not a type: one expansion each.
         macro_rules! view {
-            ($typed:ty, |$i:ident| $init_from:expr) => {{
+            ($typed:ty, |$i:ident| $init_from:expr, $crds:expr) => {{
                 let $i: $typed = typed(&value).map_err(fail)?;
                 let s = $i.status.unwrap_or_default();
                 let have_child = s.have_child();
                 let init_from = $init_from;
+                let crds: Vec<String> = $crds(&s);
                 let spec = ($i.spec.jukebox, $i.spec.category, $i.spec.package, $i.spec.options, init_from);
-                (spec, (s.tag, s.digest, conditions(&s.conditions), s.package, s.target, have_child))
+                (spec, (s.tag, s.digest, conditions(&s.conditions), s.package, s.target, have_child, crds))
             }};
         }
         let (spec, status) = match kind {
-            InstanceKind::Tenant => view!(TenantInstance, |i| i.spec.init_from.clone()),
-            InstanceKind::Service => view!(ServiceInstance, |i| i.spec.init_from.clone()),
-            InstanceKind::System => view!(SystemInstance, |i| None),
+            InstanceKind::Tenant => view!(TenantInstance, |i| i.spec.init_from.clone(), |_s| Vec::new()),
+            InstanceKind::Service => {
+                view!(ServiceInstance, |i| i.spec.init_from.clone(), |s: &ServiceInstanceStatus| s
+                    .crds
+                    .clone()
+                    .unwrap_or_default())
+            }
+            InstanceKind::System => {
+                view!(SystemInstance, |i| None, |s: &SystemInstanceStatus| s.crds.clone().unwrap_or_default())
+            }
         };
         let (jukebox, category, package, options, init_from) = spec;
-        let (tag, digest, conditions, installed, target, have_child) = status;
+        let (tag, digest, conditions, installed, target, have_child, crds) = status;
         let annotations = object.annotations();
         Ok(Instance {
             kind,
@@ -186,6 +215,7 @@ impl Instance {
                 package: installed,
                 target,
                 have_child,
+                crds,
             },
             namespace,
             name,

@@ -115,15 +115,22 @@ pub struct JobRequest {
     pub fingerprint: String,
 }
 
-/// The condition types lifecycle writes (in every kind's enum; `InitFrom`
-/// only where `spec.initFrom` exists).
+/// The condition types lifecycle writes: each is in upstream's closed enum of
+/// every kind (`InitFrom` only where `spec.initFrom` exists), since one value
+/// upstream does not know makes its agent exit 3 and its operator stop for the
+/// whole kind. Blocks before a Job go on `AgentStarted=False`, holds and
+/// uninstall states on `Ready=False`, each with its `[E_…]` code first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ConditionType {
+    Ready,
     AgentStarted,
     Installed,
     InitFrom,
-    Deleting,
 }
+
+/// The condition type an earlier release wrote for uninstall states, which
+/// upstream's types refuse: lifecycle removes it wherever it finds one.
+pub const LEGACY_DELETING: &str = "Deleting";
 
 impl ConditionType {
     pub fn as_str(self) -> &'static str {
@@ -131,7 +138,7 @@ impl ConditionType {
             ConditionType::AgentStarted => "AgentStarted",
             ConditionType::Installed => "Installed",
             ConditionType::InitFrom => "InitFrom",
-            ConditionType::Deleting => "Deleting",
+            ConditionType::Ready => "Ready",
         }
     }
 }
@@ -147,6 +154,8 @@ pub enum Criterion {
     ValueScript,
     /// The agent Job failed as many times as allowed.
     Agent,
+    /// Upstream's own control plane, never acted on.
+    ControlPlane,
 }
 
 impl Criterion {
@@ -160,6 +169,7 @@ impl Criterion {
             Criterion::Requirement => "requirement",
             Criterion::ValueScript => "value_script",
             Criterion::Agent => "agent",
+            Criterion::ControlPlane => "control_plane",
         }
     }
 }
@@ -290,6 +300,23 @@ impl Plan {
     }
 }
 
+/// Upstream's control plane, held: `Ready=False` and a Warning, no Job (install or delete).
+pub(crate) fn control_plane_held(deleting: bool) -> Plan {
+    let message = install::control_plane_message(deleting);
+    Plan {
+        steps: vec![
+            Step::Condition { condition_type: ConditionType::Ready, ok: false, message: message.clone() },
+            event_warning("UpstreamControlPlane", message.clone()),
+        ],
+        outcome: Outcome::Blocked(Blocker {
+            criterion: Criterion::ControlPlane,
+            code: Some(install::CONTROL_PLANE_CODE),
+            message,
+        }),
+        requeue: REQUEUE,
+    }
+}
+
 /// Revisions kept in `status.package.history`.
 pub const HISTORY: usize = 5;
 
@@ -337,6 +364,9 @@ pub(crate) fn after(now: jiff::Timestamp, delay: Duration) -> jiff::Timestamp {
 
 /// Decides what to do with `instance` (not being deleted) given `observed`.
 pub fn plan(instance: &Instance, observed: &Observed) -> Plan {
+    if instance.is_upstream_control_plane() {
+        return control_plane_held(false);
+    }
     if instance.suspended {
         return Plan { steps: Vec::new(), outcome: Outcome::Suspended, requeue: REQUEUE };
     }
@@ -379,8 +409,22 @@ pub fn plan(instance: &Instance, observed: &Observed) -> Plan {
         // The reconciler always prepares a resolved package; say so rather than guess.
         return Plan::blocked(Criterion::Package, None, "internal: no facts gathered".into(), RETRY_SHORT);
     };
+    let passed_through;
+    let mut mistyped = None;
     let checked = match &prepared.options {
         Ok(checked) => checked,
+        // Upstream passes options through unchecked: an instance it installed
+        // keeps being served, with a warning (DESIGN "Options").
+        Err(problem) if instance.upstream_installed() => {
+            mistyped = Some(event_warning(
+                "OptionTypeMismatch",
+                format!(
+                    "{problem}; installed by upstream's operator, which does not check option types: the value is passed through as upstream passes it"
+                ),
+            ));
+            passed_through = CheckedOptions::default();
+            &passed_through
+        }
         Err(problem) => {
             return Plan::blocked(
                 Criterion::Options,
@@ -445,6 +489,7 @@ pub fn plan(instance: &Instance, observed: &Observed) -> Plan {
         controller_values: Some(controller_values.clone()),
         installed_at: None,
         history: Vec::new(),
+        adopted: instance.upstream_installed(),
     };
     let request = JobRequest {
         registry: package.registry.clone(),
@@ -498,7 +543,7 @@ pub fn plan(instance: &Instance, observed: &Observed) -> Plan {
         });
     };
     let installing = Outcome::Installing { from: from.clone(), to: tag.clone() };
-    let mut steps = Vec::new();
+    let mut steps: Vec<Step> = mistyped.into_iter().collect();
 
     if instance.force_reinstall {
         steps.push(Step::RemoveForceReinstall);

@@ -28,8 +28,8 @@ use vynil_crds::{AgentTarget, ConditionStatus, InstalledPackage, message_code};
 use crate::{
     instance::Instance,
     plan::{
-        Blocker, ConditionType, Criterion, FailedJob, FailureWording, JobRequest, JobState, ObservedJob,
-        Outcome, Plan, REQUEUE, Step, account_failure, failed,
+        Blocker, ConditionType, Criterion, FailedJob, FailureWording, JobRequest, JobState, LEGACY_DELETING,
+        ObservedJob, Outcome, Plan, REQUEUE, Step, account_failure, failed,
     },
     reaper::ReaperReport,
 };
@@ -96,7 +96,7 @@ pub struct CleanupObserved {
 }
 
 const DELETE_FAILURE: FailureWording = FailureWording {
-    condition_type: ConditionType::Deleting,
+    condition_type: ConditionType::Ready,
     job: "delete Job",
     until: "the package or the JukeBox change, or the annotation vynil.solidite.fr/delete-without-package=\"true\" is set",
 };
@@ -114,7 +114,7 @@ pub fn gone_backoff(instance: &Instance, now: jiff::Timestamp) -> Duration {
         .conditions
         .iter()
         .find(|c| {
-            c.condition_type == "Deleting"
+            (c.condition_type == ConditionType::Ready.as_str() || c.condition_type == LEGACY_DELETING)
                 && c.status == ConditionStatus::False
                 && matches!(message_code(&c.message), Some("E_PACKAGE_GONE" | "E_JUKEBOX_GONE"))
         })
@@ -123,12 +123,16 @@ pub fn gone_backoff(instance: &Instance, now: jiff::Timestamp) -> Duration {
     elapsed.clamp(GONE_FIRST, GONE_MAX)
 }
 
+/// An uninstall state: `Ready=False`, as upstream's agent leaves a deleted instance.
 fn deleting(message: String) -> Step {
-    Step::Condition { condition_type: ConditionType::Deleting, ok: true, message }
+    Step::Condition { condition_type: ConditionType::Ready, ok: false, message }
 }
 
 /// Decides what to do with `instance`, which is being deleted.
 pub fn cleanup(instance: &Instance, observed: &CleanupObserved) -> Plan {
+    if instance.is_upstream_control_plane() {
+        return crate::plan::control_plane_held(true);
+    }
     let released = |steps: Vec<Step>| Plan { steps, outcome: Outcome::Released, requeue: REQUEUE };
     let waiting = |steps: Vec<Step>, detail: String| Plan {
         steps,
@@ -159,7 +163,7 @@ pub fn cleanup(instance: &Instance, observed: &CleanupObserved) -> Plan {
             Plan {
                 steps: vec![
                     Step::Condition {
-                        condition_type: ConditionType::Deleting,
+                        condition_type: ConditionType::Ready,
                         ok: false,
                         message: message.clone(),
                     },
@@ -265,7 +269,7 @@ pub fn cleanup(instance: &Instance, observed: &CleanupObserved) -> Plan {
                         );
                         released(vec![
                             Step::Condition {
-                                condition_type: ConditionType::Deleting,
+                                condition_type: ConditionType::Ready,
                                 ok: false,
                                 message: message.clone(),
                             },

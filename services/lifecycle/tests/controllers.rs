@@ -27,7 +27,8 @@ async fn item_8_the_selection_chain_goes_one_waypoint_at_a_time_then_rests() {
         .patch_status(
             "TenantInstance",
             "web",
-            json!({"tag": "1.0.0", "digest": vynil_rules::install::options_hash(None)}),
+            // As upstream's agent leaves it: its status types require `conditions`.
+            json!({"tag": "1.0.0", "digest": vynil_rules::install::options_hash(None), "conditions": []}),
         )
         .await;
     world
@@ -377,7 +378,7 @@ async fn tenant_and_system_requirements_are_read_from_the_cluster_and_the_tenant
     .await;
     let sso: kube::Api<kube::api::DynamicObject> =
         kube::Api::namespaced_with(world.client.clone(), "apps-sso", &resource("TenantInstance"));
-    let published = json!({"status": {"services": [{"key": "sso", "service": {"fqdn": "sso.apps-sso.svc", "port": 443}}]}});
+    let published = json!({"status": {"conditions": [], "services": [{"key": "sso", "service": {"fqdn": "sso.apps-sso.svc", "port": 443}}]}});
     sso.patch_status("sso", &PatchParams::default(), &Patch::Merge(&published)).await.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     // In tenant t1: the system package exists and sso is published in a sibling namespace.

@@ -411,3 +411,127 @@ fn the_history_keeps_the_last_five_installed_revisions_oldest_first() {
     }
     assert_eq!(tags, ["1.2.0", "1.3.0", "1.4.0", "1.5.0", "1.6.0"]);
 }
+
+/// Upstream's bootstrap: SystemInstance `vynil-system/vynil`, package `core/vynil`.
+fn control_plane(category: &str, package: &str, status: Value, deleting: bool) -> Instance {
+    let mut object = json!({
+        "apiVersion": "vynil.solidite.fr/v1", "kind": "SystemInstance",
+        "metadata": {"name": "vynil", "namespace": "vynil-system", "generation": 1},
+        "spec": {"jukebox": "vynil", "category": category, "package": package},
+        "status": status,
+    });
+    if deleting {
+        object["metadata"]["deletionTimestamp"] = json!("2026-12-01T12:00:00Z");
+        object["metadata"]["finalizers"] = json!(["systeminstances.vynil.solidite.fr"]);
+    }
+    Instance::decode(InstanceKind::System, &serde_json::from_value(object).unwrap()).unwrap()
+}
+
+#[test]
+fn upstreams_control_plane_is_never_upgraded_and_says_why_on_ready() {
+    let upstream = json!({"tag": "0.7.7", "digest": install::options_hash(None),
+        "crds": ["jukeboxes.vynil.solidite.fr", "tenantinstances.vynil.solidite.fr"]});
+    for instance in [
+        control_plane("core", "vynil", upstream.clone(), false),
+        // Renamed, but recording Vynil's own CRDs.
+        control_plane("infra", "controller", upstream.clone(), false),
+    ] {
+        // A newer revision in the catalog, or a forced reinstall: still nothing runs.
+        let plan = plan::plan(&instance, &observed("0.8.0"));
+        assert_eq!(creates_job(&plan), None, "{plan:?}");
+        assert!(!plan.steps.iter().any(|s| matches!(s, Step::DeleteJob | Step::RecordTarget(_))));
+        let (kind, ok, message) = condition(&plan).unwrap();
+        assert!(kind == "Ready" && !ok && message.starts_with("[E_UPSTREAM_CONTROL_PLANE]"), "{message}");
+        assert!(message.contains("suspend"), "says what the operator should do: {message}");
+        assert!(
+            plan.steps
+                .iter()
+                .any(|s| matches!(s, Step::Event { warning: true, reason: "UpstreamControlPlane", .. }))
+        );
+        assert!(matches!(&plan.outcome, Outcome::Blocked(b) if b.criterion.as_str() == "control_plane"));
+    }
+    // Another system package that installs CRDs of its own group is served.
+    let other =
+        control_plane("core", "cert-manager", json!({"crds": ["certificates.cert-manager.io"]}), false);
+    assert!(creates_job(&plan::plan(&other, &observed("0.8.0"))).is_some());
+}
+
+#[test]
+fn upstreams_control_plane_being_deleted_keeps_its_finalizer_and_runs_no_job() {
+    use vynil_lifecycle::uninstall::{CleanupAnswer, CleanupObserved, cleanup};
+    let instance = control_plane(
+        "core",
+        "vynil",
+        json!({"tag": "0.7.7", "systems": [{"kind": "ServiceAccount", "name": "vynil-agent"}]}),
+        true,
+    );
+    // Whatever the catalog would answer, even "delete without package".
+    for answer in [CleanupAnswer::NothingToDelete, CleanupAnswer::WithoutPackage { warning: "w".into() }] {
+        let seen = CleanupObserved {
+            answer,
+            job: None,
+            report: None,
+            now: "2026-12-01T12:00:00Z".parse().unwrap(),
+            max_attempts: 3,
+        };
+        let plan = cleanup(&instance, &seen);
+        assert!(!matches!(plan.outcome, Outcome::Released), "the finalizer stays: {plan:?}");
+        assert!(
+            plan.steps.iter().all(|s| matches!(s, Step::Condition { .. } | Step::Event { .. })),
+            "{plan:?}"
+        );
+        let (kind, ok, message) = condition(&plan).unwrap();
+        assert!(kind == "Ready" && !ok && message.contains("vynil-agent ServiceAccount"), "{message}");
+    }
+}
+
+#[test]
+fn an_instance_upstream_installed_with_a_mistyped_option_is_adopted_with_a_warning() {
+    let mistyped = || {
+        Err(OptionProblem { option: "replicas".into(), expected: "integer".into(), found: "string".into() })
+    };
+    let options = json!({"replicas": "2"});
+    let hash = install::options_hash(options.as_object());
+    let upstream = instance(
+        json!({}),
+        options.clone(),
+        json!({"tag": "4.0.0", "digest": hash,
+        "conditions": [{"type": "Ready", "status": "True", "message": "Installed succesfully", "generation": 1}]}),
+    );
+    let mut seen = observed("4.0.0");
+    seen.prepared.as_mut().unwrap().options = mistyped();
+    let plan = plan::plan(&upstream, &seen);
+    assert_eq!(plan.outcome, Outcome::Adopted { tag: "4.0.0".into() }, "{plan:?}");
+    assert!(plan.steps.iter().any(|s| matches!(s, Step::Event { warning: true, reason: "OptionTypeMismatch", note } if note.contains("replicas"))));
+    let recorded = plan
+        .steps
+        .iter()
+        .find_map(|s| match s {
+            Step::RecordInstalled(p) => Some(p.clone()),
+            _ => None,
+        })
+        .unwrap();
+    assert!(recorded.adopted, "remembered, so the next reconcile serves it alike");
+    // The next reconcile, with status.package recorded as adopted: an upgrade runs, unblocked.
+    let mut status = json!({"tag": "4.0.0", "digest": hash});
+    status["package"] = serde_json::to_value(&recorded).unwrap();
+    let adopted = instance(json!({}), options.clone(), status);
+    let mut newer = observed("4.1.0");
+    newer.prepared.as_mut().unwrap().options = mistyped();
+    let plan = plan::plan(&adopted, &newer);
+    assert_eq!(creates_job(&plan).as_deref(), Some("4.1.0"), "{plan:?}");
+    let target = plan
+        .steps
+        .iter()
+        .find_map(|s| match s {
+            Step::RecordTarget(t) => Some(t.clone()),
+            _ => None,
+        })
+        .unwrap();
+    assert!(target.revision.adopted);
+    // A new instance created after the switch is held to the schema.
+    let new = instance(json!({}), options, Value::Null);
+    let plan = plan::plan(&new, &newer);
+    assert_eq!(creates_job(&plan), None);
+    assert!(condition(&plan).unwrap().2.starts_with("[E_OPTION_TYPE]"));
+}

@@ -104,7 +104,7 @@ fn item_25_a_failed_delete_job_is_reported_at_once_kept_and_replaced_after_backo
     seen.job = job("delete-0.1.8", JobState::Failed("BackoffLimitExceeded: hook failed".into()));
     let plan = cleanup(&deleting(json!({}), with_children()), &seen);
     let (kind, ok, message) = condition(&plan).unwrap();
-    assert!(kind == "Deleting" && !ok && message.contains("hook failed"), "{message}");
+    assert!(kind == "Ready" && !ok && message.contains("hook failed"), "{message}");
     assert!(!plan.steps.contains(&Step::DeleteJob), "kept for its logs");
     assert_eq!(plan.requeue, Duration::from_secs(60));
     // Counted; once due the Job is replaced.
@@ -130,13 +130,13 @@ fn upstream_12_c_package_gone_is_a_readable_condition_a_warning_and_a_doubling_r
         CleanupAnswer::Gone { what: Gone::Package, message: "[E_PACKAGE_GONE] no tenant revision…".into() };
     let plan = cleanup(&deleting(json!({}), with_children()), &observed(gone.clone()));
     let (kind, ok, message) = condition(&plan).unwrap();
-    assert!(kind == "Deleting" && !ok && message.starts_with("[E_PACKAGE_GONE]"), "{message}");
+    assert!(kind == "Ready" && !ok && message.starts_with("[E_PACKAGE_GONE]"), "{message}");
     assert!(plan.steps.iter().any(|s| matches!(s, Step::Event { warning: true, reason: "PackageGone", .. })));
     assert_eq!(plan.requeue, Duration::from_secs(60));
     // The interval is the time the condition has said so: 1, 1, 2, 4 … minutes, at most an hour.
     let since = |minutes: i64| {
         let status = json!({"tag": "0.1.8", "vitals": [{"kind": "Deployment", "name": "ollama"}], "conditions": [
-            {"type": "Deleting", "status": "False", "message": "[E_PACKAGE_GONE] x", "generation": 2,
+            {"type": "Ready", "status": "False", "message": "[E_PACKAGE_GONE] x", "generation": 2,
              "lastTransitionTime": "2026-12-01T12:00:00Z"}]});
         let now: jiff::Timestamp = "2026-12-01T12:00:00Z".parse::<jiff::Timestamp>().unwrap()
             + jiff::SignedDuration::from_mins(minutes);

@@ -103,7 +103,7 @@ async fn item_25_a_failed_delete_job_is_reported_as_soon_as_it_is_marked() {
     let marked = runs[1].finished_at.unwrap();
     let message = eventually("the delete failure condition", || async {
         let object = world.get("TenantInstance", "web").await;
-        condition(&object, "Deleting").filter(|c| c["status"] == "False").map(|c| c["message"].to_string())
+        coded_condition(&object, "Ready").map(|c| c["message"].to_string())
     })
     .await;
     let delay = marked.elapsed();
@@ -119,7 +119,7 @@ async fn item_25_a_failed_delete_job_is_reported_as_soon_as_it_is_marked() {
 /// An instance as upstream left it: children recorded, no `status.package`.
 async fn upstream_instance(world: &World, name: &str) {
     world.create("TenantInstance", name, web_spec(), json!({"vynil.solidite.fr/suspend": "true"})).await;
-    let status = json!({"tag": "1.0.0", "vitals": [{"kind": "Deployment", "name": "web"}]});
+    let status = json!({"tag": "1.0.0", "conditions": [], "vitals": [{"kind": "Deployment", "name": "web"}]});
     world.patch_status("TenantInstance", name, status).await;
     // Let lifecycle see it (suspended: nothing runs) and add its finalizer.
     eventually("the finalizer", || async {
@@ -139,7 +139,7 @@ async fn a_jukebox_deleted_under_its_instances_says_e_jukebox_gone_and_orphans_n
     delete(&world, "web").await;
     let message = eventually("the E_JUKEBOX_GONE condition", || async {
         let object = world.get("TenantInstance", "web").await;
-        condition(&object, "Deleting").and_then(|c| c["message"].as_str().map(str::to_string))
+        coded_condition(&object, "Ready").and_then(|c| c["message"].as_str().map(str::to_string))
     })
     .await;
     assert!(message.starts_with("[E_JUKEBOX_GONE]"), "{message}");
@@ -250,7 +250,7 @@ async fn package_gone_then_allowed_the_real_reaper_deletes_children_in_reverse_o
     )
     .await;
     world.create("TenantInstance", "web", web_spec(), json!({"vynil.solidite.fr/suspend": "true"})).await;
-    let status = json!({"tag": "0.1.8",
+    let status = json!({"tag": "0.1.8", "conditions": [],
         "befores": [{"kind": "ConfigMap", "name": "settings"}],
         "vitals": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": "web", "namespace": APPS}],
         "posts": [{"apiVersion": "batch/v1", "kind": "Job", "name": "migrate"}],
@@ -264,7 +264,7 @@ async fn package_gone_then_allowed_the_real_reaper_deletes_children_in_reverse_o
     delete(&world, "web").await;
     let message = eventually("E_PACKAGE_GONE", || async {
         let object = world.get("TenantInstance", "web").await;
-        condition(&object, "Deleting").and_then(|c| c["message"].as_str().map(str::to_string))
+        coded_condition(&object, "Ready").and_then(|c| c["message"].as_str().map(str::to_string))
     })
     .await;
     assert!(
@@ -370,5 +370,36 @@ async fn package_gone_then_allowed_the_real_reaper_deletes_children_in_reverse_o
         .into_iter()
         .find(|e| e["reason"] == "DeleteWithoutPackageAllowed");
     assert!(allowed.unwrap()["note"].as_str().unwrap().contains("alice"));
+    world.stop().await;
+}
+
+/// Upstream's agent decodes its instance with closed enums (`Deleting` is not
+/// one): our previous release left that condition on instances, so lifecycle
+/// removes it, and the uninstall then goes through the strict agent.
+#[tokio::test]
+async fn a_deleting_condition_left_by_the_previous_release_is_removed_and_the_strict_agent_uninstalls() {
+    let (_registry, packages, host) = registry_with(&["4.0.0"]).await;
+    let leaked: &'static str = Box::leak(host.into_boxed_str());
+    let (mut world, script) = World::start(packages, &["--insecure-registry", leaked]).await;
+    world.seeded_refused_status = true;
+    *script.lock().unwrap() = Box::new(installs_with_children);
+    world.create("TenantInstance", "web", web_spec(), json!({})).await;
+    installed(&world, "web", "4.0.0").await;
+    let mut conditions = world.get("TenantInstance", "web").await["status"]["conditions"].clone();
+    conditions.as_array_mut().unwrap().push(json!({"type": "Deleting", "status": "False",
+        "message": "[E_PACKAGE_GONE] from the previous release", "generation": 1}));
+    world.patch_status("TenantInstance", "web", json!({"conditions": conditions})).await;
+    let refused = world.get("TenantInstance", "web").await;
+    assert!(vynil_testkit::upstream::decode_instance(&refused).is_err(), "upstream refuses it: {refused}");
+    eventually("the legacy condition removed", || async {
+        let object = world.get("TenantInstance", "web").await;
+        condition(&object, "Deleting").is_none().then_some(())
+    })
+    .await;
+    delete(&world, "web").await;
+    gone(&world, "web").await;
+    let runs = world.agent.runs();
+    assert!(runs.iter().all(|r| r.exit_code.is_none()), "upstream's agent decoded its instance: {runs:?}");
+    assert_eq!(runs.last().map(|r| r.job.action.as_str()), Some("delete"));
     world.stop().await;
 }

@@ -1,10 +1,17 @@
 //! The fake agent: what upstream's agent container would do to the cluster
 //! once its Job runs, without running anything. It watches agent Jobs (by
-//! their labels, as the lifecycle controller follows them), asks the test's
-//! script what happens, then writes the Job's terminal status and, on
-//! success, the instance status upstream's agent writes (`tag`, `digest`,
-//! `Ready`/`Installed` conditions and children lists; on delete, the children
-//! lists emptied). Writes go through the real API, so watchers see them.
+//! their labels, as the lifecycle controller follows them), reads its
+//! instance **as upstream's agent does**: named by the `NAMESPACE` and
+//! `INSTANCE` env of the Job, decoded through upstream's own types
+//! ([`crate::upstream`]), so a status upstream cannot decode fails the Job
+//! with upstream's exit code for that action (install 1, delete 3,
+//! `agent/src/tenant/mod.rs`) and the decode error on its "stderr"
+//! ([`AgentRun::stderr`]), as a pod whose container terminated with that code.
+//! Then it asks the test's script what happens, writes the Job's terminal
+//! status and, on success, the instance status upstream's agent writes
+//! (`tag`, `digest`, `Ready`/`Installed` conditions and children lists; on
+//! delete, the children lists emptied). Writes go through the real API, so
+//! watchers see them.
 
 use std::{
     collections::HashSet,
@@ -38,6 +45,9 @@ pub struct AgentJob {
     /// The `TAG` and `OPTIONS_HASH` env of the main container.
     pub tag: Option<String>,
     pub options_hash: Option<String>,
+    /// The main container runs upstream's agent contract (`args: [<type>, <action>]`);
+    /// false for our reaper.
+    pub upstream_agent: bool,
 }
 
 /// What the script decides for one Job.
@@ -70,7 +80,15 @@ pub struct AgentRun {
     pub finished_at: Option<Instant>,
     /// Why a write failed, if one did.
     pub error: Option<String>,
+    /// The exit code of the agent container when it failed before the script
+    /// was asked (upstream's agent could not decode its instance).
+    pub exit_code: Option<i32>,
+    /// What upstream's agent would print on stderr then.
+    pub stderr: Option<String>,
 }
+
+/// How long after the Job appears the agent's container reads its instance.
+const POD_START: Duration = Duration::from_millis(200);
 
 type Script = dyn Fn(&AgentJob) -> AgentOutcome + Send + Sync;
 
@@ -92,13 +110,12 @@ fn label<'a>(job: &'a Job, keys: &[&str]) -> Option<&'a str> {
     keys.iter().find_map(|k| labels.get(*k)).map(String::as_str)
 }
 
+fn main_container(job: &Job) -> Option<&k8s_openapi::api::core::v1::Container> {
+    job.spec.as_ref()?.template.spec.as_ref()?.containers.first()
+}
+
 fn env(job: &Job, name: &str) -> Option<String> {
-    let containers = &job.spec.as_ref()?.template.spec.as_ref()?.containers;
-    containers
-        .iter()
-        .flat_map(|c| c.env.iter().flatten())
-        .find(|e| e.name == name)
-        .and_then(|e| e.value.clone())
+    main_container(job)?.env.iter().flatten().find(|e| e.name == name).and_then(|e| e.value.clone())
 }
 
 fn is_finished(job: &Job) -> bool {
@@ -109,16 +126,31 @@ fn is_finished(job: &Job) -> bool {
 
 impl AgentJob {
     fn read(job: &Job) -> Option<Self> {
+        let args = main_container(job).and_then(|c| c.args.clone()).unwrap_or_default();
+        let upstream_agent = args.len() == 2 && ["tenant", "service", "system"].contains(&args[0].as_str());
+        // Upstream's agent names its instance by env; our reaper by its args.
+        let arg = |flag: &str| args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1)).cloned();
+        let (instance_namespace, instance_name) = if upstream_agent {
+            (env(job, "NAMESPACE")?, env(job, "INSTANCE")?)
+        } else {
+            (arg("--namespace")?, arg("--name")?)
+        };
         Some(Self {
             job_namespace: job.metadata.namespace.clone()?,
             job_name: job.metadata.name.clone()?,
             action: label(job, &[labels::ACTION, "action"])?.to_string(),
             package_type: label(job, &[labels::TYPE, "type"])?.to_string(),
-            instance_namespace: label(job, &[labels::NAMESPACE])?.to_string(),
-            instance_name: label(job, &[labels::INSTANCE])?.to_string(),
+            instance_namespace,
+            instance_name,
             tag: env(job, "TAG"),
             options_hash: env(job, "OPTIONS_HASH"),
+            upstream_agent,
         })
+    }
+
+    /// Upstream's agent's exit code when `action` fails (`agent/src/tenant/mod.rs`).
+    pub fn upstream_exit_code(&self) -> i32 {
+        if self.action == "delete" { 3 } else { 1 }
     }
 
     fn instance_resource(&self) -> ApiResource {
@@ -152,6 +184,9 @@ impl FakeAgent {
             let config =
                 watcher::Config::default().labels(&format!("{}={}", labels::COMPONENT, labels::AGENT));
             let mut seen: HashSet<String> = HashSet::new();
+            // One task per Job, as each runs in its own pod; dropped (and
+            // aborted) with the agent.
+            let mut pods = tokio::task::JoinSet::new();
             let mut stream = watcher(jobs.clone(), config).default_backoff().applied_objects().boxed();
             while let Some(event) = stream.next().await {
                 let Ok(job) = event else { continue };
@@ -160,17 +195,15 @@ impl FakeAgent {
                     continue;
                 }
                 let Some(agent_job) = AgentJob::read(&job) else { continue };
-                let outcome = script(&agent_job);
-                let result = act(&client, &jobs, &agent_job, &outcome).await;
-                let run = AgentRun {
-                    job: agent_job,
-                    outcome,
-                    finished_at: result.as_ref().ok().copied().flatten(),
-                    error: result.err().map(|e| e.to_string()),
-                };
-                if let Ok(mut runs) = recorded.lock() {
-                    runs.push(run);
-                }
+                let (client, jobs, script, recorded) =
+                    (client.clone(), jobs.clone(), script.clone(), recorded.clone());
+                pods.spawn(async move {
+                    let run = run_pod(&client, &jobs, agent_job, script.as_ref()).await;
+                    if let Ok(mut runs) = recorded.lock() {
+                        runs.push(run);
+                    }
+                });
+                while pods.try_join_next().is_some() {}
             }
         });
         Self { runs, task }
@@ -236,6 +269,72 @@ async fn act(
         .await
         .map_err(kube_error("writing the Job status"))?;
     Ok(Some(Instant::now()))
+}
+
+/// What the Job's pod does: waits for its start, reads its instance as
+/// upstream's agent does, then acts as the script says (or fails as upstream's
+/// agent would).
+async fn run_pod(client: &Client, jobs: &Api<Job>, agent_job: AgentJob, script: &Script) -> AgentRun {
+    // A pod is scheduled and its unpack step runs before the agent reads its
+    // instance: whatever the creator writes right after the Job is there by
+    // then, as on a cluster.
+    tokio::time::sleep(POD_START).await;
+    let refused = if agent_job.upstream_agent { strict_read(client, &agent_job).await.err() } else { None };
+    let (outcome, exit_code, stderr) = match refused {
+        Some(stderr) => {
+            let code = agent_job.upstream_exit_code();
+            let message = format!("container {} exited {code}", agent_job.action);
+            (AgentOutcome::fail("BackoffLimitExceeded", &message), Some(code), Some(stderr))
+        }
+        None => (script(&agent_job), None, None),
+    };
+    // The pod's container terminates before the Job controller marks the Job.
+    let result = match exit_code {
+        Some(code) => terminated_pod(client, &agent_job, code).await,
+        None => Ok(None),
+    };
+    let result = match result {
+        Ok(_) => act(client, jobs, &agent_job, &outcome).await,
+        Err(e) => Err(e),
+    };
+    AgentRun {
+        job: agent_job,
+        outcome,
+        finished_at: result.as_ref().ok().copied().flatten(),
+        error: result.err().map(|e| e.to_string()),
+        exit_code,
+        stderr,
+    }
+}
+
+/// Upstream's agent's first read: `<Kind>::get(NAMESPACE, INSTANCE)`, decoded
+/// with upstream's types. `Err` is what it prints before exiting.
+async fn strict_read(client: &Client, job: &AgentJob) -> std::result::Result<(), String> {
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), &job.instance_namespace, &job.instance_resource());
+    let object = api.get(&job.instance_name).await.map_err(|e| format!("Error: kube error: {e}"))?;
+    let value = serde_json::to_value(&object).map_err(|e| e.to_string())?;
+    crate::upstream::decode_instance(&value).map_err(|e| format!("Error: Error deserializing response: {e}"))
+}
+
+/// The Job's pod, its agent container terminated with `code` (what the
+/// kubelet shows of a container that exited; upstream's agent writes no
+/// termination message).
+async fn terminated_pod(client: &Client, job: &AgentJob, code: i32) -> Result<Option<Instant>> {
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), &job.job_namespace);
+    let name = format!("{}-{}", job.job_name, fastrand::u32(..) % 100_000);
+    let pod = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": {"job-name": job.job_name, "batch.kubernetes.io/job-name": job.job_name}},
+        "spec": {"restartPolicy": "Never", "containers": [{"name": job.action, "image": "agent"}]}});
+    let pod = serde_json::from_value(pod).map_err(|e| TestkitError::Fixture(e.to_string()))?;
+    pods.create(&Default::default(), &pod).await.map_err(kube_error("creating the agent pod"))?;
+    let status = json!({"status": {"phase": "Failed", "containerStatuses": [{"name": job.action, "image": "agent",
+        "imageID": "", "ready": false, "restartCount": 0,
+        "state": {"terminated": {"exitCode": code, "reason": "Error"}}}]}});
+    pods.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .map_err(kube_error("writing the agent pod status"))?;
+    Ok(None)
 }
 
 /// Upserts conditions by type, as upstream's agent does.

@@ -24,6 +24,7 @@ use vynil_store::KubeStore;
 use vynil_testkit::{
     JukeboxBuilder, free_port,
     kube_api::{AgentJob, AgentOutcome, FakeAgent, FakeApiServer},
+    upstream::UpstreamReader,
 };
 
 pub const JOBS: &str = "vynil-system";
@@ -68,6 +69,11 @@ pub struct World {
     pub api: FakeApiServer,
     pub client: Client,
     pub agent: FakeAgent,
+    /// Upstream's reading of every instance status written.
+    pub upstream: UpstreamReader,
+    /// The test seeded statuses upstream refuses (an earlier release's):
+    /// only the final objects must decode.
+    pub seeded_refused_status: bool,
     pub lifecycle: SocketAddr,
     shutdown: Shutdown,
     services: tokio::task::JoinSet<Result<(), String>>,
@@ -130,6 +136,7 @@ impl World {
         let script: Script = Arc::new(Mutex::new(Box::new(|_: &AgentJob| AgentOutcome::succeed())));
         let shared = script.clone();
         let agent = FakeAgent::start(client.clone(), JOBS, move |job| (shared.lock().unwrap())(job));
+        let upstream = UpstreamReader::start(client.clone());
         (
             World {
                 catalog_shutdown,
@@ -139,6 +146,8 @@ impl World {
                 api,
                 client,
                 agent,
+                upstream,
+                seeded_refused_status: false,
                 lifecycle,
                 shutdown,
                 services,
@@ -231,7 +240,23 @@ impl World {
         grpc_at(self.lifecycle).await
     }
 
+    /// Stops every service, then checks what upstream reads of what was
+    /// written: every instance status version decoded with upstream's types
+    /// (the final ones only when the test seeded refused ones).
     pub async fn stop(mut self) {
+        let now: Vec<Value> = ["TenantInstance", "ServiceInstance", "SystemInstance"]
+            .into_iter()
+            .flat_map(|kind| self.api.objects("vynil.solidite.fr", &format!("{}s", kind.to_lowercase())))
+            .collect();
+        for object in &now {
+            vynil_testkit::upstream::decode_instance_status(object)
+                .unwrap_or_else(|e| panic!("upstream cannot read what is left: {e}"));
+        }
+        let refused = self.upstream.refused();
+        assert!(
+            self.seeded_refused_status || refused.is_empty(),
+            "upstream's types refused statuses written during the test: {refused:#?}"
+        );
         self.shutdown.trigger();
         while let Some(done) = self.services.join_next().await {
             done.unwrap().unwrap();
@@ -272,6 +297,12 @@ pub async fn eventually<T, F: Future<Output = Option<T>>>(what: &str, mut check:
 
 pub fn condition<'a>(object: &'a Value, kind: &str) -> Option<&'a Value> {
     object["status"]["conditions"].as_array()?.iter().find(|c| c["type"] == kind)
+}
+
+/// The `kind=False` condition whose message starts with an `[E_…]` code.
+pub fn coded_condition<'a>(object: &'a Value, kind: &str) -> Option<&'a Value> {
+    condition(object, kind)
+        .filter(|c| c["status"] == "False" && c["message"].as_str().is_some_and(|m| m.starts_with("[E_")))
 }
 
 pub fn web_spec() -> Value {
