@@ -50,9 +50,13 @@ pub mod labels {
     pub const ACTION: &str = "vynil.solidite.fr/action";
     /// `tenant`, `service` or `system`.
     pub const TYPE: &str = "vynil.solidite.fr/type";
-    /// The instance's namespace and name.
+    /// The instance's namespace and name (`instance` verbatim up to 63
+    /// characters, else hashed by `names::label_value` with the full name in
+    /// the [`INSTANCE_ANNOTATION`] annotation).
     pub const NAMESPACE: &str = "namespace";
     pub const INSTANCE: &str = "instance";
+    /// The full instance name, on Jobs whose `instance` label had to be hashed.
+    pub const INSTANCE_ANNOTATION: &str = "vynil.solidite.fr/instance";
     /// Values of [`COMPONENT`] and [`MANAGED_BY`] on agent Jobs.
     pub const AGENT: &str = "agent";
     pub const VYNIL: &str = "vynil";

@@ -63,9 +63,37 @@ pub fn agent_job_name(package_type: &str, namespace: &str, name: &str) -> Result
     if full.len() <= LABEL_MAX {
         return Ok(full);
     }
-    let hash = hex::encode(Sha256::digest(full.as_bytes()));
-    let prefix = full[..LABEL_MAX - 11].trim_end_matches('-');
-    Ok(format!("{prefix}-{}", &hash[..10]))
+    Ok(hashed(&full, &full))
+}
+
+/// A label value for `value`: itself when it fits 63 characters (every
+/// object name is made of label characters), else its first characters and a
+/// hash of the whole, so the value stays valid and distinct.
+pub fn label_value(value: &str) -> String {
+    if value.len() <= LABEL_MAX {
+        return value.to_string();
+    }
+    hashed(value, value)
+}
+
+/// `<prefix cut to fit>-<10 hex of sha256(identity)>`, 63 characters at most,
+/// starting and ending alphanumeric.
+fn hashed(prefix: &str, identity: &str) -> String {
+    let hash = hex::encode(Sha256::digest(identity.as_bytes()));
+    let cut = prefix.get(..LABEL_MAX - 11).unwrap_or(prefix);
+    let cut = cut.trim_end_matches(['-', '.']);
+    format!("{cut}-{}", &hash[..10])
+}
+
+/// The agent Job name used when upstream's [`agent_job_name`] is taken by
+/// another instance's Job: two instances whose names collide under
+/// upstream's rule (`a--b/c` and `a/b--c`, `web.v2` and `web-v2`) hash
+/// their unambiguous identity `<type>/<namespace>/<name>` apart.
+pub fn unique_agent_job_name(package_type: &str, namespace: &str, name: &str) -> Result<String, CrdError> {
+    let upstream = agent_job_name(package_type, namespace, name)?;
+    let identity = format!("{package_type}/{namespace}/{name}");
+    let prefix = upstream.get(..LABEL_MAX - 11).unwrap_or(&upstream);
+    Ok(hashed(prefix, &identity))
 }
 
 #[cfg(test)]
@@ -110,6 +138,44 @@ mod tests {
         assert_ne!(a, b);
         validate_label("job", &a).unwrap();
         validate_label("job", &b).unwrap();
+    }
+
+    #[test]
+    fn names_colliding_under_upstreams_rule_get_distinct_unique_job_names() {
+        let pairs = [(("a--b", "c"), ("a", "b--c")), (("apps", "web.v2"), ("apps", "web-v2"))];
+        for ((ns1, n1), (ns2, n2)) in pairs {
+            assert_eq!(
+                agent_job_name("tenant", ns1, n1).unwrap(),
+                agent_job_name("tenant", ns2, n2).unwrap()
+            );
+            let (a, b) = (
+                unique_agent_job_name("tenant", ns1, n1).unwrap(),
+                unique_agent_job_name("tenant", ns2, n2).unwrap(),
+            );
+            assert_ne!(a, b);
+            validate_label("job", &a).unwrap();
+            validate_label("job", &b).unwrap();
+        }
+        let long = "x".repeat(253);
+        let name = unique_agent_job_name("service", &"n".repeat(63), &long).unwrap();
+        validate_label("job", &name).unwrap();
+    }
+
+    #[test]
+    fn a_label_value_is_the_name_up_to_63_characters_else_a_distinct_hash() {
+        assert_eq!(label_value("web"), "web");
+        let exact = "a".repeat(63);
+        assert_eq!(label_value(&exact), exact);
+        let (a, b) = (format!("{}.one", "a".repeat(249)), format!("{}.two", "a".repeat(249)));
+        let (la, lb) = (label_value(&a), label_value(&b));
+        assert!(la.len() <= 63 && lb.len() <= 63, "{la}");
+        assert_ne!(la, lb);
+        // A label value: alphanumeric at both ends, [-_.a-zA-Z0-9] inside.
+        for value in [la, lb, label_value(&format!("{}-.b", "a".repeat(51)))] {
+            assert!(value.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)), "{value}");
+            assert!(value.starts_with(|c: char| c.is_ascii_alphanumeric()));
+            assert!(value.ends_with(|c: char| c.is_ascii_alphanumeric()), "{value}");
+        }
     }
 
     #[test]

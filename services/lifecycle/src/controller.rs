@@ -218,9 +218,7 @@ pub fn controller(client: &Client, namespace: &str, kind: InstanceKind) -> Contr
         jobs,
         watcher::Config::default().labels(&selector),
         move |job: Job| {
-            let labels = job.labels();
-            let instance = labels.get(labels::INSTANCE)?;
-            let namespace = labels.get(labels::NAMESPACE)?;
+            let (_, namespace, instance) = job::job_instance(&job)?;
             Some(ObjectRef::new_with(instance, resource.clone()).within(namespace))
         },
     )
@@ -324,12 +322,11 @@ async fn apply(
     context: &Context,
 ) -> Result<Action, LifecycleError> {
     let instance = decode(kind, object, context).await?;
-    let job_name = job::job_name(kind, &instance.namespace, &instance.name)
-        .map_err(|e| LifecycleError::Invalid(e.to_string()))?;
-    let observed = observe(&instance, &job_name, context).await?;
+    let slot = job_slot(&instance, context).await?;
+    let observed = observe(&instance, &slot, context).await?;
     let plan = plan::plan(&instance, &observed);
     tracing::debug!(outcome = ?plan.outcome, steps = plan.steps.len(), "planned");
-    let executed = execute(&instance, object, &job_name, plan.steps, context).await;
+    let executed = execute(&instance, object, &slot.name, plan.steps, context).await;
     if let (Err(LifecycleError::Queued(_)), Outcome::Installing { to, .. }) = (&executed, &plan.outcome) {
         // The Job waits for a slot: say so rather than "installing".
         context.remember(&instance, Outcome::Queued { to: to.clone() });
@@ -344,7 +341,7 @@ async fn apply(
 /// What the planner reads, gathered for `instance` (also serves `Explain`).
 pub async fn observe(
     instance: &Instance,
-    job_name: &str,
+    slot: &JobSlot,
     context: &Context,
 ) -> Result<Observed, LifecycleError> {
     // Not asked: the planner holds both before reading the resolution.
@@ -385,7 +382,7 @@ pub async fn observe(
         resolution,
         init_version,
         prepared,
-        job: observe_job(job_name, JobAction::Install, context).await?,
+        job: observe_job(slot, JobAction::Install, context).await,
         now: jiff::Timestamp::now(),
         max_attempts: context.max_attempts,
     })
@@ -442,16 +439,44 @@ async fn registry_for(
     context.registry.with_credentials(&credentials).map_err(|e| LifecycleError::Invalid(e.to_string()))
 }
 
-/// The Job `name`; its fingerprint is read only when it runs `wanted`.
-async fn observe_job(
-    name: &str,
-    wanted: JobAction,
-    context: &Context,
-) -> Result<Option<ObservedJob>, LifecycleError> {
-    let kube = |e| LifecycleError::Unavailable(format!("Kubernetes API, reading the agent Job {name}: {e}"));
-    let Some(found) = context.jobs.get_opt(name).await.map_err(kube)? else {
-        return Ok(None);
+/// The agent Job of an instance: its name, and the Job found under it.
+#[derive(Debug, Clone)]
+pub struct JobSlot {
+    pub name: String,
+    found: Option<Job>,
+}
+
+/// The agent Job of `instance`: upstream's name while it is free or holds
+/// this instance's Job (adoption reads upstream's Jobs by it), else a name
+/// hashed from the instance's identity, so one instance never deletes or
+/// reads another's Job (`a--b/c` and `a/b--c` share upstream's name). A Job
+/// in flight under the hashed name keeps it.
+pub async fn job_slot(instance: &Instance, context: &Context) -> Result<JobSlot, LifecycleError> {
+    let (kind, namespace, name) = (instance.kind, instance.namespace.as_str(), instance.name.as_str());
+    let invalid = |e: vynil_crds::CrdError| LifecycleError::Invalid(e.to_string());
+    let upstream = job::job_name(kind, namespace, name).map_err(invalid)?;
+    let unique = job::unique_job_name(kind, namespace, name).map_err(invalid)?;
+    let read = |name: String| async move {
+        let found = context.jobs.get_opt(&name).await.map_err(|e| {
+            LifecycleError::Unavailable(format!("Kubernetes API, reading the agent Job {name}: {e}"))
+        })?;
+        Ok::<_, LifecycleError>(JobSlot { name, found })
     };
+    if instance.status.target.as_ref().is_some_and(|t| t.job == unique) {
+        return read(unique).await;
+    }
+    let slot = read(upstream).await?;
+    let ours = |job: &Job| job::job_instance(job) == Some((kind.package_type().as_str(), namespace, name));
+    match &slot.found {
+        Some(job) if !ours(job) => read(unique).await,
+        _ => Ok(slot),
+    }
+}
+
+/// The Job of `slot`; its fingerprint is read only when it runs `wanted`.
+async fn observe_job(slot: &JobSlot, wanted: JobAction, context: &Context) -> Option<ObservedJob> {
+    let name = slot.name.as_str();
+    let found = slot.found.as_ref()?;
     let is_wanted = found.labels().get(labels::ACTION).is_some_and(|a| a == wanted.as_str());
     let fingerprint = (is_wanted && found.metadata.deletion_timestamp.is_none())
         .then(|| found.annotations().get(job::FINGERPRINT).cloned())
@@ -473,7 +498,7 @@ async fn observe_job(
     } else {
         JobState::Running
     };
-    Ok(Some(ObservedJob { uid: found.uid().unwrap_or_default(), fingerprint, state }))
+    Some(ObservedJob { uid: found.uid().unwrap_or_default(), fingerprint, state })
 }
 
 /// The first terminated container of the Job's pods that did not succeed.
@@ -721,12 +746,11 @@ async fn cleanup(
         }
         Err(error) => return Err(error),
     };
-    let job_name = job::job_name(kind, &instance.namespace, &instance.name)
-        .map_err(|e| LifecycleError::Invalid(e.to_string()))?;
-    let observed = observe_cleanup(&instance, &job_name, context).await?;
+    let slot = job_slot(&instance, context).await?;
+    let observed = observe_cleanup(&instance, &slot, context).await?;
     let plan = uninstall::cleanup(&instance, &observed);
     tracing::debug!(outcome = ?plan.outcome, steps = plan.steps.len(), "cleanup planned");
-    execute(&instance, object, &job_name, plan.steps, context).await?;
+    execute(&instance, object, &slot.name, plan.steps, context).await?;
     let outcome = plan.outcome.clone();
     context.remember(&instance, plan.outcome);
     match outcome {
@@ -761,7 +785,7 @@ async fn check_recorded(recorded: &vynil_crds::InstalledPackage, context: &Conte
 /// What the cleanup planner reads (also serves `Explain`).
 pub async fn observe_cleanup(
     instance: &Instance,
-    job_name: &str,
+    slot: &JobSlot,
     context: &Context,
 ) -> Result<CleanupObserved, LifecycleError> {
     if instance.is_upstream_control_plane() {
@@ -790,12 +814,12 @@ pub async fn observe_cleanup(
                 delete_request(instance, &package, pull_secret, context.scripts),
             )),
         };
-    let job = observe_job(job_name, JobAction::Delete, context).await?;
+    let job = observe_job(slot, JobAction::Delete, context).await;
     let reaped = job.as_ref().is_some_and(|j| {
         j.state == JobState::Succeeded
             && j.fingerprint.as_deref() == Some(uninstall::reaper_fingerprint(instance).as_str())
     });
-    let report = if reaped { reaper_report(job_name, context).await } else { None };
+    let report = if reaped { reaper_report(&slot.name, context).await } else { None };
     Ok(CleanupObserved {
         answer,
         job,

@@ -8,7 +8,10 @@
 
 use k8s_openapi::api::batch::v1::Job;
 use serde_json::json;
-use vynil_crds::{labels, names::agent_job_name};
+use vynil_crds::{
+    labels,
+    names::{agent_job_name, label_value, unique_agent_job_name},
+};
 
 use crate::{instance::InstanceKind, plan::JobRequest};
 
@@ -66,13 +69,44 @@ pub fn job_name(kind: InstanceKind, namespace: &str, name: &str) -> Result<Strin
     agent_job_name(kind.package_type().as_str(), namespace, name)
 }
 
+/// The Job's name when upstream's is taken by another instance's Job.
+pub fn unique_job_name(
+    kind: InstanceKind,
+    namespace: &str,
+    name: &str,
+) -> Result<String, vynil_crds::CrdError> {
+    unique_agent_job_name(kind.package_type().as_str(), namespace, name)
+}
+
+/// The instance a Job was made for, from its labels: `(type, namespace, name)`
+/// (upstream's `type`, `namespace`, `instance` labels; the full name from
+/// [`labels::INSTANCE_ANNOTATION`] when the label had to be hashed).
+pub fn job_instance(job: &Job) -> Option<(&str, &str, &str)> {
+    let job_labels = job.metadata.labels.as_ref()?;
+    let package_type = job_labels.get(labels::TYPE).or_else(|| job_labels.get("type"))?;
+    let namespace = job_labels.get(labels::NAMESPACE)?;
+    let annotated = job.metadata.annotations.as_ref().and_then(|a| a.get(labels::INSTANCE_ANNOTATION));
+    let name = annotated.or_else(|| job_labels.get(labels::INSTANCE))?;
+    Some((package_type, namespace, name))
+}
+
 /// Upstream's labels (`namespace`, `instance`, `type`, `action`) and ours, on the Job and its pod.
 fn job_labels(job: &str, package_type: &str, action: &str, namespace: &str, name: &str) -> serde_json::Value {
     json!({
         labels::NAME: job, labels::COMPONENT: labels::AGENT, labels::MANAGED_BY: labels::VYNIL,
         labels::ACTION: action, labels::TYPE: package_type,
-        labels::NAMESPACE: namespace, labels::INSTANCE: name, "type": package_type, "action": action,
+        labels::NAMESPACE: namespace, labels::INSTANCE: label_value(name), "type": package_type, "action": action,
     })
+}
+
+/// The annotations of a Job (and its pod) for instance `name`, beside `more`:
+/// the full name when the `instance` label could not hold it.
+fn job_annotations(name: &str, more: serde_json::Value) -> serde_json::Value {
+    let mut annotations = more;
+    if label_value(name) != name {
+        annotations[labels::INSTANCE_ANNOTATION] = json!(name);
+    }
+    annotations
 }
 
 fn env(name: &str, value: &str) -> serde_json::Value {
@@ -147,13 +181,13 @@ pub fn render(
         "metadata": {
             "name": job,
             "labels": pod_labels,
-            "annotations": {FINGERPRINT: request.fingerprint, REVISION: revision},
+            "annotations": job_annotations(name, json!({FINGERPRINT: request.fingerprint, REVISION: revision})),
         },
         "spec": {
             "backoffLimit": 3,
             "template": {
                 "metadata": {
-                    "annotations": {"mayfly.cloud.namecheap.com/expire": "120h"},
+                    "annotations": job_annotations(name, json!({"mayfly.cloud.namecheap.com/expire": "120h"})),
                     "labels": pod_labels,
                 },
                 "spec": {
@@ -209,12 +243,12 @@ pub fn render_reaper(
         "metadata": {
             "name": job,
             "labels": pod_labels,
-            "annotations": {FINGERPRINT: fingerprint, REVISION: "reaper"},
+            "annotations": job_annotations(name, json!({FINGERPRINT: fingerprint, REVISION: "reaper"})),
         },
         "spec": {
             "backoffLimit": 0,
             "template": {
-                "metadata": {"labels": pod_labels},
+                "metadata": {"labels": pod_labels, "annotations": job_annotations(name, json!({}))},
                 "spec": {
                     "restartPolicy": "Never",
                     "serviceAccountName": settings.service_account,

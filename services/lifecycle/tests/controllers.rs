@@ -407,3 +407,82 @@ fn resource(kind: &str) -> kube::api::ApiResource {
         plural: format!("{}s", kind.to_lowercase()),
     }
 }
+
+/// Every label value of `job` (and its pod template) is one the API server accepts.
+fn labels_are_valid(job: &k8s_openapi::api::batch::v1::Job) -> Result<(), String> {
+    let template =
+        job.spec.as_ref().and_then(|s| s.template.metadata.as_ref()).and_then(|m| m.labels.clone());
+    let all = job.metadata.labels.clone().into_iter().chain(template).flatten();
+    for (key, value) in all {
+        let ok = value.len() <= 63
+            && value.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+            && (value.is_empty()
+                || (value.starts_with(|c: char| c.is_ascii_alphanumeric())
+                    && value.ends_with(|c: char| c.is_ascii_alphanumeric())));
+        if !ok {
+            return Err(format!(
+                "label {key}={value:?} ({} characters) is not a valid label value",
+                value.len()
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn two_instances_whose_names_collide_under_upstreams_rule_each_get_their_own_job() {
+    let (world, script) = World::start(web("registry.example"), &[]).await;
+    // `web.v2` and `web-v2` both give upstream's `tenant--apps--web-v2`.
+    *script.lock().unwrap() =
+        Box::new(
+            |job| if job.instance_name == "web.v2" { AgentOutcome::Hang } else { AgentOutcome::succeed() },
+        );
+    world.create("TenantInstance", "web.v2", web_spec(), json!({})).await;
+    world.agent.wait_for_runs(1, Duration::from_secs(30)).await.unwrap();
+    let first = world.jobs().get("tenant--apps--web-v2").await.unwrap();
+    world.create("TenantInstance", "web-v2", web_spec(), json!({})).await;
+    eventually("web-v2 installed by a Job of its own", || async {
+        (world.get("TenantInstance", "web-v2").await["status"]["package"]["tag"] == "4.0.0").then_some(())
+    })
+    .await;
+    let still = world.jobs().get("tenant--apps--web-v2").await.unwrap();
+    assert_eq!(still.metadata.uid, first.metadata.uid, "web.v2's running Job was not replaced");
+    assert_eq!(still.metadata.labels.as_ref().unwrap()["instance"], "web.v2");
+    assert!(
+        world.get("TenantInstance", "web.v2").await["status"]["package"].is_null(),
+        "not credited to web.v2"
+    );
+    let runs: Vec<(String, String)> =
+        world.agent.runs().into_iter().map(|r| (r.job.instance_name, r.job.job_name)).collect();
+    assert_eq!(runs.len(), 2, "{runs:?}");
+    assert_ne!(runs[0].1, runs[1].1, "{runs:?}");
+    // Its uninstall runs under its own name too, and leaves web.v2's Job alone.
+    world.instances("TenantInstance").delete("web-v2", &DeleteParams::default()).await.unwrap();
+    eventually("web-v2 gone", || async {
+        world.instances("TenantInstance").get_opt("web-v2").await.unwrap().is_none().then_some(())
+    })
+    .await;
+    let after = world.jobs().get("tenant--apps--web-v2").await.unwrap();
+    assert_eq!(after.metadata.uid, first.metadata.uid);
+    world.stop().await;
+}
+
+#[tokio::test]
+async fn an_instance_named_with_253_characters_installs_with_valid_labels() {
+    let (world, _) = World::start(web("registry.example"), &[]).await;
+    let name = format!("{}.{}", "a".repeat(200), "b".repeat(52));
+    assert_eq!(name.len(), 253);
+    world.create("TenantInstance", &name, web_spec(), json!({})).await;
+    eventually("installed", || async {
+        (world.get("TenantInstance", &name).await["status"]["package"]["tag"] == "4.0.0").then_some(())
+    })
+    .await;
+    let jobs = world.jobs().list(&Default::default()).await.unwrap().items;
+    assert_eq!(jobs.len(), 1);
+    labels_are_valid(&jobs[0]).unwrap();
+    let annotations = jobs[0].metadata.annotations.as_ref().unwrap();
+    assert_eq!(annotations["vynil.solidite.fr/instance"], name, "the full name rides in an annotation");
+    // Upstream's agent found its instance by the Job's env.
+    assert_eq!(world.agent.runs()[0].job.instance_name, name);
+    world.stop().await;
+}
