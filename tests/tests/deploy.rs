@@ -212,6 +212,71 @@ fn the_base_and_both_overlays_render_into_valid_locked_down_objects() {
     }
 }
 
+/// Labels a pod of ours named `name` carries (kustomize's common label included).
+fn pod_labels(name: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("app.kubernetes.io/name".to_string(), name.to_string()),
+        ("app.kubernetes.io/part-of".to_string(), "vynil".to_string()),
+    ])
+}
+
+/// A Kubernetes label selector (`matchLabels` and `matchExpressions`, ANDed) against `labels`.
+fn selects(selector: &Value, labels: &BTreeMap<String, String>) -> bool {
+    let match_labels = selector["matchLabels"].as_object().into_iter().flatten();
+    let labels_hold = match_labels.into_iter().all(|(k, v)| labels.get(k).map(String::as_str) == v.as_str());
+    let expressions = selector["matchExpressions"].as_array().into_iter().flatten();
+    let expressions_hold = expressions.into_iter().all(|e| {
+        let key = e["key"].as_str().unwrap();
+        let values: Vec<&str> =
+            e["values"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+        match e["operator"].as_str().unwrap() {
+            "In" => labels.get(key).is_some_and(|v| values.contains(&v.as_str())),
+            "NotIn" => labels.get(key).is_none_or(|v| !values.contains(&v.as_str())),
+            "Exists" => labels.contains_key(key),
+            "DoesNotExist" => !labels.contains_key(key),
+            other => panic!("unknown operator {other}"),
+        }
+    });
+    labels_hold && expressions_hold
+}
+
+#[test]
+fn no_network_policy_selects_a_pod_that_is_not_ours() {
+    let observability: Vec<Value> = serde_yaml_ng::Deserializer::from_str(
+        &std::fs::read_to_string(root().join("deploy/observability/networkpolicy.yaml")).unwrap(),
+    )
+    .map(|doc| serde_json::to_value(serde_yaml_ng::Value::deserialize(doc).unwrap()).unwrap())
+    .filter(|v| !v.is_null())
+    .collect();
+    let mut policies: Vec<(String, Value)> =
+        observability.into_iter().map(|p| ("observability".into(), p)).collect();
+    for dir in ["base", "overlays/single", "overlays/ha"] {
+        policies.extend(
+            render(dir).into_iter().filter(|o| o["kind"] == "NetworkPolicy").map(|p| (dir.to_string(), p)),
+        );
+    }
+    // What else runs in vynil-system: upstream's operator and its diagnostic
+    // API server (`vynil-diag`, the aggregated v1.diag.vynil.solidite.fr),
+    // each with every label of ours but its name, and the agent Jobs' pods.
+    let mut foreign: Vec<BTreeMap<String, String>> =
+        ["vynil-controller", "vynil-diag", "vynil", "tenant--apps--web"]
+            .into_iter()
+            .map(pod_labels)
+            .collect();
+    foreign.push(BTreeMap::new());
+    foreign.push(BTreeMap::from([("app".to_string(), "vynil-diag".to_string())]));
+    for (dir, policy) in &policies {
+        let name = policy["metadata"]["name"].as_str().unwrap();
+        for labels in &foreign {
+            assert!(
+                !selects(&policy["spec"]["podSelector"], labels),
+                "{dir}: NetworkPolicy {name} selects a pod that is not ours: {labels:?}"
+            );
+        }
+    }
+    assert!(policies.len() >= 8, "{}", policies.len());
+}
+
 #[test]
 fn the_network_policies_allow_exactly_the_calls_of_the_design() {
     let objects = render("base");
@@ -221,8 +286,17 @@ fn the_network_policies_allow_exactly_the_calls_of_the_design() {
         let to = name_label(&policy["spec"]["podSelector"]);
         let rules = policy["spec"]["ingress"].as_array().cloned().unwrap_or_default();
         let Some(to) = to else {
-            // The empty selector: every pod, and no rule lets anything in.
-            default_deny = policy["spec"]["podSelector"] == serde_json::json!({}) && rules.is_empty();
+            // Our pods by name, and no rule lets anything in.
+            let ours = [
+                "vynil-catalog",
+                "vynil-scanner",
+                "vynil-purger",
+                "vynil-lifecycle",
+                "vynil-gateway",
+                "vynil-redis",
+            ];
+            default_deny = rules.is_empty()
+                && ours.iter().all(|name| selects(&policy["spec"]["podSelector"], &pod_labels(name)));
             continue;
         };
         for rule in rules {
