@@ -411,6 +411,12 @@ fn grants() -> BTreeMap<String, Vec<Grant>> {
 
 /// Grants no scenario below exercises, each with why it is needed.
 const UNEXERCISED: &[(&str, &str, &str, &str)] = &[
+    (
+        "vynil-lifecycle",
+        "update",
+        "configmaps",
+        "the migration step adds its record to a vynil-config an operator created without it",
+    ),
     ("vynil-scanner", "get", "jukeboxes/status", "a status read-back after a write conflict"),
     ("vynil-scanner", "get", "secrets", "JukeBoxes with a pull secret"),
     ("vynil-purger", "get", "secrets", "JukeBoxes with a pull secret"),
@@ -483,6 +489,26 @@ async fn every_call_the_services_make_is_granted_by_their_role_and_every_grant_i
     instances.delete("ollama", &DeleteParams::default()).await.unwrap();
     eventually("deleted", || async { instances.get_opt("ollama").await.unwrap().is_none().then_some(()) })
         .await;
+    // The migration step, as lifecycle's init container runs it, over upstream's Deployment.
+    let controller = serde_json::json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "vynil-controller", "namespace": "vynil-system"},
+        "spec": {"selector": {"matchLabels": {"app": "c"}}, "template": {"metadata": {"labels": {"app": "c"}},
+            "spec": {"containers": [{"name": "c", "image": "c", "env": [{"name": "AGENT_IMAGE", "value": "a/agent:0.7.7"}]}]}}}});
+    let deployments: kube::Api<k8s_openapi::api::apps::v1::Deployment> =
+        kube::Api::namespaced(stack.client.clone(), "vynil-system");
+    deployments.create(&PostParams::default(), &serde_json::from_value(controller).unwrap()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = stack.api.write_kubeconfig(dir.path(), "vynil-system").unwrap();
+    // A process of its own: the fake API server answers on this test's runtime.
+    let binary = vynil_testkit::workspace_binary("vynil-lifecycle", "vynil-lifecycle").unwrap();
+    let takeover = tokio::process::Command::new(binary)
+        .args(["takeover", "--namespace", "vynil-system"])
+        .env("KUBECONFIG", &kubeconfig)
+        .kill_on_drop(true)
+        .output()
+        .await
+        .unwrap();
+    assert!(takeover.status.success(), "{}", String::from_utf8_lossy(&takeover.stderr));
 
     let grants = grants();
     let granted = |account: &str, verb: &str, group: &str, resource: &str, namespace: Option<&str>| {

@@ -206,7 +206,15 @@ fn decide(u: &mut Unstructured<'_>, instance: &Instance) -> Result<()> {
         1 => InitVersion::Found { tag: VersionText::arbitrary(u)?.0, digest: None },
         _ => InitVersion::NotFound(text(u)?),
     };
-    let observed = Observed { resolution, init_version, prepared, job: job(u)?, now, max_attempts };
+    let observed = Observed {
+        resolution,
+        init_version,
+        prepared,
+        job: job(u)?,
+        now,
+        max_attempts,
+        reruns: Default::default(),
+    };
     if !instance.deleting {
         check_install(instance, &plan(instance, &observed));
     }

@@ -328,7 +328,25 @@ pub fn fingerprint(
     controller_values: &str,
     recommended: &Recommended,
 ) -> String {
+    fingerprint_with_agent(target, options_hash, controller_values, recommended, None)
+}
+
+/// [`fingerprint`], with the agent image as one more input when `agent_image`
+/// is given (upstream re-runs every install when `AGENT_IMAGE` changes; an
+/// opt-in here). `None` gives exactly [`fingerprint`].
+pub fn fingerprint_with_agent(
+    target: &Target,
+    options_hash: &str,
+    controller_values: &str,
+    recommended: &Recommended,
+    agent_image: Option<&str>,
+) -> String {
     let mut hasher = Sha256::new();
+    if let Some(image) = agent_image {
+        hasher.update(b"agent-image");
+        hasher.update((image.len() as u64).to_be_bytes());
+        hasher.update(image.as_bytes());
+    }
     let fields = [
         target.registry,
         target.image,

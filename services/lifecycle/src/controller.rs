@@ -68,6 +68,8 @@ pub struct Context {
     pub framework: semver::Version,
     pub scripts: ScriptLimits,
     pub max_attempts: u32,
+    /// Upstream's re-runs, opted into.
+    pub reruns: plan::Reruns,
     pub stores: Stores,
     pub metrics: LifecycleMetrics,
     recorder: Recorder,
@@ -100,6 +102,7 @@ pub struct Settings {
     /// What a package's `value_script` and `prefly` may do.
     pub scripts: ScriptLimits,
     pub max_attempts: u32,
+    pub reruns: plan::Reruns,
     pub reporter: kube::runtime::events::Reporter,
     pub leader: Leader,
     pub requeue: Duration,
@@ -120,6 +123,7 @@ impl Context {
             framework: settings.framework,
             scripts: settings.scripts,
             max_attempts: settings.max_attempts.max(1),
+            reruns: settings.reruns,
             stores,
             metrics,
             outcomes: Mutex::default(),
@@ -385,6 +389,7 @@ pub async fn observe(
         job: observe_job(slot, JobAction::Install, context).await,
         now: jiff::Timestamp::now(),
         max_attempts: context.max_attempts,
+        reruns: context.reruns.clone(),
     })
 }
 
@@ -921,6 +926,7 @@ mod tests {
             framework: semver::Version::new(0, 7, 7),
             scripts: ScriptLimits::default(),
             max_attempts: 3,
+            reruns: plan::Reruns::default(),
             reporter: kube::runtime::events::Reporter {
                 controller: "vynil-lifecycle".into(),
                 instance: None,

@@ -25,6 +25,7 @@ mod metrics;
 pub mod plan;
 mod reaper;
 mod script;
+pub mod takeover;
 pub mod uninstall;
 
 use std::{future::Future, net::SocketAddr, sync::Arc, time::Duration};
@@ -84,6 +85,14 @@ pub struct Config {
     /// Duration of the leader Lease; it is renewed every third of it.
     #[arg(long, env = "VYNIL_LEASE_SECONDS", default_value_t = 15)]
     pub lease_seconds: u64,
+    /// Re-create a deleted agent Job (re-running the install), as upstream's
+    /// 15-minute reconcile does; off: re-runs follow the fingerprint only.
+    #[arg(long, env = "VYNIL_RECREATE_DELETED_JOBS", default_value_t = false)]
+    pub recreate_deleted_jobs: bool,
+    /// Re-run every install when the agent image changes, as upstream does;
+    /// off: a new agent image applies at each instance's next change.
+    #[arg(long, env = "VYNIL_RERUN_ON_AGENT_IMAGE_CHANGE", default_value_t = false)]
+    pub rerun_on_agent_image_change: bool,
     #[command(subcommand)]
     pub command: Option<Command>,
 }
@@ -94,6 +103,9 @@ pub enum Command {
     /// Delete an instance's recorded children without package hooks (the
     /// reaper Job's container; see `docs/lifecycle.md`).
     Reap(reaper::ReapArgs),
+    /// Record, once, the agent image and framework version upstream's
+    /// operator ran, in the ConfigMap `vynil-config` (`docs/migration.md`).
+    Takeover(takeover::TakeoverArgs),
 }
 
 /// Errors of the lifecycle service.
@@ -182,8 +194,10 @@ pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), LifecycleError> {
-    if let Some(Command::Reap(args)) = config.command {
-        return reaper::main(args).await;
+    match config.command {
+        Some(Command::Reap(args)) => return reaper::main(args).await,
+        Some(Command::Takeover(args)) => return takeover::main(args).await,
+        None => {}
     }
     if !config.shared.kubernetes {
         let service =
@@ -237,6 +251,10 @@ pub async fn run_with_client(
         framework: config.shared.vynil_version.clone(),
         scripts: config.shared.scripts(),
         max_attempts: config.max_install_attempts,
+        reruns: plan::Reruns {
+            recreate_deleted_jobs: config.recreate_deleted_jobs,
+            agent_image: config.rerun_on_agent_image_change.then(|| config.agent_image.clone()),
+        },
         reporter: kube::runtime::events::Reporter {
             controller: "vynil-lifecycle".into(),
             instance: config.shared.pod_name.clone(),

@@ -100,6 +100,20 @@ pub struct Observed {
     pub job: Option<ObservedJob>,
     pub now: jiff::Timestamp,
     pub max_attempts: u32,
+    /// Upstream's re-runs, each opt-in (`docs/lifecycle.md`).
+    pub reruns: Reruns,
+}
+
+/// Upstream's re-runs that the fingerprint alone does not make, each opt-in.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Reruns {
+    /// `--recreate-deleted-jobs`: a deleted agent Job is created again (the
+    /// install runs again), as upstream's 15-minute reconcile does.
+    pub recreate_deleted_jobs: bool,
+    /// `--rerun-on-agent-image-change`: the agent image is part of the
+    /// fingerprint, so a new image re-runs every install, as upstream's Job
+    /// template change does.
+    pub agent_image: Option<String>,
 }
 
 /// What a new agent Job is rendered from (the settings add image, account…).
@@ -477,7 +491,13 @@ pub fn plan(instance: &Instance, observed: &Observed) -> Plan {
     let options_hash = install::options_hash(instance.options.as_ref());
     let target =
         Target { registry: &package.registry, image: &package.image, tag: &tag, digest: digest.as_deref() };
-    let fingerprint = install::fingerprint(&target, &options_hash, &controller_values, &prepared.recommended);
+    let fingerprint = install::fingerprint_with_agent(
+        &target,
+        &options_hash,
+        &controller_values,
+        &prepared.recommended,
+        observed.reruns.agent_image.as_deref(),
+    );
     let revision = InstalledPackage {
         registry: package.registry.clone(),
         image: package.image.clone(),
@@ -551,6 +571,16 @@ pub fn plan(instance: &Instance, observed: &Observed) -> Plan {
         return Plan { steps, outcome: installing, requeue: REQUEUE };
     }
     let installed_fingerprint = status.package.as_ref().and_then(|p| p.fingerprint.as_deref());
+    let recreate = observed.reruns.recreate_deleted_jobs && observed.job.is_none();
+    if installed_fingerprint == Some(fingerprint.as_str()) && recreate && status.target.is_none() {
+        steps.push(Step::Event {
+            warning: false,
+            reason: "RecreateDeletedJob",
+            note: "the agent Job was deleted: running it again (--recreate-deleted-jobs)".into(),
+        });
+        start(&mut steps, false, None);
+        return Plan { steps, outcome: installing, requeue: REQUEUE };
+    }
     if installed_fingerprint == Some(fingerprint.as_str()) {
         if status.target.is_some() {
             // A target left by a run that was superseded: the installed revision is current.

@@ -65,6 +65,7 @@ fn observed(tag: &str) -> Observed {
         job: None,
         now: "2026-12-01T12:00:00Z".parse().unwrap(),
         max_attempts: 3,
+        reruns: Default::default(),
     }
 }
 
@@ -534,4 +535,36 @@ fn an_instance_upstream_installed_with_a_mistyped_option_is_adopted_with_a_warni
     let plan = plan::plan(&new, &newer);
     assert_eq!(creates_job(&plan), None);
     assert!(condition(&plan).unwrap().2.starts_with("[E_OPTION_TYPE]"));
+}
+
+#[test]
+fn upstreams_reruns_are_opt_in_a_deleted_job_and_a_new_agent_image() {
+    let seen = observed("4.0.0");
+    let fingerprint = fingerprint_of(&plan::plan(&fresh(), &seen));
+    let up_to_date = instance(json!({}), Value::Null, installed("4.0.0", &fingerprint));
+    // Off (the default): the Job is gone, the fingerprint holds, nothing runs.
+    let plan = plan::plan(&up_to_date, &seen);
+    assert_eq!(plan.outcome, Outcome::UpToDate { tag: "4.0.0".into() });
+    // --recreate-deleted-jobs: the deleted Job is created again…
+    let mut recreate = observed("4.0.0");
+    recreate.reruns.recreate_deleted_jobs = true;
+    let plan = plan::plan(&up_to_date, &recreate);
+    assert_eq!(creates_job(&plan).as_deref(), Some("4.0.0"), "{plan:?}");
+    // …but not while it still exists.
+    recreate.job = Some(ObservedJob {
+        uid: "u".into(),
+        fingerprint: Some(fingerprint.clone()),
+        state: JobState::Succeeded,
+    });
+    let plan = plan::plan(&up_to_date, &recreate);
+    assert_eq!(creates_job(&plan), None, "{plan:?}");
+    // --rerun-on-agent-image-change: the image is part of the fingerprint.
+    let mut image = observed("4.0.0");
+    image.reruns.agent_image = Some("sebt3/vynil-agent:0.7.7".into());
+    let with_image = fingerprint_of(&plan::plan(&fresh(), &image));
+    assert_ne!(with_image, fingerprint);
+    let installed_with_image = instance(json!({}), Value::Null, installed("4.0.0", &with_image));
+    assert_eq!(plan::plan(&installed_with_image, &image).outcome, Outcome::UpToDate { tag: "4.0.0".into() });
+    image.reruns.agent_image = Some("sebt3/vynil-agent:0.7.8".into());
+    assert_eq!(creates_job(&plan::plan(&installed_with_image, &image)).as_deref(), Some("4.0.0"));
 }
