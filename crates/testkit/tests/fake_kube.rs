@@ -661,7 +661,10 @@ fn agent_job(action: &str, tag: &str) -> Result<Job, serde_json::Error> {
             "vynil.solidite.fr/type": "tenant", "namespace": "tenant-a", "instance": "app",
         }},
         "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [{
-            "name": action, "image": "agent", "env": [{"name": "TAG", "value": tag}, {"name": "OPTIONS_HASH", "value": "abc"}],
+            // Upstream's agent contract: it finds its instance by this env, not by labels.
+            "name": action, "image": "agent", "args": ["tenant", action],
+            "env": [{"name": "NAMESPACE", "value": "tenant-a"}, {"name": "INSTANCE", "value": "app"},
+                {"name": "TAG", "value": tag}, {"name": "OPTIONS_HASH", "value": "abc"}],
         }]}}},
     }))
 }
