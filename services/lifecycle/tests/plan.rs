@@ -94,6 +94,28 @@ fn installed(tag: &str, fingerprint: &str) -> Value {
         "registry": "registry.example", "image": "apps/web", "tag": tag, "type": "tenant", "fingerprint": fingerprint}})
 }
 
+/// The target a plan records (its `RecordTarget` step).
+fn recorded_target(plan: &Plan) -> AgentTarget {
+    plan.steps
+        .iter()
+        .find_map(|s| match s {
+            Step::RecordTarget(t) => Some(t.clone()),
+            _ => None,
+        })
+        .expect("a RecordTarget step")
+}
+
+/// The revision a plan records as installed (its `RecordInstalled` step).
+fn recorded_installed(plan: &Plan) -> vynil_crds::InstalledPackage {
+    plan.steps
+        .iter()
+        .find_map(|s| match s {
+            Step::RecordInstalled(p) => Some(p.clone()),
+            _ => None,
+        })
+        .expect("a RecordInstalled step")
+}
+
 fn condition(plan: &Plan) -> Option<(&'static str, bool, String)> {
     plan.steps.iter().find_map(|s| match s {
         Step::Condition { condition_type, ok, message } => {
@@ -294,14 +316,7 @@ fn a_failed_job_is_kept_counted_once_retried_with_doubling_backoff_then_stays_fa
     seen.job = Some(failed("j1"));
     let plan = plan::plan(&fresh(), &seen);
     assert!(!plan.steps.contains(&Step::DeleteJob) && creates_job(&plan).is_none(), "{plan:?}");
-    let recorded = plan
-        .steps
-        .iter()
-        .find_map(|s| match s {
-            Step::RecordTarget(t) => Some(t.clone()),
-            _ => None,
-        })
-        .unwrap();
+    let recorded = recorded_target(&plan);
     assert_eq!((recorded.failures, recorded.retry_at.as_deref()), (1, Some("2026-12-01T12:01:00Z")));
     let (kind, ok, message) = condition(&plan).unwrap();
     assert!(kind == "Installed" && !ok && message.contains("pod exited 1"), "{message}");
@@ -316,14 +331,7 @@ fn a_failed_job_is_kept_counted_once_retried_with_doubling_backoff_then_stays_fa
     // The second failure doubles the wait.
     seen.job = Some(failed("j2"));
     let plan = plan::plan(&target(1, "j1", "2026-12-01T12:01:00Z"), &seen);
-    let recorded = plan
-        .steps
-        .iter()
-        .find_map(|s| match s {
-            Step::RecordTarget(t) => Some(t.clone()),
-            _ => None,
-        })
-        .unwrap();
+    let recorded = recorded_target(&plan);
     assert_eq!((recorded.failures, recorded.retry_at.as_deref()), (2, Some("2026-12-01T12:03:00Z")));
     // Out of attempts: stays failed whatever the time, until the fingerprint changes.
     seen.now = "2026-12-02T00:00:00Z".parse().unwrap();
@@ -381,14 +389,7 @@ fn the_history_keeps_the_last_five_installed_revisions_oldest_first() {
     for minor in 0..7 {
         let tag = format!("1.{minor}.0");
         let plan = plan::plan(&instance(json!({}), Value::Null, status.clone()), &observed(&tag));
-        let target = plan
-            .steps
-            .iter()
-            .find_map(|s| match s {
-                Step::RecordTarget(t) => Some(t.clone()),
-                _ => None,
-            })
-            .unwrap();
+        let target = recorded_target(&plan);
         let mut done = observed(&tag);
         done.job = Some(ObservedJob {
             uid: tag.clone(),
@@ -504,14 +505,7 @@ fn an_instance_upstream_installed_with_a_mistyped_option_is_adopted_with_a_warni
     let plan = plan::plan(&upstream, &seen);
     assert_eq!(plan.outcome, Outcome::Adopted { tag: "4.0.0".into() }, "{plan:?}");
     assert!(plan.steps.iter().any(|s| matches!(s, Step::Event { warning: true, reason: "OptionTypeMismatch", note } if note.contains("replicas"))));
-    let recorded = plan
-        .steps
-        .iter()
-        .find_map(|s| match s {
-            Step::RecordInstalled(p) => Some(p.clone()),
-            _ => None,
-        })
-        .unwrap();
+    let recorded = recorded_installed(&plan);
     assert!(recorded.adopted, "remembered, so the next reconcile serves it alike");
     // The next reconcile, with status.package recorded as adopted: an upgrade runs, unblocked.
     let mut status = json!({"tag": "4.0.0", "digest": hash});
@@ -521,14 +515,7 @@ fn an_instance_upstream_installed_with_a_mistyped_option_is_adopted_with_a_warni
     newer.prepared.as_mut().unwrap().options = mistyped();
     let plan = plan::plan(&adopted, &newer);
     assert_eq!(creates_job(&plan).as_deref(), Some("4.1.0"), "{plan:?}");
-    let target = plan
-        .steps
-        .iter()
-        .find_map(|s| match s {
-            Step::RecordTarget(t) => Some(t.clone()),
-            _ => None,
-        })
-        .unwrap();
+    let target = recorded_target(&plan);
     assert!(target.revision.adopted);
     // A new instance created after the switch is held to the schema.
     let new = instance(json!({}), options, Value::Null);
