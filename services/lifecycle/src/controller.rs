@@ -357,21 +357,20 @@ pub async fn observe(
     let (init_version, prepared) = match &resolution {
         Resolution::Package { package, pull_secret } => {
             let init_version = init_version(instance, package, pull_secret.as_deref(), context).await?;
-            let facts = facts::gather(
-                &context.client,
-                &context.stores,
-                &context.agent.tenant_label,
-                &instance.namespace,
-                instance.object.clone(),
-                context.scripts,
-            )
-            .await?;
+            let asked = facts::Asked {
+                namespace: &instance.namespace,
+                instance: &instance.object,
+                tenant_label: &context.agent.tenant_label,
+                scripts: context.scripts,
+                vynil_version: &context.framework,
+            };
+            let facts = facts::gather(&context.client, &context.stores, asked).await?;
             let content = &package.content;
             let kind = instance.kind.package_type();
-            let controller_values =
-                content.value_script_source().map_err(|e| e.to_string()).and_then(|source| {
-                    crate::script::controller_values(source.as_deref(), &instance.object, context.scripts)
-                });
+            let controller_values = content
+                .value_script_source()
+                .map_err(|e| e.to_string())
+                .and_then(|source| facts.script.controller_values(source.as_deref()));
             let prepared = Prepared {
                 options: install::check_options(content.options.as_ref(), instance.options.as_ref()),
                 unmet: install::unmet_requirement(content, kind, &context.framework, &facts),
@@ -808,17 +807,16 @@ pub async fn observe_cleanup(
         Some(recorded) => Some(check_recorded(recorded, context).await),
         None => None,
     };
-    let answer =
-        match context.catalog.resolve_cleanup(instance, check, instance.status.have_child).await? {
-            Cleanup::NothingToDelete => CleanupAnswer::NothingToDelete,
-            Cleanup::Gone { code, message } => {
-                CleanupAnswer::Gone { what: uninstall::Gone::from_code(&code), message }
-            }
-            Cleanup::WithoutPackage { warning } => CleanupAnswer::WithoutPackage { warning },
-            Cleanup::UsePackage { package, pull_secret } => CleanupAnswer::Revision(Box::new(
-                delete_request(instance, &package, pull_secret, context.scripts),
-            )),
-        };
+    let answer = match context.catalog.resolve_cleanup(instance, check, instance.status.have_child).await? {
+        Cleanup::NothingToDelete => CleanupAnswer::NothingToDelete,
+        Cleanup::Gone { code, message } => {
+            CleanupAnswer::Gone { what: uninstall::Gone::from_code(&code), message }
+        }
+        Cleanup::WithoutPackage { warning } => CleanupAnswer::WithoutPackage { warning },
+        Cleanup::UsePackage { package, pull_secret } => {
+            CleanupAnswer::Revision(Box::new(delete_request(instance, &package, pull_secret, context)))
+        }
+    };
     let job = observe_job(slot, JobAction::Delete, context).await;
     let reaped = job.as_ref().is_some_and(|j| {
         j.state == JobState::Succeeded
@@ -840,7 +838,7 @@ fn delete_request(
     instance: &Instance,
     package: &pb::Package,
     pull_secret: Option<String>,
-    scripts: ScriptLimits,
+    context: &Context,
 ) -> JobRequest {
     let recorded = instance
         .status
@@ -853,7 +851,13 @@ fn delete_request(
             .ok()
             .and_then(|p| p.content.value_script_source().ok().flatten())
             .and_then(|source| {
-                crate::script::controller_values(Some(&source), &instance.object, scripts).ok()
+                let given = crate::script::upstream::Given {
+                    cluster: None,
+                    vynil_version: context.framework.to_string(),
+                };
+                crate::script::Host::new(instance.object.clone(), context.scripts, given)
+                    .controller_values(Some(&source))
+                    .ok()
             })
             .unwrap_or_else(|| "{}".into()),
     };

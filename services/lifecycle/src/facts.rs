@@ -56,10 +56,9 @@ pub struct Facts {
     pub tenant_packages: HashSet<(String, String)>,
     pub system_services: HashSet<String>,
     pub tenant_services: HashSet<String>,
-    /// The instance object, bound as `instance` in `prefly`.
-    pub instance: Value,
-    /// What a `prefly` expression may do.
-    pub scripts: vynil_store::script::ScriptLimits,
+    /// Where `prefly` and `value_script` run: the instance, bound as
+    /// `instance`, and the facts above for upstream's helpers.
+    pub script: script::Host,
 }
 
 impl ClusterFacts for Facts {
@@ -82,7 +81,7 @@ impl ClusterFacts for Facts {
         self.tenant_services.contains(key)
     }
     fn prefly(&self, prefly: &Prefly) -> Result<bool, String> {
-        script::prefly(&prefly.script, &self.instance, self.scripts)
+        self.script.prefly(&prefly.script)
     }
 }
 
@@ -111,15 +110,20 @@ fn leading_number(text: &str) -> Option<u64> {
     digits.parse().ok()
 }
 
-/// Gathers the facts for the instance `namespace`, object `instance`.
-pub async fn gather(
-    client: &Client,
-    stores: &Stores,
-    tenant_label: &str,
-    namespace: &str,
-    instance: Value,
-    scripts: vynil_store::script::ScriptLimits,
-) -> Result<Facts, LifecycleError> {
+/// What `gather` is asked about: the instance, the tenant label, and what
+/// its scripts may do.
+#[derive(Debug, Clone, Copy)]
+pub struct Asked<'a> {
+    pub namespace: &'a str,
+    pub instance: &'a Value,
+    pub tenant_label: &'a str,
+    pub scripts: vynil_store::script::ScriptLimits,
+    pub vynil_version: &'a semver::Version,
+}
+
+/// Gathers the facts for the instance `asked.instance`.
+pub async fn gather(client: &Client, stores: &Stores, asked: Asked<'_>) -> Result<Facts, LifecycleError> {
+    let Asked { namespace, instance, tenant_label, scripts, vynil_version } = asked;
     let info = client.apiserver_version().await.map_err(kube("reading /version"))?;
     let version = leading_number(&info.major)
         .zip(leading_number(&info.minor))
@@ -138,7 +142,7 @@ pub async fn gather(
         .await
         .map_err(kube("reading the instance's namespace"))?
         .and_then(|n| n.labels().get(tenant_label).cloned());
-    let tenant_namespaces: HashSet<String> = match tenant {
+    let tenant_namespaces: HashSet<String> = match tenant.clone() {
         Some(value) => {
             let selector = ListParams::default().labels(&format!("{tenant_label}={value}"));
             let list = namespaces.list(&selector).await.map_err(kube("listing the tenant's namespaces"))?;
@@ -147,15 +151,28 @@ pub async fn gather(
         None => HashSet::from([namespace.to_string()]),
     };
     let in_tenant = |o: &DynamicObject| o.namespace().is_some_and(|ns| tenant_namespaces.contains(&ns));
+    let mut sorted: Vec<String> = tenant_namespaces.iter().cloned().collect();
+    sorted.sort();
+    let cluster = script::upstream::Cluster {
+        namespace: namespace.to_string(),
+        tenant_name: tenant.clone().unwrap_or_else(|| namespace.to_string()),
+        tenant_namespaces: sorted,
+        tenants: stores.tenant.state(),
+        services: stores.service.state(),
+        systems: stores.system.state(),
+    };
+    let given = script::upstream::Given {
+        cluster: Some(std::sync::Arc::new(cluster)),
+        vynil_version: vynil_version.to_string(),
+    };
     let mut facts = Facts {
         version,
         crds: crds.items.iter().map(|c| c.name_any()).collect(),
-        instance,
         system_packages: HashSet::new(),
         tenant_packages: HashSet::new(),
         system_services: HashSet::new(),
         tenant_services: HashSet::new(),
-        scripts,
+        script: script::Host::new(instance.clone(), scripts, given),
     };
     for object in stores.system.state() {
         facts.system_packages.extend(spec_package(&object));

@@ -2,58 +2,91 @@
 //! and `prefly` requirements (a truth), both with `instance` bound to the
 //! instance object, as upstream's operator evaluates them. They run in the
 //! scanner's sealed engine (`vynil_store::script::ScriptLimits::sandbox`): no modules, no
-//! `eval`, bounded work. A function we do not provide is an error naming it
-//! (Rhai's "Function not found: …"), which becomes a condition and no Job.
+//! `eval`, bounded work, plus the upstream helpers that are safe there
+//! ([`upstream`]). A function we do not provide is an error naming it
+//! (Rhai's "Function not found: …", or why upstream's helper of that name is
+//! refused), which becomes a condition and no Job.
 
-use rhai::{Dynamic, Scope};
+pub mod upstream;
+
+use rhai::{Dynamic, EvalAltResult, Scope};
 use serde_json::Value;
 use vynil_store::script::ScriptLimits;
 
-fn scope(instance: &Value) -> Result<Scope<'static>, String> {
-    let bound = rhai::serde::to_dynamic(instance).map_err(|e| format!("cannot bind `instance`: {e}"))?;
-    let mut scope = Scope::new();
-    scope.push_constant("instance", bound);
-    Ok(scope)
+/// Where one instance's scripts run: the instance, the limits, and what the
+/// helpers may read.
+#[derive(Debug, Clone)]
+pub struct Host {
+    instance: Value,
+    limits: ScriptLimits,
+    given: upstream::Given,
 }
 
-/// `CONTROLLER_VALUES`: the map `source` evaluates to, as JSON text; `{}`
-/// without a script.
-pub fn controller_values(
-    source: Option<&str>,
-    instance: &Value,
-    scripts: ScriptLimits,
-) -> Result<String, String> {
-    let Some(source) = source.filter(|s| !s.trim().is_empty()) else {
-        return Ok("{}".into());
-    };
-    let engine = scripts.sandbox();
-    let mut scope = scope(instance)?;
-    let value: Dynamic = engine.eval_with_scope(&mut scope, source).map_err(|e| scripts.failure(&e))?;
-    if !value.is::<rhai::Map>() {
-        return Err(format!("it must evaluate to a map, not a {}", value.type_name()));
+impl Host {
+    pub fn new(instance: Value, limits: ScriptLimits, given: upstream::Given) -> Self {
+        Self { instance, limits, given }
     }
-    let json: Value = rhai::serde::from_dynamic(&value).map_err(|e| e.to_string())?;
-    Ok(json.to_string())
-}
 
-/// Whether a `prefly` expression holds for `instance`.
-pub fn prefly(source: &str, instance: &Value, scripts: ScriptLimits) -> Result<bool, String> {
-    let engine = scripts.sandbox();
-    let mut scope = scope(instance)?;
-    let value: Dynamic = engine.eval_with_scope(&mut scope, source).map_err(|e| scripts.failure(&e))?;
-    value.as_bool().map_err(|t| format!("it must evaluate to a boolean, not a {t}"))
+    fn run(&self, source: &str) -> Result<Dynamic, String> {
+        let mut engine = self.limits.sandbox();
+        upstream::register(&mut engine, &self.given);
+        let bound =
+            rhai::serde::to_dynamic(&self.instance).map_err(|e| format!("cannot bind `instance`: {e}"))?;
+        let mut scope = Scope::new();
+        scope.push_constant("instance", bound);
+        engine.eval_with_scope(&mut scope, source).map_err(|e| self.failure(&e))
+    }
+
+    /// A script's failure in words: a call to an upstream helper this engine
+    /// refuses says which and why.
+    fn failure(&self, error: &EvalAltResult) -> String {
+        let mut cause = error;
+        while let EvalAltResult::ErrorInFunctionCall(_, _, inner, _) = cause {
+            cause = inner;
+        }
+        if let EvalAltResult::ErrorFunctionNotFound(signature, position) = cause {
+            let name = signature.split([' ', '(']).next().unwrap_or_default();
+            if let Some(refusal) = upstream::refusal(name) {
+                return format!("{refusal} ({position})");
+            }
+        }
+        self.limits.failure(error)
+    }
+
+    /// `CONTROLLER_VALUES`: the map `source` evaluates to, as JSON text;
+    /// `{}` without a script.
+    pub fn controller_values(&self, source: Option<&str>) -> Result<String, String> {
+        let Some(source) = source.filter(|s| !s.trim().is_empty()) else {
+            return Ok("{}".into());
+        };
+        let value = self.run(source)?;
+        if !value.is::<rhai::Map>() {
+            return Err(format!("it must evaluate to a map, not a {}", value.type_name()));
+        }
+        let json: Value = rhai::serde::from_dynamic(&value).map_err(|e| e.to_string())?;
+        Ok(json.to_string())
+    }
+
+    /// Whether a `prefly` expression holds for the instance.
+    pub fn prefly(&self, source: &str) -> Result<bool, String> {
+        self.run(source)?.as_bool().map_err(|t| format!("it must evaluate to a boolean, not a {t}"))
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn host(instance: &Value, limits: ScriptLimits) -> Host {
+        Host::new(instance.clone(), limits, upstream::Given::default())
+    }
+
     fn controller_values(source: Option<&str>, instance: &Value) -> Result<String, String> {
-        super::controller_values(source, instance, ScriptLimits::default())
+        host(instance, ScriptLimits::default()).controller_values(source)
     }
 
     fn prefly(source: &str, instance: &Value) -> Result<bool, String> {
-        super::prefly(source, instance, ScriptLimits::default())
+        host(instance, ScriptLimits::default()).prefly(source)
     }
     use serde_json::json;
 
@@ -91,14 +124,14 @@ mod tests {
         let instance = json!({});
         let counting = "let n = 0; for i in 0..200 { n += i } #{ n: n }";
         let limited = ScriptLimits::new(100);
-        assert!(super::controller_values(Some(counting), &instance, ScriptLimits::default()).is_ok());
-        let error = super::controller_values(Some(counting), &instance, limited).unwrap_err();
+        assert!(controller_values(Some(counting), &instance).is_ok());
+        let error = host(&instance, limited).controller_values(Some(counting)).unwrap_err();
         assert!(
             error.contains("over 100 operations") && error.contains("--max-script-operations"),
             "{error}"
         );
         let error =
-            super::prefly("let n = 0; for i in 0..200 { n += i } n > 0", &instance, limited).unwrap_err();
+            host(&instance, limited).prefly("let n = 0; for i in 0..200 { n += i } n > 0").unwrap_err();
         assert!(error.contains("--max-script-operations"), "{error}");
     }
 }
