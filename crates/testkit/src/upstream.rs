@@ -370,17 +370,26 @@ impl Drop for UpstreamReader {
 impl UpstreamReader {
     /// Watches the three instance kinds in every namespace.
     pub fn start(client: kube::Client) -> Self {
+        Self::watch(client, &["TenantInstance", "ServiceInstance", "SystemInstance"], decode_instance_status)
+    }
+
+    /// Watches the JukeBoxes (what the scanner writes).
+    pub fn jukeboxes(client: kube::Client) -> Self {
+        Self::watch(client, &["JukeBox"], decode_jukebox_status)
+    }
+
+    fn watch(client: kube::Client, kinds: &[&str], decode: fn(&Value) -> Result<(), Refused>) -> Self {
         use futures::StreamExt;
         use kube::runtime::{WatchStreamExt, watcher};
         let refused: std::sync::Arc<std::sync::Mutex<Vec<(String, Refused)>>> = Default::default();
-        let tasks = ["TenantInstance", "ServiceInstance", "SystemInstance"]
-            .into_iter()
+        let tasks = kinds
+            .iter()
             .map(|kind| {
                 let resource = kube::api::ApiResource {
                     group: "vynil.solidite.fr".into(),
                     version: "v1".into(),
                     api_version: "vynil.solidite.fr/v1".into(),
-                    kind: kind.into(),
+                    kind: kind.to_string(),
                     plural: format!("{}s", kind.to_lowercase()),
                 };
                 let api: kube::Api<kube::api::DynamicObject> = kube::Api::all_with(client.clone(), &resource);
@@ -392,7 +401,7 @@ impl UpstreamReader {
                         let Ok(object) = event else { continue };
                         let version = object.metadata.resource_version.clone().unwrap_or_default();
                         let Ok(value) = serde_json::to_value(&object) else { continue };
-                        if let Err(why) = decode_instance_status(&value)
+                        if let Err(why) = decode(&value)
                             && let Ok(mut list) = refused.lock()
                         {
                             list.push((version, why));

@@ -23,6 +23,7 @@ use vynil_testkit::{
     Fault, FaultAction, HttpFront, JukeboxBuilder, PackageSpec, PackageType, RedisServer, RegistryOptions,
     RegistryServer, ServiceProcess,
     kube_api::{ApiFault, ApiFaultAction, FakeApiServer},
+    upstream::{UpstreamReader, decode_jukebox_status},
 };
 
 struct World {
@@ -33,6 +34,27 @@ struct World {
     boxes: Api<JukeBox>,
     dir: tempfile::TempDir,
     kubeconfig: PathBuf,
+    upstream: UpstreamReader,
+}
+
+/// What upstream's operator reads of what the scanner wrote: every JukeBox
+/// status version the watch saw, and the final ones, decode with upstream's
+/// types (`vynil_testkit::upstream`). Checked when each test's world goes,
+/// unless the test already failed.
+impl Drop for World {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            return;
+        }
+        for object in self.api.objects("vynil.solidite.fr", "jukeboxes") {
+            decode_jukebox_status(&object).unwrap_or_else(|e| panic!("upstream cannot read a JukeBox: {e}"));
+        }
+        let refused = self.upstream.refused();
+        assert!(
+            refused.is_empty(),
+            "upstream's types refused JukeBox statuses the scanner wrote: {refused:#?}"
+        );
+    }
 }
 
 async fn world() -> World {
@@ -47,7 +69,8 @@ async fn world() -> World {
     let boxes: Api<JukeBox> = Api::all(api.client().unwrap());
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = api.write_kubeconfig(dir.path(), "vynil-system").unwrap();
-    World { registry, front, redis, api, boxes, dir, kubeconfig }
+    let upstream = UpstreamReader::jukeboxes(api.client().unwrap());
+    World { registry, front, redis, api, boxes, dir, kubeconfig, upstream }
 }
 
 impl World {
