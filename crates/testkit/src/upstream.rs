@@ -273,6 +273,60 @@ pub struct JukeBoxStatus {
     pub packages: Vec<VynilPackage>,
 }
 
+/// `JukeBoxDef` (`common/src/jukebox.rs`): the source, externally tagged,
+/// snake_case (`docs/upstream-vynil.md` §1.1). Our `layout` is not among them.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JukeBoxDef {
+    List(Vec<String>),
+    Harbor {
+        registry: String,
+        project: String,
+    },
+    Gitlab {
+        url: String,
+        registry: String,
+        project: String,
+    },
+    Script(String),
+    Http {
+        url: String,
+        secret: Option<String>,
+    },
+    S3 {
+        bucket: String,
+        region: String,
+        prefix: Option<String>,
+        endpoint: Option<String>,
+        secret: Option<String>,
+    },
+}
+
+/// `JukeBoxMaturity` (`common/src/jukebox.rs`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JukeBoxMaturity {
+    Stable,
+    Beta,
+    Alpha,
+}
+
+/// `JukeBoxSpec` (`common/src/jukebox.rs`; snake_case fields).
+#[derive(Debug, Clone, Deserialize)]
+pub struct JukeBoxSpec {
+    pub source: Option<JukeBoxDef>,
+    pub maturity: Option<JukeBoxMaturity>,
+    pub pull_secret: Option<String>,
+    pub schedule: String,
+}
+
+/// A JukeBox as upstream's operator decodes it.
+#[derive(Debug, Clone, Deserialize)]
+pub struct JukeBox {
+    pub spec: JukeBoxSpec,
+    pub status: Option<JukeBoxStatus>,
+}
+
 /// Why upstream's types refuse an object.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("upstream's {kind} types refuse {what}: {problem}")]
@@ -348,6 +402,11 @@ pub fn decode_jukebox_status(object: &Value) -> Result<(), Refused> {
     }
 }
 
+/// Decodes a whole JukeBox (spec and status) as upstream's operator does.
+pub fn decode_jukebox(object: &Value) -> Result<(), Refused> {
+    decode_as::<JukeBox>("JukeBox", object).map(drop)
+}
+
 /// Reads every instance version the API server publishes, as upstream's
 /// operator would (it watches the three kinds and decodes each object), and
 /// keeps the statuses upstream's types refused: the round trip every
@@ -370,27 +429,36 @@ impl Drop for UpstreamReader {
 impl UpstreamReader {
     /// Watches the three instance kinds in every namespace.
     pub fn start(client: kube::Client) -> Self {
-        Self::watch(client, &["TenantInstance", "ServiceInstance", "SystemInstance"], decode_instance_status)
+        let kinds = [
+            ("TenantInstance", "tenantinstances"),
+            ("ServiceInstance", "serviceinstances"),
+            ("SystemInstance", "systeminstances"),
+        ];
+        Self::watch(client, &kinds, decode_instance_status)
     }
 
     /// Watches the JukeBoxes (what the scanner writes).
     pub fn jukeboxes(client: kube::Client) -> Self {
-        Self::watch(client, &["JukeBox"], decode_jukebox_status)
+        Self::watch(client, &[("JukeBox", "jukeboxes")], decode_jukebox_status)
     }
 
-    fn watch(client: kube::Client, kinds: &[&str], decode: fn(&Value) -> Result<(), Refused>) -> Self {
+    fn watch(
+        client: kube::Client,
+        kinds: &[(&str, &str)],
+        decode: fn(&Value) -> Result<(), Refused>,
+    ) -> Self {
         use futures::StreamExt;
         use kube::runtime::{WatchStreamExt, watcher};
         let refused: std::sync::Arc<std::sync::Mutex<Vec<(String, Refused)>>> = Default::default();
         let tasks = kinds
             .iter()
-            .map(|kind| {
+            .map(|(kind, plural)| {
                 let resource = kube::api::ApiResource {
                     group: "vynil.solidite.fr".into(),
                     version: "v1".into(),
                     api_version: "vynil.solidite.fr/v1".into(),
                     kind: kind.to_string(),
-                    plural: format!("{}s", kind.to_lowercase()),
+                    plural: plural.to_string(),
                 };
                 let api: kube::Api<kube::api::DynamicObject> = kube::Api::all_with(client.clone(), &resource);
                 let refused = refused.clone();
@@ -461,6 +529,10 @@ mod tests {
     fn a_jukebox_status_needs_both_lists() {
         let object = |status: Value| json!({"kind": "JukeBox", "metadata": {"name": "b"}, "status": status});
         decode_jukebox_status(&object(json!({"conditions": [], "packages": []}))).unwrap();
+        let jukebox = |source: Value| json!({"metadata": {"name": "b"}, "spec": {"source": source, "schedule": "0 3 * * *"}});
+        decode_jukebox(&jukebox(json!({"list": ["docker.io/sebt3/vynil"]}))).unwrap();
+        let refused = decode_jukebox(&jukebox(json!({"layout": {"path": "/mirror"}}))).unwrap_err();
+        assert!(refused.problem.contains("unknown variant `layout`"), "{refused}");
         assert!(decode_jukebox_status(&object(json!({"conditions": []}))).is_err());
     }
 }

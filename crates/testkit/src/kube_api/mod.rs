@@ -6,8 +6,8 @@
 //!
 //! | emulated | how |
 //! |---|---|
-//! | discovery | `/version`, `/api`, `/apis`, `/api/v1`, `/apis/<g>/<v>` (legacy discovery, not the aggregated v2 form) |
-//! | resources | core (namespaces, configmaps, secrets, services, serviceaccounts, pods, PVCs, events), `batch` jobs/cronjobs, `apps` deployments/statefulsets, `coordination.k8s.io` leases, `events.k8s.io` events, RBAC, ingresses, CRDs; more with [`FakeApiServer::register`]; a created CRD serves its resource, a deleted one takes its objects along |
+//! | discovery | `/version`, `/api`, `/apis`, `/api/v1`, `/apis/<g>/<v>` (legacy discovery, not the aggregated v2 form); `/openapi/v2` (a document without definitions, protobuf) and `/openapi/v3` (each resource's PATCH with its `fieldValidation` parameter): what `kubectl` reads to leave validation to the server, so `kubectl apply`, `patch`, `annotate` and `get` work against the fake |
+//! | resources | core (namespaces, configmaps, secrets, services, serviceaccounts, pods, PVCs, events), `batch` jobs/cronjobs, `apps` deployments/statefulsets, `coordination.k8s.io` leases, `events.k8s.io` events, RBAC, ingresses, network policies, CRDs; more with [`FakeApiServer::register`]; a created CRD serves its resource, a deleted one takes its objects along |
 //! | verbs | get, list, watch, create, update (PUT), patch, delete, deletecollection |
 //! | versions | one cluster-wide `resourceVersion`, bumped on each write; a write that changes nothing bumps nothing; a stale `metadata.resourceVersion` in a PUT or a patch gives `409 Conflict` |
 //! | generation | starts at 1, bumped when anything but `metadata` and `status` changes, and when deletion starts |

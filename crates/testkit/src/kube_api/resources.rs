@@ -99,6 +99,7 @@ pub fn builtin() -> Vec<ResourceDef> {
         r("rbac.authorization.k8s.io", "v1", "ClusterRole", "clusterroles", false, false),
         r("rbac.authorization.k8s.io", "v1", "ClusterRoleBinding", "clusterrolebindings", false, false),
         r("networking.k8s.io", "v1", "Ingress", "ingresses", true, true),
+        r("networking.k8s.io", "v1", "NetworkPolicy", "networkpolicies", true, false),
         r("apiextensions.k8s.io", "v1", "CustomResourceDefinition", "customresourcedefinitions", false, true),
         r("authentication.k8s.io", "v1", "TokenReview", "tokenreviews", false, false),
         r("authorization.k8s.io", "v1", "SubjectAccessReview", "subjectaccessreviews", false, false),
@@ -161,6 +162,42 @@ impl Resources {
         json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
     }
 
+    /// `GET /openapi/v3`: one document per served group version.
+    pub fn openapi_v3_index(&self) -> Value {
+        let mut paths = serde_json::Map::new();
+        for d in &self.defs {
+            let key = gv_path(&d.group, &d.version);
+            paths.insert(key.clone(), json!({"serverRelativeURL": format!("/openapi/v3/{key}")}));
+        }
+        json!({"paths": paths})
+    }
+
+    /// `GET /openapi/v3/api/v1` or `/openapi/v3/apis/<group>/<version>`, as far
+    /// as `kubectl` reads it: the PATCH of each resource, with its kind and
+    /// the `fieldValidation` parameter, which tells `kubectl` to leave
+    /// validation to the server instead of validating against schemas
+    /// (there are none here: no schema validation is emulated, and the
+    /// parameter is accepted and ignored). `None` when unknown.
+    pub fn openapi_v3(&self, group: &str, version: &str) -> Option<Value> {
+        let mut paths = serde_json::Map::new();
+        for d in self.defs.iter().filter(|d| d.group == group && d.version == version) {
+            let namespace = if d.namespaced { "/namespaces/{namespace}" } else { "" };
+            let path = format!("/{}{namespace}/{}/{{name}}", gv_path(group, version), d.plural);
+            let patch = json!({
+                "x-kubernetes-group-version-kind": {"group": d.group, "version": d.version, "kind": d.kind},
+                "parameters": [{"name": "fieldValidation", "in": "query", "schema": {"type": "string"}}],
+                "responses": {"200": {"description": "OK"}},
+            });
+            paths.insert(path, json!({"patch": patch}));
+        }
+        if paths.is_empty() {
+            return None;
+        }
+        Some(
+            json!({"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": "v1.32.0"}, "paths": paths}),
+        )
+    }
+
     /// `GET /api/v1` or `GET /apis/<group>/<version>`; `None` when unknown.
     pub fn resource_list(&self, group: &str, version: &str) -> Option<Value> {
         let defs: Vec<&ResourceDef> =
@@ -177,4 +214,9 @@ impl Resources {
             "resources": resources,
         }))
     }
+}
+
+/// `api/v1`, `apis/<group>/<version>`.
+fn gv_path(group: &str, version: &str) -> String {
+    if group.is_empty() { format!("api/{version}") } else { format!("apis/{group}/{version}") }
 }

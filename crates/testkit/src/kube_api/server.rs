@@ -216,10 +216,24 @@ impl FakeApiServer {
 #[derive(Debug)]
 enum Target {
     Version,
+    /// `/openapi/v2`, which `kubectl` before 1.27 reads.
+    OpenApiV2,
+    /// `/openapi/v3` (no group version) and its per-group-version documents.
+    OpenApiV3 {
+        group_version: Option<(String, String)>,
+    },
     CoreVersions,
     Groups,
-    ResourceList { group: String, version: String },
-    Object { def: ResourceDef, namespace: Option<String>, name: Option<String>, subresource: Option<String> },
+    ResourceList {
+        group: String,
+        version: String,
+    },
+    Object {
+        def: ResourceDef,
+        namespace: Option<String>,
+        name: Option<String>,
+        subresource: Option<String>,
+    },
 }
 
 fn not_found_path(path: &str) -> ApiError {
@@ -230,6 +244,14 @@ fn resolve(resources: &Resources, path: &str) -> std::result::Result<Target, Api
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
     let (group, version, rest) = match segments.as_slice() {
         ["version"] => return Ok(Target::Version),
+        ["openapi", "v2"] => return Ok(Target::OpenApiV2),
+        ["openapi", "v3"] => return Ok(Target::OpenApiV3 { group_version: None }),
+        ["openapi", "v3", "api", version] => {
+            return Ok(Target::OpenApiV3 { group_version: Some((String::new(), version.to_string())) });
+        }
+        ["openapi", "v3", "apis", group, version] => {
+            return Ok(Target::OpenApiV3 { group_version: Some((group.to_string(), version.to_string())) });
+        }
         ["api"] => return Ok(Target::CoreVersions),
         ["apis"] => return Ok(Target::Groups),
         ["api", version, rest @ ..] => ("", *version, rest),
@@ -257,6 +279,38 @@ fn resolve(resources: &Resources, path: &str) -> std::result::Result<Target, Api
         return Err(not_found_path(path));
     }
     Ok(Target::Object { def, namespace, name, subresource })
+}
+
+/// `gnostic`'s `openapi_v2.Document`, the two fields an empty document has.
+#[derive(Clone, PartialEq, prost::Message)]
+struct OpenApiV2Document {
+    #[prost(string, tag = "1")]
+    swagger: String,
+    #[prost(message, optional, tag = "2")]
+    info: Option<OpenApiV2Info>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct OpenApiV2Info {
+    #[prost(string, tag = "1")]
+    title: String,
+    #[prost(string, tag = "2")]
+    version: String,
+}
+
+/// `GET /openapi/v2`: a document without definitions, in the protobuf form
+/// `kubectl` asks for. `kubectl` validates an object only against the
+/// definition of its kind and skips kinds it has none for, as it does for
+/// a CRD without a schema: validation is left to the server (none is
+/// emulated), as `/openapi/v3` says to newer versions.
+fn openapi_v2() -> Response {
+    let document = OpenApiV2Document {
+        swagger: "2.0".into(),
+        info: Some(OpenApiV2Info { title: "Kubernetes".into(), version: "v1.32.0".into() }),
+    };
+    let bytes = prost::Message::encode_to_vec(&document);
+    let mime = "application/com.github.proto-openapi.spec.v2.v1.0+protobuf";
+    (StatusCode::OK, [(header::CONTENT_TYPE, mime)], bytes).into_response()
 }
 
 fn json_response(status: u16, body: &Value) -> Response {
@@ -375,6 +429,17 @@ async fn respond(shared: Arc<Shared>, request: Request, slot: &std::sync::OnceLo
     let content_type = parts.headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
     match target {
         Target::Version => json_response(200, &version_info()),
+        Target::OpenApiV2 => openapi_v2(),
+        Target::OpenApiV3 { group_version } => {
+            let resources = &lock(&shared.store).resources;
+            match group_version {
+                None => json_response(200, &resources.openapi_v3_index()),
+                Some((group, version)) => match resources.openapi_v3(&group, &version) {
+                    Some(document) => json_response(200, &document),
+                    None => failure(&not_found_path(&path)),
+                },
+            }
+        }
         Target::CoreVersions => {
             json_response(200, &lock(&shared.store).resources.core_versions(&shared.address))
         }

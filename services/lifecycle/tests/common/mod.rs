@@ -105,8 +105,13 @@ impl World {
         seed: impl FnOnce(Client) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>>,
     ) -> (Self, Script) {
         let api = FakeApiServer::start().await.unwrap();
+        seed(api.client().unwrap()).await;
+        Self::start_on(api, packages, extra).await
+    }
+
+    /// [`World::start`] on an API server the test has already filled.
+    pub async fn start_on(api: FakeApiServer, packages: Vec<Value>, extra: &[&str]) -> (Self, Script) {
         let client = api.client().unwrap();
-        seed(client.clone()).await;
         let boxes: Api<JukeBox> = Api::all(client.clone());
         let jukebox = JukeboxBuilder::new("box").list(["registry.example/apps/web"]).json();
         boxes.create(&PostParams::default(), &serde_json::from_value(jukebox).unwrap()).await.unwrap();
@@ -188,6 +193,10 @@ impl World {
     }
 
     pub fn instances(&self, kind: &str) -> Api<DynamicObject> {
+        self.instances_in(kind, APPS)
+    }
+
+    pub fn instances_in(&self, kind: &str, namespace: &str) -> Api<DynamicObject> {
         let resource = ApiResource {
             group: "vynil.solidite.fr".into(),
             version: "v1".into(),
@@ -195,7 +204,7 @@ impl World {
             kind: kind.into(),
             plural: format!("{}s", kind.to_lowercase()),
         };
-        Api::namespaced_with(self.client.clone(), APPS, &resource)
+        Api::namespaced_with(self.client.clone(), namespace, &resource)
     }
 
     pub async fn create(&self, kind: &str, name: &str, spec: Value, annotations: Value) {
@@ -243,7 +252,9 @@ impl World {
     /// Stops every service, then checks what upstream reads of what was
     /// written: every instance status version decoded with upstream's types
     /// (the final ones only when the test seeded refused ones).
-    pub async fn stop(mut self) {
+    /// The API server stays, with what the test left in it, for the caller
+    /// that reads on (the rollback of `tests/switch.rs`).
+    pub async fn stop(mut self) -> FakeApiServer {
         let now: Vec<Value> = ["TenantInstance", "ServiceInstance", "SystemInstance"]
             .into_iter()
             .flat_map(|kind| self.api.objects("vynil.solidite.fr", &format!("{}s", kind.to_lowercase())))
@@ -261,6 +272,7 @@ impl World {
         while let Some(done) = self.services.join_next().await {
             done.unwrap().unwrap();
         }
+        self.api
     }
 }
 
