@@ -365,18 +365,24 @@ pub async fn observe(
                 vynil_version: &context.framework,
             };
             let facts = facts::gather(&context.client, &context.stores, asked).await?;
-            let content = &package.content;
+            let content = package.content.clone();
             let kind = instance.kind.package_type();
-            let controller_values = content
-                .value_script_source()
-                .map_err(|e| e.to_string())
-                .and_then(|source| facts.script.controller_values(source.as_deref()));
-            let prepared = Prepared {
-                options: install::check_options(content.options.as_ref(), instance.options.as_ref()),
-                unmet: install::unmet_requirement(content, kind, &context.framework, &facts),
-                recommended: install::recommended(content, kind, &facts),
-                controller_values,
-            };
+            let (options, framework) = (instance.options.clone(), context.framework.clone());
+            // Scripts may read the cluster (upstream's helpers): off the runtime.
+            let prepared = crate::script::upstream::off_the_runtime(move || {
+                let controller_values = content
+                    .value_script_source()
+                    .map_err(|e| e.to_string())
+                    .and_then(|source| facts.script.controller_values(source.as_deref()));
+                Prepared {
+                    options: install::check_options(content.options.as_ref(), options.as_ref()),
+                    unmet: install::unmet_requirement(&content, kind, &framework, &facts),
+                    recommended: install::recommended(&content, kind, &facts),
+                    controller_values,
+                }
+            })
+            .await
+            .map_err(LifecycleError::Unavailable)?;
             (init_version, Some(prepared))
         }
         _ => (InitVersion::NotAsked, None),
@@ -854,6 +860,7 @@ fn delete_request(
                 let given = crate::script::upstream::Given {
                     cluster: None,
                     vynil_version: context.framework.to_string(),
+                    reads: None,
                 };
                 crate::script::Host::new(instance.object.clone(), context.scripts, given)
                     .controller_values(Some(&source))

@@ -164,6 +164,7 @@ pub async fn gather(client: &Client, stores: &Stores, asked: Asked<'_>) -> Resul
     let given = script::upstream::Given {
         cluster: Some(std::sync::Arc::new(cluster)),
         vynil_version: vynil_version.to_string(),
+        reads: script::upstream::Reads::here(client.clone()),
     };
     let mut facts = Facts {
         version,

@@ -9,14 +9,29 @@
 //!
 //! So each upstream name has one verdict in [`UPSTREAM`], the table
 //! `docs/lifecycle.md` shows: offered with upstream's semantics (pure
-//! helpers, instance accessors, and the cluster facts lifecycle already
-//! watches — no extra API call, never a Secret), or refused with the reason,
-//! which is what a script calling it reads ([`refusal`]).
+//! helpers, instance accessors, the cluster facts lifecycle already watches,
+//! and Kubernetes reads through lifecycle's own client — bounded, never a
+//! Secret, never a wait), or refused with the reason, which is what a script
+//! calling it reads ([`refusal`]). Rhai calls are synchronous: a read blocks
+//! on the runtime, so scripts that may read run in [`off_the_runtime`].
 
-use std::{io::Read as _, path::Path, sync::Arc};
+use std::{
+    cell::Cell,
+    io::Read as _,
+    path::Path,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
 
 use base64::{Engine as _, engine::general_purpose::STANDARD};
-use kube::{ResourceExt, api::DynamicObject};
+use kube::{
+    Api, ResourceExt,
+    api::{ApiResource, DynamicObject, ListParams},
+    discovery::{Discovery, Scope},
+};
 use rhai::{Array, Dynamic, Engine, EvalAltResult, ImmutableString, Map};
 use serde_json::Value;
 use sha2::Digest as _;
@@ -38,8 +53,10 @@ pub enum Refusal {
     Shell,
     /// Its answer changes at every call.
     NonDeterministic,
-    /// It reads the cluster beyond the facts lifecycle watches.
-    ClusterRead,
+    /// It waits for the cluster to change: a reconcile never blocks on it.
+    Waits,
+    /// It reads any URL of the API server, Secrets included.
+    RawRead,
     /// It is a method of an object upstream never binds in these scripts.
     NotInScope,
 }
@@ -59,8 +76,11 @@ impl Refusal {
             Self::NonDeterministic => {
                 "its answer changes at every call: the values are part of the fingerprint, so the install would re-run at every reconcile"
             }
-            Self::ClusterRead => {
-                "it reads the cluster beyond what lifecycle watches (and could read Secrets); use the instance helpers (get_tenant_name, list_tenant_instance, …)"
+            Self::Waits => {
+                "it waits for the cluster to change; a reconcile never blocks: read the object with k8s_resource(…).get(name) instead, the reconcile comes back"
+            }
+            Self::RawRead => {
+                "it reads any path of the API server, Secrets included; use k8s_resource(kind, namespace).get(name), which refuses Secrets"
             }
             Self::NotInScope => {
                 "it is a method of an object these scripts are never given (upstream binds only `instance`)"
@@ -186,38 +206,54 @@ pub const UPSTREAM: &[(&str, &str, Verdict)] = &[
     ("s3_get_yaml", "core/src/s3.rs", Refused(Network)),
     ("s3_list_keys", "core/src/s3.rs", Refused(Network)),
     // core/src/k8s.rs (and http.rs's get/delete/patch)
-    ("k8s_resource", "core/src/k8s.rs", Refused(ClusterRead)),
-    ("get", "core/src/k8s.rs, core/src/http.rs", Refused(ClusterRead)),
-    ("get_meta", "core/src/k8s.rs", Refused(ClusterRead)),
-    ("get_obj", "core/src/k8s.rs", Refused(ClusterRead)),
-    ("exist", "core/src/k8s.rs", Refused(ClusterRead)),
-    ("list", "core/src/k8s.rs", Refused(ClusterRead)),
-    ("list_meta", "core/src/k8s.rs", Refused(ClusterRead)),
-    ("get_deployment", "core/src/k8s.rs", Refused(ClusterRead)),
-    ("get_statefulset", "core/src/k8s.rs", Refused(ClusterRead)),
-    ("get_deamonset", "core/src/k8s.rs", Refused(ClusterRead)),
-    ("get_job", "core/src/k8s.rs", Refused(ClusterRead)),
-    ("new_k8s_raw", "core/src/k8s.rs", Refused(ClusterRead)),
-    ("get_url", "core/src/k8s.rs", Refused(ClusterRead)),
-    ("get_api_resources", "core/src/k8s.rs", Refused(ClusterRead)),
-    ("get_cluster_version", "core/src/k8s.rs", Refused(ClusterRead)),
-    ("update_k8s_crd_cache", "core/src/k8s.rs", Refused(ClusterRead)),
-    ("data", "core/src/k8s.rs", Refused(ClusterRead)),
-    ("kind", "core/src/k8s.rs", Refused(ClusterRead)),
-    ("original_kind", "core/src/k8s.rs", Refused(ClusterRead)),
-    ("scope", "core/src/k8s.rs", Refused(ClusterRead)),
+    (
+        "k8s_resource",
+        "core/src/k8s.rs",
+        Differs("lifecycle's own client, at most 16 reads per script run, 5 s each; Secrets are refused"),
+    ),
+    (
+        "get",
+        "core/src/k8s.rs, core/src/http.rs",
+        Differs("the Kubernetes read (`k8s_resource(…).get(name)`); the http client's is refused: network"),
+    ),
+    ("get_meta", "core/src/k8s.rs", Same),
+    (
+        "get_obj",
+        "core/src/k8s.rs",
+        Differs("a map with the object's `kind` and `metadata`; its wait_* methods are refused"),
+    ),
+    ("exist", "core/src/k8s.rs", Same),
+    ("list", "core/src/k8s.rs", Same),
+    ("list_meta", "core/src/k8s.rs", Same),
+    (
+        "get_deployment",
+        "core/src/k8s.rs",
+        Differs("the Deployment as a map (`metadata`, `spec`, `status`); wait_available is refused"),
+    ),
+    ("get_statefulset", "core/src/k8s.rs", Differs("the StatefulSet as a map; wait_available is refused")),
+    ("get_deamonset", "core/src/k8s.rs", Differs("the DaemonSet as a map; wait_available is refused")),
+    ("get_job", "core/src/k8s.rs", Differs("the Job as a map; wait_done is refused")),
+    ("new_k8s_raw", "core/src/k8s.rs", Refused(RawRead)),
+    ("get_url", "core/src/k8s.rs", Refused(RawRead)),
+    ("get_api_resources", "core/src/k8s.rs", Refused(RawRead)),
+    ("get_cluster_version", "core/src/k8s.rs", Refused(RawRead)),
+    ("update_k8s_crd_cache", "core/src/k8s.rs", Same),
+    ("data", "core/src/k8s.rs", Same),
+    ("kind", "core/src/k8s.rs", Same),
+    ("original_kind", "core/src/k8s.rs", Refused(NotInScope)),
+    ("scope", "core/src/k8s.rs", Same),
     ("apply", "core/src/k8s.rs", Refused(Write)),
     ("create", "core/src/k8s.rs", Refused(Write)),
     ("delete", "core/src/k8s.rs, core/src/http.rs", Refused(Write)),
     ("patch", "core/src/k8s.rs, core/src/http.rs", Refused(Write)),
     ("replace", "core/src/k8s.rs", Refused(Write)),
-    ("wait_available", "core/src/k8s.rs", Refused(ClusterRead)),
-    ("wait_condition", "core/src/k8s.rs", Refused(ClusterRead)),
-    ("wait_deleted", "core/src/k8s.rs", Refused(ClusterRead)),
-    ("wait_done", "core/src/k8s.rs", Refused(ClusterRead)),
-    ("wait_status", "core/src/k8s.rs", Refused(ClusterRead)),
-    ("wait_status_prop", "core/src/k8s.rs", Refused(ClusterRead)),
-    ("wait_status_string", "core/src/k8s.rs", Refused(ClusterRead)),
+    ("wait_available", "core/src/k8s.rs", Refused(Waits)),
+    ("wait_condition", "core/src/k8s.rs", Refused(Waits)),
+    ("wait_deleted", "core/src/k8s.rs", Refused(Waits)),
+    ("wait_done", "core/src/k8s.rs", Refused(Waits)),
+    ("wait_status", "core/src/k8s.rs", Refused(Waits)),
+    ("wait_status_prop", "core/src/k8s.rs", Refused(Waits)),
+    ("wait_status_string", "core/src/k8s.rs", Refused(Waits)),
     // the instance kinds (common/src/instancetenant.rs, instanceservice.rs, instancesystem.rs)
     ("metadata", "common/src/instancetenant.rs", Same),
     ("spec", "common/src/instancetenant.rs", Same),
@@ -277,8 +313,16 @@ pub const UPSTREAM: &[(&str, &str, Verdict)] = &[
     ("set_status_schedule_backup_failed", "common/src/instancetenant.rs", Refused(Write)),
     ("set_status_init_failed", "common/src/instancetenant.rs", Refused(Write)),
     // common/src/jukebox.rs
-    ("get_jukebox", "common/src/jukebox.rs", Refused(ClusterRead)),
-    ("list_jukebox", "common/src/jukebox.rs", Refused(ClusterRead)),
+    (
+        "get_jukebox",
+        "common/src/jukebox.rs",
+        Differs("through lifecycle's client, counted with the Kubernetes reads"),
+    ),
+    (
+        "list_jukebox",
+        "common/src/jukebox.rs",
+        Differs("through lifecycle's client, counted with the Kubernetes reads"),
+    ),
     ("set_status_updated", "common/src/jukebox.rs", Refused(Write)),
     ("set_status_failed", "common/src/jukebox.rs", Refused(Write)),
     // common/src/vynilpackage.rs
@@ -327,6 +371,136 @@ pub struct Given {
     /// without an install record): the tenant and instance helpers say so.
     pub cluster: Option<Arc<Cluster>>,
     pub vynil_version: String,
+    /// Lifecycle's client for upstream's Kubernetes read helpers; `None`
+    /// where the script does not run off the runtime ([`off_the_runtime`]).
+    pub reads: Option<Reads>,
+}
+
+/// Lifecycle's own client and runtime, for upstream's Kubernetes reads
+/// (`k8s_resource`, `get_deployment`, `get_jukebox`…): Rhai calls are
+/// synchronous, so a read blocks on the runtime, which only a script run by
+/// [`off_the_runtime`] may do.
+#[derive(Clone)]
+pub struct Reads {
+    client: kube::Client,
+    runtime: tokio::runtime::Handle,
+}
+
+impl std::fmt::Debug for Reads {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reads").finish_non_exhaustive()
+    }
+}
+
+impl Reads {
+    /// `None` outside a Tokio runtime.
+    pub fn here(client: kube::Client) -> Option<Self> {
+        let runtime = tokio::runtime::Handle::try_current().ok()?;
+        Some(Self { client, runtime })
+    }
+}
+
+/// How many API requests one script run may make, and how long each may take.
+pub const MAX_READS: usize = 16;
+const READ_TIMEOUT: Duration = Duration::from_secs(5);
+
+thread_local! {
+    static OFF_THE_RUNTIME: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `work` (which evaluates package scripts) on a blocking thread, where
+/// a Kubernetes read may block on the runtime. A read anywhere else is an
+/// error, never a deadlock or a panic.
+pub async fn off_the_runtime<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, String> {
+    tokio::task::spawn_blocking(move || {
+        OFF_THE_RUNTIME.with(|flag| flag.set(true));
+        let out = work();
+        OFF_THE_RUNTIME.with(|flag| flag.set(false));
+        out
+    })
+    .await
+    .map_err(|e| format!("a package script's evaluation stopped: {e}"))
+}
+
+/// The reads of one script run: counted, bounded in time, discovery once.
+struct Session {
+    reads: Reads,
+    used: AtomicUsize,
+    discovery: Mutex<Option<Arc<Discovery>>>,
+}
+
+impl Session {
+    fn call<T>(&self, what: &str, read: impl Future<Output = Result<T, kube::Error>>) -> Res<T> {
+        if !OFF_THE_RUNTIME.with(Cell::get) {
+            return error(format!("{what}: internal: a Kubernetes read outside off_the_runtime"));
+        }
+        if self.used.fetch_add(1, Ordering::Relaxed) >= MAX_READS {
+            return error(format!("{what}: over {MAX_READS} Kubernetes reads in one script run"));
+        }
+        match self.reads.runtime.block_on(tokio::time::timeout(READ_TIMEOUT, read)) {
+            Err(_) => error(format!("{what}: the API server did not answer in {}s", READ_TIMEOUT.as_secs())),
+            Ok(Err(e)) => error(format!("{what}: {e}")),
+            Ok(Ok(value)) => Ok(value),
+        }
+    }
+
+    fn discovery(&self, refresh: bool) -> Res<Arc<Discovery>> {
+        let cached = self.discovery.lock().ok().and_then(|d| d.clone());
+        if let Some(discovery) = cached.filter(|_| !refresh) {
+            return Ok(discovery);
+        }
+        let client = self.reads.client.clone();
+        let discovery = Arc::new(self.call("discovery", Discovery::new(client).run())?);
+        if let Ok(mut slot) = self.discovery.lock() {
+            *slot = Some(discovery.clone());
+        }
+        Ok(discovery)
+    }
+
+    /// Upstream's `K8sGeneric::new`: the resource whose kind or plural is
+    /// `name` (any case), in `api_version` when given, the first group by
+    /// name when several serve it.
+    fn resource(&self, api_version: Option<&str>, name: &str, namespace: Option<&str>) -> Res<Resource> {
+        let discovery = self.discovery(false)?;
+        let wanted = api_version.and_then(|v| v.split_once('/'));
+        let found = discovery
+            .groups()
+            .flat_map(|group| group.resources_by_stability().into_iter().map(move |r| (group.name(), r)))
+            .filter(|(_, (r, _))| name.eq_ignore_ascii_case(&r.kind) || name.eq_ignore_ascii_case(&r.plural))
+            .filter(|(_, (r, _))| wanted.is_none_or(|(g, v)| r.group == g && r.version == v))
+            .min_by_key(|(group, _)| group.to_string())
+            .map(|(_, found)| found);
+        let Some((resource, capabilities)) = found else {
+            return Ok(Resource { api: None, kind: String::new(), scope: Scope::Cluster });
+        };
+        if resource.group.is_empty() && resource.kind == "Secret" {
+            return error("k8s_resource: Secrets are never read by package scripts in the control plane");
+        }
+        let client = self.reads.client.clone();
+        let api = match namespace {
+            Some(ns) if capabilities.scope == Scope::Namespaced => {
+                Api::namespaced_with(client, ns, &resource)
+            }
+            _ => Api::all_with(client, &resource),
+        };
+        Ok(Resource { api: Some(api), kind: resource.kind.clone(), scope: capabilities.scope })
+    }
+}
+
+/// Upstream's `K8sGeneric`: one resource kind, perhaps in a namespace.
+#[derive(Clone)]
+pub struct Resource {
+    api: Option<Api<DynamicObject>>,
+    kind: String,
+    scope: Scope,
+}
+
+impl Resource {
+    fn api(&self, what: &str) -> Res<&Api<DynamicObject>> {
+        self.api.as_ref().ok_or_else(|| format!("{what}: no such resource kind is served").into())
+    }
 }
 
 fn error<T>(message: impl Into<String>) -> Res<T> {
@@ -575,6 +749,10 @@ pub fn register(engine: &mut Engine, given: &Given) {
         Ok(keys.into_iter().map(Dynamic::from).collect())
     });
 
+    match &given.reads {
+        Some(reads) => register_reads(engine, reads),
+        None => register_no_reads(engine),
+    }
     register_kind(engine, given, "tenant", |c| &c.tenants);
     register_kind(engine, given, "service", |c| &c.services);
     register_kind(engine, given, "system", |c| &c.systems);
@@ -586,6 +764,119 @@ pub fn register(engine: &mut Engine, given: &Given) {
         let mut keys: Vec<String> = cluster.services.iter().flat_map(|o| published(&o.data)).collect();
         keys.sort();
         Ok(keys.into_iter().map(Dynamic::from).collect())
+    });
+}
+
+fn list_value<T: serde::Serialize + Clone>(list: &kube::api::ObjectList<T>) -> Res<Dynamic> {
+    json_of(&serde_json::to_value(list).map_err(|e| e.to_string())?)
+}
+
+/// Where no client is given: each read helper says why it cannot answer.
+fn register_no_reads(engine: &mut Engine) {
+    fn unavailable(name: &str) -> Res<Dynamic> {
+        error(format!(
+            "{name}: Kubernetes reads are not available here (a delete Job's values computed without the install's record)"
+        ))
+    }
+    type S = ImmutableString;
+    engine
+        .register_fn("k8s_resource", |_: S| unavailable("k8s_resource"))
+        .register_fn("k8s_resource", |_: S, _: S| unavailable("k8s_resource"))
+        .register_fn("k8s_resource", |_: S, _: S, _: S| unavailable("k8s_resource"))
+        .register_fn("get_deployment", |_: S, _: S| unavailable("get_deployment"))
+        .register_fn("get_statefulset", |_: S, _: S| unavailable("get_statefulset"))
+        .register_fn("get_deamonset", |_: S, _: S| unavailable("get_deamonset"))
+        .register_fn("get_job", |_: S, _: S| unavailable("get_job"))
+        .register_fn("get_jukebox", |_: S| unavailable("get_jukebox"))
+        .register_fn("list_jukebox", || unavailable("list_jukebox"))
+        .register_fn("update_k8s_crd_cache", || unavailable("update_k8s_crd_cache"));
+}
+
+/// Upstream's Kubernetes reads (`core/src/k8s.rs`), through lifecycle's client.
+fn register_reads(engine: &mut Engine, reads: &Reads) {
+    let session =
+        Arc::new(Session { reads: reads.clone(), used: AtomicUsize::new(0), discovery: Mutex::new(None) });
+    let s = session.clone();
+    engine.register_type_with_name::<Resource>("K8sGeneric");
+    engine.register_fn("k8s_resource", move |kind: ImmutableString| s.resource(None, &kind, None));
+    let s = session.clone();
+    engine.register_fn("k8s_resource", move |kind: ImmutableString, ns: ImmutableString| {
+        s.resource(None, &kind, Some(&ns))
+    });
+    let s = session.clone();
+    engine.register_fn(
+        "k8s_resource",
+        move |api_version: ImmutableString, kind: ImmutableString, ns: ImmutableString| {
+            s.resource(Some(&api_version), &kind, Some(&ns))
+        },
+    );
+    let s = session.clone();
+    engine.register_fn("update_k8s_crd_cache", move || s.discovery(true).map(drop));
+    engine
+        .register_fn("exist", |r: &mut Resource| r.api.is_some())
+        .register_get("scope", |r: &mut Resource| {
+            if r.scope == Scope::Cluster { "cluster".to_string() } else { "namespace".to_string() }
+        })
+        .register_get("kind", |r: &mut Resource| r.kind.clone());
+    let s = session.clone();
+    engine.register_fn("get", move |r: &mut Resource, name: ImmutableString| -> Res<Dynamic> {
+        let object = s.call("get", r.api("get")?.get(&name))?;
+        json_of(&object_value(&object))
+    });
+    let s = session.clone();
+    engine.register_fn("get_meta", move |r: &mut Resource, name: ImmutableString| -> Res<Dynamic> {
+        let meta = s.call("get_meta", r.api("get_meta")?.get_metadata(&name))?;
+        json_of(&serde_json::to_value(&meta).map_err(|e| e.to_string())?)
+    });
+    let s = session.clone();
+    engine.register_fn("get_obj", move |r: &mut Resource, name: ImmutableString| -> Res<Dynamic> {
+        let meta = s.call("get_obj", r.api("get_obj")?.get_metadata(&name))?;
+        json_of(&serde_json::json!({"kind": r.kind, "metadata": meta.metadata}))
+    });
+    let s = session.clone();
+    engine.register_fn("list", move |r: &mut Resource| -> Res<Dynamic> {
+        list_value(&s.call("list", r.api("list")?.list(&ListParams::default()))?)
+    });
+    let s = session.clone();
+    engine.register_fn("list", move |r: &mut Resource, labels: ImmutableString| -> Res<Dynamic> {
+        list_value(&s.call("list", r.api("list")?.list(&ListParams::default().labels(&labels)))?)
+    });
+    let s = session.clone();
+    engine.register_fn("list_meta", move |r: &mut Resource| -> Res<Dynamic> {
+        list_value(&s.call("list_meta", r.api("list_meta")?.list_metadata(&ListParams::default()))?)
+    });
+    // k8sworkload.rs: the object, read by namespace and name.
+    let workloads: [(&str, ApiResource); 4] = [
+        ("get_deployment", ApiResource::erase::<k8s_openapi::api::apps::v1::Deployment>(&())),
+        ("get_statefulset", ApiResource::erase::<k8s_openapi::api::apps::v1::StatefulSet>(&())),
+        ("get_deamonset", ApiResource::erase::<k8s_openapi::api::apps::v1::DaemonSet>(&())),
+        ("get_job", ApiResource::erase::<k8s_openapi::api::batch::v1::Job>(&())),
+    ];
+    for (name, resource) in workloads {
+        let s = session.clone();
+        engine.register_fn(name, move |ns: ImmutableString, wanted: ImmutableString| -> Res<Dynamic> {
+            let api: Api<DynamicObject> = Api::namespaced_with(s.reads.client.clone(), &ns, &resource);
+            json_of(&object_value(&s.call(name, api.get(&wanted))?))
+        });
+    }
+    // jukebox.rs
+    let jukebox = ApiResource {
+        group: "vynil.solidite.fr".into(),
+        version: "v1".into(),
+        api_version: "vynil.solidite.fr/v1".into(),
+        kind: "JukeBox".into(),
+        plural: "jukeboxes".into(),
+    };
+    let (s, resource) = (session.clone(), jukebox.clone());
+    engine.register_fn("get_jukebox", move |wanted: ImmutableString| -> Res<Dynamic> {
+        let api: Api<DynamicObject> = Api::all_with(s.reads.client.clone(), &resource);
+        json_of(&object_value(&s.call("get_jukebox", api.get(&wanted))?))
+    });
+    let s = session;
+    engine.register_fn("list_jukebox", move || -> Res<Array> {
+        let api: Api<DynamicObject> = Api::all_with(s.reads.client.clone(), &jukebox);
+        let list = s.call("list_jukebox", api.list(&ListParams::default()))?;
+        list.items.iter().map(|o| json_of(&object_value(o))).collect()
     });
 }
 
@@ -755,7 +1046,7 @@ mod tests {
             services: vec![object("ServiceInstance", "infra", "s3", &["s3", "minio"])],
             systems: vec![object("SystemInstance", "vynil-system", "vynil", &[])],
         };
-        let given = Given { cluster: Some(Arc::new(cluster)), vynil_version: String::new() };
+        let given = Given { cluster: Some(Arc::new(cluster)), vynil_version: String::new(), reads: None };
         let instance = json!({"metadata": {"name": "web", "namespace": "apps"}});
         let out = values(
             r#"#{ tenant: instance.get_tenant_name(), namespaces: instance.get_tenant_namespaces(),
@@ -791,7 +1082,8 @@ mod tests {
             (r#"get_env("VYNIL_TOKEN")"#, "get_env", "environment"),
             (r#"shell_output("id")"#, "shell_output", "runs a command"),
             ("new_http_client()", "new_http_client", "network"),
-            (r#"k8s_resource("Secret", "vynil-system")"#, "k8s_resource", "Secrets"),
+            (r#"new_k8s_raw().get_url("/api/v1/secrets")"#, "new_k8s_raw", "Secrets included"),
+            ("date_now().format(\"%Y\")", "date_now", "changes at every call"),
             (r#"instance.set_status_ready("1.0.0")"#, "set_status_ready", "writes"),
         ];
         for (call, name, why) in cases {
@@ -805,6 +1097,98 @@ mod tests {
         // A name upstream does not have either keeps Rhai's message.
         let error = values("#{ v: gpu_count() }", json!({}), Given::default()).unwrap_err();
         assert!(error.contains("gpu_count") && !error.contains("upstream"), "{error}");
+    }
+
+    async fn read(given: &Given, source: &str) -> Result<Value, String> {
+        let (given, source) = (given.clone(), format!("#{{ v: {source} }}"));
+        let text = off_the_runtime(move || {
+            Host::new(json!({}), ScriptLimits::default(), given).controller_values(Some(&source))
+        })
+        .await??;
+        let out: Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
+        Ok(out["v"].clone())
+    }
+
+    #[tokio::test]
+    async fn kubernetes_reads_go_through_lifecycles_client_bounded_and_never_to_secrets() {
+        use k8s_openapi::api::{apps::v1::Deployment, core::v1::ConfigMap, core::v1::Secret};
+        use kube::api::PostParams;
+        let api = vynil_testkit::kube_api::FakeApiServer::start().await.unwrap();
+        let client = api.client().unwrap();
+        let config: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "settings",
+            "namespace": "apps", "labels": {"tier": "db"}}, "data": {"mode": "fast"}}))
+        .unwrap();
+        Api::<ConfigMap>::namespaced(client.clone(), "apps")
+            .create(&PostParams::default(), &config)
+            .await
+            .unwrap();
+        let secret: Secret =
+            serde_json::from_value(json!({"metadata": {"name": "token", "namespace": "apps"},
+            "stringData": {"token": "s3cret"}}))
+            .unwrap();
+        Api::<Secret>::namespaced(client.clone(), "apps")
+            .create(&PostParams::default(), &secret)
+            .await
+            .unwrap();
+        let web: Deployment = serde_json::from_value(json!({"metadata": {"name": "web", "namespace": "apps"},
+            "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "web"}},
+                "template": {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": [{"name": "web", "image": "web"}]}}}}))
+        .unwrap();
+        Api::<Deployment>::namespaced(client.clone(), "apps")
+            .create(&PostParams::default(), &web)
+            .await
+            .unwrap();
+        let given = Given { reads: Reads::here(client), ..Given::default() };
+
+        // core/src/k8s.rs: a kind by name or plural, any case; exist() says whether it is served.
+        assert_eq!(
+            read(&given, r#"k8s_resource("ConfigMap", "apps").get("settings").data.mode"#).await.unwrap(),
+            "fast"
+        );
+        assert_eq!(
+            read(&given, r#"k8s_resource("configmaps", "apps").list().items.len()"#).await.unwrap(),
+            1
+        );
+        assert_eq!(
+            read(&given, r#"k8s_resource("ConfigMap", "apps").list("tier=web").items.len()"#).await.unwrap(),
+            0
+        );
+        assert_eq!(
+            read(&given, r#"k8s_resource("ConfigMap", "apps").get_obj("settings").kind"#).await.unwrap(),
+            "ConfigMap"
+        );
+        assert_eq!(
+            read(&given, r#"k8s_resource("ConfigMap", "apps").get_meta("settings").metadata.labels.tier"#)
+                .await
+                .unwrap(),
+            "db"
+        );
+        assert_eq!(read(&given, r#"k8s_resource("Nothing").exist()"#).await.unwrap(), false);
+        assert_eq!(read(&given, r#"k8s_resource("Namespace").scope"#).await.unwrap(), "cluster");
+        assert_eq!(
+            read(&given, r#"k8s_resource("apps/v1", "Deployment", "apps").scope"#).await.unwrap(),
+            "namespace"
+        );
+        // core/src/k8sworkload.rs.
+        assert_eq!(read(&given, r#"get_deployment("apps", "web").spec.replicas"#).await.unwrap(), 2);
+        let missing = read(&given, r#"get_deployment("apps", "nope")"#).await.unwrap_err();
+        assert!(missing.contains("get_deployment"), "{missing}");
+        // Never a Secret, whichever way it is named.
+        for call in [
+            r#"k8s_resource("Secret", "apps").get("token")"#,
+            r#"k8s_resource("v1", "secrets", "apps").list()"#,
+        ] {
+            let refused = read(&given, call).await.unwrap_err();
+            assert!(refused.contains("Secrets are never read"), "{call}: {refused}");
+        }
+        // Bounded: a loop of reads stops at the limit and says so.
+        let many = format!(r#"{{ for i in 0..{} {{ get_deployment("apps", "web"); }} 1 }}"#, MAX_READS + 4);
+        let stopped = read(&given, &many).await.unwrap_err();
+        assert!(stopped.contains(&format!("over {MAX_READS} Kubernetes reads")), "{stopped}");
+        // On the runtime itself a read is an error, not a deadlock or a panic.
+        let host = Host::new(json!({}), ScriptLimits::default(), given.clone());
+        let error = host.controller_values(Some(r#"#{ v: get_deployment("apps", "web") }"#)).unwrap_err();
+        assert!(error.contains("outside off_the_runtime"), "{error}");
     }
 
     /// The names `upstream-facts.md` lists for `Script::new` (sebt3/vynil
