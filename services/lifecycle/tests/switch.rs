@@ -80,12 +80,15 @@ async fn upstream_installed(
 ) -> DynamicObject {
     let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &resource(kind));
     let name = spec["package"].as_str().unwrap().to_string();
+    let spec_sent = spec.clone();
     let finalizer = format!("{}s.vynil.solidite.fr", kind.to_lowercase());
     let object = json!({"apiVersion": "vynil.solidite.fr/v1", "kind": kind,
-        "metadata": {"name": name, "namespace": namespace, "finalizers": [finalizer]}, "spec": spec});
+        "metadata": {"name": name, "namespace": namespace, "finalizers": [finalizer]}, "spec": spec_sent});
     api.create(&PostParams::default(), &serde_json::from_value(object).unwrap()).await.unwrap();
     let at = "2026-01-01T00:00:00Z";
-    let mut status = json!({"tag": tag, "digest": vynil_rules::install::options_hash(None), "conditions": [
+    let options = spec.get("options").and_then(Value::as_object);
+    let digest = vynil_rules::install::options_hash(options);
+    let mut status = json!({"tag": tag, "digest": digest, "conditions": [
         {"type": "AgentStarted", "status": "True", "message": "Agent started", "generation": 1, "lastTransitionTime": at},
         {"type": "Installed", "status": "True", "message": "Installed succesfully", "generation": 1, "lastTransitionTime": at},
         {"type": "Ready", "status": "True", "message": "Installed succesfully", "generation": 1, "lastTransitionTime": at}]});
@@ -128,11 +131,12 @@ async fn as_upstream_leaves_it(client: &Client) {
         "metadata": {"name": "vynil-agent", "namespace": JOBS, "ownerReferences": owner}});
     let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), JOBS);
     accounts.create(&PostParams::default(), &serde_json::from_value(account).unwrap()).await.unwrap();
-    for name in ["web", "blog"] {
-        let spec = json!({"jukebox": "box", "category": "apps", "package": name});
-        let tag = if name == "web" { "2.5.0" } else { "1.0.0" };
-        upstream_installed(client, "TenantInstance", APPS, spec, tag).await;
-    }
+    let web = json!({"jukebox": "box", "category": "apps", "package": "web"});
+    upstream_installed(client, "TenantInstance", APPS, web, "2.5.0").await;
+    // An option of the wrong type (the package says integer): upstream passed it through.
+    let blog =
+        json!({"jukebox": "box", "category": "apps", "package": "blog", "options": {"replicas": "two"}});
+    upstream_installed(client, "TenantInstance", APPS, blog, "1.0.0").await;
     let boxes: Api<DynamicObject> = Api::all_with(client.clone(), &resource("JukeBox"));
     let mirror = json!({"apiVersion": "vynil.solidite.fr/v1", "kind": "JukeBox", "metadata": {"name": "mirror"},
         "spec": {"source": {"layout": {"path": "/mirror"}}, "schedule": "0 3 * * *"}});
@@ -190,12 +194,19 @@ async fn a_cluster_switches_from_upstream_and_back_with_the_documented_scripts()
     })
     .await;
     assert!(held["message"].as_str().unwrap().contains("[E_UPSTREAM_CONTROL_PLANE]"), "{held}");
-    // What upstream installed at the revision we would install: adopted, no Job.
+    // What upstream installed at the revision we would install: adopted, no
+    // Job, its mistyped option kept and warned about.
     eventually("blog adopted", || async {
         let object = world.get("TenantInstance", "blog").await;
         object["status"].get("package").filter(|p| !p.is_null()).cloned()
     })
     .await;
+    let warned = eventually("the OptionTypeMismatch warning", || async {
+        let events = world.api.objects("events.k8s.io", "events");
+        events.into_iter().find(|e| e["reason"] == "OptionTypeMismatch" && e["regarding"]["name"] == "blog")
+    })
+    .await;
+    assert_eq!(warned["type"], "Warning", "{warned}");
     // An upgrade through the strict fake agent, with upstream's agent image.
     eventually("web upgraded", || async {
         let object = world.get("TenantInstance", "web").await;
