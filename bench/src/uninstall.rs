@@ -62,7 +62,8 @@ async fn measure() -> anyhow::Result<Vec<Row>> {
     let fleet = Fleet::start(&shape, &["apps/web"], "tokens: []\n").await;
     fleet.publish("web", "1.0.0").await;
     let mut scanner = ScannerClient::new(fleet.scanners[0].channel().await?);
-    let scan = scanner.scan(ScanRequest { jukebox: "box".into(), ..Default::default() }).await?.into_inner();
+    let request = vynil_e2e::as_gateway(ScanRequest { jukebox: "box".into(), ..Default::default() }, "bench");
+    let scan = scanner.scan(request).await?.into_inner();
     let mut catalog = CatalogClient::new(fleet.catalogs[0].channel().await?);
     let deadline = Instant::now() + WAIT;
     // NOT_FOUND until the catalog has followed the first status write.

@@ -160,15 +160,20 @@ fn sibling(binary: &str) -> PathBuf {
 }
 
 const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+/// What the gateway presents and the scanner's privileged RPCs require.
+const SERVICE_TOKEN: &str = "tracing-service-token";
 const CALLER_SPAN: &str = "00f067aa0ba902b7";
 
 /// Starts a gateway in front of `scanner_endpoint` exporting to `collector`
 /// with `protocol`; returns it and its port.
 fn gateway(dir: &Path, scanner_endpoint: &str, otel: &[(&str, &str)]) -> (Killed, u16) {
     let port = free_port().unwrap();
+    std::fs::write(dir.join("service-token"), SERVICE_TOKEN).unwrap();
     let gateway = Command::new(env!("CARGO_BIN_EXE_vynil-gateway"))
         .args(["--listen", &format!("127.0.0.1:{port}")])
         .args(["--scanner-endpoint", scanner_endpoint])
+        .arg("--service-token-file")
+        .arg(dir.join("service-token"))
         .arg("--tokens-file")
         .arg(dir.join("tokens.yaml"))
         .envs(otel.iter().copied())
@@ -240,9 +245,13 @@ async fn a_scan_started_over_http_is_one_trace_across_gateway_scanner_and_regist
     let jukeboxes = dir.path().to_str().unwrap();
     let redis_url = redis.url();
     let shared = ["--jukebox-dir", jukeboxes, "--redis-url", &redis_url];
+    // The service token the gateway presents and the scanner's Scan requires.
+    let token = dir.path().join("service-token");
+    std::fs::write(&token, SERVICE_TOKEN).unwrap();
+    let token = token.display().to_string();
     let scanner = ServiceProcess::start_with_env(
         &sibling("vynil-scanner"),
-        &[&shared[..], &["--insecure-registry", &registry.host()]].concat(),
+        &[&shared[..], &["--insecure-registry", &registry.host(), "--service-token-file", &token]].concat(),
         &otel,
     )
     .await

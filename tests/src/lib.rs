@@ -58,6 +58,7 @@ impl Cluster {
             (scanner_addr.to_string(), catalog_addr.to_string(), registry.host());
         let scanner = vynil_scanner::Config::parse_from([
             "vynil-scanner",
+            "--allow-unauthenticated",
             "--listen",
             &scanner_listen,
             "--insecure-registry",
@@ -162,6 +163,8 @@ impl Stack {
             &host,
             "--poll-milliseconds",
             "50",
+            "--service-token-file",
+            &token_file,
         ]);
         let (s, done) = (store("vynil-scanner"), shutdown.signaled());
         services.spawn(async move {

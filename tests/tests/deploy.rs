@@ -476,8 +476,11 @@ async fn every_call_the_services_make_is_granted_by_their_role_and_every_grant_i
     })
     .await;
     let mut purger = PurgerClient::new(channel(stack.purger).await);
-    let plan =
-        purger.plan(PlanRequest { target: Some(Target::Jukebox("box".into())) }).await.unwrap().into_inner();
+    let plan = purger
+        .plan(as_gateway(PlanRequest { target: Some(Target::Jukebox("box".into())) }, "ops"))
+        .await
+        .unwrap()
+        .into_inner();
     let execute = ExecuteRequest {
         plan_id: plan.plan_id,
         confirm: plan.target,

@@ -11,7 +11,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Stack, channel};
+use common::{Stack, as_gateway, channel};
 use kube::api::PostParams;
 use serde_json::json;
 use vynil_proto::purger::v1::{PlanRequest, Repository, plan_request::Target, purger_client::PurgerClient};
@@ -51,7 +51,11 @@ async fn a_revision_an_instance_runs_is_kept_as_installed_by_it_without_acknowle
 
     let mut purger_client = PurgerClient::new(channel(stack.purger).await);
     let target = Target::Repository(Repository { registry: host.clone(), repository: "apps/web".into() });
-    let plan = purger_client.plan(PlanRequest { target: Some(target) }).await.unwrap().into_inner();
+    let plan = purger_client
+        .plan(as_gateway(PlanRequest { target: Some(target) }, "ops"))
+        .await
+        .unwrap()
+        .into_inner();
     assert!(!plan.usage_unknown, "{plan:?}");
     let entry =
         |tag: &str| plan.entries.iter().find(|e| e.tag == tag).unwrap_or_else(|| panic!("{tag}: {plan:?}"));

@@ -77,9 +77,15 @@ impl World {
         .unwrap();
         let (jukeboxes, url) = (jukeboxes.display().to_string(), redis.url());
         let shutdown = Shutdown::new();
+        // The gateway's service token, which the scanner's NotifyPush requires.
+        let token = dir.path().join("service-token");
+        std::fs::write(&token, common::SERVICE_TOKEN).unwrap();
+        let token = token.display().to_string();
         let scanner = loopback();
         let config = vynil_scanner::Config::parse_from([
             "vynil-scanner",
+            "--service-token-file",
+            &token,
             "--listen",
             &scanner.to_string(),
             "--jukebox-dir",
@@ -111,6 +117,8 @@ impl World {
             &gateway.to_string(),
             "--scanner-endpoint",
             &format!("http://{scanner}"),
+            "--service-token-file",
+            &token,
             "--hooks-file",
             hooks.to_str().unwrap(),
         ]);
@@ -276,7 +284,10 @@ async fn a_push_reaches_every_catalog_replica_without_a_scan_request_and_bursts_
     let mut scanner =
         vynil_proto::scanner::v1::scanner_client::ScannerClient::new(common::channel(world.scanner).await);
     let full = scanner
-        .scan(vynil_proto::scanner::v1::ScanRequest { jukebox: "box".into(), ..Default::default() })
+        .scan(common::as_gateway(
+            vynil_proto::scanner::v1::ScanRequest { jukebox: "box".into(), ..Default::default() },
+            "ops",
+        ))
         .await
         .unwrap()
         .into_inner();

@@ -89,7 +89,8 @@ async fn installed_as_tenant_republished_as_service_purged_and_still_deleted_wit
     // Purge: 0.1.8 is kept (installed, and the last tenant revision); 0.1.9 goes.
     let mut purger = PurgerClient::new(channel(stack.purger).await);
     let target = Target::Repository(Repository { registry: host.clone(), repository: "think/ollama".into() });
-    let plan = purger.plan(PlanRequest { target: Some(target) }).await.unwrap().into_inner();
+    let plan =
+        purger.plan(as_gateway(PlanRequest { target: Some(target) }, "ops")).await.unwrap().into_inner();
     assert!(!plan.usage_unknown, "lifecycle answered: {plan:?}");
     let entry = |tag: &str| plan.entries.iter().find(|e| e.tag == tag).unwrap().clone();
     let kept = entry("0.1.8");

@@ -13,7 +13,7 @@
 //! | refused (a precondition or a setting) | `FAILED_PRECONDITION` | fix the state the message names |
 //! | concurrent change (compare-and-set lost, busy) | `ABORTED` | re-read and retry |
 //! | lost (the state keeping it restarted without it) | `DATA_LOSS` | make it again |
-//! | unauthenticated caller of a destructive call | `UNAUTHENTICATED` | go through the gateway |
+//! | unauthenticated caller of a privileged call | `UNAUTHENTICATED` | go through the gateway |
 //! | a bug or a serving failure | `INTERNAL` | report it |
 
 use tonic::{Code, Status};

@@ -6,9 +6,11 @@
 //! caller identity (`x-vynil-caller`) only from a caller that also presents
 //! the **service token** shared with the gateway (`authorization: Bearer …`,
 //! compared in constant time through its SHA-256). Any other caller is
-//! "unauthenticated <peer address>" in audit records, and the destructive
-//! RPCs (`Purger.Execute`, `Lifecycle.AllowDeleteWithoutPackage`) refuse it
-//! with `UNAUTHENTICATED`, unless the service was started with
+//! "unauthenticated <peer address>" in audit records, and every privileged
+//! RPC — one that writes, triggers work or reads credentials
+//! (`Scanner.Scan`, `NotifyPush`, `ExportIndex`, `Purger.Plan`, `Execute`,
+//! `Lifecycle.AllowDeleteWithoutPackage`) — refuses it with
+//! `UNAUTHENTICATED`, unless the service was started with
 //! `--allow-unauthenticated`, which is accepted only on a loopback address
 //! (local mode on a laptop, where whoever reaches the port is the user).
 //!
@@ -34,9 +36,10 @@ pub struct TrustConfig {
     /// Secret mounted as a file). Without it no caller is authenticated.
     #[arg(long, env = "VYNIL_SERVICE_TOKEN_FILE")]
     pub service_token_file: Option<PathBuf>,
-    /// Accept destructive calls (purge Execute, AllowDeleteWithoutPackage)
-    /// from unauthenticated callers. Refused unless the service listens on
-    /// a loopback address: for local mode only.
+    /// Accept privileged calls (scans, push notices, exports, purge plans
+    /// and executions, AllowDeleteWithoutPackage) from unauthenticated
+    /// callers. Refused unless the service listens on a loopback address:
+    /// for local mode only.
     #[arg(long, env = "VYNIL_ALLOW_UNAUTHENTICATED")]
     pub allow_unauthenticated: bool,
 }
@@ -50,7 +53,7 @@ pub enum TrustError {
     #[error("the service token file {path} is empty: write the gateway's service token into it")]
     EmptyToken { path: PathBuf },
     #[error(
-        "--allow-unauthenticated is only accepted on a loopback address, not {listen}: anyone reaching the port could run destructive calls; set --service-token-file instead"
+        "--allow-unauthenticated is only accepted on a loopback address, not {listen}: anyone reaching the port could run privileged calls; set --service-token-file instead"
     )]
     NotLoopback { listen: SocketAddr },
     #[error(
@@ -132,8 +135,9 @@ impl Trust {
         }
     }
 
-    /// The caller of a destructive RPC `what`, or the refusal.
-    pub fn destructive<T>(&self, request: &Request<T>, what: &'static str) -> Result<Caller, TrustError> {
+    /// The caller of a privileged RPC `what` (it writes, triggers work or
+    /// reads credentials), or the refusal.
+    pub fn privileged<T>(&self, request: &Request<T>, what: &'static str) -> Result<Caller, TrustError> {
         let caller = self.caller(request);
         match caller {
             Caller::Unauthenticated { .. } if !self.allow_unauthenticated => {
@@ -236,14 +240,14 @@ mod tests {
     }
 
     #[test]
-    fn destructive_calls_refuse_the_unauthenticated_unless_allowed() {
+    fn privileged_calls_refuse_the_unauthenticated_unless_allowed() {
         let strict = Trust::new(Some("s3cret"), false);
-        let error = strict.destructive(&request(None, "alice"), "Execute").unwrap_err();
+        let error = strict.privileged(&request(None, "alice"), "Execute").unwrap_err();
         assert_eq!(error.to_status().code(), tonic::Code::Unauthenticated);
         assert!(error.to_string().contains("through the gateway"), "{error}");
-        assert!(strict.destructive(&request(Some("s3cret"), "alice"), "Execute").is_ok());
+        assert!(strict.privileged(&request(Some("s3cret"), "alice"), "Execute").is_ok());
         let local = Trust::new(None, true);
-        let caller = local.destructive(&request(None, "alice"), "Execute").unwrap();
+        let caller = local.privileged(&request(None, "alice"), "Execute").unwrap();
         assert!(matches!(caller, Caller::Unauthenticated { .. }), "still not believed: {caller:?}");
     }
 

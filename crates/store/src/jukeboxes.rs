@@ -160,6 +160,28 @@ pub trait JukeboxStore: Send + Sync + std::fmt::Debug {
     }
 }
 
+/// The label a Secret needs before an RPC request may name it (`ExportIndex`'s
+/// credentials): `vynil.solidite.fr/rpc-credentials: "true"`.
+pub const RPC_CREDENTIALS_LABEL: &str = "vynil.solidite.fr/rpc-credentials";
+
+/// Refuses Secret `name` unless its `labels` opt in to RPC requests.
+pub fn opted_in(name: &str, labels: &std::collections::BTreeMap<String, String>) -> Result<(), StoreError> {
+    if labels.get(RPC_CREDENTIALS_LABEL).is_some_and(|v| v == "true") {
+        return Ok(());
+    }
+    Err(StoreError::Config(format!(
+        "secret {name:?} may not be named in a request: label it {RPC_CREDENTIALS_LABEL}=\"true\" if it holds credentials meant for exports"
+    )))
+}
+
+/// A Secret manifest of the local directory.
+#[derive(Debug, Clone)]
+struct LocalSecret {
+    name: String,
+    labels: std::collections::BTreeMap<String, String>,
+    data: SecretData,
+}
+
 /// What only the scanner does with JukeBoxes besides reading them and
 /// writing their status: serve the force-scan annotation, read pull secrets.
 #[async_trait::async_trait]
@@ -174,6 +196,13 @@ pub trait ScannerStore: JukeboxStore {
     /// The data of Secret `name` (an index source's credentials); an absent
     /// Secret is a configuration error naming where it was looked for.
     async fn secret(&self, name: &str) -> Result<SecretData, StoreError>;
+    /// The data of Secret `name` when a **request** names it (`ExportIndex`):
+    /// only a Secret carrying [`RPC_CREDENTIALS_LABEL`]` = "true"` is read, so
+    /// a caller cannot have any Secret of the control plane's namespace (the
+    /// service token's among them) sent where it says. A Secret a JukeBox's
+    /// spec names is read with [`ScannerStore::secret`] (upstream's carry no
+    /// label).
+    async fn requested_secret(&self, name: &str) -> Result<SecretData, StoreError>;
     /// Takes JukeBox `name` over from upstream's operator (`crate::takeover`);
     /// nothing to do outside a cluster.
     async fn retire_upstream(&self, _name: &str) -> Result<crate::takeover::Retired, StoreError> {
@@ -322,6 +351,16 @@ impl LocalStore {
         })
     }
 
+    fn local_secret(&self, name: &str) -> Result<LocalSecret, StoreError> {
+        let secrets = self.read_directory()?.2;
+        secrets.into_iter().find(|s| s.name == name).ok_or_else(|| {
+            StoreError::Config(format!(
+                "secret {name:?} is not in {}: add a Secret manifest (kind: Secret, metadata.name: {name}) there",
+                self.directory.display()
+            ))
+        })
+    }
+
     fn read_specs(&self) -> Result<Vec<Spec>, StoreError> {
         Ok(self.read_directory()?.0)
     }
@@ -329,9 +368,7 @@ impl LocalStore {
     /// The JukeBoxes of the directory, the files that are neither a JukeBox
     /// nor a Secret, and the Secrets.
     #[allow(clippy::type_complexity)]
-    fn read_directory(
-        &self,
-    ) -> Result<(Vec<Spec>, Vec<SkippedSource>, Vec<(String, SecretData)>), StoreError> {
+    fn read_directory(&self) -> Result<(Vec<Spec>, Vec<SkippedSource>, Vec<LocalSecret>), StoreError> {
         let entries = std::fs::read_dir(&self.directory).map_err(|e| {
             StoreError::Config(format!("cannot read the JukeBox directory {}: {e}", self.directory.display()))
         })?;
@@ -361,12 +398,13 @@ impl LocalStore {
                 match serde_json::from_value::<k8s_openapi::api::core::v1::Secret>(value.clone()) {
                     Ok(secret) => {
                         let name = secret.metadata.name.clone().unwrap_or_default();
+                        let labels = secret.metadata.labels.clone().unwrap_or_default();
                         let mut data: SecretData =
                             secret.data.unwrap_or_default().into_iter().map(|(k, v)| (k, v.0)).collect();
                         for (key, text) in secret.string_data.unwrap_or_default() {
                             data.insert(key, text.into_bytes());
                         }
-                        secrets.push((name, data));
+                        secrets.push(LocalSecret { name, labels, data });
                     }
                     Err(e) => skipped.push(skip(format!("not a Secret: {e}"))),
                 }
@@ -463,13 +501,13 @@ impl ScannerStore for LocalStore {
     /// Outside a cluster, Secrets are `kind: Secret` manifests in the JukeBox
     /// directory (`data` base64, or `stringData`), as `kubectl` would apply them.
     async fn secret(&self, name: &str) -> Result<SecretData, StoreError> {
-        let secrets = self.read_directory()?.2;
-        secrets.into_iter().find(|(n, _)| n == name).map(|(_, data)| data).ok_or_else(|| {
-            StoreError::Config(format!(
-                "secret {name:?} is not in {}: add a Secret manifest (kind: Secret, metadata.name: {name}) there",
-                self.directory.display()
-            ))
-        })
+        Ok(self.local_secret(name)?.data)
+    }
+
+    async fn requested_secret(&self, name: &str) -> Result<SecretData, StoreError> {
+        let secret = self.local_secret(name)?;
+        opted_in(name, &secret.labels)?;
+        Ok(secret.data)
     }
 }
 

@@ -200,6 +200,18 @@ impl JukeboxStore for KubeStore {
     }
 }
 
+impl KubeStore {
+    async fn found_secret(&self, name: &str) -> Result<k8s_openapi::api::core::v1::Secret, StoreError> {
+        let namespace = &self.namespace;
+        let found = self.secrets.get_opt(name).await.map_err(|e| kube_error("reading a secret", e))?;
+        found.ok_or_else(|| {
+            StoreError::Config(format!(
+                "secret {name:?} does not exist in namespace {namespace:?}: create it there"
+            ))
+        })
+    }
+}
+
 #[async_trait::async_trait]
 impl ScannerStore for KubeStore {
     /// Removes an annotation if it still has `value` (a JSON patch `test`
@@ -227,13 +239,13 @@ impl ScannerStore for KubeStore {
     }
 
     async fn secret(&self, name: &str) -> Result<crate::jukeboxes::SecretData, StoreError> {
-        let namespace = &self.namespace;
-        let found = self.secrets.get_opt(name).await.map_err(|e| kube_error("reading a secret", e))?;
-        let Some(found) = found else {
-            return Err(StoreError::Config(format!(
-                "secret {name:?} does not exist in namespace {namespace:?}: create it there"
-            )));
-        };
+        let found = self.found_secret(name).await?;
+        Ok(found.data.unwrap_or_default().into_iter().map(|(k, v)| (k, v.0)).collect())
+    }
+
+    async fn requested_secret(&self, name: &str) -> Result<crate::jukeboxes::SecretData, StoreError> {
+        let found = self.found_secret(name).await?;
+        crate::jukeboxes::opted_in(name, found.metadata.labels.as_ref().unwrap_or(&Default::default()))?;
         Ok(found.data.unwrap_or_default().into_iter().map(|(k, v)| (k, v.0)).collect())
     }
 

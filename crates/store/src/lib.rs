@@ -33,8 +33,8 @@ pub mod script;
 pub mod takeover;
 
 pub use jukeboxes::{
-    CHANGES_CHANNEL, JukeboxEvent, JukeboxRecord, JukeboxStore, LocalStore, ScannerStore, SecretData,
-    SkippedSource, StatusVersion, StoreChange,
+    CHANGES_CHANNEL, JukeboxEvent, JukeboxRecord, JukeboxStore, LocalStore, RPC_CREDENTIALS_LABEL,
+    ScannerStore, SecretData, SkippedSource, StatusVersion, StoreChange,
 };
 pub use kube::KubeStore;
 use vynil_crds::{JukeBoxSource, JukeBoxSpec};

@@ -246,7 +246,7 @@ impl Lifecycle for LifecycleService {
             let context = self.context()?;
             synced(context)?;
             let caller =
-                self.trust.destructive(&request, "AllowDeleteWithoutPackage").map_err(|e| e.to_status())?;
+                self.trust.privileged(&request, "AllowDeleteWithoutPackage").map_err(|e| e.to_status())?;
             allow_delete_without_package(context, request.into_inner(), &caller)
                 .await
                 .map_err(|e| e.to_status())

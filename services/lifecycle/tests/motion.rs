@@ -136,7 +136,14 @@ async fn an_unsynced_replica_answers_unavailable_and_the_purger_plans_with_usage
     for (endpoints, unknown) in cases {
         let purger_addr = loopback();
         let listen = purger_addr.to_string();
-        let mut args = vec!["vynil-purger", "--listen", &listen, "--insecure-registry", &host];
+        let mut args = vec![
+            "vynil-purger",
+            "--allow-unauthenticated",
+            "--listen",
+            &listen,
+            "--insecure-registry",
+            &host,
+        ];
         for endpoint in &endpoints {
             args.extend(["--lifecycle-endpoint", endpoint]);
         }

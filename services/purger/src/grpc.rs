@@ -139,6 +139,8 @@ type ProgressStream = Pin<Box<dyn Stream<Item = Result<ExecuteProgress, Status>>
 impl PurgerApi for PurgerService {
     #[tracing::instrument(skip_all)]
     async fn plan(&self, request: Request<PlanRequest>) -> Result<Response<PurgePlan>, Status> {
+        // A plan reads the registry and the cluster and is stored: privileged.
+        self.trust.privileged(&request, "purge Plan").map_err(|e| e.to_status())?;
         let target =
             request.into_inner().target.ok_or_else(|| Status::invalid_argument("a target is required"))?;
         let plan = match target {
@@ -159,8 +161,7 @@ impl PurgerApi for PurgerService {
     #[tracing::instrument(skip_all)]
     async fn execute(&self, request: Request<ExecuteRequest>) -> Result<Response<ProgressStream>, Status> {
         // Who executes: believed only with the service token (the gateway).
-        let caller =
-            self.trust.destructive(&request, "purge Execute").map_err(|e| e.to_status())?.to_string();
+        let caller = self.trust.privileged(&request, "purge Execute").map_err(|e| e.to_status())?.to_string();
         let request = request.into_inner();
         let execute = executor::ExecuteRequest {
             plan_id: request.plan_id,

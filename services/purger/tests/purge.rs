@@ -139,7 +139,14 @@ async fn purger(setup: &Setup, lifecycle: &str, extra: &[&str]) -> ServiceProces
 
 async fn make_plan(client: &mut PurgerClient<tonic::transport::Channel>, host: &str) -> PurgePlan {
     let target = Target::Repository(Repository { registry: host.into(), repository: REPO.into() });
-    client.plan(PlanRequest { target: Some(target) }).await.unwrap().into_inner()
+    client.plan(as_gateway(PlanRequest { target: Some(target) })).await.unwrap().into_inner()
+}
+
+/// `request` as the gateway sends it: with the service token, naming alice.
+fn as_gateway<T>(request: T) -> Request<T> {
+    let mut request = Request::new(request);
+    vynil_runtime::ServiceCredentials::new(Some(SERVICE_TOKEN)).unwrap().apply(&mut request, "alice@example");
+    request
 }
 
 fn execute_request(plan: &PurgePlan) -> Request<ExecuteRequest> {
@@ -496,8 +503,11 @@ async fn a_jukebox_is_planned_and_purged_across_its_repositories_under_one_confi
     let lifecycle = lifecycle_stub(vec![]).await;
     let service = purger(&setup, &lifecycle, &["--jukebox-dir", dir.path().to_str().unwrap()]).await;
     let mut client = PurgerClient::new(service.channel().await.unwrap());
-    let plan =
-        client.plan(PlanRequest { target: Some(Target::Jukebox("box".into())) }).await.unwrap().into_inner();
+    let plan = client
+        .plan(as_gateway(PlanRequest { target: Some(Target::Jukebox("box".into())) }))
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(plan.target, "jukebox/box");
     assert_eq!(plan.delete_count, 6, "4 in the history, 2 superseded in apps/x");
     assert!(plan.entries.iter().any(|e| e.repository == "apps/x" && e.tag == "3.0.0" && e.keep));
@@ -698,8 +708,11 @@ async fn in_a_cluster_each_execution_is_also_an_event_on_its_jukebox() {
     .await
     .unwrap();
     let mut client = PurgerClient::new(service.channel().await.unwrap());
-    let plan =
-        client.plan(PlanRequest { target: Some(Target::Jukebox("box".into())) }).await.unwrap().into_inner();
+    let plan = client
+        .plan(as_gateway(PlanRequest { target: Some(Target::Jukebox("box".into())) }))
+        .await
+        .unwrap()
+        .into_inner();
     let report = execute(&mut client, execute_request(&plan)).await.unwrap();
     let deleted = report.outcomes.iter().filter(|o| o.state == DeletionState::Deleted as i32).count();
     assert!(deleted > 0, "{report:?}");
@@ -720,7 +733,7 @@ async fn a_plan_over_the_size_limit_is_refused_and_names_the_flag() {
     let service = purger(&setup, &lifecycle, &["--max-plan-tags", "12"]).await;
     let mut client = PurgerClient::new(service.channel().await.unwrap());
     let target = Target::Repository(Repository { registry: setup.front.host(), repository: REPO.into() });
-    let refused = client.plan(PlanRequest { target: Some(target.clone()) }).await.unwrap_err();
+    let refused = client.plan(as_gateway(PlanRequest { target: Some(target.clone()) })).await.unwrap_err();
     assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "{refused:?}");
     assert!(
         refused.message().contains("13 tags") && refused.message().contains("--max-plan-tags 12"),
@@ -729,6 +742,6 @@ async fn a_plan_over_the_size_limit_is_refused_and_names_the_flag() {
     );
     let service = purger(&setup, &lifecycle, &["--max-plan-tags", "13"]).await;
     let mut client = PurgerClient::new(service.channel().await.unwrap());
-    let plan = client.plan(PlanRequest { target: Some(target) }).await.unwrap().into_inner();
+    let plan = client.plan(as_gateway(PlanRequest { target: Some(target) })).await.unwrap().into_inner();
     assert_eq!(plan.entries.len(), 13, "at the limit: planned");
 }

@@ -27,6 +27,52 @@ pub struct Exported {
     pub report: ExportReport,
 }
 
+/// Where the `ExportIndex` RPC may write (`--export-destination`): the
+/// caller names the destination and a Secret, so without this list any
+/// caller holding the service token could have the scanner send credentials
+/// to a host of its choice, or write files anywhere the scanner can.
+#[derive(Debug, Clone, Default)]
+pub struct Destinations {
+    allowed: Vec<String>,
+}
+
+impl Destinations {
+    pub fn new(allowed: &[String]) -> Self {
+        let allowed = allowed.iter().map(|a| a.trim().to_string()).filter(|a| !a.is_empty()).collect();
+        Self { allowed }
+    }
+
+    /// Accepts `destination` when it is a listed one, or lies below one at a
+    /// `/` (so `https://charts.example/vynil` admits
+    /// `https://charts.example/vynil/prod` but neither
+    /// `https://charts.example/vynil-evil` nor `https://charts.example.evil`),
+    /// and has no `..` segment.
+    pub fn check(&self, destination: &str) -> Result<(), ScannerError> {
+        if destination.split(['/', '?']).any(|segment| segment == "..") {
+            return Err(ScannerError::Config(format!(
+                "export destination {destination:?} has a `..` segment: name the destination itself"
+            )));
+        }
+        let below = |allowed: &String| {
+            destination == allowed
+                || destination
+                    .strip_prefix(allowed.as_str())
+                    .is_some_and(|rest| allowed.ends_with('/') || rest.starts_with('/'))
+        };
+        if self.allowed.iter().any(below) {
+            return Ok(());
+        }
+        let listed = if self.allowed.is_empty() {
+            "none is listed".to_string()
+        } else {
+            format!("listed: {}", self.allowed.join(", "))
+        };
+        Err(ScannerError::Config(format!(
+            "export destination {destination:?} is not allowed ({listed}): start the scanner with --export-destination <destination or prefix> (VYNIL_EXPORT_DESTINATIONS)"
+        )))
+    }
+}
+
 /// Exports the index of every repository `source` names to `destination`.
 pub async fn export(
     client: &RegistryClient,
@@ -155,4 +201,30 @@ pub async fn run_cli(args: ExportArgs) -> Result<(), ScannerError> {
         done.report.removed.len()
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod destination_tests {
+    use super::Destinations;
+
+    #[test]
+    fn a_destination_is_allowed_only_at_or_below_a_listed_one() {
+        let allowed = Destinations::new(&["https://charts.example/vynil".into(), "/srv/index/".into()]);
+        for ok in ["https://charts.example/vynil", "https://charts.example/vynil/prod", "/srv/index/team"] {
+            assert!(allowed.check(ok).is_ok(), "{ok}");
+        }
+        for refused in [
+            "https://charts.example/vynil-evil",
+            "https://charts.example.evil/vynil",
+            "https://charts.example/vynil/../other",
+            "https://attacker.example/collect",
+            "/srv/index-other",
+            "/srv/index/../../etc",
+        ] {
+            let error = allowed.check(refused).unwrap_err().to_string();
+            assert!(error.contains(refused), "{refused}: {error}");
+        }
+        let none = Destinations::new(&[]);
+        assert!(none.check("/srv/index").unwrap_err().to_string().contains("none is listed"));
+    }
 }

@@ -80,6 +80,8 @@ fn to_proto(record: &ScanRecord) -> ScanStatus {
 #[derive(Debug, Clone)]
 pub struct ScannerService {
     pub scanner: Arc<Scanner>,
+    /// Scan, NotifyPush and ExportIndex are privileged: the service token.
+    pub trust: vynil_runtime::Trust,
 }
 
 type StatusStream = Pin<Box<dyn Stream<Item = Result<ScanStatus, Status>> + Send>>;
@@ -100,6 +102,7 @@ fn repository_of(repository: &vynil_proto::scanner::v1::Repository) -> Result<(S
 #[tonic::async_trait]
 impl ScannerApi for ScannerService {
     async fn scan(&self, request: Request<ScanRequest>) -> Result<Response<ScanResponse>, Status> {
+        self.trust.privileged(&request, "Scan").map_err(|e| e.to_status())?;
         let request = request.into_inner();
         let filter = vynil_rules::ScanFilter::from_request(&request.filter).map_err(ScannerError::from)?;
         let scope = match (request.repository, filter) {
@@ -119,6 +122,7 @@ impl ScannerApi for ScannerService {
         &self,
         request: Request<NotifyPushRequest>,
     ) -> Result<Response<NotifyPushResponse>, Status> {
+        self.trust.privileged(&request, "NotifyPush").map_err(|e| e.to_status())?;
         let request = request.into_inner();
         let repository = request
             .repository
@@ -145,6 +149,8 @@ impl ScannerApi for ScannerService {
         &self,
         request: Request<ExportIndexRequest>,
     ) -> Result<Response<ExportIndexResponse>, Status> {
+        // It writes where the caller says, with a Secret the caller names.
+        self.trust.privileged(&request, "ExportIndex").map_err(|e| e.to_status())?;
         let request = request.into_inner();
         if request.jukebox.is_empty() || request.destination.is_empty() {
             return Err(Status::invalid_argument("name the jukebox to export and its destination"));

@@ -72,6 +72,13 @@ pub struct Config {
     /// notifications).
     #[arg(long, env = "VYNIL_TRIGGER_RESYNC_SECONDS", default_value_t = 30)]
     pub trigger_resync_seconds: u64,
+    /// Where `ExportIndex` may write: each an exact destination or a prefix
+    /// of it ending at a `/` (`https://charts.example/vynil`,
+    /// `s3://bucket/indexes`, `/srv/index`). Without one, no export is
+    /// accepted: the caller names the destination and the scanner writes
+    /// there with the credentials it is given.
+    #[arg(long = "export-destination", env = "VYNIL_EXPORT_DESTINATIONS", value_delimiter = ',')]
+    pub export_destinations: Vec<String>,
 }
 
 /// How much one scan (or export) may read, and how much at once.
@@ -219,6 +226,7 @@ pub async fn build_with_store(
         settle: Duration::from_millis(config.push_settle_milliseconds),
         settle_limit: Duration::from_millis(config.push_settle_limit_milliseconds),
         wake: tokio::sync::Notify::new(),
+        exports: export::Destinations::new(&config.export_destinations),
     }))
 }
 
@@ -245,7 +253,9 @@ pub async fn run_with_store(
     let jitter = Duration::from_millis(config.schedule_jitter_milliseconds);
     let triggers = Triggers::new(scanner.clone(), jitter, drain.clone());
     let triggers = tokio::spawn(triggers.run(Duration::from_secs(config.trigger_resync_seconds.max(1))));
-    let service = ServedService::new(ScannerServer::new(ScannerService { scanner }));
+    let trust = vynil_runtime::Trust::from_config(&config.shared.trust, config.listen)
+        .map_err(|e| ScannerError::Config(e.to_string()))?;
+    let service = ServedService::new(ScannerServer::new(ScannerService { scanner, trust }));
     let served = server.serve(vec![service], drain.after(shutdown)).await;
     drain.trigger();
     let _ = worker.await;

@@ -44,6 +44,8 @@ pub struct Scanner {
     pub metrics: ScannerMetrics,
     /// What `GET /metrics` serves (Prometheus' registry, not an OCI one).
     pub exported_metrics: Arc<vynil_runtime::metrics::Registry>,
+    /// Where `ExportIndex` may write (`--export-destination`).
+    pub exports: crate::export::Destinations,
 }
 
 impl Scanner {
@@ -364,9 +366,10 @@ impl Scanner {
             .ok_or_else(|| ScannerError::NotFound(format!("no JukeBox {jukebox:?}")))?;
         let source =
             vynil_store::source_of(&record.spec, self.settings.scripts).map_err(ScannerError::Config)?;
+        self.exports.check(destination)?;
         let mut location = Location::parse(destination)?;
         if let Some(secret) = secret {
-            location = location.with_secret(secret, &self.store.secret(secret).await?)?;
+            location = location.with_secret(secret, &self.store.requested_secret(secret).await?)?;
         }
         let client = self.client_for(&record).await.map_err(ScannerError::Config)?;
         crate::export::export(&client, &self.settings, &source, &location).await

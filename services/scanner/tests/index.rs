@@ -109,8 +109,20 @@ fn jukebox(dir: &Path, name: &str, maturity: &str, source: &str) {
 }
 
 fn secret(dir: &Path, name: &str, pairs: &[(&str, &str)]) {
+    secret_labelled(dir, name, pairs, "{}");
+}
+
+/// A Secret an RPC request may name (`ExportIndex`'s credentials).
+fn request_secret(dir: &Path, name: &str, pairs: &[(&str, &str)]) {
+    let label = format!("{{{}: \"true\"}}", vynil_store::RPC_CREDENTIALS_LABEL);
+    secret_labelled(dir, name, pairs, &label);
+}
+
+fn secret_labelled(dir: &Path, name: &str, pairs: &[(&str, &str)], labels: &str) {
     let data: String = pairs.iter().map(|(k, v)| format!("  {k}: {v:?}\n")).collect();
-    let text = format!("apiVersion: v1\nkind: Secret\nmetadata:\n  name: {name}\nstringData:\n{data}");
+    let text = format!(
+        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: {name}\n  labels: {labels}\nstringData:\n{data}"
+    );
     std::fs::write(dir.join(format!("{name}.yaml")), text).unwrap();
 }
 
@@ -299,8 +311,22 @@ async fn an_index_exported_to_s3_is_consumed_with_the_right_credentials_and_refu
         &[("access_key_id", s3.access_key()), ("secret_access_key", "wrong")],
     );
 
-    let (scanner, _stop) = scanner(dir.path(), &registry.host(), "0.7.7").await;
     let destination = format!("s3://catalogs/team/index?region=us-east-1&endpoint={}", s3.endpoint());
+    let allowed = ["--export-destination", destination.as_str()];
+    let (scanner, _stop) = scanner_with(dir.path(), &registry.host(), "0.7.7", &allowed).await;
+    // Elsewhere than the listed destination: refused before any Secret is read.
+    let elsewhere = format!("s3://catalogs/team/index-evil?region=us-east-1&endpoint={}", s3.endpoint());
+    let refused = scanner.export("oci-stable", &elsewhere, Some("s3-credentials")).await.unwrap_err();
+    assert!(refused.to_string().contains("--export-destination"), "{refused}");
+    // A Secret without the opt-in label is not read for a request (the
+    // JukeBox that names it in its spec still scans with it).
+    let refused = scanner.export("oci-stable", &destination, Some("s3-credentials")).await.unwrap_err();
+    assert!(refused.to_string().contains(vynil_store::RPC_CREDENTIALS_LABEL), "{refused}");
+    assert!(!buckets.path().join("catalogs/team/index/index.yaml").exists(), "nothing written");
+    let good = [("access_key_id", s3.access_key()), ("secret_access_key", s3.secret_key())];
+    request_secret(dir.path(), "s3-credentials", &good);
+    let wrong = [("access_key_id", s3.access_key()), ("secret_access_key", "wrong")];
+    request_secret(dir.path(), "s3-wrong-credentials", &wrong);
     // A wrong secret cannot write either, and says so.
     let refused = scanner.export("oci-stable", &destination, Some("s3-wrong-credentials")).await.unwrap_err();
     assert!(refused.to_string().contains("credentials"), "{refused}");
@@ -337,9 +363,10 @@ async fn a_replica_that_never_read_the_index_asks_conditionally_through_redis() 
     jukebox(dir.path(), "http-stable", "stable", &http);
     secret(dir.path(), "index-credentials", &[("token", TOKEN)]);
     let url = redis.url();
-    let redis_flags = ["--redis-url", url.as_str()];
+    let index = served.path().join("idx").display().to_string();
+    let redis_flags = ["--redis-url", url.as_str(), "--export-destination", index.as_str()];
     let (first, stop_first) = scanner_with(dir.path(), &registry.host(), "0.7.7", &redis_flags).await;
-    first.export("oci-stable", served.path().join("idx").to_str().unwrap(), None).await.unwrap();
+    first.export("oci-stable", &index, None).await.unwrap();
     assert!(scan(&first, "http-stable").await.errors.is_empty());
     let files = server.requests().len();
     assert!(files >= 2, "{:?}", server.requests());

@@ -51,6 +51,7 @@ async fn replica(world: &World) -> ServiceProcess {
     let (redis, front, dir) =
         (world.redis.url(), world.front.host(), world.dir.path().to_str().unwrap().to_string());
     let args = [
+        "--allow-unauthenticated",
         "--jukebox-dir",
         &dir,
         "--redis-url",
