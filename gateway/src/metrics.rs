@@ -22,6 +22,24 @@ pub struct RouteLabels {
     pub method: String,
 }
 
+/// The `method` label: the methods HTTP defines, else `other` (anyone can
+/// send a made-up method, and each would otherwise be a new label set
+/// kept for the life of the process).
+fn method_label(method: &http::Method) -> &'static str {
+    match method.as_str() {
+        "GET" => "GET",
+        "HEAD" => "HEAD",
+        "POST" => "POST",
+        "PUT" => "PUT",
+        "PATCH" => "PATCH",
+        "DELETE" => "DELETE",
+        "OPTIONS" => "OPTIONS",
+        "CONNECT" => "CONNECT",
+        "TRACE" => "TRACE",
+        _ => "other",
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct GatewayMetrics {
     requests: Family<RequestLabels, Counter>,
@@ -42,11 +60,32 @@ impl GatewayMetrics {
         (metrics, Arc::new(registry))
     }
 
-    pub fn observe(&self, route: &str, method: &str, status: u16, seconds: f64) {
-        let (route, method) = (route.to_string(), method.to_string());
+    pub fn observe(&self, route: &str, method: &http::Method, status: u16, seconds: f64) {
+        let (route, method) = (route.to_string(), method_label(method).to_string());
         self.requests
             .get_or_create(&RequestLabels { route: route.clone(), method: method.clone(), status })
             .inc();
         self.duration.get_or_create(&RouteLabels { route, method }).observe(seconds, trace_exemplar(), None);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn made_up_methods_do_not_grow_the_metrics() {
+        let (metrics, registry) = GatewayMetrics::register();
+        for i in 0..30 {
+            let method = http::Method::from_bytes(format!("MADEUP{i}").as_bytes()).unwrap();
+            metrics.observe("unmatched", &method, 405, 0.001);
+        }
+        metrics.observe("/healthz", &http::Method::GET, 200, 0.001);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        let counted: Vec<&str> =
+            text.lines().filter(|l| l.starts_with("vynil_gateway_requests_total{")).collect();
+        assert_eq!(counted.len(), 2, "one label set for every made-up method, one for GET:\n{text}");
+        assert!(counted.iter().any(|l| l.contains("method=\"other\"") && l.ends_with(" 30")), "{text}");
     }
 }

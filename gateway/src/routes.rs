@@ -262,7 +262,7 @@ pub async fn observe(State(app): State<App>, mut request: Request, next: Next) -
     };
     let status = response.status().as_u16();
     let seconds = started.elapsed().as_secs_f64();
-    app.metrics.observe(&route, method.as_str(), status, seconds);
+    app.metrics.observe(&route, &method, status, seconds);
     span.in_scope(|| tracing::info!(status, duration_ms = (seconds * 1000.0) as u64, "answered"));
     if let Ok(value) = HeaderValue::from_str(&id) {
         response.headers_mut().insert("x-request-id", value);
