@@ -668,3 +668,20 @@ fn agent_job(action: &str, tag: &str) -> Result<Job, serde_json::Error> {
         }]}}},
     }))
 }
+
+/// A real API server checks a delete's `preconditions` against the stored
+/// object: another UID (the object was replaced) is `409 Conflict`.
+#[tokio::test]
+async fn a_delete_whose_uid_precondition_names_another_object_is_a_conflict() -> TestResult {
+    let (server, client) = server().await?;
+    let maps: Api<ConfigMap> = Api::namespaced(client, "apps");
+    let first = maps.create(&PostParams::default(), &config_map("settings", &[])).await?;
+    maps.delete("settings", &DeleteParams::default()).await?;
+    maps.create(&PostParams::default(), &config_map("settings", &[])).await?;
+    let preconditions = kube::api::Preconditions { uid: first.metadata.uid, resource_version: None };
+    let params = DeleteParams { preconditions: Some(preconditions), ..DeleteParams::default() };
+    let refused = maps.delete("settings", &params).await;
+    assert_eq!(api_code(refused.map(drop)), Some(409));
+    assert!(server.object("", "configmaps", Some("apps"), "settings").is_some(), "the replacement stays");
+    Ok(())
+}

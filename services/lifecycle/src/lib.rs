@@ -23,7 +23,7 @@ pub mod job;
 mod leader;
 mod metrics;
 pub mod plan;
-mod reaper;
+pub mod reaper;
 mod script;
 pub mod takeover;
 pub mod uninstall;

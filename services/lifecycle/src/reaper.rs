@@ -6,7 +6,16 @@
 //!
 //! It deletes the children recorded in the instance status in reverse phase
 //! order (posts → scalables → others → vitals → befores, then systems), waits
-//! until each is gone and verifies it with a GET answering 404. It is
+//! until each is gone and verifies it with a GET answering 404. `status` is
+//! writable by whoever may patch the instance's status (a tenant with a wide
+//! Role), and the reaper runs as the cluster-admin agent account, so a
+//! recorded child is only a candidate: it is deleted only when the object
+//! carries the labels upstream's agent sets on what it creates for this very
+//! instance (`managed-by: vynil`, `app.kubernetes.io/instance`,
+//! `owner-namespace`, `owner-type`, `owner-category`) and, when namespaced,
+//! lies in the instance's namespace (or, for a tenant, one of its tenant's
+//! namespaces); the delete is conditioned on the UID that was checked.
+//! Anything else is reported for a human, never deleted. It is
 //! careful: a child without `apiVersion` is resolved by discovery only when
 //! exactly one served resource has that kind; CustomResourceDefinitions and
 //! Namespaces are never deleted (deleting a CRD deletes every object of its
@@ -48,6 +57,46 @@ pub struct ReapArgs {
     /// Where the report is also written (Kubernetes reads it as the termination message).
     #[arg(long, default_value = "/dev/termination-log")]
     pub report_path: std::path::PathBuf,
+    /// Namespace label naming a namespace's tenant (upstream's `TENANT_LABEL`).
+    #[arg(long, env = "TENANT_LABEL", default_value = "vynil.solidite.fr/tenant")]
+    pub tenant_label: String,
+}
+
+/// Whose a recorded child must be before the reaper deletes it.
+#[derive(Debug, Clone)]
+struct Owner {
+    /// Upstream's agent labels (`upstream-facts.md`, "The agent"), key → value.
+    labels: Vec<(&'static str, String)>,
+    /// Where a namespaced child may be: the instance's namespace, and for a
+    /// tenant its tenant's namespaces.
+    namespaces: Vec<String>,
+}
+
+impl Owner {
+    /// `None` when the object is this instance's; else why not.
+    fn refuses(&self, object: &DynamicObject, namespace: Option<&str>) -> Option<String> {
+        if let Some(ns) = namespace
+            && !self.namespaces.iter().any(|n| n == ns)
+        {
+            return Some(format!(
+                "namespace {ns} is not the instance's ({}): never deleted here",
+                self.namespaces.join(", ")
+            ));
+        }
+        let labels = object.metadata.labels.clone().unwrap_or_default();
+        let wrong: Vec<String> = self
+            .labels
+            .iter()
+            .filter(|(key, value)| labels.get(*key) != Some(value))
+            .map(|(key, value)| format!("{key}={value}"))
+            .collect();
+        (!wrong.is_empty()).then(|| {
+            format!(
+                "not labelled as this instance's by upstream's agent (lacks {}): never deleted here",
+                wrong.join(", ")
+            )
+        })
+    }
 }
 
 /// What became of one child.
@@ -246,6 +295,30 @@ pub async fn reap(client: &Client, args: &ReapArgs) -> Result<ReaperReport, Life
         Api::namespaced_with(client.clone(), &args.namespace, &kind.api_resource());
     let instance = instances.get(&args.name).await.map_err(|e| unavailable("reading the instance", e))?;
     let status = instance.data.get("status").cloned().unwrap_or(Value::Null);
+    let category = instance.data.pointer("/spec/category").and_then(Value::as_str).unwrap_or_default();
+    let mut namespaces = vec![args.namespace.clone()];
+    if kind == InstanceKind::Tenant {
+        let api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+        let own = api.get_opt(&args.namespace).await.map_err(|e| unavailable("reading the namespace", e))?;
+        let tenant = own.and_then(|n| n.metadata.labels.and_then(|l| l.get(&args.tenant_label).cloned()));
+        if let Some(tenant) = tenant {
+            let selector =
+                kube::api::ListParams::default().labels(&format!("{}={tenant}", args.tenant_label));
+            let listed =
+                api.list(&selector).await.map_err(|e| unavailable("listing the tenant's namespaces", e))?;
+            namespaces.extend(listed.items.into_iter().filter_map(|n| n.metadata.name));
+        }
+    }
+    let owner = Owner {
+        labels: vec![
+            ("app.kubernetes.io/managed-by", "vynil".into()),
+            ("app.kubernetes.io/instance", args.name.clone()),
+            ("vynil.solidite.fr/owner-namespace", args.namespace.clone()),
+            ("vynil.solidite.fr/owner-type", kind.package_type().as_str().into()),
+            ("vynil.solidite.fr/owner-category", category.into()),
+        ],
+        namespaces,
+    };
     let (children, crds) = recorded_children(&status);
     let discovery = Discovery::new(client.clone()).run().await.map_err(|e| unavailable("discovery", e))?;
     let wait = Duration::from_secs(args.wait_seconds);
@@ -265,7 +338,7 @@ pub async fn reap(client: &Client, args: &ReapArgs) -> Result<ReaperReport, Life
             });
             continue;
         };
-        let outcome = reap_child(client, &discovery, &child, &args.namespace, wait).await;
+        let outcome = reap_child(client, &discovery, &child, &owner, &args.namespace, wait).await;
         report.children.push(ChildReport {
             phase,
             api_version: child.api_version,
@@ -296,6 +369,7 @@ async fn reap_child(
     client: &Client,
     discovery: &Discovery,
     child: &Child,
+    owner: &Owner,
     default_ns: &str,
     wait: Duration,
 ) -> ChildOutcome {
@@ -308,13 +382,26 @@ async fn reap_child(
         Ok(found) => found,
         Err(why) => return ChildOutcome::Skipped { why },
     };
-    let api: Api<DynamicObject> = match capabilities.scope {
+    let (api, namespace): (Api<DynamicObject>, Option<&str>) = match capabilities.scope {
         Scope::Namespaced => {
-            Api::namespaced_with(client.clone(), child.namespace.as_deref().unwrap_or(default_ns), &resource)
+            let ns = child.namespace.as_deref().unwrap_or(default_ns);
+            (Api::namespaced_with(client.clone(), ns, &resource), Some(ns))
         }
-        Scope::Cluster => Api::all_with(client.clone(), &resource),
+        Scope::Cluster => (Api::all_with(client.clone(), &resource), None),
     };
-    match api.delete(&child.name, &DeleteParams::background()).await {
+    let found = match api.get_opt(&child.name).await {
+        Ok(Some(found)) => found,
+        Ok(None) => return ChildOutcome::AlreadyGone,
+        Err(e) => return ChildOutcome::StillPresent { why: format!("cannot read it: {e}") },
+    };
+    if let Some(why) = owner.refuses(&found, namespace) {
+        return ChildOutcome::Skipped { why };
+    }
+    // Exactly the object checked: a replacement of the same name is not deleted.
+    let mut params = DeleteParams::background();
+    params.preconditions =
+        Some(kube::api::Preconditions { uid: found.metadata.uid.clone(), resource_version: None });
+    match api.delete(&child.name, &params).await {
         Ok(_) => {}
         Err(kube::Error::Api(status)) if status.code == 404 => return ChildOutcome::AlreadyGone,
         Err(e) => return ChildOutcome::StillPresent { why: format!("delete refused: {e}") },

@@ -230,7 +230,13 @@ async fn package_gone_then_allowed_the_real_reaper_deletes_children_in_reverse_o
         } else {
             Api::all_with(client.clone(), &resource)
         };
-        let mut object = json!({"apiVersion": api_version, "kind": kind, "metadata": {"name": name}});
+        // Labelled as upstream's agent labels what it creates for apps/web
+        // (upstream-facts.md): the reaper deletes nothing else.
+        let labels = json!({"app.kubernetes.io/managed-by": "vynil", "app.kubernetes.io/instance": "web",
+            "vynil.solidite.fr/owner-namespace": APPS, "vynil.solidite.fr/owner-category": "apps",
+            "vynil.solidite.fr/owner-type": "tenant"});
+        let mut object =
+            json!({"apiVersion": api_version, "kind": kind, "metadata": {"name": name, "labels": labels}});
         if kind == "CustomResourceDefinition" {
             object["spec"] = json!({"group": "example.io", "scope": "Namespaced",
                 "names": {"kind": "Thing", "plural": "things", "singular": "thing"},

@@ -563,7 +563,25 @@ fn serve_object(
             let (object, created) = store.patch(def, ns, name, kind, &body, call.status_only)?;
             Ok((if created { 201 } else { 200 }, object))
         }
-        ("DELETE", Some(name)) => Ok((200, store.delete(def, ns, name, propagation(call, &body))?)),
+        ("DELETE", Some(name)) => {
+            // `preconditions.uid` (and `resourceVersion`): 409 when the object is another.
+            let current = store.get(def, ns, name)?;
+            for (field, key) in [("uid", "uid"), ("resourceVersion", "resourceVersion")] {
+                let wanted = body.pointer(&format!("/preconditions/{field}")).and_then(Value::as_str);
+                let actual = current["metadata"][key].as_str().unwrap_or_default();
+                if let Some(wanted) = wanted.filter(|w| *w != actual) {
+                    return Err(ApiError::new(
+                        409,
+                        "Conflict",
+                        format!(
+                            "Operation cannot be fulfilled on {} \"{name}\": Precondition failed: {field} in precondition: {wanted}, {field} in object meta: {actual}",
+                            def.qualified()
+                        ),
+                    ));
+                }
+            }
+            Ok((200, store.delete(def, ns, name, propagation(call, &body))?))
+        }
         ("DELETE", None) => {
             let (labels, fields) = call.selectors()?;
             let names: Vec<(Option<String>, String)> = store
