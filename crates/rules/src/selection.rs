@@ -238,11 +238,56 @@ pub enum CatalogState<'a> {
 pub struct CleanupQuery<'a> {
     pub install: InstallQuery<'a>,
     pub recorded: Option<(&'a RecordedRevision, RecordedCheck)>,
+    /// Where the JukeBox's revisions may come from: a recorded revision (in
+    /// the instance's status, which a tenant may write) runs its delete
+    /// hooks as the cluster-admin agent only when it comes from there.
+    pub origins: &'a Origins,
     pub catalog: CatalogState<'a>,
     /// `have_child()`: status records something to delete.
     pub has_children: bool,
     /// The instance carries [`DELETE_WITHOUT_PACKAGE`] = `"true"`.
     pub delete_without_package: bool,
+}
+
+/// Where a JukeBox's revisions may come from, read off its `spec.source`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Origins {
+    /// `list`: exactly these `registry/repository` entries.
+    Repositories(Vec<String>),
+    /// `harbor`, `gitlab`: any repository under `<registry>/<project>/`.
+    Project { registry: String, project: String },
+    /// `script`, `http`, `s3`, `layout`: the repositories its scans list
+    /// (those in the JukeBox's packages, whatever their tags: the recorded
+    /// revision itself need not be in today's view).
+    #[default]
+    Scanned,
+}
+
+fn same_registry(a: &str, b: &str) -> bool {
+    a.trim_end_matches('/').eq_ignore_ascii_case(b.trim_end_matches('/'))
+}
+
+impl Origins {
+    /// Whether `recorded` comes from this JukeBox (`scanned`: its packages).
+    pub fn admit(&self, recorded: &RecordedRevision, scanned: &[Package]) -> bool {
+        let image = recorded.image.trim_matches('/');
+        match self {
+            Origins::Repositories(entries) => entries.iter().any(|entry| {
+                entry.trim_end_matches('/').split_once('/').is_some_and(|(registry, repository)| {
+                    same_registry(registry, &recorded.registry) && repository == image
+                })
+            }),
+            Origins::Project { registry, project } => {
+                let project = project.trim_matches('/');
+                same_registry(registry, &recorded.registry)
+                    && image.strip_prefix(project).is_some_and(|rest| rest.starts_with('/'))
+            }
+            Origins::Scanned => {
+                scanned.iter().any(|p| same_registry(&p.registry, &recorded.registry) && p.image == image)
+            }
+        }
+    }
 }
 
 /// Which revision's hooks delete the instance, or why none can.
@@ -278,13 +323,44 @@ impl PackageGone {
     }
 }
 
+/// The recorded revision does not come from the instance's JukeBox: its
+/// image is never run.
+fn not_from_jukebox(install: &InstallQuery, recorded: &RecordedRevision) -> CleanupDecision {
+    let subject = format!("{}/{}", install.category, install.name);
+    CleanupDecision::Gone(PackageGone {
+        code: "E_REVISION_NOT_FROM_JUKEBOX",
+        missing: format!(
+            "the revision recorded in status ({}/{}:{}) is not from a source of JukeBox {}",
+            recorded.registry, recorded.image, recorded.tag, install.jukebox
+        ),
+        why: "its delete hooks would run that image as the agent's ServiceAccount, so it is not run".into(),
+        ways_out: vec![
+            format!("correct status.package to the revision of {subject} that was installed, or add its repository to the JukeBox's source"),
+            "an administrator may delete the recorded children without package hooks (AllowDeleteWithoutPackage)".into(),
+        ],
+    })
+}
+
 pub fn select_cleanup(query: &CleanupQuery) -> CleanupDecision {
     let install = &query.install;
     let subject = format!("{}/{}", install.category, install.name);
     let mut outage = None;
     if let Some((recorded, check)) = &query.recorded {
         match check {
-            RecordedCheck::Resolves => return CleanupDecision::UseRecorded((*recorded).clone()),
+            RecordedCheck::Resolves => match query.catalog {
+                CatalogState::Loaded(packages) if query.origins.admit(recorded, packages) => {
+                    return CleanupDecision::UseRecorded((*recorded).clone());
+                }
+                CatalogState::Loaded(_) => return not_from_jukebox(install, recorded),
+                CatalogState::Unavailable => {
+                    return CleanupDecision::Retry {
+                        why: "the catalog is unavailable: the recorded revision's origin cannot be checked"
+                            .into(),
+                    };
+                }
+                // Unprovable without its JukeBox: the catalog's answer below (E_JUKEBOX_GONE).
+                CatalogState::JukeboxMissing => {}
+            },
             RecordedCheck::Gone => {}
             RecordedCheck::Unknown(why) => {
                 outage = Some(format!("cannot check recorded {}:{}: {why}", recorded.image, recorded.tag))

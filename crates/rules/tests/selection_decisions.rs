@@ -7,7 +7,9 @@ mod common;
 use common::*;
 use vynil_rules::{
     InstallQuery, Package, PackageContent, PackageType, ScanFilter, select_cleanup, select_install,
-    selection::{CatalogState, CleanupDecision, CleanupQuery, Exclusion, RecordedCheck, RecordedRevision},
+    selection::{
+        CatalogState, CleanupDecision, CleanupQuery, Exclusion, Origins, RecordedCheck, RecordedRevision,
+    },
 };
 
 fn query<'a>(installed: Option<&'a str>, framework: &'a semver::Version) -> InstallQuery<'a> {
@@ -174,6 +176,7 @@ fn cleanup_decides_in_order_recorded_then_catalog_then_gone_then_authorised_dele
     ];
     for scenario in scenarios {
         let query = CleanupQuery {
+            origins: &Origins::Scanned,
             install: query(Some("0.1.8"), &fw),
             recorded: scenario.recorded.clone().map(|check| (&rec, check)),
             catalog: scenario.catalog,
@@ -190,6 +193,7 @@ fn the_package_gone_condition_names_the_code_what_is_missing_and_both_ways_out()
     let fw = framework("0.8.0");
     let service_only = [package("0.1.10", "service", None, None)];
     let query = CleanupQuery {
+        origins: &Origins::Scanned,
         install: query(Some("0.1.8"), &fw),
         recorded: None,
         catalog: CatalogState::Loaded(&service_only),
@@ -272,4 +276,62 @@ fn a_recorded_revision_resolves_only_while_its_tag_points_at_the_recorded_digest
         "no digest recorded"
     );
     assert_eq!(RecordedCheck::from_head(None, None), RecordedCheck::Gone);
+}
+
+/// `status.package` is writable by whoever may patch the instance's status:
+/// a revision recorded there runs its delete hooks (as the cluster-admin
+/// agent) only when it comes from one of the JukeBox's sources.
+#[test]
+fn a_recorded_revision_from_elsewhere_never_runs_its_delete_hooks() {
+    let fw = framework("0.8.0");
+    let scanned = [package("0.1.10", "service", None, None)];
+    let ours = recorded();
+    let foreign = RecordedRevision { registry: "evil.example".into(), image: "x/root".into(), ..recorded() };
+    let beside = RecordedRevision { image: "think-evil/ollama".into(), ..recorded() };
+    let list = Origins::Repositories(vec!["registry.example/think/ollama".into()]);
+    let project = Origins::Project { registry: "Registry.Example".into(), project: "think".into() };
+    let cases = [
+        (&list, &ours, true),
+        (&list, &foreign, false),
+        (&list, &beside, false),
+        (&project, &ours, true),
+        (&project, &beside, false),
+        (&project, &foreign, false),
+        // Scanned sources: a repository its scans list, whatever tag is shown today.
+        (&Origins::Scanned, &ours, true),
+        (&Origins::Scanned, &foreign, false),
+    ];
+    for (origins, revision, admitted) in cases {
+        let query = CleanupQuery {
+            origins,
+            install: query(Some("0.1.8"), &fw),
+            recorded: Some((revision, RecordedCheck::Resolves)),
+            catalog: CatalogState::Loaded(&scanned),
+            has_children: true,
+            delete_without_package: false,
+        };
+        let decision = select_cleanup(&query);
+        if admitted {
+            assert!(
+                matches!(&decision, CleanupDecision::UseRecorded(r) if r == revision),
+                "{origins:?}: {decision:?}"
+            );
+        } else {
+            let CleanupDecision::Gone(gone) = &decision else {
+                panic!("{origins:?} {revision:?}: {decision:?}")
+            };
+            assert_eq!(gone.code, "E_REVISION_NOT_FROM_JUKEBOX");
+            assert!(gone.condition_message().contains(&revision.image), "{}", gone.condition_message());
+        }
+    }
+    // The catalog away: the origin cannot be checked, so retry (never run it, never call it gone).
+    let query = CleanupQuery {
+        origins: &list,
+        install: query(Some("0.1.8"), &fw),
+        recorded: Some((&foreign, RecordedCheck::Resolves)),
+        catalog: CatalogState::Unavailable,
+        has_children: true,
+        delete_without_package: false,
+    };
+    assert!(matches!(select_cleanup(&query), CleanupDecision::Retry { .. }));
 }

@@ -37,7 +37,27 @@ pub struct Entry {
     #[serde(alias = "last_scan_time")]
     pub last_change_time: Option<String>,
     pub conditions: Vec<Condition<JukeBoxConditionType>>,
+    /// Where the JukeBox's revisions may come from (`spec.source`): a
+    /// recorded revision runs its delete hooks only from there.
+    #[serde(default)]
+    pub origins: vynil_rules::selection::Origins,
     pub hash: String,
+}
+
+/// The [`vynil_rules::selection::Origins`] of a JukeBox's `spec.source`.
+pub fn origins_of(source: Option<&vynil_crds::JukeBoxSource>) -> vynil_rules::selection::Origins {
+    use vynil_crds::JukeBoxSource;
+    use vynil_rules::selection::Origins;
+    match source {
+        Some(JukeBoxSource::List(entries)) => Origins::Repositories(entries.clone()),
+        Some(JukeBoxSource::Harbor(h)) => {
+            Origins::Project { registry: h.registry.clone(), project: h.project.clone() }
+        }
+        Some(JukeBoxSource::Gitlab(g)) => {
+            Origins::Project { registry: g.registry.clone(), project: g.project.clone() }
+        }
+        Some(_) | None => Origins::Scanned,
+    }
 }
 
 impl Entry {
@@ -45,6 +65,7 @@ impl Entry {
         jukebox: &str,
         pull_secret: Option<String>,
         channel: vynil_rules::Channel,
+        origins: vynil_rules::selection::Origins,
         status: &JukeBoxStatus,
     ) -> Self {
         let last_change_time = status
@@ -52,7 +73,7 @@ impl Entry {
             .iter()
             .find(|c| c.condition_type == JukeBoxConditionType::Updated)
             .and_then(|c| c.last_transition_time.clone());
-        let content = serde_json::json!([status.packages, pull_secret, status.conditions, channel]);
+        let content = serde_json::json!([status.packages, pull_secret, status.conditions, channel, origins]);
         let hash = format!("sha256:{}", hex::encode(Sha256::digest(content.to_string().as_bytes())));
         Self {
             jukebox: jukebox.to_string(),
@@ -61,6 +82,7 @@ impl Entry {
             channel,
             last_change_time,
             conditions: status.conditions.clone(),
+            origins,
             hash,
         }
     }
@@ -245,12 +267,44 @@ impl PackageCache for RedisCache {
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_jukeboxs_origins_come_from_its_source_and_change_its_hash() {
+        use vynil_crds::{JukeBoxSource, jukebox::GitlabSource};
+        use vynil_rules::selection::Origins;
+        let list = JukeBoxSource::List(vec!["r.example/apps/web".into()]);
+        assert_eq!(origins_of(Some(&list)), Origins::Repositories(vec!["r.example/apps/web".into()]));
+        let gitlab = JukeBoxSource::Gitlab(GitlabSource {
+            url: "https://gitlab.example/api/v4".into(),
+            registry: "registry.gitlab.example".into(),
+            project: "team/charts".into(),
+        });
+        let project =
+            Origins::Project { registry: "registry.gitlab.example".into(), project: "team/charts".into() };
+        assert_eq!(origins_of(Some(&gitlab)), project, "the registry, not the API's host");
+        assert_eq!(origins_of(Some(&JukeBoxSource::Script("[]".into()))), Origins::Scanned);
+        let status = JukeBoxStatus::default();
+        let a = Entry::from_status("box", None, Default::default(), origins_of(Some(&list)), &status);
+        let b = Entry::from_status("box", None, Default::default(), project, &status);
+        assert_ne!(a.hash, b.hash, "a changed source is a changed entry");
+    }
+
     #[tokio::test]
     async fn the_memory_cache_writes_only_what_changed() -> Result<(), StoreError> {
         let cache = MemoryCache::default();
-        let empty = Entry::from_status("box", None, Default::default(), &JukeBoxStatus::default());
-        let with_secret =
-            Entry::from_status("box", Some("pull".into()), Default::default(), &JukeBoxStatus::default());
+        let empty = Entry::from_status(
+            "box",
+            None,
+            Default::default(),
+            Default::default(),
+            &JukeBoxStatus::default(),
+        );
+        let with_secret = Entry::from_status(
+            "box",
+            Some("pull".into()),
+            Default::default(),
+            Default::default(),
+            &JukeBoxStatus::default(),
+        );
         assert_ne!(empty.hash, with_secret.hash);
         assert!(cache.upsert_if_changed(&empty).await?);
         assert!(!cache.upsert_if_changed(&empty).await?, "identical content writes nothing");

@@ -203,9 +203,10 @@ impl Catalog {
         let mut cause = None;
         let entry = record.and_then(|r| {
             let (pull_secret, channel) = (r.spec.pull_secret.clone(), r.spec.channel());
+            let origins = vynil_store::package_cache::origins_of(r.spec.source.as_ref());
             r.status.map(|status| {
                 cause = status.traceparent.clone();
-                Entry::from_status(&r.name, pull_secret, channel, &status)
+                Entry::from_status(&r.name, pull_secret, channel, origins, &status)
             })
         });
         match &entry {

@@ -224,7 +224,13 @@ impl CatalogApi for CatalogService {
             }
             _ => RecordedCheck::Unknown("no recorded revision".into()),
         };
+        let scanned = vynil_rules::selection::Origins::Scanned;
+        let origins = match &entry {
+            Ok(Some(entry)) => &entry.origins,
+            _ => &scanned,
+        };
         let query = vynil_rules::selection::CleanupQuery {
+            origins,
             install: InstallQuery {
                 jukebox: &request.jukebox,
                 category: &request.category,

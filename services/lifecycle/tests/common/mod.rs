@@ -113,7 +113,17 @@ impl World {
     pub async fn start_on(api: FakeApiServer, packages: Vec<Value>, extra: &[&str]) -> (Self, Script) {
         let client = api.client().unwrap();
         let boxes: Api<JukeBox> = Api::all(client.clone());
-        let jukebox = JukeboxBuilder::new("box").list(["registry.example/apps/web"]).json();
+        // Its source lists the repositories of its packages, as a scan of it would have found them.
+        let mut repositories: Vec<String> = packages
+            .iter()
+            .filter_map(|p| Some(format!("{}/{}", p["registry"].as_str()?, p["image"].as_str()?)))
+            .collect();
+        repositories.sort();
+        repositories.dedup();
+        if repositories.is_empty() {
+            repositories.push("registry.example/apps/web".into());
+        }
+        let jukebox = JukeboxBuilder::new("box").list(repositories).json();
         boxes.create(&PostParams::default(), &serde_json::from_value(jukebox).unwrap()).await.unwrap();
         let status = json!({"status": {"packages": packages, "conditions": [
             {"type": "Updated", "status": "True", "message": "Updated succesfully", "generation": 1}]}});
