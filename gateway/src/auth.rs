@@ -12,18 +12,29 @@
 //! purge plans and asks for explanations; `admin` also executes purges and
 //! allows deletes without package hooks.
 //!
+//! The file is **reloaded when it changes** (checked at most once a second:
+//! a mounted Secret is updated in place), so a removed or downgraded token
+//! loses its rights without a restart; a file that no longer parses keeps
+//! the tokens last read, and says so in the log.
+//!
 //! **Browsers** exchange a token for a session cookie (`POST
 //! /api/v1/session`): HttpOnly, SameSite=Strict, Secure with
 //! `--secure-cookies`, signed with HMAC-SHA256 under a key shared by the
 //! gateway replicas (`--session-key-file`), so any replica accepts it. A
 //! state-changing call made with the cookie must also carry the session's
 //! CSRF token in `x-csrf-token` (given by the login answer), which a
-//! cross-site page cannot read. A token never travels in a URL.
+//! cross-site page cannot read. A token never travels in a URL. A session
+//! names the token it was opened with (by hash) and holds only while the
+//! tokens file still has it, with the role the file gives it now.
 //!
 //! Authentication happens before any lookup: a request without a valid
 //! credential reaches no service.
 
-use std::{path::Path, time::Duration};
+use std::{
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant, SystemTime},
+};
 
 use axum::http::{HeaderMap, HeaderValue, header};
 use base64::Engine;
@@ -65,11 +76,11 @@ impl Role {
 /// How a principal authenticated.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Via {
-    Bearer,
+    /// A bearer token; for a tokens-file token, its hash (a session opened
+    /// with it names it).
+    Bearer { token: Option<[u8; 32]> },
     /// A session cookie, with the CSRF token state-changing calls must echo.
-    Session {
-        csrf: String,
-    },
+    Session { csrf: String },
 }
 
 /// What an authenticated caller is allowed: a role (a token of the tokens
@@ -186,14 +197,82 @@ impl TokenBook {
 
     /// The entry of `token`; every entry is compared, in constant time.
     fn find(&self, token: &str) -> Option<(String, Role)> {
-        let presented = token_hash(token);
+        self.by_hash(&token_hash(token))
+    }
+
+    /// The entry whose token hashes to `presented`, compared in constant time.
+    fn by_hash(&self, presented: &[u8; 32]) -> Option<(String, Role)> {
         let mut found = None;
         for (hash, name, role) in &self.entries {
-            if bool::from(hash.ct_eq(&presented)) {
+            if bool::from(hash.ct_eq(presented)) {
                 found = Some((name.clone(), *role));
             }
         }
         found
+    }
+}
+
+/// The tokens in force: a fixed book, or the tokens file reloaded when it
+/// changes (module doc).
+#[derive(Debug)]
+pub struct Tokens {
+    path: Option<PathBuf>,
+    check_every: Duration,
+    state: Mutex<TokensState>,
+}
+
+#[derive(Debug)]
+struct TokensState {
+    book: Arc<TokenBook>,
+    /// The file's modification time and length when it was read.
+    stamp: Option<(SystemTime, u64)>,
+    checked: Instant,
+}
+
+fn stamp_of(path: &Path) -> Option<(SystemTime, u64)> {
+    let meta = std::fs::metadata(path).ok()?;
+    Some((meta.modified().ok()?, meta.len()))
+}
+
+impl Tokens {
+    /// Always `book`.
+    pub fn fixed(book: TokenBook) -> Self {
+        let state = TokensState { book: Arc::new(book), stamp: None, checked: Instant::now() };
+        Self { path: None, check_every: Duration::MAX, state: Mutex::new(state) }
+    }
+
+    /// The tokens file at `path`, looked at again at most every
+    /// `check_every`; reading it now must succeed.
+    pub fn watch(path: &Path, check_every: Duration) -> Result<Self, AuthConfigError> {
+        let stamp = stamp_of(path);
+        let book = TokenBook::load(path)?;
+        let state = TokensState { book: Arc::new(book), stamp, checked: Instant::now() };
+        Ok(Self { path: Some(path.to_path_buf()), check_every, state: Mutex::new(state) })
+    }
+
+    /// The book in force, reloaded first when the file changed.
+    pub fn current(&self) -> Arc<TokenBook> {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(path) = &self.path else { return state.book.clone() };
+        if state.checked.elapsed() < self.check_every {
+            return state.book.clone();
+        }
+        state.checked = Instant::now();
+        let stamp = stamp_of(path);
+        if stamp != state.stamp {
+            match TokenBook::load(path) {
+                Ok(book) => {
+                    tracing::info!(path = %path.display(), tokens = book.entries.len(), "the tokens file changed: reloaded");
+                    state.book = Arc::new(book);
+                    state.stamp = stamp;
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "the tokens file changed but cannot be used: the tokens last read stay in force");
+                    state.stamp = stamp;
+                }
+            }
+        }
+        state.book.clone()
     }
 }
 
@@ -221,6 +300,9 @@ struct SessionClaims {
     c: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     k: Option<(String, Vec<String>)>,
+    /// The hash of the token a tokens-file session was opened with (hex).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    t: Option<String>,
 }
 
 type HmacSha256 = Hmac<Sha256>;
@@ -273,7 +355,8 @@ impl Sessions {
         Ok(mac)
     }
 
-    /// A session for `principal`: the `Set-Cookie` value and what to tell the client.
+    /// A session for `principal` (a tokens-file principal names its
+    /// token's hash): the `Set-Cookie` value and what to tell the client.
     pub fn open(&self, principal: &Principal) -> Result<(HeaderValue, SessionInfo), ApiError> {
         let csrf = vynil_runtime::trust::generate_token().map_err(|e| ApiError::internal(e.to_string()))?;
         let expires =
@@ -283,8 +366,18 @@ impl Sessions {
             Grant::Role(_) => None,
         };
         let (name, role) = (principal.name.as_str(), principal.role());
-        let claims =
-            SessionClaims { n: name.into(), r: role, e: expires.as_second(), c: csrf.clone(), k: kube };
+        let token = match &principal.via {
+            Via::Bearer { token: Some(hash) } => Some(hex::encode(hash)),
+            _ => None,
+        };
+        let claims = SessionClaims {
+            n: name.into(),
+            r: role,
+            e: expires.as_second(),
+            c: csrf.clone(),
+            k: kube,
+            t: token,
+        };
         let payload = B64.encode(serde_json::to_vec(&claims).map_err(|e| ApiError::internal(e.to_string()))?);
         let signature = B64.encode(self.mac(&payload)?.finalize().into_bytes());
         let cookie = format!(
@@ -306,7 +399,9 @@ impl Sessions {
         .unwrap_or(HeaderValue::from_static("vynil_session=; Path=/; Max-Age=0"))
     }
 
-    fn verify(&self, value: &str) -> Result<Principal, ApiError> {
+    /// The principal of a session cookie and, for a tokens-file session,
+    /// the hash of its token (which must still be configured).
+    fn verify(&self, value: &str) -> Result<(Principal, Option<[u8; 32]>), ApiError> {
         let invalid = || ApiError::unauthenticated("the session cookie is not valid: log in again");
         let (payload, signature) = value.split_once('.').ok_or_else(invalid)?;
         let signature = B64.decode(signature).map_err(|_| invalid())?;
@@ -316,21 +411,24 @@ impl Sessions {
         if claims.e <= jiff::Timestamp::now().as_second() {
             return Err(ApiError::unauthenticated("the session expired: log in again"));
         }
-        let grant = match (claims.r, claims.k) {
-            (Some(role), _) => Grant::Role(role),
-            (None, Some((uid, groups))) => {
-                Grant::Kubernetes(KubeUser { username: claims.n.clone(), uid, groups })
+        let token =
+            claims.t.as_deref().map(|t| hex::decode(t).ok().and_then(|b| <[u8; 32]>::try_from(b).ok()));
+        let (grant, token) = match (claims.r, claims.k, token) {
+            (Some(role), _, Some(Some(hash))) => (Grant::Role(role), Some(hash)),
+            (None, Some((uid, groups)), None) => {
+                (Grant::Kubernetes(KubeUser { username: claims.n.clone(), uid, groups }), None)
             }
-            (None, None) => return Err(invalid()),
+            // A role without the token it came from (or a malformed one).
+            _ => return Err(invalid()),
         };
-        Ok(Principal { name: claims.n, grant, via: Via::Session { csrf: claims.c } })
+        Ok((Principal { name: claims.n, grant, via: Via::Session { csrf: claims.c } }, token))
     }
 }
 
 /// Everything authentication needs.
 #[derive(Debug)]
 pub struct Authenticator {
-    pub tokens: TokenBook,
+    pub tokens: Tokens,
     pub sessions: Sessions,
     /// TokenReview and SubjectAccessReview, with `--kubernetes-auth`.
     pub kube: Option<KubeAuth>,
@@ -349,22 +447,35 @@ impl Authenticator {
                 .ok_or_else(|| ApiError::unauthenticated("Authorization must be `Bearer <token>`"))?;
             return self.bearer(token).await.map(Some);
         }
-        match session_cookie(headers) {
-            Some(value) => self.sessions.verify(value).map(Some),
-            None => Ok(None),
+        let Some(value) = session_cookie(headers) else { return Ok(None) };
+        let (mut principal, token) = self.sessions.verify(value)?;
+        if let Some(hash) = token {
+            // Valid only while its token is, with the role it has now.
+            let (name, role) = self.tokens.current().by_hash(&hash).ok_or_else(|| {
+                ApiError::unauthenticated(
+                    "the token this session was opened with is no longer configured: log in again",
+                )
+            })?;
+            (principal.name, principal.grant) = (name, Grant::Role(role));
         }
+        Ok(Some(principal))
     }
 
     /// The principal of a bearer token (also what a login checks): a token
     /// of the tokens file, else (with `--kubernetes-auth`) a Kubernetes user.
     pub async fn bearer(&self, token: &str) -> Result<Principal, ApiError> {
-        if let Some((name, role)) = self.tokens.find(token) {
-            return Ok(Principal { name, grant: Grant::Role(role), via: Via::Bearer });
+        if let Some((name, role)) = self.tokens.current().find(token) {
+            let via = Via::Bearer { token: Some(token_hash(token)) };
+            return Ok(Principal { name, grant: Grant::Role(role), via });
         }
         let unknown = || ApiError::unauthenticated("the token is not known to this gateway");
         let kube = self.kube.as_ref().ok_or_else(unknown)?;
         let user = kube.review_token(token).await?.ok_or_else(unknown)?;
-        Ok(Principal { name: user.username.clone(), grant: Grant::Kubernetes(user), via: Via::Bearer })
+        Ok(Principal {
+            name: user.username.clone(),
+            grant: Grant::Kubernetes(user),
+            via: Via::Bearer { token: None },
+        })
     }
 }
 
@@ -407,7 +518,7 @@ mod tests {
             TokenBook::line("root", Role::Admin, "t-root")
         );
         Authenticator {
-            tokens: TokenBook::parse(&book).unwrap(),
+            tokens: Tokens::fixed(TokenBook::parse(&book).unwrap()),
             sessions: Sessions::new(None, Duration::from_secs(60), false).unwrap(),
             kube: None,
         }
@@ -451,9 +562,61 @@ mod tests {
         // Another replica with another key refuses it too.
         let other = Sessions::new(None, Duration::from_secs(60), false).unwrap();
         assert!(other.verify(value).is_err());
+        // A session cannot drop the token it names (a role without a token is refused).
+        claims["r"] = "viewer".into();
+        claims.as_object_mut().unwrap().remove("t");
+        let payload = B64.encode(claims.to_string());
+        let signature = B64.encode(auth.sessions.mac(&payload).unwrap().finalize().into_bytes());
+        assert!(auth.sessions.verify(&format!("{payload}.{signature}")).is_err());
         // CSRF: the cookie alone does not change state.
         assert!(check_csrf(&principal, &HeaderMap::new()).is_err());
         assert!(check_csrf(&principal, &headers(&[("x-csrf-token", &info.csrf_token)])).is_ok());
+    }
+
+    /// Security review item 7: a removed admin's session ends at once, a
+    /// downgraded one has its new role, and both hold across a restart.
+    #[tokio::test]
+    async fn a_removed_admin_loses_its_session_without_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokens.yaml");
+        let write =
+            |lines: &[String]| std::fs::write(&path, format!("tokens:\n{}\n", lines.join("\n"))).unwrap();
+        let (root, ann) =
+            (TokenBook::line("root", Role::Admin, "t-root"), TokenBook::line("ann", Role::Admin, "t-ann"));
+        write(&[root.clone(), ann]);
+        let sessions = Sessions::new(Some(vec![7; 32]), Duration::from_secs(600), false).unwrap();
+        let auth = Authenticator {
+            tokens: Tokens::watch(&path, Duration::ZERO).unwrap(),
+            sessions: sessions.clone(),
+            kube: None,
+        };
+        let cookie = |principal: &Principal| {
+            let (cookie, _) = auth.sessions.open(principal).unwrap();
+            cookie.to_str().unwrap().split(';').next().unwrap().to_string()
+        };
+        let (root_cookie, ann_cookie) =
+            (cookie(&auth.bearer("t-root").await.unwrap()), cookie(&auth.bearer("t-ann").await.unwrap()));
+        let role = |cookie: String| {
+            let auth = &auth;
+            async move { auth.authenticate(&headers(&[("cookie", &cookie)])).await.map(|p| p.unwrap().role()) }
+        };
+        assert_eq!(role(ann_cookie.clone()).await.unwrap(), Some(Role::Admin));
+
+        // ann is removed, root downgraded: no restart.
+        write(&[TokenBook::line("root", Role::Viewer, "t-root")]);
+        let refused = role(ann_cookie.clone()).await.unwrap_err();
+        assert!(format!("{refused:?}").contains("no longer configured"), "{refused:?}");
+        assert!(auth.bearer("t-ann").await.is_err());
+        assert_eq!(role(root_cookie.clone()).await.unwrap(), Some(Role::Viewer));
+
+        // A restart (a new gateway reading the file, same session key) agrees.
+        let restarted =
+            Authenticator { tokens: Tokens::watch(&path, Duration::ZERO).unwrap(), sessions, kube: None };
+        assert!(restarted.authenticate(&headers(&[("cookie", &ann_cookie)])).await.is_err());
+
+        // A broken file keeps what was last read.
+        std::fs::write(&path, "tokens: [not yaml").unwrap();
+        assert_eq!(role(root_cookie).await.unwrap(), Some(Role::Viewer));
     }
 
     #[test]

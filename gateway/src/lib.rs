@@ -31,7 +31,7 @@ use axum::{Router, middleware, routing::get};
 
 use crate::{
     api::App,
-    auth::{Authenticator, Role, Sessions, TokenBook},
+    auth::{Authenticator, Role, Sessions, TokenBook, Tokens},
     downstream::{Downstreams, Service},
 };
 
@@ -186,10 +186,10 @@ impl Gateway {
 /// Every route of the gateway, as `config` sets it up.
 pub fn router(config: &Config, kube: Option<kube::Client>) -> Result<Router, GatewayError> {
     let tokens = match &config.tokens_file {
-        Some(path) => TokenBook::load(path)?,
-        None => TokenBook::default(),
+        Some(path) => Tokens::watch(path, Duration::from_secs(1))?,
+        None => Tokens::fixed(TokenBook::default()),
     };
-    if tokens.is_empty() {
+    if tokens.current().is_empty() {
         tracing::warn!(
             "no bearer token is configured (--tokens-file): every API route but login answers 401"
         );

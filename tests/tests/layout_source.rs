@@ -127,6 +127,9 @@ async fn a_registry_and_a_layout_of_the_same_packages_give_the_same_catalogs_and
         path(&dir.path().join("state")),
         "--insecure-registry".into(),
         registry.host(),
+        // Nothing copies into this layout while it is purged: no grace.
+        "--layout-gc-grace-seconds".into(),
+        "0".into(),
     ];
     let config = <vynil_local::Config as clap::Parser>::parse_from(args);
     let stop = vynil_runtime::Shutdown::new();

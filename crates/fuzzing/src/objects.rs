@@ -23,7 +23,7 @@ use vynil_lifecycle::{
         InitVersion, JobRequest, JobState, Observed, ObservedJob, Outcome, Plan, Prepared, Resolution, Step,
         plan,
     },
-    uninstall::{CleanupAnswer, CleanupObserved, Gone, cleanup},
+    uninstall::{CleanupAnswer, CleanupObserved, Gone, Hatch, cleanup},
 };
 use vynil_rules::{
     Package, PackageContent,
@@ -224,7 +224,15 @@ fn decide(u: &mut Unstructured<'_>, instance: &Instance) -> Result<()> {
         2 => CleanupAnswer::Revision(Box::new(request(u)?)),
         _ => CleanupAnswer::WithoutPackage { warning: text(u)? },
     };
-    let observed = CleanupObserved { answer, job: job(u)?, report: None, now, max_attempts };
+    let job = job(u)?;
+    // Read last, so the recorded regressions replay as they were found.
+    let hatch = match u.int_in_range(0..=3u8)? {
+        0 => Hatch::NotAsked,
+        1 => Hatch::Unconfirmed,
+        2 => Hatch::Void(text(u)?),
+        _ => Hatch::Confirmed,
+    };
+    let observed = CleanupObserved { answer, hatch, job, report: None, now, max_attempts };
     check_cleanup(&observed, &cleanup(instance, &observed));
     Ok(())
 }

@@ -106,15 +106,45 @@ impl ClassifyName for serde_json::Error {
     }
 }
 
-/// `https://index.docker.io/v1/`, `docker.io` and `registry-1.docker.io` are one
-/// registry; a scheme and a trailing path are ignored.
-fn normalise_host(key: &str) -> String {
-    let without_scheme = key.split_once("://").map(|(_, rest)| rest).unwrap_or(key);
-    let host = without_scheme.split('/').next().unwrap_or_default().to_ascii_lowercase();
-    match host.as_str() {
-        "index.docker.io" | "registry-1.docker.io" | "registry.hub.docker.com" => "docker.io".to_string(),
-        _ => host,
+/// Whether `registry`'s credentials may be sent to `host` (a token realm, a
+/// GitLab API): its own host, a host of the same site — one a parent domain
+/// of the other, or both under the same parent domain, as Docker Hub
+/// (`docker.io`, `auth.docker.io`) and GitLab (`registry.gitlab.com`,
+/// `gitlab.com`) are — or a pair `allowed` names (`--credential-host
+/// registry=host`). Ports are ignored; an IP address is only itself. The
+/// public suffix list is not consulted: `a.co.uk` and `b.co.uk` count as one
+/// site, so declare such registries' other hosts instead of relying on it.
+pub fn may_receive_credentials(registry: &str, host: &str, allowed: &[(String, String)]) -> bool {
+    let registry = normalise_host(registry);
+    let host = normalise_host(host);
+    if registry == host
+        || allowed.iter().any(|(r, h)| normalise_host(r) == registry && normalise_host(h) == host)
+    {
+        return true;
     }
+    let name = |h: &str| {
+        h.rsplit_once(':')
+            .filter(|(_, p)| p.chars().all(|c| c.is_ascii_digit()))
+            .map_or(h, |(n, _)| n)
+            .to_string()
+    };
+    let (r, h) = (name(&registry), name(&host));
+    let is_ip = |n: &str| n.parse::<std::net::IpAddr>().is_ok() || n.starts_with('[');
+    if is_ip(&r) || is_ip(&h) {
+        return r == h;
+    }
+    // A parent with at least two labels (`gitlab.com`, not `com`).
+    let parent = |n: &str| n.split_once('.').map(|(_, rest)| rest.to_string()).filter(|p| p.contains('.'));
+    r == h
+        || parent(&r).is_some_and(|p| p == h)
+        || parent(&h).is_some_and(|p| p == r)
+        || parent(&r).is_some_and(|p| parent(&h).as_ref() == Some(&p))
+}
+
+/// `https://index.docker.io/v1/`, `docker.io` and `registry-1.docker.io` are one
+/// registry; a scheme and a trailing path are ignored (the rules' identity).
+fn normalise_host(key: &str) -> String {
+    vynil_rules::repository::host(key)
 }
 
 /// Credentials per registry host.
@@ -179,6 +209,30 @@ pub(crate) struct TokenResponse {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn credentials_go_to_their_registrys_site_or_where_configured_only() {
+        let none: &[(String, String)] = &[];
+        for (registry, host) in [
+            ("docker.io", "auth.docker.io"),
+            ("registry.gitlab.com", "gitlab.com"),
+            ("registry.example.com", "gitlab.example.com"),
+            ("harbor.example.com:8443", "harbor.example.com"),
+        ] {
+            assert!(may_receive_credentials(registry, host, none), "{registry} -> {host}");
+        }
+        for (registry, host) in [
+            ("registry.example.com", "collector.attacker.net"),
+            ("ghcr.io", "ghcr.io.attacker.net"),
+            ("localhost:5000", "127.0.0.1:5000"),
+            ("10.0.0.1", "10.0.0.2"),
+            ("registry.example.com", "com"),
+        ] {
+            assert!(!may_receive_credentials(registry, host, none), "{registry} -> {host}");
+        }
+        let allowed = vec![("localhost:5000".to_string(), "127.0.0.1:5000".to_string())];
+        assert!(may_receive_credentials("localhost:5000", "127.0.0.1:5000", &allowed));
+    }
 
     #[test]
     fn dockerconfigjson_credentials_are_found_by_host_and_never_printed() {

@@ -92,15 +92,21 @@ impl RepositoryRef {
     }
 }
 
-/// Docker Hub's names as users write them; its API answers elsewhere.
-const DOCKER_HUB_NAMES: &[&str] = &["docker.io", "index.docker.io"];
+/// Where Docker Hub's API answers.
 const DOCKER_HUB_API: &str = "registry-1.docker.io";
 
-/// The host serving `registry`'s distribution API: Docker Hub's user-facing
-/// names (`docker.io`, `index.docker.io`) resolve to `registry-1.docker.io`,
-/// as every OCI client does; any other registry serves its own name.
+/// Whether `registry` is one of Docker Hub's names, however written (the
+/// rules' repository identity).
+fn is_docker_hub(registry: &str) -> bool {
+    vynil_rules::repository::host(registry) == vynil_rules::repository::DOCKER_HUB_HOST
+}
+
+/// The host serving `registry`'s distribution API: Docker Hub's names
+/// (`docker.io`, `index.docker.io`, in any case) resolve to
+/// `registry-1.docker.io`, as every OCI client does; any other registry
+/// serves its own name.
 pub fn api_host(registry: &str) -> &str {
-    if DOCKER_HUB_NAMES.contains(&registry) { DOCKER_HUB_API } else { registry }
+    if is_docker_hub(registry) { DOCKER_HUB_API } else { registry }
 }
 
 impl RepositoryRef {
@@ -108,8 +114,7 @@ impl RepositoryRef {
     /// official image `docker.io/redis` is `library/redis`. Statuses and
     /// errors keep the name as the user wrote it (`Display`).
     pub fn api_repository(&self) -> std::borrow::Cow<'_, str> {
-        let hub = DOCKER_HUB_NAMES.contains(&self.registry.as_str()) || self.registry == DOCKER_HUB_API;
-        if hub && !self.repository.contains('/') {
+        if is_docker_hub(&self.registry) && !self.repository.contains('/') {
             format!("library/{}", self.repository).into()
         } else {
             self.repository.as_str().into()
@@ -233,7 +238,7 @@ impl RegistryClient {
     pub async fn list_tags_at_most(&self, repo: &RepositoryRef, cap: usize) -> Result<Vec<String>> {
         let what = format!("tags of {repo}");
         let over = |listed: usize| RegistryError::TooManyTags { what: what.clone(), listed, cap };
-        if let Some(layout) = Layout::of(repo)? {
+        if let Some(layout) = Layout::of(repo, self.transport.config())? {
             let tags = blocking(move || layout.tags()).await?;
             return if tags.len() > cap { Err(over(tags.len())) } else { Ok(tags) };
         }
@@ -269,7 +274,7 @@ impl RegistryClient {
 
     /// The digest `reference` (tag or digest) points to; `None` if absent.
     pub async fn head_digest(&self, repo: &RepositoryRef, reference: &str) -> Result<Option<String>> {
-        if let Some(layout) = Layout::of(repo)? {
+        if let Some(layout) = Layout::of(repo, self.transport.config())? {
             let reference = reference.to_string();
             return blocking(move || Ok(layout.resolve(&reference)?.map(|(digest, _)| digest))).await;
         }
@@ -350,11 +355,11 @@ impl RegistryClient {
         reference: &str,
         what: &str,
     ) -> Result<Option<(bytes::Bytes, String, Option<String>)>> {
-        if let Some(layout) = Layout::of(repo)? {
+        if let Some(layout) = Layout::of(repo, self.transport.config())? {
             let reference = reference.to_string();
             return blocking(move || {
                 let Some((digest, media_type)) = layout.resolve(&reference)? else { return Ok(None) };
-                Ok(layout.blob(&digest)?.map(|body| (bytes::Bytes::from(body), media_type, Some(digest))))
+                Ok(layout.manifest(&digest)?.map(|body| (bytes::Bytes::from(body), media_type, Some(digest))))
             })
             .await;
         }
@@ -379,7 +384,7 @@ impl RegistryClient {
     /// a crash between an index rewrite and its blob removal leaves); a
     /// registry collects its own garbage, so this is 0 there.
     pub async fn collect_garbage(&self, repo: &RepositoryRef) -> Result<usize> {
-        match Layout::of(repo)? {
+        match Layout::of(repo, self.transport.config())? {
             Some(layout) => blocking(move || layout.collect_garbage()).await,
             None => Ok(0),
         }
@@ -419,15 +424,18 @@ impl RegistryClient {
     /// Every tag of `repo` with its digest, and the metadata of version tags
     /// (read by digest through the cache): what a retention plan or an index
     /// export needs of a repository. Non-version tags need no metadata, their
-    /// name says what they are. `concurrency` requests at a time.
+    /// name says what they are. `concurrency` requests at a time; a
+    /// repository of more than `max_tags` tags is refused
+    /// ([`RegistryError::TooManyTags`]) before any of them is read.
     pub async fn snapshot(
         &self,
         repo: &RepositoryRef,
         concurrency: usize,
+        max_tags: usize,
     ) -> Result<Vec<vynil_rules::retention::RepositoryTag>> {
         use futures::{StreamExt, TryStreamExt};
         use vynil_rules::retention::RepositoryTag;
-        let tags = self.list_tags(repo).await?;
+        let tags = self.list_tags_at_most(repo, max_tags).await?;
         futures::stream::iter(tags)
             .map(|tag| async move {
                 if vynil_rules::Tag::parse(&tag).is_some() {
@@ -501,7 +509,7 @@ impl RegistryClient {
         digest: &str,
         tags: &[String],
     ) -> DeletionOutcome {
-        match Layout::of(repo) {
+        match Layout::of(repo, self.transport.config()) {
             Ok(Some(layout)) => return self.delete_in_layout(layout, repo, digest, tags).await,
             Ok(None) => {}
             Err(error) => return failed_from(error),

@@ -15,15 +15,24 @@
 //! directory), then removes every blob no index entry reaches. A crash
 //! between the two leaves a valid layout with unreferenced blobs, which the
 //! next delete (or [`crate::RegistryClient::collect_garbage`]) removes.
+//!
+//! The collection errs towards keeping: only manifests and indexes are read
+//! (bounded by `--max-manifest-bytes`, hashed as they are read), never a
+//! config or a layer, so a large layer costs nothing; a manifest that is
+//! there but cannot be read, verified or parsed may reference anything, so
+//! nothing is removed while one is; and a blob younger than
+//! `--layout-gc-grace-seconds` stays, since a copy in progress (`skopeo`,
+//! `oras`) writes its blobs before the index names them.
 //! Deletes in one layout directory are serialized in the process (the purger
 //! deletes several digests at once, and each rewrites the same
 //! `index.json`); across processes, the purger's repository lease does it.
 
 use std::{
     collections::{HashMap, HashSet},
-    io::Write,
+    io::{Read, Write},
     path::{Path, PathBuf},
     sync::{Arc, Mutex, OnceLock},
+    time::{Duration, SystemTime},
 };
 
 use oci_spec::image::{Descriptor, ImageIndex};
@@ -32,7 +41,7 @@ use sha2::{Digest, Sha256};
 use crate::{RegistryError, RepositoryRef, Result};
 
 /// How a registry name says "this is an OCI image layout directory".
-pub const LAYOUT_SCHEME: &str = "oci-layout:";
+pub const LAYOUT_SCHEME: &str = vynil_rules::repository::LAYOUT_SCHEME;
 const REF_NAME: &str = "org.opencontainers.image.ref.name";
 
 /// The directory of a layout registry name, `None` for a real registry.
@@ -56,6 +65,10 @@ pub(crate) struct Layout {
     /// entries named `R:<tag>` of a shared layout.
     prefix: Option<String>,
     what: String,
+    /// A larger manifest is not read.
+    max_manifest_bytes: usize,
+    /// Unreferenced blobs younger than this stay.
+    grace: Duration,
 }
 
 fn error(what: &str, problem: impl std::fmt::Display) -> RegistryError {
@@ -64,17 +77,20 @@ fn error(what: &str, problem: impl std::fmt::Display) -> RegistryError {
 
 impl Layout {
     /// The layout repository `repo` names, `None` when it is a real registry.
-    pub(crate) fn of(repo: &RepositoryRef) -> Result<Option<Self>> {
+    /// `config` gives the manifest size limit and the collection's grace.
+    pub(crate) fn of(repo: &RepositoryRef, config: &crate::TransportConfig) -> Result<Option<Self>> {
         let Some(root) = layout_root(&repo.registry) else {
             return Ok(None);
         };
         let what = repo.to_string();
+        let (max_manifest_bytes, grace) = (config.max_manifest_bytes, config.layout_gc_grace);
         let own = root.join(&repo.repository);
         if own.join("index.json").is_file() {
-            return Ok(Some(Self { dir: own, prefix: None, what }));
+            return Ok(Some(Self { dir: own, prefix: None, what, max_manifest_bytes, grace }));
         }
         if root.join("index.json").is_file() {
-            return Ok(Some(Self { dir: root.to_path_buf(), prefix: Some(repo.repository.clone()), what }));
+            let prefix = Some(repo.repository.clone());
+            return Ok(Some(Self { dir: root.to_path_buf(), prefix, what, max_manifest_bytes, grace }));
         }
         Err(RegistryError::NotFound {
             what: format!("OCI image layout {what}"),
@@ -145,16 +161,26 @@ impl Layout {
             .then(|| self.dir.join("blobs/sha256").join(hex))
     }
 
-    /// The content of blob `digest`, checked against its digest.
-    pub(crate) fn blob(&self, digest: &str) -> Result<Option<Vec<u8>>> {
+    /// The content of the manifest (or index) blob `digest`, read up to
+    /// the manifest size limit and checked against its digest; `None` when
+    /// absent.
+    pub(crate) fn manifest(&self, digest: &str) -> Result<Option<Vec<u8>>> {
         let path = self
             .blob_path(digest)
             .ok_or_else(|| error(&self.what, format!("{digest:?} is not a sha256 digest")))?;
-        let bytes = match std::fs::read(&path) {
-            Ok(bytes) => bytes,
+        let file = match std::fs::File::open(&path) {
+            Ok(file) => file,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(error(&self.what, format!("{}: {e}", path.display()))),
         };
+        let mut bytes = Vec::new();
+        let limit = self.max_manifest_bytes;
+        file.take(limit as u64 + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|e| error(&self.what, format!("{}: {e}", path.display())))?;
+        if bytes.len() > limit {
+            return Err(RegistryError::TooLarge { what: format!("{} manifest {digest}", self.what), limit });
+        }
         let actual = format!("sha256:{}", hex::encode(Sha256::digest(&bytes)));
         if actual != digest {
             return Err(error(
@@ -206,9 +232,9 @@ impl Layout {
     }
 
     /// Removes the blobs no entry of `index.json` reaches (through
-    /// manifests, their config and layers, and index children); returns how
-    /// many. Unreadable or unknown manifests keep everything they might
-    /// reference: when in doubt, keep.
+    /// manifests, their config and layers, and index children) and that are
+    /// older than the grace; returns how many. Only manifests are read; one
+    /// that cannot be read keeps everything (module doc).
     pub(crate) fn collect_garbage(&self) -> Result<usize> {
         let lock = lock_of(&self.dir);
         let _held = lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -216,6 +242,37 @@ impl Layout {
     }
 
     fn collect_garbage_locked(&self) -> Result<usize> {
+        let Some(reached) = self.reachable()? else { return Ok(0) };
+        let blobs = self.dir.join("blobs/sha256");
+        let listing = match std::fs::read_dir(&blobs) {
+            Ok(listing) => listing,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+            Err(e) => return Err(error(&self.what, format!("{}: {e}", blobs.display()))),
+        };
+        let now = SystemTime::now();
+        let mut removed = 0;
+        for file in listing.flatten() {
+            let name = file.file_name().to_string_lossy().to_string();
+            if reached.contains(&format!("sha256:{name}")) {
+                continue;
+            }
+            // Unknown age (no mtime, or one in the future) is young: kept.
+            let modified = file.metadata().and_then(|m| m.modified()).ok();
+            let age = modified.and_then(|m| now.duration_since(m).ok());
+            if age.is_none_or(|age| age < self.grace) {
+                continue;
+            }
+            std::fs::remove_file(file.path())
+                .map_err(|e| error(&self.what, format!("removing blob {name}: {e}")))?;
+            removed += 1;
+        }
+        Ok(removed)
+    }
+
+    /// Every digest `index.json` reaches, reading manifests and indexes
+    /// only; `None` when a manifest that is there cannot be read, verified
+    /// or parsed (it may reference any blob).
+    fn reachable(&self) -> Result<Option<HashSet<String>>> {
         let index = self.read_index()?;
         let mut reached: HashSet<String> = HashSet::new();
         let mut pending: Vec<String> = index.manifests().iter().map(|m| m.digest().to_string()).collect();
@@ -223,32 +280,33 @@ impl Layout {
             if !reached.insert(digest.clone()) {
                 continue;
             }
-            let Ok(Some(bytes)) = self.blob(&digest) else { continue };
-            let Ok(value) = serde_json::from_slice::<serde_json::Value>(&bytes) else { continue };
-            let mut children: Vec<&serde_json::Value> = Vec::new();
-            children.extend(value.get("config"));
-            for list in ["layers", "manifests", "blobs"] {
-                children.extend(value.get(list).and_then(|v| v.as_array()).into_iter().flatten());
-            }
-            children.extend(value.get("subject"));
-            pending.extend(children.into_iter().filter_map(|c| c.get("digest")?.as_str().map(String::from)));
+            let parsed = self.manifest(&digest).and_then(|bytes| {
+                bytes
+                    .map(|b| serde_json::from_slice::<serde_json::Value>(&b))
+                    .transpose()
+                    .map_err(|e| error(&self.what, e))
+            });
+            let value = match parsed {
+                Ok(Some(value)) => value,
+                // Absent: it references nothing that is here.
+                Ok(None) => continue,
+                Err(problem) => {
+                    tracing::warn!(layout = %self.what, manifest = %digest, %problem, "a manifest cannot be read: no blob of the layout is collected until it can");
+                    return Ok(None);
+                }
+            };
+            let digest_of = |d: &serde_json::Value| d.get("digest")?.as_str().map(String::from);
+            // Manifests (index children, a subject) are read in turn; a
+            // config, layers and an artifact's blobs are leaves, never read.
+            pending.extend(
+                value.get("manifests").and_then(|v| v.as_array()).into_iter().flatten().filter_map(digest_of),
+            );
+            pending.extend(value.get("subject").and_then(digest_of));
+            let leaves = value.get("layers").and_then(|v| v.as_array()).into_iter().flatten();
+            let leaves = leaves.chain(value.get("blobs").and_then(|v| v.as_array()).into_iter().flatten());
+            reached.extend(leaves.chain(value.get("config")).filter_map(digest_of));
         }
-        let blobs = self.dir.join("blobs/sha256");
-        let listing = match std::fs::read_dir(&blobs) {
-            Ok(listing) => listing,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
-            Err(e) => return Err(error(&self.what, format!("{}: {e}", blobs.display()))),
-        };
-        let mut removed = 0;
-        for file in listing.flatten() {
-            let name = file.file_name().to_string_lossy().to_string();
-            if !reached.contains(&format!("sha256:{name}")) {
-                std::fs::remove_file(file.path())
-                    .map_err(|e| error(&self.what, format!("removing blob {name}: {e}")))?;
-                removed += 1;
-            }
-        }
-        Ok(removed)
+        Ok(Some(reached))
     }
 }
 

@@ -175,7 +175,6 @@ impl RegistryClient {
         let base = self.api_base(url)?;
         let api_host =
             base.split("://").nth(1).unwrap_or_default().split('/').next().unwrap_or_default().to_string();
-        // Upstream requires the pull secret and uses its password as a Bearer token.
         let token = match self.transport().credentials(registry) {
             Credentials::Basic { password, .. } => password,
             Credentials::Anonymous => {
@@ -187,6 +186,22 @@ impl RegistryClient {
                 });
             }
         };
+        // Upstream requires the pull secret and uses its password as a
+        // Bearer token; sent to the API only on the registry's site.
+        if !crate::auth::may_receive_credentials(
+            registry,
+            &api_host,
+            &self.transport().config().credential_hosts,
+        ) {
+            return Err(RegistryError::Unauthorized {
+                registry: registry.to_string(),
+                what: format!("GitLab project {project}"),
+                status: 401,
+                detail: format!(
+                    ": the GitLab API {api_host} is not on {registry}'s site, so its credentials are not sent there (allow it with --credential-host {registry}={api_host})"
+                ),
+            });
+        }
         let authorization = Some(format!("Bearer {token}"));
         let search = project.rsplit('/').next().unwrap_or(project);
         let what = format!("GitLab project {project}");

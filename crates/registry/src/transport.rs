@@ -45,6 +45,13 @@ pub struct TransportConfig {
     pub per_registry_concurrency: usize,
     /// Larger manifests are refused.
     pub max_manifest_bytes: usize,
+    /// An unreferenced blob of an OCI image layout younger than this is
+    /// not collected (a copy in progress writes blobs before its index).
+    pub layout_gc_grace: Duration,
+    /// `(registry, host)`: another host that may receive the registry's
+    /// credentials (a token service or an API off its site,
+    /// [`crate::auth::may_receive_credentials`]).
+    pub credential_hosts: Vec<(String, String)>,
 }
 
 impl Default for TransportConfig {
@@ -58,6 +65,8 @@ impl Default for TransportConfig {
             max_retry_after: Duration::from_secs(60),
             per_registry_concurrency: 8,
             max_manifest_bytes: 4 * 1024 * 1024,
+            layout_gc_grace: Duration::from_secs(3600),
+            credential_hosts: Vec::new(),
         }
     }
 }
@@ -182,7 +191,9 @@ impl Transport {
     /// `https://<API host>`, or `http://` for a registry declared insecure;
     /// the API host of Docker Hub is not its name ([`crate::client::api_host`]).
     pub fn base_url(&self, registry: &str) -> String {
-        let insecure = self.config.insecure_registries.iter().any(|r| r == registry);
+        let wanted = vynil_rules::repository::host(registry);
+        let insecure =
+            self.config.insecure_registries.iter().any(|r| vynil_rules::repository::host(r) == wanted);
         format!("{}://{}", if insecure { "http" } else { "https" }, crate::client::api_host(registry))
     }
 
@@ -476,26 +487,53 @@ impl Transport {
             });
             query.append_pair("scope", &scope);
         }
+        // The registry's credentials go to its own site only (or where configured).
+        let realm_host =
+            url.host_str().map(|h| url.port().map_or_else(|| h.to_string(), |p| format!("{h}:{p}")));
+        let credentials = self.credentials.get(&request.registry).basic_header();
+        let withheld = credentials.is_some()
+            && !realm_host.as_deref().is_some_and(|h| {
+                crate::auth::may_receive_credentials(&request.registry, h, &self.config.credential_hosts)
+            });
         let token_request = Request {
             kind: "token",
             what: format!("token for {} ({})", request.registry, request.what),
-            registry: request.registry.clone(),
+            // Withheld: asked as the realm's own host, with whatever
+            // credentials are configured for that host, if any.
+            registry: match (&realm_host, withheld) {
+                (Some(host), true) => host.clone(),
+                _ => request.registry.clone(),
+            },
             method: Method::GET,
             url: url.to_string(),
             accept: &["application/json"],
             token_scope: None,
-            authorization: self.credentials.get(&request.registry).basic_header(),
+            authorization: if withheld { None } else { credentials },
             max_body: 1024 * 1024,
             max_attempts: None,
         };
-        let response = Box::pin(self.send(&token_request)).await?;
-        if !response.status.is_success() {
-            return Err(RegistryError::Unauthorized {
+        let refused = |status: u16| {
+            let detail = match (&realm_host, withheld) {
+                (Some(host), true) => format!(
+                    " from the token service {host}, which is not on {registry}'s site: its credentials were not sent there (allow it with --credential-host {registry}={host})",
+                    registry = request.registry
+                ),
+                _ => " from the token service".into(),
+            };
+            RegistryError::Unauthorized {
                 registry: request.registry.clone(),
-                what: token_request.what,
-                status: response.status.as_u16(),
-                detail: " from the token service".into(),
-            });
+                what: token_request.what.clone(),
+                status,
+                detail,
+            }
+        };
+        let response = match Box::pin(self.send(&token_request)).await {
+            Ok(response) => response,
+            Err(RegistryError::Unauthorized { status, .. }) => return Err(refused(status)),
+            Err(other) => return Err(other),
+        };
+        if !response.status.is_success() {
+            return Err(refused(response.status.as_u16()));
         }
         let token: TokenResponse =
             serde_json::from_slice(&response.body).map_err(|_| RegistryError::InvalidBody {

@@ -183,6 +183,32 @@ async fn the_bearer_flow_gets_a_token_from_the_challenge_realm() {
     assert!(!format!("{error} {error:?}").contains("nope"));
 }
 
+/// Security review item 1: a token realm off the registry's site gets no
+/// basic credentials unless configured; the error says how.
+#[tokio::test]
+async fn a_token_realm_on_another_host_gets_no_credentials_unless_configured() {
+    let (_registry, front) = bearer_front().await;
+    // The registry as `localhost:<port>`; its challenge names `127.0.0.1:<port>`.
+    let port = front.host().rsplit_once(':').unwrap().1.to_string();
+    let (named, realm) = (format!("localhost:{port}"), front.host());
+    let store = || CredentialStore::default().with(&named, Credentials::basic("robot", "token-pass"));
+    let refused = client(&named, store()).list_tags(&repo(&named, "apps/t")).await.unwrap_err();
+    assert!(matches!(refused, RegistryError::Unauthorized { .. }), "{refused:?}");
+    assert!(refused.to_string().contains(&format!("--credential-host {named}={realm}")), "{refused}");
+    // The credentials are right: the token service refused because it was not sent them.
+    assert!(front.count(&Method::GET, "/token") >= 1);
+
+    let mut config = common::config(&named);
+    config.credential_hosts = vec![(named.clone(), realm)];
+    let allowed = vynil_registry::RegistryClient::new(
+        config,
+        store(),
+        std::sync::Arc::new(vynil_registry::InMemoryMetadataCache::default()),
+    )
+    .unwrap();
+    assert_eq!(allowed.list_tags(&repo(&named, "apps/t")).await.unwrap(), ["1.0.0"]);
+}
+
 async fn bearer_front() -> (RegistryServer, HttpFront) {
     let registry = RegistryServer::start().await.unwrap();
     registry

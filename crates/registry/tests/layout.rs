@@ -29,6 +29,27 @@ fn reachable(dir: &Path) -> BTreeSet<String> {
     reachable_blobs(dir).unwrap()
 }
 
+/// Every blob of `dir` as if written two hours ago, past the collection's
+/// one-hour grace.
+fn age(dir: &Path) {
+    let past = std::time::SystemTime::now() - std::time::Duration::from_secs(2 * 3600);
+    for blob in std::fs::read_dir(dir.join("blobs/sha256")).unwrap() {
+        let file = std::fs::File::options().write(true).open(blob.unwrap().path());
+        // A FIFO cannot be opened for writing without a reader; its age does not matter.
+        if let Ok(file) = file {
+            file.set_modified(past).unwrap();
+        }
+    }
+}
+
+/// Writes `bytes` as a blob of `dir`; its digest.
+fn put_blob(dir: &Path, bytes: &[u8]) -> String {
+    use sha2::Digest as _;
+    let hex = hex::encode(sha2::Sha256::digest(bytes));
+    std::fs::write(dir.join("blobs/sha256").join(&hex), bytes).unwrap();
+    format!("sha256:{hex}")
+}
+
 #[tokio::test]
 async fn a_layout_reads_as_the_registry_holding_the_same_packages() {
     let registry = RegistryServer::start().await.unwrap();
@@ -76,6 +97,7 @@ async fn a_delete_leaves_exactly_what_is_still_referenced_and_a_crash_after_the_
     let repo = layout_repo(dir.path(), "apps/web");
     let repo_dir = dir.path().join("apps/web");
     let digest = client.head_digest(&repo, "1.0.0").await.unwrap().unwrap();
+    age(&repo_dir);
     let before = blobs(&repo_dir);
 
     let outcome = client.delete_digest(&repo, &digest, &["1.0.0".to_string()]).await;
@@ -99,6 +121,80 @@ async fn a_delete_leaves_exactly_what_is_still_referenced_and_a_crash_after_the_
     assert!(blobs(&repo_dir).contains(&crashed), "the leftover is there");
     assert_eq!(client.collect_garbage(&repo).await.unwrap(), 1);
     assert_eq!(blobs(&repo_dir), reachable(&repo_dir));
+}
+
+/// Security review item 5: the collection removes only what is surely
+/// garbage and reads only manifests. A manifest that is there but unreadable
+/// may reference anything, so it keeps its config and layer (and every
+/// other blob); a layer is never opened (here a FIFO, which would block a
+/// reader forever, as a multi-GiB layer would fill a small purger's
+/// memory); a blob written moments ago by a copy in progress stays.
+#[tokio::test]
+async fn the_layout_collection_keeps_what_it_cannot_read_reads_no_layer_and_spares_a_copy_in_progress() {
+    let dir = tempfile::tempdir().unwrap();
+    write_examples(&LayoutWriter::new(dir.path())).unwrap();
+    let client = client("unused.example", CredentialStore::default());
+    let repo = layout_repo(dir.path(), "apps/web");
+    let repo_dir = dir.path().join("apps/web");
+
+    // An extra tagged image with its own config and layer.
+    let config = put_blob(&repo_dir, br#"{"architecture":"amd64","os":"linux"}"#);
+    let layer = put_blob(&repo_dir, b"a layer nobody else has");
+    let manifest = serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": config, "size": 38},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": layer, "size": 23}],
+    });
+    let extra = put_blob(&repo_dir, manifest.to_string().as_bytes());
+    let index_path = repo_dir.join("index.json");
+    let mut index: serde_json::Value = serde_json::from_slice(&std::fs::read(&index_path).unwrap()).unwrap();
+    index["manifests"].as_array_mut().unwrap().push(serde_json::json!({
+        "mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": extra, "size": 300,
+        "annotations": {"org.opencontainers.image.ref.name": "extra"},
+    }));
+    std::fs::write(&index_path, serde_json::to_vec_pretty(&index).unwrap()).unwrap();
+    // An old orphan, surely garbage.
+    let orphan = put_blob(&repo_dir, b"left by a crash long ago");
+    age(&repo_dir);
+
+    // The extra manifest becomes unreadable (its bytes no longer match its digest).
+    let extra_path = repo_dir.join("blobs/sha256").join(extra.trim_start_matches("sha256:"));
+    std::fs::write(&extra_path, b"{ truncated").unwrap();
+    let before = blobs(&repo_dir);
+    assert_eq!(client.collect_garbage(&repo).await.unwrap(), 0, "nothing while a manifest is unreadable");
+    assert_eq!(blobs(&repo_dir), before);
+    assert!(blobs(&repo_dir).is_superset(&[config.clone(), layer.clone()].into()));
+
+    // Readable again: the orphan goes, the extra image's blobs stay.
+    std::fs::write(&extra_path, manifest.to_string().as_bytes()).unwrap();
+    age(&repo_dir);
+    assert_eq!(client.collect_garbage(&repo).await.unwrap(), 1);
+    assert!(!blobs(&repo_dir).contains(&orphan));
+    assert!(blobs(&repo_dir).is_superset(&[config.clone(), layer.clone(), extra.clone()].into()));
+
+    // The layer replaced by a FIFO: a collection that opened layers would block on it.
+    let layer_path = repo_dir.join("blobs/sha256").join(layer.trim_start_matches("sha256:"));
+    std::fs::remove_file(&layer_path).unwrap();
+    let made = std::process::Command::new("mkfifo").arg(&layer_path).status().unwrap();
+    assert!(made.success(), "mkfifo (coreutils)");
+    let collected =
+        tokio::time::timeout(std::time::Duration::from_secs(20), client.collect_garbage(&repo)).await;
+    if collected.is_err() {
+        // Release the blocked reader (EOF) so the test can end, then fail.
+        let _ = std::fs::write(&layer_path, b"");
+        panic!("the collection opened a layer");
+    }
+    assert_eq!(collected.unwrap().unwrap(), 0);
+    std::fs::remove_file(&layer_path).unwrap();
+
+    // A blob a copy in progress just wrote (its index not yet rewritten) stays, until it is old.
+    let fresh = put_blob(&repo_dir, b"a blob skopeo is copying");
+    assert_eq!(client.collect_garbage(&repo).await.unwrap(), 0);
+    assert!(blobs(&repo_dir).contains(&fresh), "within the grace");
+    age(&repo_dir);
+    assert_eq!(client.collect_garbage(&repo).await.unwrap(), 1);
+    assert!(!blobs(&repo_dir).contains(&fresh));
 }
 
 #[tokio::test]

@@ -44,6 +44,7 @@ pub mod index;
 pub mod install;
 pub mod jukebox;
 pub mod package;
+pub mod repository;
 pub mod retention;
 pub mod scan;
 pub mod selection;

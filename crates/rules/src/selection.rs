@@ -25,7 +25,9 @@ use crate::{
     tag::Tag,
 };
 
-/// The annotation that authorises a delete without package hooks.
+/// The annotation that asks for a delete without package hooks (an admin's
+/// confirmation, recorded by lifecycle where tenants cannot write, is what
+/// allows it).
 pub const DELETE_WITHOUT_PACKAGE: &str = "vynil.solidite.fr/delete-without-package";
 
 /// What an instance asks for.
@@ -245,7 +247,8 @@ pub struct CleanupQuery<'a> {
     pub catalog: CatalogState<'a>,
     /// `have_child()`: status records something to delete.
     pub has_children: bool,
-    /// The instance carries [`DELETE_WITHOUT_PACKAGE`] = `"true"`.
+    /// The instance carries [`DELETE_WITHOUT_PACKAGE`] = `"true"` and an
+    /// admin's confirmation of its recorded children still holds.
     pub delete_without_package: bool,
 }
 
@@ -407,7 +410,7 @@ pub fn select_cleanup(query: &CleanupQuery) -> CleanupDecision {
                 install.installed_tag.unwrap_or("tag")
             ),
             format!(
-                "annotate the instance with {DELETE_WITHOUT_PACKAGE}=\"true\" to delete its recorded children without package hooks"
+                "have an admin review the recorded children (Explain) and confirm deleting them without package hooks (AllowDeleteWithoutPackage, `vynilctl instance allow-delete-without-package`, which sets {DELETE_WITHOUT_PACKAGE}); the annotation alone deletes nothing"
             ),
         ],
     })

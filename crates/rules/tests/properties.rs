@@ -536,3 +536,26 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// Every way of writing a Docker Hub repository is one identity, so a
+    /// purge plan made under an alias sees the same usage and exclusions.
+    #[test]
+    fn every_alias_of_a_repository_is_one_identity(
+        namespace in proptest::option::of("[a-z0-9]{1,8}"),
+        name in "[a-z0-9][a-z0-9._-]{0,10}[a-z0-9]",
+        host in prop::sample::select(vec!["docker.io", "index.docker.io", "registry-1.docker.io", "DOCKER.IO", "https://index.docker.io/"]),
+        other in "[a-z]{1,8}\\.example(:[0-9]{2,4})?",
+    ) {
+        use vynil_rules::repository::{canonical, listed, same};
+        let short = match &namespace { Some(ns) => format!("{ns}/{name}"), None => name.clone() };
+        let full = match &namespace { Some(ns) => format!("{ns}/{name}"), None => format!("library/{name}") };
+        prop_assert!(same((host, &short), ("docker.io", &full)));
+        let entry = format!("{}/{}", host, short);
+        prop_assert!(listed(&[entry], "docker.io", &full));
+        prop_assert_eq!(canonical(&other.to_uppercase(), &short), canonical(&other, &short));
+        prop_assert!(!same((&other, &short), ("docker.io", &short)), "another registry is another repository");
+    }
+}

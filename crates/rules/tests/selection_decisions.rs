@@ -211,7 +211,12 @@ fn the_package_gone_condition_names_the_code_what_is_missing_and_both_ways_out()
         message.contains("publish or restore a tenant revision of think/ollama (e.g. the installed 0.1.8)"),
         "{message}"
     );
-    assert!(message.contains("vynil.solidite.fr/delete-without-package=\"true\""), "{message}");
+    // The second way out is an admin's confirmation, never the tenant-writable annotation alone.
+    assert!(
+        message.contains("confirm deleting them without package hooks (AllowDeleteWithoutPackage"),
+        "{message}"
+    );
+    assert!(message.contains("the annotation alone deletes nothing"), "{message}");
 }
 
 #[test]

@@ -80,10 +80,20 @@ pub struct SharedConfig {
     /// Registries reached over plain http; every other one over https.
     #[arg(long = "insecure-registry", env = "VYNIL_INSECURE_REGISTRIES", value_delimiter = ',')]
     pub insecure_registries: Vec<String>,
+    /// `REGISTRY=HOST`: HOST may receive REGISTRY's credentials although it
+    /// is not on the registry's site (a token service or GitLab API
+    /// elsewhere); by default they go only to the registry's own site.
+    #[arg(long = "credential-host", env = "VYNIL_CREDENTIAL_HOSTS", value_delimiter = ',', value_parser = credential_host)]
+    pub credential_hosts: Vec<(String, String)>,
     /// A larger manifest is refused unread past this size, and reported (a
     /// Vynil package manifest is a few KiB).
     #[arg(long, env = "VYNIL_MAX_MANIFEST_BYTES", default_value_t = 4 * 1024 * 1024)]
     pub max_manifest_bytes: usize,
+    /// An unreferenced blob of an OCI image layout younger than this many
+    /// seconds is kept by a purge's garbage collection: a copy in progress
+    /// (`skopeo`, `oras`) writes its blobs before its index names them.
+    #[arg(long, env = "VYNIL_LAYOUT_GC_GRACE_SECONDS", default_value_t = 3600)]
+    pub layout_gc_grace_seconds: u64,
     /// Operations a cluster-provided Rhai script (JukeBox `source.script`,
     /// package `value_script` and `prefly`) may run before it is stopped
     /// and reported.
@@ -97,6 +107,16 @@ pub struct SharedConfig {
     pub log: LogConfig,
     #[command(flatten)]
     pub trust: TrustConfig,
+}
+
+/// `--credential-host REGISTRY=HOST`.
+fn credential_host(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((registry, host)) if !registry.trim().is_empty() && !host.trim().is_empty() => {
+            Ok((registry.trim().to_string(), host.trim().to_string()))
+        }
+        _ => Err(format!("{text:?}: expected REGISTRY=HOST, e.g. registry.example.com=auth.example.net")),
+    }
 }
 
 impl SharedConfig {
@@ -113,6 +133,8 @@ impl SharedConfig {
         vynil_registry::TransportConfig {
             insecure_registries: self.insecure_registries.clone(),
             max_manifest_bytes: self.max_manifest_bytes,
+            layout_gc_grace: std::time::Duration::from_secs(self.layout_gc_grace_seconds),
+            credential_hosts: self.credential_hosts.clone(),
             ..vynil_registry::TransportConfig::default()
         }
     }

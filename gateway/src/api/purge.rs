@@ -167,6 +167,17 @@ pub struct Report {
     pub outcomes: Vec<DeletionOutcome>,
     pub state: ReportState,
     pub note: Option<String>,
+    /// Executions of the same plan after the first (`executed_by` and
+    /// `started_at` stay the first's), oldest first.
+    pub later_executions: Vec<ExecutionAttempt>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ExecutionAttempt {
+    /// The authenticated principal.
+    pub by: String,
+    /// RFC 3339.
+    pub at: String,
 }
 
 impl From<pb::PurgeReport> for Report {
@@ -187,6 +198,11 @@ impl From<pb::PurgeReport> for Report {
             outcomes: r.outcomes.into_iter().map(DeletionOutcome::from).collect(),
             state,
             note: non_empty(r.note),
+            later_executions: r
+                .later_executions
+                .into_iter()
+                .map(|a| ExecutionAttempt { by: a.by, at: a.at })
+                .collect(),
         }
     }
 }

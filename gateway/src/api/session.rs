@@ -76,7 +76,7 @@ pub async fn whoami(Ctx(ctx): Ctx) -> Result<Json<WhoAmI>, ApiError> {
         Grant::Role(_) => Vec::new(),
     };
     let (via, csrf_token) = match principal.via {
-        Via::Bearer => (Credential::Bearer, None),
+        Via::Bearer { .. } => (Credential::Bearer, None),
         Via::Session { csrf } => (Credential::Session, Some(csrf)),
     };
     Ok(Json(WhoAmI { name: principal.name, role, groups, via, csrf_token }))

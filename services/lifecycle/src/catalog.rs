@@ -141,12 +141,14 @@ pub enum Cleanup {
 
 impl Catalog {
     /// `ResolveCleanup` for `instance`, with the recorded revision's check
-    /// (`None` when nothing is recorded). An outage is an error to retry.
+    /// (`None` when nothing is recorded) and whether an admin's confirmed
+    /// delete without package holds. An outage is an error to retry.
     pub async fn resolve_cleanup(
         &self,
         instance: &Instance,
         check: Option<RecordedCheck>,
         has_children: bool,
+        confirmed: bool,
     ) -> Result<Cleanup, LifecycleError> {
         let checked = check.is_some();
         let recorded = instance.status.package.as_ref().map(|p| ProtoRecorded {
@@ -172,7 +174,7 @@ impl Catalog {
             r#type: proto_type(instance.kind.package_type()),
             installed_tag: instance.status.tag.clone().unwrap_or_default(),
             recorded: recorded.filter(|_| checked),
-            delete_without_package_allowed: instance.delete_without_package.as_deref() == Some("true"),
+            delete_without_package_allowed: confirmed,
             recorded_check: recorded_check as i32,
             recorded_check_problem,
             children: u32::from(has_children),

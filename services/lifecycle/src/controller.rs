@@ -41,6 +41,7 @@ use vynil_store::script::ScriptLimits;
 use crate::{
     LifecycleError,
     catalog::{Catalog, Cleanup},
+    confirmation::{Confirmation, Confirmations},
     facts::{self, Stores},
     instance::{Instance, InstanceKind},
     job::{self, Action as JobAction, AgentSettings},
@@ -50,7 +51,7 @@ use crate::{
         self, InitVersion, JobRequest, JobState, Observed, ObservedJob, Outcome, Prepared, Resolution, Step,
     },
     reaper::ReaperReport,
-    uninstall::{self, CleanupAnswer, CleanupObserved},
+    uninstall::{self, CleanupAnswer, CleanupObserved, Hatch},
 };
 
 /// How long a Job deletion is waited for before the reconcile is retried.
@@ -62,6 +63,8 @@ pub struct Context {
     pub jobs: Api<Job>,
     pods: Api<Pod>,
     secrets: Api<Secret>,
+    /// Admins' confirmations of deletes without package (control plane's namespace).
+    pub confirmations: Confirmations,
     pub catalog: Catalog,
     registry: RegistryClient,
     pub agent: AgentSettings,
@@ -115,6 +118,7 @@ impl Context {
             jobs: Api::namespaced(client.clone(), &settings.namespace),
             pods: Api::namespaced(client.clone(), &settings.namespace),
             secrets: Api::namespaced(client.clone(), &settings.namespace),
+            confirmations: Confirmations::new(&client, &settings.namespace),
             recorder: Recorder::new(client.clone(), settings.reporter),
             client,
             catalog: settings.catalog,
@@ -144,14 +148,17 @@ impl Context {
         outcomes.insert((instance.kind, instance.namespace.clone(), instance.name.clone()), outcome);
     }
 
-    /// Sets `delete-without-package: "true"`, reads it back, records who asked.
+    /// Records the admin's `confirmation` where tenants cannot write
+    /// (read back), then sets `delete-without-package: "true"` (read back)
+    /// and records who confirmed in an Event.
     pub async fn allow_delete_without_package(
         &self,
         kind: InstanceKind,
         object: &DynamicObject,
-        caller: &str,
-        reason: &str,
+        confirmation: &Confirmation,
     ) -> Result<(), LifecycleError> {
+        let (caller, reason) = (&confirmation.confirmed_by, &confirmation.reason);
+        self.confirmations.record(confirmation).await?;
         let name = object.name_any();
         let api = self.instances(kind, &object.namespace().unwrap_or_default());
         let patch =
@@ -615,6 +622,7 @@ async fn execute(
                     &instance.namespace,
                     &instance.name,
                     &fingerprint,
+                    context.confirmations.namespace(),
                 )
                 .map_err(|e| LifecycleError::Invalid(format!("rendering the reaper Job: {e}")))?;
                 create_job(job_name, &rendered, &fingerprint, context).await?
@@ -764,7 +772,15 @@ async fn cleanup(
     let outcome = plan.outcome.clone();
     context.remember(&instance, plan.outcome);
     match outcome {
-        Outcome::Released => Ok(Action::await_change()),
+        Outcome::Released => {
+            // The instance is gone: so is any confirmation of its children.
+            if let Some(uid) = instance.uid.as_deref()
+                && let Err(error) = context.confirmations.forget(uid).await
+            {
+                tracing::warn!(%error, "a confirmation outlives its instance (it confirms nothing for another UID)");
+            }
+            Ok(Action::await_change())
+        }
         other => Err(LifecycleError::Pending { why: format!("{other:?}"), retry_after: plan.requeue }),
     }
 }
@@ -803,6 +819,7 @@ pub async fn observe_cleanup(
         // and no Job of ours may be deleted or run for it.
         return Ok(CleanupObserved {
             answer: CleanupAnswer::NothingToDelete,
+            hatch: Hatch::NotAsked,
             job: None,
             report: None,
             now: jiff::Timestamp::now(),
@@ -813,7 +830,13 @@ pub async fn observe_cleanup(
         Some(recorded) => Some(check_recorded(recorded, context).await),
         None => None,
     };
-    let answer = match context.catalog.resolve_cleanup(instance, check, instance.status.have_child).await? {
+    let hatch = hatch(instance, context).await?;
+    let confirmed = hatch == Hatch::Confirmed;
+    let answer = match context
+        .catalog
+        .resolve_cleanup(instance, check, instance.status.have_child, confirmed)
+        .await?
+    {
         Cleanup::NothingToDelete => CleanupAnswer::NothingToDelete,
         Cleanup::Gone { code, message } => {
             CleanupAnswer::Gone { what: uninstall::Gone::from_code(&code), message }
@@ -831,10 +854,29 @@ pub async fn observe_cleanup(
     let report = if reaped { reaper_report(&slot.name, context).await } else { None };
     Ok(CleanupObserved {
         answer,
+        hatch,
         job,
         report,
         now: jiff::Timestamp::now(),
         max_attempts: context.max_attempts,
+    })
+}
+
+/// The escape hatch of `instance`: asked by its annotation, opened only by
+/// an admin's confirmation that still holds for this object and its
+/// recorded children (`crate::confirmation`).
+async fn hatch(instance: &Instance, context: &Context) -> Result<Hatch, LifecycleError> {
+    if instance.delete_without_package.as_deref() != Some("true") {
+        return Ok(Hatch::NotAsked);
+    }
+    let Some(uid) = instance.uid.as_deref() else { return Ok(Hatch::Unconfirmed) };
+    let status = instance.object.get("status").cloned().unwrap_or(serde_json::Value::Null);
+    Ok(match context.confirmations.read(uid).await? {
+        None => Hatch::Unconfirmed,
+        Some(confirmation) => match confirmation.voided(uid, &status, &instance.namespace) {
+            Some(why) => Hatch::Void(why),
+            None => Hatch::Confirmed,
+        },
     })
 }
 

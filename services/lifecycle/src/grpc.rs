@@ -341,7 +341,7 @@ fn cleanup_summary(instance: &Instance, answer: &CleanupAnswer) -> String {
             )
         }
         CleanupAnswer::Gone { message, .. } => format!(
-            "blocked: {message}. Explain lists what vynil.solidite.fr/delete-without-package would delete; AllowDeleteWithoutPackage sets it"
+            "blocked: {message}. Explain lists what a delete without package would delete; an admin confirms it with AllowDeleteWithoutPackage (the annotation vynil.solidite.fr/delete-without-package alone deletes nothing)"
         ),
         CleanupAnswer::WithoutPackage { warning } => {
             format!("the reaper deletes the recorded children: {warning}")
@@ -464,16 +464,26 @@ async fn installed_revisions(
             }
         }
     }
-    revisions.retain(|r| {
-        (request.registry.is_empty() || r.registry == request.registry)
-            && (request.repository.is_empty() || r.repository == request.repository)
+    // A repository under any of its names (`vynil_rules::repository`): a
+    // purge planned under an alias must see what is installed.
+    revisions.retain(|r| match (request.registry.is_empty(), request.repository.is_empty()) {
+        (false, false) => vynil_rules::repository::same(
+            (&r.registry, &r.repository),
+            (&request.registry, &request.repository),
+        ),
+        (false, true) => {
+            vynil_rules::repository::host(&r.registry) == vynil_rules::repository::host(&request.registry)
+        }
+        (true, false) => r.repository == request.repository,
+        (true, true) => true,
     });
     Ok(ListInstalledRevisionsResponse { revisions })
 }
 
-/// Sets `vynil.solidite.fr/delete-without-package: "true"` on one instance
-/// for a caller who named it exactly and saw the current list of children
-/// (the fingerprint `Explain` gave); reads it back and records an Event.
+/// Records an admin's confirmation (`crate::confirmation`) and sets
+/// `vynil.solidite.fr/delete-without-package: "true"` on one instance, for
+/// a caller who named it exactly and saw the current list of children (the
+/// fingerprint `Explain` gave); reads both back and records an Event.
 async fn allow_delete_without_package(
     context: &Context,
     request: AllowDeleteWithoutPackageRequest,
@@ -504,6 +514,18 @@ async fn allow_delete_without_package(
         }
         _ => caller.to_string(),
     };
-    context.allow_delete_without_package(kind, &object, &caller, &request.reason).await?;
+    let uid = instance.uid.clone().ok_or_else(|| {
+        LifecycleError::Invalid(format!("{expected} has no UID: it is not an object of the API server"))
+    })?;
+    let confirmation = crate::confirmation::Confirmation {
+        uid,
+        instance: expected,
+        fingerprint,
+        children: crate::confirmation::children_of(&status),
+        confirmed_by: caller,
+        confirmed_at: jiff::Timestamp::now().to_string(),
+        reason: request.reason,
+    };
+    context.allow_delete_without_package(kind, &object, &confirmation).await?;
     Ok(AllowDeleteWithoutPackageResponse { annotated: true })
 }

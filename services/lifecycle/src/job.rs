@@ -226,6 +226,8 @@ pub fn render(
 /// The reaper Job: a delete Job without the unpack step, running this
 /// project's `vynil-lifecycle reap` under the agent ServiceAccount, with the
 /// agent Job's labels (action `delete`) so the controllers follow it alike.
+/// It reads the admin's confirmation in `confirmations` (the control
+/// plane's namespace, `crate::confirmation`).
 pub fn render_reaper(
     settings: &AgentSettings,
     job: &str,
@@ -233,6 +235,7 @@ pub fn render_reaper(
     namespace: &str,
     name: &str,
     fingerprint: &str,
+    confirmations: &str,
 ) -> Result<Job, serde_json::Error> {
     let package_type = kind.package_type().as_str();
     let action = Action::Delete.as_str();
@@ -257,7 +260,7 @@ pub fn render_reaper(
                         "name": action,
                         "image": settings.reaper_image,
                         "imagePullPolicy": "IfNotPresent",
-                        "args": ["reap", "--kind", package_type, "--namespace", namespace, "--name", name],
+                        "args": ["reap", "--kind", package_type, "--namespace", namespace, "--name", name, "--confirmations-namespace", confirmations],
                         "env": [env("RUST_LOG", &settings.log_level)],
                         "terminationMessagePolicy": "File",
                         "resources": {"limits": {"cpu": "500m", "memory": "256Mi"}, "requests": {"cpu": "20m", "memory": "32Mi"}},

@@ -14,6 +14,7 @@
 //! See `docs/lifecycle.md`.
 
 mod catalog;
+pub mod confirmation;
 mod controller;
 mod facts;
 mod fanout;

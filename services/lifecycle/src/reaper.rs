@@ -1,10 +1,14 @@
-//! The reaper: `vynil-lifecycle reap --kind <k> --namespace <ns> --name <n>`,
-//! the delete Job of an instance whose package is gone and which carries
-//! `vynil.solidite.fr/delete-without-package: "true"`. It runs under the agent
+//! The reaper: `vynil-lifecycle reap --kind <k> --namespace <ns> --name <n>
+//! --confirmations-namespace <control plane>`, the delete Job of an instance
+//! whose package is gone, which carries
+//! `vynil.solidite.fr/delete-without-package: "true"` and whose recorded
+//! children an admin confirmed (`crate::confirmation`). It runs under the agent
 //! ServiceAccount (the lifecycle service itself never deletes children, so its
 //! own RBAC stays narrow) and unpacks nothing: no package hook runs.
 //!
-//! It deletes the children recorded in the instance status in reverse phase
+//! It deletes exactly the children the admin confirmed, and nothing unless
+//! the confirmation still holds (same object UID, the status' recorded
+//! children unchanged since), in reverse phase
 //! order (posts → scalables → others → vitals → befores, then systems), waits
 //! until each is gone and verifies it with a GET answering 404. `status` is
 //! writable by whoever may patch the instance's status (a tenant with a wide
@@ -51,6 +55,9 @@ pub struct ReapArgs {
     pub namespace: String,
     #[arg(long)]
     pub name: String,
+    /// Where lifecycle records admins' confirmations (its own namespace).
+    #[arg(long)]
+    pub confirmations_namespace: String,
     /// How long each child may take to disappear.
     #[arg(long, default_value_t = 300)]
     pub wait_seconds: u64,
@@ -295,6 +302,21 @@ pub async fn reap(client: &Client, args: &ReapArgs) -> Result<ReaperReport, Life
         Api::namespaced_with(client.clone(), &args.namespace, &kind.api_resource());
     let instance = instances.get(&args.name).await.map_err(|e| unavailable("reading the instance", e))?;
     let status = instance.data.get("status").cloned().unwrap_or(Value::Null);
+    // Only what an admin confirmed, while it holds: status is tenant-writable.
+    let uid = instance.metadata.uid.clone().unwrap_or_default();
+    let confirmations = crate::confirmation::Confirmations::new(client, &args.confirmations_namespace);
+    let reference = format!("{} {}/{}", args.kind, args.namespace, args.name);
+    let confirmed = confirmations.read(&uid).await?.ok_or_else(|| {
+        LifecycleError::Refused(format!(
+            "no admin confirmed deleting the children of {reference} without package (AllowDeleteWithoutPackage): nothing deleted"
+        ))
+    })?;
+    if let Some(why) = confirmed.voided(&uid, &status, &args.namespace) {
+        return Err(LifecycleError::Refused(format!(
+            "the confirmation for {reference} no longer holds: {why}; nothing deleted"
+        )));
+    }
+    let status = confirmed.children;
     let category = instance.data.pointer("/spec/category").and_then(Value::as_str).unwrap_or_default();
     let mut namespaces = vec![args.namespace.clone()];
     if kind == InstanceKind::Tenant {

@@ -15,8 +15,10 @@
 //!   Warning event, a retry whose interval doubles (the time since the
 //!   condition first said so, 1 min to 1 h);
 //! - `vynil.solidite.fr/delete-without-package: "true"` (read at each
-//!   reconcile, so adding it after deletion began counts): the reaper Job
-//!   deletes the recorded children without package hooks; the finalizer goes
+//!   reconcile, so adding it after deletion began counts) together with an
+//!   admin's confirmation that still holds (`crate::confirmation`: the
+//!   annotation alone is writable by tenants and opens nothing): the reaper
+//!   Job deletes the confirmed children without package hooks; the finalizer goes
 //!   once its report shows every child it was allowed to delete verified
 //!   gone, with a Warning that no hooks ran and what was left for a human.
 //!   Any other value is refused in the condition.
@@ -84,9 +86,41 @@ pub enum CleanupAnswer {
     },
 }
 
+/// Whether the escape hatch is open for the instance: the annotation asks,
+/// an admin's confirmation (`crate::confirmation`) opens it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Hatch {
+    /// The annotation is absent or not `"true"`.
+    #[default]
+    NotAsked,
+    /// The annotation says `"true"`; no admin confirmed.
+    Unconfirmed,
+    /// An admin confirmed, but it no longer holds (why).
+    Void(String),
+    /// Confirmed for this object and exactly its recorded children.
+    Confirmed,
+}
+
+impl Hatch {
+    /// What the blocked condition adds, if anything.
+    fn note(&self) -> Option<String> {
+        match self {
+            Hatch::NotAsked | Hatch::Confirmed => None,
+            Hatch::Unconfirmed => Some(
+                " (vynil.solidite.fr/delete-without-package is set, but the annotation alone deletes nothing: an admin must review Explain's list and confirm it through AllowDeleteWithoutPackage)".into(),
+            ),
+            Hatch::Void(why) => Some(format!(
+                " (the admin's confirmation no longer holds: {why}; review Explain's list and confirm again through AllowDeleteWithoutPackage)"
+            )),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct CleanupObserved {
     pub answer: CleanupAnswer,
+    /// The escape hatch, as the annotation and the confirmations say.
+    pub hatch: Hatch,
     /// The instance's Job; its fingerprint is read only from a delete Job.
     pub job: Option<ObservedJob>,
     /// The report of a completed reaper Job, when it could be read.
@@ -98,7 +132,7 @@ pub struct CleanupObserved {
 const DELETE_FAILURE: FailureWording = FailureWording {
     condition_type: ConditionType::Ready,
     job: "delete Job",
-    until: "the package or the JukeBox change, or the annotation vynil.solidite.fr/delete-without-package=\"true\" is set",
+    until: "the package or the JukeBox change, or an admin confirms a delete without package (AllowDeleteWithoutPackage, which sets vynil.solidite.fr/delete-without-package)",
 };
 
 /// The reaper Job's fingerprint for an instance (one per instance object).
@@ -158,6 +192,9 @@ pub fn cleanup(instance: &Instance, observed: &CleanupObserved) -> Plan {
                 message.push_str(&format!(
                     " (vynil.solidite.fr/delete-without-package is {value:?}: only \"true\" is accepted)"
                 ));
+            }
+            if let Some(note) = observed.hatch.note() {
+                message.push_str(&note);
             }
             let (code, reason) = (what.code(), what.event_reason());
             Plan {

@@ -471,6 +471,7 @@ fn upstreams_control_plane_being_deleted_keeps_its_finalizer_and_runs_no_job() {
     for answer in [CleanupAnswer::NothingToDelete, CleanupAnswer::WithoutPackage { warning: "w".into() }] {
         let seen = CleanupObserved {
             answer,
+            hatch: Default::default(),
             job: None,
             report: None,
             now: "2026-12-01T12:00:00Z".parse().unwrap(),

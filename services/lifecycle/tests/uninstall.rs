@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use vynil_lifecycle::{
     instance::{Instance, InstanceKind},
     plan::{JobRequest, JobState, ObservedJob, Outcome, Plan, Step},
-    uninstall::{CleanupAnswer, CleanupObserved, Gone, cleanup, gone_backoff, reaper_fingerprint},
+    uninstall::{CleanupAnswer, CleanupObserved, Gone, Hatch, cleanup, gone_backoff, reaper_fingerprint},
 };
 use vynil_rules::install::Recommended;
 
@@ -47,6 +47,7 @@ fn request(tag: &str) -> JobRequest {
 fn observed(answer: CleanupAnswer) -> CleanupObserved {
     CleanupObserved {
         answer,
+        hatch: Hatch::NotAsked,
         job: None,
         report: None,
         now: "2026-12-01T12:00:00Z".parse().unwrap(),
@@ -154,6 +155,28 @@ fn a_wrong_delete_without_package_value_is_refused_in_the_condition() {
     let (_, _, message) = condition(&plan).unwrap();
     assert!(message.contains("only \"true\" is accepted"), "{message}");
     assert!(!plan.steps.iter().any(|s| matches!(s, Step::CreateReaperJob { .. })));
+}
+
+/// Security review item 3: the annotation (tenant-writable) asks, only an
+/// admin's confirmation opens; the condition says which is missing.
+#[test]
+fn the_annotation_alone_or_a_voided_confirmation_says_an_admin_must_confirm() {
+    let gone = CleanupAnswer::Gone { what: Gone::Package, message: "[E_PACKAGE_GONE] x".into() };
+    let instance = deleting(json!({"vynil.solidite.fr/delete-without-package": "true"}), with_children());
+    for (hatch, says) in [
+        (Hatch::Unconfirmed, "the annotation alone deletes nothing: an admin must review"),
+        (
+            Hatch::Void("the recorded children changed".into()),
+            "no longer holds: the recorded children changed",
+        ),
+    ] {
+        let mut seen = observed(gone.clone());
+        seen.hatch = hatch;
+        let plan = cleanup(&instance, &seen);
+        let (_, ok, message) = condition(&plan).unwrap();
+        assert!(!ok && message.contains(says) && message.contains("AllowDeleteWithoutPackage"), "{message}");
+        assert!(!plan.steps.iter().any(|s| matches!(s, Step::CreateReaperJob { .. })), "{plan:?}");
+    }
 }
 
 #[test]

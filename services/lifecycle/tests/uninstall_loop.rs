@@ -278,6 +278,24 @@ async fn package_gone_then_allowed_the_real_reaper_deletes_children_in_reverse_o
         "{message}"
     );
 
+    // The tenant sets the annotation itself (it may patch its instance): it
+    // asks, it deletes nothing; the condition says an admin must confirm.
+    let hatch = "vynil.solidite.fr/delete-without-package";
+    world.patch("TenantInstance", "web", json!({"metadata": {"annotations": {hatch: "true"}}})).await;
+    let message = eventually("an admin must confirm", || async {
+        let object = world.get("TenantInstance", "web").await;
+        let message =
+            coded_condition(&object, "Ready").and_then(|c| c["message"].as_str().map(str::to_string))?;
+        message.contains("the annotation alone deletes nothing").then_some(message)
+    })
+    .await;
+    assert!(message.contains("AllowDeleteWithoutPackage"), "{message}");
+    // An absence: looked for after the reconciles that follow have had time.
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let reaper = world.jobs().get_opt("tenant--apps--web").await.unwrap();
+    assert!(reaper.is_none(), "no reaper Job for the annotation alone: {reaper:?}");
+    world.patch("TenantInstance", "web", json!({"metadata": {"annotations": {hatch: null}}})).await;
+
     // The escape hatch, added after deletion began, through the API.
     let mut grpc = world.grpc().await;
     let explained =

@@ -32,6 +32,10 @@ pub struct Config {
     /// time, or raise it).
     #[arg(long, env = "VYNIL_MAX_PLAN_TAGS", default_value_t = 1_000_000)]
     pub max_plan_tags: usize,
+    /// A repository with more tags is refused before any is read, its
+    /// listing stopped at the cap (the scanner's flag, the same default).
+    #[arg(long, env = "VYNIL_MAX_TAGS_PER_REPOSITORY", default_value_t = 10_000)]
+    pub max_tags_per_repository: usize,
     /// DELETEs in flight at once.
     #[arg(long, env = "VYNIL_DELETE_CONCURRENCY", default_value_t = 4)]
     pub delete_concurrency: usize,

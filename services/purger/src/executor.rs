@@ -88,7 +88,7 @@ impl Execution<'_> {
         progress: &mpsc::Sender<StoredOutcome>,
     ) -> Result<Vec<StoredOutcome>, PurgerError> {
         let repo = RepositoryRef::new(&plan.registry, &plan.repository)?;
-        let lease_name = plan.name();
+        let lease_name = plan.lease_name();
         let mut outcomes = Vec::new();
         for artifacts in [false, true] {
             let phase: Vec<StoredDeletion> =
@@ -207,5 +207,6 @@ pub fn report(
         finished_at: jiff::Timestamp::now().to_string(),
         outcomes,
         state: ReportState::Completed,
+        later: Vec::new(),
     }
 }

@@ -102,6 +102,11 @@ pub fn report_to_proto(report: &StoredReport) -> PurgeReport {
         started_at: report.started_at.clone(),
         finished_at: report.finished_at.clone(),
         outcomes: report.outcomes.iter().map(outcome_to_proto).collect(),
+        later_executions: report
+            .later
+            .iter()
+            .map(|a| vynil_proto::purger::v1::ExecutionAttempt { by: a.by.clone(), at: a.at.clone() })
+            .collect(),
         state: match report.state {
             store::ReportState::Running => ReportState::Running,
             store::ReportState::Completed => ReportState::Completed,

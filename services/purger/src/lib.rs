@@ -104,6 +104,8 @@ pub struct Purger {
     schedules: Vec<config::Schedule>,
     plan_ttl: Duration,
     max_plan_tags: usize,
+    /// A repository with more tags is refused unread (`--max-tags-per-repository`).
+    max_tags: usize,
     concurrency: usize,
     lease: Duration,
     owner: String,
@@ -163,6 +165,7 @@ impl Purger {
             schedules: retention_file.schedules,
             plan_ttl: config.plan_ttl(),
             max_plan_tags: config.max_plan_tags,
+            max_tags: config.max_tags_per_repository,
             concurrency: config.delete_concurrency,
             lease: config.lease(),
             owner: config.shared.replica_name("purger"),
@@ -176,12 +179,13 @@ impl Purger {
         Ok((retention, file.excluded_repositories))
     }
 
+    /// Under any alias of the repository (`vynil_rules::repository`).
     fn is_excluded(&self, repo: &RepositoryRef) -> Result<bool, PurgerError> {
-        Ok(self.inputs()?.1.contains(&repo.to_string()))
+        Ok(vynil_rules::repository::listed(&self.inputs()?.1, &repo.registry, &repo.repository))
     }
 
     async fn plan_one(&self, repo: &RepositoryRef) -> Result<RepositoryPlan, PurgerError> {
-        let tags = planner::snapshot(&self.client, repo).await?;
+        let tags = planner::snapshot(&self.client, repo, self.max_tags).await?;
         let usage = planner::usage(&self.lifecycle, repo).await;
         planner::plan_repository(repo, &tags, &usage, &self.inputs()?.0)
     }
@@ -283,7 +287,7 @@ impl Purger {
             .collect();
         let plan = self.store.get_plan(plan_id).await?;
         let names: Vec<String> =
-            plan.map(|p| p.repositories.iter().map(RepositoryPlan::name).collect()).unwrap_or_default();
+            plan.map(|p| p.repositories.iter().map(RepositoryPlan::lease_name).collect()).unwrap_or_default();
         let leases = self.store.leases();
         let mut held = false;
         for name in &names {
@@ -307,7 +311,7 @@ impl Purger {
     async fn checked(&self, request: &executor::ExecuteRequest) -> Result<Prepared, PurgerError> {
         let plan = self.get_plan(&request.plan_id).await?;
         executor::check_confirmation(&plan, request)?;
-        let names: Vec<String> = plan.repositories.iter().map(RepositoryPlan::name).collect();
+        let names: Vec<String> = plan.repositories.iter().map(RepositoryPlan::lease_name).collect();
         let Some(lease) = Lease::acquire(self.store.leases(), names, &self.owner, self.lease).await? else {
             return Err(PurgerError::Busy(format!(
                 "another execution holds a repository of plan {}; retry when it ends (its lease expires within {}s if it died)",
@@ -332,10 +336,10 @@ impl Purger {
         let mut changes = Vec::new();
         for repository in &plan.repositories {
             let repo = RepositoryRef::new(&repository.registry, &repository.repository)?;
-            if excluded.contains(&repo.to_string()) {
+            if vynil_rules::repository::listed(&excluded, &repo.registry, &repo.repository) {
                 return Err(PurgerError::Excluded(repo.to_string()));
             }
-            let fresh = planner::snapshot(&self.client, &repo).await?;
+            let fresh = planner::snapshot(&self.client, &repo, self.max_tags).await?;
             let usage = planner::usage(&self.lifecycle, &repo).await;
             let usage_lost =
                 !repository.usage_unknown && matches!(usage, vynil_rules::retention::Usage::Unknown);
@@ -370,6 +374,14 @@ impl Purger {
         let fence = lease.fence(lease.names().first().map(String::as_str).unwrap_or_default());
         let mut report = executor::report(&plan, &request.caller, started_at, Vec::new());
         report.state = ReportState::Running;
+        // Executed before: the first execution keeps its name and time,
+        // this one is recorded beside it.
+        if let Some(previous) = self.store.get_report(&plan.id).await? {
+            let attempt = store::Attempt { by: report.executed_by, at: report.started_at };
+            (report.executed_by, report.started_at) = (previous.executed_by, previous.started_at);
+            report.later = previous.later;
+            report.later.push(attempt);
+        }
         let result = self.run_under(&plan, &lease, &fence, report, &progress).await;
         if matches!(result, Err(PurgerError::LeaseLost(_))) {
             // Another execution holds the repositories: nothing more from here.

@@ -18,12 +18,14 @@ use crate::{
 
 const READ_CONCURRENCY: usize = 8;
 
-/// Every tag of `repo` with its digest, and metadata for version tags.
+/// Every tag of `repo` with its digest, and metadata for version tags; a
+/// repository of more than `max_tags` tags is refused before it is read.
 pub async fn snapshot(
     client: &RegistryClient,
     repo: &RepositoryRef,
+    max_tags: usize,
 ) -> Result<Vec<RepositoryTag>, PurgerError> {
-    Ok(client.snapshot(repo, READ_CONCURRENCY).await?)
+    Ok(client.snapshot(repo, READ_CONCURRENCY, max_tags).await?)
 }
 
 /// What instances use in `repo`, as every lifecycle (one per cluster) says;
@@ -64,7 +66,10 @@ async fn installed_revisions(endpoint: &str, repo: &RepositoryRef) -> Result<Vec
         .into_inner()
         .revisions
         .into_iter()
-        .filter(|r| r.registry == repo.registry && r.repository == repo.repository)
+        // Whatever name the instance was installed under (an alias of this repository).
+        .filter(|r| {
+            vynil_rules::repository::same((&r.registry, &r.repository), (&repo.registry, &repo.repository))
+        })
         .map(|r| {
             let instance = r
                 .instance

@@ -52,9 +52,15 @@ pub struct RepositoryPlan {
 }
 
 impl RepositoryPlan {
-    /// `registry/repository`, the name of its execution lease.
+    /// `registry/repository`, as the plan names it.
     pub fn name(&self) -> String {
         format!("{}/{}", self.registry, self.repository)
+    }
+
+    /// The name of its execution lease: the repository's identity, so two
+    /// executions under two aliases of one repository exclude each other.
+    pub fn lease_name(&self) -> String {
+        vynil_rules::repository::canonical(&self.registry, &self.repository)
     }
 }
 
@@ -137,6 +143,17 @@ pub struct StoredReport {
     pub outcomes: Vec<StoredOutcome>,
     #[serde(default = "completed")]
     pub state: ReportState,
+    /// Executions of the same plan after the first (`executed_by` and
+    /// `started_at` stay the first's), oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub later: Vec<Attempt>,
+}
+
+/// One later execution of a plan: who, when it started.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Attempt {
+    pub by: String,
+    pub at: String,
 }
 
 impl StoredReport {

@@ -284,11 +284,10 @@ async fn views(registry: &RegistryServer) -> Vec<Vec<String>> {
         .collect()
 }
 
-#[tokio::test]
-async fn an_installed_revision_is_kept_and_unknown_usage_needs_an_acknowledgement() {
-    let setup = setup().await;
-    let installed = InstalledRevision {
-        registry: setup.front.host(),
+/// Service `ai/llm` runs `<registry>/think/ollama:0.1.9`.
+fn llm_runs_0_1_9(registry: &str) -> InstalledRevision {
+    InstalledRevision {
+        registry: registry.into(),
         repository: REPO.into(),
         tag: "0.1.9".into(),
         digest: String::new(),
@@ -298,7 +297,13 @@ async fn an_installed_revision_is_kept_and_unknown_usage_needs_an_acknowledgemen
             namespace: "ai".into(),
             name: "llm".into(),
         }),
-    };
+    }
+}
+
+#[tokio::test]
+async fn an_installed_revision_is_kept_and_unknown_usage_needs_an_acknowledgement() {
+    let setup = setup().await;
+    let installed = llm_runs_0_1_9(&setup.front.host());
     let lifecycle = lifecycle_stub(vec![installed]).await;
     let service = purger(&setup, &lifecycle, &[]).await;
     let mut client = PurgerClient::new(service.channel().await.unwrap());
@@ -317,6 +322,87 @@ async fn an_installed_revision_is_kept_and_unknown_usage_needs_an_acknowledgemen
     assert_eq!(status.code(), tonic::Code::FailedPrecondition, "{status:?}");
     assert!(status.message().contains("acknowledge_usage_unknown"), "{status:?}");
     assert_eq!(tags(&setup.registry).await, before, "nothing deleted");
+}
+
+/// Attack (security review item 4): a repository written another way than
+/// the one its instances were installed under (here the host in capitals,
+/// as `DOCKER.IO` or `index.docker.io/library/…` are for Docker Hub) is the
+/// same repository, so its plan keeps what is installed and its exclusion
+/// holds; the registry client reaches the same repository either way.
+#[tokio::test]
+async fn a_plan_under_an_alias_keeps_what_is_installed() {
+    let setup = setup().await;
+    let port = setup.front.host().rsplit_once(':').unwrap().1.to_string();
+    let (written, alias) = (format!("localhost:{port}"), format!("LOCALHOST:{port}"));
+    let installed = llm_runs_0_1_9(&written);
+    let lifecycle = lifecycle_stub(vec![installed]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let retention = dir.path().join("retention.yaml");
+    std::fs::write(&retention, "excluded_repositories: []\n").unwrap();
+    let retention_flag = retention.to_str().unwrap().to_string();
+    let service =
+        purger(&setup, &lifecycle, &["--insecure-registry", &written, "--retention-config", &retention_flag])
+            .await;
+    let mut client = PurgerClient::new(service.channel().await.unwrap());
+    let plan = make_plan(&mut client, &alias).await;
+    assert!(entry(&plan, "0.1.9").keep, "installed under {written}, planned under {alias}: {plan:?}");
+    assert_eq!(entry(&plan, "0.1.9").reasons, ["installed by service ai/llm"]);
+
+    // Excluded under one name, refused under the other (plan and execute).
+    std::fs::write(&retention, format!("excluded_repositories: ['{written}/{REPO}']\n")).unwrap();
+    let target = Target::Repository(Repository { registry: alias.clone(), repository: REPO.into() });
+    let status = client.plan(as_gateway(PlanRequest { target: Some(target) })).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::FailedPrecondition, "{status:?}");
+    assert!(status.message().contains("excluded"), "{status:?}");
+    let before = tags(&setup.registry).await;
+    let status = execute(&mut client, execute_request(&plan)).await.unwrap_err();
+    assert!(status.message().contains("excluded"), "{status:?}");
+    assert_eq!(tags(&setup.registry).await, before, "nothing deleted");
+}
+
+/// Security review item 8: executing a completed plan again (anyone with the
+/// role may) does not rewrite who executed it; the later execution is
+/// recorded beside the first.
+#[tokio::test]
+async fn a_plan_executed_again_keeps_who_executed_it_first() {
+    let setup = setup().await;
+    let lifecycle = lifecycle_stub(vec![]).await;
+    let service = purger(&setup, &lifecycle, &[]).await;
+    let mut client = PurgerClient::new(service.channel().await.unwrap());
+    let plan = make_plan(&mut client, &setup.front.host()).await;
+    let first = execute(&mut client, execute_request(&plan)).await.unwrap();
+    assert_eq!(first.executed_by, "alice@example");
+    assert!(first.later_executions.is_empty(), "{first:?}");
+
+    let mut again = execute_request(&plan);
+    vynil_runtime::ServiceCredentials::new(Some(SERVICE_TOKEN)).unwrap().apply(&mut again, "mallory@example");
+    let second = execute(&mut client, again).await.unwrap();
+    assert_eq!(
+        (second.executed_by.as_str(), second.started_at.as_str()),
+        ("alice@example", first.started_at.as_str())
+    );
+    let later: Vec<&str> = second.later_executions.iter().map(|a| a.by.as_str()).collect();
+    assert_eq!(later, ["mallory@example"]);
+    let stored =
+        client.get_report(GetReportRequest { plan_id: plan.plan_id.clone() }).await.unwrap().into_inner();
+    assert_eq!(stored, second);
+}
+
+/// Security review item 8: a repository of more tags than the cap is
+/// refused while it is being listed, before any manifest is read, so a
+/// plan never holds an unbounded list.
+#[tokio::test]
+async fn a_repository_over_the_tag_cap_is_refused_before_it_is_read() {
+    let setup = setup().await;
+    let lifecycle = lifecycle_stub(vec![]).await;
+    let service = purger(&setup, &lifecycle, &["--max-tags-per-repository", "5"]).await;
+    let mut client = PurgerClient::new(service.channel().await.unwrap());
+    let target = Target::Repository(Repository { registry: setup.front.host(), repository: REPO.into() });
+    let status = client.plan(as_gateway(PlanRequest { target: Some(target) })).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::FailedPrecondition, "{status:?}");
+    assert!(status.message().contains("--max-tags-per-repository"), "{status:?}");
+    assert_eq!(setup.front.count(&Method::GET, "/manifests/"), 0, "no manifest read");
+    assert_eq!(setup.front.count(&Method::HEAD, "/manifests/"), 0, "no manifest read");
 }
 
 #[tokio::test]

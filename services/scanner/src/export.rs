@@ -92,14 +92,8 @@ pub async fn export(
     let count = repositories.len();
     let read: Vec<(RepositoryRef, vynil_rules::index::Exported)> = futures::stream::iter(repositories)
         .map(|repo| async move {
-            let tags = client.snapshot(&repo, READ_CONCURRENCY).await?;
-            if tags.len() > settings.max_tags_per_repository {
-                return Err(ScannerError::Config(format!(
-                    "{repo} has {} tags, over the cap of {}: nothing exported (raise --max-tags-per-repository)",
-                    tags.len(),
-                    settings.max_tags_per_repository
-                )));
-            }
+            // The listing itself stops at the cap: nothing unbounded is held.
+            let tags = client.snapshot(&repo, READ_CONCURRENCY, settings.max_tags_per_repository).await?;
             let repository = (repo.registry.clone(), repo.repository.clone());
             let found = exported(&repository, &tags)
                 .map_err(|e| ScannerError::Config(format!("{repo}: {e}; nothing exported")))?;

@@ -18,6 +18,8 @@ pub fn config(host: &str) -> TransportConfig {
         max_retry_after: Duration::from_secs(5),
         per_registry_concurrency: 4,
         max_manifest_bytes: 4 * 1024 * 1024,
+        layout_gc_grace: Duration::from_secs(3600),
+        credential_hosts: Vec::new(),
     }
 }
 

@@ -1,0 +1,203 @@
+//! An admin's confirmation of a delete without package hooks, kept where
+//! tenants cannot write it.
+//!
+//! The escape hatch (the reaper deleting an instance's recorded children
+//! when its package is gone) runs as the cluster-admin agent account, and
+//! an instance's annotations and status are writable by whoever may patch
+//! the instance — a tenant with a wide Role. So neither is the gate: the
+//! annotation `vynil.solidite.fr/delete-without-package: "true"` only says
+//! someone asked; what allows it is a confirmation that
+//! `AllowDeleteWithoutPackage` (service token, admin through the gateway)
+//! records in a ConfigMap of the control plane's namespace, where tenants
+//! have no rights, keyed by the instance's UID and holding the children
+//! fingerprint the admin saw, the confirmed list itself, who and when.
+//!
+//! A confirmation holds only for the same instance object (UID) whose
+//! recorded children still have the confirmed fingerprint: a status changed
+//! after confirmation voids it, and the reaper deletes exactly the confirmed
+//! list, never what status says later.
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::{
+    Api, Client,
+    api::{ObjectMeta, PostParams},
+};
+use serde_json::Value;
+
+use crate::{LifecycleError, reaper};
+
+/// The label every confirmation ConfigMap carries.
+pub const LABEL: &str = "vynil.solidite.fr/delete-without-package-confirmation";
+
+/// One admin's confirmation, as recorded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Confirmation {
+    /// The instance object's UID.
+    pub uid: String,
+    /// `kind/namespace/name`, for whoever reads the ConfigMap.
+    pub instance: String,
+    /// The children fingerprint (`reaper::preview`) the admin confirmed.
+    pub fingerprint: String,
+    /// The recorded children as confirmed (the status' phase lists and `crds`).
+    pub children: Value,
+    pub confirmed_by: String,
+    pub confirmed_at: String,
+    pub reason: String,
+}
+
+/// The ConfigMap naming the confirmation of the instance `uid`.
+pub fn name_of(uid: &str) -> String {
+    format!("vynil-delete-confirmed-{uid}")
+}
+
+/// The recorded children of `status` (its phase lists and `crds`), as a
+/// confirmation keeps them.
+pub fn children_of(status: &Value) -> Value {
+    let mut children = serde_json::Map::new();
+    for key in reaper::PHASES.iter().chain(&["crds"]) {
+        if let Some(value) = status.get(*key).filter(|v| !v.is_null()) {
+            children.insert((*key).to_string(), value.clone());
+        }
+    }
+    Value::Object(children)
+}
+
+impl Confirmation {
+    /// Whether it still holds for the instance `uid` whose status is
+    /// `status` (namespace `namespace`); else why not.
+    pub fn voided(&self, uid: &str, status: &Value, namespace: &str) -> Option<String> {
+        if self.uid != uid {
+            return Some(format!("it was given for another object (UID {})", self.uid));
+        }
+        let (_, _, now) = reaper::preview(status, namespace);
+        (now != self.fingerprint).then(|| {
+            format!(
+                "the recorded children changed after {} confirmed them (fingerprint {} then, {now} now)",
+                self.confirmed_by, self.fingerprint
+            )
+        })
+    }
+
+    fn to_config_map(&self) -> ConfigMap {
+        let data = [
+            ("uid", self.uid.clone()),
+            ("instance", self.instance.clone()),
+            ("fingerprint", self.fingerprint.clone()),
+            ("children", self.children.to_string()),
+            ("confirmed-by", self.confirmed_by.clone()),
+            ("confirmed-at", self.confirmed_at.clone()),
+            ("reason", self.reason.clone()),
+        ];
+        ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(name_of(&self.uid)),
+                labels: Some(
+                    [
+                        (LABEL.to_string(), "true".to_string()),
+                        ("app.kubernetes.io/managed-by".to_string(), "vynil-lifecycle".to_string()),
+                    ]
+                    .into(),
+                ),
+                ..ObjectMeta::default()
+            },
+            data: Some(data.into_iter().map(|(k, v)| (k.to_string(), v)).collect()),
+            ..ConfigMap::default()
+        }
+    }
+
+    fn from_config_map(map: &ConfigMap) -> Result<Self, String> {
+        let data = map.data.clone().unwrap_or_default();
+        let field = |key: &str| data.get(key).cloned().ok_or_else(|| format!("it has no {key:?}"));
+        let children = serde_json::from_str(&field("children")?).map_err(|e| format!("children: {e}"))?;
+        Ok(Self {
+            uid: field("uid")?,
+            instance: field("instance")?,
+            fingerprint: field("fingerprint")?,
+            children,
+            confirmed_by: field("confirmed-by")?,
+            confirmed_at: field("confirmed-at")?,
+            reason: data.get("reason").cloned().unwrap_or_default(),
+        })
+    }
+}
+
+fn unavailable(doing: &str, e: kube::Error) -> LifecycleError {
+    LifecycleError::Unavailable(format!("Kubernetes API, {doing}: {e}"))
+}
+
+/// Where confirmations live: the control plane's namespace.
+#[derive(Clone)]
+pub struct Confirmations {
+    api: Api<ConfigMap>,
+    namespace: String,
+}
+
+impl std::fmt::Debug for Confirmations {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Confirmations").field("namespace", &self.namespace).finish_non_exhaustive()
+    }
+}
+
+impl Confirmations {
+    pub fn new(client: &Client, namespace: &str) -> Self {
+        Self { api: Api::namespaced(client.clone(), namespace), namespace: namespace.to_string() }
+    }
+
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// Records `confirmation` (replacing an earlier one for the same
+    /// instance) and reads it back.
+    pub async fn record(&self, confirmation: &Confirmation) -> Result<(), LifecycleError> {
+        let name = name_of(&confirmation.uid);
+        let mut wanted = confirmation.to_config_map();
+        let existing = self.api.get_opt(&name).await.map_err(|e| unavailable("reading a confirmation", e))?;
+        match existing {
+            Some(found) => {
+                wanted.metadata.resource_version = found.metadata.resource_version;
+                self.api
+                    .replace(&name, &PostParams::default(), &wanted)
+                    .await
+                    .map_err(|e| unavailable("replacing a confirmation", e))?;
+            }
+            None => {
+                self.api
+                    .create(&PostParams::default(), &wanted)
+                    .await
+                    .map_err(|e| unavailable("recording a confirmation", e))?;
+            }
+        }
+        match self.read(&confirmation.uid).await? {
+            Some(read) if &read == confirmation => Ok(()),
+            _ => Err(LifecycleError::NotDone(format!("the confirmation {name} cannot be read back"))),
+        }
+    }
+
+    /// The confirmation recorded for the instance `uid`, if any. One that
+    /// cannot be decoded is none (it confirms nothing), said in the log.
+    pub async fn read(&self, uid: &str) -> Result<Option<Confirmation>, LifecycleError> {
+        let name = name_of(uid);
+        let Some(map) =
+            self.api.get_opt(&name).await.map_err(|e| unavailable("reading a confirmation", e))?
+        else {
+            return Ok(None);
+        };
+        match Confirmation::from_config_map(&map) {
+            Ok(confirmation) => Ok(Some(confirmation)),
+            Err(problem) => {
+                tracing::warn!(confirmation = %name, %problem, "a confirmation that does not decode confirms nothing");
+                Ok(None)
+            }
+        }
+    }
+
+    /// Removes the confirmation of `uid` once its instance is gone.
+    pub async fn forget(&self, uid: &str) -> Result<(), LifecycleError> {
+        match self.api.delete(&name_of(uid), &Default::default()).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+            Err(e) => Err(unavailable("removing a confirmation", e)),
+        }
+    }
+}
