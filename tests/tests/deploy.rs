@@ -333,6 +333,29 @@ fn the_network_policies_allow_exactly_the_calls_of_the_design() {
     assert_eq!(allowed, design);
 }
 
+/// Security review item 9: as deployed, the gateway marks its session
+/// cookies `Secure`, so a browser never sends them over plain HTTP.
+#[test]
+fn the_deployed_gateway_sends_its_session_cookies_only_over_tls() {
+    for dir in ["base", "overlays/single", "overlays/ha"] {
+        let gateway = render(dir)
+            .into_iter()
+            .find(|o| o["kind"] == "Deployment" && o["metadata"]["name"] == "vynil-gateway")
+            .unwrap_or_else(|| panic!("{dir}: no gateway Deployment"));
+        let args: Vec<String> = gateway["spec"]["template"]["spec"]["containers"][0]["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap().to_string())
+            .collect();
+        let config = <vynil_gateway::Config as clap::Parser>::try_parse_from(
+            std::iter::once("vynil-gateway".to_string()).chain(args),
+        )
+        .unwrap_or_else(|e| panic!("{dir}: the gateway's deployed args do not parse: {e}"));
+        assert!(config.secure_cookies, "{dir}: --secure-cookies");
+    }
+}
+
 #[test]
 fn the_dockerfile_builds_binaries_that_exist() {
     let dockerfile = std::fs::read_to_string(root().join("Dockerfile")).unwrap();

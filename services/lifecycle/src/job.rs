@@ -264,6 +264,15 @@ pub fn render_reaper(
                         "env": [env("RUST_LOG", &settings.log_level)],
                         "terminationMessagePolicy": "File",
                         "resources": {"limits": {"cpu": "500m", "memory": "256Mi"}, "requests": {"cpu": "20m", "memory": "32Mi"}},
+                        // Ours, so locked down as our services are (it writes
+                        // only its termination message, which the kubelet mounts).
+                        "securityContext": {
+                            "runAsNonRoot": true,
+                            "readOnlyRootFilesystem": true,
+                            "allowPrivilegeEscalation": false,
+                            "capabilities": {"drop": ["ALL"]},
+                            "seccompProfile": {"type": "RuntimeDefault"},
+                        },
                     }],
                 },
             },

@@ -8,7 +8,7 @@
 use serde_json::Value;
 use vynil_lifecycle::{
     instance::InstanceKind,
-    job::{Action, AgentSettings, job_name, render},
+    job::{Action, AgentSettings, job_name, render, render_reaper},
     plan::JobRequest,
 };
 use vynil_rules::install::Recommended;
@@ -82,4 +82,29 @@ fn a_delete_job_runs_the_delete_action_in_a_container_named_after_it() {
     assert_eq!(spec.containers[0].name, "delete");
     assert_eq!(spec.containers[0].args.as_deref().unwrap(), ["service", "delete"]);
     assert_eq!(job.metadata.labels.unwrap()["vynil.solidite.fr/action"], "delete");
+}
+
+/// Security review item 9: the reaper is our image, run under the
+/// cluster-admin agent account: its container is locked down as our
+/// services' are (upstream's agent Job keeps upstream's template).
+#[test]
+fn the_reaper_runs_locked_down() {
+    let job = render_reaper(
+        &AgentSettings::default(),
+        "tenant--apps--web",
+        InstanceKind::Tenant,
+        "apps",
+        "web",
+        "f",
+        "vynil-system",
+    )
+    .unwrap();
+    let pod = job.spec.unwrap().template.spec.unwrap();
+    assert_eq!(pod.security_context.as_ref().and_then(|s| s.run_as_non_root), Some(true));
+    let security = pod.containers[0].security_context.clone().unwrap();
+    assert_eq!(security.run_as_non_root, Some(true));
+    assert_eq!(security.read_only_root_filesystem, Some(true));
+    assert_eq!(security.allow_privilege_escalation, Some(false));
+    assert_eq!(security.capabilities.and_then(|c| c.drop).unwrap_or_default(), ["ALL"]);
+    assert_eq!(security.seccomp_profile.map(|s| s.type_), Some("RuntimeDefault".to_string()));
 }
