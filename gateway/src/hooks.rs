@@ -26,7 +26,7 @@
 //! Secrets are compared in constant time. An unknown hook, a missing or
 //! wrong secret or signature is 401; a body that is not the hook's format is
 //! 400 naming what is wrong. An authenticated event that is a duplicate
-//! (same event id or signature), that names no repository, or whose
+//! (same event id or signature, remembered for twice the replay window), that names no repository, or whose
 //! repository no JukeBox knows is answered 202 and triggers nothing:
 //! distribution re-sends a refused event forever and blocks its queue.
 
@@ -57,8 +57,13 @@ use crate::{
 
 /// How far a signed event's timestamp may be from now.
 const WINDOW_SECONDS: i64 = 300;
-/// Event ids and signatures remembered, to answer duplicates without a scan.
-const REMEMBERED: usize = 4096;
+/// How long an event id or signature is remembered: a signed event is
+/// accepted while its timestamp is within the window either side of now,
+/// so a replay can come up to twice the window after the first delivery.
+const REMEMBERED_SECONDS: i64 = 2 * WINDOW_SECONDS;
+/// Event ids and signatures remembered at most; past it, new events are
+/// refused (503, retried by the sender) rather than an id forgotten early.
+const REMEMBERED_MAX: usize = 100_000;
 
 /// The wire format a hook receives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -98,25 +103,31 @@ pub struct Hooks {
     seen: Mutex<Seen>,
 }
 
+/// Event ids and signatures seen within the replay window, oldest first.
 #[derive(Debug, Default)]
 struct Seen {
-    order: VecDeque<String>,
+    order: VecDeque<(i64, String)>,
     keys: std::collections::HashSet<String>,
 }
 
 impl Seen {
-    /// `false` when `key` was seen before.
-    fn first(&mut self, key: String) -> bool {
-        if !self.keys.insert(key.clone()) {
-            return false;
-        }
-        self.order.push_back(key);
-        while self.order.len() > REMEMBERED {
-            if let Some(old) = self.order.pop_front() {
+    /// `Some(false)` when `key` was seen within the window, `Some(true)` the
+    /// first time; `None` when the window already holds as many as it may.
+    fn first(&mut self, key: String, now: i64) -> Option<bool> {
+        while self.order.front().is_some_and(|(at, _)| *at <= now - REMEMBERED_SECONDS) {
+            if let Some((_, old)) = self.order.pop_front() {
                 self.keys.remove(&old);
             }
         }
-        true
+        if self.keys.contains(&key) {
+            return Some(false);
+        }
+        if self.order.len() >= REMEMBERED_MAX {
+            return None;
+        }
+        self.keys.insert(key.clone());
+        self.order.push_back((now, key));
+        Some(true)
     }
 }
 
@@ -156,8 +167,16 @@ impl Hooks {
         Ok(Self { hooks, seen: Mutex::default() })
     }
 
-    fn first(&self, key: String) -> bool {
-        self.seen.lock().unwrap_or_else(|p| p.into_inner()).first(key)
+    /// Whether `key` is new within the replay window; an error when the
+    /// window is full (the sender retries).
+    fn first(&self, key: String) -> Result<bool, ApiError> {
+        let now = jiff::Timestamp::now().as_second();
+        self.seen.lock().unwrap_or_else(|p| p.into_inner()).first(key, now).ok_or_else(|| {
+            ApiError::unavailable(
+                "push hooks",
+                format!("{REMEMBERED_MAX} events arrived within the replay window: retry later"),
+            )
+        })
     }
 }
 
@@ -429,10 +448,16 @@ pub async fn receive(
         }
     };
     let events = pushes.len();
-    let fresh: Vec<Push> = pushes
-        .into_iter()
-        .filter(|p| p.id.as_ref().is_none_or(|id| hooks.first(format!("{hook}:{id}"))))
-        .collect();
+    let mut fresh: Vec<Push> = Vec::new();
+    for push in pushes {
+        let new = match &push.id {
+            Some(id) => hooks.first(format!("{hook}:{id}"))?,
+            None => true,
+        };
+        if new {
+            fresh.push(push);
+        }
+    }
     let duplicates = events - fresh.len();
     // One notification per repository: a burst of tags is one request.
     let mut repositories: Vec<(String, String, String, bool)> = Vec::new();
@@ -491,6 +516,23 @@ mod tests {
                 tag: "1.0.0".into(),
                 deleted: false
             }]
+        );
+    }
+
+    /// Security review item 8: an event id is remembered for the whole
+    /// replay window, however many others arrive meanwhile.
+    #[test]
+    fn a_replay_within_the_window_is_a_duplicate_whatever_came_between() {
+        let mut seen = Seen::default();
+        assert_eq!(seen.first("hook:first".into(), 1_000), Some(true));
+        for i in 0..5_000 {
+            assert_eq!(seen.first(format!("hook:{i}"), 1_000 + i / 100), Some(true));
+        }
+        assert_eq!(seen.first("hook:first".into(), 1_000 + REMEMBERED_SECONDS - 1), Some(false), "a replay");
+        assert_eq!(
+            seen.first("hook:first".into(), 1_000 + REMEMBERED_SECONDS),
+            Some(true),
+            "past the window"
         );
     }
 
