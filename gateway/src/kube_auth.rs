@@ -17,11 +17,14 @@
 //! A dedicated verb is granted with an RBAC rule like
 //! `{apiGroups: [vynil.solidite.fr], resources: [jukeboxes], verbs: [purge]}`.
 //! Token reviews are cached for a minute (by the token's hash), so a
-//! browser's calls do not each cost an API request. An API server that
-//! cannot be asked answers 503: unknown is not "denied".
+//! browser's calls do not each cost an API request: users and refused
+//! tokens apart, so a flood of made-up tokens (each refused, each cached
+//! in a bounded list whose oldest goes first) never takes the place of a
+//! real user's review. An API server that cannot be asked answers 503:
+//! unknown is not "denied".
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, VecDeque},
     sync::Mutex,
     time::{Duration, Instant},
 };
@@ -36,7 +39,10 @@ use crate::error::ApiError;
 
 pub const GROUP: &str = "vynil.solidite.fr";
 const CACHE_FOR: Duration = Duration::from_secs(60);
+/// Users remembered at most (expired ones make room).
 const CACHE_MAX: usize = 4096;
+/// Refused tokens remembered at most (the oldest goes first).
+const REFUSED_MAX: usize = 4096;
 
 /// Who TokenReview says a token is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,8 +52,49 @@ pub struct KubeUser {
     pub groups: Vec<String>,
 }
 
-/// Token reviews by the token's hash: when, and who it was (`None`: nobody).
-type Reviewed = HashMap<[u8; 32], (Instant, Option<KubeUser>)>;
+/// Token reviews by the token's hash: users, and tokens the API server
+/// did not authenticate, each with when.
+#[derive(Default)]
+struct Reviewed {
+    users: HashMap<[u8; 32], (Instant, KubeUser)>,
+    refused: HashMap<[u8; 32], Instant>,
+    refused_order: VecDeque<[u8; 32]>,
+}
+
+impl Reviewed {
+    /// The cached answer for `key`: `Some(None)` for a refused token.
+    fn get(&self, key: &[u8; 32]) -> Option<Option<KubeUser>> {
+        if let Some((at, user)) = self.users.get(key)
+            && at.elapsed() < CACHE_FOR
+        {
+            return Some(Some(user.clone()));
+        }
+        self.refused.get(key).filter(|at| at.elapsed() < CACHE_FOR).map(|_| None)
+    }
+
+    fn put(&mut self, key: [u8; 32], user: Option<KubeUser>) {
+        match user {
+            Some(user) => {
+                if self.users.len() >= CACHE_MAX {
+                    self.users.retain(|_, (at, _)| at.elapsed() < CACHE_FOR);
+                }
+                if self.users.len() < CACHE_MAX {
+                    self.users.insert(key, (Instant::now(), user));
+                }
+            }
+            None => {
+                if self.refused.insert(key, Instant::now()).is_none() {
+                    self.refused_order.push_back(key);
+                }
+                while self.refused_order.len() > REFUSED_MAX {
+                    if let Some(old) = self.refused_order.pop_front() {
+                        self.refused.remove(&old);
+                    }
+                }
+            }
+        }
+    }
+}
 
 pub struct KubeAuth {
     client: kube::Client,
@@ -66,17 +113,14 @@ fn unavailable(e: impl std::fmt::Display) -> ApiError {
 
 impl KubeAuth {
     pub fn new(client: kube::Client) -> Self {
-        Self { client, reviewed: Mutex::new(HashMap::new()) }
+        Self { client, reviewed: Mutex::new(Reviewed::default()) }
     }
 
     /// The user of `token`, `None` when the API server does not authenticate it.
     pub async fn review_token(&self, token: &str) -> Result<Option<KubeUser>, ApiError> {
         let key = crate::auth::token_hash(token);
-        if let Ok(cache) = self.reviewed.lock()
-            && let Some((at, user)) = cache.get(&key)
-            && at.elapsed() < CACHE_FOR
-        {
-            return Ok(user.clone());
+        if let Some(cached) = self.reviewed.lock().ok().and_then(|cache| cache.get(&key)) {
+            return Ok(cached);
         }
         let review = TokenReview {
             spec: TokenReviewSpec { token: token.to_string(), ..Default::default() },
@@ -96,12 +140,7 @@ impl KubeAuth {
             _ => None,
         };
         if let Ok(mut cache) = self.reviewed.lock() {
-            if cache.len() >= CACHE_MAX {
-                cache.retain(|_, (at, _)| at.elapsed() < CACHE_FOR);
-            }
-            if cache.len() < CACHE_MAX {
-                cache.insert(key, (Instant::now(), user.clone()));
-            }
+            cache.put(key, user.clone());
         }
         Ok(user)
     }

@@ -87,3 +87,50 @@ async fn kubernetes_users_are_reviewed_once_and_authorised_per_route_by_rbac() {
     assert_eq!(reviews.iter().filter(|r| *r == "subjectaccessreviews").count(), 5, "{reviews:?}");
     stop.trigger();
 }
+
+/// Security review item 8: made-up bearer tokens (each one a TokenReview
+/// the API server refuses) fill a bounded list of their own and never keep
+/// a real user's review from being cached.
+#[tokio::test]
+async fn a_flood_of_made_up_tokens_does_not_cost_a_real_user_a_review_per_call() {
+    use futures::StreamExt as _;
+    let api = FakeApiServer::start().await.unwrap();
+    api.add_token("bob-sa-token", "bob", &["devs"]);
+    let nowhere = format!("http://127.0.0.1:{}", vynil_testkit::free_port().unwrap());
+    let config = <vynil_gateway::Config as clap::Parser>::parse_from([
+        "vynil-gateway",
+        "--listen",
+        "127.0.0.1:0",
+        "--kubernetes-auth",
+        "--catalog-endpoint",
+        &nowhere,
+        "--lifecycle-endpoint",
+        &nowhere,
+        "--purger-endpoint",
+        &nowhere,
+        "--scanner-endpoint",
+        &nowhere,
+    ]);
+    let gateway = vynil_gateway::Gateway::bind_with(&config, Some(api.client().unwrap())).await.unwrap();
+    let base = format!("http://{}", gateway.local_addr().unwrap());
+    let stop = vynil_runtime::Shutdown::new();
+    tokio::spawn(gateway.serve(stop.signaled()));
+    let http = reqwest::Client::new();
+    let whoami = |token: String| {
+        let request = http.get(format!("{base}/api/v1/whoami")).bearer_auth(token);
+        async move { request.send().await.unwrap().status() }
+    };
+    // More made-up tokens than the cache holds.
+    let refused: Vec<StatusCode> = futures::stream::iter((0..4200).map(|i| whoami(format!("made-up-{i}"))))
+        .buffer_unordered(16)
+        .collect()
+        .await;
+    assert!(refused.iter().all(|s| *s == StatusCode::UNAUTHORIZED));
+    api.clear_requests();
+    for _ in 0..3 {
+        assert_eq!(whoami("bob-sa-token".into()).await, StatusCode::OK);
+    }
+    let reviews = api.requests().into_iter().filter(|r| r.resource == "tokenreviews").count();
+    assert_eq!(reviews, 1, "bob reviewed once, then cached");
+    stop.trigger();
+}
