@@ -17,13 +17,9 @@ fn rule(user: &str, verb: &str, resource: &str, namespace: Option<&str>) -> Acce
     }
 }
 
-#[tokio::test]
-async fn kubernetes_users_are_reviewed_once_and_authorised_per_route_by_rbac() {
-    let api = FakeApiServer::start().await.unwrap();
-    api.add_token("alice-sa-token", "alice", &["devs"]);
-    api.allow(rule("alice", "get", "tenantinstances.vynil.solidite.fr", Some("apps")));
-    api.allow(rule("alice", "purge", "jukeboxes.vynil.solidite.fr", None));
-    // Every service at a port nobody listens on: a call RBAC allows answers 503.
+/// A gateway with `--kubernetes-auth` over `api`, every service at a port
+/// nobody listens on (a call RBAC allows answers 503); its URL and stop.
+async fn gateway_over(api: &FakeApiServer) -> (String, vynil_runtime::Shutdown) {
     let nowhere = format!("http://127.0.0.1:{}", vynil_testkit::free_port().unwrap());
     let config = <vynil_gateway::Config as clap::Parser>::parse_from([
         "vynil-gateway",
@@ -43,6 +39,16 @@ async fn kubernetes_users_are_reviewed_once_and_authorised_per_route_by_rbac() {
     let base = format!("http://{}", gateway.local_addr().unwrap());
     let stop = vynil_runtime::Shutdown::new();
     tokio::spawn(gateway.serve(stop.signaled()));
+    (base, stop)
+}
+
+#[tokio::test]
+async fn kubernetes_users_are_reviewed_once_and_authorised_per_route_by_rbac() {
+    let api = FakeApiServer::start().await.unwrap();
+    api.add_token("alice-sa-token", "alice", &["devs"]);
+    api.allow(rule("alice", "get", "tenantinstances.vynil.solidite.fr", Some("apps")));
+    api.allow(rule("alice", "purge", "jukeboxes.vynil.solidite.fr", None));
+    let (base, stop) = gateway_over(&api).await;
     let http = reqwest::Client::new();
     let call = |method: reqwest::Method, path: &str, token: &str| {
         http.request(method, format!("{base}{path}")).bearer_auth(token).json(&serde_json::json!({})).send()
@@ -96,25 +102,7 @@ async fn a_flood_of_made_up_tokens_does_not_cost_a_real_user_a_review_per_call()
     use futures::StreamExt as _;
     let api = FakeApiServer::start().await.unwrap();
     api.add_token("bob-sa-token", "bob", &["devs"]);
-    let nowhere = format!("http://127.0.0.1:{}", vynil_testkit::free_port().unwrap());
-    let config = <vynil_gateway::Config as clap::Parser>::parse_from([
-        "vynil-gateway",
-        "--listen",
-        "127.0.0.1:0",
-        "--kubernetes-auth",
-        "--catalog-endpoint",
-        &nowhere,
-        "--lifecycle-endpoint",
-        &nowhere,
-        "--purger-endpoint",
-        &nowhere,
-        "--scanner-endpoint",
-        &nowhere,
-    ]);
-    let gateway = vynil_gateway::Gateway::bind_with(&config, Some(api.client().unwrap())).await.unwrap();
-    let base = format!("http://{}", gateway.local_addr().unwrap());
-    let stop = vynil_runtime::Shutdown::new();
-    tokio::spawn(gateway.serve(stop.signaled()));
+    let (base, stop) = gateway_over(&api).await;
     let http = reqwest::Client::new();
     let whoami = |token: String| {
         let request = http.get(format!("{base}/api/v1/whoami")).bearer_auth(token);
