@@ -58,6 +58,7 @@ async fn measure_cluster() -> anyhow::Result<Vec<Row>> {
     use vynil_crds::JukeBox;
     let redis = RedisServer::start().await?;
     let api = vynil_testkit::kube_api::FakeApiServer::start().await?;
+    api.create_namespaces(&["vynil-system", "apps"])?;
     let boxes: Api<JukeBox> = Api::all(api.client()?);
     let jukebox: JukeBox = serde_json::from_value(vynil_testkit::JukeboxBuilder::new("box").json())?;
     boxes.create(&PostParams::default(), &jukebox).await?;

@@ -45,6 +45,7 @@ async fn gateway_over(api: &FakeApiServer) -> (String, vynil_runtime::Shutdown) 
 #[tokio::test]
 async fn kubernetes_users_are_reviewed_once_and_authorised_per_route_by_rbac() {
     let api = FakeApiServer::start().await.unwrap();
+    api.create_namespaces(&["vynil-system"]).unwrap();
     api.add_token("alice-sa-token", "alice", &["devs"]);
     api.allow(rule("alice", "get", "tenantinstances.vynil.solidite.fr", Some("apps")));
     api.allow(rule("alice", "purge", "jukeboxes.vynil.solidite.fr", None));
@@ -101,6 +102,7 @@ async fn kubernetes_users_are_reviewed_once_and_authorised_per_route_by_rbac() {
 async fn a_flood_of_made_up_tokens_does_not_cost_a_real_user_a_review_per_call() {
     use futures::StreamExt as _;
     let api = FakeApiServer::start().await.unwrap();
+    api.create_namespaces(&["vynil-system"]).unwrap();
     api.add_token("bob-sa-token", "bob", &["devs"]);
     let (base, stop) = gateway_over(&api).await;
     let http = reqwest::Client::new();

@@ -91,6 +91,7 @@ impl Fleet {
         let front = HttpFront::start(&registry.base_url()).await.unwrap();
         let redis = RedisServer::start_with(shape.persistence).await.unwrap();
         let api = FakeApiServer::start().await.unwrap();
+        api.create_namespaces(&["vynil-system", "apps"]).unwrap();
         let boxes: Api<JukeBox> = Api::all(api.client().unwrap());
         let images: Vec<String> = repositories.iter().map(|r| format!("{}/{r}", front.host())).collect();
         let jukebox = JukeboxBuilder::new("box").list(images).schedule("0 0 1 1 *").json();

@@ -47,6 +47,7 @@ impl Cluster {
         let spec = PackageSpec::new("apps", "web", PackageType::Tenant, "2.1.0");
         registry.publisher().publish("apps/web", &spec).await.unwrap();
         let api = FakeApiServer::start().await.unwrap();
+        api.create_namespaces(&["vynil-system", "apps"]).unwrap();
         let boxes: Api<JukeBox> = Api::all(api.client().unwrap());
         let images = [format!("{}/apps/web", registry.host())];
         let jukebox = JukeboxBuilder::new("box").list(images).schedule("0 0 1 1 *").json();
@@ -140,6 +141,7 @@ impl Stack {
         let registry = RegistryServer::start().await.unwrap();
         let host = registry.host();
         let api = FakeApiServer::start().await.unwrap();
+        api.create_namespaces(&["vynil-system", "apps"]).unwrap();
         let client = api.client().unwrap();
         let boxes: Api<JukeBox> = Api::all(client.clone());
         let jukebox =

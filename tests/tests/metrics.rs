@@ -115,26 +115,13 @@ async fn every_service_exposes_exactly_the_documented_series_and_the_dashboard_q
     let ghost = serde_json::json!({"apiVersion": "vynil.solidite.fr/v1", "kind": "TenantInstance",
         "metadata": {"name": "ghost", "namespace": "apps"},
         "spec": {"jukebox": "box", "category": "apps", "package": 42}});
-    stack
-        .tenant_instances()
-        .create(&PostParams::default(), &serde_json::from_value(ghost).unwrap())
-        .await
-        .unwrap();
+    // Stored under an older schema: the API server does not revalidate what it stored.
+    stack.api.create_under_an_older_schema("vynil.solidite.fr", "tenantinstances", ghost).unwrap();
     for (kind, plural) in [("ServiceInstance", "serviceinstances"), ("SystemInstance", "systeminstances")] {
-        let resource = kube::api::ApiResource {
-            group: "vynil.solidite.fr".into(),
-            version: "v1".into(),
-            api_version: "vynil.solidite.fr/v1".into(),
-            kind: kind.into(),
-            plural: plural.into(),
-        };
         let ghost = serde_json::json!({"apiVersion": "vynil.solidite.fr/v1", "kind": kind,
             "metadata": {"name": "ghost", "namespace": "apps"},
             "spec": {"jukebox": "box", "category": "apps", "package": 42}});
-        kube::Api::<kube::api::DynamicObject>::namespaced_with(stack.client.clone(), "apps", &resource)
-            .create(&PostParams::default(), &serde_json::from_value(ghost).unwrap())
-            .await
-            .unwrap();
+        stack.api.create_under_an_older_schema("vynil.solidite.fr", plural, ghost).unwrap();
     }
     for (addr, series) in [
         (stack.scanner, "jukebox_reconcile_failures_total{"),

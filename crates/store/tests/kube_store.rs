@@ -38,6 +38,7 @@ async fn next_change(
 #[tokio::test]
 async fn status_writes_are_compare_and_set_on_the_resource_version() -> TestResult {
     let server = FakeApiServer::start().await?;
+    server.create_namespaces(&["vynil-system", "apps"])?;
     let client = server.client()?;
     let store = KubeStore::new(client.clone());
     let mut changes = store.subscribe();
@@ -91,6 +92,7 @@ async fn status_writes_are_compare_and_set_on_the_resource_version() -> TestResu
 #[tokio::test]
 async fn an_annotation_is_removed_only_while_it_keeps_its_value() -> TestResult {
     let server = FakeApiServer::start().await?;
+    server.create_namespaces(&["vynil-system", "apps"])?;
     let client = server.client()?;
     let store = KubeStore::new(client.clone());
     let api = Api::<JukeBox>::all(client.clone());

@@ -55,6 +55,7 @@ fn api_code(result: Result<impl std::fmt::Debug, kube::Error>) -> Option<u16> {
 
 async fn server() -> Result<(FakeApiServer, Client), Box<dyn std::error::Error + Send + Sync>> {
     let server = FakeApiServer::start().await?;
+    server.create_namespaces(&["apps", "other", "tenant-a", "vynil-system"])?;
     let client = server.client()?;
     Ok((server, client))
 }
@@ -246,7 +247,7 @@ async fn json_patches_apply_with_tests_and_apply_creates() -> TestResult {
 
 #[tokio::test]
 async fn finalizers_hold_deletion_and_owners_take_their_dependents() -> TestResult {
-    let (server, client) = server().await?;
+    let (_server, client) = server().await?;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "apps");
     let mut held = config_map("held", &[]);
     held.metadata.finalizers = Some(vec!["vynil.solidite.fr/test".into()]);
@@ -271,19 +272,13 @@ async fn finalizers_hold_deletion_and_owners_take_their_dependents() -> TestResu
     let release = json!({"metadata": {"finalizers": null}});
     cms.patch("held", &PatchParams::default(), &Patch::Merge(&release)).await?;
     assert_eq!(api_code(cms.get("held").await), Some(404), "the last finalizer removed, the object is gone");
-    assert_eq!(api_code(cms.get("child").await), Some(404), "its dependent was collected");
+    eventually(|| async { api_code(cms.get("child").await) == Some(404) }, "its dependent is collected")
+        .await?;
 
-    // Orphan propagation keeps dependents; deleting a namespace takes its objects.
+    // Orphan propagation frees dependents of their reference, and keeps them.
     let plain = cms.create(&PostParams::default(), &config_map("plain", &[])).await?;
     let mut orphan = config_map("orphan", &[]);
-    orphan.metadata.owner_references =
-        Some(vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
-            api_version: "v1".into(),
-            kind: "ConfigMap".into(),
-            name: "plain".into(),
-            uid: plain.uid().unwrap_or_default(),
-            ..Default::default()
-        }]);
+    orphan.metadata.owner_references = Some(vec![owner_ref("plain", &plain)]);
     cms.create(&PostParams::default(), &orphan).await?;
     cms.delete(
         "plain",
@@ -293,14 +288,38 @@ async fn finalizers_hold_deletion_and_owners_take_their_dependents() -> TestResu
         },
     )
     .await?;
-    assert!(cms.get("orphan").await.is_ok());
-    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
-    let mut ns = k8s_openapi::api::core::v1::Namespace::default();
-    ns.metadata.name = Some("apps".into());
-    namespaces.create(&PostParams::default(), &ns).await?;
-    namespaces.delete("apps", &DeleteParams::default()).await?;
-    assert!(server.objects("", "configmaps").is_empty());
+    eventually(|| async { api_code(cms.get("plain").await) == Some(404) }, "the orphaning owner goes")
+        .await?;
+    let kept = cms.get("orphan").await?;
+    assert!(kept.metadata.owner_references.unwrap_or_default().is_empty(), "its reference was removed");
     Ok(())
+}
+
+async fn eventually<F, Fut>(check: F, what: &str) -> TestResult
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    for _ in 0..500 {
+        if check().await {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Err(format!("never happened: {what}").into())
+}
+
+fn owner_ref(
+    name: &str,
+    owner: &ConfigMap,
+) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+    k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+        api_version: "v1".into(),
+        kind: "ConfigMap".into(),
+        name: name.into(),
+        uid: owner.uid().unwrap_or_default(),
+        ..Default::default()
+    }
 }
 
 #[tokio::test]
@@ -368,6 +387,7 @@ async fn a_resumed_watch_misses_nothing_and_a_compacted_one_is_told_410() -> Tes
 async fn watches_receive_bookmarks_when_they_allow_them() -> TestResult {
     let options = FakeApiOptions { bookmark_interval: Duration::from_millis(50), ..Default::default() };
     let server = FakeApiServer::start_with(options).await?;
+    server.create_namespaces(&["apps"])?;
     let cms: Api<ConfigMap> = Api::namespaced(server.client()?, "apps");
     cms.create(&PostParams::default(), &config_map("one", &[])).await?;
     let rv = server.resource_version().to_string();
@@ -385,6 +405,7 @@ async fn the_runtime_watcher_follows_lists_watches_and_relists_after_410() -> Te
     // No bookmark may move the watcher past the compaction in this test.
     let options = FakeApiOptions { bookmark_interval: Duration::from_secs(600), ..Default::default() };
     let server = FakeApiServer::start_with(options).await?;
+    server.create_namespaces(&["apps"])?;
     let client = server.client()?;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "apps");
     cms.create(&PostParams::default(), &config_map("before", &[])).await?;

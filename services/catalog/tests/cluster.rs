@@ -29,6 +29,7 @@ struct World {
 async fn world(names: &[&str]) -> World {
     let redis = RedisServer::start().await.unwrap();
     let api = FakeApiServer::start().await.unwrap();
+    api.create_namespaces(&["vynil-system"]).unwrap();
     let boxes: Api<JukeBox> = Api::all(api.client().unwrap());
     for name in names {
         let jukebox = vynil_testkit::JukeboxBuilder::new(name).list(["registry.example/think/ollama"]).json();

@@ -604,7 +604,7 @@ async fn execute(
                 let recorded =
                     written.data.pointer("/status/target/revision/fingerprint").and_then(|v| v.as_str());
                 if recorded != target.revision.fingerprint.as_deref() {
-                    return Err(LifecycleError::NotDone("status.target was not recorded".into()));
+                    return Err(LifecycleError::NotDone(pruned("status.target")));
                 }
                 resource_version = written.resource_version();
             }
@@ -639,7 +639,7 @@ async fn execute(
                     .map_err(kube("recording status.package"))?;
                 let recorded = written.data.pointer("/status/package/fingerprint").and_then(|v| v.as_str());
                 if recorded != package.fingerprint.as_deref() {
-                    return Err(LifecycleError::NotDone("status.package was not recorded".into()));
+                    return Err(LifecycleError::NotDone(pruned("status.package")));
                 }
                 resource_version = written.resource_version();
             }
@@ -659,6 +659,16 @@ async fn execute(
         }
     }
     Ok(())
+}
+
+/// A status field the written object does not hold: accepted, not done. The
+/// API server prunes what the installed CRD does not declare (upstream's CRD
+/// has neither `package` nor `target`), so say where to look.
+fn pruned(field: &str) -> String {
+    format!(
+        "{field} was not recorded: the API server dropped it; is the CRD from deploy/crds installed \
+         (kubectl apply --server-side -f deploy/crds/vynil.yaml)?"
+    )
 }
 
 /// A status merge patch of `fields`; when the status has no `conditions` yet

@@ -11,12 +11,14 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use kube::api::{DeleteParams, Patch, PatchParams};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Api;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use vynil_proto::lifecycle::v1::{
     ExplainRequest, InstanceState, ListInstalledRevisionsRequest, ListInstancesRequest, RevisionUse,
 };
-use vynil_testkit::kube_api::AgentOutcome;
+use vynil_testkit::kube_api::{AgentOutcome, FakeApiServer};
 
 #[tokio::test]
 async fn item_8_the_selection_chain_goes_one_waypoint_at_a_time_then_rests() {
@@ -270,15 +272,12 @@ async fn a_failed_install_job_is_kept_and_its_reason_shown_with_the_next_attempt
 #[tokio::test]
 async fn a_garbage_object_never_stops_the_others_and_is_reported() {
     let (world, _) = World::start(web("registry.example"), &[]).await;
-    // Wrong types, unknown fields and a huge string: the fake API server does not validate.
-    world
-        .create(
-            "TenantInstance",
-            "bad",
-            json!({"jukebox": 42, "category": ["x"], "surprise": "y".repeat(50_000)}),
-            json!({}),
-        )
-        .await;
+    // Wrong types, unknown fields and a huge string, stored under an older schema
+    // (the API server does not revalidate what it stored).
+    let bad = json!({"apiVersion": "vynil.solidite.fr/v1", "kind": "TenantInstance",
+        "metadata": {"name": "bad", "namespace": "apps"},
+        "spec": {"jukebox": 42, "category": ["x"], "surprise": "y".repeat(50_000)}});
+    world.api.create_under_an_older_schema("vynil.solidite.fr", "tenantinstances", bad).unwrap();
     world.create("TenantInstance", "web", web_spec(), json!({})).await;
     eventually("the good instance installed", || async {
         (world.get("TenantInstance", "web").await["status"]["package"]["tag"] == "4.0.0").then_some(())
@@ -351,7 +350,9 @@ async fn tenant_and_system_requirements_are_read_from_the_cluster_and_the_tenant
         let labels = tenant.map_or(json!({}), |t| json!({"vynil.solidite.fr/tenant": t}));
         let ns =
             json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}});
-        namespaces.create(&Default::default(), &serde_json::from_value(ns).unwrap()).await.unwrap();
+        // `apps` exists already (the world made it): applied, as `kubectl apply` would.
+        let params = kube::api::PatchParams::apply("test");
+        namespaces.patch(name, &params, &kube::api::Patch::Apply(&ns)).await.unwrap();
     }
     let create_in = |kind: &'static str,
                      namespace: &'static str,
@@ -484,5 +485,41 @@ async fn an_instance_named_with_253_characters_installs_with_valid_labels() {
     assert_eq!(annotations["vynil.solidite.fr/instance"], name, "the full name rides in an annotation");
     // Upstream's agent found its instance by the Job's env.
     assert_eq!(world.agent.runs()[0].job.instance_name, name);
+    world.stop().await;
+}
+
+#[tokio::test]
+async fn a_status_field_the_crd_does_not_declare_is_pruned_and_the_controller_notices() {
+    // The CRD of an older release, without `status.target`: the API server
+    // prunes the field, the read-back sees it missing, and no Job starts.
+    let api = FakeApiServer::start().await.unwrap();
+    api.create_namespaces(&[APPS, JOBS]).unwrap();
+    let crds: Api<CustomResourceDefinition> = Api::all(api.client().unwrap());
+    let mut crd = crds.get("tenantinstances.vynil.solidite.fr").await.unwrap();
+    let schema = crd.spec.versions[0].schema.as_mut().and_then(|s| s.open_api_v3_schema.as_mut()).unwrap();
+    let status = schema.properties.as_mut().and_then(|p| p.get_mut("status")).unwrap();
+    assert!(status.properties.as_mut().unwrap().remove("target").is_some(), "our CRD declares status.target");
+    crds.replace("tenantinstances.vynil.solidite.fr", &PostParams::default(), &crd).await.unwrap();
+    let (world, _) = World::start_on(api, web("registry.example"), &[]).await;
+    world.create("TenantInstance", "web", web_spec(), json!({})).await;
+    eventually("the pruned write noticed", || async {
+        let metrics =
+            reqwest::get(format!("http://{}/metrics", world.lifecycle)).await.ok()?.text().await.ok()?;
+        metrics
+            .lines()
+            .any(|l| {
+                l.starts_with("tenant_instance_reconcile_failures_total{")
+                    && l.contains("name=\"web\"")
+                    && l.contains("error=\"notdone\"")
+            })
+            .then_some(())
+    })
+    .await;
+    let object = world.get("TenantInstance", "web").await;
+    assert!(object["status"].get("target").is_none(), "{object}");
+    assert!(
+        world.jobs().list(&Default::default()).await.unwrap().items.is_empty(),
+        "no Job without its target"
+    );
     world.stop().await;
 }

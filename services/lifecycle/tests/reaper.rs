@@ -50,7 +50,13 @@ async fn create(
     };
     let object =
         json!({"apiVersion": api_version, "kind": kind, "metadata": {"name": name, "labels": labels}});
-    api.create(&PostParams::default(), &serde_json::from_value(object).unwrap()).await.unwrap();
+    if kind == "Namespace" {
+        // `kube-system` is there from the start: applied, as `kubectl apply` would.
+        let params = kube::api::PatchParams::apply("test");
+        api.patch(name, &params, &kube::api::Patch::Apply(&object)).await.unwrap();
+    } else {
+        api.create(&PostParams::default(), &serde_json::from_value(object).unwrap()).await.unwrap();
+    }
 }
 
 const CONTROL_PLANE: &str = "vynil-system";
@@ -102,7 +108,9 @@ fn reap_args() -> ReapArgs {
 async fn a_tenant_writing_status_cannot_make_the_reaper_delete_outside_its_instance() {
     let api = FakeApiServer::start().await.unwrap();
     let client = api.client().unwrap();
-    for (name, tenant) in [("apps", Some("acme")), ("apps-db", Some("acme")), ("kube-system", None)] {
+    for (name, tenant) in
+        [("apps", Some("acme")), ("apps-db", Some("acme")), ("kube-system", None), (CONTROL_PLANE, None)]
+    {
         let labels = tenant.map(|t| json!({"vynil.solidite.fr/tenant": t})).unwrap_or(json!({}));
         create(&client, "v1", "Namespace", None, name, labels).await;
     }

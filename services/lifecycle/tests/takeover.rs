@@ -43,6 +43,7 @@ async fn recorded(api: &FakeApiServer) -> BTreeMap<String, String> {
 #[tokio::test]
 async fn the_agent_image_upstream_ran_is_recorded_once_and_kept_after_its_deployment_is_gone() {
     let api = FakeApiServer::start().await.unwrap();
+    api.create_namespaces(&["vynil-system", "apps"]).unwrap();
     let client = api.client().unwrap();
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), NS);
     let image = "registry.corp/mirror/vynil-agent:0.7.8-alpha.4";
@@ -67,6 +68,7 @@ async fn the_agent_image_upstream_ran_is_recorded_once_and_kept_after_its_deploy
 #[tokio::test]
 async fn an_explicit_flag_wins_and_without_upstream_nothing_is_recorded() {
     let api = FakeApiServer::start().await.unwrap();
+    api.create_namespaces(&["vynil-system", "apps"]).unwrap();
     let client = api.client().unwrap();
     assert_eq!(takeover::record(&client, &args()).await.unwrap(), Recorded::Nothing);
     let maps: Api<ConfigMap> = Api::namespaced(client.clone(), NS);
@@ -85,6 +87,7 @@ async fn an_explicit_flag_wins_and_without_upstream_nothing_is_recorded() {
 #[tokio::test]
 async fn the_subcommand_logs_what_it_recorded() {
     let api = FakeApiServer::start().await.unwrap();
+    api.create_namespaces(&["vynil-system", "apps"]).unwrap();
     let deployments: Api<Deployment> = Api::namespaced(api.client().unwrap(), NS);
     deployments
         .create(&PostParams::default(), &upstream_controller("sebt3/vynil-agent:0.7.7"))

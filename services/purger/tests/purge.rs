@@ -762,6 +762,7 @@ async fn in_a_cluster_each_execution_is_also_an_event_on_its_jukebox() {
     let setup = setup().await;
     let lifecycle = lifecycle_stub(vec![]).await;
     let api = vynil_testkit::kube_api::FakeApiServer::start().await.unwrap();
+    api.create_namespaces(&["vynil-system", "apps"]).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = api.write_kubeconfig(dir.path(), "vynil-system").unwrap();
     let jukebox = vynil_testkit::JukeboxBuilder::new("box")

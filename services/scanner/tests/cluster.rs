@@ -66,6 +66,7 @@ async fn world() -> World {
     let front = HttpFront::start(&registry.base_url()).await.unwrap();
     let redis = RedisServer::start().await.unwrap();
     let api = FakeApiServer::start().await.unwrap();
+    api.create_namespaces(&["vynil-system"]).unwrap();
     let boxes: Api<JukeBox> = Api::all(api.client().unwrap());
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = api.write_kubeconfig(dir.path(), "vynil-system").unwrap();

@@ -9,11 +9,12 @@
 //! | discovery | `/version`, `/api`, `/apis`, `/api/v1`, `/apis/<g>/<v>` (legacy discovery, not the aggregated v2 form); `/openapi/v2` (a document without definitions, protobuf) and `/openapi/v3` (each resource's PATCH with its `fieldValidation` parameter): what `kubectl` reads to leave validation to the server, so `kubectl apply`, `patch`, `annotate` and `get` work against the fake |
 //! | resources | core (namespaces, configmaps, secrets, services, serviceaccounts, pods, PVCs, events), `batch` jobs/cronjobs, `apps` deployments/statefulsets, `coordination.k8s.io` leases, `events.k8s.io` events, RBAC, ingresses, network policies, CRDs; more with [`FakeApiServer::register`]; a created CRD serves its resource, a deleted one takes its objects along |
 //! | verbs | get, list, watch, create, update (PUT), patch, delete, deletecollection |
+//! | admission | every write, as the API server's (see `admission`): names per kind, label keys and values (63), annotations (256 KiB), finalizer names, owner references, `generateName` cut to 58; no new finalizer on an object being deleted; 413 above 3 MiB of body, "etcdserver: request is too large" (500) above 1.5 MiB stored; custom resources **pruned, defaulted and validated against their CRD's structural schema** (`jsonschema`), `/status` alike, unchanged invalid values let through on update (ratcheting); a PUT of a custom resource without `resourceVersion` is `422`; Jobs: `restartPolicy`, generated selector and `controller-uid`/`job-name` labels, immutable template, selector and completions; ConfigMap/Secret keys and 1 MiB, Secret data base64 (`stringData` merged); Lease durations; creates need an existing namespace that is not terminating (`404`, `403`). `422 Invalid` carries `details.causes[].field`; [`FakeApiServer::create_under_an_older_schema`] stores what a cluster can hold from an earlier schema |
 //! | versions | one cluster-wide `resourceVersion`, bumped on each write; a write that changes nothing bumps nothing; a stale `metadata.resourceVersion` in a PUT or a patch gives `409 Conflict` |
 //! | generation | starts at 1, bumped when anything but `metadata` and `status` changes, and when deletion starts |
 //! | status subresource | writes to the object ignore `status`; writes to `/status` change only `status`; create drops `status` |
 //! | patches | JSON merge patch; JSON patch (RFC 6902, `test` included: a failed test is `422`); strategic merge **as a merge patch** (lists replaced, not merged by key); server-side apply **as a merge patch** that creates a missing object (no field ownership, no conflicts) |
-//! | deletion | `preconditions.uid`/`resourceVersion` of another object give `409 Conflict` ("Precondition failed"); an object with finalizers gets `deletionTimestamp` and stays until an update removes the last finalizer; without finalizers it goes at once; dependents (owner references by uid) are deleted when their owner goes, for `Background` and `Foreground` alike (foreground ordering is **not** emulated), not for `Orphan`; a deleted namespace takes its objects at once (no `Terminating` phase) |
+//! | deletion | `preconditions.uid`/`resourceVersion` of another object give `409 Conflict` ("Precondition failed"); an object with finalizers gets `deletionTimestamp` and stays until an update removes the last finalizer; without finalizers it goes at once. **Garbage collection is asynchronous**, after the request was answered: a dependent goes once every owner (by uid) is gone; `Foreground` holds the owner with `foregroundDeletion` until its dependents are gone, `Orphan` (`orphan` finalizer) frees them of their reference; a deleted namespace is `Terminating` (creates refused) until its content is gone. `default`, `kube-system`, `kube-public`, `kube-node-lease` exist from the start ([`FakeApiServer::create_namespaces`] for more) |
 //! | selectors | label selectors (`=`, `==`, `!=`, exists, `!key`, `in`, `notin`); field selectors `=`/`!=` on **any** dotted path |
 //! | watches | `watch=true` from a `resourceVersion` replays the retained history, then live events; without one (or `0`) every object as `ADDED` first; `sendInitialEvents` ends its replay with the `k8s.io/initial-events-end` bookmark; bookmarks every [`FakeApiOptions::bookmark_interval`] when allowed; `timeoutSeconds` honoured; a compacted version (see [`FakeApiServer::compact`]) gets an `ERROR` event with `410 Expired`; an object leaving a selector is **not** sent as `DELETED` |
 //! | reviews | TokenReview and SubjectAccessReview answered from the test's table ([`FakeApiServer::add_token`], [`FakeApiServer::allow`]) |
@@ -22,15 +23,20 @@
 //!
 //! Not emulated: authentication and authorization of requests themselves
 //! (everything is allowed; RBAC is checked by reading the request log),
-//! admission and validation against CRD schemas, defaulting, pagination
-//! (`limit` is ignored: one page), table output, protobuf, field managers,
-//! conversion between versions, pods actually running.
+//! admission webhooks, CEL (`x-kubernetes-validations`), the OpenAPI
+//! `format`s, validation of built-in kinds beyond the rules listed above
+//! (a Pod or a Deployment spec is stored as sent), API priority and
+//! fairness, pagination (`limit` is ignored: one page), table output,
+//! protobuf, field managers, conversion between versions, a namespace's
+//! `spec.finalizers` kept on update, watches that send `DELETED`/`ADDED`
+//! when an object leaves or enters a label selector, pods actually running.
 //!
 //! The [`FakeAgent`] plays the upstream agent: it watches agent Jobs and, as
 //! the test's script says, completes or fails them and writes the instance
 //! status the upstream agent would write.
 
 mod access;
+mod admission;
 mod agent;
 mod resources;
 mod selectors;

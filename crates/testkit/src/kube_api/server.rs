@@ -51,6 +51,9 @@ pub(super) struct Shared {
     address: String,
     /// Bumped by [`FakeApiServer::close_watches`]: every open watch ends.
     pub(super) watch_generation: tokio::sync::watch::Sender<u64>,
+    /// Woken after every write: the garbage collector and namespace
+    /// controller run then, after the request was answered.
+    controllers: tokio::sync::Notify,
 }
 
 pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -84,6 +87,14 @@ impl FakeApiServer {
             tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(io("binding the fake API server"))?;
         let addr = listener.local_addr().map_err(io("reading the fake API server's address"))?;
         let mut store = Store::new(Resources::new(builtin()), options.history_limit);
+        // The namespaces every cluster starts with.
+        if let Some(def) = builtin().into_iter().find(|d| d.group.is_empty() && d.plural == "namespaces") {
+            for name in ["default", "kube-system", "kube-public", "kube-node-lease"] {
+                store
+                    .create(&def, None, json!({"metadata": {"name": name}}))
+                    .map_err(|e| TestkitError::Fixture(e.message))?;
+            }
+        }
         if options.vynil_crds {
             let crd_def = builtin().into_iter().find(|d| d.plural == "customresourcedefinitions");
             for crd in vynil_crds::crds() {
@@ -101,6 +112,7 @@ impl FakeApiServer {
             bookmark_interval: options.bookmark_interval,
             watch_generation: tokio::sync::watch::Sender::new(0),
             address: addr.to_string(),
+            controllers: tokio::sync::Notify::new(),
         });
         let app = axum::Router::new().fallback(handle).with_state(shared.clone());
         // Watch events are small writes: without TCP_NODELAY each waits for
@@ -110,9 +122,23 @@ impl FakeApiServer {
                 tracing::warn!(%error, "fake API server: cannot set TCP_NODELAY");
             }
         });
+        let controllers = shared.clone();
         let task = tokio::spawn(async move {
-            if let Err(e) = axum::serve(listener, app).await {
-                tracing::warn!("fake API server stopped: {e}");
+            let collector = async move {
+                loop {
+                    controllers.controllers.notified().await;
+                    while lock(&controllers.store).collect_garbage() {
+                        tokio::task::yield_now().await;
+                    }
+                }
+            };
+            tokio::select! {
+                served = axum::serve(listener, app) => {
+                    if let Err(e) = served {
+                        tracing::warn!("fake API server stopped: {e}");
+                    }
+                }
+                () = collector => {}
             }
         });
         Ok(Self { addr, shared, task })
@@ -142,6 +168,42 @@ impl FakeApiServer {
         let path = dir.join("kubeconfig");
         std::fs::write(&path, text).map_err(io("writing the kubeconfig"))?;
         Ok(path)
+    }
+
+    /// Creates namespaces, as `kubectl create namespace` does (an existing
+    /// one is left as it is): a real server refuses objects in a namespace
+    /// that does not exist, and so does this one. `default`, `kube-system`,
+    /// `kube-public` and `kube-node-lease` exist from the start.
+    pub fn create_namespaces(&self, names: &[&str]) -> Result<()> {
+        let mut store = lock(&self.shared.store);
+        let Some(def) = store.resources.find_by_plural("", "namespaces").cloned() else {
+            return Err(TestkitError::Fixture("the fake serves no namespaces".into()));
+        };
+        for name in names {
+            match store.create(&def, None, json!({"metadata": {"name": name}})) {
+                Ok(_) => {}
+                Err(e) if e.code == 409 => {}
+                Err(e) => return Err(TestkitError::Fixture(format!("namespace {name}: {}", e.message))),
+            }
+        }
+        Ok(())
+    }
+
+    /// Stores a custom resource its CRD's current schema would refuse, as a
+    /// cluster can hold one: written under an earlier schema (upstream's CRD
+    /// before ours replaced it, or an older version of ours), which the API
+    /// server never revalidates. Everything else of admission still applies.
+    pub fn create_under_an_older_schema(&self, group: &str, plural: &str, object: Value) -> Result<Value> {
+        let mut store = lock(&self.shared.store);
+        let def = store
+            .resources
+            .find_by_plural(group, plural)
+            .cloned()
+            .ok_or_else(|| TestkitError::Fixture(format!("the fake serves no {plural}.{group}")))?;
+        let namespace = object["metadata"]["namespace"].as_str().map(str::to_string);
+        store
+            .create_unchecked_by_schema(&def, namespace.as_deref(), object)
+            .map_err(|e| TestkitError::Fixture(e.message))
     }
 
     /// Serves one more resource (arbitrary instance children, say).
@@ -371,7 +433,11 @@ fn take_fault(shared: &Shared, request: &RequestRecord) -> Option<ApiFaultAction
 /// Serves one request and records the status it was answered with.
 async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response {
     let slot = std::sync::OnceLock::new();
+    let writes = request.method() != Method::GET;
     let response = respond(shared.clone(), request, &slot).await;
+    if writes {
+        shared.controllers.notify_one();
+    }
     if let Some(index) = slot.get()
         && let Some(entry) = lock(&shared.log).get_mut(*index)
     {
@@ -422,7 +488,12 @@ async fn respond(shared: Arc<Shared>, request: Request, slot: &std::sync::OnceLo
         }
         None => {}
     }
+    let limit = super::admission::MAX_REQUEST_BYTES;
     let body = match axum::body::to_bytes(body, 64 * 1024 * 1024).await {
+        Ok(b) if b.len() > limit && parts.method != Method::GET => {
+            let message = format!("Request entity too large: limit is {limit}");
+            return failure(&ApiError::new(413, "RequestEntityTooLarge", message));
+        }
         Ok(b) => b,
         Err(e) => return failure(&ApiError::bad_request(format!("cannot read the request body: {e}"))),
     };

@@ -17,6 +17,7 @@ use std::{
 use serde_json::{Map, Value, json};
 use tokio::sync::broadcast;
 
+use super::admission::{self, FieldError, Structural};
 use super::resources::{ResourceDef, Resources};
 use super::selectors::{FieldSelector, LabelSelector};
 
@@ -61,11 +62,30 @@ pub struct ApiError {
     pub code: u16,
     pub reason: &'static str,
     pub message: String,
+    /// `details` of the `Status` (name, group, kind, causes), when the server gives them.
+    pub details: Option<Value>,
 }
 
 impl ApiError {
     pub fn new(code: u16, reason: &'static str, message: impl Into<String>) -> Self {
-        Self { code, reason, message: message.into() }
+        Self { code, reason, message: message.into(), details: None }
+    }
+    /// `422 Invalid` naming every failing field, as the API server words it:
+    /// `Job.batch "x" is invalid: [a: …, b: …]`, each in `details.causes`.
+    pub fn invalid_object(res: &ResourceDef, name: &str, errors: &[FieldError]) -> Self {
+        let group_kind =
+            if res.group.is_empty() { res.kind.clone() } else { format!("{}.{}", res.kind, res.group) };
+        let listed: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        let joined = match listed.as_slice() {
+            [one] => one.clone(),
+            many => format!("[{}]", many.join(", ")),
+        };
+        let mut error = Self::new(422, "Invalid", format!("{group_kind} \"{name}\" is invalid: {joined}"));
+        error.details = Some(json!({
+            "name": name, "group": res.group, "kind": res.kind,
+            "causes": errors.iter().map(FieldError::cause).collect::<Vec<_>>(),
+        }));
+        error
     }
     pub fn not_found(res: &ResourceDef, name: &str) -> Self {
         Self::new(404, "NotFound", format!("{} \"{name}\" not found", res.qualified()))
@@ -92,7 +112,7 @@ impl ApiError {
     }
     /// The `Status` object of this failure.
     pub fn to_status(&self) -> Value {
-        json!({
+        let mut status = json!({
             "kind": "Status",
             "apiVersion": "v1",
             "metadata": {},
@@ -100,7 +120,11 @@ impl ApiError {
             "message": self.message,
             "reason": self.reason,
             "code": self.code,
-        })
+        });
+        if let Some(details) = &self.details {
+            status["details"] = details.clone();
+        }
+        status
     }
 }
 
@@ -145,6 +169,8 @@ pub enum Propagation {
 pub struct Store {
     pub resources: Resources,
     objects: BTreeMap<Key, Value>,
+    /// The installed CRDs' structural schemas, by `(group, plural)`.
+    schemas: BTreeMap<(String, String), Structural>,
     rv: u64,
     history: VecDeque<Arc<StoredEvent>>,
     history_limit: usize,
@@ -180,8 +206,12 @@ fn meta_mut(object: &mut Value) -> &mut Map<String, Value> {
     }
 }
 
+/// `metadata.finalizers`, and a namespace's `spec.finalizers` (`kubernetes`,
+/// removed by the namespace controller once the namespace is empty).
 fn has_finalizers(object: &Value) -> bool {
-    meta(object).and_then(|m| m.get("finalizers")).and_then(Value::as_array).is_some_and(|f| !f.is_empty())
+    let listed = |v: Option<&Value>| v.and_then(Value::as_array).is_some_and(|f| !f.is_empty());
+    listed(meta(object).and_then(|m| m.get("finalizers")))
+        || (object["kind"] == "Namespace" && listed(object.pointer("/spec/finalizers")))
 }
 
 /// The object without metadata and status: what `generation` counts changes of.
@@ -198,14 +228,6 @@ fn without_rv(object: &Value) -> Value {
     let mut copy = object.clone();
     meta_mut(&mut copy).remove("resourceVersion");
     copy
-}
-
-fn valid_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 253
-        && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
-        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
-        && name.ends_with(|c: char| c.is_ascii_alphanumeric())
 }
 
 /// RFC 6902 as the API server applies it: a `test` for `null` passes on a
@@ -233,6 +255,7 @@ impl Store {
         Self {
             resources,
             objects: BTreeMap::new(),
+            schemas: BTreeMap::new(),
             rv: 1000,
             history: VecDeque::new(),
             history_limit: history_limit.max(1),
@@ -327,22 +350,13 @@ impl Store {
         }
         let name = match (meta_str(&body, "name"), meta_str(&body, "generateName")) {
             (Some(name), _) => name.to_string(),
-            (None, Some(prefix)) => {
-                let suffix: String = (0..5).map(|_| fastrand::lowercase()).collect();
-                format!("{prefix}{suffix}")
-            }
+            (None, Some(prefix)) => admission::generated_name(prefix),
             (None, None) => {
                 return Err(ApiError::invalid(
                     "metadata.name: Required value: name or generateName is required",
                 ));
             }
         };
-        if !valid_name(&name) {
-            return Err(ApiError::invalid(format!(
-                "metadata.name: Invalid value: {name:?}: a lowercase RFC 1123 subdomain must consist of lower case \
-                 alphanumeric characters, '-' or '.'"
-            )));
-        }
         let namespace = if res.namespaced {
             let in_body = meta_str(&body, "namespace");
             let ns = namespace.or(in_body).ok_or_else(|| ApiError::bad_request("a namespace is required"))?;
@@ -351,6 +365,7 @@ impl Store {
                     "the namespace of the provided object does not match the namespace sent on the request",
                 ));
             }
+            self.accepts_content_in(ns)?;
             Some(ns.to_string())
         } else {
             None
@@ -363,7 +378,6 @@ impl Store {
                 format!("{} \"{name}\" already exists", res.qualified()),
             ));
         }
-        let rv = self.next_rv();
         body["apiVersion"] = json!(res.api_version());
         body["kind"] = json!(res.kind);
         if res.status_subresource
@@ -380,13 +394,33 @@ impl Store {
         }
         m.insert("uid".into(), json!(uid()));
         m.insert("creationTimestamp".into(), json!(now()));
-        m.insert("resourceVersion".into(), json!(rv.to_string()));
         m.insert("generation".into(), json!(1));
         m.remove("deletionTimestamp");
+        m.remove("resourceVersion");
+        self.admit(res, &name, &mut body, None)?;
+        let rv = self.next_rv();
+        meta_mut(&mut body).insert("resourceVersion".into(), json!(rv.to_string()));
         self.objects.insert(key.clone(), body.clone());
         self.on_stored(res, &body);
         self.emit(EventType::Added, key, body.clone(), rv);
         Ok(body)
+    }
+
+    /// A create that skips the CRD's schema (see
+    /// [`crate::kube_api::FakeApiServer::create_under_an_older_schema`]).
+    pub fn create_unchecked_by_schema(
+        &mut self,
+        res: &ResourceDef,
+        namespace: Option<&str>,
+        body: Value,
+    ) -> Result<Value, ApiError> {
+        let key = (res.group.clone(), res.plural.clone());
+        let schema = self.schemas.remove(&key);
+        let created = self.create(res, namespace, body);
+        if let Some(schema) = schema {
+            self.schemas.insert(key, schema);
+        }
+        created
     }
 
     /// `PUT`, on the object or on its `status` subresource.
@@ -402,12 +436,22 @@ impl Store {
         if meta_str(&body, "name").is_some_and(|n| n != name) {
             return Err(ApiError::bad_request("the name of the object does not match the name on the URL"));
         }
-        if meta_str(&body, "resourceVersion").is_some_and(|rv| Some(rv) != meta_str(&old, "resourceVersion"))
-        {
-            return Err(ApiError::conflict(res, name));
+        match meta_str(&body, "resourceVersion") {
+            Some(rv) if Some(rv) != meta_str(&old, "resourceVersion") => {
+                return Err(ApiError::conflict(res, name));
+            }
+            // A custom resource's strategy allows no unconditional update.
+            None if self.is_custom(res) => {
+                return Err(ApiError::invalid_object(
+                    res,
+                    name,
+                    &[FieldError::invalid("metadata.resourceVersion", 0, "must be specified for an update")],
+                ));
+            }
+            _ => {}
         }
         let new = Self::shape_write(res, &old, body, status_only);
-        Ok(self.commit(res, namespace, name, &old, new))
+        self.commit(res, namespace, name, &old, new)
     }
 
     /// `PATCH`; the second value is `true` when an apply patch created the object.
@@ -443,7 +487,7 @@ impl Store {
             return Err(ApiError::conflict(res, name));
         }
         let new = Self::shape_write(res, &old, doc, status_only);
-        Ok((self.commit(res, namespace, name, &old, new), false))
+        Ok((self.commit(res, namespace, name, &old, new)?, false))
     }
 
     /// What a write keeps of the request: on `status`, only the status; on the
@@ -486,7 +530,7 @@ impl Store {
         name: &str,
         old: &Value,
         mut new: Value,
-    ) -> Value {
+    ) -> Result<Value, ApiError> {
         new["apiVersion"] = json!(res.api_version());
         new["kind"] = json!(res.kind);
         let old_meta = meta(old).cloned().unwrap_or_default();
@@ -498,8 +542,9 @@ impl Store {
             };
         }
         m.insert("resourceVersion".into(), old_meta.get("resourceVersion").cloned().unwrap_or(Value::Null));
+        self.admit(res, name, &mut new, Some(old))?;
         if without_rv(&new) == without_rv(old) {
-            return old.clone();
+            return Ok(old.clone());
         }
         if desired_state(&new) != desired_state(old) {
             let generation = old_meta.get("generation").and_then(Value::as_i64).unwrap_or(0);
@@ -512,15 +557,67 @@ impl Store {
             self.objects.remove(&key);
             self.emit(EventType::Deleted, key, new.clone(), rv);
             self.after_removal(res, &new);
-            return new;
+            return Ok(new);
         }
         self.objects.insert(key.clone(), new.clone());
         self.on_stored(res, &new);
         self.emit(EventType::Modified, key, new.clone(), rv);
-        new
+        Ok(new)
     }
 
-    /// `DELETE`: marks an object that has finalizers, removes one that has none.
+    /// Admission (see `admission`) and etcd's size limit.
+    fn admit(
+        &self,
+        res: &ResourceDef,
+        name: &str,
+        object: &mut Value,
+        old: Option<&Value>,
+    ) -> Result<(), ApiError> {
+        admission::admit(res, &self.schemas, object, old)
+            .map_err(|errors| ApiError::invalid_object(res, name, &errors))?;
+        if object.to_string().len() > admission::MAX_OBJECT_BYTES {
+            return Err(ApiError::new(500, "InternalError", "etcdserver: request is too large"));
+        }
+        Ok(())
+    }
+
+    /// A create in a namespace needs the namespace, and one that is not
+    /// being terminated (the `NamespaceLifecycle` admission plugin).
+    fn accepts_content_in(&self, namespace: &str) -> Result<(), ApiError> {
+        let key = Key {
+            group: String::new(),
+            plural: "namespaces".into(),
+            namespace: String::new(),
+            name: namespace.into(),
+        };
+        let Some(ns) = self.objects.get(&key) else {
+            let mut error = ApiError::new(404, "NotFound", format!("namespaces \"{namespace}\" not found"));
+            error.details = Some(json!({"name": namespace, "kind": "namespaces"}));
+            return Err(error);
+        };
+        if meta_str(ns, "deletionTimestamp").is_some() {
+            return Err(ApiError::new(
+                403,
+                "Forbidden",
+                format!(
+                    "unable to create new content in namespace {namespace} because it is being terminated"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether a CustomResourceDefinition serves this resource.
+    fn is_custom(&self, res: &ResourceDef) -> bool {
+        self.objects
+            .keys()
+            .any(|k| k.group == "apiextensions.k8s.io" && k.name == format!("{}.{}", res.plural, res.group))
+    }
+
+    /// `DELETE`: marks an object that has finalizers (or gets one from its
+    /// propagation policy: `foregroundDeletion`, `orphan`; a namespace its
+    /// `kubernetes` finalizer), removes one that has none. Dependents and a
+    /// namespace's content go later, in [`Store::collect_garbage`].
     pub fn delete(
         &mut self,
         res: &ResourceDef,
@@ -529,11 +626,28 @@ impl Store {
         propagation: Propagation,
     ) -> Result<Value, ApiError> {
         let old = self.get(res, namespace, name)?;
-        if has_finalizers(&old) {
-            if meta_str(&old, "deletionTimestamp").is_some() {
-                return Ok(old);
-            }
+        if meta_str(&old, "deletionTimestamp").is_some() {
+            return Ok(old);
+        }
+        let is_namespace = res.group.is_empty() && res.plural == "namespaces";
+        let policy_finalizer = match propagation {
+            Propagation::Foreground => Some("foregroundDeletion"),
+            Propagation::Orphan => Some("orphan"),
+            Propagation::Background => None,
+        };
+        if has_finalizers(&old) || policy_finalizer.is_some() || is_namespace {
             let mut marked = old.clone();
+            if let Some(finalizer) = policy_finalizer {
+                let finalizers = meta_mut(&mut marked).entry("finalizers").or_insert_with(|| json!([]));
+                if let Some(list) = finalizers.as_array_mut()
+                    && !list.iter().any(|f| f == finalizer)
+                {
+                    list.push(json!(finalizer));
+                }
+            }
+            if is_namespace {
+                marked["status"]["phase"] = json!("Terminating");
+            }
             let m = meta_mut(&mut marked);
             m.insert("deletionTimestamp".into(), json!(now()));
             m.insert("deletionGracePeriodSeconds".into(), json!(0));
@@ -552,10 +666,110 @@ impl Store {
         let mut gone = old;
         meta_mut(&mut gone).insert("resourceVersion".into(), json!(rv.to_string()));
         self.emit(EventType::Deleted, key, gone.clone(), rv);
-        if propagation != Propagation::Orphan {
-            self.after_removal(res, &gone);
-        }
+        self.after_removal(res, &gone);
         Ok(gone)
+    }
+
+    /// One pass of the cluster's asynchronous controllers, as the garbage
+    /// collector and the namespace controller do it after the request that
+    /// caused it has been answered: dependents whose owners are all gone are
+    /// deleted; an owner deleted in the foreground loses its
+    /// `foregroundDeletion` finalizer once its dependents are gone; an owner
+    /// deleted with `Orphan` first frees its dependents; a terminating
+    /// namespace is emptied, then removed. Returns whether anything changed
+    /// (the caller runs passes until none does).
+    pub fn collect_garbage(&mut self) -> bool {
+        let uids: std::collections::HashSet<String> =
+            self.objects.values().filter_map(|o| meta_str(o, "uid").map(str::to_string)).collect();
+        let owned_by = |o: &Value, uid: &str| {
+            meta(o)
+                .and_then(|m| m.get("ownerReferences"))
+                .and_then(Value::as_array)
+                .is_some_and(|refs| refs.iter().any(|r| r["uid"].as_str() == Some(uid)))
+        };
+        let mut deletes: Vec<(Key, Propagation)> = Vec::new();
+        let mut writes: Vec<(Key, Value)> = Vec::new();
+        for (key, object) in &self.objects {
+            let refs: Vec<&str> = meta(object)
+                .and_then(|m| m.get("ownerReferences"))
+                .and_then(Value::as_array)
+                .map(|refs| refs.iter().filter_map(|r| r["uid"].as_str()).collect())
+                .unwrap_or_default();
+            if !refs.is_empty() && refs.iter().all(|uid| !uids.contains(*uid)) {
+                deletes.push((key.clone(), Propagation::Background));
+            }
+            if meta_str(object, "deletionTimestamp").is_none() {
+                continue;
+            }
+            let finalizers: Vec<&str> = meta(object)
+                .and_then(|m| m.get("finalizers"))
+                .and_then(Value::as_array)
+                .map(|f| f.iter().filter_map(Value::as_str).collect())
+                .unwrap_or_default();
+            let uid = meta_str(object, "uid").unwrap_or_default();
+            let without = |name: &str| {
+                let mut copy = object.clone();
+                let kept: Vec<&str> = finalizers.iter().filter(|f| **f != name).copied().collect();
+                meta_mut(&mut copy).insert("finalizers".into(), json!(kept));
+                copy
+            };
+            if finalizers.contains(&"orphan") {
+                for (dependent_key, dependent) in self.objects.iter().filter(|(_, o)| owned_by(o, uid)) {
+                    let mut freed = dependent.clone();
+                    if let Some(refs) =
+                        meta_mut(&mut freed).get_mut("ownerReferences").and_then(Value::as_array_mut)
+                    {
+                        refs.retain(|r| r["uid"].as_str() != Some(uid));
+                    }
+                    writes.push((dependent_key.clone(), freed));
+                }
+                writes.push((key.clone(), without("orphan")));
+            } else if finalizers.contains(&"foregroundDeletion") {
+                let dependents: Vec<&Key> =
+                    self.objects.iter().filter(|(_, o)| owned_by(o, uid)).map(|(k, _)| k).collect();
+                if dependents.is_empty() {
+                    writes.push((key.clone(), without("foregroundDeletion")));
+                } else {
+                    deletes.extend(dependents.into_iter().map(|k| (k.clone(), Propagation::Foreground)));
+                }
+            }
+            if key.group.is_empty() && key.plural == "namespaces" {
+                let content: Vec<&Key> = self.objects.keys().filter(|k| k.namespace == key.name).collect();
+                if content.is_empty() && object.pointer("/spec/finalizers").is_some() {
+                    let mut done = object.clone();
+                    if let Some(spec) = done["spec"].as_object_mut() {
+                        spec.remove("finalizers");
+                    }
+                    writes.push((key.clone(), done));
+                } else {
+                    deletes.extend(content.into_iter().map(|k| (k.clone(), Propagation::Background)));
+                }
+            }
+        }
+        let mut changed = false;
+        for (key, object) in writes {
+            let Some(def) = self.resources.find_by_plural(&key.group, &key.plural).cloned() else { continue };
+            let Some(old) = self.objects.get(&key).cloned() else { continue };
+            let ns = (!key.namespace.is_empty()).then_some(key.namespace.clone());
+            match self.commit(&def, ns.as_deref(), &key.name, &old, object) {
+                Ok(new) => changed |= new != old,
+                Err(e) => tracing::warn!(
+                    "fake API server: garbage collection could not write {}: {}",
+                    key.name,
+                    e.message
+                ),
+            }
+        }
+        for (key, propagation) in deletes {
+            let Some(def) = self.resources.find_by_plural(&key.group, &key.plural).cloned() else { continue };
+            let ns = (!key.namespace.is_empty()).then_some(key.namespace.clone());
+            let before = self.objects.get(&key).cloned();
+            // Already gone or already being deleted is fine.
+            if let Ok(after) = self.delete(&def, ns.as_deref(), &key.name, propagation) {
+                changed |= before.as_ref() != Some(&after) && before.is_some();
+            }
+        }
+        changed
     }
 
     /// Side effects of storing an object: a CRD serves its resource.
@@ -563,51 +777,37 @@ impl Store {
         if res.plural == "customresourcedefinitions"
             && let Some(def) = ResourceDef::from_crd(object)
         {
+            // Admission compiled it already: a schema that fails here is none.
+            match Structural::from_crd(object) {
+                Ok(Some(schema)) => self.schemas.insert((def.group.clone(), def.plural.clone()), schema),
+                _ => self.schemas.remove(&(def.group.clone(), def.plural.clone())),
+            };
             self.resources.register(def);
         }
     }
 
-    /// Side effects of removing an object: dependents (owner references) are
-    /// collected, a namespace takes its objects along, a CRD its resource.
+    /// Side effects of removing an object: a CRD takes its resource and its
+    /// objects along. (Dependents and namespace content are the garbage
+    /// collector's, later.)
     fn after_removal(&mut self, res: &ResourceDef, object: &Value) {
-        let mut doomed: Vec<Key> = Vec::new();
-        if let Some(uid) = meta_str(object, "uid") {
-            doomed.extend(
-                self.objects
-                    .iter()
-                    .filter(|(_, o)| {
-                        meta(o)
-                            .and_then(|m| m.get("ownerReferences"))
-                            .and_then(Value::as_array)
-                            .is_some_and(|refs| refs.iter().any(|r| r["uid"].as_str() == Some(uid)))
-                    })
-                    .map(|(k, _)| k.clone()),
-            );
-        }
-        let name = meta_str(object, "name").unwrap_or_default().to_string();
-        if res.group.is_empty() && res.plural == "namespaces" {
-            doomed.extend(self.objects.keys().filter(|k| k.namespace == name).cloned());
-        }
         if res.plural == "customresourcedefinitions"
             && let Some(def) = ResourceDef::from_crd(object)
         {
-            doomed.extend(
-                self.objects.keys().filter(|k| k.group == def.group && k.plural == def.plural).cloned(),
-            );
+            let doomed: Vec<Key> = self
+                .objects
+                .keys()
+                .filter(|k| k.group == def.group && k.plural == def.plural)
+                .cloned()
+                .collect();
             self.resources.unregister(&def.group, &def.plural);
+            self.schemas.remove(&(def.group.clone(), def.plural.clone()));
             // Their resource is gone: remove them directly, finalizers or not.
-            for key in doomed.iter().filter(|k| k.group == def.group && k.plural == def.plural) {
-                if let Some(o) = self.objects.remove(key) {
+            for key in doomed {
+                if let Some(o) = self.objects.remove(&key) {
                     let rv = self.next_rv();
-                    self.emit(EventType::Deleted, key.clone(), o, rv);
+                    self.emit(EventType::Deleted, key, o, rv);
                 }
             }
-        }
-        for key in doomed {
-            let Some(def) = self.resources.find_by_plural(&key.group, &key.plural).cloned() else { continue };
-            let ns = (!key.namespace.is_empty()).then_some(key.namespace.as_str());
-            // Already gone (two paths to the same dependent) is fine.
-            let _ = self.delete(&def, ns, &key.name, Propagation::Background);
         }
     }
 }

@@ -1114,6 +1114,7 @@ mod tests {
         use k8s_openapi::api::{apps::v1::Deployment, core::v1::ConfigMap, core::v1::Secret};
         use kube::api::PostParams;
         let api = vynil_testkit::kube_api::FakeApiServer::start().await.unwrap();
+        api.create_namespaces(&["apps", "vynil-system"]).unwrap();
         let client = api.client().unwrap();
         let config: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "settings",
             "namespace": "apps", "labels": {"tier": "db"}}, "data": {"mode": "fast"}}))

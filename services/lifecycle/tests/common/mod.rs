@@ -105,6 +105,7 @@ impl World {
         seed: impl FnOnce(Client) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>>,
     ) -> (Self, Script) {
         let api = FakeApiServer::start().await.unwrap();
+        api.create_namespaces(&["vynil-system", "apps"]).unwrap();
         seed(api.client().unwrap()).await;
         Self::start_on(api, packages, extra).await
     }
