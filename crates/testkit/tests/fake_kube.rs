@@ -706,3 +706,66 @@ async fn a_delete_whose_uid_precondition_names_another_object_is_a_conflict() ->
     assert!(server.object("", "configmaps", Some("apps"), "settings").is_some(), "the replacement stays");
     Ok(())
 }
+
+#[tokio::test]
+async fn a_watch_with_a_selector_sees_an_object_enter_as_added_and_leave_as_deleted() -> TestResult {
+    let (_server, client) = server().await?;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "apps");
+    cms.create(&PostParams::default(), &config_map("moving", &[("tier", "web")])).await?;
+    let params = WatchParams::default().labels("tier=db");
+    let mut events = cms.watch(&params, "0").await?.boxed();
+    let relabel = |tier: &str| json!({"metadata": {"labels": {"tier": tier}}});
+    cms.patch("moving", &PatchParams::default(), &Patch::Merge(&relabel("db"))).await?;
+    cms.patch("moving", &PatchParams::default(), &Patch::Merge(&json!({"data": {"key": "two"}}))).await?;
+    cms.patch("moving", &PatchParams::default(), &Patch::Merge(&relabel("web"))).await?;
+    // A change outside the selector, on both sides, is not sent.
+    cms.patch("moving", &PatchParams::default(), &Patch::Merge(&json!({"data": {"key": "three"}}))).await?;
+    cms.patch("moving", &PatchParams::default(), &Patch::Merge(&relabel("db"))).await?;
+    let mut seen = Vec::new();
+    while seen.len() < 4 {
+        let event = tokio::time::timeout(Duration::from_secs(5), events.try_next()).await??;
+        let (kind, object) = match event {
+            Some(WatchEvent::Added(o)) => ("ADDED", o),
+            Some(WatchEvent::Modified(o)) => ("MODIFIED", o),
+            Some(WatchEvent::Deleted(o)) => ("DELETED", o),
+            other => return Err(format!("unexpected {other:?}").into()),
+        };
+        let tier = object.labels().get("tier").cloned().unwrap_or_default();
+        seen.push(format!("{kind} {tier}"));
+    }
+    assert_eq!(seen, ["ADDED db", "MODIFIED db", "DELETED web", "ADDED db"]);
+    Ok(())
+}
+
+#[tokio::test]
+async fn lists_are_served_in_pages_with_a_continue_token() -> TestResult {
+    let (_server, client) = server().await?;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "apps");
+    for i in 0..7 {
+        cms.create(&PostParams::default(), &config_map(&format!("cm-{i}"), &[])).await?;
+    }
+    let first = cms.list(&ListParams::default().limit(3)).await?;
+    assert_eq!(first.items.len(), 3);
+    assert_eq!(first.metadata.remaining_item_count, Some(4));
+    let mut names: Vec<String> = first.items.iter().map(ResourceExt::name_any).collect();
+    let mut token = first.metadata.continue_;
+    while let Some(next) = token.filter(|t| !t.is_empty()) {
+        let page = cms.list(&ListParams::default().limit(3).continue_token(&next)).await?;
+        assert!(page.items.len() <= 3);
+        names.extend(page.items.iter().map(ResourceExt::name_any));
+        token = page.metadata.continue_;
+    }
+    let expected: Vec<String> = (0..7).map(|i| format!("cm-{i}")).collect();
+    assert_eq!(names, expected, "every object once, in order");
+    let status = cms.list(&ListParams::default().continue_token("not-a-token")).await;
+    assert_eq!(api_code(status), Some(400));
+    // kube-runtime's watcher pages its lists and still sees every object.
+    let all: Vec<ConfigMap> = watcher(cms.clone(), watcher::Config::default().page_size(2))
+        .default_backoff()
+        .applied_objects()
+        .take(7)
+        .try_collect()
+        .await?;
+    assert_eq!(all.len(), 7);
+    Ok(())
+}

@@ -16,7 +16,8 @@
 //! | patches | JSON merge patch; JSON patch (RFC 6902, `test` included: a failed test is `422`); strategic merge **as a merge patch** (lists replaced, not merged by key); server-side apply **as a merge patch** that creates a missing object (no field ownership, no conflicts) |
 //! | deletion | `preconditions.uid`/`resourceVersion` of another object give `409 Conflict` ("Precondition failed"); an object with finalizers gets `deletionTimestamp` and stays until an update removes the last finalizer; without finalizers it goes at once. **Garbage collection is asynchronous**, after the request was answered: a dependent goes once every owner (by uid) is gone; `Foreground` holds the owner with `foregroundDeletion` until its dependents are gone, `Orphan` (`orphan` finalizer) frees them of their reference; a deleted namespace is `Terminating` (creates refused) until its content is gone. `default`, `kube-system`, `kube-public`, `kube-node-lease` exist from the start ([`FakeApiServer::create_namespaces`] for more) |
 //! | selectors | label selectors (`=`, `==`, `!=`, exists, `!key`, `in`, `notin`); field selectors `=`/`!=` on **any** dotted path |
-//! | watches | `watch=true` from a `resourceVersion` replays the retained history, then live events; without one (or `0`) every object as `ADDED` first; `sendInitialEvents` ends its replay with the `k8s.io/initial-events-end` bookmark; bookmarks every [`FakeApiOptions::bookmark_interval`] when allowed; `timeoutSeconds` honoured; a compacted version (see [`FakeApiServer::compact`]) gets an `ERROR` event with `410 Expired`; an object leaving a selector is **not** sent as `DELETED` |
+//! | watches | `watch=true` from a `resourceVersion` replays the retained history, then live events; without one (or `0`) every object as `ADDED` first; `sendInitialEvents` ends its replay with the `k8s.io/initial-events-end` bookmark; bookmarks every [`FakeApiOptions::bookmark_interval`] when allowed; `timeoutSeconds` honoured; a compacted version (see [`FakeApiServer::compact`]) gets an `ERROR` event with `410 Expired`; with a selector, an object that starts matching is sent as `ADDED`, one that stops as `DELETED` |
+//! | lists | `limit` and `continue` (items in namespace/name order, `remainingItemCount`) |
 //! | reviews | TokenReview and SubjectAccessReview answered from the test's table ([`FakeApiServer::add_token`], [`FakeApiServer::allow`]) |
 //! | request log | every request with its RBAC verb, resource, namespace, name, user agent and bearer token ([`FakeApiServer::requests`]) |
 //! | faults | per verb and resource: a status (`409`, `500`…), a delay or a concurrent write, for the next N requests ([`FakeApiServer::inject`]); every open watch ended at once ([`FakeApiServer::close_watches`]) |
@@ -26,10 +27,10 @@
 //! admission webhooks, CEL (`x-kubernetes-validations`), the OpenAPI
 //! `format`s, validation of built-in kinds beyond the rules listed above
 //! (a Pod or a Deployment spec is stored as sent), API priority and
-//! fairness, pagination (`limit` is ignored: one page), table output,
+//! fairness, pages from one snapshot (`limit`/`continue` are served, later
+//! pages from the current state), table output,
 //! protobuf, field managers, conversion between versions, a namespace's
-//! `spec.finalizers` kept on update, watches that send `DELETED`/`ADDED`
-//! when an object leaves or enters a label selector, pods actually running.
+//! `spec.finalizers` kept on update, pods actually running.
 //!
 //! The [`FakeAgent`] plays the upstream agent: it watches agent Jobs and, as
 //! the test's script says, completes or fails them and writes the instance

@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 use super::access::{AccessRule, AccessTable, ApiFault, ApiFaultAction, Identity, RequestRecord, reason_of};
 use super::resources::{ResourceDef, Resources, builtin};
 use super::selectors::{FieldSelector, LabelSelector};
-use super::store::{ApiError, PatchKind, Propagation, Store, StoredEvent};
+use super::store::{ApiError, EventType, PatchKind, Propagation, Store, StoredEvent};
 use crate::{Result, TestkitError, io};
 
 /// How the fake starts.
@@ -560,17 +560,33 @@ impl Call {
         Ok((labels, fields))
     }
 
-    pub(super) fn matches(
+    /// The type this watch sees `event` as, if it sees it: with selectors, a
+    /// change that makes an object match is `ADDED`, one that makes it stop
+    /// matching `DELETED` (with the object as it now is), as a real server
+    /// sends them.
+    pub(super) fn sees(
         &self,
         event: &StoredEvent,
         labels: &LabelSelector,
         fields: &FieldSelector,
-    ) -> bool {
-        event.key.group == self.def.group
+    ) -> Option<&'static str> {
+        let ours = event.key.group == self.def.group
             && event.key.plural == self.def.plural
-            && self.namespace.as_ref().is_none_or(|ns| *ns == event.key.namespace)
-            && labels.matches(&event.object)
-            && fields.matches(&event.object)
+            && self.namespace.as_ref().is_none_or(|ns| *ns == event.key.namespace);
+        if !ours {
+            return None;
+        }
+        let matches = |object: &Value| labels.matches(object) && fields.matches(object);
+        let now = matches(&event.object);
+        match (&event.kind, &event.previous) {
+            (EventType::Modified, Some(before)) => match (matches(before), now) {
+                (true, true) => Some("MODIFIED"),
+                (false, true) => Some("ADDED"),
+                (true, false) => Some("DELETED"),
+                (false, false) => None,
+            },
+            (kind, _) => now.then_some(kind.as_str()),
+        }
     }
 }
 
@@ -619,7 +635,13 @@ fn serve_object(
         ("GET", None) => {
             let (labels, fields) = call.selectors()?;
             let items = store.list(def, ns, &labels, &fields);
-            Ok((200, list_body(def, store.current_rv(), items)))
+            let (page, next) = paginate(items, &call.query)?;
+            let mut body = list_body(def, store.current_rv(), page);
+            if let Some((token, remaining)) = next {
+                body["metadata"]["continue"] = json!(token);
+                body["metadata"]["remainingItemCount"] = json!(remaining);
+            }
+            Ok((200, body))
         }
         ("POST", None) => Ok((201, store.create(def, ns, body)?)),
         ("PUT", Some(name)) => Ok((200, store.replace(def, ns, name, body, call.status_only)?)),
@@ -673,6 +695,45 @@ fn serve_object(
             Ok((200, list_body(def, store.current_rv(), items)))
         }
         _ => Err(ApiError::new(405, "MethodNotAllowed", format!("{method} is not supported on this path"))),
+    }
+}
+
+/// `limit` and `continue`: at most `limit` items, and a token naming where
+/// the next page starts (the items come in key order: namespace, name).
+/// Unlike a real server, later pages are read from the current state, not
+/// from the first page's snapshot.
+fn paginate(
+    items: Vec<Value>,
+    query: &HashMap<String, String>,
+) -> std::result::Result<(Vec<Value>, Option<(String, usize)>), ApiError> {
+    use base64::Engine;
+    let engine = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let position = |o: &Value| {
+        let m = &o["metadata"];
+        (
+            m["namespace"].as_str().unwrap_or_default().to_string(),
+            m["name"].as_str().unwrap_or_default().to_string(),
+        )
+    };
+    let mut items = items;
+    if let Some(token) = query.get("continue").filter(|t| !t.is_empty()) {
+        let after: (String, String) = engine
+            .decode(token)
+            .ok()
+            .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+            .ok_or_else(|| ApiError::bad_request("continue key is not valid: invalid continue token"))?;
+        items.retain(|o| position(o) > after);
+    }
+    let limit = query.get("limit").and_then(|l| l.parse::<usize>().ok()).filter(|l| *l > 0);
+    match limit {
+        Some(limit) if items.len() > limit => {
+            let remaining = items.len() - limit;
+            items.truncate(limit);
+            let last = items.last().map(position).unwrap_or_default();
+            let token = engine.encode(serde_json::to_vec(&last).unwrap_or_default());
+            Ok((items, Some((token, remaining))))
+        }
+        _ => Ok((items, None)),
     }
 }
 

@@ -54,6 +54,9 @@ pub struct StoredEvent {
     pub kind: EventType,
     pub key: Key,
     pub object: Value,
+    /// The object before a `MODIFIED` change: a watch with a selector sends
+    /// `ADDED` when the object starts to match, `DELETED` when it stops.
+    pub previous: Option<Value>,
 }
 
 /// A failure the server answers as a Kubernetes `Status` object.
@@ -304,7 +307,11 @@ impl Store {
     }
 
     fn emit(&mut self, kind: EventType, key: Key, object: Value, rv: u64) {
-        let event = Arc::new(StoredEvent { rv, kind, key, object });
+        self.emit_change(kind, key, object, None, rv);
+    }
+
+    fn emit_change(&mut self, kind: EventType, key: Key, object: Value, previous: Option<Value>, rv: u64) {
+        let event = Arc::new(StoredEvent { rv, kind, key, object, previous });
         self.history.push_back(event.clone());
         while self.history.len() > self.history_limit {
             if let Some(old) = self.history.pop_front() {
@@ -561,7 +568,7 @@ impl Store {
         }
         self.objects.insert(key.clone(), new.clone());
         self.on_stored(res, &new);
-        self.emit(EventType::Modified, key, new.clone(), rv);
+        self.emit_change(EventType::Modified, key, new.clone(), Some(old.clone()), rv);
         Ok(new)
     }
 
@@ -657,7 +664,7 @@ impl Store {
             meta_mut(&mut marked).insert("resourceVersion".into(), json!(rv.to_string()));
             let key = Self::key(res, namespace, name);
             self.objects.insert(key.clone(), marked.clone());
-            self.emit(EventType::Modified, key, marked.clone(), rv);
+            self.emit_change(EventType::Modified, key, marked.clone(), Some(old), rv);
             return Ok(marked);
         }
         let key = Self::key(res, namespace, name);

@@ -49,12 +49,9 @@ pub(super) fn watch_response(shared: Arc<Shared>, call: Call) -> Response {
                     .map_err(|_| ApiError::bad_request(format!("invalid resourceVersion {rv:?}")))
                     .and_then(|rv| store.events_since(rv));
                 match replay {
-                    Ok(events) => first.extend(
-                        events
-                            .iter()
-                            .filter(|e| call.matches(e, &labels, &fields))
-                            .map(|e| event_line(e.kind.as_str(), &e.object)),
-                    ),
+                    Ok(events) => first.extend(events.iter().filter_map(|e| {
+                        call.sees(e, &labels, &fields).map(|kind| event_line(kind, &e.object))
+                    })),
                     Err(e) => first.push(event_line("ERROR", &e.to_status())),
                 }
             }
@@ -97,10 +94,10 @@ pub(super) fn watch_response(shared: Arc<Shared>, call: Call) -> Response {
                     Ok(e) if e.rv <= last_rv => continue,
                     Ok(e) => {
                         last_rv = e.rv;
-                        if !call.matches(&e, &labels, &fields) {
-                            continue;
+                        match call.sees(&e, &labels, &fields) {
+                            Some(kind) => event_line(kind, &e.object),
+                            None => continue,
                         }
-                        event_line(e.kind.as_str(), &e.object)
                     }
                     Err(RecvError::Lagged(_)) => {
                         let gone = ApiError::gone("the watch fell behind; list again");
