@@ -33,8 +33,8 @@ use utoipa::ToSchema;
 /// The body of every error answer.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct ErrorBody {
-    /// Stable: BAD_REQUEST, UNAUTHENTICATED, FORBIDDEN, NOT_FOUND, TOO_LARGE, TOO_MANY_STREAMS,
-    /// REFUSED, CONFLICT, UNAVAILABLE, TIMEOUT, INTERNAL.
+    /// Stable: BAD_REQUEST, UNAUTHENTICATED, FORBIDDEN, NOT_FOUND, BODY_TIMEOUT, TOO_LARGE,
+    /// TOO_MANY_STREAMS, REFUSED, CONFLICT, UNAVAILABLE, TIMEOUT, INTERNAL.
     pub code: String,
     /// What was wrong and what to do.
     pub message: String,
@@ -67,6 +67,18 @@ impl ApiError {
             "TOO_LARGE",
             "the request body is over the gateway's limit: send less, or raise --max-body-bytes \
              (VYNIL_GATEWAY_MAX_BODY_BYTES) on the gateway",
+        )
+    }
+
+    /// A body that did not arrive within `--body-timeout-seconds`.
+    pub fn slow_body(seconds: u64) -> Self {
+        Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "BODY_TIMEOUT",
+            format!(
+                "the request body did not arrive within {seconds} s: send it at once, or raise \
+                 --body-timeout-seconds (VYNIL_GATEWAY_BODY_TIMEOUT_SECONDS) on the gateway"
+            ),
         )
     }
 

@@ -60,6 +60,14 @@ pub struct Config {
     /// Request bodies larger than this are refused (413 `TOO_LARGE`).
     #[arg(long, env = "VYNIL_GATEWAY_MAX_BODY_BYTES", default_value_t = 1024 * 1024)]
     pub max_body_bytes: usize,
+    /// A connection whose request headers have not all arrived within this
+    /// is closed: a client sending them slowly holds no connection.
+    #[arg(long, env = "VYNIL_GATEWAY_HEADER_TIMEOUT_SECONDS", default_value_t = 10)]
+    pub header_timeout_seconds: u64,
+    /// A request whose whole body has not arrived within this is answered
+    /// 408 `BODY_TIMEOUT`: a client trickling a body holds no handler.
+    #[arg(long, env = "VYNIL_GATEWAY_BODY_TIMEOUT_SECONDS", default_value_t = 30)]
+    pub body_timeout_seconds: u64,
     /// Event streams (following a scan, executing a plan) one client may
     /// hold open at once; one more is refused (429 `TOO_MANY_STREAMS`).
     #[arg(long, env = "VYNIL_GATEWAY_MAX_STREAMS_PER_CLIENT", default_value_t = 8)]
@@ -138,6 +146,7 @@ pub enum GatewayError {
 pub struct Gateway {
     listener: tokio::net::TcpListener,
     router: Router,
+    header_timeout: Duration,
 }
 
 impl Gateway {
@@ -161,7 +170,8 @@ impl Gateway {
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
             .map_err(|source| GatewayError::Bind { addr: config.listen, source })?;
-        Ok(Self { listener, router })
+        let header_timeout = Duration::from_secs(config.header_timeout_seconds.max(1));
+        Ok(Self { listener, router, header_timeout })
     }
 
     pub fn local_addr(&self) -> Result<SocketAddr, GatewayError> {
@@ -170,16 +180,47 @@ impl Gateway {
             .map_err(|source| GatewayError::Bind { addr: SocketAddr::from(([0, 0, 0, 0], 0)), source })
     }
 
-    /// Serves until `shutdown` resolves, then drains.
+    /// Serves until `shutdown` resolves, then drains. The accept loop is
+    /// hyper-util's rather than `axum::serve`, which has no header read
+    /// timeout (`--header-timeout-seconds`).
     pub async fn serve(
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), GatewayError> {
+        use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
         tracing::info!(address = ?self.listener.local_addr().ok(), "serving HTTP");
-        axum::serve(self.listener, self.router)
-            .with_graceful_shutdown(shutdown)
-            .await
-            .map_err(GatewayError::Serve)
+        let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+        builder.http1().timer(TokioTimer::new()).header_read_timeout(self.header_timeout);
+        let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+        tokio::pin!(shutdown);
+        loop {
+            let (stream, _) = tokio::select! {
+                accepted = self.listener.accept() => match accepted {
+                    Ok(accepted) => accepted,
+                    Err(error) => {
+                        // Out of file descriptors, say: wait, do not spin.
+                        tracing::warn!(%error, "cannot accept a connection");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                },
+                () = &mut shutdown => break,
+            };
+            if let Err(error) = stream.set_nodelay(true) {
+                tracing::debug!(%error, "cannot set TCP_NODELAY");
+            }
+            let service = hyper_util::service::TowerToHyperService::new(self.router.clone());
+            let connection =
+                builder.serve_connection_with_upgrades(TokioIo::new(stream), service).into_owned();
+            let connection = graceful.watch(connection);
+            tokio::spawn(async move {
+                if let Err(error) = connection.await {
+                    tracing::debug!(%error, "connection ended with an error");
+                }
+            });
+        }
+        graceful.shutdown().await;
+        Ok(())
     }
 }
 
@@ -241,6 +282,13 @@ pub fn router(config: &Config, kube: Option<kube::Client>) -> Result<Router, Gat
         )
         .nest("/api", Router::new().fallback(routes::api_not_found))
         .layer(axum::extract::DefaultBodyLimit::max(config.max_body_bytes))
+        .layer(middleware::from_fn_with_state(
+            routes::BodyDeadline::new(
+                Duration::from_secs(config.body_timeout_seconds.max(1)),
+                config.max_body_bytes,
+            ),
+            routes::body_within,
+        ))
         .layer(middleware::from_fn_with_state(app, routes::observe));
     Ok(router)
 }

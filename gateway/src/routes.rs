@@ -8,7 +8,11 @@
 //! authorization before any handler runs: a request without a valid
 //! credential reaches no service.
 
-use std::{collections::HashMap, sync::Arc, time::Instant};
+use std::{
+    collections::HashMap,
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use axum::{
     Json, Router,
@@ -271,6 +275,51 @@ pub async fn observe(State(app): State<App>, mut request: Request, next: Next) -
 }
 
 /// Unknown paths under `/api`: a JSON 404, not an HTML one.
+/// How long a request's body may take to arrive, and how large it may be.
+#[derive(Debug, Clone, Copy)]
+pub struct BodyDeadline {
+    within: Duration,
+    max_bytes: usize,
+}
+
+impl BodyDeadline {
+    pub fn new(within: Duration, max_bytes: usize) -> Self {
+        Self { within, max_bytes }
+    }
+}
+
+/// Reads the whole request body within its deadline (408 `BODY_TIMEOUT`
+/// after it, 413 over the limit) before any handler runs, so a client
+/// trickling a body holds a connection, not a handler. Bodies here are small
+/// JSON documents: buffering them costs nothing the extractors would not.
+pub async fn body_within(
+    State(deadline): State<BodyDeadline>,
+    request: axum::extract::Request,
+    next: middleware::Next,
+) -> Response {
+    use futures::StreamExt;
+    let (parts, body) = request.into_parts();
+    let read = async {
+        let mut data = body.into_data_stream();
+        let mut buffer = bytes::BytesMut::new();
+        while let Some(chunk) = data.next().await {
+            let chunk = chunk.map_err(|e| ApiError::bad_request("body", e))?;
+            if buffer.len() + chunk.len() > deadline.max_bytes {
+                return Err(ApiError::too_large());
+            }
+            buffer.extend_from_slice(&chunk);
+        }
+        Ok(buffer.freeze())
+    };
+    match tokio::time::timeout(deadline.within, read).await {
+        Ok(Ok(bytes)) => {
+            next.run(axum::extract::Request::from_parts(parts, axum::body::Body::from(bytes))).await
+        }
+        Ok(Err(refused)) => refused.into_response(),
+        Err(_) => ApiError::slow_body(deadline.within.as_secs()).into_response(),
+    }
+}
+
 pub async fn api_not_found() -> ApiError {
     ApiError::not_found("no such API route: see /openapi.json")
 }

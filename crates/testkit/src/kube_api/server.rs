@@ -698,14 +698,14 @@ fn serve_object(
     }
 }
 
+/// One page of a list, and the continue token and remaining count when more follow.
+type Page = (Vec<Value>, Option<(String, usize)>);
+
 /// `limit` and `continue`: at most `limit` items, and a token naming where
 /// the next page starts (the items come in key order: namespace, name).
 /// Unlike a real server, later pages are read from the current state, not
 /// from the first page's snapshot.
-fn paginate(
-    items: Vec<Value>,
-    query: &HashMap<String, String>,
-) -> std::result::Result<(Vec<Value>, Option<(String, usize)>), ApiError> {
+fn paginate(items: Vec<Value>, query: &HashMap<String, String>) -> std::result::Result<Page, ApiError> {
     use base64::Engine;
     let engine = base64::engine::general_purpose::URL_SAFE_NO_PAD;
     let position = |o: &Value| {
