@@ -303,6 +303,18 @@ struct SessionClaims {
     /// The hash of the token a tokens-file session was opened with (hex).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     t: Option<String>,
+    /// A Kubernetes session's token, sealed (AES-256-GCM under a key derived
+    /// from the session key): reviewed again when its review expires.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    s: Option<String>,
+}
+
+/// What a session holds on to, checked again on every call.
+enum Held {
+    /// The hash of the tokens-file token it was opened with.
+    Token([u8; 32]),
+    /// The Kubernetes token it was opened with.
+    Kubernetes(String),
 }
 
 type HmacSha256 = Hmac<Sha256>;
@@ -355,9 +367,46 @@ impl Sessions {
         Ok(mac)
     }
 
-    /// A session for `principal` (a tokens-file principal names its
-    /// token's hash): the `Set-Cookie` value and what to tell the client.
-    pub fn open(&self, principal: &Principal) -> Result<(HeaderValue, SessionInfo), ApiError> {
+    /// The key that seals Kubernetes tokens in cookies: derived from the
+    /// session key, so every replica that verifies a cookie can open it.
+    fn seal_key(&self) -> Result<aws_lc_rs::aead::LessSafeKey, ApiError> {
+        let mut derived = Sha256::new();
+        derived.update(b"vynil session: sealed Kubernetes token\0");
+        derived.update(&self.key);
+        let key = aws_lc_rs::aead::UnboundKey::new(&aws_lc_rs::aead::AES_256_GCM, &derived.finalize())
+            .map_err(|_| ApiError::internal("cannot derive the session sealing key"))?;
+        Ok(aws_lc_rs::aead::LessSafeKey::new(key))
+    }
+
+    /// `token` sealed: base64 of a random nonce and the ciphertext with its tag.
+    fn seal(&self, token: &str) -> Result<String, ApiError> {
+        let mut nonce = [0u8; aws_lc_rs::aead::NONCE_LEN];
+        getrandom::fill(&mut nonce).map_err(|e| ApiError::internal(e.to_string()))?;
+        let mut sealed = token.as_bytes().to_vec();
+        self.seal_key()?
+            .seal_in_place_append_tag(
+                aws_lc_rs::aead::Nonce::assume_unique_for_key(nonce),
+                aws_lc_rs::aead::Aad::from(SESSION_COOKIE.as_bytes()),
+                &mut sealed,
+            )
+            .map_err(|_| ApiError::internal("cannot seal the session's token"))?;
+        Ok(B64.encode([nonce.as_slice(), &sealed].concat()))
+    }
+
+    fn unseal(&self, sealed: &str) -> Option<String> {
+        let bytes = B64.decode(sealed).ok()?;
+        let (nonce, ciphertext) = bytes.split_at_checked(aws_lc_rs::aead::NONCE_LEN)?;
+        let nonce = aws_lc_rs::aead::Nonce::try_assume_unique_for_key(nonce).ok()?;
+        let mut opened = ciphertext.to_vec();
+        let aad = aws_lc_rs::aead::Aad::from(SESSION_COOKIE.as_bytes());
+        let plain = self.seal_key().ok()?.open_in_place(nonce, aad, &mut opened).ok()?;
+        String::from_utf8(plain.to_vec()).ok()
+    }
+
+    /// A session for `principal`, opened with `bearer` (a tokens-file
+    /// session names its token's hash, a Kubernetes one holds its token
+    /// sealed): the `Set-Cookie` value and what to tell the client.
+    pub fn open(&self, principal: &Principal, bearer: &str) -> Result<(HeaderValue, SessionInfo), ApiError> {
         let csrf = vynil_runtime::trust::generate_token().map_err(|e| ApiError::internal(e.to_string()))?;
         let expires =
             jiff::Timestamp::now() + jiff::SignedDuration::try_from(self.lifetime).unwrap_or_default();
@@ -370,6 +419,10 @@ impl Sessions {
             Via::Bearer { token: Some(hash) } => Some(hex::encode(hash)),
             _ => None,
         };
+        let sealed = match &principal.grant {
+            Grant::Kubernetes(_) => Some(self.seal(bearer)?),
+            Grant::Role(_) => None,
+        };
         let claims = SessionClaims {
             n: name.into(),
             r: role,
@@ -377,6 +430,7 @@ impl Sessions {
             c: csrf.clone(),
             k: kube,
             t: token,
+            s: sealed,
         };
         let payload = B64.encode(serde_json::to_vec(&claims).map_err(|e| ApiError::internal(e.to_string()))?);
         let signature = B64.encode(self.mac(&payload)?.finalize().into_bytes());
@@ -399,9 +453,10 @@ impl Sessions {
         .unwrap_or(HeaderValue::from_static("vynil_session=; Path=/; Max-Age=0"))
     }
 
-    /// The principal of a session cookie and, for a tokens-file session,
-    /// the hash of its token (which must still be configured).
-    fn verify(&self, value: &str) -> Result<(Principal, Option<[u8; 32]>), ApiError> {
+    /// The principal of a session cookie and what it holds on to: the hash
+    /// of its token (which must still be configured), or its Kubernetes
+    /// token (which must still pass its review).
+    fn verify(&self, value: &str) -> Result<(Principal, Held), ApiError> {
         let invalid = || ApiError::unauthenticated("the session cookie is not valid: log in again");
         let (payload, signature) = value.split_once('.').ok_or_else(invalid)?;
         let signature = B64.decode(signature).map_err(|_| invalid())?;
@@ -413,15 +468,18 @@ impl Sessions {
         }
         let token =
             claims.t.as_deref().map(|t| hex::decode(t).ok().and_then(|b| <[u8; 32]>::try_from(b).ok()));
-        let (grant, token) = match (claims.r, claims.k, token) {
-            (Some(role), _, Some(Some(hash))) => (Grant::Role(role), Some(hash)),
-            (None, Some((uid, groups)), None) => {
-                (Grant::Kubernetes(KubeUser { username: claims.n.clone(), uid, groups }), None)
-            }
-            // A role without the token it came from (or a malformed one).
+        let sealed = claims.s.as_deref().map(|s| self.unseal(s));
+        let (grant, held) = match (claims.r, claims.k, token, sealed) {
+            (Some(role), _, Some(Some(hash)), None) => (Grant::Role(role), Held::Token(hash)),
+            (None, Some((uid, groups)), None, Some(Some(bearer))) => (
+                Grant::Kubernetes(KubeUser { username: claims.n.clone(), uid, groups }),
+                Held::Kubernetes(bearer),
+            ),
+            // A role without the token it came from, a Kubernetes session
+            // without its token (or a malformed one).
             _ => return Err(invalid()),
         };
-        Ok((Principal { name: claims.n, grant, via: Via::Session { csrf: claims.c } }, token))
+        Ok((Principal { name: claims.n, grant, via: Via::Session { csrf: claims.c } }, held))
     }
 }
 
@@ -448,15 +506,28 @@ impl Authenticator {
             return self.bearer(token).await.map(Some);
         }
         let Some(value) = session_cookie(headers) else { return Ok(None) };
-        let (mut principal, token) = self.sessions.verify(value)?;
-        if let Some(hash) = token {
-            // Valid only while its token is, with the role it has now.
-            let (name, role) = self.tokens.current().by_hash(&hash).ok_or_else(|| {
-                ApiError::unauthenticated(
-                    "the token this session was opened with is no longer configured: log in again",
-                )
-            })?;
-            (principal.name, principal.grant) = (name, Grant::Role(role));
+        let (mut principal, held) = self.sessions.verify(value)?;
+        // Valid only while its token is, as what the token is now.
+        match held {
+            Held::Token(hash) => {
+                let (name, role) = self.tokens.current().by_hash(&hash).ok_or_else(|| {
+                    ApiError::unauthenticated(
+                        "the token this session was opened with is no longer configured: log in again",
+                    )
+                })?;
+                (principal.name, principal.grant) = (name, Grant::Role(role));
+            }
+            Held::Kubernetes(bearer) => {
+                let refused = || {
+                    ApiError::unauthenticated(
+                        "the Kubernetes token this session was opened with is no longer valid: log in again",
+                    )
+                };
+                let kube = self.kube.as_ref().ok_or_else(refused)?;
+                // Cached: the API server is asked again once the review expires.
+                let user = kube.review_token(&bearer).await?.ok_or_else(refused)?;
+                (principal.name, principal.grant) = (user.username.clone(), Grant::Kubernetes(user));
+            }
         }
         Ok(Some(principal))
     }
@@ -546,7 +617,7 @@ mod tests {
     async fn a_session_cookie_is_signed_and_a_tampered_one_is_refused() {
         let auth = authenticator();
         let ann = auth.bearer("t-ann").await.unwrap();
-        let (cookie, info) = auth.sessions.open(&ann).unwrap();
+        let (cookie, info) = auth.sessions.open(&ann, "t-ann").unwrap();
         let cookie = cookie.to_str().unwrap();
         assert!(cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"), "{cookie}");
         let pair = cookie.split(';').next().unwrap();
@@ -591,7 +662,7 @@ mod tests {
             kube: None,
         };
         let cookie = |principal: &Principal| {
-            let (cookie, _) = auth.sessions.open(principal).unwrap();
+            let (cookie, _) = auth.sessions.open(principal, "unused for a tokens-file session").unwrap();
             cookie.to_str().unwrap().split(';').next().unwrap().to_string()
         };
         let (root_cookie, ann_cookie) =

@@ -38,7 +38,6 @@ use kube::api::{Api, PostParams};
 use crate::error::ApiError;
 
 pub const GROUP: &str = "vynil.solidite.fr";
-const CACHE_FOR: Duration = Duration::from_secs(60);
 /// Users remembered at most (expired ones make room).
 const CACHE_MAX: usize = 4096;
 /// Refused tokens remembered at most (the oldest goes first).
@@ -54,29 +53,35 @@ pub struct KubeUser {
 
 /// Token reviews by the token's hash: users, and tokens the API server
 /// did not authenticate, each with when.
-#[derive(Default)]
 struct Reviewed {
+    /// How long an answer holds: a session's user is reviewed again after it.
+    cache_for: Duration,
     users: HashMap<[u8; 32], (Instant, KubeUser)>,
     refused: HashMap<[u8; 32], Instant>,
     refused_order: VecDeque<[u8; 32]>,
 }
 
 impl Reviewed {
+    fn new(cache_for: Duration) -> Self {
+        Self { cache_for, users: HashMap::new(), refused: HashMap::new(), refused_order: VecDeque::new() }
+    }
+
     /// The cached answer for `key`: `Some(None)` for a refused token.
     fn get(&self, key: &[u8; 32]) -> Option<Option<KubeUser>> {
         if let Some((at, user)) = self.users.get(key)
-            && at.elapsed() < CACHE_FOR
+            && at.elapsed() < self.cache_for
         {
             return Some(Some(user.clone()));
         }
-        self.refused.get(key).filter(|at| at.elapsed() < CACHE_FOR).map(|_| None)
+        self.refused.get(key).filter(|at| at.elapsed() < self.cache_for).map(|_| None)
     }
 
     fn put(&mut self, key: [u8; 32], user: Option<KubeUser>) {
         match user {
             Some(user) => {
                 if self.users.len() >= CACHE_MAX {
-                    self.users.retain(|_, (at, _)| at.elapsed() < CACHE_FOR);
+                    let cache_for = self.cache_for;
+                    self.users.retain(|_, (at, _)| at.elapsed() < cache_for);
                 }
                 if self.users.len() < CACHE_MAX {
                     self.users.insert(key, (Instant::now(), user));
@@ -112,8 +117,9 @@ fn unavailable(e: impl std::fmt::Display) -> ApiError {
 }
 
 impl KubeAuth {
-    pub fn new(client: kube::Client) -> Self {
-        Self { client, reviewed: Mutex::new(Reviewed::default()) }
+    /// Reviews through `client`, each answer held `cache_for`.
+    pub fn new(client: kube::Client, cache_for: Duration) -> Self {
+        Self { client, reviewed: Mutex::new(Reviewed::new(cache_for)) }
     }
 
     /// The user of `token`, `None` when the API server does not authenticate it.

@@ -99,6 +99,10 @@ pub struct Config {
     /// authorised by RBAC (SubjectAccessReview); see `kube_auth` for the verbs.
     #[arg(long, env = "VYNIL_GATEWAY_KUBERNETES_AUTH")]
     pub kubernetes_auth: bool,
+    /// How long a TokenReview answer holds; a Kubernetes user's session is
+    /// reviewed again after it (a revoked token ends its sessions).
+    #[arg(long, env = "VYNIL_GATEWAY_KUBERNETES_REVIEW_CACHE_SECONDS", default_value_t = 60)]
+    pub kubernetes_review_cache_seconds: u64,
     #[command(flatten)]
     pub log: vynil_runtime::LogConfig,
 }
@@ -257,7 +261,8 @@ pub fn router(config: &Config, kube: Option<kube::Client>) -> Result<Router, Gat
     let services = Downstreams::new(&endpoints, credentials)
         .map_err(|(service, problem)| GatewayError::Endpoint { service: service.name(), problem })?;
     let (metrics, registry) = metrics::GatewayMetrics::register();
-    let kube = kube.map(kube_auth::KubeAuth::new);
+    let review_for = Duration::from_secs(config.kubernetes_review_cache_seconds.max(1));
+    let kube = kube.map(|client| kube_auth::KubeAuth::new(client, review_for));
     let hooks = hooks::Hooks::load(config.hooks_file.as_deref()).map_err(GatewayError::Hooks)?;
     let streams = api::Streams::new(config.max_streams_per_client);
     let pages = api::Pages::new(config.max_page_size);

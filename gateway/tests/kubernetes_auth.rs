@@ -20,8 +20,13 @@ fn rule(user: &str, verb: &str, resource: &str, namespace: Option<&str>) -> Acce
 /// A gateway with `--kubernetes-auth` over `api`, every service at a port
 /// nobody listens on (a call RBAC allows answers 503); its URL and stop.
 async fn gateway_over(api: &FakeApiServer) -> (String, vynil_runtime::Shutdown) {
+    gateway_over_with(api, &[]).await
+}
+
+/// [`gateway_over`] with more flags.
+async fn gateway_over_with(api: &FakeApiServer, extra: &[&str]) -> (String, vynil_runtime::Shutdown) {
     let nowhere = format!("http://127.0.0.1:{}", vynil_testkit::free_port().unwrap());
-    let config = <vynil_gateway::Config as clap::Parser>::parse_from([
+    let mut args = vec![
         "vynil-gateway",
         "--listen",
         "127.0.0.1:0",
@@ -34,7 +39,9 @@ async fn gateway_over(api: &FakeApiServer) -> (String, vynil_runtime::Shutdown) 
         &nowhere,
         "--scanner-endpoint",
         &nowhere,
-    ]);
+    ];
+    args.extend_from_slice(extra);
+    let config = <vynil_gateway::Config as clap::Parser>::parse_from(args);
     let gateway = vynil_gateway::Gateway::bind_with(&config, Some(api.client().unwrap())).await.unwrap();
     let base = format!("http://{}", gateway.local_addr().unwrap());
     let stop = vynil_runtime::Shutdown::new();
@@ -122,5 +129,37 @@ async fn a_flood_of_made_up_tokens_does_not_cost_a_real_user_a_review_per_call()
     }
     let reviews = api.requests().into_iter().filter(|r| r.resource == "tokenreviews").count();
     assert_eq!(reviews, 1, "bob reviewed once, then cached");
+    stop.trigger();
+}
+
+/// Security review item 7: a Kubernetes user's session holds only while its
+/// token passes TokenReview; once the cached review expires, a revoked token
+/// ends the session without a restart.
+#[tokio::test]
+async fn a_revoked_kubernetes_token_ends_its_session_once_its_review_expires() {
+    let api = FakeApiServer::start().await.unwrap();
+    api.create_namespaces(&["vynil-system"]).unwrap();
+    api.add_token("carol-sa-token", "carol", &["devs"]);
+    let (base, stop) = gateway_over_with(&api, &["--kubernetes-review-cache-seconds", "1"]).await;
+    let http = reqwest::Client::new();
+    let login = http
+        .post(format!("{base}/api/v1/session"))
+        .json(&serde_json::json!({"token": "carol-sa-token"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(login.status(), StatusCode::OK);
+    let cookie = login.headers()["set-cookie"].to_str().unwrap().split(';').next().unwrap().to_string();
+    assert!(!cookie.contains("carol-sa-token"), "the token is sealed, not in clear: {cookie}");
+    let whoami = || http.get(format!("{base}/api/v1/whoami")).header("cookie", &cookie).send();
+    let who: serde_json::Value = whoami().await.unwrap().json().await.unwrap();
+    assert_eq!(who["name"], "carol");
+    api.revoke_token("carol-sa-token");
+    // Past the review's lifetime (1 s), the next call reviews it again.
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let after = whoami().await.unwrap();
+    assert_eq!(after.status(), StatusCode::UNAUTHORIZED);
+    let body: serde_json::Value = after.json().await.unwrap();
+    assert!(body["message"].as_str().unwrap().contains("no longer valid: log in again"), "{body}");
     stop.trigger();
 }

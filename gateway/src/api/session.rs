@@ -30,7 +30,7 @@ pub async fn login(
 ) -> Result<impl IntoResponse, ApiError> {
     let request = body(request)?;
     let principal = app.auth.bearer(request.token.trim()).await?;
-    let (cookie, info) = app.auth.sessions.open(&principal)?;
+    let (cookie, info) = app.auth.sessions.open(&principal, request.token.trim())?;
     tracing::info!(principal = %principal.name, role = ?principal.role(), "session opened");
     let mut headers = HeaderMap::new();
     headers.insert(header::SET_COOKIE, cookie);

@@ -268,6 +268,12 @@ impl FakeApiServer {
         lock(&self.shared.access).tokens.insert(token.into(), id);
     }
 
+    /// TokenReview will no longer authenticate `token` (a deleted
+    /// ServiceAccount, a revoked token).
+    pub fn revoke_token(&self, token: &str) {
+        lock(&self.shared.access).tokens.remove(token);
+    }
+
     /// SubjectAccessReview will allow this.
     pub fn allow(&self, rule: AccessRule) {
         lock(&self.shared.access).rules.push(rule);
