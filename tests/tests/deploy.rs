@@ -295,8 +295,12 @@ fn the_network_policies_allow_exactly_the_calls_of_the_design() {
                 "vynil-gateway",
                 "vynil-redis",
             ];
-            default_deny = rules.is_empty()
-                && ours.iter().all(|name| selects(&policy["spec"]["podSelector"], &pod_labels(name)));
+            let types = policy["spec"]["policyTypes"].clone();
+            if policy["spec"]["egress"].is_null() {
+                default_deny = rules.is_empty()
+                    && types == serde_json::json!(["Ingress", "Egress"])
+                    && ours.iter().all(|name| selects(&policy["spec"]["podSelector"], &pod_labels(name)));
+            }
             continue;
         };
         for rule in rules {
@@ -315,6 +319,7 @@ fn the_network_policies_allow_exactly_the_calls_of_the_design() {
     }
     assert!(default_deny, "a default-deny policy covers every pod");
     let call = |from: &str, to: &str, port: i64| (from.to_string(), to.to_string(), port);
+    assert_eq!(egress_of(&objects), egress_design(), "egress: exactly the design's calls, DNS and HTTPS out");
     // DESIGN's diagram: humans → gateway → the four services; lifecycle →
     // catalog (Resolve*, WatchCatalog); purger → lifecycle
     // (ListInstalledRevisions); the stateful services → Redis.
@@ -331,6 +336,85 @@ fn the_network_policies_allow_exactly_the_calls_of_the_design() {
         call("vynil-purger", "vynil-redis", 6379),
     ]);
     assert_eq!(allowed, design);
+}
+
+/// Security review item 9: what each of our pods may open, as `(from, to,
+/// port)`: `to` a pod of ours, `dns` (kube-dns in kube-system) or
+/// `outside` (an address block that must leave out the cloud metadata
+/// service, which a stolen pod would otherwise ask for node credentials).
+fn egress_of(objects: &[Value]) -> BTreeSet<(String, String, i64)> {
+    let ours =
+        ["vynil-catalog", "vynil-scanner", "vynil-purger", "vynil-lifecycle", "vynil-gateway", "vynil-redis"];
+    let mut allowed = BTreeSet::new();
+    for policy in objects.iter().filter(|o| o["kind"] == "NetworkPolicy") {
+        let selected: Vec<&str> = ours
+            .iter()
+            .copied()
+            .filter(|name| selects(&policy["spec"]["podSelector"], &pod_labels(name)))
+            .collect();
+        for rule in policy["spec"]["egress"].as_array().into_iter().flatten() {
+            let ports: Vec<i64> =
+                rule["ports"].as_array().unwrap().iter().map(|p| p["port"].as_i64().unwrap()).collect();
+            for peer in rule["to"].as_array().expect("an egress rule names its peers") {
+                let to = if let Some(name) =
+                    name_label(&peer["podSelector"]).filter(|_| peer["namespaceSelector"].is_null())
+                {
+                    name
+                } else if peer["podSelector"]["matchLabels"]["k8s-app"] == "kube-dns" {
+                    assert_eq!(
+                        peer["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"],
+                        "kube-system"
+                    );
+                    "dns".to_string()
+                } else if let Some(cidr) = peer["ipBlock"]["cidr"].as_str() {
+                    let except: Vec<&str> = peer["ipBlock"]["except"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(Value::as_str)
+                        .collect();
+                    let metadata =
+                        if cidr.contains(':') { "fd00:ec2::254/128" } else { "169.254.169.254/32" };
+                    assert!(
+                        except.contains(&metadata),
+                        "{cidr} leaves out the metadata address {metadata}: {peer}"
+                    );
+                    "outside".to_string()
+                } else {
+                    panic!("an egress peer the design does not name: {peer}")
+                };
+                for from in &selected {
+                    for port in &ports {
+                        allowed.insert((from.to_string(), to.clone(), *port));
+                    }
+                }
+            }
+        }
+    }
+    allowed
+}
+
+/// DESIGN's calls seen from their caller, DNS for every service, and HTTPS
+/// out where a service talks to the API server or registries.
+fn egress_design() -> BTreeSet<(String, String, i64)> {
+    let call = |from: &str, to: &str, port: i64| (from.to_string(), to.to_string(), port);
+    let mut design = BTreeSet::from([
+        call("vynil-gateway", "vynil-catalog", 50051),
+        call("vynil-gateway", "vynil-scanner", 50052),
+        call("vynil-gateway", "vynil-purger", 50053),
+        call("vynil-gateway", "vynil-lifecycle", 50054),
+        call("vynil-lifecycle", "vynil-catalog", 50051),
+        call("vynil-purger", "vynil-lifecycle", 50054),
+        call("vynil-catalog", "vynil-redis", 6379),
+        call("vynil-scanner", "vynil-redis", 6379),
+        call("vynil-purger", "vynil-redis", 6379),
+    ]);
+    for service in ["vynil-catalog", "vynil-scanner", "vynil-purger", "vynil-lifecycle", "vynil-gateway"] {
+        design.insert(call(service, "dns", 53));
+        design.insert(call(service, "outside", 443));
+        design.insert(call(service, "outside", 6443));
+    }
+    design
 }
 
 /// Security review item 9: as deployed, the gateway marks its session
