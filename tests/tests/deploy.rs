@@ -440,6 +440,81 @@ fn the_deployed_gateway_sends_its_session_cookies_only_over_tls() {
     }
 }
 
+/// Security review item 9: the deployed Redis requires the password of its
+/// Secret. Its container's own args, run by a real redis-server: a client
+/// without the password is refused, the URL the install commands put in the
+/// Secret gets in.
+#[tokio::test]
+async fn the_deployed_redis_refuses_a_client_without_the_password_of_its_secret() {
+    let redis = render("base")
+        .into_iter()
+        .find(|o| o["kind"] == "StatefulSet" && o["metadata"]["name"] == "vynil-redis")
+        .expect("the base deploys Redis");
+    let container = &redis["spec"]["template"]["spec"]["containers"][0];
+    let from_secret = |name: &str| {
+        container["env"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|e| e["name"] == name)
+            .map(|e| e["valueFrom"].clone())
+    };
+    let secret = serde_json::json!({"secretKeyRef": {"name": "vynil-redis", "key": "password"}});
+    assert_eq!(from_secret("REDIS_PASSWORD"), Some(secret.clone()), "the password comes from the Secret");
+    assert_eq!(from_secret("REDISCLI_AUTH"), Some(secret), "the probes authenticate");
+    // The install commands of deploy/README.md put that password in the services' URL.
+    let readme = std::fs::read_to_string(root().join("deploy/README.md")).unwrap();
+    assert!(
+        readme.contains(r#"--from-literal=url="redis://:$password@vynil-redis:6379""#),
+        "deploy/README.md"
+    );
+
+    let password = "p4ssw0rd-from-the-secret";
+    let dir = tempfile::tempdir().unwrap();
+    let port = vynil_testkit::free_port().unwrap();
+    let mut args: Vec<String> = container["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().replace("$(REDIS_PASSWORD)", password))
+        .collect();
+    if let Some(at) = args.iter().position(|a| a == "--dir") {
+        args[at + 1] = dir.path().display().to_string();
+    }
+    args.extend([
+        "--port".into(),
+        port.to_string(),
+        "--bind".into(),
+        "127.0.0.1".into(),
+        "--save".into(),
+        "".into(),
+    ]);
+    let mut server = std::process::Command::new("redis-server")
+        .args(&args)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("redis-server is needed: apt-get install -y redis-server");
+    let ping = |url: String| async move {
+        let client = redis::Client::open(url).map_err(|e| e.to_string())?;
+        let mut connection = client.get_multiplexed_async_connection().await.map_err(|e| e.to_string())?;
+        redis::cmd("PING").query_async::<String>(&mut connection).await.map_err(|e| e.to_string())
+    };
+    let mut answered = Err("not started".to_string());
+    for _ in 0..100 {
+        answered = ping(format!("redis://:{password}@127.0.0.1:{port}")).await;
+        if answered.is_ok() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let refused = ping(format!("redis://127.0.0.1:{port}")).await;
+    let _ = server.kill();
+    let _ = server.wait();
+    assert_eq!(answered, Ok("PONG".to_string()));
+    let refused = refused.expect_err("a client without the password is refused");
+    assert!(refused.contains("NOAUTH") || refused.contains("Authentication"), "{refused}");
+}
+
 #[test]
 fn the_dockerfile_builds_binaries_that_exist() {
     let dockerfile = std::fs::read_to_string(root().join("Dockerfile")).unwrap();
