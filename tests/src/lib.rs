@@ -140,8 +140,7 @@ impl Stack {
     pub async fn start(repository: &str) -> Self {
         let registry = RegistryServer::start().await.unwrap();
         let host = registry.host();
-        let api = FakeApiServer::start().await.unwrap();
-        api.create_namespaces(&["vynil-system", "apps"]).unwrap();
+        let api = api_under_deploy_rbac().await;
         let client = api.client().unwrap();
         let boxes: Api<JukeBox> = Api::all(client.clone());
         let jukebox =
@@ -273,10 +272,69 @@ pub fn tenant_instances(client: &kube::Client) -> Api<kube::api::DynamicObject> 
 /// The Namespace the control plane runs in (its Jobs, Lease, pull secrets).
 pub const CONTROL_PLANE_NAMESPACE: &str = "vynil-system";
 
-/// A client of the fake API server presenting itself as `service` does in a
-/// cluster (`<service>/<version>`), in the control plane's namespace.
+/// A fake API server enforcing RBAC, with the ServiceAccounts, Roles and
+/// bindings of `deploy/base/rbac.yaml` loaded (in the control plane's
+/// namespace, as kustomize puts them): a call a service makes without a
+/// grant fails where it is made, on whatever code path makes it.
+pub async fn api_under_deploy_rbac() -> FakeApiServer {
+    let api = api_enforcing_rbac().await;
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/base/rbac.yaml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let objects = serde_yaml_ng::Deserializer::from_str(&text)
+        .map(|document| serde::Deserialize::deserialize(document).unwrap())
+        .filter(|object: &serde_json::Value| !object.is_null());
+    load_rbac(&api, objects).await;
+    api
+}
+
+/// A fake API server enforcing RBAC with nothing granted yet but its
+/// bootstrap roles, and the namespaces of [`Stack`].
+pub async fn api_enforcing_rbac() -> FakeApiServer {
+    let options = vynil_testkit::kube_api::FakeApiOptions { rbac: true, ..Default::default() };
+    let api = FakeApiServer::start_with(options).await.unwrap();
+    api.create_namespaces(&[CONTROL_PLANE_NAMESPACE, "apps"]).unwrap();
+    api
+}
+
+/// Creates the ServiceAccounts, Roles and bindings among `objects` (other
+/// kinds are skipped), a namespaced one without a namespace in the control
+/// plane's, as kustomize would put it.
+pub async fn load_rbac(api: &FakeApiServer, objects: impl IntoIterator<Item = serde_json::Value>) {
+    let admin = api.client().unwrap();
+    for mut object in objects {
+        let kind = object["kind"].as_str().unwrap().to_string();
+        let (group, plural, namespaced) = match kind.as_str() {
+            "ServiceAccount" => ("", "serviceaccounts", true),
+            "Role" => ("rbac.authorization.k8s.io", "roles", true),
+            "RoleBinding" => ("rbac.authorization.k8s.io", "rolebindings", true),
+            "ClusterRole" => ("rbac.authorization.k8s.io", "clusterroles", false),
+            "ClusterRoleBinding" => ("rbac.authorization.k8s.io", "clusterrolebindings", false),
+            _ => continue,
+        };
+        let resource = kube::api::ApiResource {
+            group: group.into(),
+            version: "v1".into(),
+            api_version: object["apiVersion"].as_str().unwrap().into(),
+            kind: kind.clone(),
+            plural: plural.into(),
+        };
+        let objects: Api<kube::api::DynamicObject> = if namespaced {
+            let namespace =
+                object["metadata"]["namespace"].as_str().unwrap_or(CONTROL_PLANE_NAMESPACE).to_string();
+            object["metadata"]["namespace"] = namespace.clone().into();
+            Api::namespaced_with(admin.clone(), &namespace, &resource)
+        } else {
+            Api::all_with(admin.clone(), &resource)
+        };
+        objects.create(&PostParams::default(), &serde_json::from_value(object).unwrap()).await.unwrap();
+    }
+}
+
+/// A client of `service`, as its Deployment runs it: its ServiceAccount's
+/// token, its user agent, the control plane's namespace.
 pub fn service_client(api: &FakeApiServer, service: &str) -> kube::Client {
     let mut config = kube::Config::new(api.url().parse().unwrap());
+    config.auth_info.token = Some(api.service_account_token(CONTROL_PLANE_NAMESPACE, service).into());
     config.default_namespace = CONTROL_PLANE_NAMESPACE.into();
     let agent = format!("{service}/{}", env!("CARGO_PKG_VERSION"));
     config.headers.push((http::header::USER_AGENT, http::HeaderValue::from_str(&agent).unwrap()));

@@ -1,4 +1,4 @@
-//! `deploy/` as a cluster would receive it: the base and both overlays
+//! `deploy/` as a cluster would receive it: the base and the overlays
 //! rendered by `kubectl kustomize`, every object parsed into its
 //! `k8s-openapi` type, the CRDs equal to `crdgen`'s, every container locked
 //! down with limits, the NetworkPolicies allowing exactly DESIGN's calls,
@@ -141,12 +141,12 @@ fn name_label(selector: &Value) -> Option<String> {
 }
 
 #[test]
-fn the_base_and_both_overlays_render_into_valid_locked_down_objects() {
+fn the_base_and_every_overlay_render_into_valid_locked_down_objects() {
     let crds: Vec<Value> = serde_yaml_ng::Deserializer::from_str(&vynil_crds::crds_yaml().unwrap())
         .map(|doc| serde_json::to_value(serde_yaml_ng::Value::deserialize(doc).unwrap()).unwrap())
         .filter(|v| !v.is_null())
         .collect();
-    for dir in ["base", "overlays/single", "overlays/ha"] {
+    for dir in ["base", "overlays/single", "overlays/ha", "overlays/namespaced-agent"] {
         let objects = render(dir);
         let mut deployments = BTreeMap::new();
         for object in &objects {
@@ -167,7 +167,10 @@ fn the_base_and_both_overlays_render_into_valid_locked_down_objects() {
             }
             let namespaced = !["Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"]
                 .contains(&kind);
-            if namespaced {
+            // The narrower agent's rights are bound in the tenants' namespaces.
+            let tenant_binding =
+                kind == "RoleBinding" && object["roleRef"]["name"] == "vynil-agent-namespaced";
+            if namespaced && !tenant_binding {
                 assert_eq!(object["metadata"]["namespace"], "vynil-system", "{dir}: {kind} {name}");
             }
         }
@@ -421,7 +424,7 @@ fn egress_design() -> BTreeSet<(String, String, i64)> {
 /// cookies `Secure`, so a browser never sends them over plain HTTP.
 #[test]
 fn the_deployed_gateway_sends_its_session_cookies_only_over_tls() {
-    for dir in ["base", "overlays/single", "overlays/ha"] {
+    for dir in ["base", "overlays/single", "overlays/ha", "overlays/namespaced-agent"] {
         let gateway = render(dir)
             .into_iter()
             .find(|o| o["kind"] == "Deployment" && o["metadata"]["name"] == "vynil-gateway")
@@ -683,7 +686,8 @@ async fn every_call_the_services_make_is_granted_by_their_role_and_every_grant_i
         kube::Api::namespaced(stack.client.clone(), "vynil-system");
     deployments.create(&PostParams::default(), &serde_json::from_value(controller).unwrap()).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = stack.api.write_kubeconfig(dir.path(), "vynil-system").unwrap();
+    let lifecycle_token = stack.api.service_account_token("vynil-system", "vynil-lifecycle");
+    let kubeconfig = stack.api.write_kubeconfig_as(dir.path(), "vynil-system", &lifecycle_token).unwrap();
     // A process of its own: the fake API server answers on this test's runtime.
     let binary = vynil_testkit::workspace_binary("vynil-lifecycle", "vynil-lifecycle").unwrap();
     let takeover = tokio::process::Command::new(binary)
@@ -750,4 +754,71 @@ async fn every_call_the_services_make_is_granted_by_their_role_and_every_grant_i
         unexplained.join("\n")
     );
     stack.stop().await;
+}
+
+/// Whether the API server refused `result` for RBAC (403); any other error fails.
+fn refused<T>(result: Result<T, kube::Error>) -> bool {
+    match result {
+        Err(kube::Error::Api(e)) if e.code == 403 => true,
+        Err(e) => panic!("not an RBAC answer: {e}"),
+        Ok(_) => false,
+    }
+}
+
+/// Security review item 9, the narrower agent: under
+/// `overlays/namespaced-agent`, the account every agent Job and the reaper
+/// run as installs and removes a package's namespaced objects in a bound
+/// tenant namespace, and reaches neither the control plane's Secrets (the
+/// service token) nor the cluster's RBAC nor an unbound namespace. Under the
+/// base (cluster-admin, as upstream's agent) it reaches all three: the
+/// overlay is what narrows. RBAC as the fake API server enforces it.
+#[tokio::test]
+async fn the_namespaced_agent_reads_no_control_plane_secret_and_writes_nothing_outside_its_namespaces() {
+    use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+    use kube::api::{Api, DeleteParams, PostParams};
+    let reaches = |api: &vynil_testkit::kube_api::FakeApiServer| {
+        let agent = api.client_as(&api.service_account_token("vynil-system", "vynil-agent")).unwrap();
+        async move {
+            let config_map = |name: &str| -> ConfigMap {
+                serde_json::from_value(serde_json::json!({"metadata": {"name": name}, "data": {"a": "b"}}))
+                    .unwrap()
+            };
+            let apps: Api<ConfigMap> = Api::namespaced(agent.clone(), "apps");
+            let installs = !refused(apps.create(&PostParams::default(), &config_map("web")).await)
+                && !refused(apps.delete("web", &DeleteParams::default()).await);
+            let secrets: Api<Secret> = Api::namespaced(agent.clone(), "vynil-system");
+            let token = !refused(secrets.get("vynil-service-token").await);
+            let prod: Api<ConfigMap> = Api::namespaced(agent.clone(), "prod");
+            let unbound = !refused(prod.create(&PostParams::default(), &config_map("web")).await);
+            let bindings: Api<ClusterRoleBinding> = Api::all(agent.clone());
+            let escalation: ClusterRoleBinding = serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "mine"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+                "subjects": [{"kind": "ServiceAccount", "name": "vynil-agent", "namespace": "vynil-system"}]}))
+            .unwrap();
+            let cluster = !refused(bindings.create(&PostParams::default(), &escalation).await);
+            let instances: Api<vynil_crds::TenantInstance> = Api::all(agent);
+            let reads_instances = !refused(instances.list(&Default::default()).await);
+            (installs, reads_instances, token, unbound, cluster)
+        }
+    };
+    let world = |dir: &'static str| async move {
+        let api = vynil_e2e::api_enforcing_rbac().await;
+        api.create_namespaces(&["prod"]).unwrap();
+        let secrets: Api<Secret> = Api::namespaced(api.client().unwrap(), "vynil-system");
+        let token: Secret = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "vynil-service-token"}, "stringData": {"token": "s3cret"}}))
+        .unwrap();
+        secrets.create(&PostParams::default(), &token).await.unwrap();
+        vynil_e2e::load_rbac(&api, render(dir)).await;
+        api
+    };
+    let narrow = world("overlays/namespaced-agent").await;
+    assert_eq!(
+        reaches(&narrow).await,
+        (true, true, false, false, false),
+        "(installs in apps, reads instances, reads the service token, writes in prod, binds cluster-admin)"
+    );
+    let base = world("overlays/single").await;
+    assert_eq!(reaches(&base).await, (true, true, true, true, true), "the base's agent is cluster-admin");
 }

@@ -22,9 +22,18 @@
 //! | request log | every request with its RBAC verb, resource, namespace, name, user agent and bearer token ([`FakeApiServer::requests`]) |
 //! | faults | per verb and resource: a status (`409`, `500`…), a delay or a concurrent write, for the next N requests ([`FakeApiServer::inject`]); every open watch ended at once ([`FakeApiServer::close_watches`]) |
 //!
-//! Not emulated: authentication and authorization of requests themselves
-//! (everything is allowed; RBAC is checked by reading the request log),
-//! admission webhooks, CEL (`x-kubernetes-validations`), the OpenAPI
+//! RBAC: with [`FakeApiOptions::rbac`], every request is authenticated by
+//! its bearer token ([`ADMIN_TOKEN`] for [`FakeApiServer::client`],
+//! [`FakeApiServer::service_account_token`] for a ServiceAccount) and
+//! authorised by the Roles, ClusterRoles and bindings stored, as the RBAC
+//! authorizer does (see `rbac`; `cluster-admin` and `system:discovery`
+//! preloaded): `401` without a known token, `403 Forbidden` in the API
+//! server's words without a grant; SubjectAccessReview reads the same rules.
+//! Off by default (everything allowed, the request log says who asked what);
+//! the end-to-end `Stack` runs under `deploy/base/rbac.yaml`.
+//!
+//! Not emulated: RBAC's escalation checks on writing roles, aggregated
+//! ClusterRoles, impersonation, admission webhooks, CEL (`x-kubernetes-validations`), the OpenAPI
 //! `format`s, validation of built-in kinds beyond the rules listed above
 //! (a Pod or a Deployment spec is stored as sent), API priority and
 //! fairness, pages from one snapshot (`limit`/`continue` are served, later
@@ -39,6 +48,7 @@
 mod access;
 mod admission;
 mod agent;
+mod rbac;
 mod resources;
 mod selectors;
 mod server;
@@ -49,4 +59,4 @@ pub use access::{AccessRule, AccessTable, ApiFault, ApiFaultAction, Identity, Re
 pub use agent::{AgentJob, AgentOutcome, AgentRun, FakeAgent};
 pub use resources::ResourceDef;
 pub use selectors::{FieldSelector, LabelSelector};
-pub use server::{FakeApiOptions, FakeApiServer};
+pub use server::{ADMIN_TOKEN, FakeApiOptions, FakeApiServer};

@@ -33,11 +33,21 @@ pub struct FakeApiOptions {
     pub history_limit: usize,
     /// How often a watch that allows bookmarks receives one.
     pub bookmark_interval: Duration,
+    /// Authenticate every request by its bearer token and authorise it by
+    /// the RBAC objects stored (see `rbac`): `401` without a known token,
+    /// `403 Forbidden` without a grant. Off: everything is allowed (the
+    /// request log still says who asked what).
+    pub rbac: bool,
 }
 
 impl Default for FakeApiOptions {
     fn default() -> Self {
-        Self { vynil_crds: true, history_limit: 10_000, bookmark_interval: Duration::from_secs(1) }
+        Self {
+            vynil_crds: true,
+            history_limit: 10_000,
+            bookmark_interval: Duration::from_secs(1),
+            rbac: false,
+        }
     }
 }
 
@@ -49,6 +59,7 @@ pub(super) struct Shared {
     access: Mutex<AccessTable>,
     pub(super) bookmark_interval: Duration,
     address: String,
+    rbac: bool,
     /// Bumped by [`FakeApiServer::close_watches`]: every open watch ends.
     pub(super) watch_generation: tokio::sync::watch::Sender<u64>,
     /// Woken after every write: the garbage collector and namespace
@@ -104,11 +115,23 @@ impl FakeApiServer {
                 }
             }
         }
+        for (plural, object) in super::rbac::bootstrap() {
+            let def = store.resources.find_by_plural("rbac.authorization.k8s.io", plural).cloned();
+            if let Some(def) = def {
+                store.create(&def, None, object).map_err(|e| TestkitError::Fixture(e.message))?;
+            }
+        }
+        let mut access = AccessTable::default();
+        access.tokens.insert(
+            ADMIN_TOKEN.into(),
+            Identity { username: "kubernetes-admin".into(), groups: vec!["system:masters".into()] },
+        );
         let shared = Arc::new(Shared {
             store: Mutex::new(store),
             log: Mutex::default(),
             faults: Mutex::default(),
-            access: Mutex::default(),
+            access: Mutex::new(access),
+            rbac: options.rbac,
             bookmark_interval: options.bookmark_interval,
             watch_generation: tokio::sync::watch::Sender::new(0),
             address: addr.to_string(),
@@ -149,19 +172,41 @@ impl FakeApiServer {
         format!("http://{}", self.addr)
     }
 
-    /// A real `kube::Client` talking to this server, default namespace `default`.
+    /// A real `kube::Client` talking to this server as the cluster's admin
+    /// ([`ADMIN_TOKEN`], group `system:masters`), default namespace `default`.
     pub fn client(&self) -> Result<kube::Client> {
+        self.client_as(ADMIN_TOKEN)
+    }
+
+    /// A `kube::Client` presenting `token` (see [`FakeApiServer::service_account_token`]).
+    pub fn client_as(&self, token: &str) -> Result<kube::Client> {
         let url = self.url().parse().map_err(|e| TestkitError::Fixture(format!("fake API URL: {e}")))?;
-        let config = kube::Config::new(url);
+        let mut config = kube::Config::new(url);
+        config.auth_info.token = Some(token.to_string().into());
         kube::Client::try_from(config).map_err(|e| TestkitError::Fixture(format!("kube client: {e}")))
     }
 
+    /// The bearer token of ServiceAccount `namespace/name`: the server
+    /// authenticates it as `system:serviceaccount:<namespace>:<name>`.
+    pub fn service_account_token(&self, namespace: &str, name: &str) -> String {
+        let token = format!("fake-sa-token-{namespace}-{name}");
+        let identity =
+            Identity { username: format!("system:serviceaccount:{namespace}:{name}"), groups: Vec::new() };
+        lock(&self.shared.access).tokens.insert(token.clone(), identity);
+        token
+    }
+
     /// A kubeconfig for service processes (`KUBECONFIG=<path>`), with `namespace`
-    /// as the context's namespace.
+    /// as the context's namespace, as the cluster's admin.
     pub fn write_kubeconfig(&self, dir: &Path, namespace: &str) -> Result<PathBuf> {
+        self.write_kubeconfig_as(dir, namespace, ADMIN_TOKEN)
+    }
+
+    /// [`FakeApiServer::write_kubeconfig`] presenting `token`.
+    pub fn write_kubeconfig_as(&self, dir: &Path, namespace: &str, token: &str) -> Result<PathBuf> {
         let text = format!(
             "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: {}\nusers:\n- name: fake\n  \
-             user: {{}}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\n    namespace: {namespace}\n\
+             user: {{token: {token}}}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\n    namespace: {namespace}\n\
              current-context: fake\n",
             self.url()
         );
@@ -279,6 +324,9 @@ impl FakeApiServer {
         lock(&self.shared.access).rules.push(rule);
     }
 }
+
+/// The token [`FakeApiServer::client`] presents: the cluster's admin.
+pub const ADMIN_TOKEN: &str = "fake-api-server-admin-token";
 
 /// A request resolved against the resource table.
 #[derive(Debug)]
@@ -470,6 +518,11 @@ async fn respond(shared: Arc<Shared>, request: Request, slot: &std::sync::OnceLo
         Ok(t) => t,
         Err(e) => return failure(&e),
     };
+    if shared.rbac
+        && let Err(refused) = authorize(&shared, &target, verb, entry.bearer_token.as_deref(), &path)
+    {
+        return failure(&refused);
+    }
     match take_fault(&shared, &entry) {
         Some(ApiFaultAction::Status(code)) => {
             let message = format!("fault injected by the test ({code})");
@@ -538,6 +591,54 @@ async fn respond(shared: Arc<Shared>, request: Request, slot: &std::sync::OnceLo
             }
         }
     }
+}
+
+/// RBAC for one request (with [`FakeApiOptions::rbac`]): `401` without a
+/// known token, `403 Forbidden` in the API server's words without a grant.
+fn authorize(
+    shared: &Shared,
+    target: &Target,
+    verb: &str,
+    token: Option<&str>,
+    path: &str,
+) -> std::result::Result<(), ApiError> {
+    let user = token.and_then(|t| lock(&shared.access).tokens.get(t).cloned());
+    let Some(user) = user else {
+        return Err(ApiError::new(401, "Unauthorized", "Unauthorized"));
+    };
+    let attrs = match target {
+        Target::Object { def, namespace, name, subresource } => super::rbac::Attributes {
+            verb: verb.into(),
+            group: def.group.clone(),
+            resource: def.plural.clone(),
+            subresource: subresource.clone(),
+            namespace: namespace.clone(),
+            name: name.clone(),
+            path: None,
+        },
+        _ => super::rbac::Attributes {
+            verb: "get".into(),
+            group: String::new(),
+            resource: String::new(),
+            subresource: None,
+            namespace: None,
+            name: None,
+            path: Some(path.to_string()),
+        },
+    };
+    if rbac_allows(shared, &user, &attrs) {
+        return Ok(());
+    }
+    let mut error = ApiError::new(403, "Forbidden", super::rbac::forbidden_message(&user, &attrs));
+    error.details =
+        Some(json!({"name": attrs.name.unwrap_or_default(), "group": attrs.group, "kind": attrs.resource}));
+    Err(error)
+}
+
+fn rbac_allows(shared: &Shared, user: &Identity, attrs: &super::rbac::Attributes) -> bool {
+    let store = lock(&shared.store);
+    let objects = |plural: &str| store.objects_of("rbac.authorization.k8s.io", plural);
+    super::rbac::allows(&objects, user, attrs)
 }
 
 fn version_info() -> Value {
@@ -757,10 +858,40 @@ fn review(
     def: &ResourceDef,
     mut body: Value,
 ) -> std::result::Result<(u16, Value), ApiError> {
-    let access = lock(&shared.access);
     let status = match def.plural.as_str() {
-        "tokenreviews" => access.token_review(&body["spec"]),
-        "subjectaccessreviews" => access.access_review(&body["spec"]),
+        "tokenreviews" => lock(&shared.access).token_review(&body["spec"]),
+        "subjectaccessreviews" => {
+            let mut status = lock(&shared.access).access_review(&body["spec"]);
+            // With RBAC on, the stored roles answer too (the table's rules still allow).
+            if shared.rbac && status["allowed"] != json!(true) {
+                let spec = &body["spec"];
+                let user = Identity {
+                    username: spec["user"].as_str().unwrap_or_default().into(),
+                    groups: spec["groups"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(Value::as_str)
+                        .map(str::to_string)
+                        .collect(),
+                };
+                let a = &spec["resourceAttributes"];
+                let text = |v: &Value| v.as_str().filter(|s| !s.is_empty()).map(str::to_string);
+                let attrs = super::rbac::Attributes {
+                    verb: text(&a["verb"]).unwrap_or_default(),
+                    group: text(&a["group"]).unwrap_or_default(),
+                    resource: text(&a["resource"]).unwrap_or_default(),
+                    subresource: text(&a["subresource"]),
+                    namespace: text(&a["namespace"]),
+                    name: text(&a["name"]),
+                    path: None,
+                };
+                if rbac_allows(shared, &user, &attrs) {
+                    status = json!({"allowed": true, "reason": "allowed by RBAC"});
+                }
+            }
+            status
+        }
         other => {
             return Err(ApiError::new(405, "MethodNotAllowed", format!("{other} are answered, not stored")));
         }

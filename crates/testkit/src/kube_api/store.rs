@@ -322,6 +322,15 @@ impl Store {
         let _ = self.events.send(event);
     }
 
+    /// Every stored object of `group`/`plural` (RBAC reads its roles so).
+    pub fn objects_of(&self, group: &str, plural: &str) -> Vec<Value> {
+        self.objects
+            .iter()
+            .filter(|(k, _)| k.group == group && k.plural == plural)
+            .map(|(_, o)| o.clone())
+            .collect()
+    }
+
     pub fn get(&self, res: &ResourceDef, namespace: Option<&str>, name: &str) -> Result<Value, ApiError> {
         self.objects
             .get(&Self::key(res, namespace, name))
