@@ -31,6 +31,7 @@
 //! credential reaches no service.
 
 use std::{
+    net::IpAddr,
     path::{Path, PathBuf},
     sync::{Arc, Mutex},
     time::{Duration, Instant, SystemTime},
@@ -490,12 +491,45 @@ pub struct Authenticator {
     pub sessions: Sessions,
     /// TokenReview and SubjectAccessReview, with `--kubernetes-auth`.
     pub kube: Option<KubeAuth>,
+    /// Where a request comes from: its TCP peer, or the proxy's word.
+    pub source: Source,
+}
+
+/// How the gateway tells where a request comes from (per-address budgets).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// The TCP peer: the gateway is reached directly.
+    Peer,
+    /// The last address of `X-Forwarded-For` (what the proxy in front
+    /// appended), for a gateway reached only through that proxy.
+    ForwardedFor,
+}
+
+impl Source {
+    /// The address a request with `headers` from `peer` comes from.
+    pub fn of(self, headers: &HeaderMap, peer: Option<IpAddr>) -> Option<IpAddr> {
+        match self {
+            Source::Peer => peer,
+            Source::ForwardedFor => headers
+                .get_all("x-forwarded-for")
+                .iter()
+                .next_back()
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.rsplit(',').next())
+                .and_then(|v| v.trim().parse().ok())
+                .or(peer),
+        }
+    }
 }
 
 impl Authenticator {
-    /// The principal of a request, `None` without credentials, an error for
-    /// a credential that is not valid (never silently anonymous).
-    pub async fn authenticate(&self, headers: &HeaderMap) -> Result<Option<Principal>, ApiError> {
+    /// The principal of a request from `from`, `None` without credentials,
+    /// an error for a credential that is not valid (never silently anonymous).
+    pub async fn authenticate(
+        &self,
+        headers: &HeaderMap,
+        from: Option<IpAddr>,
+    ) -> Result<Option<Principal>, ApiError> {
         if let Some(value) = headers.get(header::AUTHORIZATION) {
             let token = value
                 .to_str()
@@ -503,7 +537,7 @@ impl Authenticator {
                 .and_then(|v| v.strip_prefix("Bearer "))
                 .map(str::trim)
                 .ok_or_else(|| ApiError::unauthenticated("Authorization must be `Bearer <token>`"))?;
-            return self.bearer(token).await.map(Some);
+            return self.bearer(token, from).await.map(Some);
         }
         let Some(value) = session_cookie(headers) else { return Ok(None) };
         let (mut principal, held) = self.sessions.verify(value)?;
@@ -525,7 +559,7 @@ impl Authenticator {
                 };
                 let kube = self.kube.as_ref().ok_or_else(refused)?;
                 // Cached: the API server is asked again once the review expires.
-                let user = kube.review_token(&bearer).await?.ok_or_else(refused)?;
+                let user = kube.review_token(&bearer, from).await?.ok_or_else(refused)?;
                 (principal.name, principal.grant) = (user.username.clone(), Grant::Kubernetes(user));
             }
         }
@@ -534,14 +568,14 @@ impl Authenticator {
 
     /// The principal of a bearer token (also what a login checks): a token
     /// of the tokens file, else (with `--kubernetes-auth`) a Kubernetes user.
-    pub async fn bearer(&self, token: &str) -> Result<Principal, ApiError> {
+    pub async fn bearer(&self, token: &str, from: Option<IpAddr>) -> Result<Principal, ApiError> {
         if let Some((name, role)) = self.tokens.current().find(token) {
             let via = Via::Bearer { token: Some(token_hash(token)) };
             return Ok(Principal { name, grant: Grant::Role(role), via });
         }
         let unknown = || ApiError::unauthenticated("the token is not known to this gateway");
         let kube = self.kube.as_ref().ok_or_else(unknown)?;
-        let user = kube.review_token(token).await?.ok_or_else(unknown)?;
+        let user = kube.review_token(token, from).await?.ok_or_else(unknown)?;
         Ok(Principal {
             name: user.username.clone(),
             grant: Grant::Kubernetes(user),
@@ -592,7 +626,21 @@ mod tests {
             tokens: Tokens::fixed(TokenBook::parse(&book).unwrap()),
             sessions: Sessions::new(None, Duration::from_secs(60), false).unwrap(),
             kube: None,
+            source: Source::Peer,
         }
+    }
+
+    #[test]
+    fn the_source_of_a_request_is_its_peer_unless_the_proxy_in_front_is_trusted() {
+        let peer: Option<IpAddr> = Some([10, 0, 0, 9].into());
+        let forwarded = headers(&[("x-forwarded-for", "6.6.6.6"), ("x-forwarded-for", "1.2.3.4, 5.6.7.8")]);
+        assert_eq!(Source::Peer.of(&forwarded, peer), peer, "a client's own header is not believed");
+        assert_eq!(
+            Source::ForwardedFor.of(&forwarded, peer),
+            Some([5, 6, 7, 8].into()),
+            "what the proxy appended"
+        );
+        assert_eq!(Source::ForwardedFor.of(&HeaderMap::new(), peer), peer);
     }
 
     fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
@@ -606,22 +654,23 @@ mod tests {
     #[tokio::test]
     async fn tokens_map_to_their_role_and_an_unknown_token_is_refused_not_anonymous() {
         let auth = authenticator();
-        let root = auth.authenticate(&headers(&[("authorization", "Bearer t-root")])).await.unwrap().unwrap();
+        let root =
+            auth.authenticate(&headers(&[("authorization", "Bearer t-root")]), None).await.unwrap().unwrap();
         assert_eq!((root.name.as_str(), root.role()), ("root", Some(Role::Admin)));
-        assert!(auth.authenticate(&headers(&[("authorization", "Bearer nope")])).await.is_err());
-        assert!(auth.authenticate(&headers(&[("authorization", "Basic eDp5")])).await.is_err());
-        assert_eq!(auth.authenticate(&HeaderMap::new()).await.unwrap(), None);
+        assert!(auth.authenticate(&headers(&[("authorization", "Bearer nope")]), None).await.is_err());
+        assert!(auth.authenticate(&headers(&[("authorization", "Basic eDp5")]), None).await.is_err());
+        assert_eq!(auth.authenticate(&HeaderMap::new(), None).await.unwrap(), None);
     }
 
     #[tokio::test]
     async fn a_session_cookie_is_signed_and_a_tampered_one_is_refused() {
         let auth = authenticator();
-        let ann = auth.bearer("t-ann").await.unwrap();
+        let ann = auth.bearer("t-ann", None).await.unwrap();
         let (cookie, info) = auth.sessions.open(&ann, "t-ann").unwrap();
         let cookie = cookie.to_str().unwrap();
         assert!(cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"), "{cookie}");
         let pair = cookie.split(';').next().unwrap();
-        let principal = auth.authenticate(&headers(&[("cookie", pair)])).await.unwrap().unwrap();
+        let principal = auth.authenticate(&headers(&[("cookie", pair)]), None).await.unwrap().unwrap();
         assert_eq!(principal.role(), Some(Role::Viewer));
         // Claiming admin in the payload breaks the signature.
         let value = pair.trim_start_matches("vynil_session=");
@@ -629,7 +678,7 @@ mod tests {
         let mut claims: serde_json::Value = serde_json::from_slice(&B64.decode(payload).unwrap()).unwrap();
         claims["r"] = "admin".into();
         let forged = format!("vynil_session={}.{signature}", B64.encode(claims.to_string()));
-        assert!(auth.authenticate(&headers(&[("cookie", &forged)])).await.is_err());
+        assert!(auth.authenticate(&headers(&[("cookie", &forged)]), None).await.is_err());
         // Another replica with another key refuses it too.
         let other = Sessions::new(None, Duration::from_secs(60), false).unwrap();
         assert!(other.verify(value).is_err());
@@ -660,16 +709,21 @@ mod tests {
             tokens: Tokens::watch(&path, Duration::ZERO).unwrap(),
             sessions: sessions.clone(),
             kube: None,
+            source: Source::Peer,
         };
         let cookie = |principal: &Principal| {
             let (cookie, _) = auth.sessions.open(principal, "unused for a tokens-file session").unwrap();
             cookie.to_str().unwrap().split(';').next().unwrap().to_string()
         };
-        let (root_cookie, ann_cookie) =
-            (cookie(&auth.bearer("t-root").await.unwrap()), cookie(&auth.bearer("t-ann").await.unwrap()));
+        let (root_cookie, ann_cookie) = (
+            cookie(&auth.bearer("t-root", None).await.unwrap()),
+            cookie(&auth.bearer("t-ann", None).await.unwrap()),
+        );
         let role = |cookie: String| {
             let auth = &auth;
-            async move { auth.authenticate(&headers(&[("cookie", &cookie)])).await.map(|p| p.unwrap().role()) }
+            async move {
+                auth.authenticate(&headers(&[("cookie", &cookie)]), None).await.map(|p| p.unwrap().role())
+            }
         };
         assert_eq!(role(ann_cookie.clone()).await.unwrap(), Some(Role::Admin));
 
@@ -677,13 +731,17 @@ mod tests {
         write(&[TokenBook::line("root", Role::Viewer, "t-root")]);
         let refused = role(ann_cookie.clone()).await.unwrap_err();
         assert!(format!("{refused:?}").contains("no longer configured"), "{refused:?}");
-        assert!(auth.bearer("t-ann").await.is_err());
+        assert!(auth.bearer("t-ann", None).await.is_err());
         assert_eq!(role(root_cookie.clone()).await.unwrap(), Some(Role::Viewer));
 
         // A restart (a new gateway reading the file, same session key) agrees.
-        let restarted =
-            Authenticator { tokens: Tokens::watch(&path, Duration::ZERO).unwrap(), sessions, kube: None };
-        assert!(restarted.authenticate(&headers(&[("cookie", &ann_cookie)])).await.is_err());
+        let restarted = Authenticator {
+            tokens: Tokens::watch(&path, Duration::ZERO).unwrap(),
+            sessions,
+            kube: None,
+            source: Source::Peer,
+        };
+        assert!(restarted.authenticate(&headers(&[("cookie", &ann_cookie)]), None).await.is_err());
 
         // A broken file keeps what was last read.
         std::fs::write(&path, "tokens: [not yaml").unwrap();

@@ -58,6 +58,8 @@ pub struct CallContext {
     pub principal: Option<Principal>,
     pub request_id: String,
     pub trace: Vec<(&'static str, String)>,
+    /// The caller's address, for per-address budgets.
+    pub from: Option<std::net::IpAddr>,
 }
 
 #[derive(Debug, Clone)]

@@ -10,6 +10,7 @@
 //! | `INVALID_ARGUMENT` | 400 | `BAD_REQUEST` |
 //! | (a body over `--max-body-bytes`, refused before any service) | 413 | `TOO_LARGE` |
 //! | (one more event stream than `--max-streams-per-client`) | 429 | `TOO_MANY_STREAMS` |
+//! | (one more token review than `--kubernetes-reviews-per-minute` from an address) | 429 | `RATE_LIMITED`, with `Retry-After` |
 //! | `UNAUTHENTICATED` | 401 | `UNAUTHENTICATED` |
 //! | `PERMISSION_DENIED` | 403 | `FORBIDDEN` |
 //! | `NOT_FOUND` | 404 | `NOT_FOUND` |
@@ -34,7 +35,7 @@ use utoipa::ToSchema;
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct ErrorBody {
     /// Stable: BAD_REQUEST, UNAUTHENTICATED, FORBIDDEN, NOT_FOUND, BODY_TIMEOUT, TOO_LARGE,
-    /// TOO_MANY_STREAMS, REFUSED, CONFLICT, UNAVAILABLE, TIMEOUT, INTERNAL.
+    /// TOO_MANY_STREAMS, RATE_LIMITED, REFUSED, CONFLICT, UNAVAILABLE, TIMEOUT, INTERNAL.
     pub code: String,
     /// What was wrong and what to do.
     pub message: String,
@@ -48,11 +49,13 @@ pub struct ApiError {
     status: StatusCode,
     code: &'static str,
     message: String,
+    /// Seconds, sent as `Retry-After`.
+    retry_after: Option<u64>,
 }
 
 impl ApiError {
     fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
-        Self { status, code, message: message.into() }
+        Self { status, code, message: message.into(), retry_after: None }
     }
 
     /// A request that cannot be right: `field` names what to fix.
@@ -82,7 +85,7 @@ impl ApiError {
         )
     }
 
-    /// A body that could not be read: over the limit, or cut.
+    /// One event stream more than a client may hold.
     pub fn too_many_streams(client: &str, max: usize) -> Self {
         Self::new(
             StatusCode::TOO_MANY_REQUESTS,
@@ -94,6 +97,14 @@ impl ApiError {
         )
     }
 
+    /// More than a source address may cause; `retry_after` is when it may again.
+    pub fn rate_limited(message: impl Into<String>, retry_after: std::time::Duration) -> Self {
+        let mut error = Self::new(StatusCode::TOO_MANY_REQUESTS, "RATE_LIMITED", message);
+        error.retry_after = Some(retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0));
+        error
+    }
+
+    /// A body that could not be read: over the limit, or cut.
     pub fn unreadable_body(status: StatusCode, problem: impl std::fmt::Display) -> Self {
         if status == StatusCode::PAYLOAD_TOO_LARGE {
             Self::too_large()
@@ -178,7 +189,11 @@ pub fn current_request_id() -> String {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = self.body(&current_request_id());
-        (self.status, Json(body)).into_response()
+        let mut response = (self.status, Json(body)).into_response();
+        if let Some(seconds) = self.retry_after {
+            response.headers_mut().insert(axum::http::header::RETRY_AFTER, seconds.into());
+        }
+        response
     }
 }
 

@@ -20,14 +20,24 @@
 //! browser's calls do not each cost an API request: users and refused
 //! tokens apart, so a flood of made-up tokens (each refused, each cached
 //! in a bounded list whose oldest goes first) never takes the place of a
-//! real user's review. An API server that cannot be asked answers 503:
-//! unknown is not "denied".
+//! real user's review. A review that is not cached is also counted against
+//! the address it comes from (`--kubernetes-reviews-per-minute`; the TCP
+//! peer, or with `--trust-forwarded-for` the address the proxy in front
+//! appended to `X-Forwarded-For`): beyond it the caller is answered 429
+//! `RATE_LIMITED` with `Retry-After` and the API server is not asked, so one
+//! client cannot make the gateway flood the API server, and callers whose
+//! reviews are cached (every signed-in user) never feel it. An API server
+//! that cannot be asked answers 503: unknown is not "denied".
 
 use std::{
     collections::{HashMap, VecDeque},
+    net::IpAddr,
+    num::NonZeroU32,
     sync::Mutex,
     time::{Duration, Instant},
 };
+
+use governor::{DefaultKeyedRateLimiter, Quota, clock::Clock as _};
 
 use k8s_openapi::api::{
     authentication::v1::{TokenReview, TokenReviewSpec},
@@ -42,6 +52,8 @@ pub const GROUP: &str = "vynil.solidite.fr";
 const CACHE_MAX: usize = 4096;
 /// Refused tokens remembered at most (the oldest goes first).
 const REFUSED_MAX: usize = 4096;
+/// Source addresses whose review budget is tracked before idle ones are dropped.
+const ADDRESSES_MAX: usize = 4096;
 
 /// Who TokenReview says a token is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -104,6 +116,9 @@ impl Reviewed {
 pub struct KubeAuth {
     client: kube::Client,
     reviewed: Mutex<Reviewed>,
+    /// Reviews not answered from the cache, per source address.
+    budget: DefaultKeyedRateLimiter<Option<IpAddr>>,
+    per_minute: NonZeroU32,
 }
 
 impl std::fmt::Debug for KubeAuth {
@@ -117,17 +132,30 @@ fn unavailable(e: impl std::fmt::Display) -> ApiError {
 }
 
 impl KubeAuth {
-    /// Reviews through `client`, each answer held `cache_for`.
-    pub fn new(client: kube::Client, cache_for: Duration) -> Self {
-        Self { client, reviewed: Mutex::new(Reviewed::new(cache_for)) }
+    /// Reviews through `client`, each answer held `cache_for`; a source
+    /// address may cause `per_minute` reviews the cache does not answer.
+    pub fn new(client: kube::Client, cache_for: Duration, per_minute: u32) -> Self {
+        let per_minute = NonZeroU32::new(per_minute).unwrap_or(NonZeroU32::MIN);
+        Self {
+            client,
+            reviewed: Mutex::new(Reviewed::new(cache_for)),
+            budget: DefaultKeyedRateLimiter::keyed(Quota::per_minute(per_minute)),
+            per_minute,
+        }
     }
 
-    /// The user of `token`, `None` when the API server does not authenticate it.
-    pub async fn review_token(&self, token: &str) -> Result<Option<KubeUser>, ApiError> {
+    /// The user of `token`, `None` when the API server does not authenticate
+    /// it; a review not cached is counted against `from`'s budget.
+    pub async fn review_token(
+        &self,
+        token: &str,
+        from: Option<IpAddr>,
+    ) -> Result<Option<KubeUser>, ApiError> {
         let key = crate::auth::token_hash(token);
         if let Some(cached) = self.reviewed.lock().ok().and_then(|cache| cache.get(&key)) {
             return Ok(cached);
         }
+        self.spend(from)?;
         let review = TokenReview {
             spec: TokenReviewSpec { token: token.to_string(), ..Default::default() },
             ..Default::default()
@@ -149,6 +177,25 @@ impl KubeAuth {
             cache.put(key, user.clone());
         }
         Ok(user)
+    }
+
+    /// One review from `from`, or 429 once its budget is spent.
+    fn spend(&self, from: Option<IpAddr>) -> Result<(), ApiError> {
+        if self.budget.len() > ADDRESSES_MAX {
+            self.budget.retain_recent();
+        }
+        self.budget.check_key(&from).map_err(|not_until| {
+            let wait = not_until.wait_time_from(self.budget.clock().now());
+            let from = from.map_or_else(|| "an unknown address".to_string(), |a| a.to_string());
+            ApiError::rate_limited(
+                format!(
+                    "{from} asked for more than {} token reviews a minute \
+                     (--kubernetes-reviews-per-minute): use a token this gateway knows, or retry later",
+                    self.per_minute
+                ),
+                wait,
+            )
+        })
     }
 
     /// Whether `user` may do `check`; `Err(403)` naming it when not.

@@ -103,6 +103,15 @@ pub struct Config {
     /// reviewed again after it (a revoked token ends its sessions).
     #[arg(long, env = "VYNIL_GATEWAY_KUBERNETES_REVIEW_CACHE_SECONDS", default_value_t = 60)]
     pub kubernetes_review_cache_seconds: u64,
+    /// Token reviews one source address may cause in a minute (reviews the
+    /// cache answers are free); one more is answered 429 `RATE_LIMITED`.
+    #[arg(long, env = "VYNIL_GATEWAY_KUBERNETES_REVIEWS_PER_MINUTE", default_value_t = 60)]
+    pub kubernetes_reviews_per_minute: u32,
+    /// Take a request's source address from the last `X-Forwarded-For`
+    /// entry (what the proxy in front appended) rather than the TCP peer.
+    /// Set it only when the gateway is reachable through that proxy alone.
+    #[arg(long, env = "VYNIL_GATEWAY_TRUST_FORWARDED_FOR")]
+    pub trust_forwarded_for: bool,
     #[command(flatten)]
     pub log: vynil_runtime::LogConfig,
 }
@@ -198,7 +207,7 @@ impl Gateway {
         let graceful = hyper_util::server::graceful::GracefulShutdown::new();
         tokio::pin!(shutdown);
         loop {
-            let (stream, _) = tokio::select! {
+            let (stream, peer) = tokio::select! {
                 accepted = self.listener.accept() => match accepted {
                     Ok(accepted) => accepted,
                     Err(error) => {
@@ -213,7 +222,15 @@ impl Gateway {
             if let Err(error) = stream.set_nodelay(true) {
                 tracing::debug!(%error, "cannot set TCP_NODELAY");
             }
-            let service = hyper_util::service::TowerToHyperService::new(self.router.clone());
+            // The peer, for per-address budgets (`auth::Source`).
+            let service = tower::ServiceExt::map_request(
+                self.router.clone(),
+                move |mut request: http::Request<hyper::body::Incoming>| {
+                    request.extensions_mut().insert(axum::extract::ConnectInfo(peer));
+                    request
+                },
+            );
+            let service = hyper_util::service::TowerToHyperService::new(service);
             let connection =
                 builder.serve_connection_with_upgrades(TokioIo::new(stream), service).into_owned();
             let connection = graceful.watch(connection);
@@ -262,11 +279,14 @@ pub fn router(config: &Config, kube: Option<kube::Client>) -> Result<Router, Gat
         .map_err(|(service, problem)| GatewayError::Endpoint { service: service.name(), problem })?;
     let (metrics, registry) = metrics::GatewayMetrics::register();
     let review_for = Duration::from_secs(config.kubernetes_review_cache_seconds.max(1));
-    let kube = kube.map(|client| kube_auth::KubeAuth::new(client, review_for));
+    let kube =
+        kube.map(|client| kube_auth::KubeAuth::new(client, review_for, config.kubernetes_reviews_per_minute));
+    let source = if config.trust_forwarded_for { auth::Source::ForwardedFor } else { auth::Source::Peer };
     let hooks = hooks::Hooks::load(config.hooks_file.as_deref()).map_err(GatewayError::Hooks)?;
     let streams = api::Streams::new(config.max_streams_per_client);
     let pages = api::Pages::new(config.max_page_size);
-    let app = App::new(Authenticator { tokens, sessions, kube }, services, metrics, hooks, streams, pages);
+    let app =
+        App::new(Authenticator { tokens, sessions, kube, source }, services, metrics, hooks, streams, pages);
     let scrape = get(move || {
         let registry = registry.clone();
         async move { vynil_runtime::metrics::render(&[&registry]) }

@@ -145,6 +145,8 @@ struct Guard {
 pub struct RequestMeta {
     pub id: String,
     pub trace: Vec<(&'static str, String)>,
+    /// Where the request comes from (`auth::Source`).
+    pub from: Option<std::net::IpAddr>,
 }
 
 async fn authorize(
@@ -162,9 +164,11 @@ async fn authorize(
         .find(|((m, p), _)| m == request.method() && *p == path)
         .map(|(_, a)| *a)
         .ok_or_else(|| ApiError::internal(format!("route {} {path} has no access rule", request.method())))?;
+    let meta = request.extensions().get::<RequestMeta>().cloned();
+    let from = meta.as_ref().and_then(|m| m.from);
     let principal = match needed {
         Access::Hook => None,
-        _ => guard.app.auth.authenticate(request.headers()).await?,
+        _ => guard.app.auth.authenticate(request.headers(), from).await?,
     };
     if let Access::Role(role) = needed {
         let principal = principal.as_ref().ok_or_else(|| {
@@ -201,11 +205,11 @@ async fn authorize(
             check_csrf(principal, request.headers())?;
         }
     }
-    let meta = request.extensions().get::<RequestMeta>().cloned();
     let context = CallContext {
         principal,
         request_id: meta.as_ref().map(|m| m.id.clone()).unwrap_or_default(),
         trace: meta.map(|m| m.trace).unwrap_or_default(),
+        from,
     };
     request.extensions_mut().insert(context);
     Ok(next.run(request).await)
@@ -257,7 +261,10 @@ pub async fn observe(State(app): State<App>, mut request: Request, next: Next) -
         .map(|m| m.as_str().to_string())
         .unwrap_or_else(|| "unmatched".into());
     let method = request.method().clone();
-    request.extensions_mut().insert(RequestMeta { id: id.clone(), trace });
+    let peer =
+        request.extensions().get::<axum::extract::ConnectInfo<std::net::SocketAddr>>().map(|c| c.0.ip());
+    let from = app.auth.source.of(request.headers(), peer);
+    request.extensions_mut().insert(RequestMeta { id: id.clone(), trace, from });
     let span = tracing::info_span!("http", request_id = %id, method = %method, route = %route);
     vynil_runtime::extract(&span, request.headers());
     let mut response = {

@@ -111,7 +111,8 @@ async fn a_flood_of_made_up_tokens_does_not_cost_a_real_user_a_review_per_call()
     let api = FakeApiServer::start().await.unwrap();
     api.create_namespaces(&["vynil-system"]).unwrap();
     api.add_token("bob-sa-token", "bob", &["devs"]);
-    let (base, stop) = gateway_over(&api).await;
+    // One address sends them all: lift its review budget (tested below).
+    let (base, stop) = gateway_over_with(&api, &["--kubernetes-reviews-per-minute", "100000"]).await;
     let http = reqwest::Client::new();
     let whoami = |token: String| {
         let request = http.get(format!("{base}/api/v1/whoami")).bearer_auth(token);
@@ -129,6 +130,60 @@ async fn a_flood_of_made_up_tokens_does_not_cost_a_real_user_a_review_per_call()
     }
     let reviews = api.requests().into_iter().filter(|r| r.resource == "tokenreviews").count();
     assert_eq!(reviews, 1, "bob reviewed once, then cached");
+    stop.trigger();
+}
+
+/// Security review item 8: random bearer tokens from one address cost the
+/// API server at most that address's review budget; past it the address is
+/// answered 429 `RATE_LIMITED` with `Retry-After` and the API server is not
+/// asked, while users whose review is cached, and other addresses, go on.
+#[tokio::test]
+async fn made_up_tokens_from_one_address_cost_the_api_server_at_most_its_review_budget() {
+    use std::net::{IpAddr, Ipv4Addr};
+    let api = FakeApiServer::start().await.unwrap();
+    api.create_namespaces(&["vynil-system"]).unwrap();
+    api.add_token("bob-sa-token", "bob", &["devs"]);
+    api.add_token("carol-sa-token", "carol", &["devs"]);
+    let (base, stop) = gateway_over_with(&api, &["--kubernetes-reviews-per-minute", "5"]).await;
+    let from =
+        |address: Ipv4Addr| reqwest::Client::builder().local_address(IpAddr::V4(address)).build().unwrap();
+    let (attacker, elsewhere) = (from(Ipv4Addr::new(127, 0, 0, 1)), from(Ipv4Addr::new(127, 0, 0, 2)));
+    let whoami = |http: &reqwest::Client, token: &str| {
+        http.get(format!("{base}/api/v1/whoami")).bearer_auth(token).send()
+    };
+    // Bob, on the attacker's address, is reviewed once (one of its five).
+    assert_eq!(whoami(&attacker, "bob-sa-token").await.unwrap().status(), StatusCode::OK);
+    api.clear_requests();
+    let started = std::time::Instant::now();
+    let (mut refused, mut limited) = (0, 0);
+    for i in 0..20 {
+        let answer = whoami(&attacker, &format!("made-up-{i}")).await.unwrap();
+        match answer.status() {
+            StatusCode::UNAUTHORIZED => refused += 1,
+            StatusCode::TOO_MANY_REQUESTS => {
+                limited += 1;
+                let wait: u64 = answer.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+                assert!((1..=60).contains(&wait), "Retry-After {wait}");
+                let body: serde_json::Value = answer.json().await.unwrap();
+                assert_eq!(body["code"], "RATE_LIMITED", "{body}");
+                assert!(
+                    body["message"].as_str().unwrap().contains("--kubernetes-reviews-per-minute"),
+                    "{body}"
+                );
+            }
+            other => panic!("made-up token answered {other}"),
+        }
+    }
+    let reviews = api.requests().into_iter().filter(|r| r.resource == "tokenreviews").count();
+    assert_eq!(reviews, refused, "each 401 is one review, a 429 asks nothing");
+    // Four left of five, and one more each 12 s the loop took.
+    let replenished = (started.elapsed().as_secs() / 12) as usize;
+    assert!(refused <= 4 + replenished, "{refused} reviews for one address");
+    assert!(limited >= 20 - 4 - replenished, "{limited} answered 429");
+    // Bob's review is cached: the spent budget does not touch him.
+    assert_eq!(whoami(&attacker, "bob-sa-token").await.unwrap().status(), StatusCode::OK);
+    // Another address has its own budget.
+    assert_eq!(whoami(&elsewhere, "carol-sa-token").await.unwrap().status(), StatusCode::OK);
     stop.trigger();
 }
 

@@ -272,7 +272,7 @@ mod tests {
     #[test]
     fn a_client_gets_its_streams_back_as_they_close() {
         let streams = Streams::new(2);
-        let ctx = CallContext { principal: None, request_id: "r".into(), trace: Vec::new() };
+        let ctx = CallContext { principal: None, request_id: "r".into(), trace: Vec::new(), from: None };
         let first = streams.open(&ctx).unwrap();
         let _second = streams.open(&ctx).unwrap();
         let refused = streams.open(&ctx).unwrap_err();

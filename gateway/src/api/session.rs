@@ -26,10 +26,11 @@ pub struct LoginRequest {
     responses((status = 200, body = SessionInfo, description = "The cookie is set (Set-Cookie)"), Errors))]
 pub async fn login(
     State(app): State<App>,
+    Ctx(ctx): Ctx,
     request: Result<Json<LoginRequest>, JsonRejection>,
 ) -> Result<impl IntoResponse, ApiError> {
     let request = body(request)?;
-    let principal = app.auth.bearer(request.token.trim()).await?;
+    let principal = app.auth.bearer(request.token.trim(), ctx.from).await?;
     let (cookie, info) = app.auth.sessions.open(&principal, request.token.trim())?;
     tracing::info!(principal = %principal.name, role = ?principal.role(), "session opened");
     let mut headers = HeaderMap::new();
