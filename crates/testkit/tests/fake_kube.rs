@@ -737,6 +737,41 @@ async fn a_watch_with_a_selector_sees_an_object_enter_as_added_and_leave_as_dele
     Ok(())
 }
 
+/// A watch trails the store, as the API server's watch cache trails etcd:
+/// with `watch_lag`, a read right after a write sees it at once, its watch
+/// event comes no sooner than the lag after the write, and a burst of
+/// writes is not delivered one lag per event.
+#[tokio::test]
+async fn a_lagging_watch_delivers_each_event_its_lag_after_the_write_while_reads_see_it_at_once() -> TestResult
+{
+    let lag = Duration::from_secs(1);
+    let server = FakeApiServer::start_with(FakeApiOptions { watch_lag: lag, ..Default::default() }).await?;
+    server.create_namespaces(&["apps"])?;
+    let cms: Api<ConfigMap> = Api::namespaced(server.client()?, "apps");
+    let mut events = cms.watch(&WatchParams::default(), "0").await?.boxed();
+    let written = std::time::Instant::now();
+    for i in 0..5 {
+        cms.create(&PostParams::default(), &config_map(&format!("burst-{i}"), &[])).await?;
+    }
+    assert!(cms.get_opt("burst-0").await?.is_some(), "the store has it");
+    let first = tokio::time::timeout(Duration::from_secs(10), events.try_next()).await??;
+    assert!(matches!(first, Some(WatchEvent::Added(_))), "{first:?}");
+    assert!(written.elapsed() >= lag, "delivered {:?} after the write", written.elapsed());
+    let mut names = Vec::new();
+    while names.len() < 4 {
+        if let Some(WatchEvent::Added(o)) =
+            tokio::time::timeout(Duration::from_secs(10), events.try_next()).await??
+        {
+            names.push(o.name_any());
+        }
+    }
+    assert_eq!(names, ["burst-1", "burst-2", "burst-3", "burst-4"], "in order");
+    // Each event waits out its own lag, not the events' before it: the five
+    // together arrive well before the five lags one after the other would.
+    assert!(written.elapsed() < lag * 3, "the lags added up: {:?}", written.elapsed());
+    Ok(())
+}
+
 #[tokio::test]
 async fn lists_are_served_in_pages_with_a_continue_token() -> TestResult {
     let (_server, client) = server().await?;

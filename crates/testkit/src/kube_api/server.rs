@@ -33,6 +33,10 @@ pub struct FakeApiOptions {
     pub history_limit: usize,
     /// How often a watch that allows bookmarks receives one.
     pub bookmark_interval: Duration,
+    /// How late each live watch event is delivered after its write (zero:
+    /// at once). A real API server's watch cache trails etcd: a controller
+    /// must not expect its own write back on its watch before it reads it.
+    pub watch_lag: Duration,
     /// Authenticate every request by its bearer token and authorise it by
     /// the RBAC objects stored (see `rbac`): `401` without a known token,
     /// `403 Forbidden` without a grant. Off: everything is allowed (the
@@ -46,6 +50,7 @@ impl Default for FakeApiOptions {
             vynil_crds: true,
             history_limit: 10_000,
             bookmark_interval: Duration::from_secs(1),
+            watch_lag: Duration::ZERO,
             rbac: false,
         }
     }
@@ -58,6 +63,7 @@ pub(super) struct Shared {
     faults: Mutex<Vec<ApiFault>>,
     access: Mutex<AccessTable>,
     pub(super) bookmark_interval: Duration,
+    pub(super) watch_lag: Duration,
     address: String,
     rbac: bool,
     /// Bumped by [`FakeApiServer::close_watches`]: every open watch ends.
@@ -133,6 +139,7 @@ impl FakeApiServer {
             access: Mutex::new(access),
             rbac: options.rbac,
             bookmark_interval: options.bookmark_interval,
+            watch_lag: options.watch_lag,
             watch_generation: tokio::sync::watch::Sender::new(0),
             address: addr.to_string(),
             controllers: tokio::sync::Notify::new(),

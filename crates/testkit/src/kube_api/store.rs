@@ -57,6 +57,8 @@ pub struct StoredEvent {
     /// The object before a `MODIFIED` change: a watch with a selector sends
     /// `ADDED` when the object starts to match, `DELETED` when it stops.
     pub previous: Option<Value>,
+    /// When it was written (a watch delivers it `watch_lag` after).
+    pub at: std::time::Instant,
 }
 
 /// A failure the server answers as a Kubernetes `Status` object.
@@ -311,7 +313,7 @@ impl Store {
     }
 
     fn emit_change(&mut self, kind: EventType, key: Key, object: Value, previous: Option<Value>, rv: u64) {
-        let event = Arc::new(StoredEvent { rv, kind, key, object, previous });
+        let event = Arc::new(StoredEvent { rv, kind, key, object, previous, at: std::time::Instant::now() });
         self.history.push_back(event.clone());
         while self.history.len() > self.history_limit {
             if let Some(old) = self.history.pop_front() {

@@ -70,6 +70,7 @@ pub(super) fn watch_response(shared: Arc<Shared>, call: Call) -> Response {
     };
     let expired = first.last().is_some_and(|l| l.starts_with(b"{\"type\":\"ERROR\""));
     let interval = shared.bookmark_interval;
+    let lag = shared.watch_lag;
     let mut closed = shared.watch_generation.subscribe();
     closed.mark_unchanged();
     tokio::spawn(async move {
@@ -94,10 +95,12 @@ pub(super) fn watch_response(shared: Arc<Shared>, call: Call) -> Response {
                     Ok(e) if e.rv <= last_rv => continue,
                     Ok(e) => {
                         last_rv = e.rv;
-                        match call.sees(&e, &labels, &fields) {
-                            Some(kind) => event_line(kind, &e.object),
-                            None => continue,
+                        let Some(kind) = call.sees(&e, &labels, &fields) else { continue };
+                        // Held until `lag` after its write, in order.
+                        if !lag.is_zero() {
+                            tokio::time::sleep_until((e.at + lag).into()).await;
                         }
+                        event_line(kind, &e.object)
                     }
                     Err(RecvError::Lagged(_)) => {
                         let gone = ApiError::gone("the watch fell behind; list again");
