@@ -363,6 +363,12 @@ proptest! {
 
     /// (g) What a catalog answers for a channel is exactly the rules' view of
     /// that channel, or a refusal; never a filter of another channel's view.
+    /// The catalog holds only the scanned channel's view, and no other view
+    /// can be computed from it (a narrower view may hold a release the wider
+    /// one skipped): so it answers exactly when the channel asked is the
+    /// scanned one (or none is asked), with the view computed from every
+    /// tag, and refuses, naming both channels, exactly otherwise — even
+    /// when filtering what it holds would happen to look right.
     #[test]
     fn a_catalog_answers_a_channel_with_its_exact_view_or_refuses(
         case in case(),
@@ -377,10 +383,22 @@ proptest! {
             .into_iter()
             .map(|tag| Package::new("reg", "r/x", tag, contents[tag].clone()))
             .collect();
-        if let Ok(answer) = vynil_rules::catalog_view(&stored, scanned, asked) {
-            let expected = view_of(&case, asked.unwrap_or(scanned), &fw);
-            let answered: Vec<&str> = answer.iter().map(|p| p.tag.as_str()).collect();
-            prop_assert_eq!(answered, expected.tags());
+        let wanted = asked.unwrap_or(scanned);
+        match vynil_rules::catalog_view(&stored, scanned, asked) {
+            Ok(answer) => {
+                prop_assert_eq!(wanted, scanned, "answered {:?} from a {:?} scan", wanted, scanned);
+                // The oracle: the asked channel's view of the whole repository.
+                let answered: Vec<&str> = answer.iter().map(|p| p.tag.as_str()).collect();
+                let expected = view_of(&case, wanted, &fw);
+                prop_assert_eq!(answered, expected.tags());
+            }
+            Err(refusal) => {
+                prop_assert_ne!(wanted, scanned, "refused the scanned channel: {}", refusal);
+                prop_assert_eq!(
+                    refusal,
+                    vynil_rules::RulesError::ChannelNotScanned { asked: wanted, scanned }
+                );
+            }
         }
     }
 
