@@ -73,19 +73,30 @@ async fn the_web_page_in_chromium_logs_in_scans_shows_the_type_change_purges_exp
 
     let screenshots = Path::new(env!("CARGO_TARGET_TMPDIR")).join("web-screenshots");
     println!("screenshots of each view: {}", screenshots.display());
-    let mut node = Command::new("node");
+    // node and the Chromium it starts, in a process group of their own: a
+    // run past its time is killed whole, never left behind.
+    let mut node = tokio::process::Command::new("node");
     node.arg(web.join("e2e.mjs"))
         .current_dir(&web)
         .env("BASE_URL", &base)
         .env("ADMIN_TOKEN", token(Role::Admin))
         .env("VIEWER_TOKEN", token(Role::Viewer))
         .env("SCREENSHOTS", &screenshots)
-        .env("CHROMIUM", CHROMIUM);
-    let run = tokio::task::spawn_blocking(move || node.output().unwrap());
-    let output = tokio::time::timeout(Duration::from_secs(180), run)
-        .await
-        .expect("the browser run took over 3 minutes")
-        .unwrap();
+        .env("CHROMIUM", CHROMIUM)
+        .process_group(0)
+        .kill_on_drop(true)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let run = node.spawn().unwrap();
+    let group = nix::unistd::Pid::from_raw(run.id().unwrap() as i32);
+    let within: u64 = std::env::var("WEB_TEST_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(180);
+    let output = match tokio::time::timeout(Duration::from_secs(within), run.wait_with_output()).await {
+        Ok(output) => output.unwrap(),
+        Err(_) => {
+            let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
+            panic!("the browser run took over {within} s (WEB_TEST_SECONDS): node and Chromium were killed");
+        }
+    };
     let printed =
         format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
     println!("{printed}");
