@@ -6,7 +6,9 @@
 //! plan may never do — besides never panicking.
 //!
 //! Two runners call [`TARGETS`]: cargo-fuzz (`fuzz/`, coverage-guided, its
-//! own workspace so the main build compiles nothing of it) and the replay
+//! own workspace so the main build does not build libFuzzer; its entry
+//! points are still compiled and run here by `tests/entry_points.rs`, see
+//! `build.rs`) and the replay
 //! test (`tests/corpus.rs`), which runs every committed input of
 //! `fuzz/corpus/<target>/` and `fuzz/regressions/<target>/` as an ordinary
 //! test. A broken property panics: that is how both runners see it, so
