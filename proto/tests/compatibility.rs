@@ -7,6 +7,9 @@
 //!
 //! At a release, record its snapshot: `UPDATE_PROTO_SNAPSHOT=1 cargo test -p
 //! vynil-proto --test compatibility` writes `proto/compat/<version>.binpb`.
+//! A snapshot is a release's: it is added, never rewritten (the switch
+//! refuses to replace one that differs, so it cannot heal a break by moving
+//! the release's contract to today's), and every snapshot is checked.
 
 #![allow(clippy::unwrap_used, clippy::panic)]
 
@@ -154,15 +157,47 @@ fn current() -> FileDescriptorSet {
     FileDescriptorSet::decode(vynil_proto::FILE_DESCRIPTOR_SET).unwrap()
 }
 
+/// Records `descriptors` as release `version`'s snapshot in `dir`; a
+/// snapshot already recorded stays as it is, and one that differs is refused.
+fn record_release(dir: &std::path::Path, version: &str, descriptors: &[u8]) -> Result<(), String> {
+    let path = dir.join(format!("{version}.binpb"));
+    match std::fs::read(&path) {
+        Ok(recorded) if recorded == descriptors => Ok(()),
+        Ok(_) => Err(format!(
+            "{} is release {version}'s contract and is never rewritten: today's protos differ from it, \
+             so bump the workspace version before recording a new release",
+            path.display()
+        )),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::write(&path, descriptors).map_err(|e| format!("cannot write {}: {e}", path.display()))
+        }
+        Err(e) => Err(format!("cannot read {}: {e}", path.display())),
+    }
+}
+
+#[test]
+fn a_released_snapshot_is_added_never_rewritten() {
+    let dir = std::env::temp_dir().join(format!("vynil-proto-compat-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    assert_eq!(record_release(&dir, "1.0.0", b"release one"), Ok(()));
+    assert_eq!(record_release(&dir, "1.0.0", b"release one"), Ok(()), "recording the same again");
+    let refused = record_release(&dir, "1.0.0", b"changed since").unwrap_err();
+    assert!(refused.contains("never rewritten"), "{refused}");
+    assert_eq!(
+        std::fs::read(dir.join("1.0.0.binpb")).unwrap(),
+        b"release one",
+        "the release's contract stays"
+    );
+    assert_eq!(record_release(&dir, "1.1.0", b"changed since"), Ok(()), "a new release is added");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn every_released_snapshot_is_still_served_compatibly() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("compat");
     if std::env::var_os("UPDATE_PROTO_SNAPSHOT").is_some() {
-        std::fs::write(
-            dir.join(format!("{}.binpb", env!("CARGO_PKG_VERSION"))),
-            vynil_proto::FILE_DESCRIPTOR_SET,
-        )
-        .unwrap();
+        record_release(&dir, env!("CARGO_PKG_VERSION"), vynil_proto::FILE_DESCRIPTOR_SET)
+            .unwrap_or_else(|e| panic!("{e}"));
     }
     let mut checked = 0;
     for entry in std::fs::read_dir(&dir).unwrap() {
