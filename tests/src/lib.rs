@@ -279,11 +279,7 @@ pub const CONTROL_PLANE_NAMESPACE: &str = "vynil-system";
 pub async fn api_under_deploy_rbac() -> FakeApiServer {
     let api = api_enforcing_rbac().await;
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/base/rbac.yaml");
-    let text = std::fs::read_to_string(&path).unwrap();
-    let objects = serde_yaml_ng::Deserializer::from_str(&text)
-        .map(|document| serde::Deserialize::deserialize(document).unwrap())
-        .filter(|object: &serde_json::Value| !object.is_null());
-    load_rbac(&api, objects).await;
+    api.load_rbac_file(&path, CONTROL_PLANE_NAMESPACE).unwrap();
     api
 }
 
@@ -294,40 +290,6 @@ pub async fn api_enforcing_rbac() -> FakeApiServer {
     let api = FakeApiServer::start_with(options).await.unwrap();
     api.create_namespaces(&[CONTROL_PLANE_NAMESPACE, "apps"]).unwrap();
     api
-}
-
-/// Creates the ServiceAccounts, Roles and bindings among `objects` (other
-/// kinds are skipped), a namespaced one without a namespace in the control
-/// plane's, as kustomize would put it.
-pub async fn load_rbac(api: &FakeApiServer, objects: impl IntoIterator<Item = serde_json::Value>) {
-    let admin = api.client().unwrap();
-    for mut object in objects {
-        let kind = object["kind"].as_str().unwrap().to_string();
-        let (group, plural, namespaced) = match kind.as_str() {
-            "ServiceAccount" => ("", "serviceaccounts", true),
-            "Role" => ("rbac.authorization.k8s.io", "roles", true),
-            "RoleBinding" => ("rbac.authorization.k8s.io", "rolebindings", true),
-            "ClusterRole" => ("rbac.authorization.k8s.io", "clusterroles", false),
-            "ClusterRoleBinding" => ("rbac.authorization.k8s.io", "clusterrolebindings", false),
-            _ => continue,
-        };
-        let resource = kube::api::ApiResource {
-            group: group.into(),
-            version: "v1".into(),
-            api_version: object["apiVersion"].as_str().unwrap().into(),
-            kind: kind.clone(),
-            plural: plural.into(),
-        };
-        let objects: Api<kube::api::DynamicObject> = if namespaced {
-            let namespace =
-                object["metadata"]["namespace"].as_str().unwrap_or(CONTROL_PLANE_NAMESPACE).to_string();
-            object["metadata"]["namespace"] = namespace.clone().into();
-            Api::namespaced_with(admin.clone(), &namespace, &resource)
-        } else {
-            Api::all_with(admin.clone(), &resource)
-        };
-        objects.create(&PostParams::default(), &serde_json::from_value(object).unwrap()).await.unwrap();
-    }
 }
 
 /// A client of `service`, as its Deployment runs it: its ServiceAccount's

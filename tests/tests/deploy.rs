@@ -756,7 +756,7 @@ async fn the_namespaced_agent_reads_no_control_plane_secret_and_writes_nothing_o
             "metadata": {"name": "vynil-service-token"}, "stringData": {"token": "s3cret"}}))
         .unwrap();
         secrets.create(&PostParams::default(), &token).await.unwrap();
-        vynil_e2e::load_rbac(&api, render(dir)).await;
+        api.load_rbac(render(dir), "vynil-system").unwrap();
         api
     };
     let narrow = world("overlays/namespaced-agent").await;

@@ -241,6 +241,55 @@ impl FakeApiServer {
         Ok(())
     }
 
+    /// Creates the ServiceAccounts, Roles, ClusterRoles and bindings among
+    /// `objects` (other kinds are skipped), a namespaced one without a
+    /// namespace in `namespace`, as kustomize's `namespace:` puts it.
+    pub fn load_rbac(&self, objects: impl IntoIterator<Item = Value>, namespace: &str) -> Result<()> {
+        let mut store = lock(&self.shared.store);
+        for mut object in objects {
+            let kind = object["kind"].as_str().unwrap_or_default().to_string();
+            let (group, plural) = match kind.as_str() {
+                "ServiceAccount" => ("", "serviceaccounts"),
+                "Role" => ("rbac.authorization.k8s.io", "roles"),
+                "RoleBinding" => ("rbac.authorization.k8s.io", "rolebindings"),
+                "ClusterRole" => ("rbac.authorization.k8s.io", "clusterroles"),
+                "ClusterRoleBinding" => ("rbac.authorization.k8s.io", "clusterrolebindings"),
+                _ => continue,
+            };
+            let def = store
+                .resources
+                .find_by_plural(group, plural)
+                .cloned()
+                .ok_or_else(|| TestkitError::Fixture(format!("the fake serves no {plural}")))?;
+            let name = object["metadata"]["name"].as_str().unwrap_or_default().to_string();
+            let at = def.namespaced.then(|| {
+                let at = object["metadata"]["namespace"].as_str().unwrap_or(namespace).to_string();
+                object["metadata"]["namespace"] = at.clone().into();
+                at
+            });
+            store
+                .create(&def, at.as_deref(), object)
+                .map_err(|e| TestkitError::Fixture(format!("{kind} {name}: {}", e.message)))?;
+        }
+        Ok(())
+    }
+
+    /// [`FakeApiServer::load_rbac`] of a YAML file's documents (a
+    /// `deploy/` manifest).
+    pub fn load_rbac_file(&self, path: &Path, namespace: &str) -> Result<()> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| TestkitError::Fixture(format!("cannot read {}: {e}", path.display())))?;
+        let mut objects = Vec::new();
+        for document in serde_yaml_ng::Deserializer::from_str(&text) {
+            let object: Value = serde::Deserialize::deserialize(document)
+                .map_err(|e| TestkitError::Fixture(format!("{}: {e}", path.display())))?;
+            if !object.is_null() {
+                objects.push(object);
+            }
+        }
+        self.load_rbac(objects, namespace)
+    }
+
     /// Stores a custom resource its CRD's current schema would refuse, as a
     /// cluster can hold one: written under an earlier schema (upstream's CRD
     /// before ours replaced it, or an older version of ours), which the API

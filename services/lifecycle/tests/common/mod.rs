@@ -104,8 +104,7 @@ impl World {
         extra: &[&str],
         seed: impl FnOnce(Client) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>>,
     ) -> (Self, Script) {
-        let api = FakeApiServer::start().await.unwrap();
-        api.create_namespaces(&["vynil-system", "apps"]).unwrap();
+        let api = api_under_deploy_rbac().await;
         seed(api.client().unwrap()).await;
         Self::start_on(api, packages, extra).await
     }
@@ -137,7 +136,7 @@ impl World {
             vynil_catalog::Config::parse_from(["vynil-catalog", "--listen", &catalog_addr.to_string()]);
         // The catalog can be stopped alone (an outage during a delete).
         let catalog_shutdown = shutdown.child();
-        let (store, done) = (Arc::new(KubeStore::new(client.clone())), catalog_shutdown.signaled());
+        let (store, done) = (Arc::new(KubeStore::new(catalog_client(&api))), catalog_shutdown.signaled());
         services.spawn(async move {
             vynil_catalog::run_with_store(catalog, store, done).await.map_err(|e| e.to_string())
         });
@@ -180,7 +179,8 @@ impl World {
         self.catalog_shutdown = self.shutdown.child();
         let catalog =
             vynil_catalog::Config::parse_from(["vynil-catalog", "--listen", &self.catalog_addr.to_string()]);
-        let (store, done) = (Arc::new(KubeStore::new(self.client.clone())), self.catalog_shutdown.signaled());
+        let (store, done) =
+            (Arc::new(KubeStore::new(catalog_client(&self.api))), self.catalog_shutdown.signaled());
         self.services.spawn(async move {
             vynil_catalog::run_with_store(catalog, store, done).await.map_err(|e| e.to_string())
         });
@@ -337,10 +337,33 @@ pub fn tenant(namespace: &str, name: &str) -> InstanceRef {
 }
 
 /// A kube client presenting itself as lifecycle replica `pod`, as the binary does.
+/// A fake API server enforcing `deploy/base/rbac.yaml` (in the control
+/// plane's namespace, as kustomize puts it), with the namespaces of a
+/// world: lifecycle and catalog call it under their own accounts, so a call
+/// their Roles do not grant fails where it is made.
+pub async fn api_under_deploy_rbac() -> FakeApiServer {
+    let options = vynil_testkit::kube_api::FakeApiOptions { rbac: true, ..Default::default() };
+    let api = FakeApiServer::start_with(options).await.unwrap();
+    api.create_namespaces(&[JOBS, "apps"]).unwrap();
+    let rbac = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/base/rbac.yaml");
+    api.load_rbac_file(&rbac, JOBS).unwrap();
+    api
+}
+
+/// A client as the lifecycle's Deployment has it: its ServiceAccount's
+/// token, a user agent naming the pod.
 pub fn replica_client(api: &FakeApiServer, pod: &str) -> Client {
     let mut config = kube::Config::new(api.url().parse().unwrap());
+    config.auth_info.token = Some(api.service_account_token(JOBS, "vynil-lifecycle").into());
     let agent = format!("vynil-lifecycle/test pod/{pod}");
     config.headers.push((http::header::USER_AGENT, http::HeaderValue::from_str(&agent).unwrap()));
+    Client::try_from(config).unwrap()
+}
+
+/// A client as the catalog's Deployment has it (its ServiceAccount's token).
+fn catalog_client(api: &FakeApiServer) -> Client {
+    let mut config = kube::Config::new(api.url().parse().unwrap());
+    config.auth_info.token = Some(api.service_account_token(JOBS, "vynil-catalog").into());
     Client::try_from(config).unwrap()
 }
 
