@@ -277,19 +277,7 @@ pub const CONTROL_PLANE_NAMESPACE: &str = "vynil-system";
 /// namespace, as kustomize puts them): a call a service makes without a
 /// grant fails where it is made, on whatever code path makes it.
 pub async fn api_under_deploy_rbac() -> FakeApiServer {
-    let api = api_enforcing_rbac().await;
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/base/rbac.yaml");
-    api.load_rbac_file(&path, CONTROL_PLANE_NAMESPACE).unwrap();
-    api
-}
-
-/// A fake API server enforcing RBAC with nothing granted yet but its
-/// bootstrap roles, and the namespaces of [`Stack`].
-pub async fn api_enforcing_rbac() -> FakeApiServer {
-    let options = vynil_testkit::kube_api::FakeApiOptions { rbac: true, ..Default::default() };
-    let api = FakeApiServer::start_with(options).await.unwrap();
-    api.create_namespaces(&[CONTROL_PLANE_NAMESPACE, "apps"]).unwrap();
-    api
+    FakeApiServer::start_under_deploy_rbac(&["apps"]).await.unwrap()
 }
 
 /// A client of `service`, as its Deployment runs it: its ServiceAccount's

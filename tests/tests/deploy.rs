@@ -749,8 +749,9 @@ async fn the_namespaced_agent_reads_no_control_plane_secret_and_writes_nothing_o
         }
     };
     let world = |dir: &'static str| async move {
-        let api = vynil_e2e::api_enforcing_rbac().await;
-        api.create_namespaces(&["prod"]).unwrap();
+        let options = vynil_testkit::kube_api::FakeApiOptions { rbac: true, ..Default::default() };
+        let api = vynil_testkit::kube_api::FakeApiServer::start_with(options).await.unwrap();
+        api.create_namespaces(&["vynil-system", "apps", "prod"]).unwrap();
         let secrets: Api<Secret> = Api::namespaced(api.client().unwrap(), "vynil-system");
         let token: Secret = serde_json::from_value(serde_json::json!({
             "metadata": {"name": "vynil-service-token"}, "stringData": {"token": "s3cret"}}))

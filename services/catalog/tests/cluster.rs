@@ -28,8 +28,7 @@ struct World {
 
 async fn world(names: &[&str]) -> World {
     let redis = RedisServer::start().await.unwrap();
-    let api = FakeApiServer::start().await.unwrap();
-    api.create_namespaces(&["vynil-system"]).unwrap();
+    let api = FakeApiServer::start_under_deploy_rbac(&[]).await.unwrap();
     let boxes: Api<JukeBox> = Api::all(api.client().unwrap());
     for name in names {
         let jukebox = vynil_testkit::JukeboxBuilder::new(name).list(["registry.example/think/ollama"]).json();
@@ -40,7 +39,9 @@ async fn world(names: &[&str]) -> World {
 }
 
 async fn replica(world: &World) -> Arc<Catalog> {
-    let store = Arc::new(KubeStore::new(world.api.client().unwrap()));
+    // The catalog under its deployed grants, on its ServiceAccount's token.
+    let token = world.api.service_account_token("vynil-system", "vynil-catalog");
+    let store = Arc::new(KubeStore::new(world.api.client_as(&token).unwrap()));
     let catalog =
         Arc::new(Catalog::new(store, Some(&world.redis.url()), semver::Version::new(0, 8, 0)).await.unwrap());
     catalog.resync().await.unwrap();
@@ -155,7 +156,8 @@ async fn the_binary_follows_the_cluster_with_the_kubernetes_flag() {
     let world = world(&["box"]).await;
     write(&world, "box", &["1.0.0"], "Updated succesfully").await;
     let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = world.api.write_kubeconfig(dir.path(), "vynil-system").unwrap();
+    let token = world.api.service_account_token("vynil-system", "vynil-catalog");
+    let kubeconfig = world.api.write_kubeconfig_as(dir.path(), "vynil-system", &token).unwrap();
     let service = ServiceProcess::start_with_env(
         Path::new(env!("CARGO_BIN_EXE_vynil-catalog")),
         &["--kubernetes"],

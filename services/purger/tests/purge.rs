@@ -761,10 +761,11 @@ async fn in_a_cluster_each_execution_is_also_an_event_on_its_jukebox() {
     use kube::{Api, api::PostParams};
     let setup = setup().await;
     let lifecycle = lifecycle_stub(vec![]).await;
-    let api = vynil_testkit::kube_api::FakeApiServer::start().await.unwrap();
-    api.create_namespaces(&["vynil-system", "apps"]).unwrap();
+    // The purger under its deployed grants, on its ServiceAccount's token.
+    let api = vynil_testkit::kube_api::FakeApiServer::start_under_deploy_rbac(&["apps"]).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = api.write_kubeconfig(dir.path(), "vynil-system").unwrap();
+    let token = api.service_account_token("vynil-system", "vynil-purger");
+    let kubeconfig = api.write_kubeconfig_as(dir.path(), "vynil-system", &token).unwrap();
     let jukebox = vynil_testkit::JukeboxBuilder::new("box")
         .list([format!("{}/{REPO}", setup.front.host())])
         .schedule("0 0 1 1 *")

@@ -65,11 +65,12 @@ async fn world() -> World {
     }
     let front = HttpFront::start(&registry.base_url()).await.unwrap();
     let redis = RedisServer::start().await.unwrap();
-    let api = FakeApiServer::start().await.unwrap();
-    api.create_namespaces(&["vynil-system"]).unwrap();
+    // The scanner under its deployed grants, on its ServiceAccount's token.
+    let api = FakeApiServer::start_under_deploy_rbac(&[]).await.unwrap();
     let boxes: Api<JukeBox> = Api::all(api.client().unwrap());
     let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = api.write_kubeconfig(dir.path(), "vynil-system").unwrap();
+    let token = api.service_account_token("vynil-system", "vynil-scanner");
+    let kubeconfig = api.write_kubeconfig_as(dir.path(), "vynil-system", &token).unwrap();
     let upstream = UpstreamReader::jukeboxes(api.client().unwrap());
     World { registry, front, redis, api, boxes, dir, kubeconfig, upstream }
 }

@@ -274,6 +274,21 @@ impl FakeApiServer {
         Ok(())
     }
 
+    /// A server enforcing RBAC with our deployment's grants
+    /// (`deploy/base/rbac.yaml`, in `vynil-system` as kustomize puts them)
+    /// and `vynil-system` plus `namespaces` created: a service given its
+    /// ServiceAccount's token ([`FakeApiServer::service_account_token`])
+    /// fails at any call its Role does not grant, on whatever path makes it.
+    pub async fn start_under_deploy_rbac(namespaces: &[&str]) -> Result<Self> {
+        const CONTROL_PLANE: &str = "vynil-system";
+        let api = Self::start_with(FakeApiOptions { rbac: true, ..Default::default() }).await?;
+        api.create_namespaces(&[CONTROL_PLANE])?;
+        api.create_namespaces(namespaces)?;
+        let rbac = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/base/rbac.yaml");
+        api.load_rbac_file(&rbac, CONTROL_PLANE)?;
+        Ok(api)
+    }
+
     /// [`FakeApiServer::load_rbac`] of a YAML file's documents (a
     /// `deploy/` manifest).
     pub fn load_rbac_file(&self, path: &Path, namespace: &str) -> Result<()> {

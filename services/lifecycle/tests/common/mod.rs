@@ -342,12 +342,7 @@ pub fn tenant(namespace: &str, name: &str) -> InstanceRef {
 /// world: lifecycle and catalog call it under their own accounts, so a call
 /// their Roles do not grant fails where it is made.
 pub async fn api_under_deploy_rbac() -> FakeApiServer {
-    let options = vynil_testkit::kube_api::FakeApiOptions { rbac: true, ..Default::default() };
-    let api = FakeApiServer::start_with(options).await.unwrap();
-    api.create_namespaces(&[JOBS, "apps"]).unwrap();
-    let rbac = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/base/rbac.yaml");
-    api.load_rbac_file(&rbac, JOBS).unwrap();
-    api
+    FakeApiServer::start_under_deploy_rbac(&[JOBS, "apps"]).await.unwrap()
 }
 
 /// A client as the lifecycle's Deployment has it: its ServiceAccount's
