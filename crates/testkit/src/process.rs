@@ -138,7 +138,9 @@ impl Supervised {
         let start = Instant::now();
         loop {
             self.check_alive()?;
-            if ready().await {
+            // A probe may hang (another listener on the port that never
+            // answers): each gets a second, and the process is checked again.
+            if tokio::time::timeout(Duration::from_secs(1), ready()).await.unwrap_or(false) {
                 return Ok(());
             }
             if start.elapsed() > timeout {

@@ -68,10 +68,41 @@ impl ServiceProcess {
             env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
             ready,
         };
+        Self::launch_on_ports(launch, || crate::free_port()).await
+    }
+
+    /// Starts `launch` on the ports `ports` hands out, trying the next one
+    /// when the process could not listen on its port: a port free when
+    /// [`crate::free_port`] probed it can be taken before the service binds
+    /// it (by a parallel test), and that race is not the service's failure.
+    /// Any other early exit fails at once.
+    async fn launch_on_ports(launch: Launch, mut ports: impl FnMut() -> Result<u16>) -> Result<Self> {
+        const ATTEMPTS: usize = 3;
         let dir = tempfile::tempdir().map_err(io("creating a service directory"))?;
-        let port = crate::free_port()?;
-        let process = spawn(&launch, port, &dir.path().join("service.log")).await?;
-        Ok(Self { process, launch, port, starts: 1, dir })
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let port = ports()?;
+            match spawn(&launch, port, &dir.path().join(format!("service-port-{port}.log"))).await {
+                Ok(process) => return Ok(Self { process, launch, port, starts: 1, dir }),
+                Err(TestkitError::ExitedEarly { log, .. }) if attempt < ATTEMPTS && lost_port(&log, port) => {
+                }
+                Err(error) => return Err(error),
+            }
+        }
+    }
+
+    /// [`ServiceProcess::start`] on `port` first (then on free ports), for a
+    /// test of the lost-port retry.
+    pub async fn start_trying_port_first(binary: &Path, args: &[&str], port: u16) -> Result<Self> {
+        let launch = Launch {
+            binary: binary.to_path_buf(),
+            args: args.iter().map(|a| a.to_string()).collect(),
+            env: Vec::new(),
+            ready: Readiness::Grpc,
+        };
+        let mut first = Some(port);
+        Self::launch_on_ports(launch, move || first.take().map_or_else(crate::free_port, Ok)).await
     }
 
     /// Kills the process now (`SIGKILL`, as `kill -9` or an OOM kill would):
@@ -185,6 +216,12 @@ impl ServiceProcess {
         self.process.signal(Signal::SIGTERM)?;
         self.process.wait_exit(timeout).await
     }
+}
+
+/// Whether a service's `log` says it could not listen on `port` (our
+/// services' `cannot listen on <addr>` error) because it was taken.
+fn lost_port(log: &str, port: u16) -> bool {
+    log.contains(&format!("cannot listen on 127.0.0.1:{port}")) && log.contains("in use")
 }
 
 /// Starts `launch` on `port`, logging to `log`, and waits until it is up.

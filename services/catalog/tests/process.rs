@@ -59,3 +59,15 @@ async fn a_redis_outage_shows_under_the_cache_health_name_while_the_server_stays
     redis.restart().await.unwrap();
     assert!(status_of(vynil_catalog::CACHE_HEALTH, ServingStatus::Serving).await, "and back once Redis is");
 }
+
+/// A port taken between the test kit's probe and the service's bind (by a
+/// parallel test) is not the service's failure: it starts on another one.
+#[tokio::test]
+async fn a_service_whose_port_was_taken_before_it_bound_starts_on_another() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let binary = Path::new(env!("CARGO_BIN_EXE_vynil-catalog"));
+    let service = ServiceProcess::start_trying_port_first(binary, &[], port).await.unwrap();
+    assert_ne!(service.endpoint(), format!("http://127.0.0.1:{port}"));
+    service.check_serves_then_stops(SERVICE).await.unwrap();
+}
