@@ -68,7 +68,7 @@ impl ServiceProcess {
             env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
             ready,
         };
-        Self::launch_on_ports(launch, || crate::free_port()).await
+        Self::launch_on_ports(launch, crate::free_port).await
     }
 
     /// Starts `launch` on the ports `ports` hands out, trying the next one
