@@ -8,7 +8,7 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -311,7 +311,9 @@ async fn a_garbage_object_never_stops_the_others_and_is_reported() {
 
 #[tokio::test]
 async fn a_job_finishing_alone_is_seen_at_once_through_the_job_watch() {
-    let (world, script) = World::start(web("registry.example"), &[]).await;
+    // No timer brings a reconcile within the test (a day between idle
+    // checks): the failure can only be seen through the Job's watch.
+    let (world, script) = World::start(web("registry.example"), &["--requeue-seconds", "86400"]).await;
     *script.lock().unwrap() = Box::new(|_| AgentOutcome::Hang);
     world.create("TenantInstance", "web", web_spec(), json!({})).await;
     world.agent.wait_for_runs(1, Duration::from_secs(30)).await.unwrap();
@@ -327,14 +329,12 @@ async fn a_job_finishing_alone_is_seen_at_once_through_the_job_watch() {
         .patch_status("tenant--apps--web", &PatchParams::default(), &Patch::Merge(&status))
         .await
         .unwrap();
-    let started = Instant::now();
     let message = eventually("the failure seen", || async {
         let object = world.get("TenantInstance", "web").await;
         condition(&object, "Installed").and_then(|c| c["message"].as_str().map(str::to_string))
     })
     .await;
     assert!(message.contains("DeadlineExceeded"), "{message}");
-    assert!(started.elapsed() < Duration::from_secs(10), "seen after {:?}", started.elapsed());
     world.stop().await;
 }
 

@@ -88,7 +88,11 @@ async fn item_23_the_delete_job_runs_the_recorded_revision_then_the_finalizer_go
 async fn item_25_a_failed_delete_job_is_reported_as_soon_as_it_is_marked() {
     let (_registry, packages, host) = registry_with(&["4.0.0"]).await;
     let leaked: &'static str = Box::leak(host.into_boxed_str());
-    let (world, script) = World::start(packages, &["--insecure-registry", leaked]).await;
+    // No timer brings a reconcile within the test (upstream waits 10 minutes;
+    // here a day between idle checks): the failure is seen because the Job's
+    // change is.
+    let flags = ["--insecure-registry", leaked, "--requeue-seconds", "86400"];
+    let (world, script) = World::start(packages, &flags).await;
     *script.lock().unwrap() = Box::new(|job| {
         if job.action == "delete" {
             AgentOutcome::fail("BackoffLimitExceeded", "the delete hook exited 1")
@@ -99,17 +103,13 @@ async fn item_25_a_failed_delete_job_is_reported_as_soon_as_it_is_marked() {
     world.create("TenantInstance", "web", web_spec(), json!({})).await;
     installed(&world, "web", "4.0.0").await;
     delete(&world, "web").await;
-    let runs = world.agent.wait_for_runs(2, Duration::from_secs(30)).await.unwrap();
-    let marked = runs[1].finished_at.unwrap();
+    world.agent.wait_for_runs(2, Duration::from_secs(30)).await.unwrap();
     let message = eventually("the delete failure condition", || async {
         let object = world.get("TenantInstance", "web").await;
         coded_condition(&object, "Ready").map(|c| c["message"].to_string())
     })
     .await;
-    let delay = marked.elapsed();
-    println!("delete Job marked Failed -> condition seen: {delay:?}");
     assert!(message.contains("the delete hook exited 1"), "{message}");
-    assert!(delay < Duration::from_secs(5), "upstream waits 10 minutes; seen after {delay:?}");
     let object = world.get("TenantInstance", "web").await;
     assert!(object["metadata"]["finalizers"].as_array().is_some_and(|f| !f.is_empty()), "kept: {object}");
     assert!(world.jobs().get_opt("tenant--apps--web").await.unwrap().is_some(), "the failed Job is kept");
