@@ -19,7 +19,8 @@ use serde_json::{Value, json};
 use vynil_crds::TenantInstance;
 use vynil_testkit::kube_api::FakeApiServer;
 
-type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
+mod common;
+use common::{TestResult, eventually};
 
 async fn server() -> Result<(FakeApiServer, Client), Box<dyn std::error::Error + Send + Sync>> {
     let server = FakeApiServer::start().await?;
@@ -43,20 +44,6 @@ fn causes(status: &Status) -> Vec<(String, String)> {
 
 fn config_map(value: Value) -> ConfigMap {
     serde_json::from_value(value).unwrap()
-}
-
-async fn eventually<F, Fut>(check: F, what: &str) -> TestResult
-where
-    F: Fn() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    for _ in 0..500 {
-        if check().await {
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    Err(format!("never happened: {what}").into())
 }
 
 #[tokio::test]

@@ -29,7 +29,8 @@ use vynil_testkit::kube_api::{
     AccessRule, AgentOutcome, ApiFault, ApiFaultAction, FakeAgent, FakeApiOptions, FakeApiServer,
 };
 
-type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
+mod common;
+use common::{TestResult, eventually};
 
 fn config_map(name: &str, labels: &[(&str, &str)]) -> ConfigMap {
     let mut cm = ConfigMap::default();
@@ -293,20 +294,6 @@ async fn finalizers_hold_deletion_and_owners_take_their_dependents() -> TestResu
     let kept = cms.get("orphan").await?;
     assert!(kept.metadata.owner_references.unwrap_or_default().is_empty(), "its reference was removed");
     Ok(())
-}
-
-async fn eventually<F, Fut>(check: F, what: &str) -> TestResult
-where
-    F: Fn() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    for _ in 0..500 {
-        if check().await {
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    Err(format!("never happened: {what}").into())
 }
 
 fn owner_ref(
