@@ -58,8 +58,20 @@ impl Drop for KubeStore {
     }
 }
 
+/// A failed call to the API server: retried (it may be back, or granted,
+/// later), with what an operator must fix when the server refused the
+/// service itself.
 pub(crate) fn kube_error(doing: &str, e: kube::Error) -> StoreError {
-    StoreError::Unavailable(format!("Kubernetes API, {doing}: {e}"))
+    let fix = match &e {
+        kube::Error::Api(status) if status.code == 403 => {
+            "; this service's ServiceAccount lacks the grant: see its Role in deploy/base/rbac.yaml"
+        }
+        kube::Error::Api(status) if status.code == 401 => {
+            "; the API server refused this service's credentials"
+        }
+        _ => "",
+    };
+    StoreError::Unavailable(format!("Kubernetes API, {doing}: {e}{fix}"))
 }
 
 fn is_status(e: &kube::Error, code: u16) -> bool {
@@ -266,5 +278,25 @@ impl ScannerStore for KubeStore {
                 found.type_.as_deref().unwrap_or("unset")
             ))),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refusal_of_the_service_itself_says_which_grant_to_fix() {
+        let status = |code: u16| {
+            kube::Error::Api(
+                kube::core::Status::failure("jukeboxes \"box\" is forbidden", "Forbidden")
+                    .with_code(code)
+                    .boxed(),
+            )
+        };
+        let forbidden = kube_error("reading a JukeBox", status(403)).to_string();
+        assert!(forbidden.contains("lacks the grant") && forbidden.contains("rbac.yaml"), "{forbidden}");
+        let other = kube_error("reading a JukeBox", status(500)).to_string();
+        assert!(!other.contains("grant"), "{other}");
     }
 }
