@@ -29,6 +29,16 @@ pub struct Attributes {
     pub path: Option<String>,
 }
 
+impl Attributes {
+    /// `resource` or `resource/subresource`, as RBAC rules name it.
+    fn resource_path(&self) -> String {
+        match &self.subresource {
+            Some(sub) => format!("{}/{sub}", self.resource),
+            None => self.resource.clone(),
+        }
+    }
+}
+
 /// The bootstrap RBAC objects, as `(plural, object)`.
 pub(super) fn bootstrap() -> Vec<(&'static str, Value)> {
     vec![
@@ -109,10 +119,7 @@ fn covers(rule: &Value, attrs: &Attributes) -> bool {
             },
         );
     }
-    let resource = match &attrs.subresource {
-        Some(sub) => format!("{}/{sub}", attrs.resource),
-        None => attrs.resource.clone(),
-    };
+    let resource = attrs.resource_path();
     let resource_hit =
         rule["resources"].as_array().into_iter().flatten().filter_map(Value::as_str).any(|r| {
             r == "*" || r == resource || attrs.subresource.as_ref().is_some_and(|sub| r == format!("*/{sub}"))
@@ -172,10 +179,7 @@ pub(super) fn forbidden_message(user: &Identity, attrs: &Attributes) -> String {
         Some(name) => format!("{qualified} \"{name}\""),
         None => qualified,
     };
-    let resource = match &attrs.subresource {
-        Some(sub) => format!("{}/{sub}", attrs.resource),
-        None => attrs.resource.clone(),
-    };
+    let resource = attrs.resource_path();
     let scope = match &attrs.namespace {
         Some(ns) => format!("in the namespace \"{ns}\""),
         None => "at the cluster scope".to_string(),
