@@ -47,7 +47,7 @@ use utoipa::ToSchema;
 
 use crate::{
     error::ApiError,
-    kube_auth::{KubeAuth, KubeUser},
+    kube_auth::{KubeAuth, KubeUser, Payer},
 };
 
 pub const SESSION_COOKIE: &str = "vynil_session";
@@ -559,7 +559,7 @@ impl Authenticator {
                 };
                 let kube = self.kube.as_ref().ok_or_else(refused)?;
                 // Cached: the API server is asked again once the review expires.
-                let user = kube.review_token(&bearer, from).await?.ok_or_else(refused)?;
+                let user = kube.review_token(&bearer, Payer::Session).await?.ok_or_else(refused)?;
                 (principal.name, principal.grant) = (user.username.clone(), Grant::Kubernetes(user));
             }
         }
@@ -575,7 +575,7 @@ impl Authenticator {
         }
         let unknown = || ApiError::unauthenticated("the token is not known to this gateway");
         let kube = self.kube.as_ref().ok_or_else(unknown)?;
-        let user = kube.review_token(token, from).await?.ok_or_else(unknown)?;
+        let user = kube.review_token(token, Payer::Address(from)).await?.ok_or_else(unknown)?;
         Ok(Principal {
             name: user.username.clone(),
             grant: Grant::Kubernetes(user),

@@ -113,6 +113,17 @@ impl Reviewed {
     }
 }
 
+/// Who pays for a review the cache does not answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Payer {
+    /// A bearer token as sent: the address it came from (perhaps a guess).
+    Address(Option<IpAddr>),
+    /// The token a session cookie this gateway signed holds, reviewed again
+    /// as its review expires: no guess, so no address's budget (many users
+    /// behind one proxy share an address).
+    Session,
+}
+
 pub struct KubeAuth {
     client: kube::Client,
     reviewed: Mutex<Reviewed>,
@@ -145,17 +156,15 @@ impl KubeAuth {
     }
 
     /// The user of `token`, `None` when the API server does not authenticate
-    /// it; a review not cached is counted against `from`'s budget.
-    pub async fn review_token(
-        &self,
-        token: &str,
-        from: Option<IpAddr>,
-    ) -> Result<Option<KubeUser>, ApiError> {
+    /// it; a review not cached is counted against `payer`'s budget.
+    pub async fn review_token(&self, token: &str, payer: Payer) -> Result<Option<KubeUser>, ApiError> {
         let key = crate::auth::token_hash(token);
         if let Some(cached) = self.reviewed.lock().ok().and_then(|cache| cache.get(&key)) {
             return Ok(cached);
         }
-        self.spend(from)?;
+        if let Payer::Address(from) = payer {
+            self.spend(from)?;
+        }
         let review = TokenReview {
             spec: TokenReviewSpec { token: token.to_string(), ..Default::default() },
             ..Default::default()

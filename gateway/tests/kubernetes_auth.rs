@@ -187,6 +187,39 @@ async fn made_up_tokens_from_one_address_cost_the_api_server_at_most_its_review_
     stop.trigger();
 }
 
+/// Security review item 8, the other side: a signed-in Kubernetes user's
+/// session, reviewed again as its review expires, never spends an address's
+/// budget (users behind one proxy share an address), so a spent budget does
+/// not log anyone out.
+#[tokio::test]
+async fn a_spent_review_budget_does_not_end_the_sessions_of_signed_in_users() {
+    let api = FakeApiServer::start().await.unwrap();
+    api.create_namespaces(&["vynil-system"]).unwrap();
+    api.add_token("dave-sa-token", "dave", &["devs"]);
+    let flags = ["--kubernetes-review-cache-seconds", "1", "--kubernetes-reviews-per-minute", "1"];
+    let (base, stop) = gateway_over_with(&api, &flags).await;
+    let http = reqwest::Client::new();
+    // The login spends the address's only review of the minute.
+    let login = http
+        .post(format!("{base}/api/v1/session"))
+        .json(&serde_json::json!({"token": "dave-sa-token"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(login.status(), StatusCode::OK);
+    let cookie = login.headers()["set-cookie"].to_str().unwrap().split(';').next().unwrap().to_string();
+    let spent = http.get(format!("{base}/api/v1/whoami")).bearer_auth("made-up").send().await.unwrap();
+    assert_eq!(spent.status(), StatusCode::TOO_MANY_REQUESTS, "the budget is spent");
+    api.clear_requests();
+    // Past the review's lifetime the session is reviewed again, budget or not.
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let again = http.get(format!("{base}/api/v1/whoami")).header("cookie", &cookie).send().await.unwrap();
+    assert_eq!(again.status(), StatusCode::OK);
+    let reviews = api.requests().into_iter().filter(|r| r.resource == "tokenreviews").count();
+    assert_eq!(reviews, 1, "reviewed again, with the API server");
+    stop.trigger();
+}
+
 /// Security review item 7: a Kubernetes user's session holds only while its
 /// token passes TokenReview; once the cached review expires, a revoked token
 /// ends the session without a restart.
