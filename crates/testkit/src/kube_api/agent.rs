@@ -1,35 +1,52 @@
-//! The fake agent: what upstream's agent container would do to the cluster
-//! once its Job runs, without running anything. It watches agent Jobs (by
-//! their labels, as the lifecycle controller follows them), reads its
-//! instance **as upstream's agent does**: named by the `NAMESPACE` and
-//! `INSTANCE` env of the Job, decoded through upstream's own types
-//! ([`crate::upstream`]), so a status upstream cannot decode fails the Job
-//! with upstream's exit code for that action (install 1, delete 3,
-//! `agent/src/tenant/mod.rs`) and the decode error on its "stderr"
-//! ([`AgentRun::stderr`]), as a pod whose container terminated with that code.
-//! Then it asks the test's script what happens, writes the Job's terminal
-//! status and, on success, the instance status upstream's agent writes
-//! (`tag`, `digest`, `Ready`/`Installed` conditions and children lists; on
-//! delete, the children lists emptied). Writes go through the real API, so
-//! watchers see them.
+//! The fake agent: upstream's agent, played by an executable
+//! (`vynil-fake-agent`) that the Job runner ([`super::JobRunner`]) runs as
+//! the agent image's entrypoint, in the Job's pod: with the Job's env, args,
+//! mounted files and ServiceAccount, so our Job spec itself is under test.
+//!
+//! It reads its instance **as upstream's agent does**: in-cluster (the
+//! mounted token and CA, `KUBERNETES_SERVICE_HOST`), named by the `NAMESPACE`
+//! and `INSTANCE` env, decoded through upstream's own types
+//! ([`crate::upstream`]), so a status upstream cannot decode fails the
+//! container with upstream's exit code for that action (install 1, delete 3,
+//! `agent/src/tenant/mod.rs`) and the decode error on its stderr. Then it
+//! does what the test's script decided for the Job (asked once per Job by
+//! [`FakeAgent`], handed to the process in `VYNIL_FAKE_AGENT_OUTCOME`):
+//! writes the instance status upstream's agent writes (`tag`, `digest`,
+//! `Ready`/`Installed` conditions and children lists; on delete, the
+//! children lists emptied) and exits 0, or writes its termination message
+//! and exits 1, or hangs. The Job's status follows from the exit code, as
+//! the Job controller writes it (`backoffLimit` pods, then `Failed`).
+//!
+//! The unpack init container (`package unpack`) succeeds at once. Reaper
+//! Jobs (this project's `vynil-lifecycle reap`) run the real lifecycle
+//! binary under the same runner.
 
 use std::{
-    collections::HashSet,
+    collections::HashMap,
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
-use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use kube::{
     Api, Client,
     api::{ApiResource, DynamicObject, Patch, PatchParams},
-    runtime::{WatchStreamExt, watcher},
 };
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use vynil_crds::labels;
 
+use super::{FakeApiServer, JobRunner, RunnerOptions};
 use crate::{Result, TestkitError};
+
+/// Upstream's agent image, as lifecycle names it by default (a lifecycle
+/// test keeps the two equal).
+pub const UPSTREAM_AGENT_IMAGE: &str = "docker.io/sebt3/vynil-agent:0.7.7";
+/// This project's reaper image, as lifecycle names it by default.
+pub const REAPER_IMAGE: &str =
+    concat!("ghcr.io/vynil-control-plane/vynil-lifecycle:", env!("CARGO_PKG_VERSION"));
+/// The env carrying the script's decision to the fake agent's process.
+const OUTCOME_ENV: &str = "VYNIL_FAKE_AGENT_OUTCOME";
 
 /// An agent Job as the fake agent reads it.
 #[derive(Debug, Clone, PartialEq)]
@@ -51,14 +68,17 @@ pub struct AgentJob {
 }
 
 /// What the script decides for one Job.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum AgentOutcome {
-    /// The Job completes; `children` are `(status list, [Children])` pairs,
-    /// e.g. `("vitals", [{"kind": "Deployment", "name": "app"}])`.
+    /// The container exits 0 after writing the instance status; `children`
+    /// are `(status list, [Children])` pairs, e.g.
+    /// `("vitals", [{"kind": "Deployment", "name": "app"}])`.
     Succeed { children: Vec<(String, Vec<Value>)> },
-    /// The Job fails with this condition reason and message; the instance is untouched.
-    Fail { reason: String, message: String },
-    /// The Job stays running (a slow or dead agent).
+    /// The container writes `message` as its termination message and exits
+    /// 1, the instance untouched; each pod of the Job does the same, so the
+    /// Job fails `BackoffLimitExceeded` once its `backoffLimit` is spent.
+    Fail { message: String },
+    /// The container runs until its Job is deleted (a slow or dead agent).
     Hang,
 }
 
@@ -66,43 +86,31 @@ impl AgentOutcome {
     pub fn succeed() -> Self {
         Self::Succeed { children: Vec::new() }
     }
-    pub fn fail(reason: &str, message: &str) -> Self {
-        Self::Fail { reason: reason.into(), message: message.into() }
+    pub fn fail(message: &str) -> Self {
+        Self::Fail { message: message.into() }
     }
 }
 
-/// One Job the agent acted on.
+/// One Job the agent ran for: its first pod's agent container.
 #[derive(Debug, Clone)]
 pub struct AgentRun {
     pub job: AgentJob,
     pub outcome: AgentOutcome,
-    /// When the Job's terminal status was written (read back).
-    pub finished_at: Option<Instant>,
-    /// Why a write failed, if one did.
-    pub error: Option<String>,
-    /// The exit code of the agent container when it failed before the script
-    /// was asked (upstream's agent could not decode its instance).
+    /// The container's exit code; `None` while it runs.
     pub exit_code: Option<i32>,
-    /// What upstream's agent would print on stderr then.
-    pub stderr: Option<String>,
+    /// What the container printed on stderr.
+    pub stderr: String,
 }
-
-/// How long after the Job appears the agent's container reads its instance.
-const POD_START: Duration = Duration::from_millis(200);
 
 type Script = dyn Fn(&AgentJob) -> AgentOutcome + Send + Sync;
 
 /// See the module documentation.
 #[derive(Debug)]
 pub struct FakeAgent {
-    runs: Arc<Mutex<Vec<AgentRun>>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for FakeAgent {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
+    runner: JobRunner,
+    agent_image: String,
+    /// The script's decision per Job uid.
+    outcomes: Arc<Mutex<HashMap<String, AgentOutcome>>>,
 }
 
 fn label<'a>(job: &'a Job, keys: &[&str]) -> Option<&'a str> {
@@ -116,12 +124,6 @@ fn main_container(job: &Job) -> Option<&k8s_openapi::api::core::v1::Container> {
 
 fn env(job: &Job, name: &str) -> Option<String> {
     main_container(job)?.env.iter().flatten().find(|e| e.name == name).and_then(|e| e.value.clone())
-}
-
-fn is_finished(job: &Job) -> bool {
-    job.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|cs| {
-        cs.iter().any(|c| (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True")
-    })
 }
 
 impl AgentJob {
@@ -170,51 +172,66 @@ impl AgentJob {
 }
 
 impl FakeAgent {
-    /// Watches agent Jobs (`app.kubernetes.io/component=agent`) in `namespace`.
+    /// Runs the agent Jobs of `namespace` (upstream's agent image,
+    /// [`UPSTREAM_AGENT_IMAGE`]) with the fake agent, and reaper Jobs
+    /// ([`REAPER_IMAGE`]) with the real lifecycle binary.
     pub fn start(
-        client: Client,
+        api: &FakeApiServer,
         namespace: &str,
         script: impl Fn(&AgentJob) -> AgentOutcome + Send + Sync + 'static,
-    ) -> Self {
-        let runs: Arc<Mutex<Vec<AgentRun>>> = Arc::default();
-        let jobs: Api<Job> = Api::namespaced(client.clone(), namespace);
+    ) -> Result<Self> {
+        Self::start_with_image(api, namespace, UPSTREAM_AGENT_IMAGE, script)
+    }
+
+    /// [`FakeAgent::start`] for lifecycle's `--agent-image agent_image`.
+    pub fn start_with_image(
+        api: &FakeApiServer,
+        namespace: &str,
+        agent_image: &str,
+        script: impl Fn(&AgentJob) -> AgentOutcome + Send + Sync + 'static,
+    ) -> Result<Self> {
         let script: Arc<Script> = Arc::new(script);
-        let recorded = runs.clone();
-        let task = tokio::spawn(async move {
-            let config =
-                watcher::Config::default().labels(&format!("{}={}", labels::COMPONENT, labels::AGENT));
-            let mut seen: HashSet<String> = HashSet::new();
-            // One task per Job, as each runs in its own pod; dropped (and
-            // aborted) with the agent.
-            let mut pods = tokio::task::JoinSet::new();
-            let mut stream = watcher(jobs.clone(), config).default_backoff().applied_objects().boxed();
-            while let Some(event) = stream.next().await {
-                let Ok(job) = event else { continue };
-                let uid = job.metadata.uid.clone().unwrap_or_default();
-                if is_finished(&job) || !seen.insert(uid) {
-                    continue;
-                }
-                let Some(agent_job) = AgentJob::read(&job) else { continue };
-                let (client, jobs, script, recorded) =
-                    (client.clone(), jobs.clone(), script.clone(), recorded.clone());
-                pods.spawn(async move {
-                    let run = run_pod(&client, &jobs, agent_job, script.as_ref()).await;
-                    if let Ok(mut runs) = recorded.lock() {
-                        runs.push(run);
-                    }
-                });
-                while pods.try_join_next().is_some() {}
+        let outcomes: Arc<Mutex<HashMap<String, AgentOutcome>>> = Arc::default();
+        let decided = outcomes.clone();
+        let env: super::JobEnv = Arc::new(move |job: &Job| {
+            let Some(agent_job) = AgentJob::read(job).filter(|j| j.upstream_agent) else { return Vec::new() };
+            let outcome = script(&agent_job);
+            let uid = job.metadata.uid.clone().unwrap_or_default();
+            let text = serde_json::to_string(&outcome).unwrap_or_default();
+            if let Ok(mut outcomes) = decided.lock() {
+                outcomes.insert(uid, outcome);
             }
+            vec![(OUTCOME_ENV.to_string(), text)]
         });
-        Self { runs, task }
+        let agent = crate::workspace_binary("vynil-testkit", "vynil-fake-agent")?;
+        let reaper = crate::workspace_binary("vynil-lifecycle", "vynil-lifecycle")?;
+        let options =
+            RunnerOptions::new().image_with_env(agent_image, &agent, env).image(REAPER_IMAGE, &reaper);
+        let runner = JobRunner::start(api, namespace, options)?;
+        Ok(Self { runner, agent_image: agent_image.to_string(), outcomes })
     }
 
-    /// Every Job acted on so far.
+    /// The runner, for what it ran besides the agent (the reaper).
+    pub fn runner(&self) -> &JobRunner {
+        &self.runner
+    }
+
+    /// Every agent Job run so far: its first pod's agent container.
     pub fn runs(&self) -> Vec<AgentRun> {
-        self.runs.lock().map(|r| r.clone()).unwrap_or_default()
+        let outcomes = self.outcomes.lock().map(|o| o.clone()).unwrap_or_default();
+        self.runner
+            .runs()
+            .into_iter()
+            .filter(|run| run.attempt == 0 && !run.init && run.image == self.agent_image)
+            .filter_map(|run| {
+                let job = AgentJob::read(&run.job).filter(|j| j.upstream_agent)?;
+                let outcome = outcomes.get(run.job.metadata.uid.as_deref().unwrap_or_default())?.clone();
+                Some(AgentRun { job, outcome, exit_code: run.exit_code, stderr: run.stderr })
+            })
+            .collect()
     }
 
-    /// Waits until at least `count` Jobs were acted on.
+    /// Waits until at least `count` Jobs were run.
     pub async fn wait_for_runs(&self, count: usize, timeout: Duration) -> Result<Vec<AgentRun>> {
         let deadline = Instant::now() + timeout;
         loop {
@@ -224,7 +241,7 @@ impl FakeAgent {
             }
             if Instant::now() > deadline {
                 return Err(TestkitError::Fixture(format!(
-                    "the fake agent acted on {} Jobs within {timeout:?}, expected {count}",
+                    "the fake agent ran {} Jobs within {timeout:?}, expected {count}",
                     runs.len()
                 )));
             }
@@ -237,73 +254,75 @@ fn kube_error(doing: &str) -> impl FnOnce(kube::Error) -> TestkitError + '_ {
     move |e| TestkitError::Fixture(format!("fake agent, {doing}: {e}"))
 }
 
-/// Writes the outcome; returns when the Job's terminal status was written.
-async fn act(
-    client: &Client,
-    jobs: &Api<Job>,
-    job: &AgentJob,
-    outcome: &AgentOutcome,
-) -> Result<Option<Instant>> {
-    let now = jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
-    let status = match outcome {
-        AgentOutcome::Hang => return Ok(None),
+/// What `vynil-fake-agent` does in its container; returns its exit code.
+pub async fn agent_main(args: &[String]) -> i32 {
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (package_type, action) = match args.as_slice() {
+        // The unpack init container: the package is "there".
+        ["package", "unpack"] => return 0,
+        [package_type, action @ ("install" | "delete")] => (package_type.to_string(), action.to_string()),
+        other => {
+            eprintln!("vynil-fake-agent: unknown arguments {other:?} (expected <type> install|delete)");
+            return 2;
+        }
+    };
+    let env = |name: &str| std::env::var(name).ok();
+    let (Some(instance_namespace), Some(instance_name)) = (env("NAMESPACE"), env("INSTANCE")) else {
+        eprintln!("Error: NAMESPACE and INSTANCE must be set");
+        return 1;
+    };
+    let job = AgentJob {
+        job_namespace: env("VYNIL_NAMESPACE").unwrap_or_default(),
+        job_name: env("POD_NAME").unwrap_or_default(),
+        action,
+        package_type,
+        instance_namespace,
+        instance_name,
+        tag: env("TAG"),
+        options_hash: env("OPTIONS_HASH"),
+        upstream_agent: true,
+    };
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    // In-cluster, as upstream's agent: the mounted token and CA.
+    let client = match kube::Config::incluster()
+        .map_err(|e| e.to_string())
+        .and_then(|c| Client::try_from(c).map_err(|e| e.to_string()))
+    {
+        Ok(client) => client,
+        Err(e) => {
+            eprintln!("Error: in-cluster configuration: {e}");
+            return job.upstream_exit_code();
+        }
+    };
+    if let Err(stderr) = strict_read(&client, &job).await {
+        eprintln!("{stderr}");
+        return job.upstream_exit_code();
+    }
+    let outcome = env(OUTCOME_ENV)
+        .and_then(|text| serde_json::from_str::<AgentOutcome>(&text).ok())
+        .unwrap_or_else(AgentOutcome::succeed);
+    match outcome {
         AgentOutcome::Succeed { children } => {
-            write_instance_status(client, job, children, &now).await?;
-            json!({"status": {
-                "startTime": now, "completionTime": now, "succeeded": 1, "active": 0,
-                "conditions": [
-                    {"type": "SuccessCriteriaMet", "status": "True", "lastTransitionTime": now},
-                    {"type": "Complete", "status": "True", "lastTransitionTime": now},
-                ],
-            }})
+            let now = jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+            match write_instance_status(&client, &job, &children, &now).await {
+                Ok(()) => 0,
+                Err(e) => {
+                    eprintln!("Error: {e}");
+                    1
+                }
+            }
         }
-        AgentOutcome::Fail { reason, message } => json!({"status": {
-            "startTime": now, "failed": 1, "active": 0,
-            "conditions": [
-                {"type": "FailureTarget", "status": "True", "reason": reason, "message": message, "lastTransitionTime": now},
-                {"type": "Failed", "status": "True", "reason": reason, "message": message, "lastTransitionTime": now},
-            ],
-        }}),
-    };
-    jobs.patch_status(&job.job_name, &PatchParams::default(), &Patch::Merge(&status))
-        .await
-        .map_err(kube_error("writing the Job status"))?;
-    Ok(Some(Instant::now()))
-}
-
-/// What the Job's pod does: waits for its start, reads its instance as
-/// upstream's agent does, then acts as the script says (or fails as upstream's
-/// agent would).
-async fn run_pod(client: &Client, jobs: &Api<Job>, agent_job: AgentJob, script: &Script) -> AgentRun {
-    // A pod is scheduled and its unpack step runs before the agent reads its
-    // instance: whatever the creator writes right after the Job is there by
-    // then, as on a cluster.
-    tokio::time::sleep(POD_START).await;
-    let refused = if agent_job.upstream_agent { strict_read(client, &agent_job).await.err() } else { None };
-    let (outcome, exit_code, stderr) = match refused {
-        Some(stderr) => {
-            let code = agent_job.upstream_exit_code();
-            let message = format!("container {} exited {code}", agent_job.action);
-            (AgentOutcome::fail("BackoffLimitExceeded", &message), Some(code), Some(stderr))
+        AgentOutcome::Fail { message } => {
+            if let Err(e) = std::fs::write("/dev/termination-log", &message) {
+                eprintln!("cannot write the termination message: {e}");
+            }
+            eprintln!("Error: {message}");
+            1
         }
-        None => (script(&agent_job), None, None),
-    };
-    // The pod's container terminates before the Job controller marks the Job.
-    let result = match exit_code {
-        Some(code) => terminated_pod(client, &agent_job, code).await,
-        None => Ok(None),
-    };
-    let result = match result {
-        Ok(_) => act(client, jobs, &agent_job, &outcome).await,
-        Err(e) => Err(e),
-    };
-    AgentRun {
-        job: agent_job,
-        outcome,
-        finished_at: result.as_ref().ok().copied().flatten(),
-        error: result.err().map(|e| e.to_string()),
-        exit_code,
-        stderr,
+        AgentOutcome::Hang => {
+            std::future::pending::<()>().await;
+            0
+        }
     }
 }
 
@@ -315,26 +334,6 @@ async fn strict_read(client: &Client, job: &AgentJob) -> std::result::Result<(),
     let object = api.get(&job.instance_name).await.map_err(|e| format!("Error: kube error: {e}"))?;
     let value = serde_json::to_value(&object).map_err(|e| e.to_string())?;
     crate::upstream::decode_instance(&value).map_err(|e| format!("Error: Error deserializing response: {e}"))
-}
-
-/// The Job's pod, its agent container terminated with `code` (what the
-/// kubelet shows of a container that exited; upstream's agent writes no
-/// termination message).
-async fn terminated_pod(client: &Client, job: &AgentJob, code: i32) -> Result<Option<Instant>> {
-    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), &job.job_namespace);
-    let name = format!("{}-{}", job.job_name, fastrand::u32(..) % 100_000);
-    let pod = json!({"apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "labels": {"job-name": job.job_name, "batch.kubernetes.io/job-name": job.job_name}},
-        "spec": {"restartPolicy": "Never", "containers": [{"name": job.action, "image": "agent"}]}});
-    let pod = serde_json::from_value(pod).map_err(|e| TestkitError::Fixture(e.to_string()))?;
-    pods.create(&Default::default(), &pod).await.map_err(kube_error("creating the agent pod"))?;
-    let status = json!({"status": {"phase": "Failed", "containerStatuses": [{"name": job.action, "image": "agent",
-        "imageID": "", "ready": false, "restartCount": 0,
-        "state": {"terminated": {"exitCode": code, "reason": "Error"}}}]}});
-    pods.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
-        .await
-        .map_err(kube_error("writing the agent pod status"))?;
-    Ok(None)
 }
 
 /// Upserts conditions by type, as upstream's agent does.

@@ -48,15 +48,21 @@
 mod access;
 mod admission;
 mod agent;
+mod kubelet;
 mod rbac;
 mod resources;
+pub mod sandbox;
 mod selectors;
 mod server;
 mod store;
+mod tls;
 mod watch;
 
 pub use access::{AccessRule, AccessTable, ApiFault, ApiFaultAction, Identity, RequestRecord};
-pub use agent::{AgentJob, AgentOutcome, AgentRun, FakeAgent};
+pub use agent::{
+    AgentJob, AgentOutcome, AgentRun, FakeAgent, REAPER_IMAGE, UPSTREAM_AGENT_IMAGE, agent_main,
+};
+pub use kubelet::{ContainerRun, JobEnv, JobRunner, Program, RunnerOptions};
 pub use resources::ResourceDef;
 pub use selectors::{FieldSelector, LabelSelector};
 pub use server::{ADMIN_TOKEN, FakeApiOptions, FakeApiServer};

@@ -73,6 +73,14 @@ pub(super) struct Shared {
     controllers: tokio::sync::Notify,
 }
 
+fn issue_token(shared: &Shared, namespace: &str, name: &str) -> String {
+    let token = format!("fake-sa-token-{namespace}-{name}");
+    let identity =
+        Identity { username: format!("system:serviceaccount:{namespace}:{name}"), groups: Vec::new() };
+    lock(&shared.access).tokens.insert(token.clone(), identity);
+    token
+}
+
 pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panicking test thread must not wedge every later request.
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -83,13 +91,18 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 #[derive(Debug)]
 pub struct FakeApiServer {
     addr: SocketAddr,
+    /// The same API over HTTPS, for in-cluster clients (see `tls`).
+    https_addr: SocketAddr,
+    ca_pem: String,
     shared: Arc<Shared>,
     task: tokio::task::JoinHandle<()>,
+    https_task: tokio::task::JoinHandle<()>,
 }
 
 impl Drop for FakeApiServer {
     fn drop(&mut self) {
         self.task.abort();
+        self.https_task.abort();
     }
 }
 
@@ -145,6 +158,12 @@ impl FakeApiServer {
             controllers: tokio::sync::Notify::new(),
         });
         let app = axum::Router::new().fallback(handle).with_state(shared.clone());
+        let tls = super::tls::ClusterTls::generate()?;
+        let https = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(io("binding the fake API server (HTTPS)"))?;
+        let https_addr = https.local_addr().map_err(io("reading the fake API server's HTTPS address"))?;
+        let https_task = tokio::spawn(super::tls::serve(https, tls.acceptor.clone(), app.clone()));
         // Watch events are small writes: without TCP_NODELAY each waits for
         // the client's delayed ACK (tens of milliseconds).
         let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
@@ -171,12 +190,23 @@ impl FakeApiServer {
                 () = collector => {}
             }
         });
-        Ok(Self { addr, shared, task })
+        Ok(Self { addr, https_addr, ca_pem: tls.ca_pem, shared, task, https_task })
     }
 
     /// `http://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// The HTTPS endpoint (`127.0.0.1:<port>`): what a pod's
+    /// `KUBERNETES_SERVICE_HOST`/`PORT` name.
+    pub fn https_addr(&self) -> SocketAddr {
+        self.https_addr
+    }
+
+    /// The cluster CA, PEM (a pod's `ca.crt`): it signed the HTTPS endpoint's certificate.
+    pub fn ca_pem(&self) -> &str {
+        &self.ca_pem
     }
 
     /// A real `kube::Client` talking to this server as the cluster's admin
@@ -196,11 +226,13 @@ impl FakeApiServer {
     /// The bearer token of ServiceAccount `namespace/name`: the server
     /// authenticates it as `system:serviceaccount:<namespace>:<name>`.
     pub fn service_account_token(&self, namespace: &str, name: &str) -> String {
-        let token = format!("fake-sa-token-{namespace}-{name}");
-        let identity =
-            Identity { username: format!("system:serviceaccount:{namespace}:{name}"), groups: Vec::new() };
-        lock(&self.shared.access).tokens.insert(token.clone(), identity);
-        token
+        issue_token(&self.shared, namespace, name)
+    }
+
+    /// [`FakeApiServer::service_account_token`], for the Job runner's pods.
+    pub(super) fn token_issuer(&self) -> impl Fn(&str, &str) -> String + Send + Sync + 'static {
+        let shared = self.shared.clone();
+        move |namespace, name| issue_token(&shared, namespace, name)
     }
 
     /// A kubeconfig for service processes (`KUBECONFIG=<path>`), with `namespace`
