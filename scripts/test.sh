@@ -19,8 +19,10 @@ install_system_packages() {
   # binary -> Debian package
   # chromium + node/npm: the web page's browser tests (gateway/tests/web.rs);
   # kubectl: rendering deploy/ (tests/tests/deploy.rs); unshare and ip: a
-  # network namespace of a test's own (gateway/tests/tracing.rs).
-  local -A wanted=([redis-server]=redis-server [docker-registry]=docker-registry [chromium]=chromium [node]=nodejs [npm]=npm [kubectl]=kubernetes-client [unshare]=util-linux [ip]=iproute2)
+  # network namespace of a test's own (gateway/tests/tracing.rs), and the
+  # mount namespace of each Job container the fake API server runs; curl:
+  # a container's in-cluster call (crates/testkit/tests/job_runner.rs).
+  local -A wanted=([redis-server]=redis-server [docker-registry]=docker-registry [chromium]=chromium [node]=nodejs [npm]=npm [kubectl]=kubernetes-client [unshare]=util-linux [ip]=iproute2 [curl]=curl)
   local missing=()
   for binary in "${!wanted[@]}"; do
     command -v "$binary" >/dev/null 2>&1 || missing+=("${wanted[$binary]}")

@@ -15,7 +15,9 @@ use std::{
 };
 
 use futures::StreamExt;
+use k8s_openapi::api::batch::v1::Job;
 use kube::{
+    Api,
     api::{DeleteParams, DynamicObject, PostParams},
     runtime::watcher,
 };
@@ -75,13 +77,13 @@ async fn measure() -> anyhow::Result<Vec<Row>> {
     let lifecycle = fleet.lifecycles[0].pid();
     let idle_rss = resident_mib(lifecycle, "VmHWM:")?;
     let client = fleet.api.client()?;
-    let agent = FakeAgent::start(client.clone(), vynil_e2e::CONTROL_PLANE_NAMESPACE, |job| {
+    let agent = FakeAgent::start(&fleet.api, vynil_e2e::CONTROL_PLANE_NAMESPACE, |job| {
         if job.action == "delete" {
-            AgentOutcome::fail("BackoffLimitExceeded", "the delete hook exited 1")
+            AgentOutcome::fail("the delete hook exited 1")
         } else {
             AgentOutcome::succeed()
         }
-    });
+    })?;
     let instances = vynil_e2e::tenant_instances(&client);
 
     // When a watcher first sees each instance's failure condition.
@@ -95,6 +97,27 @@ async fn measure() -> anyhow::Result<Vec<Row>> {
                 && let (Some(name), Ok(mut seen)) = (object.metadata.name.clone(), record.lock())
             {
                 seen.entry(name).or_insert_with(Instant::now);
+            }
+        }
+    });
+
+    // When a watcher first sees each delete Job marked Failed (by the test
+    // kit's Job runner, once its pods spent the backoff limit).
+    let failed: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    let jobs: Api<Job> = Api::namespaced(client.clone(), vynil_e2e::CONTROL_PLANE_NAMESPACE);
+    let record = failed.clone();
+    let job_follower = tokio::spawn(async move {
+        let config = watcher::Config::default().labels("vynil.solidite.fr/action=delete");
+        let mut objects = watcher(jobs, config).boxed();
+        while let Some(event) = objects.next().await {
+            if let Ok(watcher::Event::Apply(job) | watcher::Event::InitApply(job)) = event
+                && job.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|cs| {
+                    cs.iter().any(|c| c.type_ == "Failed" && c.status == "True")
+                })
+                && let (Some(name), Ok(mut failed)) =
+                    (job.metadata.labels.as_ref().and_then(|l| l.get("instance")).cloned(), record.lock())
+            {
+                failed.entry(name).or_insert_with(Instant::now);
             }
         }
     });
@@ -116,12 +139,16 @@ async fn measure() -> anyhow::Result<Vec<Row>> {
     for name in &names {
         instances.delete(name, &DeleteParams::default()).await?;
     }
-    let runs = agent.wait_for_runs(2 * INSTANCES, WAIT).await?;
-    let marked: HashMap<String, Instant> = runs
-        .iter()
-        .filter(|r| r.job.action == "delete")
-        .filter_map(|r| Some((r.job.instance_name.clone(), r.finished_at?)))
-        .collect();
+    agent.wait_for_runs(2 * INSTANCES, WAIT).await?;
+    let deadline = Instant::now() + WAIT;
+    let marked: HashMap<String, Instant> = loop {
+        let marked = failed.lock().map(|f| f.clone()).unwrap_or_default();
+        if marked.len() >= INSTANCES || Instant::now() > deadline {
+            break marked;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    job_follower.abort();
     anyhow::ensure!(
         marked.len() == INSTANCES,
         "{} of {INSTANCES} delete Jobs were marked Failed",

@@ -49,7 +49,7 @@ fn code(output: &Output) -> i32 {
 #[tokio::test]
 async fn a_session_of_vynilctl_scans_purges_explains_and_exits_with_the_documented_codes() {
     let stack = Stack::start("think/ollama").await;
-    let _agent = FakeAgent::start(stack.client.clone(), "vynil-system", |_| AgentOutcome::succeed());
+    let _agent = FakeAgent::start(&stack.api, "vynil-system", |_| AgentOutcome::succeed()).unwrap();
     for (tag, kind) in
         [("0.1.8", PackageType::Tenant), ("0.1.9", PackageType::Tenant), ("0.1.10", PackageType::Service)]
     {

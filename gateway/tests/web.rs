@@ -43,7 +43,7 @@ async fn the_web_page_in_chromium_logs_in_scans_shows_the_type_change_purges_exp
     let web = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/web");
     requirements(&web);
     let stack = Stack::start("think/ollama").await;
-    let _agent = FakeAgent::start(stack.client.clone(), "vynil-system", |_| AgentOutcome::succeed());
+    let _agent = FakeAgent::start(&stack.api, "vynil-system", |_| AgentOutcome::succeed()).unwrap();
     for (tag, kind) in
         [("0.1.8", PackageType::Tenant), ("0.1.9", PackageType::Tenant), ("0.1.10", PackageType::Service)]
     {

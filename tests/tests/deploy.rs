@@ -613,7 +613,7 @@ async fn every_call_the_services_make_is_granted_by_their_role() {
     };
 
     let stack = Stack::start("think/ollama").await;
-    let _agent = FakeAgent::start(stack.client.clone(), "vynil-system", |_| AgentOutcome::succeed());
+    let _agent = FakeAgent::start(&stack.api, "vynil-system", |_| AgentOutcome::succeed()).unwrap();
     stack.publish("think", "ollama", PackageType::Tenant, "0.1.8").await;
     stack.publish("think", "ollama", PackageType::Tenant, "0.1.9").await;
     stack.scan_until(&["0.1.9"]).await;

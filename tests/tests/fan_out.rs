@@ -19,7 +19,7 @@ use vynil_testkit::{
 #[tokio::test]
 async fn a_scanned_new_version_starts_its_agent_job_soon_after_the_catalog_changes() {
     let stack = Stack::start("apps/web").await;
-    let agent = FakeAgent::start(stack.client.clone(), "vynil-system", |_| AgentOutcome::succeed());
+    let agent = FakeAgent::start(&stack.api, "vynil-system", |_| AgentOutcome::succeed()).unwrap();
     stack.publish("apps", "web", PackageType::Tenant, "1.0.0").await;
     stack.scan_until(&["1.0.0"]).await;
     let instances = stack.tenant_instances();

@@ -109,9 +109,10 @@ fn tags(items: &Value) -> Vec<String> {
 #[tokio::test]
 async fn every_route_over_the_real_services_answers_its_success_and_its_errors() {
     let stack = Stack::start("think/ollama").await;
-    let _agent = FakeAgent::start(stack.client.clone(), "vynil-system", |_| AgentOutcome::Succeed {
+    let _agent = FakeAgent::start(&stack.api, "vynil-system", |_| AgentOutcome::Succeed {
         children: vec![("vitals".into(), vec![json!({"kind": "Deployment", "name": "ollama"})])],
-    });
+    })
+    .unwrap();
     for (tag, kind) in
         [("0.1.8", PackageType::Tenant), ("0.1.9", PackageType::Tenant), ("0.1.10", PackageType::Service)]
     {

@@ -27,11 +27,11 @@ async fn a_revision_an_instance_runs_is_kept_as_installed_by_it_without_acknowle
     for tag in ["1.0.0", "2.1.0"] {
         stack.publish("apps", "web", PackageType::Tenant, tag).await;
     }
-    let client = stack.client.clone();
     // The restore at 1.0.0 succeeds; the upgrade that follows stays running.
-    let agent = FakeAgent::start(client.clone(), "vynil-system", |job| {
+    let agent = FakeAgent::start(&stack.api, "vynil-system", |job| {
         if job.tag.as_deref() == Some("1.0.0") { AgentOutcome::succeed() } else { AgentOutcome::Hang }
-    });
+    })
+    .unwrap();
     // Scan: the catalog shows 2.1.0 only (no waypoint keeps 1.0.0).
     stack.scan_until(&["2.1.0"]).await;
     // An instance restored at 1.0.0 (initFrom.version: found in the registry, not the catalog).

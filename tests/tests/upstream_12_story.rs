@@ -33,17 +33,13 @@ fn instances(stack: &Stack) -> Api<DynamicObject> {
     stack.tenant_instances()
 }
 
-/// The agent: installs record a Deployment; deletes succeed; reaper Jobs (no TAG) wait.
+/// The agent: installs record a Deployment; deletes succeed; reaper Jobs
+/// run the real reaper.
 fn agent(stack: &Stack) -> FakeAgent {
-    FakeAgent::start(stack.client.clone(), "vynil-system", |job| {
-        if job.action == "delete" && job.tag.is_none() {
-            AgentOutcome::Hang
-        } else {
-            AgentOutcome::Succeed {
-                children: vec![("vitals".into(), vec![json!({"kind": "Deployment", "name": "ollama"})])],
-            }
-        }
+    FakeAgent::start(&stack.api, "vynil-system", |_| AgentOutcome::Succeed {
+        children: vec![("vitals".into(), vec![json!({"kind": "Deployment", "name": "ollama"})])],
     })
+    .unwrap()
 }
 
 async fn install_ollama(stack: &Stack) {

@@ -607,7 +607,7 @@ async fn injected_faults_hit_the_named_verb_and_resource_only() -> TestResult {
 }
 
 #[tokio::test]
-async fn the_fake_agent_fails_a_job_and_a_watch_sees_it_within_milliseconds() -> TestResult {
+async fn the_fake_agent_runs_in_its_job_and_a_failing_one_is_seen_through_the_watch() -> TestResult {
     let (server, client) = server().await?;
     let instances: Api<TenantInstance> = Api::namespaced(client.clone(), "tenant-a");
     let instance: TenantInstance = serde_json::from_value(json!({
@@ -617,41 +617,53 @@ async fn the_fake_agent_fails_a_job_and_a_watch_sees_it_within_milliseconds() ->
     }))?;
     instances.create(&PostParams::default(), &instance).await?;
 
-    let agent = FakeAgent::start(client.clone(), "vynil-system", |job| match job.action.as_str() {
+    let agent = FakeAgent::start(&server, "vynil-system", |job| match job.action.as_str() {
         "install" => AgentOutcome::Succeed {
             children: vec![("vitals".into(), vec![json!({"kind": "Deployment", "name": "app"})])],
         },
-        _ => AgentOutcome::fail("BackoffLimitExceeded", "Job has reached the specified backoff limit"),
-    });
+        _ => AgentOutcome::fail("the delete hook exited 1"),
+    })?;
     let jobs: Api<Job> = Api::namespaced(client.clone(), "vynil-system");
     let rv = server.resource_version().to_string();
     let mut events = jobs.watch(&WatchParams::default(), &rv).await?.boxed();
     jobs.create(&PostParams::default(), &agent_job("install", "1.2.3")?).await?;
-    let runs = agent.wait_for_runs(1, Duration::from_secs(20)).await?;
-    assert_eq!(runs[0].error, None);
+    let install = loop {
+        let done = jobs.get(&format!("tenant--tenant-a--app-install")).await?;
+        let conditions = done.status.as_ref().and_then(|s| s.conditions.clone()).unwrap_or_default();
+        if conditions.iter().any(|c| c.type_ == "Complete" && c.status == "True") {
+            break agent.runs();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(install[0].exit_code, Some(0), "{:?}", install[0].stderr);
     let installed = instances.get("app").await?;
     let status = installed.status.ok_or("no status written")?;
     assert_eq!(status.tag.as_deref(), Some("1.2.3"));
     assert_eq!(status.vitals.as_ref().map(Vec::len), Some(1));
 
     jobs.create(&PostParams::default(), &agent_job("delete", "1.2.3")?).await?;
-    let runs = agent.wait_for_runs(2, Duration::from_secs(20)).await?;
-    let failed_at = runs[1].finished_at.ok_or("the failure was not written")?;
     let observed = loop {
         match tokio::time::timeout(Duration::from_secs(10), events.try_next()).await?? {
             Some(WatchEvent::Modified(job)) if job.name_any().contains("delete") => {
                 let conditions = job.status.and_then(|s| s.conditions).unwrap_or_default();
-                if conditions.iter().any(|c| c.type_ == "Failed" && c.status == "True") {
-                    break Instant::now();
+                if let Some(failed) = conditions.iter().find(|c| c.type_ == "Failed" && c.status == "True") {
+                    break failed.clone();
                 }
             }
             Some(_) => continue,
             None => return Err("the watch ended".into()),
         }
     };
-    // Seen through the watch, after the agent wrote it (no clock bound:
-    // how soon is the machine's load, not the fake's behaviour).
-    assert!(observed >= failed_at, "observed before it was written");
+    // The Job controller's words, after backoffLimit (2) + 1 pods, each
+    // container exiting 1 with the script's message.
+    assert_eq!(observed.reason.as_deref(), Some("BackoffLimitExceeded"));
+    let runs = agent.runs();
+    let delete = runs.iter().find(|r| r.job.action == "delete").ok_or("no delete run")?;
+    assert_eq!(delete.exit_code, Some(1));
+    assert!(delete.stderr.contains("the delete hook exited 1"), "{}", delete.stderr);
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), "vynil-system");
+    let failed_pods = pods.list(&ListParams::default().labels("job-name=tenant--tenant-a--app-delete")).await?.items;
+    assert_eq!(failed_pods.len(), 3);
     let after = instances.get("app").await?;
     assert_eq!(
         after.status.and_then(|s| s.vitals).map(|v| v.len()),
@@ -668,9 +680,9 @@ fn agent_job(action: &str, tag: &str) -> Result<Job, serde_json::Error> {
             "app.kubernetes.io/component": "agent", "vynil.solidite.fr/action": action,
             "vynil.solidite.fr/type": "tenant", "namespace": "tenant-a", "instance": "app",
         }},
-        "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [{
+        "spec": {"backoffLimit": 2, "template": {"spec": {"restartPolicy": "Never", "containers": [{
             // Upstream's agent contract: it finds its instance by this env, not by labels.
-            "name": action, "image": "agent", "args": ["tenant", action],
+            "name": action, "image": vynil_testkit::kube_api::UPSTREAM_AGENT_IMAGE, "args": ["tenant", action],
             "env": [{"name": "NAMESPACE", "value": "tenant-a"}, {"name": "INSTANCE", "value": "app"},
                 {"name": "TAG", "value": tag}, {"name": "OPTIONS_HASH", "value": "abc"}],
         }]}}},

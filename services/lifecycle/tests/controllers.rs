@@ -246,9 +246,7 @@ async fn an_instance_upstream_installed_is_adopted_without_running_its_job() {
 #[tokio::test]
 async fn a_failed_install_job_is_kept_and_its_reason_shown_with_the_next_attempt() {
     let (world, script) = World::start(web("registry.example"), &[]).await;
-    *script.lock().unwrap() = Box::new(|_| {
-        AgentOutcome::fail("BackoffLimitExceeded", "Job has reached the specified backoff limit")
-    });
+    *script.lock().unwrap() = Box::new(|_| AgentOutcome::fail("the install hook exited 1"));
     world.create("TenantInstance", "web", web_spec(), json!({})).await;
     let failed = eventually("the failure condition", || async {
         let object = world.get("TenantInstance", "web").await;
@@ -256,7 +254,9 @@ async fn a_failed_install_job_is_kept_and_its_reason_shown_with_the_next_attempt
     })
     .await;
     let message = condition(&failed, "Installed").unwrap()["message"].as_str().unwrap().to_string();
+    // The Job controller's reason, then the failed pod's termination message.
     assert!(message.starts_with("[E_AGENT_FAILED]") && message.contains("backoff limit"), "{message}");
+    assert!(message.contains("exited 1 (Error): the install hook exited 1"), "{message}");
     assert_eq!(failed["status"]["target"]["failures"], 1);
     assert!(failed["status"]["target"]["retryAt"].is_string(), "{failed}");
     assert!(

@@ -108,3 +108,12 @@ fn the_reaper_runs_locked_down() {
     assert_eq!(security.capabilities.and_then(|c| c.drop).unwrap_or_default(), ["ALL"]);
     assert_eq!(security.seccomp_profile.map(|s| s.type_), Some("RuntimeDefault".to_string()));
 }
+
+/// The test kit's Job runner maps lifecycle's default images to the fake
+/// agent and the reaper: the names it maps are the ones lifecycle renders.
+#[test]
+fn the_test_kits_agent_and_reaper_images_are_lifecycles_defaults() {
+    let settings = AgentSettings::default();
+    assert_eq!(settings.image, vynil_testkit::kube_api::UPSTREAM_AGENT_IMAGE);
+    assert_eq!(settings.reaper_image, vynil_testkit::kube_api::REAPER_IMAGE);
+}

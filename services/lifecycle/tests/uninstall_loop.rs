@@ -11,21 +11,16 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use k8s_openapi::api::{batch::v1::Job, core::v1::Pod};
 use kube::{
     Api,
-    api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams},
+    api::{DeleteParams, DynamicObject, PostParams},
 };
 use serde_json::{Value, json};
 use vynil_crds::JukeBox;
 use vynil_proto::lifecycle::v1::{AllowDeleteWithoutPackageRequest, ExplainRequest};
 use vynil_testkit::{PackageSpec, PackageType, RegistryServer, kube_api::AgentOutcome};
 
-fn installs_with_children(job: &vynil_testkit::kube_api::AgentJob) -> AgentOutcome {
-    if job.action == "delete" && job.tag.is_none() {
-        // A reaper Job: the test runs the real reaper itself.
-        return AgentOutcome::Hang;
-    }
+fn installs_with_children(_: &vynil_testkit::kube_api::AgentJob) -> AgentOutcome {
     AgentOutcome::Succeed {
         children: vec![("vitals".into(), vec![json!({"kind": "Deployment", "name": "web"})])],
     }
@@ -95,7 +90,7 @@ async fn item_25_a_failed_delete_job_is_reported_as_soon_as_it_is_marked() {
     let (world, script) = World::start(packages, &flags).await;
     *script.lock().unwrap() = Box::new(|job| {
         if job.action == "delete" {
-            AgentOutcome::fail("BackoffLimitExceeded", "the delete hook exited 1")
+            AgentOutcome::fail("the delete hook exited 1")
         } else {
             installs_with_children(job)
         }
@@ -168,44 +163,20 @@ async fn with_the_catalog_down_a_delete_waits_and_is_never_called_gone() {
     world.stop().await;
 }
 
-/// Plays the Job controller and kubelet for reaper Jobs: runs the real
-/// reaper binary against the fake API, then records its report as the pod's
-/// termination message and completes the Job.
-async fn run_reaper(world: &World, kubeconfig: &std::path::Path) -> String {
-    let jobs = world.jobs();
-    let job: Job = eventually("the reaper Job", || async {
-        jobs.get_opt("tenant--apps--web").await.unwrap().filter(|j| {
-            j.metadata
-                .annotations
-                .as_ref()
-                .is_some_and(|a| a.get("vynil.solidite.fr/revision").map(String::as_str) == Some("reaper"))
-        })
+/// The reaper Job, run by the test kit's Job runner as on a cluster (the
+/// real lifecycle binary in its pod, in-cluster as the agent's
+/// ServiceAccount): waits for its container to end and returns its report,
+/// the termination message its pod showed (lifecycle deletes the Job once
+/// the instance is released, so the runner's record is read, not the Job).
+async fn reaper_report(world: &World) -> String {
+    let run = eventually("the reaper's container ended", || async {
+        let runs = world.agent.runner().runs();
+        runs.into_iter().find(|r| r.args.first().map(String::as_str) == Some("reap") && r.exit_code.is_some())
     })
     .await;
-    let args = job.spec.unwrap().template.spec.unwrap().containers[0].args.clone().unwrap();
-    let report_path = kubeconfig.with_file_name("termination-log");
-    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_vynil-lifecycle"))
-        .args(&args)
-        .args(["--wait-seconds", "5", "--report-path"])
-        .arg(&report_path)
-        .env("KUBECONFIG", kubeconfig)
-        .output()
-        .await
-        .unwrap();
-    assert!(output.status.success(), "reaper: {}", String::from_utf8_lossy(&output.stderr));
-    let report = String::from_utf8(output.stdout).unwrap().trim().to_string();
-    assert_eq!(std::fs::read_to_string(&report_path).unwrap(), report);
-    let pods: Api<Pod> = Api::namespaced(world.client.clone(), JOBS);
-    let pod = json!({"apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "tenant--apps--web-x1", "labels": {"job-name": "tenant--apps--web"}},
-        "spec": {"containers": [{"name": "delete", "image": "reaper"}]}});
-    pods.create(&PostParams::default(), &serde_json::from_value(pod).unwrap()).await.unwrap();
-    let status = json!({"status": {"containerStatuses": [{"name": "delete", "image": "reaper", "imageID": "", "ready": false,
-        "restartCount": 0, "state": {"terminated": {"exitCode": 0, "reason": "Completed", "message": report}}}]}});
-    pods.patch_status("tenant--apps--web-x1", &PatchParams::default(), &Patch::Merge(&status)).await.unwrap();
-    let done = json!({"status": {"succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]}});
-    jobs.patch_status("tenant--apps--web", &PatchParams::default(), &Patch::Merge(&done)).await.unwrap();
-    report
+    assert_eq!(run.job.metadata.name.as_deref(), Some("tenant--apps--web"));
+    assert_eq!(run.exit_code, Some(0), "the reaper: {}", run.stderr);
+    run.message
 }
 
 #[tokio::test]
@@ -339,6 +310,8 @@ async fn package_gone_then_allowed_the_real_reaper_deletes_children_in_reverse_o
     let stale = grpc.allow_delete_without_package(allow("tenant/apps/web", "0000")).await.unwrap_err();
     assert_eq!(stale.code(), tonic::Code::FailedPrecondition, "{stale:?}");
     assert!(annotation().await.is_null(), "nothing changed");
+    // The reaper Job starts as soon as the confirmation is recorded.
+    world.api.clear_requests();
     let done = grpc
         .allow_delete_without_package(allow("tenant/apps/web", &explained.children_fingerprint))
         .await
@@ -347,10 +320,7 @@ async fn package_gone_then_allowed_the_real_reaper_deletes_children_in_reverse_o
     assert!(done.annotated);
     assert_eq!(annotation().await, "true");
 
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = world.api.write_kubeconfig(dir.path(), APPS).unwrap();
-    world.api.clear_requests();
-    let report = run_reaper(&world, &kubeconfig).await;
+    let report = reaper_report(&world).await;
     gone(&world, "web").await;
 
     // Reverse phase order, each DELETE verified by a GET answering 404.
@@ -430,7 +400,7 @@ async fn a_deleting_condition_left_by_the_previous_release_is_removed_and_the_st
     delete(&world, "web").await;
     gone(&world, "web").await;
     let runs = world.agent.runs();
-    assert!(runs.iter().all(|r| r.exit_code.is_none()), "upstream's agent decoded its instance: {runs:?}");
+    assert!(runs.iter().all(|r| r.exit_code == Some(0)), "upstream's agent decoded its instance: {runs:?}");
     assert_eq!(runs.last().map(|r| r.job.action.as_str()), Some("delete"));
     world.stop().await;
 }

@@ -39,11 +39,28 @@
 //! fairness, pages from one snapshot (`limit`/`continue` are served, later
 //! pages from the current state), table output,
 //! protobuf, field managers, conversion between versions, a namespace's
-//! `spec.finalizers` kept on update, pods actually running.
+//! `spec.finalizers` kept on update, the scheduler and nodes, pods of
+//! anything but Jobs (a Deployment gets no pods), container restarts.
 //!
-//! The [`FakeAgent`] plays the upstream agent: it watches agent Jobs and, as
-//! the test's script says, completes or fails them and writes the instance
-//! status the upstream agent would write.
+//! HTTPS: the same API is also served over TLS ([`FakeApiServer::https_addr`]),
+//! with a cluster CA generated at start ([`FakeApiServer::ca_pem`]), for
+//! in-cluster clients (see `tls`).
+//!
+//! Jobs: the [`JobRunner`] (`kubelet`) plays the Job controller and the
+//! kubelet for the Jobs whose images the test maps to executables: owned
+//! Pods, each container a local process with the Job's args, env
+//! (`valueFrom` included), volumes and projected ServiceAccount token at
+//! their real paths in a mount namespace of its own (`sandbox`), the
+//! in-cluster variables naming the HTTPS endpoint; pod and Job status from
+//! exit codes, termination messages, `backoffLimit`, `activeDeadlineSeconds`.
+//! An unmapped image stays pending. What it does not do is listed there.
+//!
+//! The [`FakeAgent`] plays the upstream agent: the runner runs the
+//! `vynil-fake-agent` executable as the agent image's entrypoint, which
+//! reads its instance in-cluster through upstream's types and, as the
+//! test's script says, writes the status the upstream agent would write and
+//! exits 0, fails with a termination message, or hangs; reaper Jobs run the
+//! real lifecycle binary.
 
 mod access;
 mod admission;

@@ -150,7 +150,16 @@ impl World {
         services.spawn(task);
         let script: Script = Arc::new(Mutex::new(Box::new(|_: &AgentJob| AgentOutcome::succeed())));
         let shared = script.clone();
-        let agent = FakeAgent::start(client.clone(), JOBS, move |job| (shared.lock().unwrap())(job));
+        // Agent Jobs run the fake agent in their pods, reaper Jobs the real
+        // lifecycle binary, as the agent image lifecycle is told to use.
+        let image = extra
+            .iter()
+            .position(|a| *a == "--agent-image")
+            .and_then(|i| extra.get(i + 1))
+            .copied()
+            .unwrap_or(vynil_testkit::kube_api::UPSTREAM_AGENT_IMAGE);
+        let agent =
+            FakeAgent::start_with_image(&api, JOBS, image, move |job| (shared.lock().unwrap())(job)).unwrap();
         let upstream = UpstreamReader::start(client.clone());
         (
             World {
