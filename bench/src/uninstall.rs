@@ -111,9 +111,11 @@ async fn measure() -> anyhow::Result<Vec<Row>> {
         let mut objects = watcher(jobs, config).boxed();
         while let Some(event) = objects.next().await {
             if let Ok(watcher::Event::Apply(job) | watcher::Event::InitApply(job)) = event
-                && job.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|cs| {
-                    cs.iter().any(|c| c.type_ == "Failed" && c.status == "True")
-                })
+                && job
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Failed" && c.status == "True"))
                 && let (Some(name), Ok(mut failed)) =
                     (job.metadata.labels.as_ref().and_then(|l| l.get("instance")).cloned(), record.lock())
             {

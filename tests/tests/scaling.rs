@@ -365,8 +365,7 @@ async fn the_lifecycle_leader_killed_is_replaced_within_its_lease_and_one_retry(
     let id = Gateway::of(&fleet, 0).scan().await;
     Gateway::of(&fleet, 0).finished(&id).await;
     every_catalog_serves(&fleet, &["apps/web:1.0.0"]).await;
-    let _agent =
-        FakeAgent::start(&fleet.api, CONTROL_PLANE_NAMESPACE, |_| AgentOutcome::succeed()).unwrap();
+    let _agent = FakeAgent::start(&fleet.api, CONTROL_PLANE_NAMESPACE, |_| AgentOutcome::succeed()).unwrap();
     let leader = eventually("a lifecycle leader", || async { fleet.lifecycle_leader() }).await;
     let leader = Fleet::index_of(&leader);
     let killed_at = Instant::now();

@@ -662,7 +662,8 @@ async fn the_fake_agent_runs_in_its_job_and_a_failing_one_is_seen_through_the_wa
     assert_eq!(delete.exit_code, Some(1));
     assert!(delete.stderr.contains("the delete hook exited 1"), "{}", delete.stderr);
     let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), "vynil-system");
-    let failed_pods = pods.list(&ListParams::default().labels("job-name=tenant--tenant-a--app-delete")).await?.items;
+    let failed_pods =
+        pods.list(&ListParams::default().labels("job-name=tenant--tenant-a--app-delete")).await?.items;
     assert_eq!(failed_pods.len(), 3);
     let after = instances.get("app").await?;
     assert_eq!(

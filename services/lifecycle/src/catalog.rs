@@ -49,7 +49,7 @@ impl Catalog {
             category: instance.category.clone(),
             name: instance.package.clone(),
             r#type: proto_type(instance.kind.package_type()),
-            installed_tag: instance.status.tag.clone().unwrap_or_default(),
+            installed_tag: instance.installed_tag().unwrap_or_default().to_string(),
             hold_upgrades: instance.hold_upgrades,
         };
         let response = self.client.clone().resolve_install(request).await.map_err(unavailable)?.into_inner();

@@ -417,7 +417,7 @@ async fn init_version(
     let Some(version) = instance.init_from.as_ref().and_then(|i| i.version.clone()) else {
         return Ok(InitVersion::NotAsked);
     };
-    if instance.status.tag.is_some() {
+    if instance.installed_tag().is_some() {
         return Ok(InitVersion::NotAsked);
     }
     if let Some(digest) = context.catalog.find_tag(instance, &version).await? {

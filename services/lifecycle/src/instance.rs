@@ -132,6 +132,27 @@ impl Instance {
         vynil_rules::install::is_upstream_control_plane(&self.category, &self.package, &self.status.crds)
     }
 
+    /// The tag install selection starts from: `status.tag`, except the tag
+    /// the agent of our Job in flight (`status.target`) wrote: upstream's
+    /// agent writes `status.tag` before its Job completes, and until that
+    /// Job is credited the installed revision is the one recorded in
+    /// `status.package` (none on our first install). Read as installed, it
+    /// made the next revision look due and superseded the Job about to
+    /// complete: a restore from `initFrom.version`, or a waypoint, never
+    /// recorded.
+    pub fn installed_tag(&self) -> Option<&str> {
+        let tag = self.status.tag.as_deref();
+        match (&self.status.package, &self.status.target) {
+            (Some(package), Some(target)) if tag == Some(target.revision.tag.as_str()) => {
+                Some(package.tag.as_str())
+            }
+            (None, Some(target)) if !target.revision.adopted && tag == Some(target.revision.tag.as_str()) => {
+                None
+            }
+            _ => tag,
+        }
+    }
+
     /// Installed by upstream's operator before the switch: upstream's
     /// `status.tag` with nothing of ours recorded, or recorded as adopted
     /// (kept through later installs, so the instance keeps being served as
@@ -270,6 +291,46 @@ mod tests {
         assert!(i.status.have_child && i.suspended && !i.force_reinstall);
         assert_eq!(i.status.conditions[0].condition_type, "Ready");
         assert_eq!(i.reference(), "tenant/apps/ollama");
+    }
+
+    #[test]
+    fn the_tag_our_agent_wrote_before_its_job_completed_is_not_read_as_installed() {
+        let revision = |tag: &str, adopted: bool| InstalledPackage {
+            tag: tag.into(),
+            adopted,
+            ..InstalledPackage::default()
+        };
+        let target = |tag: &str, adopted: bool| AgentTarget {
+            revision: revision(tag, adopted),
+            ..AgentTarget::default()
+        };
+        let base = object(json!({"apiVersion": "vynil.solidite.fr/v1", "kind": "TenantInstance",
+            "metadata": {"name": "web", "namespace": "apps"},
+            "spec": {"jukebox": "box", "category": "apps", "package": "web"}}));
+        let base = Instance::decode(InstanceKind::Tenant, &base).unwrap();
+        let with = |tag: Option<&str>, package: Option<InstalledPackage>, target: Option<AgentTarget>| {
+            let mut instance = base.clone();
+            instance.status =
+                InstanceStatus { tag: tag.map(String::from), package, target, ..InstanceStatus::default() };
+            instance
+        };
+        // Upgrade in flight, its agent done writing: still 2.5.0 until credited.
+        assert_eq!(
+            with(Some("3.5.0"), Some(revision("2.5.0", false)), Some(target("3.5.0", false))).installed_tag(),
+            Some("2.5.0")
+        );
+        // Before the agent wrote: 2.5.0 too.
+        assert_eq!(
+            with(Some("2.5.0"), Some(revision("2.5.0", false)), Some(target("3.5.0", false))).installed_tag(),
+            Some("2.5.0")
+        );
+        // Our first install in flight: nothing installed yet.
+        assert_eq!(with(Some("2.5.0"), None, Some(target("2.5.0", false))).installed_tag(), None);
+        // Upstream's install (adopted) being upgraded: its tag is all we know.
+        assert_eq!(with(Some("3.5.0"), None, Some(target("3.5.0", true))).installed_tag(), Some("3.5.0"));
+        // Nothing in flight: status.tag, ours or upstream's.
+        assert_eq!(with(Some("4.0.0"), Some(revision("4.0.0", false)), None).installed_tag(), Some("4.0.0"));
+        assert_eq!(with(Some("1.0.0"), None, None).installed_tag(), Some("1.0.0"));
     }
 
     #[test]

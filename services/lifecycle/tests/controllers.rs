@@ -172,7 +172,19 @@ async fn item_20_init_from_version_found_runs_that_tag_and_not_found_blocks() {
     spec["initFrom"] = json!({"snapshot": "abc", "version": "2.5.0"});
     world.create("TenantInstance", "restored", spec.clone(), json!({})).await;
     world.agent.wait_for_runs(1, Duration::from_secs(30)).await.unwrap();
-    assert_eq!(world.tags_run("restored"), ["2.5.0"]);
+    assert_eq!(world.tags_run("restored")[0], "2.5.0");
+    // The restore is credited (its agent writes `status.tag` before its Job
+    // completes: that write must not turn the first install into an upgrade
+    // that supersedes it), then the upgrade path goes on from it.
+    eventually("the restore recorded, then upgraded", || async {
+        let listed =
+            world.grpc().await.list_instances(ListInstancesRequest::default()).await.ok()?.into_inner();
+        let restored =
+            listed.instances.into_iter().find(|i| i.r#ref.as_ref().is_some_and(|r| r.name == "restored"))?;
+        let history: Vec<String> = restored.history.into_iter().map(|h| h.tag).collect();
+        (history == ["2.5.0", "3.5.0", "4.0.0"]).then_some(())
+    })
+    .await;
     spec["initFrom"]["version"] = json!("9.9.9");
     world.create("TenantInstance", "lost", spec, json!({})).await;
     let blocked = eventually("the InitFrom condition", || async {

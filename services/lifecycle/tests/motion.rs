@@ -235,7 +235,8 @@ async fn held_upgrades_still_apply_option_changes_and_the_history_shows_the_last
     assert_eq!(world.tags_run("web"), ["2.5.0", "2.5.0"], "the option change ran on the held revision");
     // Its Job runs in a pod now: released only once it is installed (a
     // release while it runs supersedes it, as a newer target does).
-    let hash = vynil_rules::install::options_hash(serde_json::from_value(json!({"replicas": 3})).ok().as_ref());
+    let hash =
+        vynil_rules::install::options_hash(serde_json::from_value(json!({"replicas": 3})).ok().as_ref());
     eventually("the option change installed", || async {
         (world.get("TenantInstance", "web").await["status"]["digest"] == hash.as_str()).then_some(())
     })
