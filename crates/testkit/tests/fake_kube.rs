@@ -628,7 +628,7 @@ async fn the_fake_agent_runs_in_its_job_and_a_failing_one_is_seen_through_the_wa
     let mut events = jobs.watch(&WatchParams::default(), &rv).await?.boxed();
     jobs.create(&PostParams::default(), &agent_job("install", "1.2.3")?).await?;
     let install = loop {
-        let done = jobs.get(&format!("tenant--tenant-a--app-install")).await?;
+        let done = jobs.get("tenant--tenant-a--app-install").await?;
         let conditions = done.status.as_ref().and_then(|s| s.conditions.clone()).unwrap_or_default();
         if conditions.iter().any(|c| c.type_ == "Complete" && c.status == "True") {
             break agent.runs();

@@ -139,6 +139,8 @@ pub struct ContainerRun {
 }
 
 type Runs = Arc<Mutex<Vec<ContainerRun>>>;
+/// ServiceAccount (namespace, name) → its token, from the server.
+type TokenIssuer = Box<dyn Fn(&str, &str) -> String + Send + Sync>;
 
 /// See the module documentation.
 #[derive(Debug)]
@@ -160,7 +162,7 @@ struct Node {
     https: std::net::SocketAddr,
     ca_pem: String,
     /// ServiceAccount → token, from the server.
-    tokens: Box<dyn Fn(&str, &str) -> String + Send + Sync>,
+    tokens: TokenIssuer,
     sandbox: PathBuf,
     dir: Arc<tempfile::TempDir>,
     options: RunnerOptions,
@@ -222,10 +224,10 @@ impl JobRunner {
                     watcher::Event::Delete(job) => (None, Some(job)),
                     _ => (None, None),
                 };
-                if let Some(uid) = deleted.and_then(|j| j.metadata.uid) {
-                    if let Some(handle) = running.remove(&uid) {
-                        handle.abort();
-                    }
+                if let Some(handle) =
+                    deleted.and_then(|j| j.metadata.uid).and_then(|uid| running.remove(&uid))
+                {
+                    handle.abort();
                 }
                 if let Some(job) = applied {
                     let Some(uid) = job.metadata.uid.clone() else { continue };
@@ -827,16 +829,16 @@ async fn run_container(
     if message.is_empty() && fallback && !matches!(end, ContainerEnd::Exited(0)) {
         message = tail(&format!("{stdout}{stderr}"));
     }
-    if let Ok(mut runs) = node.runs.lock() {
-        if let Some(run) = runs.get_mut(index) {
-            run.exit_code = Some(match end {
-                ContainerEnd::Exited(code) => code,
-                ContainerEnd::Deadline => 137,
-            });
-            run.stdout = stdout;
-            run.stderr = stderr;
-            run.message = message.clone();
-        }
+    if let Ok(mut runs) = node.runs.lock()
+        && let Some(run) = runs.get_mut(index)
+    {
+        run.exit_code = Some(match end {
+            ContainerEnd::Exited(code) => code,
+            ContainerEnd::Deadline => 137,
+        });
+        run.stdout = stdout;
+        run.stderr = stderr;
+        run.message = message.clone();
     }
     ContainerResult { end, message, started_at, finished_at: now() }
 }
