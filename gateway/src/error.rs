@@ -51,11 +51,13 @@ pub struct ApiError {
     message: String,
     /// Seconds, sent as `Retry-After`.
     retry_after: Option<u64>,
+    /// The methods a path answers, sent as `Allow` with a 405.
+    allow: Option<String>,
 }
 
 impl ApiError {
     fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
-        Self { status, code, message: message.into(), retry_after: None }
+        Self { status, code, message: message.into(), retry_after: None, allow: None }
     }
 
     /// A request that cannot be right: `field` names what to fix.
@@ -119,6 +121,19 @@ impl ApiError {
 
     pub fn forbidden(message: impl Into<String>) -> Self {
         Self::new(StatusCode::FORBIDDEN, "FORBIDDEN", message)
+    }
+
+    /// `method` is not one `path` answers; `allow` lists those it does.
+    pub fn method_not_allowed(method: &str, path: &str, allow: String) -> Self {
+        let mut error = Self::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "METHOD_NOT_ALLOWED",
+            format!(
+                "{path} does not answer {method}: use one of {allow} (the API is described at /openapi.json)"
+            ),
+        );
+        error.allow = Some(allow);
+        error
     }
 
     pub fn not_found(message: impl Into<String>) -> Self {
@@ -192,6 +207,9 @@ impl IntoResponse for ApiError {
         let mut response = (self.status, Json(body)).into_response();
         if let Some(seconds) = self.retry_after {
             response.headers_mut().insert(axum::http::header::RETRY_AFTER, seconds.into());
+        }
+        if let Some(allow) = self.allow.and_then(|a| axum::http::HeaderValue::from_str(&a).ok()) {
+            response.headers_mut().insert(axum::http::header::ALLOW, allow);
         }
         response
     }

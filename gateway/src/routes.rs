@@ -157,13 +157,24 @@ async fn authorize(
     next: Next,
 ) -> Result<Response, ApiError> {
     let path = matched.as_ref().map(MatchedPath::as_str).unwrap_or_default();
-    // A route missing from the table is closed, never open.
-    let (needed, kube) = guard
-        .access
-        .iter()
-        .find(|((m, p), _)| m == request.method() && *p == path)
-        .map(|(_, a)| *a)
-        .ok_or_else(|| ApiError::internal(format!("route {} {path} has no access rule", request.method())))?;
+    // `HEAD` is answered as `GET` is (axum's `get` serves both).
+    let method = if request.method() == Method::HEAD { Method::GET } else { request.method().clone() };
+    let found = guard.access.iter().find(|((m, p), _)| *m == method && *p == path).map(|(_, a)| *a);
+    let Some((needed, kube)) = found else {
+        // A method the path does not declare: what it answers, before any
+        // authentication work. A path missing from the table is closed.
+        let allow = allowed_methods(&guard.access, path).ok_or_else(|| {
+            ApiError::internal(format!("route {} {path} has no access rule", request.method()))
+        })?;
+        if request.method() == Method::OPTIONS {
+            let mut response = StatusCode::NO_CONTENT.into_response();
+            if let Ok(value) = HeaderValue::from_str(&allow) {
+                response.headers_mut().insert(axum::http::header::ALLOW, value);
+            }
+            return Ok(response);
+        }
+        return Err(ApiError::method_not_allowed(request.method().as_str(), path, allow));
+    };
     let meta = request.extensions().get::<RequestMeta>().cloned();
     let from = meta.as_ref().and_then(|m| m.from);
     let principal = match needed {
@@ -213,6 +224,21 @@ async fn authorize(
     };
     request.extensions_mut().insert(context);
     Ok(next.run(request).await)
+}
+
+/// The `Allow` value of `path` as the route table declares it (`HEAD` with
+/// `GET`, and `OPTIONS`), `None` for a path the table does not hold.
+fn allowed_methods(access: &AccessMap, path: &str) -> Option<String> {
+    let mut methods: Vec<&str> = access.keys().filter(|(_, p)| *p == path).map(|(m, _)| m.as_str()).collect();
+    if methods.is_empty() {
+        return None;
+    }
+    if methods.contains(&"GET") {
+        methods.push("HEAD");
+    }
+    methods.push("OPTIONS");
+    methods.sort_unstable();
+    Some(methods.join(", "))
 }
 
 /// A W3C `traceparent` as the spec writes it: `00-<32 hex>-<16 hex>-<2 hex>`.

@@ -188,6 +188,45 @@ async fn every_route_answers_each_role_as_the_matrix_says_before_asking_any_serv
             }
         }
     }
+    // A method a path does not declare: 405 with `Allow` as the matrix says
+    // (HEAD with GET, OPTIONS always), before any authentication and without
+    // asking a service; OPTIONS answers 204 with the same `Allow`.
+    let before = connections.load(std::sync::atomic::Ordering::SeqCst);
+    let paths: BTreeSet<&str> = MATRIX.iter().map(|(_, p, _)| *p).collect();
+    for path in paths {
+        let mut expected: BTreeSet<String> =
+            MATRIX.iter().filter(|(_, p, _)| *p == path).map(|(m, _, _)| m.to_string()).collect();
+        if expected.contains("GET") {
+            expected.insert("HEAD".into());
+        }
+        expected.insert("OPTIONS".into());
+        let allow = |answer: &reqwest::Response| -> BTreeSet<String> {
+            let header = answer.headers().get("allow").and_then(|v| v.to_str().ok()).unwrap_or_default();
+            header.split(',').map(|m| m.trim().to_string()).filter(|m| !m.is_empty()).collect()
+        };
+        for method in ["TRACE", "PUT", "PATCH", "DELETE", "GET", "POST"] {
+            if expected.contains(method) {
+                continue;
+            }
+            let method = Method::from_bytes(method.as_bytes()).unwrap();
+            let answer =
+                http.request(method.clone(), format!("{base}{}", concrete(path))).send().await.unwrap();
+            assert_eq!(answer.status(), 405, "{method} {path}");
+            assert_eq!(allow(&answer), expected, "{method} {path}");
+            let body: serde_json::Value = answer.json().await.unwrap();
+            assert_eq!(body["code"], "METHOD_NOT_ALLOWED", "{body}");
+        }
+        let options =
+            http.request(Method::OPTIONS, format!("{base}{}", concrete(path))).send().await.unwrap();
+        assert_eq!(options.status(), 204, "OPTIONS {path}");
+        assert_eq!(allow(&options), expected, "OPTIONS {path}");
+    }
+    assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), before, "a 405 asked a service");
+    // HEAD where GET is declared: answered as GET, without a body.
+    let head = http.head(format!("{base}/api/v1/whoami")).bearer_auth("token-viewer").send().await.unwrap();
+    assert_eq!(head.status(), 200);
+    let unauthenticated = http.head(format!("{base}/api/v1/whoami")).send().await.unwrap();
+    assert_eq!(unauthenticated.status(), 401, "HEAD is authorised as GET is");
     stop.trigger();
     serving.await.unwrap().unwrap();
 }
