@@ -413,7 +413,7 @@ pub struct HookScan {
     params(("hook" = String, Path, description = "The hook's name in --hooks-file")),
     request_body(content = String, description = "The registry's event, in the hook's format"),
     responses(
-        (status = 202, body = HookAnswer),
+        (status = 202, body = HookAnswer, description = "The event was accepted: the scans it started (or joined), and what it ignored"),
         (status = 400, body = crate::error::ErrorBody),
         (status = 401, body = crate::error::ErrorBody),
         (status = 413, body = crate::error::ErrorBody),

@@ -48,6 +48,13 @@ impl RepositoryRef {
         if layout_root(registry).is_some() {
             return Self::parse(&format!("{registry}//{repository}"));
         }
+        // A `/` would move part of the registry into the repository.
+        if registry.contains('/') {
+            return Err(RegistryError::InvalidReference {
+                reference: format!("{registry}/{repository}").chars().take(200).collect(),
+                problem: "the registry must be a host name with an optional port".into(),
+            });
+        }
         Self::parse(&format!("{registry}/{repository}"))
     }
 

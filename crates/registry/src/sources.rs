@@ -46,9 +46,15 @@ impl Source {
             repository.repository == project || repository.repository.starts_with(&format!("{project}/"))
         };
         match self {
-            Source::List(images) => images
-                .iter()
-                .any(|image| RepositoryRef::parse(image).is_ok_and(|listed| &listed == repository)),
+            // Under any of its names (the rules' repository identity).
+            Source::List(images) => images.iter().any(|image| {
+                RepositoryRef::parse(image).is_ok_and(|listed| {
+                    vynil_rules::repository::same(
+                        (&listed.registry, &listed.repository),
+                        (&repository.registry, &repository.repository),
+                    )
+                })
+            }),
             Source::Harbor { registry, project } => registry == &repository.registry && under(project),
             Source::Gitlab { registry, project, .. } => registry == &repository.registry && under(project),
             Source::Layout { path } => {

@@ -120,10 +120,10 @@ pub struct Package {
     pub app_version: Option<String>,
     pub features: Vec<String>,
     /// Upstream's `requirements` list, as published.
-    #[schema(value_type = Object)]
+    #[schema(value_type = Option<Vec<Object>>)]
     pub requirements: serde_json::Value,
     /// The options schema, `null` when none.
-    #[schema(value_type = Object)]
+    #[schema(value_type = Option<Object>)]
     pub options: serde_json::Value,
     pub roles: Vec<RevisionRole>,
 }
@@ -173,7 +173,7 @@ pub async fn list_jukeboxes(
     Ctx(ctx): Ctx,
     page: Result<Query<PageQuery>, QueryRejection>,
 ) -> Result<Json<JukeboxList>, ApiError> {
-    let page = query(page)?;
+    let page = app.pages.slice(&query(page)?)?;
     let request = app.services.request(&ctx, pb::ListJukeboxesRequest {});
     let answer = app.services.catalog()?.list_jukeboxes(request).await.map_err(failed(Service::Catalog))?;
     let answer = answer.into_inner();
@@ -189,7 +189,7 @@ pub async fn list_jukeboxes(
             content_hash: j.content_hash,
         })
         .collect();
-    let (items, next_page_token) = app.pages.page(&page, items)?;
+    let (items, next_page_token) = page.take(items);
     let skipped =
         answer.skipped.into_iter().map(|s| SkippedSource { source: s.source, problem: s.problem }).collect();
     Ok(Json(JukeboxList { items, skipped, next_page_token }))
@@ -227,7 +227,8 @@ pub async fn get_catalog(
 ) -> Result<Response, ApiError> {
     check_subdomain("jukebox", &jukebox)?;
     let filters = query(filters)?;
-    let page = PageQuery { limit: filters.limit, page_token: filters.page_token.clone() };
+    let page =
+        app.pages.slice(&PageQuery { limit: filters.limit, page_token: filters.page_token.clone() })?;
     let key = RenderedPages::key(&jukebox, &filters);
     let held = app.catalog_pages.get(&key);
     let request = pb::GetCatalogRequest {
@@ -247,7 +248,7 @@ pub async fn get_catalog(
         return Ok(json_body(body));
     }
     // Only the page is converted (a catalog holds hundreds of packages).
-    let (items, next_page_token) = app.pages.page(&page, answer.packages)?;
+    let (items, next_page_token) = page.take(answer.packages);
     let items = items.into_iter().map(Package::from).collect();
     let rendered =
         CatalogPage { jukebox: answer.jukebox, content_hash: answer.content_hash, items, next_page_token };

@@ -178,6 +178,7 @@ pub async fn list_instances(
     if let Some(jukebox) = &filters.jukebox {
         check_subdomain("jukebox", jukebox)?;
     }
+    let page = app.pages.slice(&PageQuery { limit: filters.limit, page_token: filters.page_token })?;
     let request = pb::ListInstancesRequest {
         kind: kind.map(InstanceKind::to_proto).unwrap_or_default(),
         namespace: filters.namespace.unwrap_or_default(),
@@ -207,8 +208,7 @@ pub async fn list_instances(
             history: history(i.history),
         })
         .collect();
-    let page = PageQuery { limit: filters.limit, page_token: filters.page_token };
-    let (items, next_page_token) = app.pages.page(&page, items)?;
+    let (items, next_page_token) = page.take(items);
     Ok(Json(InstanceList { items, next_page_token }))
 }
 

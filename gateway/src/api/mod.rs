@@ -6,6 +6,7 @@
 //! pagination of lists, and errors in one shape (`crate::error`).
 
 pub mod catalog;
+pub mod inputs;
 pub mod instances;
 pub mod purge;
 pub mod scans;
@@ -14,7 +15,6 @@ pub mod session;
 use std::sync::Arc;
 
 use axum::extract::{FromRequestParts, Query, rejection::QueryRejection};
-use base64::Engine;
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 use utoipa::{IntoParams, ToSchema};
 
@@ -144,20 +144,16 @@ pub fn failed(service: Service) -> impl Fn(tonic::Status) -> ApiError {
 }
 
 pub fn check_subdomain(field: &str, value: &str) -> Result<(), ApiError> {
-    vynil_crds::names::validate_subdomain(field, value).map_err(|e| ApiError::bad_request(field, e))
+    inputs::Input::Subdomain.check(field, value)
 }
 
 pub fn check_label(field: &str, value: &str) -> Result<(), ApiError> {
-    vynil_crds::names::validate_label(field, value).map_err(|e| ApiError::bad_request(field, e))
+    inputs::Input::Label.check(field, value)
 }
 
-/// An id a service gave (a scan's, a plan's): `field` names it, `answered_by` where it comes from.
-pub fn check_id(field: &str, id: &str, answered_by: &str) -> Result<(), ApiError> {
-    let fine = |c: char| c.is_ascii_alphanumeric() || "-_.:".contains(c);
-    if id.is_empty() || id.len() > 128 || !id.chars().all(fine) {
-        return Err(ApiError::bad_request(field, format!("is not an id {answered_by} answered")));
-    }
-    Ok(())
+/// An id a service gave (a scan's, a plan's), named by `field`.
+pub fn check_id(field: &str, id: &str) -> Result<(), ApiError> {
+    inputs::Input::Id.check(field, id)
 }
 
 /// Pagination of a list: `limit` items from the opaque `page_token`.
@@ -171,8 +167,6 @@ pub struct PageQuery {
     pub page_token: Option<String>,
 }
 
-const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::URL_SAFE_NO_PAD;
-
 /// How long a list answer may be (`--max-page-size`).
 #[derive(Debug, Clone, Copy)]
 pub struct Pages {
@@ -184,40 +178,30 @@ impl Pages {
         Self { max: max.max(1) }
     }
 
-    /// One page of `items` as `query` asks, and the token of the next, if any.
-    pub fn page<T>(self, query: &PageQuery, items: Vec<T>) -> Result<(Vec<T>, Option<String>), ApiError> {
-        query.page(items, self.max)
+    /// The page `query` asks for, checked before any service is asked.
+    pub fn slice(self, query: &PageQuery) -> Result<Slice, ApiError> {
+        let limit = query.limit.unwrap_or(100.min(self.max));
+        inputs::Input::Limit { max: self.max }.check("limit", &limit.to_string())?;
+        let start = inputs::Input::page_start("page_token", query.page_token.as_deref().unwrap_or_default())?;
+        Ok(Slice { start, limit })
     }
 }
 
-impl PageQuery {
-    /// One page of `items` and the token of the next, if any; `limit` within 1..=`max`.
-    fn page<T>(&self, items: Vec<T>, max: usize) -> Result<(Vec<T>, Option<String>), ApiError> {
-        let limit = self.limit.unwrap_or(100.min(max));
-        if !(1..=max).contains(&limit) {
-            return Err(ApiError::bad_request(
-                "limit",
-                format!("{limit} is not between 1 and {max} (the gateway's --max-page-size)"),
-            ));
-        }
-        let start = match self.page_token.as_deref().filter(|t| !t.is_empty()) {
-            None => 0,
-            Some(token) => B64
-                .decode(token)
-                .ok()
-                .and_then(|b| String::from_utf8(b).ok())
-                .and_then(|s| s.strip_prefix("offset:").and_then(|n| n.parse::<usize>().ok()))
-                .ok_or_else(|| {
-                    ApiError::bad_request(
-                        "page_token",
-                        "not a token this API gave: start from the first page",
-                    )
-                })?,
-        };
+/// A checked page: `limit` items from `start`.
+#[derive(Debug, Clone, Copy)]
+pub struct Slice {
+    start: usize,
+    limit: usize,
+}
+
+impl Slice {
+    /// The page of `items`, and the token of the next, if any.
+    pub fn take<T>(self, items: Vec<T>) -> (Vec<T>, Option<String>) {
+        let Slice { start, limit } = self;
         let total = items.len();
         let page: Vec<T> = items.into_iter().skip(start).take(limit).collect();
-        let next = (start + limit < total).then(|| B64.encode(format!("offset:{}", start + limit)));
-        Ok((page, next))
+        let next = (start + limit < total).then(|| (start + limit).to_string());
+        (page, next)
     }
 }
 
@@ -287,14 +271,14 @@ mod tests {
         let items: Vec<u32> = (0..10).collect();
         let pages = Pages::new(5);
         let query = |limit: Option<usize>| PageQuery { limit, page_token: None };
-        let (page, next) = pages.page(&query(None), items.clone()).unwrap();
+        let (page, next) = pages.slice(&query(None)).unwrap().take(items.clone());
         assert_eq!((page.len(), next.is_some()), (5, true), "the default is within the maximum");
-        assert_eq!(pages.page(&query(Some(5)), items.clone()).unwrap().0.len(), 5);
+        assert_eq!(pages.slice(&query(Some(5))).unwrap().take(items.clone()).0.len(), 5);
         for limit in [0, 6] {
-            let refused = pages.page(&query(Some(limit)), items.clone()).unwrap_err();
+            let refused = pages.slice(&query(Some(limit))).unwrap_err();
             let message = refused.body("r").message;
             assert!(message.starts_with("limit:") && message.contains("--max-page-size"), "{message}");
         }
-        assert_eq!(Pages::new(1000).page(&query(Some(1000)), items).unwrap().0.len(), 10);
+        assert_eq!(Pages::new(1000).slice(&query(Some(1000))).unwrap().take(items).0.len(), 10);
     }
 }

@@ -208,7 +208,7 @@ impl From<pb::PurgeReport> for Report {
 }
 
 fn check_plan_id(id: &str) -> Result<(), ApiError> {
-    super::check_id("plan_id", id, "`POST /api/v1/purge/plans`")
+    super::check_id("plan_id", id)
 }
 
 #[utoipa::path(post, path = "/api/v1/purge/plans", tag = "purge", request_body = PlanRequest,

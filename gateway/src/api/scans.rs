@@ -107,12 +107,12 @@ impl From<pb::ScanStatus> for Scan {
 }
 
 fn check_scan_id(id: &str) -> Result<(), ApiError> {
-    super::check_id("scan_id", id, "`POST /api/v1/jukeboxes/{jukebox}/scans`")
+    super::check_id("scan_id", id)
 }
 
 #[utoipa::path(post, path = "/api/v1/jukeboxes/{jukebox}/scans", tag = "scans",
     params(("jukebox" = String, Path)), request_body = ScanRequest,
-    responses((status = 202, body = ScanStarted), Errors), security(("bearer" = []), ("session" = [])))]
+    responses((status = 202, body = ScanStarted, description = "The scan was queued, or joined one that covers it"), Errors), security(("bearer" = []), ("session" = [])))]
 pub async fn start_scan(
     State(app): State<App>,
     Ctx(ctx): Ctx,

@@ -208,12 +208,30 @@ impl Purger {
     /// Plans one repository and stores the plan for `plan_ttl`.
     #[tracing::instrument(skip(self), fields(repository = %repo))]
     pub async fn plan(&self, repo: &RepositoryRef) -> Result<StoredPlan, PurgerError> {
+        self.check_named(repo).await?;
         if self.is_excluded(repo)? {
             return Err(PurgerError::Excluded(repo.to_string()));
         }
         let plan = self.plan_one(repo).await?;
         self.check_size(&repo.to_string(), plan.entries.len())?;
         self.store_plan(repo.to_string(), vec![plan]).await
+    }
+
+    /// Refuses a repository no JukeBox's source names (under any of its
+    /// names), before any registry is read: the purger reads, and an admin
+    /// may delete in, only what the control plane was given, never a
+    /// registry a caller names (an unreachable one answered "unavailable").
+    async fn check_named(&self, repo: &RepositoryRef) -> Result<(), PurgerError> {
+        for record in self.jukeboxes.list().await? {
+            let source = vynil_store::source_of(&record.spec, self.scripts);
+            if source.is_ok_and(|source| source.contains(repo)) {
+                return Ok(());
+            }
+        }
+        Err(PurgerError::NotFound(format!(
+            "{repo} is in no JukeBox's source: plan a repository a JukeBox lists (or the whole JukeBox), or add it \
+             to a JukeBox's source first"
+        )))
     }
 
     /// Plans every repository the JukeBox's source names (but excluded ones).

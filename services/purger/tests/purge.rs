@@ -104,6 +104,9 @@ struct Setup {
     redis: RedisServer,
     /// The service token file the purgers read (the gateway's token).
     token: tempfile::NamedTempFile,
+    /// JukeBox `box`, whose source lists the repository: the purger plans
+    /// only repositories a JukeBox names.
+    jukeboxes: tempfile::TempDir,
 }
 
 const SERVICE_TOKEN: &str = "purger-test-service-token";
@@ -115,13 +118,21 @@ async fn setup() -> Setup {
     let redis = RedisServer::start().await.unwrap();
     let token = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(token.path(), SERVICE_TOKEN).unwrap();
-    Setup { registry, front, redis, token }
+    let jukeboxes = tempfile::tempdir().unwrap();
+    let jukebox =
+        vynil_testkit::JukeboxBuilder::new("box").list(vec![format!("{}/{REPO}", front.host())]).json();
+    std::fs::write(jukeboxes.path().join("box.yaml"), jukebox.to_string()).unwrap();
+    Setup { registry, front, redis, token, jukeboxes }
 }
 
 async fn purger(setup: &Setup, lifecycle: &str, extra: &[&str]) -> ServiceProcess {
     let (redis, front) = (setup.redis.url(), setup.front.host());
     let token = setup.token.path().display().to_string();
+    let jukeboxes = setup.jukeboxes.path().display().to_string();
     let mut args = vec!["--redis-url", &redis, "--insecure-registry", &front, "--service-token-file", &token];
+    if !extra.contains(&"--jukebox-dir") {
+        args.extend(["--jukebox-dir", &jukeboxes]);
+    }
     if !extra.contains(&"--vynil-version") {
         args.extend(["--vynil-version", "0.8.0"]);
     }
@@ -340,9 +351,14 @@ async fn a_plan_under_an_alias_keeps_what_is_installed() {
     let retention = dir.path().join("retention.yaml");
     std::fs::write(&retention, "excluded_repositories: []\n").unwrap();
     let retention_flag = retention.to_str().unwrap().to_string();
-    let service =
-        purger(&setup, &lifecycle, &["--insecure-registry", &written, "--retention-config", &retention_flag])
-            .await;
+    // The JukeBox names it under the written name: planned under the alias, it is still named.
+    let jukebox = vynil_testkit::JukeboxBuilder::new("box").list(vec![format!("{written}/{REPO}")]).json();
+    std::fs::create_dir(dir.path().join("jukeboxes")).unwrap();
+    std::fs::write(dir.path().join("jukeboxes/box.yaml"), jukebox.to_string()).unwrap();
+    let jukeboxes = dir.path().join("jukeboxes").to_str().unwrap().to_string();
+    let flags =
+        ["--insecure-registry", &written, "--retention-config", &retention_flag, "--jukebox-dir", &jukeboxes];
+    let service = purger(&setup, &lifecycle, &flags).await;
     let mut client = PurgerClient::new(service.channel().await.unwrap());
     let plan = make_plan(&mut client, &alias).await;
     assert!(entry(&plan, "0.1.9").keep, "installed under {written}, planned under {alias}: {plan:?}");
@@ -386,6 +402,29 @@ async fn a_plan_executed_again_keeps_who_executed_it_first() {
     let stored =
         client.get_report(GetReportRequest { plan_id: plan.plan_id.clone() }).await.unwrap().into_inner();
     assert_eq!(stored, second);
+}
+
+/// The purger reads, and an admin may delete in, only repositories the
+/// control plane was given: a repository no JukeBox's source names (on a
+/// registry it knows, or on any host a caller makes up) is refused as not
+/// found before any registry is asked.
+#[tokio::test]
+async fn a_repository_no_jukebox_names_is_refused_before_any_registry_is_read() {
+    let setup = setup().await;
+    let lifecycle = lifecycle_stub(vec![]).await;
+    let service = purger(&setup, &lifecycle, &[]).await;
+    let mut client = PurgerClient::new(service.channel().await.unwrap());
+    for (registry, repository) in [(setup.front.host(), "other/app"), ("0".to_string(), "0")] {
+        let target =
+            Target::Repository(Repository { registry: registry.clone(), repository: repository.into() });
+        let status = client.plan(as_gateway(PlanRequest { target: Some(target) })).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::NotFound, "{registry}: {status:?}");
+        assert!(status.message().contains("in no JukeBox's source"), "{status:?}");
+    }
+    assert!(setup.front.seen().is_empty(), "a registry was read: {:?}", setup.front.seen());
+    // The repository its JukeBox names is planned.
+    let plan = make_plan(&mut client, &setup.front.host()).await;
+    assert!(!plan.entries.is_empty());
 }
 
 /// Security review item 8: a repository of more tags than the cap is
