@@ -52,7 +52,18 @@ install_web_test_packages() {
   npm ci --prefix gateway/tests/web --no-audit --no-fund
 }
 
+install_python_test_packages() {
+  # schemathesis and openapi-spec-validator, pinned by scripts/requirements-test.txt.
+  if schemathesis --version 2>/dev/null | grep -q "$(sed -n 's/^schemathesis==//p' scripts/requirements-test.txt)" \
+    && python3 -c 'import openapi_spec_validator' 2>/dev/null; then
+    echo "schemathesis and openapi-spec-validator already installed"
+    return 0
+  fi
+  python3 -m pip install -q --disable-pip-version-check -r scripts/requirements-test.txt
+}
+
 stage "install system packages" install_system_packages
+stage "install python test packages" install_python_test_packages
 stage "install web test packages" install_web_test_packages
 stage "format" cargo fmt --all --check
 stage "build (no protoc)" cargo build --workspace --all-targets --locked
