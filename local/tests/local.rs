@@ -300,6 +300,9 @@ async fn the_first_command_shows_the_embedded_examples_offline_and_sigterm_leave
     reader.join().unwrap();
     let stdout = printed.lock().unwrap().clone();
     assert!(stdout.contains("embedded example") && stdout.contains("admin-token"), "{stdout}");
+    // Its log lines too, written to a pipe: no colour escapes.
+    assert!(stdout.contains("INFO") && stdout.contains("serving"), "{stdout}");
+    assert!(!stdout.contains('\u{1b}'), "escape sequences in a log written to a pipe: {stdout:?}");
     assert!(!stdout.contains(std::fs::read_to_string(&token_file).unwrap().trim()), "never the token itself");
     for port in ports {
         std::net::TcpListener::bind(port).unwrap_or_else(|e| panic!("{port} still held after exit: {e}"));

@@ -1,6 +1,8 @@
 //! Logging and tracing set-up. `RUST_LOG` selects what is printed (default
 //! `info`); `--log-format json` (`LOG_FORMAT`) prints one JSON object per
-//! line for log collectors.
+//! line for log collectors. Text lines are coloured only on a terminal (and
+//! never with `NO_COLOR` set): a log written to a file or a pipe holds no
+//! escape sequences.
 //!
 //! Spans are exported over OTLP only when `OTEL_EXPORTER_OTLP_ENDPOINT` (or
 //! `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) is set: no exporter starts
@@ -13,7 +15,7 @@
 //! blocks a request; [`Telemetry`]'s drop flushes them, bounded in time.
 //! W3C trace context crosses services with [`inject`] and [`extract`].
 
-use std::time::Duration;
+use std::{io::IsTerminal, time::Duration};
 
 use opentelemetry::{KeyValue, propagation::TextMapPropagator, trace::TracerProvider as _};
 use opentelemetry_sdk::{Resource, propagation::TraceContextPropagator, trace::SdkTracerProvider};
@@ -121,6 +123,12 @@ fn provider(service: &str) -> Option<SdkTracerProvider> {
     Some(SdkTracerProvider::builder().with_batch_exporter(exporter).with_resource(resource).build())
 }
 
+/// Whether text lines are coloured: on a terminal (the fmt layer writes to
+/// stdout), unless `NO_COLOR` is set (no-color.org).
+fn colours(terminal: bool) -> bool {
+    terminal && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+}
+
 /// Installs the global subscriber once (later calls install nothing), with
 /// OTLP export when configured; keep the returned guard until exit.
 pub fn init_tracing(service: &'static str, config: &LogConfig) -> Telemetry {
@@ -130,7 +138,7 @@ pub fn init_tracing(service: &'static str, config: &LogConfig) -> Telemetry {
         provider.as_ref().map(|p| tracing_opentelemetry::layer().with_tracer(p.tracer("vynil")).boxed());
     let fmt = match config.log_format {
         LogFormat::Json => fmt::layer().json().boxed(),
-        LogFormat::Text => fmt::layer().boxed(),
+        LogFormat::Text => fmt::layer().with_ansi(colours(std::io::stdout().is_terminal())).boxed(),
     };
     let result = tracing_subscriber::registry().with(filter).with(fmt).with(otel).try_init();
     if result.is_err() {

@@ -114,7 +114,8 @@ async fn an_unsynced_replica_answers_unavailable_and_the_purger_plans_with_usage
     let host = registry.host();
     let spec = vynil_testkit::PackageSpec::new("apps", "web", vynil_testkit::PackageType::Tenant, "1.0.0");
     registry.publisher().publish("apps/web", &spec).await.unwrap();
-    let (mut world, _) = World::start(web("registry.example"), &[]).await;
+    // Its JukeBox names the repository the purger plans (the purger plans no other).
+    let (mut world, _) = World::start(web(&host), &[]).await;
     // Replica c never completes its first list of TenantInstances.
     let fault = ApiFault::new(Some("list"), Some("tenantinstances"), 10_000, ApiFaultAction::Status(500));
     world.api.inject(fault.for_user_agent("pod/c"));
