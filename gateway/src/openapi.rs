@@ -139,7 +139,10 @@ fn link(document: &mut serde_json::Value) {
 /// The events of each event stream, as server-sent events: each has an
 /// `event` name and a `data` line holding the JSON of its schema (`error`
 /// an `ErrorBody`).
-const EVENTS: &[(&str, &str, &[(&str, &str)])] = &[
+/// An event stream: its path, method, and each event's name and schema.
+type EventStream = (&'static str, &'static str, &'static [(&'static str, &'static str)]);
+
+const EVENTS: &[EventStream] = &[
     ("/api/v1/scans/{scan_id}/events", "get", &[("progress", "Scan"), ("error", "ErrorBody")]),
     (
         "/api/v1/purge/plans/{plan_id}/execute",
