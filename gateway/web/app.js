@@ -300,9 +300,16 @@ async function explainInto(detail, ref) {
         }
       },
     }, "Allow delete without package…") : null;
-    detail.replaceChildren(el("h2", {}, ref), el("p", {}, `${e.state}: ${e.summary}`), blocked,
-      el("ul", {}, e.details.map((d) => el("li", {}, d))), tags ? el("p", {}, tags) : null,
-      e.children_to_delete.length ? el("p", {}, `A delete without package would delete: ${e.children_to_delete.join("; ")}`) : null, allow);
+    // Each fact once: a blocked instance's reason is said by the red line
+    // (with its code), not again by the summary or the steps.
+    const said = (text) => e.blocked && text.includes(e.blocked.reason);
+    const summary = e.blocked ? e.state : `${e.state}: ${e.summary}`;
+    const steps = e.details.filter((d) => !said(d));
+    const parts = [el("h2", {}, ref), el("p", {}, summary), blocked,
+      steps.length ? el("ol", { class: "steps" }, steps.map((d) => el("li", {}, d))) : null, tags ? el("p", {}, tags) : null,
+      e.children_to_delete.length ? el("p", {}, `A delete without package would delete: ${e.children_to_delete.join("; ")}`) : null, allow];
+    // replaceChildren writes a null as the text "null".
+    detail.replaceChildren(...parts.filter((part) => part !== null && part !== undefined));
   } catch (error) {
     detail.replaceChildren(failure(error));
   }

@@ -11,9 +11,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::{
-    net::SocketAddr,
     path::Path,
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
@@ -21,7 +20,9 @@ use vynil_gateway::{
     auth::{Role, TokenBook},
     routes::{Access, route_table},
 };
-use vynil_testkit::free_port;
+
+mod common;
+use common::{Local, vynil_on_free_ports};
 
 /// The schemathesis the test command installs (`scripts/requirements-test.txt`).
 const SCHEMATHESIS: &str = "4.32.5";
@@ -29,33 +30,10 @@ const SCHEMATHESIS: &str = "4.32.5";
 const EXAMPLES: &str = "30";
 const SEED: &str = "1";
 
-struct Local {
-    child: Child,
-    gateway: SocketAddr,
-    dir: tempfile::TempDir,
-}
-
-impl Drop for Local {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn loopback() -> SocketAddr {
-    SocketAddr::from(([127, 0, 0, 1], free_port().unwrap()))
-}
-
 /// Local mode with its embedded example, its state in a directory of its own.
 async fn start() -> Local {
     let dir = tempfile::tempdir().unwrap();
-    let ports = [loopback(), loopback(), loopback(), loopback(), loopback()];
-    let flags =
-        ["--catalog-listen", "--scanner-listen", "--purger-listen", "--lifecycle-listen", "--gateway-listen"];
-    let mut command = Command::new(env!("CARGO_BIN_EXE_vynil"));
-    for (flag, port) in flags.iter().zip(ports) {
-        command.arg(flag).arg(port.to_string());
-    }
+    let (mut command, ports) = vynil_on_free_ports();
     let child = command
         .current_dir(dir.path())
         .arg("--state-dir")
@@ -66,13 +44,13 @@ async fn start() -> Local {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let local = Local { child, gateway: ports[4], dir };
+    let local = Local { child, ports, dir };
     // Up once the first scan put the example in the catalog.
     let http = reqwest::Client::new();
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
         if let Ok(token) = std::fs::read_to_string(local.dir.path().join("state/admin-token")) {
-            let url = format!("http://{}/api/v1/jukeboxes/examples/catalog", local.gateway);
+            let url = format!("http://{}/api/v1/jukeboxes/examples/catalog", local.ports[4]);
             let answer = http.get(url).bearer_auth(token.trim()).send().await;
             if let Ok(answer) = answer
                 && answer.status() == 200
@@ -101,7 +79,7 @@ fn schemathesis_installed() {
 fn schemathesis(local: &Local, token: &str, checks: &str) -> (String, bool) {
     let output = Command::new("schemathesis")
         .arg("run")
-        .arg(format!("http://{}/openapi.json", local.gateway))
+        .arg(format!("http://{}/openapi.json", local.ports[4]))
         .args(["--checks", checks, "--seed", SEED, "--max-examples", EXAMPLES, "--no-color"])
         .args(["-H", &format!("Authorization: Bearer {token}")])
         .current_dir(local.dir.path())
@@ -120,7 +98,7 @@ async fn schemathesis_finds_nothing_wrong_with_the_api_as_an_admin_or_a_viewer()
 
     // The document validates as OpenAPI 3.1.
     let document =
-        reqwest::get(format!("http://{}/openapi.json", local.gateway)).await.unwrap().text().await.unwrap();
+        reqwest::get(format!("http://{}/openapi.json", local.ports[4])).await.unwrap().text().await.unwrap();
     let file = local.dir.path().join("openapi.json");
     std::fs::write(&file, document).unwrap();
     let validated =
@@ -148,7 +126,7 @@ async fn schemathesis_finds_nothing_wrong_with_the_api_as_an_admin_or_a_viewer()
     ));
     std::fs::write(&tokens, text).unwrap();
     let http = reqwest::Client::new();
-    let whoami = format!("http://{}/api/v1/whoami", local.gateway);
+    let whoami = format!("http://{}/api/v1/whoami", local.ports[4]);
     let deadline = Instant::now() + Duration::from_secs(30);
     while http.get(&whoami).bearer_auth("viewer-token-for-the-contract-test").send().await.unwrap().status()
         != 200
@@ -175,7 +153,7 @@ async fn schemathesis_finds_nothing_wrong_with_the_api_as_an_admin_or_a_viewer()
             .replace("{namespace}", "apps")
             .replace("{name}", "web");
         let answer = http
-            .request(route.method.clone(), format!("http://{}{path}", local.gateway))
+            .request(route.method.clone(), format!("http://{}{path}", local.ports[4]))
             .bearer_auth("viewer-token-for-the-contract-test")
             .json(&serde_json::json!({}))
             .send()

@@ -8,7 +8,7 @@
 
 use std::{
     net::SocketAddr,
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
@@ -24,22 +24,8 @@ use vynil_proto::{
 };
 use vynil_testkit::{JukeboxBuilder, PackageSpec, PackageType, RegistryServer, free_port};
 
-struct Local {
-    child: Child,
-    ports: [SocketAddr; 5],
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Local {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn loopback() -> SocketAddr {
-    SocketAddr::from(([127, 0, 0, 1], free_port().unwrap()))
-}
+mod common;
+use common::{Local, loopback, vynil_on_free_ports};
 
 async fn channel(addr: SocketAddr) -> Option<tonic::transport::Channel> {
     tonic::transport::Channel::from_shared(format!("http://{addr}")).ok()?.connect().await.ok()
@@ -59,13 +45,7 @@ async fn start(registry: &RegistryServer) -> Local {
     let broken =
         "apiVersion: vynil.solidite.fr/v1\nkind: JukeBox\nmetadata:\n  name: broken\nspec:\n  sources: {}\n";
     std::fs::write(dir.path().join("broken.yaml"), broken).unwrap();
-    let ports = [loopback(), loopback(), loopback(), loopback(), loopback()];
-    let flags =
-        ["--catalog-listen", "--scanner-listen", "--purger-listen", "--lifecycle-listen", "--gateway-listen"];
-    let mut command = Command::new(env!("CARGO_BIN_EXE_vynil"));
-    for (flag, port) in flags.iter().zip(ports) {
-        command.arg(flag).arg(port.to_string());
-    }
+    let (mut command, ports) = vynil_on_free_ports();
     command
         .arg("--jukebox-dir")
         .arg(dir.path())
@@ -77,7 +57,7 @@ async fn start(registry: &RegistryServer) -> Local {
         .stdout(Stdio::null())
         .stderr(Stdio::null());
     let child = command.spawn().unwrap();
-    let local = Local { child, ports, _dir: dir };
+    let local = Local { child, ports, dir };
     // Generous: the binary may start slowly while other test binaries build.
     let deadline = Instant::now() + Duration::from_secs(90);
     for addr in &local.ports[..4] {
@@ -92,7 +72,7 @@ async fn start(registry: &RegistryServer) -> Local {
 /// The generated admin token, from the file local mode names.
 fn admin_token(local: &Local) -> String {
     use std::os::unix::fs::PermissionsExt;
-    let path = local._dir.path().join("state/admin-token");
+    let path = local.dir.path().join("state/admin-token");
     let mode = std::fs::metadata(&path).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o600, "the admin token is readable by its owner only");
     std::fs::read_to_string(path).unwrap().trim().to_string()
@@ -221,13 +201,7 @@ async fn a_port_in_use_stops_local_mode_with_an_error() {
 #[tokio::test]
 async fn the_first_command_shows_the_embedded_examples_offline_and_sigterm_leaves_nothing_behind() {
     let dir = tempfile::tempdir().unwrap();
-    let ports = [loopback(), loopback(), loopback(), loopback(), loopback()];
-    let flags =
-        ["--catalog-listen", "--scanner-listen", "--purger-listen", "--lifecycle-listen", "--gateway-listen"];
-    let mut command = Command::new(env!("CARGO_BIN_EXE_vynil"));
-    for (flag, port) in flags.iter().zip(ports) {
-        command.arg(flag).arg(port.to_string());
-    }
+    let (mut command, ports) = vynil_on_free_ports();
     let mut child = command
         .current_dir(dir.path())
         .env("HOME", dir.path().join("home"))

@@ -30,7 +30,16 @@ async function waitForText(page, selector, wanted) {
   await page.locator(selector).filter({ hasText: wanted }).first().waitFor({ timeout: TIMEOUT });
 }
 
+// What no view may show: a value the page failed to render.
+async function readsRight(page, name) {
+  const body = await page.locator("body").innerText();
+  // Runs of them too ("nullnullnull" has no word boundary inside).
+  const bad = body.match(/(?<![A-Za-z])(null|undefined|NaN)+(?![A-Za-z])|\[object [A-Za-z]+\]/);
+  check(!bad, `${name}: the page shows "${bad && bad[0]}": ${body.slice(0, 800)}`);
+}
+
 async function shot(page, name) {
+  await readsRight(page, name);
   const path = `${SCREENSHOTS}/${name}.png`;
   await page.screenshot({ path, fullPage: true });
   console.log(`screenshot ${path}`);
@@ -96,7 +105,9 @@ try {
   await waitForText(page, 'tr[data-instance="tenant/apps/broken"]', "blocked");
   await page.locator('tr[data-instance="tenant/apps/broken"] button.explain').click();
   await waitForText(page, "#explanation", "Blocked by");
-  check((await text(page, "#explanation")).includes("nothere"), "the explanation names the missing package");
+  const explanation = await text(page, "#explanation");
+  check(explanation.includes("nothere"), "the explanation names the missing package");
+  check(explanation.split("is missing").length === 2, `the blocking reason once: ${explanation}`);
   await shot(page, "5-instances");
 
   // A viewer sees the plan but no execute button, and a forged call is refused.
