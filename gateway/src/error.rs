@@ -123,6 +123,11 @@ impl ApiError {
         Self::new(StatusCode::FORBIDDEN, "FORBIDDEN", message)
     }
 
+    /// Refused as things stand (a confirmation that does not name the target).
+    pub fn refused(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, "REFUSED", message)
+    }
+
     /// `method` is not one `path` answers; `allow` lists those it does.
     pub fn method_not_allowed(method: &str, path: &str, allow: String) -> Self {
         let mut error = Self::new(

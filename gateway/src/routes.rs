@@ -81,6 +81,13 @@ fn table() -> Vec<Row> {
             post(scans::start_scan),
         ),
         (Method::GET, "/api/v1/jukeboxes/{jukebox}/scans/latest", VIEWER, read, get(scans::latest_scan)),
+        (
+            Method::POST,
+            "/api/v1/jukeboxes/{jukebox}/exports",
+            ADMIN,
+            Jukeboxes("export"),
+            post(scans::export_index),
+        ),
         (Method::GET, "/api/v1/scans/{scan_id}", VIEWER, read, get(scans::get_scan)),
         (Method::GET, "/api/v1/scans/{scan_id}/events", VIEWER, read, get(scans::follow_scan)),
         (Method::POST, "/api/v1/purge/plans", OPERATOR, Jukeboxes("list"), post(purge::create_plan)),

@@ -113,6 +113,24 @@ async fn a_session_of_vynilctl_scans_purges_explains_and_exits_with_the_document
     let report: Report = serde_yaml_ng::from_slice(&report.stdout).unwrap();
     assert_eq!(report.executed_by, "admin-user");
 
+    // An index export, where the scanner may write: refused for an operator, written for an admin.
+    let destination = stack.exports.path().join("box");
+    let to = destination.display().to_string();
+    let export = ["index", "export", "box", "--to", to.as_str(), "--confirm", "box"];
+    let operator = token(Role::Operator);
+    let as_operator = [("VYNIL_URL", gw.url.as_str()), ("VYNIL_TOKEN", operator.as_str())];
+    let refused = vynilctl(&export, &as_operator).await;
+    assert_eq!(code(&refused), 3, "{}", text(&refused));
+    assert!(text(&refused).contains("admin"), "{}", text(&refused));
+    assert!(!destination.join("index.yaml").exists(), "nothing written for the operator");
+    let unconfirmed = vynilctl(&["index", "export", "box", "--to", to.as_str()], &env).await;
+    assert_eq!(code(&unconfirmed), 3, "no terminal to ask on: {}", text(&unconfirmed));
+    let exported = vynilctl(&export, &env).await;
+    assert_eq!(code(&exported), 0, "{}", text(&exported));
+    assert!(String::from_utf8_lossy(&exported.stdout).contains("exported to"), "{}", text(&exported));
+    let index = std::fs::read_to_string(destination.join("index.yaml")).unwrap();
+    assert!(index.contains("ollama"), "{index}");
+
     // A blocked instance is explained, with exit code 3.
     let broken = json!({"apiVersion": "vynil.solidite.fr/v1", "kind": "TenantInstance",
         "metadata": {"name": "broken", "namespace": "apps"},

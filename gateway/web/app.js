@@ -139,12 +139,28 @@ async function jukeboxesView() {
         }
       },
     }, "Scan now") : null;
+    // Writing the index replaces the one at the destination: confirmed by typing the JukeBox's name.
+    const exported = can("admin") ? el("button", {
+      class: "export",
+      onclick: async () => {
+        const destination = window.prompt(`Export ${j.name}'s index to (a destination the scanner allows):`);
+        if (!destination) return;
+        const typed = await confirmTyped(`Replace the index at ${destination} with ${j.name}'s catalog?`, j.name);
+        if (typed === null) return;
+        try {
+          const done = await api("POST", `/jukeboxes/${j.name}/exports`, { destination, confirm: typed });
+          progress.textContent = `exported ${done.packages} packages: ${done.written.length} files written, ${done.removed.length} removed`;
+        } catch (error) {
+          progress.replaceChildren(failure(error));
+        }
+      },
+    }, "Export index…") : null;
     return el("tr", { "data-jukebox": j.name },
       el("td", {}, el("a", { href: `#/catalog/${j.name}` }, j.name)),
       el("td", {}, j.package_count),
       el("td", {}, j.last_change_time || "never"),
       el("td", { class: updated?.status === "True" ? "ok" : "error" }, updated ? `${updated.status} ${updated.message}` : "not scanned"),
-      el("td", {}, scan, " ", progress));
+      el("td", {}, scan, " ", exported, " ", progress));
   });
   const skipped = list.skipped.map((s) => el("p", { class: "error" }, `skipped ${s.source}: ${s.problem}`));
   show(el("h1", {}, "JukeBoxes"), table(["Name", "Packages", "Last change", "Updated", "Scan"], rows), skipped);

@@ -121,6 +121,8 @@ pub struct Stack {
     pub purger: SocketAddr,
     /// The service token file purger and lifecycle read (what a gateway presents).
     pub token: tempfile::NamedTempFile,
+    /// The one place the scanner may export indexes to (`--export-destination`).
+    pub exports: tempfile::TempDir,
     shutdown: Shutdown,
     services: tokio::task::JoinSet<Result<(), String>>,
 }
@@ -150,6 +152,7 @@ impl Stack {
         let token = tempfile::NamedTempFile::new().unwrap();
         std::fs::write(token.path(), SERVICE_TOKEN).unwrap();
         let token_file = token.path().display().to_string();
+        let exports = tempfile::tempdir().unwrap();
         let shutdown = Shutdown::new();
         let mut services = tokio::task::JoinSet::new();
         // Each service with its own user agent (as `vynil_store::kube_client`
@@ -166,6 +169,8 @@ impl Stack {
             "50",
             "--service-token-file",
             &token_file,
+            "--export-destination",
+            &exports.path().display().to_string(),
         ]);
         let (s, done) = (store("vynil-scanner"), shutdown.signaled());
         services.spawn(async move {
@@ -212,7 +217,20 @@ impl Stack {
         services.spawn(async move {
             vynil_purger::run_with_store(config, s, done).await.map_err(|e| e.to_string())
         });
-        Self { registry, api, client, boxes, scanner, catalog, lifecycle, purger, token, shutdown, services }
+        Self {
+            registry,
+            api,
+            client,
+            boxes,
+            scanner,
+            catalog,
+            lifecycle,
+            purger,
+            token,
+            exports,
+            shutdown,
+            services,
+        }
     }
 
     /// Publishes `tag` of `category/name` as `package_type` in `<category>/<name>`.

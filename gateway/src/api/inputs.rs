@@ -120,6 +120,7 @@ const BODIES: &[(&str, &str)] = &[
         r#"{"properties": {"registry": {"minLength": 1, "pattern": "REGISTRY"}, "repository": {"minLength": 1, "pattern": "REPOSITORY"}}}"#,
     ),
     ("ExecuteRequest", r#"{"properties": {"confirm": {"minLength": 1}}}"#),
+    ("ExportRequest", r#"{"properties": {"destination": {"minLength": 1}}}"#),
     (
         "ScanRequest",
         r#"{"properties": {"filter": {"pattern": "^\\s*([^/\\s\\x00-\\x1f\\x7f-\\x9f]+(/[^/\\s\\x00-\\x1f\\x7f-\\x9f]+)?)?\\s*$"}},

@@ -200,3 +200,66 @@ pub async fn follow_scan(
     });
     Ok(Sse::new(events).keep_alive(KeepAlive::default()))
 }
+
+/// Where to write a JukeBox's index (`ExportIndex`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+pub struct ExportRequest {
+    /// `s3://<bucket>[/<prefix>]`, `http(s)://…` or a directory: one the
+    /// scanner allows (`--export-destination`), or below one.
+    pub destination: String,
+    /// A Secret (labelled for exports) holding the destination's credentials.
+    pub secret: Option<String>,
+    /// The JukeBox's name, typed by the human who confirms: the index at the
+    /// destination is replaced, and files it no longer lists removed.
+    pub confirm: String,
+}
+
+/// What an export wrote.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ExportDone {
+    pub repositories: u32,
+    pub packages: u32,
+    /// Files written, `index.yaml` last; empty when the index was already this one.
+    pub written: Vec<String>,
+    /// Files of the previous index the new one no longer lists.
+    pub removed: Vec<String>,
+}
+
+/// Writes the JukeBox's catalog as an index (`index.yaml` and its package
+/// files) at an allowed destination, replacing the one there.
+#[utoipa::path(post, path = "/api/v1/jukeboxes/{jukebox}/exports", tag = "scans", params(("jukebox" = String, Path)),
+    request_body = ExportRequest,
+    responses((status = 200, body = ExportDone, description = "The index was written (or was already this one)"), Errors),
+    security(("bearer" = []), ("session" = [])))]
+pub async fn export_index(
+    State(app): State<App>,
+    Ctx(ctx): Ctx,
+    Path(jukebox): Path<String>,
+    request: Result<Json<ExportRequest>, JsonRejection>,
+) -> Result<Json<ExportDone>, ApiError> {
+    check_subdomain("jukebox", &jukebox)?;
+    let request = body(request)?;
+    if request.destination.is_empty() {
+        return Err(ApiError::bad_request("destination", "name where to write the index"));
+    }
+    if request.confirm != jukebox {
+        return Err(ApiError::refused(format!(
+            "confirm: type the JukeBox's name ({jukebox}) to replace the index at {}",
+            request.destination
+        )));
+    }
+    let request = pb::ExportIndexRequest {
+        jukebox,
+        destination: request.destination,
+        secret: request.secret.unwrap_or_default(),
+    };
+    let request = app.services.request(&ctx, request);
+    let done = app.services.scanner()?.export_index(request).await.map_err(failed(Service::Scanner))?;
+    let done = done.into_inner();
+    Ok(Json(ExportDone {
+        repositories: done.repositories,
+        packages: done.packages,
+        written: done.written,
+        removed: done.removed,
+    }))
+}

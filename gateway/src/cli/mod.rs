@@ -22,7 +22,7 @@ use crate::api::{
     catalog::{CatalogPage, JukeboxList, Package, PackageType, UpgradePath},
     instances::{Explanation, Instance, InstanceList, InstanceState},
     purge::{DeletionOutcome, DeletionState, Plan, Report},
-    scans::{Scan, ScanStarted, ScanState},
+    scans::{ExportDone, Scan, ScanStarted, ScanState},
     session::{Version, WhoAmI},
 };
 
@@ -87,6 +87,9 @@ pub enum Command {
     /// Registry retention: plan, execute, report.
     #[command(subcommand)]
     Purge(PurgeCommand),
+    /// Package indexes: a JukeBox's catalog written as an index.
+    #[command(subcommand)]
+    Index(IndexCommand),
     /// Instances: state, explanation, the delete-without-package escape hatch.
     #[command(subcommand)]
     Instance(InstanceCommand),
@@ -124,6 +127,25 @@ pub enum CatalogCommand {
         package_type: PackageType,
         #[arg(long)]
         from: Option<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum IndexCommand {
+    /// Writes the JukeBox's index (`index.yaml` and its package files) at a
+    /// destination the scanner allows, replacing the one there; asks for the
+    /// JukeBox's name on a terminal when --confirm is absent.
+    Export {
+        jukebox: String,
+        /// `s3://<bucket>[/<prefix>]`, `http(s)://…` or a directory.
+        #[arg(long = "to")]
+        destination: String,
+        /// A Secret (labelled for exports) with the destination's credentials.
+        #[arg(long)]
+        secret: Option<String>,
+        /// The JukeBox's name, typed exactly.
+        #[arg(long)]
+        confirm: Option<String>,
     },
 }
 
@@ -344,6 +366,22 @@ pub async fn run(cli: Cli) -> CliResult<Exit> {
             let plan: Plan = connect(&cli)?.post("/api/v1/purge/plans", &body).await?;
             if !printer.structured(&plan)? {
                 print_plan(&printer, &plan);
+            }
+            Ok(Exit::Ok)
+        }
+        Command::Index(IndexCommand::Export { jukebox, destination, secret, confirm }) => {
+            let confirm = confirmation(confirm.as_deref(), jukebox)?;
+            let body = json!({"destination": destination, "secret": secret, "confirm": confirm});
+            let done: ExportDone =
+                connect(&cli)?.post(&format!("/api/v1/jukeboxes/{jukebox}/exports"), &body).await?;
+            if !printer.structured(&done)? {
+                println!(
+                    "{jukebox}: {} packages of {} repositories exported to {destination}: {} files written, {} removed",
+                    done.packages,
+                    done.repositories,
+                    done.written.len(),
+                    done.removed.len()
+                );
             }
             Ok(Exit::Ok)
         }
