@@ -68,7 +68,8 @@ async fn the_web_page_in_chromium_logs_in_scans_shows_the_type_change_purges_exp
     })
     .await;
 
-    let gateway = TestGateway::start(&stack).await;
+    // One item a page: the page follows the API's page tokens.
+    let gateway = TestGateway::start_with(&stack, &["--max-page-size", "1"]).await;
     let (base, stop) = (gateway.url.clone(), gateway.stop.clone());
 
     let screenshots = Path::new(env!("CARGO_TARGET_TMPDIR")).join("web-screenshots");

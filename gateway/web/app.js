@@ -72,6 +72,50 @@ function table(headers, rows) {
   return el("table", {}, el("thead", {}, el("tr", {}, headers.map((h) => el("th", {}, h)))), el("tbody", {}, rows));
 }
 
+/** A time in the browser's time zone, its UTC value on hover. */
+function when(time) {
+  if (!time) return "never";
+  const date = new Date(time);
+  if (Number.isNaN(date.getTime())) return time;
+  return el("time", { datetime: time, title: `${date.toISOString()} (UTC)` }, date.toLocaleString());
+}
+
+const withToken = (path, token) => (token ? `${path}${path.includes("?") ? "&" : "?"}page_token=${encodeURIComponent(token)}` : path);
+
+/** Every item of a list, following the API's page tokens (the page size is the gateway's). */
+async function everyItem(path) {
+  const items = [];
+  let token = "";
+  do {
+    const page = await api("GET", withToken(path, token));
+    items.push(...page.items);
+    token = page.next_page_token || "";
+  } while (token);
+  return items;
+}
+
+/**
+ * A table of a list, a page at a time ("Show more" follows the API's page
+ * token), or `empty` (what to do) when there is nothing. Resolves with the
+ * node and the first page.
+ */
+async function pagedTable(path, headers, row, empty) {
+  const body = el("tbody");
+  const more = el("button", { class: "more" }, "Show more");
+  const node = el("div", {}, el("table", {}, el("thead", {}, el("tr", {}, headers.map((h) => el("th", {}, h)))), body), more);
+  let token = "";
+  const load = async () => {
+    const page = await api("GET", withToken(path, token));
+    body.append(...page.items.map(row));
+    token = page.next_page_token || "";
+    more.hidden = !token;
+    return page;
+  };
+  more.onclick = () => load().catch((error) => node.append(failure(error)));
+  const first = await load();
+  return { node: first.items.length ? node : el("p", { class: "empty" }, empty), first };
+}
+
 /** Asks the user to type `target` exactly; resolves with what was typed, or null. */
 function confirmTyped(text, target) {
   const dialog = document.getElementById("confirm-dialog");
@@ -117,8 +161,7 @@ function loginView() {
 // ---------- JukeBoxes ----------
 
 async function jukeboxesView() {
-  const list = await api("GET", "/jukeboxes?limit=1000");
-  const rows = list.items.map((j) => {
+  const row = (j) => {
     const updated = j.conditions.find((c) => c.type === "Updated");
     const progress = el("span", { class: "scan-progress" });
     const scan = can("operator") ? el("button", {
@@ -158,20 +201,22 @@ async function jukeboxesView() {
     return el("tr", { "data-jukebox": j.name },
       el("td", {}, el("a", { href: `#/catalog/${j.name}` }, j.name)),
       el("td", {}, j.package_count),
-      el("td", {}, j.last_change_time || "never"),
+      el("td", {}, when(j.last_change_time)),
       el("td", { class: updated?.status === "True" ? "ok" : "error" }, updated ? `${updated.status} ${updated.message}` : "not scanned"),
       el("td", {}, scan, " ", exported, " ", progress));
-  });
-  const skipped = list.skipped.map((s) => el("p", { class: "error" }, `skipped ${s.source}: ${s.problem}`));
-  show(el("h1", {}, "JukeBoxes"), table(["Name", "Packages", "Last change", "Updated", "Scan"], rows), skipped);
+  };
+  const empty = "No JukeBoxes yet: add one (a YAML file in the JukeBox directory in local mode, kubectl apply in a cluster), then scan it.";
+  const { node, first } = await pagedTable("/jukeboxes", ["Name", "Packages", "Last change", "Updated", "Scan"], row, empty);
+  const skipped = first.skipped.map((s) => el("p", { class: "error" }, `skipped ${s.source}: ${s.problem}`));
+  show(el("h1", {}, "JukeBoxes"), node, skipped);
 }
 
 // ---------- catalog ----------
 
 async function catalogView(jukebox) {
-  const page = await api("GET", `/jukeboxes/${jukebox}/catalog?limit=1000`);
+  const items = await everyItem(`/jukeboxes/${jukebox}/catalog`);
   const groups = new Map();
-  for (const p of page.items) {
+  for (const p of items) {
     const key = `${p.category}/${p.name}`;
     if (!groups.has(key)) groups.set(key, []);
     groups.get(key).push(p);
@@ -205,7 +250,7 @@ async function catalogView(jukebox) {
       table(["Tag", "Type", "Role", "Digest"], rows),
       el("div", {}, from, " ", kind, " ", ask, answer));
   });
-  show(el("h1", {}, `Catalog of ${jukebox}`), sections.length ? sections : el("p", {}, "No package (yet): scan it."));
+  show(el("h1", {}, `Catalog of ${jukebox}`), sections.length ? sections : el("p", {}, "No package yet: scan this JukeBox (JukeBoxes, “Scan now”), or check its source."));
 }
 
 // ---------- purge ----------
@@ -264,7 +309,7 @@ async function purgeView(planId) {
   if (planId) {
     area.replaceChildren(planView(await api("GET", `/purge/plans/${planId}`)));
   }
-  const boxes = await api("GET", "/jukeboxes?limit=1000");
+  const boxes = { items: await everyItem("/jukeboxes") };
   const target = el("select", { id: "target", "aria-label": "JukeBox" }, boxes.items.map((j) => el("option", { value: j.name }, j.name)));
   const make = can("operator") ? el("button", {
     id: "make-plan",
@@ -285,17 +330,18 @@ async function purgeView(planId) {
 // ---------- instances ----------
 
 async function instancesView() {
-  const list = await api("GET", "/instances?limit=1000");
   const detail = el("div", { id: "explanation" });
-  const rows = list.items.map((i) => {
+  const row = (i) => {
     const ref = `${i.ref.kind}/${i.ref.namespace}/${i.ref.name}`;
     const explain = can("operator") ? el("button", { class: "explain", onclick: () => explainInto(detail, ref) }, "Explain") : null;
     return el("tr", { "data-instance": ref },
       el("td", {}, ref), el("td", {}, `${i.category}/${i.package}`), el("td", {}, i.tag || "-"),
       el("td", { class: i.state === "blocked" ? "blocked" : "" }, i.state),
       el("td", {}, i.blocked ? `${i.blocked.code ? `[${i.blocked.code}] ` : ""}${i.blocked.reason}` : ""), el("td", {}, explain));
-  });
-  show(el("h1", {}, "Instances"), table(["Instance", "Package", "Tag", "State", "Blocked by", ""], rows), detail);
+  };
+  const empty = "No instances yet: create a TenantInstance, ServiceInstance or SystemInstance naming a JukeBox's package (kubectl apply); each shows here with its state.";
+  const { node } = await pagedTable("/instances", ["Instance", "Package", "Tag", "State", "Blocked by", ""], row, empty);
+  show(el("h1", {}, "Instances"), node, detail);
 }
 
 async function explainInto(detail, ref) {

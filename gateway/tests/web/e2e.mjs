@@ -65,6 +65,11 @@ try {
   await page.locator('tr[data-jukebox="box"] button.scan').click();
   await waitForText(page, 'tr[data-jukebox="box"] .scan-progress', "succeeded");
   check((await text(page, 'tr[data-jukebox="box"]')).includes("1/1 repositories"), "the scan's progress shows its repositories");
+  // Times in the browser's time zone, the UTC value on hover.
+  await page.reload();
+  await page.locator('tr[data-jukebox="box"] time').waitFor({ timeout: TIMEOUT });
+  const utc = await page.locator('tr[data-jukebox="box"] time').getAttribute("title");
+  check(/^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z \(UTC\)$/.test(utc || ""), `the change time's UTC value on hover: ${utc}`);
   await shot(page, "1-jukeboxes");
 
   // Catalog: the upstream #12 package with its service and tenant revisions marked.
@@ -102,6 +107,15 @@ try {
 
   // Instances: a blocked instance's explanation.
   await page.goto(`${BASE_URL}/#/instances`);
+  // One instance a page (the gateway's --max-page-size 1): "Show more" follows the page token.
+  await page.locator("tr[data-instance]").first().waitFor({ timeout: TIMEOUT });
+  for (let pages = 1; await page.locator("button.more").isVisible(); pages++) {
+    check(pages < 10, "the instance pages never ended");
+    const rows = await page.locator("tr[data-instance]").count();
+    await page.locator("button.more").click();
+    await page.waitForFunction((n) => document.querySelectorAll("tr[data-instance]").length > n, rows, { timeout: TIMEOUT });
+  }
+  check((await page.locator("tr[data-instance]").count()) === 2, "both instances, each once, over two pages");
   await waitForText(page, 'tr[data-instance="tenant/apps/broken"]', "blocked");
   await page.locator('tr[data-instance="tenant/apps/broken"] button.explain').click();
   await waitForText(page, "#explanation", "Blocked by");
