@@ -85,8 +85,12 @@ const withToken = (path, token) => (token ? `${path}${path.includes("?") ? "&" :
 /** Every item of a list, following the API's page tokens (the page size is the gateway's). */
 async function everyItem(path) {
   const items = [];
+  const asked = new Set();
   let token = "";
   do {
+    // Pages that do not advance would be followed forever.
+    if (asked.has(token)) throw new Error(`${path}: the page token ${token} came twice; the pages do not advance`);
+    asked.add(token);
     const page = await api("GET", withToken(path, token));
     items.push(...page.items);
     token = page.next_page_token || "";

@@ -12,6 +12,7 @@ mod errors;
 pub mod files;
 mod grpc;
 pub mod metrics;
+pub mod pages;
 mod shutdown;
 mod signal;
 mod telemetry;

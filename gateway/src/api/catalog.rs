@@ -174,7 +174,8 @@ pub async fn list_jukeboxes(
     page: Result<Query<PageQuery>, QueryRejection>,
 ) -> Result<Json<JukeboxList>, ApiError> {
     let page = app.pages.slice(&query(page)?)?;
-    let request = app.services.request(&ctx, pb::ListJukeboxesRequest {});
+    let request = pb::ListJukeboxesRequest { page_size: page.size(), page_token: page.token() };
+    let request = app.services.request(&ctx, request);
     let answer = app.services.catalog()?.list_jukeboxes(request).await.map_err(failed(Service::Catalog))?;
     let answer = answer.into_inner();
     let items = answer
@@ -189,7 +190,7 @@ pub async fn list_jukeboxes(
             content_hash: j.content_hash,
         })
         .collect();
-    let (items, next_page_token) = page.take(items);
+    let next_page_token = non_empty(answer.next_page_token);
     let skipped =
         answer.skipped.into_iter().map(|s| SkippedSource { source: s.source, problem: s.problem }).collect();
     Ok(Json(JukeboxList { items, skipped, next_page_token }))
@@ -238,6 +239,8 @@ pub async fn get_catalog(
         r#type: filters.package_type.map(PackageType::to_proto).unwrap_or_default(),
         channel: 0,
         if_none_match: held.as_ref().map(|(hash, _)| hash.clone()).unwrap_or_default(),
+        page_size: page.size(),
+        page_token: page.token(),
     };
     // Asked every time (the catalog decides who may read, and whether it
     // changed); only the decoding and rendering are saved.
@@ -248,7 +251,7 @@ pub async fn get_catalog(
         return Ok(json_body(body));
     }
     // Only the page is converted (a catalog holds hundreds of packages).
-    let (items, next_page_token) = page.take(answer.packages);
+    let (items, next_page_token) = (answer.packages, non_empty(answer.next_page_token));
     let items = items.into_iter().map(Package::from).collect();
     let rendered =
         CatalogPage { jukebox: answer.jukebox, content_hash: answer.content_hash, items, next_page_token };

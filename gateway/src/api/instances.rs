@@ -183,12 +183,15 @@ pub async fn list_instances(
         kind: kind.map(InstanceKind::to_proto).unwrap_or_default(),
         namespace: filters.namespace.unwrap_or_default(),
         jukebox: filters.jukebox.unwrap_or_default(),
+        page_size: page.size(),
+        page_token: page.token(),
     };
     let request = app.services.request(&ctx, request);
     let answer =
         app.services.lifecycle()?.list_instances(request).await.map_err(failed(Service::Lifecycle))?;
+    let answer = answer.into_inner();
+    let next_page_token = answer.next_page_token;
     let items = answer
-        .into_inner()
         .instances
         .into_iter()
         .map(|i| Instance {
@@ -208,7 +211,7 @@ pub async fn list_instances(
             history: history(i.history),
         })
         .collect();
-    let (items, next_page_token) = page.take(items);
+    let next_page_token = non_empty(next_page_token);
     Ok(Json(InstanceList { items, next_page_token }))
 }
 

@@ -112,7 +112,15 @@ impl Client {
     /// cut at a page, whatever `--max-page-size` the gateway has.
     pub async fn get_all<T: Paged>(&self, path: &str) -> CliResult<T> {
         let mut all: T = self.get(path).await?;
+        let mut asked = std::collections::HashSet::new();
         while let Some(token) = all.take_next_page_token() {
+            // Pages that do not advance would be followed forever.
+            if !asked.insert(token.clone()) {
+                return Err(CliError::new(
+                    Exit::Failed,
+                    format!("{path}: the gateway gave page token {token:?} twice; its pages do not advance"),
+                ));
+            }
             let next: T = self.get(&format!("{path}&page_token={token}")).await?;
             all.absorb(next);
         }

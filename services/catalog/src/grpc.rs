@@ -79,11 +79,12 @@ type ChangeStream = Pin<Box<dyn Stream<Item = Result<CatalogChange, Status>> + S
 impl CatalogApi for CatalogService {
     async fn list_jukeboxes(
         &self,
-        _: Request<ListJukeboxesRequest>,
+        request: Request<ListJukeboxesRequest>,
     ) -> Result<Response<ListJukeboxesResponse>, Status> {
-        let jukeboxes = self
-            .catalog
-            .entries()?
+        let request = request.into_inner();
+        let (entries, next_page_token) =
+            vynil_runtime::pages::page(self.catalog.entries()?, request.page_size, &request.page_token)?;
+        let jukeboxes = entries
             .into_iter()
             .map(|e| JukeboxSummary {
                 name: e.jukebox.clone(),
@@ -111,7 +112,7 @@ impl CatalogApi for CatalogService {
             .into_iter()
             .map(|s| pb::SkippedSource { source: s.source, problem: s.problem })
             .collect();
-        Ok(Response::new(ListJukeboxesResponse { jukeboxes, skipped }))
+        Ok(Response::new(ListJukeboxesResponse { jukeboxes, skipped, next_page_token }))
     }
 
     async fn get_catalog(
@@ -138,16 +139,23 @@ impl CatalogApi for CatalogService {
                 content_hash: entry.hash.clone(),
                 packages: Vec::new(),
                 not_modified: true,
+                next_page_token: String::new(),
             }));
         }
         // Roles are computed over whole repositories, before the filters, for
         // the entry's own channel: the only one `catalog_view` answers.
-        let packages = view
+        let matching: Vec<_> = view
             .iter()
             .zip(entry.roles())
             .filter(|(p, _)| request.category.is_empty() || p.category() == request.category)
             .filter(|(p, _)| request.name.is_empty() || p.name() == request.name)
             .filter(|(p, _)| wanted_type.is_none_or(|t| p.package_type() == t))
+            .collect();
+        // Only the page is converted (a catalog holds hundreds of packages).
+        let (page, next_page_token) =
+            vynil_runtime::pages::page(matching, request.page_size, &request.page_token)?;
+        let packages = page
+            .into_iter()
             .map(|(p, roles)| pb::Package {
                 roles: roles.iter().map(role_to_proto).collect(),
                 ..package_to_proto(p)
@@ -158,6 +166,7 @@ impl CatalogApi for CatalogService {
             content_hash: entry.hash.clone(),
             packages,
             not_modified: false,
+            next_page_token,
         }))
     }
 

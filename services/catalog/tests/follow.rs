@@ -401,3 +401,60 @@ async fn get_catalog_answers_not_modified_while_the_callers_hash_is_the_content(
     assert_ne!(changed.content_hash, full.content_hash);
     assert_eq!(changed.packages.len(), 2);
 }
+
+/// The list RPCs answer page by page: a page size of 1 walks every JukeBox
+/// and every package once, in order, each token the next page's; a token
+/// the service never gave is refused; size 0 answers all at once.
+#[tokio::test]
+async fn list_jukeboxes_and_get_catalog_answer_page_by_page() {
+    use vynil_proto::catalog::v1::{GetCatalogRequest, ListJukeboxesRequest};
+    let world = world(&["alpha", "beta", "gamma"]).await;
+    let catalog = replica(&world).await;
+    let service = CatalogService::new(catalog.clone(), vynil_runtime::Shutdown::new());
+    let tags = ["3.0.0", "2.0.0", "1.0.0"];
+    write(&world, "beta", tags.iter().map(|t| package(t, PackageType::Tenant, None)).collect()).await;
+    for name in ["alpha", "gamma"] {
+        write(&world, name, vec![package("1.0.0", PackageType::Tenant, None)]).await;
+    }
+    for (name, shown) in [("alpha", &["1.0.0"][..]), ("beta", &tags[..]), ("gamma", &["1.0.0"][..])] {
+        eventually(&catalog, name, shown).await;
+    }
+
+    let (mut names, mut token, mut pages) = (Vec::new(), String::new(), 0);
+    loop {
+        let request = ListJukeboxesRequest { page_size: 1, page_token: token.clone() };
+        let answer = service.list_jukeboxes(Request::new(request)).await.unwrap().into_inner();
+        assert!(answer.jukeboxes.len() <= 1);
+        names.extend(answer.jukeboxes.into_iter().map(|j| j.name));
+        pages += 1;
+        if answer.next_page_token.is_empty() {
+            break;
+        }
+        token = answer.next_page_token;
+    }
+    let all =
+        service.list_jukeboxes(Request::new(ListJukeboxesRequest::default())).await.unwrap().into_inner();
+    let every: Vec<String> = all.jukeboxes.into_iter().map(|j| j.name).collect();
+    assert_eq!((names.clone(), pages), (every, 3), "three pages of one, in the list's order");
+    assert_eq!(names, ["alpha", "beta", "gamma"]);
+
+    let (mut shown, mut token) = (Vec::new(), String::new());
+    loop {
+        let request = GetCatalogRequest {
+            jukebox: "beta".into(),
+            page_size: 1,
+            page_token: token,
+            ..Default::default()
+        };
+        let answer = service.get_catalog(Request::new(request)).await.unwrap().into_inner();
+        shown.extend(answer.packages.into_iter().map(|p| p.tag));
+        if answer.next_page_token.is_empty() {
+            break;
+        }
+        token = answer.next_page_token;
+    }
+    assert_eq!(shown, tags);
+    let forged = ListJukeboxesRequest { page_size: 1, page_token: "b2Zmc2V0OjE".into() };
+    let refused = service.list_jukeboxes(Request::new(forged)).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+}

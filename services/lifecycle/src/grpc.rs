@@ -207,7 +207,9 @@ impl Lifecycle for LifecycleService {
             }
             instances
                 .sort_by_key(|s| s.r#ref.as_ref().map(|r| (r.kind, r.namespace.clone(), r.name.clone())));
-            Ok(ListInstancesResponse { instances })
+            let (instances, next_page_token) =
+                vynil_runtime::pages::page(instances, request.page_size, &request.page_token)?;
+            Ok(ListInstancesResponse { instances, next_page_token })
         })();
         result.map(Response::new)
     }

@@ -535,3 +535,33 @@ async fn a_status_field_the_crd_does_not_declare_is_pruned_and_the_controller_no
     );
     world.stop().await;
 }
+
+/// ListInstances answers page by page: a page size of 1 walks every
+/// instance once, in the list's order (kind, namespace, name).
+#[tokio::test]
+async fn list_instances_answers_page_by_page() {
+    let (world, _) = World::start(web("registry.example"), &[]).await;
+    for name in ["c", "a", "b"] {
+        world.create("TenantInstance", name, web_spec(), json!({"vynil.solidite.fr/suspend": "true"})).await;
+    }
+    eventually("the three instances listed", || async {
+        let listed =
+            world.grpc().await.list_instances(ListInstancesRequest::default()).await.ok()?.into_inner();
+        (listed.instances.len() == 3).then_some(())
+    })
+    .await;
+    let (mut names, mut token, mut pages) = (Vec::new(), String::new(), 0);
+    loop {
+        let request = ListInstancesRequest { page_size: 1, page_token: token.clone(), ..Default::default() };
+        let answer = world.grpc().await.list_instances(request).await.unwrap().into_inner();
+        assert!(answer.instances.len() <= 1);
+        names.extend(answer.instances.into_iter().filter_map(|i| i.r#ref.map(|r| r.name)));
+        pages += 1;
+        if answer.next_page_token.is_empty() {
+            break;
+        }
+        token = answer.next_page_token;
+    }
+    assert_eq!((names, pages), (vec!["a".to_string(), "b".into(), "c".into()], 3));
+    world.stop().await;
+}
