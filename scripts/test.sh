@@ -59,7 +59,10 @@ install_python_test_packages() {
     echo "schemathesis and openapi-spec-validator already installed"
     return 0
   fi
-  python3 -m pip install -q --disable-pip-version-check -r scripts/requirements-test.txt
+  # Debian's own python3 is "externally managed" (PEP 668): pip refuses
+  # unless told; a pyenv or venv python takes the plain install.
+  python3 -m pip install -q --disable-pip-version-check -r scripts/requirements-test.txt \
+    || python3 -m pip install -q --disable-pip-version-check --break-system-packages -r scripts/requirements-test.txt
 }
 
 stage "install system packages" install_system_packages
