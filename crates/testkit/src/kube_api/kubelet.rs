@@ -291,9 +291,13 @@ async fn run_job(node: Arc<Node>, job: Arc<Job>) {
     let deadline = spec.active_deadline_seconds.map(|s| started + Duration::from_secs(s.max(0) as u64));
     let backoff_limit = spec.backoff_limit.unwrap_or(6).max(0) as usize;
     let start_time = now();
+    // The test's extra env of the images this Job runs, asked once per Job.
+    let used: std::collections::BTreeSet<&str> = images.filter_map(|c| c.image.as_deref()).collect();
     let mut env: Vec<(String, String)> = Vec::new();
-    for program in node.options.images.values().filter_map(|p| p.env.as_ref()) {
-        env.extend(program(&job));
+    for image in used {
+        if let Some(extra) = node.options.images.get(image).and_then(|p| p.env.as_ref()) {
+            env.extend(extra(&job));
+        }
     }
     let mut failed = 0;
     for attempt in 0.. {
