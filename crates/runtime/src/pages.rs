@@ -16,16 +16,22 @@ impl From<BadPageToken> for tonic::Status {
     }
 }
 
+/// Where the page `token` starts (0 for none): what a gateway checks
+/// before it asks a service.
+pub fn start(token: &str) -> Result<usize, BadPageToken> {
+    match token {
+        "" => Ok(0),
+        token if token.len() <= 9 && token.bytes().all(|b| b.is_ascii_digit()) => {
+            token.parse::<usize>().map_err(|_| BadPageToken(token.into()))
+        }
+        token => Err(BadPageToken(token.chars().take(64).collect())),
+    }
+}
+
 /// The page of `items` that `page_size` and `page_token` ask for, and the
 /// token of the next page (empty after the last).
 pub fn page<T>(items: Vec<T>, page_size: u32, page_token: &str) -> Result<(Vec<T>, String), BadPageToken> {
-    let start = match page_token {
-        "" => 0,
-        token if token.len() <= 9 && token.bytes().all(|b| b.is_ascii_digit()) => {
-            token.parse::<usize>().map_err(|_| BadPageToken(token.into()))?
-        }
-        token => return Err(BadPageToken(token.chars().take(64).collect())),
-    };
+    let start = start(page_token)?;
     let total = items.len();
     let size = if page_size == 0 { total.max(1) } else { page_size as usize };
     let page: Vec<T> = items.into_iter().skip(start).take(size).collect();

@@ -134,11 +134,7 @@ impl Input {
     /// Where the page `token` starts (`0` for none): the token is the
     /// offset of the page's first item, which only this API hands out.
     pub fn page_start(field: &str, token: &str) -> Result<usize, ApiError> {
-        if token.is_empty() {
-            return Ok(0);
-        }
-        let digits = token.len() <= 9 && token.bytes().all(|b| b.is_ascii_digit());
-        digits.then(|| token.parse::<usize>().ok()).flatten().ok_or_else(|| {
+        vynil_runtime::pages::start(token).map_err(|_| {
             ApiError::bad_request(
                 field,
                 "not a token this API gave (the `next_page_token` of a list): start from the first page",
