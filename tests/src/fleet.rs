@@ -227,6 +227,15 @@ impl Fleet {
         Some(token?.rsplit_once(':')?.0.to_string())
     }
 
+    /// How long the scan lease of JukeBox `box` has left (Redis's PTTL), if held.
+    pub async fn scan_lease_remaining(&self) -> Option<Duration> {
+        let client = redis::Client::open(self.redis.url()).ok()?;
+        let mut connection = client.get_multiplexed_async_connection().await.ok()?;
+        let left: i64 =
+            redis::cmd("PTTL").arg("vynil:v1:scanner:lease:box").query_async(&mut connection).await.ok()?;
+        u64::try_from(left).ok().map(Duration::from_millis)
+    }
+
     /// The replica (by pod name) holding the lifecycle's leader Lease, if any.
     pub fn lifecycle_leader(&self) -> Option<String> {
         let lease = self.api.object(

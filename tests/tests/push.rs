@@ -38,7 +38,7 @@ struct World {
     scanner: SocketAddr,
     catalogs: Vec<SocketAddr>,
     shutdown: Shutdown,
-    _redis: RedisServer,
+    redis: RedisServer,
     _dir: tempfile::TempDir,
 }
 
@@ -127,15 +127,7 @@ impl World {
         for addr in catalogs.iter().chain([&scanner]) {
             common::channel(*addr).await;
         }
-        Self {
-            registry,
-            gateway: format!("http://{gateway}"),
-            scanner,
-            catalogs,
-            shutdown,
-            _redis: redis,
-            _dir: dir,
-        }
+        Self { registry, gateway: format!("http://{gateway}"), scanner, catalogs, shutdown, redis, _dir: dir }
     }
 
     /// Publishes `tag`; returns its manifest digest.
@@ -256,7 +248,9 @@ async fn a_push_reaches_every_catalog_replica_without_a_scan_request_and_bursts_
         "a JukeBox whose source does not contain the pushed repository does not show it"
     );
 
-    // 100 tags at once: a few scans, and the view a full scan computes.
+    // 100 tags at once: the view a full scan computes. (How many scans the
+    // pushes made depends on how fast they came: printed, not asserted;
+    // coalescing is checked causally below.)
     let (scans_before, _) = world.settled().await;
     let tags: Vec<String> = (0..100).map(|i| format!("2.{}.{}", i / 10, i % 10)).collect();
     let started = Instant::now();
@@ -266,20 +260,7 @@ async fn a_push_reaches_every_catalog_replica_without_a_scan_request_and_bursts_
     let burst = started.elapsed();
     world.until_everywhere("apps/burst", "2.9.9").await;
     let (scans_after, _) = world.settled().await;
-    let burst_scans = scans_after - scans_before;
-    println!("100 tags pushed one after the other in {burst:?}: {burst_scans} scans");
-    // A push's scan waits --push-settle-milliseconds (250) after the first
-    // push of a burst and the pushes meanwhile join it, so scans start at
-    // least that far apart: at most one per 250 ms of pushing, and the last.
-    // Publishing takes 2-3 s on an idle machine (a few scans), far longer on
-    // a loaded one (15.8 s and 14 scans seen): the bound follows the time the
-    // pushes took, capped at one scan per two pushes.
-    let settle = Duration::from_millis(250);
-    let bound = (2 + (burst.as_secs_f64() / settle.as_secs_f64()).ceil() as u64).min(50);
-    assert!(
-        burst_scans <= bound,
-        "100 pushed tags in {burst:?} caused {burst_scans} scans (at most {bound})"
-    );
+    println!("100 tags pushed one after the other in {burst:?}: {} scans", scans_after - scans_before);
     let pushed_view = World::tags(world.catalogs[1], "box", "apps/burst").await;
     let mut scanner =
         vynil_proto::scanner::v1::scanner_client::ScannerClient::new(common::channel(world.scanner).await);
@@ -305,6 +286,70 @@ async fn a_push_reaches_every_catalog_replica_without_a_scan_request_and_bursts_
     })
     .await;
     assert_eq!(World::tags(world.catalogs[2], "box", "apps/burst").await, pushed_view, "push-driven view");
+
+    // Pushes that come while the JukeBox's push scan waits join it: with
+    // its scan lease held (as by a replica mid-scan), 20 events for one
+    // repository all answer the same scan, and releasing the lease runs one.
+    let (scans, _) = world.settled().await;
+    let mut redis =
+        redis::Client::open(world.redis.url()).unwrap().get_multiplexed_async_connection().await.unwrap();
+    let lease = "vynil:v1:scanner:lease:box";
+    let held: Option<String> = redis::cmd("SET")
+        .arg(lease)
+        .arg("elsewhere:held-by-the-test")
+        .arg("NX")
+        .arg("PX")
+        .arg(600_000)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert!(held.is_some(), "the scan lease was free once settled");
+    let http = reqwest::Client::new();
+    let ci = format!("{}/api/v1/hooks/ci", world.gateway);
+    let mut answered = Vec::new();
+    for i in 0..20 {
+        let body = serde_json::json!({"registry": world.registry.host(), "repository": "apps/burst", "tag": format!("2.0.{i}")})
+            .to_string();
+        let at = jiff::Timestamp::now().as_second();
+        let mut mac = Hmac::<sha2::Sha256>::new_from_slice(CI_SECRET.as_bytes()).unwrap();
+        mac.update(format!("{at}.{body}").as_bytes());
+        let answer: serde_json::Value = http
+            .post(&ci)
+            .header("content-type", "application/json")
+            .header("x-vynil-timestamp", at.to_string())
+            .header("x-vynil-signature", format!("sha256={}", hex::encode(mac.finalize().into_bytes())))
+            .body(body)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let scan = &answer["scans"][0];
+        answered.push((
+            scan["scan_id"].as_str().unwrap().to_string(),
+            scan["joined_existing"].as_bool().unwrap(),
+        ));
+    }
+    let first = answered[0].0.clone();
+    let expected: Vec<(String, bool)> = (0..20).map(|i| (first.clone(), i > 0)).collect();
+    assert_eq!(answered, expected, "one queued scan, joined by every later push");
+    assert_eq!(world.counts().await.0, scans, "no scan ran while the lease was held");
+    let _: i64 = redis::cmd("DEL").arg(lease).query_async(&mut redis).await.unwrap();
+    common::eventually("the joined scan", || {
+        let mut scanner = scanner.clone();
+        let id = first.clone();
+        async move {
+            let status = scanner
+                .get_scan(vynil_proto::scanner::v1::GetScanRequest { scan_id: id, ..Default::default() })
+                .await
+                .ok()?
+                .into_inner();
+            (status.state == vynil_proto::scanner::v1::ScanState::Succeeded as i32).then_some(())
+        }
+    })
+    .await;
+    assert_eq!(world.settled().await.0, scans + 1, "20 pushes, one scan");
 
     // Forged, unsigned and replayed events: refused, and no registry request.
     let (scans, requests) = world.settled().await;

@@ -288,6 +288,8 @@ async fn a_scanner_killed_or_frozen_mid_scan_loses_no_request_and_writes_nothing
     let holder = holder_mid_scan(&fleet).await;
     let killed_at = Instant::now();
     fleet.scanners[holder].kill();
+    // What the dead holder's lease has left, read after its death (so no renewal follows).
+    let remaining = fleet.scan_lease_remaining().await.expect("the dead holder's lease");
     let other = Gateway::of(&fleet, 1 - holder);
     let scan = other.finished(&id).await;
     println!("scanner-{holder} killed -> scan {id} finished by the other after {:?}", killed_at.elapsed());
@@ -296,7 +298,10 @@ async fn a_scanner_killed_or_frozen_mid_scan_loses_no_request_and_writes_nothing
         (Some("succeeded"), Some(3)),
         "{scan}"
     );
-    assert!(killed_at.elapsed() >= Duration::from_secs(shape.lease_seconds) - Duration::from_millis(500));
+    assert!(
+        killed_at.elapsed() >= remaining,
+        "finished before the dead holder's lease ({remaining:?} left) expired"
+    );
     every_catalog_serves(&fleet, &["apps/web:1.0.0", "apps/db:1.0.0", "apps/cache:1.0.0"]).await;
 
     // Restarted on its port, it serves again behind its gateway.
@@ -357,8 +362,11 @@ async fn a_scanner_killed_or_frozen_mid_scan_loses_no_request_and_writes_nothing
     every_catalog_serves(&fleet, &["apps/web:1.1.0", "apps/db:1.0.0", "apps/cache:1.0.0"]).await;
 }
 
+/// The leader killed with a pending instance: the other replica takes the
+/// Lease only once the dead one's last renewal has expired, and the install
+/// follows its taking over. Ordering, not a figure (the time taken is printed).
 #[tokio::test]
-async fn the_lifecycle_leader_killed_is_replaced_within_its_lease_and_one_retry() {
+async fn the_lifecycle_leader_killed_is_replaced_once_its_lease_expired() {
     let shape = Shape::default();
     let mut fleet = Fleet::start(&shape, &["apps/web"], &tokens_yaml()).await;
     fleet.publish("web", "1.0.0").await;
@@ -370,6 +378,17 @@ async fn the_lifecycle_leader_killed_is_replaced_within_its_lease_and_one_retry(
     let leader = Fleet::index_of(&leader);
     let killed_at = Instant::now();
     fleet.lifecycles[leader].kill();
+    // What the dead leader left (a renewal still in flight can only make it later).
+    let lease = |fleet: &Fleet| {
+        fleet
+            .api
+            .object("coordination.k8s.io", "leases", Some(CONTROL_PLANE_NAMESPACE), "vynil-lifecycle")
+            .unwrap()
+    };
+    let left = lease(&fleet);
+    let micro = |v: &Value| v.as_str().unwrap().parse::<jiff::Timestamp>().unwrap();
+    let expires = micro(&left["spec"]["renewTime"])
+        + jiff::SignedDuration::from_secs(left["spec"]["leaseDurationSeconds"].as_i64().unwrap());
     let instances = vynil_e2e::tenant_instances(&fleet.api.client().unwrap());
     let instance = json!({"apiVersion": "vynil.solidite.fr/v1", "kind": "TenantInstance",
         "metadata": {"name": "web", "namespace": "apps"},
@@ -380,13 +399,32 @@ async fn the_lifecycle_leader_killed_is_replaced_within_its_lease_and_one_retry(
         (object.data["status"]["package"]["tag"] == "1.0.0").then_some(())
     })
     .await;
-    let took = killed_at.elapsed();
-    let new_leader = fleet.lifecycle_leader().unwrap();
-    println!("lifecycle-{leader} killed -> {new_leader} installed the pending instance after {took:?}");
-    assert_ne!(Fleet::index_of(&new_leader), leader);
-    // The lease, one retry period (a third of it), and room for the reconcile and its Job.
-    let bound = Duration::from_secs(shape.lease_seconds) * 4 / 3 + Duration::from_secs(3);
-    assert!(took <= bound, "took {took:?}, more than {bound:?}");
+    println!(
+        "lifecycle-{leader} killed -> the other installed the pending instance after {:?}",
+        killed_at.elapsed()
+    );
+    let taken = lease(&fleet);
+    let holder = taken["spec"]["holderIdentity"].as_str().unwrap();
+    assert_ne!(Fleet::index_of(holder), leader, "{taken}");
+    let acquired = micro(&taken["spec"]["acquireTime"]);
+    assert!(acquired >= expires, "taken at {acquired}, before the dead leader's lease expired at {expires}");
+    assert_eq!(
+        taken["spec"]["leaseTransitions"].as_i64(),
+        left["spec"]["leaseTransitions"].as_i64().map(|n| n + 1),
+        "{left} -> {taken}"
+    );
+    // The install's Job was made by the new leader, after it took the Lease
+    // (creation times have the second as their unit).
+    let jobs = fleet.api.objects("batch", "jobs");
+    assert!(!jobs.is_empty());
+    for job in &jobs {
+        let created = micro(&job["metadata"]["creationTimestamp"]);
+        assert!(
+            created.as_second() >= acquired.as_second(),
+            "{} made at {created}, before the Lease was taken at {acquired}",
+            job["metadata"]["name"]
+        );
+    }
 }
 
 /// A fleet whose JukeBox has one package with a superseded revision, a plan

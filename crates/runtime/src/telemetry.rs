@@ -51,15 +51,19 @@ const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 impl Drop for Telemetry {
     fn drop(&mut self) {
         let Some(provider) = self.provider.take() else { return };
-        // Shut down on a thread of its own: an unreachable collector must
-        // not hold the process past the bound.
+        // Bounded twice: the SDK's shutdown is given the bound, and it runs
+        // on a thread of its own that is not waited for past the bound (and
+        // a moment), so an unreachable collector never holds the process.
         let (done, wait) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
-            let _ = provider.shutdown();
-            let _ = done.send(());
+            let _ = done.send(provider.shutdown_with_timeout(FLUSH_TIMEOUT));
         });
-        if wait.recv_timeout(FLUSH_TIMEOUT).is_err() {
-            eprintln!("spans not flushed within {FLUSH_TIMEOUT:?}: the OTLP collector did not answer");
+        match wait.recv_timeout(FLUSH_TIMEOUT + Duration::from_secs(1)) {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => eprintln!("spans not flushed within {FLUSH_TIMEOUT:?}: {error}"),
+            Err(_) => {
+                eprintln!("spans not flushed within {FLUSH_TIMEOUT:?}: the OTLP collector did not answer")
+            }
         }
     }
 }

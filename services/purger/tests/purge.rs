@@ -1,19 +1,17 @@
 //! The purger against a real registry and a real Redis, through its real gRPC
-//! API (the binary as a process), with a lifecycle stub serving the real
-//! Lifecycle API and the test kit's front counting and failing requests.
+//! API (the binary as a process), asking the real lifecycle (its binary on
+//! the fake API server) what runs, and the test kit's front counting and
+//! failing requests. A lifecycle that cannot answer is a closed port.
 
 #![allow(clippy::unwrap_used, clippy::panic)]
 
 use std::{collections::BTreeSet, path::Path, sync::Arc, time::Duration};
 
 use axum::http::Method;
-use tonic::{Request, Response, Status};
+use tonic::{Request, Status};
+use vynil_crds::ServiceInstance;
 use vynil_proto::{
-    lifecycle::v1::{
-        InstalledRevision, InstanceKind, InstanceRef, ListInstalledRevisionsRequest,
-        ListInstalledRevisionsResponse, RevisionUse,
-        lifecycle_server::{Lifecycle, LifecycleServer},
-    },
+    lifecycle::v1::{ListInstalledRevisionsRequest, lifecycle_client::LifecycleClient},
     purger::v1::{
         DeletionState, ExecuteRequest, GetReportRequest, PlanRequest, PurgePlan, PurgeReport, ReportState,
         Repository, execute_progress::Event, plan_request::Target, purger_client::PurgerClient,
@@ -21,7 +19,7 @@ use vynil_proto::{
 };
 use vynil_testkit::{
     ArtifactKind, Fault, FaultAction, HttpFront, PackageSpec, PackageType, RedisServer, RegistryServer,
-    ServiceProcess,
+    ServiceProcess, kube_api::FakeApiServer,
 };
 
 const REPO: &str = "think/ollama";
@@ -76,26 +74,77 @@ async fn digest_of(registry: &RegistryServer, tag: &str) -> Option<String> {
         .then(|| response.headers()["docker-content-digest"].to_str().unwrap().to_string())
 }
 
-/// Answers ListInstalledRevisions from a fixed list.
-#[derive(Clone)]
-struct LifecycleStub(Arc<Vec<InstalledRevision>>);
+/// The real lifecycle: its binary, on the fake API server, where a test
+/// records which instances run what (`status.package`, as lifecycle writes
+/// it once an install succeeded). It installs nothing here: its catalog is
+/// a closed port and it requeues once a day.
+struct RealLifecycle {
+    api: FakeApiServer,
+    process: ServiceProcess,
+    _dir: tempfile::TempDir,
+}
 
-#[tonic::async_trait]
-impl Lifecycle for LifecycleStub {
-    async fn list_installed_revisions(
-        &self,
-        _: Request<ListInstalledRevisionsRequest>,
-    ) -> Result<Response<ListInstalledRevisionsResponse>, Status> {
-        Ok(Response::new(ListInstalledRevisionsResponse { revisions: self.0.to_vec() }))
+impl RealLifecycle {
+    async fn start() -> Self {
+        Self::on(FakeApiServer::start().await.unwrap()).await
+    }
+
+    async fn on(api: FakeApiServer) -> Self {
+        api.create_namespaces(&["vynil-system", "ai"]).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = api.write_kubeconfig(dir.path(), "vynil-system").unwrap().display().to_string();
+        std::fs::write(dir.path().join("service-token"), SERVICE_TOKEN).unwrap();
+        let token = dir.path().join("service-token").display().to_string();
+        let closed = format!("http://127.0.0.1:{}", closed_port());
+        let binary = vynil_testkit::workspace_binary("vynil-lifecycle", "vynil-lifecycle").unwrap();
+        let args = ["--kubernetes", "--namespace", "vynil-system", "--service-token-file", &token];
+        let args = [&args[..], &["--catalog-endpoint", &closed, "--requeue-seconds", "86400"]].concat();
+        let process = ServiceProcess::start_with_env(&binary, &args, &[("KUBECONFIG", kubeconfig.as_str())])
+            .await
+            .unwrap();
+        Self { api, process, _dir: dir }
+    }
+
+    fn endpoint(&self) -> String {
+        self.process.endpoint()
+    }
+
+    /// Service instance `ai/<name>` recorded as running `<registry>/<REPO>:<tag>`.
+    async fn runs(&self, name: &str, registry: &str, tag: &str) {
+        let instances: kube::Api<ServiceInstance> = kube::Api::namespaced(self.api.client().unwrap(), "ai");
+        let instance = serde_json::json!({"apiVersion": "vynil.solidite.fr/v1", "kind": "ServiceInstance",
+            "metadata": {"name": name, "namespace": "ai"},
+            "spec": {"jukebox": "box", "category": "think", "package": "ollama"}});
+        instances.create(&Default::default(), &serde_json::from_value(instance).unwrap()).await.unwrap();
+        let status = serde_json::json!({"status": {"tag": tag, "package":
+            {"registry": registry, "image": REPO, "tag": tag, "type": "service"}}});
+        instances.patch_status(name, &Default::default(), &kube::api::Patch::Merge(&status)).await.unwrap();
+        // Answered once lifecycle's own view of the cluster has it.
+        let mut client = LifecycleClient::new(self.process.channel().await.unwrap());
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let mut request = Request::new(ListInstalledRevisionsRequest::default());
+            vynil_runtime::ServiceCredentials::new(Some(SERVICE_TOKEN))
+                .unwrap()
+                .apply(&mut request, "purger");
+            if let Ok(answer) = client.list_installed_revisions(request).await
+                && answer.into_inner().revisions.iter().any(|r| r.tag == tag)
+            {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "lifecycle never saw ai/{name}:\n{}",
+                self.process.log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 }
 
-async fn lifecycle_stub(revisions: Vec<InstalledRevision>) -> String {
-    let server = vynil_runtime::GrpcServer::bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
-    let addr = server.local_addr().unwrap();
-    let service = vynil_runtime::ServedService::new(LifecycleServer::new(LifecycleStub(Arc::new(revisions))));
-    tokio::spawn(server.serve(vec![service], std::future::pending()));
-    format!("http://{addr}")
+/// A loopback port nothing listens on (bound, then closed: a connection is refused).
+fn closed_port() -> u16 {
+    vynil_testkit::free_port().unwrap()
 }
 
 struct Setup {
@@ -191,8 +240,8 @@ fn entry<'a>(plan: &'a PurgePlan, tag: &str) -> &'a vynil_proto::purger::v1::Pla
 #[tokio::test]
 async fn a_multi_type_history_is_purged_to_exactly_what_consumers_can_be_shown() {
     let setup = setup().await;
-    let lifecycle = lifecycle_stub(vec![]).await;
-    let service = purger(&setup, &lifecycle, &[]).await;
+    let lifecycle = RealLifecycle::start().await;
+    let service = purger(&setup, &lifecycle.endpoint(), &[]).await;
     let mut client = PurgerClient::new(service.channel().await.unwrap());
     let before_views = views(&setup.registry).await;
 
@@ -295,35 +344,19 @@ async fn views(registry: &RegistryServer) -> Vec<Vec<String>> {
         .collect()
 }
 
-/// Service `ai/llm` runs `<registry>/think/ollama:0.1.9`.
-fn llm_runs_0_1_9(registry: &str) -> InstalledRevision {
-    InstalledRevision {
-        registry: registry.into(),
-        repository: REPO.into(),
-        tag: "0.1.9".into(),
-        digest: String::new(),
-        r#use: RevisionUse::Installed as i32,
-        instance: Some(InstanceRef {
-            kind: InstanceKind::Service as i32,
-            namespace: "ai".into(),
-            name: "llm".into(),
-        }),
-    }
-}
-
 #[tokio::test]
 async fn an_installed_revision_is_kept_and_unknown_usage_needs_an_acknowledgement() {
     let setup = setup().await;
-    let installed = llm_runs_0_1_9(&setup.front.host());
-    let lifecycle = lifecycle_stub(vec![installed]).await;
-    let service = purger(&setup, &lifecycle, &[]).await;
+    let lifecycle = RealLifecycle::start().await;
+    lifecycle.runs("llm", &setup.front.host(), "0.1.9").await;
+    let service = purger(&setup, &lifecycle.endpoint(), &[]).await;
     let mut client = PurgerClient::new(service.channel().await.unwrap());
     let plan = make_plan(&mut client, &setup.front.host()).await;
     assert!(entry(&plan, "0.1.9").keep, "the rules alone would delete it");
     assert_eq!(entry(&plan, "0.1.9").reasons, ["installed by service ai/llm"]);
 
     // Lifecycle unreachable: usage unknown, and Execute needs the acknowledgement.
-    let closed = format!("http://127.0.0.1:{}", vynil_testkit::free_port().unwrap());
+    let closed = format!("http://127.0.0.1:{}", closed_port());
     let blind = purger(&setup, &closed, &[]).await;
     let mut client = PurgerClient::new(blind.channel().await.unwrap());
     let plan = make_plan(&mut client, &setup.front.host()).await;
@@ -345,8 +378,8 @@ async fn a_plan_under_an_alias_keeps_what_is_installed() {
     let setup = setup().await;
     let port = setup.front.host().rsplit_once(':').unwrap().1.to_string();
     let (written, alias) = (format!("localhost:{port}"), format!("LOCALHOST:{port}"));
-    let installed = llm_runs_0_1_9(&written);
-    let lifecycle = lifecycle_stub(vec![installed]).await;
+    let lifecycle = RealLifecycle::start().await;
+    lifecycle.runs("llm", &written, "0.1.9").await;
     let dir = tempfile::tempdir().unwrap();
     let retention = dir.path().join("retention.yaml");
     std::fs::write(&retention, "excluded_repositories: []\n").unwrap();
@@ -358,7 +391,7 @@ async fn a_plan_under_an_alias_keeps_what_is_installed() {
     let jukeboxes = dir.path().join("jukeboxes").to_str().unwrap().to_string();
     let flags =
         ["--insecure-registry", &written, "--retention-config", &retention_flag, "--jukebox-dir", &jukeboxes];
-    let service = purger(&setup, &lifecycle, &flags).await;
+    let service = purger(&setup, &lifecycle.endpoint(), &flags).await;
     let mut client = PurgerClient::new(service.channel().await.unwrap());
     let plan = make_plan(&mut client, &alias).await;
     assert!(entry(&plan, "0.1.9").keep, "installed under {written}, planned under {alias}: {plan:?}");
@@ -382,8 +415,8 @@ async fn a_plan_under_an_alias_keeps_what_is_installed() {
 #[tokio::test]
 async fn a_plan_executed_again_keeps_who_executed_it_first() {
     let setup = setup().await;
-    let lifecycle = lifecycle_stub(vec![]).await;
-    let service = purger(&setup, &lifecycle, &[]).await;
+    let lifecycle = RealLifecycle::start().await;
+    let service = purger(&setup, &lifecycle.endpoint(), &[]).await;
     let mut client = PurgerClient::new(service.channel().await.unwrap());
     let plan = make_plan(&mut client, &setup.front.host()).await;
     let first = execute(&mut client, execute_request(&plan)).await.unwrap();
@@ -411,8 +444,8 @@ async fn a_plan_executed_again_keeps_who_executed_it_first() {
 #[tokio::test]
 async fn a_repository_no_jukebox_names_is_refused_before_any_registry_is_read() {
     let setup = setup().await;
-    let lifecycle = lifecycle_stub(vec![]).await;
-    let service = purger(&setup, &lifecycle, &[]).await;
+    let lifecycle = RealLifecycle::start().await;
+    let service = purger(&setup, &lifecycle.endpoint(), &[]).await;
     let mut client = PurgerClient::new(service.channel().await.unwrap());
     for (registry, repository) in [(setup.front.host(), "other/app"), ("0".to_string(), "0")] {
         let target =
@@ -433,8 +466,8 @@ async fn a_repository_no_jukebox_names_is_refused_before_any_registry_is_read() 
 #[tokio::test]
 async fn a_repository_over_the_tag_cap_is_refused_before_it_is_read() {
     let setup = setup().await;
-    let lifecycle = lifecycle_stub(vec![]).await;
-    let service = purger(&setup, &lifecycle, &["--max-tags-per-repository", "5"]).await;
+    let lifecycle = RealLifecycle::start().await;
+    let service = purger(&setup, &lifecycle.endpoint(), &["--max-tags-per-repository", "5"]).await;
     let mut client = PurgerClient::new(service.channel().await.unwrap());
     let target = Target::Repository(Repository { registry: setup.front.host(), repository: REPO.into() });
     let status = client.plan(as_gateway(PlanRequest { target: Some(target) })).await.unwrap_err();
@@ -447,8 +480,8 @@ async fn a_repository_over_the_tag_cap_is_refused_before_it_is_read() {
 #[tokio::test]
 async fn a_wrong_confirm_a_wrong_fingerprint_or_a_tag_pushed_since_planning_deletes_nothing() {
     let setup = setup().await;
-    let lifecycle = lifecycle_stub(vec![]).await;
-    let service = purger(&setup, &lifecycle, &[]).await;
+    let lifecycle = RealLifecycle::start().await;
+    let service = purger(&setup, &lifecycle.endpoint(), &[]).await;
     let mut client = PurgerClient::new(service.channel().await.unwrap());
     let plan = make_plan(&mut client, &setup.front.host()).await;
     let before = tags(&setup.registry).await;
@@ -486,8 +519,8 @@ async fn failed_deletes_are_reported_with_their_status_nothing_reported_deleted_
         (FaultAction::TooManyRequests { retry_after_secs: 0 }, 429, "TOOMANYREQUESTS"),
     ] {
         let setup = setup().await;
-        let lifecycle = lifecycle_stub(vec![]).await;
-        let service = purger(&setup, &lifecycle, &[]).await;
+        let lifecycle = RealLifecycle::start().await;
+        let service = purger(&setup, &lifecycle.endpoint(), &[]).await;
         let mut client = PurgerClient::new(service.channel().await.unwrap());
         let plan = make_plan(&mut client, &setup.front.host()).await;
         let d015 = digest_of(&setup.registry, "0.1.5").await.unwrap();
@@ -528,8 +561,8 @@ async fn failed_deletes_are_reported_with_their_status_nothing_reported_deleted_
 #[tokio::test]
 async fn a_purger_killed_mid_execution_converges_when_run_again_without_deleting_twice() {
     let setup = setup().await;
-    let lifecycle = lifecycle_stub(vec![]).await;
-    let first = purger(&setup, &lifecycle, &["--delete-concurrency", "1"]).await;
+    let lifecycle = RealLifecycle::start().await;
+    let first = purger(&setup, &lifecycle.endpoint(), &["--delete-concurrency", "1"]).await;
     let mut client = PurgerClient::new(first.channel().await.unwrap());
     let plan = make_plan(&mut client, &setup.front.host()).await;
     // Each DELETE is applied at once but answered late: a kill leaves the
@@ -551,7 +584,7 @@ async fn a_purger_killed_mid_execution_converges_when_run_again_without_deleting
     drop(first); // SIGKILL
     setup.front.clear_faults();
 
-    let second = purger(&setup, &lifecycle, &[]).await;
+    let second = purger(&setup, &lifecycle.endpoint(), &[]).await;
     let mut client = PurgerClient::new(second.channel().await.unwrap());
     // Any replica tells what the interrupted run did, once its lease is gone.
     let interrupted = loop {
@@ -625,8 +658,9 @@ async fn tags_of(registry: &RegistryServer, repository: &str) -> BTreeSet<String
 async fn a_jukebox_is_planned_and_purged_across_its_repositories_under_one_confirmation() {
     let setup = setup().await;
     let dir = jukebox_world(&setup).await;
-    let lifecycle = lifecycle_stub(vec![]).await;
-    let service = purger(&setup, &lifecycle, &["--jukebox-dir", dir.path().to_str().unwrap()]).await;
+    let lifecycle = RealLifecycle::start().await;
+    let service =
+        purger(&setup, &lifecycle.endpoint(), &["--jukebox-dir", dir.path().to_str().unwrap()]).await;
     let mut client = PurgerClient::new(service.channel().await.unwrap());
     let plan = client
         .plan(as_gateway(PlanRequest { target: Some(Target::Jukebox("box".into())) }))
@@ -648,7 +682,12 @@ async fn a_jukebox_is_planned_and_purged_across_its_repositories_under_one_confi
     assert_eq!(tags_of(&setup.registry, "apps/x").await, BTreeSet::from(["3.0.0".to_string()]));
 }
 
-async fn scheduled(setup: &Setup, dir: &tempfile::TempDir, max_deletions: usize) -> ServiceProcess {
+/// A purger with a schedule, and the lifecycle it asks (kept while it runs).
+async fn scheduled(
+    setup: &Setup,
+    dir: &tempfile::TempDir,
+    max_deletions: usize,
+) -> (ServiceProcess, RealLifecycle) {
     let retention = dir.path().join("retention.yaml");
     std::fs::write(
         &retention,
@@ -657,10 +696,11 @@ async fn scheduled(setup: &Setup, dir: &tempfile::TempDir, max_deletions: usize)
         ),
     )
     .unwrap();
-    let lifecycle = lifecycle_stub(vec![]).await;
+    let lifecycle = RealLifecycle::start().await;
     let (jukeboxes, retention) =
         (dir.path().to_str().unwrap().to_string(), retention.to_str().unwrap().to_string());
-    purger(setup, &lifecycle, &["--jukebox-dir", &jukeboxes, "--retention-config", &retention]).await
+    let flags = ["--jukebox-dir", &jukeboxes, "--retention-config", &retention];
+    (purger(setup, &lifecycle.endpoint(), &flags).await, lifecycle)
 }
 
 #[tokio::test]
@@ -693,8 +733,8 @@ async fn a_scheduled_purge_over_its_limits_is_left_for_a_human() {
 #[tokio::test]
 async fn a_purger_frozen_past_its_lease_deletes_and_journals_nothing_after_it_thaws() {
     let setup = setup().await;
-    let lifecycle = lifecycle_stub(vec![]).await;
-    let frozen = purger(&setup, &lifecycle, &["--delete-concurrency", "1"]).await;
+    let lifecycle = RealLifecycle::start().await;
+    let frozen = purger(&setup, &lifecycle.endpoint(), &["--delete-concurrency", "1"]).await;
     let mut client = PurgerClient::new(frozen.channel().await.unwrap());
     let plan = make_plan(&mut client, &setup.front.host()).await;
     let deletions = plan.entries.iter().filter(|e| !e.keep).count();
@@ -716,7 +756,7 @@ async fn a_purger_frozen_past_its_lease_deletes_and_journals_nothing_after_it_th
     }
     frozen.pause().unwrap();
 
-    let other = purger(&setup, &lifecycle, &[]).await;
+    let other = purger(&setup, &lifecycle.endpoint(), &[]).await;
     let mut other_client = PurgerClient::new(other.channel().await.unwrap());
     let report = loop {
         match execute(&mut other_client, execute_request(&plan)).await {
@@ -762,12 +802,12 @@ async fn a_purger_frozen_past_its_lease_deletes_and_journals_nothing_after_it_th
 #[tokio::test]
 async fn a_plan_made_under_other_pins_or_another_framework_version_is_refused_as_stale() {
     let setup = setup().await;
-    let lifecycle = lifecycle_stub(vec![]).await;
+    let lifecycle = RealLifecycle::start().await;
     let dir = tempfile::tempdir().unwrap();
     let retention = dir.path().join("retention.yaml");
     std::fs::write(&retention, "pinned: []\n").unwrap();
     let retention_flag = retention.to_str().unwrap().to_string();
-    let service = purger(&setup, &lifecycle, &["--retention-config", &retention_flag]).await;
+    let service = purger(&setup, &lifecycle.endpoint(), &["--retention-config", &retention_flag]).await;
     let mut client = PurgerClient::new(service.channel().await.unwrap());
     let plan = make_plan(&mut client, &setup.front.host()).await;
     let before = tags(&setup.registry).await;
@@ -780,9 +820,12 @@ async fn a_plan_made_under_other_pins_or_another_framework_version_is_refused_as
     std::fs::write(&retention, "pinned: []\n").unwrap();
 
     // A replica running another framework version would plan otherwise.
-    let other =
-        purger(&setup, &lifecycle, &["--retention-config", &retention_flag, "--vynil-version", "0.9.0"])
-            .await;
+    let other = purger(
+        &setup,
+        &lifecycle.endpoint(),
+        &["--retention-config", &retention_flag, "--vynil-version", "0.9.0"],
+    )
+    .await;
     let mut other_client = PurgerClient::new(other.channel().await.unwrap());
     let status = execute(&mut other_client, execute_request(&plan)).await.unwrap_err();
     assert_eq!(status.code(), tonic::Code::FailedPrecondition, "{status:?}");
@@ -799,7 +842,7 @@ async fn a_plan_made_under_other_pins_or_another_framework_version_is_refused_as
 async fn in_a_cluster_each_execution_is_also_an_event_on_its_jukebox() {
     use kube::{Api, api::PostParams};
     let setup = setup().await;
-    let lifecycle = lifecycle_stub(vec![]).await;
+    let lifecycle = RealLifecycle::start().await;
     // The purger under its deployed grants, on its ServiceAccount's token.
     let api = vynil_testkit::kube_api::FakeApiServer::start_under_deploy_rbac(&["apps"]).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
@@ -825,7 +868,7 @@ async fn in_a_cluster_each_execution_is_also_an_event_on_its_jukebox() {
         "--insecure-registry",
         &front,
         "--lifecycle-endpoint",
-        &lifecycle,
+        &lifecycle.endpoint(),
     ];
     let service = ServiceProcess::start_with_env(
         Path::new(env!("CARGO_BIN_EXE_vynil-purger")),
@@ -855,9 +898,9 @@ async fn in_a_cluster_each_execution_is_also_an_event_on_its_jukebox() {
 #[tokio::test]
 async fn a_plan_over_the_size_limit_is_refused_and_names_the_flag() {
     let setup = setup().await;
-    let lifecycle = lifecycle_stub(vec![]).await;
+    let lifecycle = RealLifecycle::start().await;
     // The history holds 13 tags (see the first test): one fewer is refused.
-    let service = purger(&setup, &lifecycle, &["--max-plan-tags", "12"]).await;
+    let service = purger(&setup, &lifecycle.endpoint(), &["--max-plan-tags", "12"]).await;
     let mut client = PurgerClient::new(service.channel().await.unwrap());
     let target = Target::Repository(Repository { registry: setup.front.host(), repository: REPO.into() });
     let refused = client.plan(as_gateway(PlanRequest { target: Some(target.clone()) })).await.unwrap_err();
@@ -867,7 +910,7 @@ async fn a_plan_over_the_size_limit_is_refused_and_names_the_flag() {
         "{}",
         refused.message()
     );
-    let service = purger(&setup, &lifecycle, &["--max-plan-tags", "13"]).await;
+    let service = purger(&setup, &lifecycle.endpoint(), &["--max-plan-tags", "13"]).await;
     let mut client = PurgerClient::new(service.channel().await.unwrap());
     let plan = client.plan(as_gateway(PlanRequest { target: Some(target) })).await.unwrap().into_inner();
     assert_eq!(plan.entries.len(), 13, "at the limit: planned");
