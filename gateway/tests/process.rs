@@ -4,7 +4,7 @@
 
 use std::{process::Command, time::Duration};
 
-use nix::{sys::signal::Signal, unistd::Pid};
+use vynil_testkit::{Readiness, ServiceProcess};
 
 #[tokio::test]
 async fn the_binary_serves_healthz_refuses_the_api_without_a_token_and_exits_cleanly_on_sigterm() {
@@ -20,22 +20,17 @@ async fn the_binary_serves_healthz_refuses_the_api_without_a_token_and_exits_cle
     let line = text.lines().last().unwrap();
     std::fs::write(dir.path().join("tokens.yaml"), format!("tokens:\n{line}\n")).unwrap();
 
-    let port = vynil_testkit::free_port().unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_vynil-gateway"))
-        .args(["--listen", &format!("127.0.0.1:{port}"), "--tokens-file"])
-        .arg(dir.path().join("tokens.yaml"))
-        .spawn()
-        .unwrap();
-    let base = format!("http://127.0.0.1:{port}");
-    let mut healthy = false;
-    for _ in 0..400 {
-        if let Ok(r) = reqwest::get(format!("{base}/healthz")).await {
-            healthy = r.status() == 200;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    assert!(healthy, "gateway did not answer /healthz");
+    // On a port it binds and keeps (another is tried if one is lost), up once /healthz answers.
+    let tokens = dir.path().join("tokens.yaml").display().to_string();
+    let mut gateway = ServiceProcess::launch(
+        std::path::Path::new(env!("CARGO_BIN_EXE_vynil-gateway")),
+        &["--tokens-file", &tokens],
+        &[],
+        Readiness::Http("/healthz".into()),
+    )
+    .await
+    .unwrap();
+    let base = gateway.endpoint();
     let api = reqwest::get(format!("{base}/api/v1/jukeboxes")).await.unwrap();
     assert_eq!(api.status(), 401);
     let id = api.headers()["x-request-id"].to_str().unwrap().to_string();
@@ -51,7 +46,6 @@ async fn the_binary_serves_healthz_refuses_the_api_without_a_token_and_exits_cle
     let body: serde_json::Value = down.json().await.unwrap();
     assert!(body["message"].as_str().unwrap().starts_with("catalog is unavailable"), "{body}");
 
-    nix::sys::signal::kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
-    let status = child.wait().unwrap();
+    let status = gateway.terminate(Duration::from_secs(60)).await.unwrap();
     assert!(status.success(), "exit status {status}");
 }

@@ -12,28 +12,19 @@
 
 use std::{
     path::{Path, PathBuf},
-    process::{Command, Stdio},
+    process::Command,
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
-use nix::{sys::signal::Signal, unistd::Pid};
 use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
     trace_service_server::{TraceService, TraceServiceServer},
 };
 use vynil_gateway::auth::{Role, TokenBook};
-use vynil_testkit::{JukeboxBuilder, PackageSpec, PackageType, RegistryServer, ServiceProcess, free_port};
-
-/// A child process killed when the test ends, passed or not.
-struct Killed(std::process::Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use vynil_testkit::{
+    JukeboxBuilder, PackageSpec, PackageType, Readiness, RegistryServer, ServiceProcess, free_port,
+};
 
 /// One span as received.
 #[derive(Debug, Clone)]
@@ -165,25 +156,24 @@ const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const SERVICE_TOKEN: &str = "tracing-service-token";
 const CALLER_SPAN: &str = "00f067aa0ba902b7";
 
-/// Starts a gateway in front of `scanner_endpoint` exporting to `collector`
-/// with `protocol`; returns it and its port.
-fn gateway(dir: &Path, scanner_endpoint: &str, otel: &[(&str, &str)]) -> (Killed, u16) {
-    let port = free_port().unwrap();
+/// Starts a gateway in front of `scanner_endpoint` with `otel` in its
+/// environment (on a port it binds and keeps), and its port.
+async fn gateway(dir: &Path, scanner_endpoint: &str, otel: &[(&str, &str)]) -> (ServiceProcess, u16) {
     std::fs::write(dir.join("service-token"), SERVICE_TOKEN).unwrap();
-    let gateway = Command::new(env!("CARGO_BIN_EXE_vynil-gateway"))
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .args(["--scanner-endpoint", scanner_endpoint])
-        .arg("--service-token-file")
-        .arg(dir.join("service-token"))
-        .arg("--tokens-file")
-        .arg(dir.join("tokens.yaml"))
-        .envs(otel.iter().copied())
-        .env_remove("OTEL_SERVICE_NAME")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    (Killed(gateway), port)
+    let (token, tokens) = (dir.join("service-token"), dir.join("tokens.yaml"));
+    let args = [
+        "--scanner-endpoint",
+        scanner_endpoint,
+        "--service-token-file",
+        token.to_str().unwrap(),
+        "--tokens-file",
+        tokens.to_str().unwrap(),
+    ];
+    let binary = Path::new(env!("CARGO_BIN_EXE_vynil-gateway"));
+    let gateway =
+        ServiceProcess::launch(binary, &args, otel, Readiness::Http("/healthz".into())).await.unwrap();
+    let port = gateway.endpoint().rsplit_once(':').unwrap().1.parse().unwrap();
+    (gateway, port)
 }
 
 /// A JukeBox `box` listing `apps/web` of a fresh registry, and a token file.
@@ -258,7 +248,7 @@ async fn a_scan_started_over_http_is_one_trace_across_gateway_scanner_and_regist
     .await
     .unwrap();
     let catalog = ServiceProcess::start_with_env(&sibling("vynil-catalog"), &shared, &otel).await.unwrap();
-    let (mut gateway, port) = gateway(dir.path(), &scanner.endpoint(), &otel);
+    let (mut gateway, port) = gateway(dir.path(), &scanner.endpoint(), &otel).await;
 
     start_scan(port).await;
     let spans = until(&receiver, "the gateway's, scanner's, registry's and catalog's spans", |spans| {
@@ -323,10 +313,9 @@ async fn a_scan_started_over_http_is_one_trace_across_gateway_scanner_and_regist
     assert_eq!(linked_trace, TRACE);
     assert!(scanner_spans.contains(&linked_span.as_str()), "linked to a scanner span: {ingest:?}");
 
-    nix::sys::signal::kill(Pid::from_raw(gateway.0.id() as i32), Signal::SIGTERM).unwrap();
-    assert!(gateway.0.wait().unwrap().success());
-    for service in [scanner, catalog] {
-        assert!(service.terminate(Duration::from_secs(20)).await.unwrap().success());
+    assert!(gateway.terminate(Duration::from_secs(60)).await.unwrap().success());
+    for mut service in [scanner, catalog] {
+        assert!(service.terminate(Duration::from_secs(60)).await.unwrap().success());
     }
 }
 
@@ -340,16 +329,15 @@ async fn spans_go_over_http_protobuf_when_the_protocol_says_so() {
         ("OTEL_BSP_SCHEDULE_DELAY", "200"),
     ];
     // No scanner: the gateway answers 503 naming it, in a span all the same.
-    let (mut gateway, port) =
-        gateway(dir.path(), &format!("http://127.0.0.1:{}", free_port().unwrap()), &otel);
+    let closed = format!("http://127.0.0.1:{}", free_port().unwrap());
+    let (mut gateway, port) = gateway(dir.path(), &closed, &otel).await;
     start_scan_once(port).await;
     let spans = until(&receiver, "the gateway's span over HTTP", |spans| {
         spans.iter().any(|s| s.trace == TRACE && s.service == "vynil-gateway" && s.name == "http")
     })
     .await;
     assert!(spans.iter().all(|s| s.service == "vynil-gateway"), "{spans:#?}");
-    nix::sys::signal::kill(Pid::from_raw(gateway.0.id() as i32), Signal::SIGTERM).unwrap();
-    assert!(gateway.0.wait().unwrap().success());
+    assert!(gateway.terminate(Duration::from_secs(60)).await.unwrap().success());
 }
 
 /// One scan request in trace [`TRACE`] once the gateway answers, whatever it answers.
@@ -385,6 +373,8 @@ fn in_own_network(test: &str) -> bool {
         .arg(std::env::current_exe().unwrap())
         .args(["--exact", test, "--nocapture", "--test-threads", "1"])
         .env(INSIDE, "1")
+        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+        .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
         .output()
         .unwrap_or_else(|e| panic!("unshare is missing ({e}): apt-get install -y util-linux iproute2"));
     let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
@@ -421,36 +411,26 @@ async fn without_an_endpoint_no_otlp_connection_is_attempted() {
     let (_registry, dir) = world().await;
     let nowhere = format!("http://127.0.0.1:{}", free_port().unwrap());
     let quiet = [("OTEL_BSP_SCHEDULE_DELAY", "100"), ("OTEL_SERVICE_NAME", "quiet")];
-    let port = free_port().unwrap();
-    let mut silent = Command::new(env!("CARGO_BIN_EXE_vynil-gateway"))
-        .args(["--listen", &format!("127.0.0.1:{port}"), "--scanner-endpoint", &nowhere])
-        .arg("--tokens-file")
-        .arg(dir.path().join("tokens.yaml"))
-        .envs(quiet)
-        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
-        .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    // No endpoint in its environment: `in_own_network` ran this process without one.
+    let (mut silent, port) = gateway(dir.path(), &nowhere, &quiet).await;
     for _ in 0..5 {
         start_scan_once(port).await;
     }
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    nix::sys::signal::kill(Pid::from_raw(silent.id() as i32), Signal::SIGTERM).unwrap();
-    assert!(silent.wait().unwrap().success());
+    assert!(silent.terminate(Duration::from_secs(60)).await.unwrap().success());
     assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 0, "an OTLP connection was attempted");
 
     // The same gateway told to export does connect there: the count can see it.
     let (mut exporting, port) =
-        gateway(dir.path(), &nowhere, &[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4317"), quiet[0]]);
+        gateway(dir.path(), &nowhere, &[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4317"), quiet[0]])
+            .await;
     start_scan_once(port).await;
     let deadline = Instant::now() + Duration::from_secs(20);
     while accepted.load(std::sync::atomic::Ordering::SeqCst) == 0 {
         assert!(Instant::now() < deadline, "a configured exporter never connected to 4317");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let _ = exporting.0.kill();
+    exporting.kill();
 }
 
 /// A collector that accepts connections and never answers holds a flush
@@ -462,40 +442,16 @@ async fn without_an_endpoint_no_otlp_connection_is_attempted() {
 async fn with_a_collector_that_never_answers_sigterm_exits_zero_by_the_flush_bound() {
     let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let collector = format!("http://{}", silent.local_addr().unwrap());
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("gateway.log");
-    let port = free_port().unwrap();
-    let mut gateway = Command::new(env!("CARGO_BIN_EXE_vynil-gateway"))
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .env("OTEL_EXPORTER_OTLP_ENDPOINT", &collector)
-        .env("OTEL_EXPORTER_OTLP_TIMEOUT", "3600000")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while reqwest::get(format!("http://127.0.0.1:{port}/healthz")).await.is_err() {
-        assert!(Instant::now() < deadline, "the gateway never answered");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let _ = reqwest::get(format!("http://127.0.0.1:{port}/api/v1/jukeboxes")).await;
-    nix::sys::signal::kill(Pid::from_raw(gateway.id() as i32), Signal::SIGTERM).unwrap();
-    let exited = tokio::task::spawn_blocking(move || {
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
-            if let Some(status) = gateway.try_wait().unwrap() {
-                return Some(status);
-            }
-            if Instant::now() > deadline {
-                let _ = gateway.kill();
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    });
-    let status = exited.await.unwrap();
-    let said = std::fs::read_to_string(&log).unwrap();
-    let status = status.unwrap_or_else(|| panic!("SIGTERM did not end the gateway:\n{said}"));
+    let otel =
+        [("OTEL_EXPORTER_OTLP_ENDPOINT", collector.as_str()), ("OTEL_EXPORTER_OTLP_TIMEOUT", "3600000")];
+    let binary = Path::new(env!("CARGO_BIN_EXE_vynil-gateway"));
+    let mut gateway =
+        ServiceProcess::launch(binary, &[], &otel, Readiness::Http("/healthz".into())).await.unwrap();
+    let _ = reqwest::get(format!("{}/api/v1/jukeboxes", gateway.endpoint())).await;
+    // A hang guard, not a figure: SIGTERM that waited on the exporter would wait an hour.
+    let status = gateway.terminate(Duration::from_secs(120)).await;
+    let said = gateway.log();
+    let status = status.unwrap_or_else(|e| panic!("SIGTERM did not end the gateway: {e}"));
     assert!(status.success(), "{status:?}\n{said}");
     assert!(said.contains("spans not flushed within"), "the exit was not the flush bound's doing:\n{said}");
     drop(silent);

@@ -19,11 +19,13 @@ mod first_scans;
 
 use clap::Parser;
 use tokio::task::JoinSet;
-use vynil_runtime::SharedConfig;
+use vynil_runtime::{GrpcServer, SharedConfig};
 
 /// Flags of local mode, each with an environment fallback.
 #[derive(Debug, Clone, clap::Parser)]
 #[command(name = "vynil", version, about = "The Vynil control plane in one process, without a cluster")]
+/// Any `--*-listen` may name port 0: the system chooses, and the start
+/// banner says what each service was given.
 pub struct Config {
     #[arg(long, env = "VYNIL_CATALOG_LISTEN", default_value = "127.0.0.1:50051")]
     pub catalog_listen: SocketAddr,
@@ -116,12 +118,48 @@ fn service_config<C: Parser>(
         .map_err(|e| LocalError::Config { service, error: e.to_string().trim().to_string() })
 }
 
+/// Where each service of a bound local mode listens (a port given as 0 is
+/// the one the system chose).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Addresses {
+    pub catalog: SocketAddr,
+    pub scanner: SocketAddr,
+    pub purger: SocketAddr,
+    pub lifecycle: SocketAddr,
+    pub gateway: SocketAddr,
+}
+
+/// Local mode with every port bound, before anything is served: what
+/// [`bind`] gives and [`Bound::run`] serves.
+pub struct Bound {
+    shared: SharedConfig,
+    tokens: Tokens,
+    catalog: GrpcServer,
+    scanner: GrpcServer,
+    purger: GrpcServer,
+    lifecycle: GrpcServer,
+    gateway: vynil_gateway::Gateway,
+    addresses: Addresses,
+}
+
+impl std::fmt::Debug for Bound {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Bound").field("addresses", &self.addresses).finish_non_exhaustive()
+    }
+}
+
 /// Runs every service until `shutdown` resolves (or one of them fails, which
 /// stops the others).
 pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), LocalError> {
+    bind(config).await?.run(shutdown).await
+}
+
+/// Writes the tokens and binds every port. Every port is bound before
+/// anything is told where to dial, so any of them may be given as 0.
+pub async fn bind(config: Config) -> Result<Bound, LocalError> {
     if config.shared.kubernetes {
         return Err(LocalError::ClusterRequested);
     }
@@ -149,109 +187,147 @@ pub async fn run(
             "A service listens beyond loopback: purge executions and deletes without package go through the gateway only."
         );
     }
-    let store = vynil_store::open(&shared.store_settings(vynil_runtime::user_agent!())).await?;
-    let drain = vynil_runtime::Shutdown::new();
-    let stopped = || drain.signaled();
-    let mut services: JoinSet<(&'static str, Result<(), String>)> = JoinSet::new();
-
-    let mut catalog: vynil_catalog::Config = service_config("catalog", config.catalog_listen, &[])?;
-    catalog.shared = shared.clone();
-    let (store_c, done) = (store.clone(), stopped());
-    services.spawn(async move {
-        ("catalog", vynil_catalog::run_with_store(catalog, store_c, done).await.map_err(|e| e.to_string()))
-    });
-
-    let mut scanner: vynil_scanner::Config = service_config("scanner", config.scanner_listen, &[])?;
-    scanner.shared = shared.clone();
-    let (store_s, done) = (store.clone(), stopped());
-    services.spawn(async move {
-        ("scanner", vynil_scanner::run_with_store(scanner, store_s, done).await.map_err(|e| e.to_string()))
-    });
-
-    let lifecycle_endpoint = format!("http://{}", config.lifecycle_listen);
-    let mut purger: vynil_purger::Config =
-        service_config("purger", config.purger_listen, &["--lifecycle-endpoint".into(), lifecycle_endpoint])?;
-    purger.shared = shared.clone();
-    let (store_p, done) = (store.clone(), stopped());
-    services.spawn(async move {
-        ("purger", vynil_purger::run_with_store(purger, store_p, done).await.map_err(|e| e.to_string()))
-    });
-
-    let mut lifecycle: vynil_lifecycle::Config = service_config("lifecycle", config.lifecycle_listen, &[])?;
-    lifecycle.shared = shared.clone();
-    let disabled = vynil_lifecycle::LifecycleService::disabled("no cluster (local mode)");
-    let done = stopped();
-    services.spawn(async move {
-        ("lifecycle", vynil_lifecycle::serve(lifecycle, disabled, done).await.map_err(|e| e.to_string()))
-    });
-
+    let failed = |service: &'static str, e: &dyn std::fmt::Display| LocalError::Service {
+        service,
+        error: e.to_string(),
+    };
+    let bind = |service: &'static str, addr: SocketAddr| async move {
+        let server = GrpcServer::bind(addr).await.map_err(|e| failed(service, &e))?;
+        let bound = server.local_addr().map_err(|e| failed(service, &e))?;
+        Ok::<_, LocalError>((server, bound))
+    };
+    let (catalog, catalog_at) = bind("catalog", config.catalog_listen).await?;
+    let (scanner, scanner_at) = bind("scanner", config.scanner_listen).await?;
+    let (purger, purger_at) = bind("purger", config.purger_listen).await?;
+    let (lifecycle, lifecycle_at) = bind("lifecycle", config.lifecycle_listen).await?;
     let endpoint = |addr: SocketAddr| format!("http://{addr}");
     let path = |p: &Path| p.display().to_string();
     let gateway_flags = [
         "--catalog-endpoint".to_string(),
-        endpoint(config.catalog_listen),
+        endpoint(catalog_at),
         "--scanner-endpoint".into(),
-        endpoint(config.scanner_listen),
+        endpoint(scanner_at),
         "--purger-endpoint".into(),
-        endpoint(config.purger_listen),
+        endpoint(purger_at),
         "--lifecycle-endpoint".into(),
-        endpoint(config.lifecycle_listen),
+        endpoint(lifecycle_at),
         "--tokens-file".into(),
         path(&tokens.tokens_file),
         "--service-token-file".into(),
         path(&tokens.service_file),
     ];
     let gateway: vynil_gateway::Config = service_config("gateway", config.gateway_listen, &gateway_flags)?;
-    let done = stopped();
-    services.spawn(
-        async move { ("gateway", vynil_gateway::run(gateway, done).await.map_err(|e| e.to_string())) },
-    );
-
-    tracing::info!(
-        catalog = %config.catalog_listen,
-        scanner = %config.scanner_listen,
-        purger = %config.purger_listen,
-        lifecycle = %config.lifecycle_listen,
-        gateway = %config.gateway_listen,
-        jukeboxes = %shared.jukebox_dir.display(),
-        "local mode: starting every service"
-    );
-    let url = format!("http://{}", config.gateway_listen);
-    let admin = tokens.admin_file.display().to_string();
-    println!(
-        "Vynil is starting.\n  gateway:     {url}\n  admin token: {admin} (mode 0600; a new one each start)\n  try:         curl -H \"Authorization: Bearer $(cat {admin})\" {url}/api/v1/jukeboxes"
-    );
-    services.spawn(first_scans::run(
-        store.clone(),
-        config.scanner_listen,
-        url,
-        tokens.admin_file.clone(),
-        stopped(),
-    ));
-    tokio::pin!(shutdown);
-    let mut failure = None;
-    tokio::select! {
-        _ = &mut shutdown => {}
-        Some(ended) = services.join_next() => failure = Some(ended),
-    }
-    drain.trigger();
-    let mut first_error = None;
-    let mut record = |ended: Result<(&'static str, Result<(), String>), tokio::task::JoinError>| {
-        let error = match ended {
-            Ok((_, Ok(()))) => return,
-            Ok((service, Err(error))) => LocalError::Service { service, error },
-            Err(error) => LocalError::Service { service: "a service task", error: error.to_string() },
-        };
-        tracing::error!(%error, "local mode is stopping");
-        first_error.get_or_insert(error);
+    let gateway = vynil_gateway::Gateway::bind(&gateway).await.map_err(|e| failed("gateway", &e))?;
+    let gateway_at = gateway.local_addr().map_err(|e| failed("gateway", &e))?;
+    let addresses = Addresses {
+        catalog: catalog_at,
+        scanner: scanner_at,
+        purger: purger_at,
+        lifecycle: lifecycle_at,
+        gateway: gateway_at,
     };
-    if let Some(ended) = failure {
-        record(ended);
+    Ok(Bound { shared, tokens, catalog, scanner, purger, lifecycle, gateway, addresses })
+}
+
+impl Bound {
+    pub fn addresses(&self) -> Addresses {
+        self.addresses
     }
-    while let Some(ended) = services.join_next().await {
-        record(ended);
+
+    /// Serves every service until `shutdown` resolves (or one of them
+    /// fails, which stops the others).
+    pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), LocalError> {
+        let Self { shared, tokens, catalog, scanner, purger, lifecycle, gateway, addresses: at } = self;
+        let store = vynil_store::open(&shared.store_settings(vynil_runtime::user_agent!())).await?;
+        let drain = vynil_runtime::Shutdown::new();
+        let stopped = || drain.signaled();
+        let mut services: JoinSet<(&'static str, Result<(), String>)> = JoinSet::new();
+
+        let mut config: vynil_catalog::Config = service_config("catalog", at.catalog, &[])?;
+        config.shared = shared.clone();
+        let (store_c, done) = (store.clone(), stopped());
+        services.spawn(async move {
+            let served = vynil_catalog::run_with_store(catalog, config, store_c, done).await;
+            ("catalog", served.map_err(|e| e.to_string()))
+        });
+
+        let mut config: vynil_scanner::Config = service_config("scanner", at.scanner, &[])?;
+        config.shared = shared.clone();
+        let (store_s, done) = (store.clone(), stopped());
+        services.spawn(async move {
+            let served = vynil_scanner::run_with_store(scanner, config, store_s, done).await;
+            ("scanner", served.map_err(|e| e.to_string()))
+        });
+
+        let lifecycle_endpoint = format!("http://{}", at.lifecycle);
+        let mut config: vynil_purger::Config =
+            service_config("purger", at.purger, &["--lifecycle-endpoint".into(), lifecycle_endpoint])?;
+        config.shared = shared.clone();
+        let (store_p, done) = (store.clone(), stopped());
+        services.spawn(async move {
+            let served = vynil_purger::run_with_store(purger, config, store_p, done).await;
+            ("purger", served.map_err(|e| e.to_string()))
+        });
+
+        let mut config: vynil_lifecycle::Config = service_config("lifecycle", at.lifecycle, &[])?;
+        config.shared = shared.clone();
+        let disabled = vynil_lifecycle::LifecycleService::disabled("no cluster (local mode)");
+        let done = stopped();
+        services.spawn(async move {
+            let served = vynil_lifecycle::serve(lifecycle, config, disabled, done).await;
+            ("lifecycle", served.map_err(|e| e.to_string()))
+        });
+
+        let done = stopped();
+        services.spawn(async move { ("gateway", gateway.serve(done).await.map_err(|e| e.to_string())) });
+
+        tracing::info!(
+            catalog = %at.catalog,
+            scanner = %at.scanner,
+            purger = %at.purger,
+            lifecycle = %at.lifecycle,
+            gateway = %at.gateway,
+            jukeboxes = %shared.jukebox_dir.display(),
+            "local mode: starting every service"
+        );
+        let url = format!("http://{}", at.gateway);
+        let admin = tokens.admin_file.display().to_string();
+        println!(
+            "Vynil is starting.\n  gateway:     {url}\n  services:    catalog {}, scanner {}, purger {}, lifecycle {} (gRPC)\n  admin token: {admin} (mode 0600; a new one each start)\n  try:         curl -H \"Authorization: Bearer $(cat {admin})\" {url}/api/v1/jukeboxes",
+            at.catalog, at.scanner, at.purger, at.lifecycle
+        );
+        services.spawn(first_scans::run(
+            store.clone(),
+            at.scanner,
+            url,
+            tokens.admin_file.clone(),
+            stopped(),
+        ));
+        tokio::pin!(shutdown);
+        let mut failure = None;
+        tokio::select! {
+            _ = &mut shutdown => {}
+            Some(ended) = services.join_next() => failure = Some(ended),
+        }
+        drain.trigger();
+        let mut first_error = None;
+        let mut record = |ended: Result<(&'static str, Result<(), String>), tokio::task::JoinError>| {
+            let error = match ended {
+                Ok((_, Ok(()))) => return,
+                Ok((service, Err(error))) => LocalError::Service { service, error },
+                Err(error) => LocalError::Service { service: "a service task", error: error.to_string() },
+            };
+            tracing::error!(%error, "local mode is stopping");
+            first_error.get_or_insert(error);
+        };
+        if let Some(ended) = failure {
+            record(ended);
+        }
+        while let Some(ended) = services.join_next().await {
+            record(ended);
+        }
+        first_error.map_or(Ok(()), Err)
     }
-    first_error.map_or(Ok(()), Err)
 }
 
 #[cfg(test)]

@@ -22,7 +22,7 @@ use vynil_gateway::{
 };
 
 mod common;
-use common::{Local, vynil_on_free_ports};
+use common::{Local, vynil};
 
 /// The schemathesis the test command installs (`scripts/requirements-test.txt`).
 const SCHEMATHESIS: &str = "4.32.5";
@@ -33,18 +33,15 @@ const SEED: &str = "1";
 /// Local mode with its embedded example, its state in a directory of its own.
 async fn start() -> Local {
     let dir = tempfile::tempdir().unwrap();
-    let (mut command, ports) = vynil_on_free_ports();
-    let child = command
+    let mut command = vynil(&[]);
+    command
         .current_dir(dir.path())
         .arg("--state-dir")
         .arg(dir.path().join("state"))
         .env_remove("REDIS_URL")
         .env_remove("VYNIL_JUKEBOX_DIR")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let local = Local { child, ports, dir };
+        .stderr(Stdio::null());
+    let local = Local::spawn(command, dir);
     // Up once the first scan put the example in the catalog.
     let http = reqwest::Client::new();
     let deadline = Instant::now() + Duration::from_secs(90);

@@ -8,7 +8,7 @@
 
 use std::{
     net::SocketAddr,
-    process::{Command, Stdio},
+    process::Stdio,
     time::{Duration, Instant},
 };
 
@@ -22,10 +22,10 @@ use vynil_proto::{
     purger::v1::{PlanRequest, plan_request::Target, purger_client::PurgerClient},
     scanner::v1::{GetScanRequest, ScanRequest, ScanState, scanner_client::ScannerClient},
 };
-use vynil_testkit::{JukeboxBuilder, PackageSpec, PackageType, RegistryServer, free_port};
+use vynil_testkit::{JukeboxBuilder, PackageSpec, PackageType, RegistryServer};
 
 mod common;
-use common::{Local, loopback, vynil_on_free_ports};
+use common::{Local, vynil};
 
 async fn channel(addr: SocketAddr) -> Option<tonic::transport::Channel> {
     tonic::transport::Channel::from_shared(format!("http://{addr}")).ok()?.connect().await.ok()
@@ -45,7 +45,7 @@ async fn start(registry: &RegistryServer) -> Local {
     let broken =
         "apiVersion: vynil.solidite.fr/v1\nkind: JukeBox\nmetadata:\n  name: broken\nspec:\n  sources: {}\n";
     std::fs::write(dir.path().join("broken.yaml"), broken).unwrap();
-    let (mut command, ports) = vynil_on_free_ports();
+    let mut command = vynil(&[]);
     command
         .arg("--jukebox-dir")
         .arg(dir.path())
@@ -54,10 +54,8 @@ async fn start(registry: &RegistryServer) -> Local {
         .arg("--insecure-registry")
         .arg(registry.host())
         .env_remove("REDIS_URL")
-        .stdout(Stdio::null())
         .stderr(Stdio::null());
-    let child = command.spawn().unwrap();
-    let local = Local { child, ports, dir };
+    let local = Local::spawn(command, dir);
     // Generous: the binary may start slowly while other test binaries build.
     let deadline = Instant::now() + Duration::from_secs(90);
     for addr in &local.ports[..4] {
@@ -181,13 +179,11 @@ async fn a_port_in_use_stops_local_mode_with_an_error() {
     let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = busy.local_addr().unwrap().to_string();
     let dir = tempfile::tempdir().unwrap();
-    let output = Command::new(env!("CARGO_BIN_EXE_vynil"))
-        .args(["--gateway-listen", &port, "--jukebox-dir"])
+    let output = vynil(&[("--gateway-listen", &port)])
+        .arg("--jukebox-dir")
         .arg(dir.path())
         .arg("--state-dir")
         .arg(dir.path().join("state"))
-        .args(["--catalog-listen", &loopback().to_string(), "--scanner-listen", &loopback().to_string()])
-        .args(["--purger-listen", &loopback().to_string(), "--lifecycle-listen", &loopback().to_string()])
         .output()
         .unwrap();
     assert!(!output.status.success());
@@ -201,32 +197,18 @@ async fn a_port_in_use_stops_local_mode_with_an_error() {
 #[tokio::test]
 async fn the_first_command_shows_the_embedded_examples_offline_and_sigterm_leaves_nothing_behind() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut command, ports) = vynil_on_free_ports();
-    let mut child = command
+    let mut command = vynil(&[]);
+    command
         .current_dir(dir.path())
         .env("HOME", dir.path().join("home"))
         .env_remove("XDG_STATE_HOME")
         .env_remove("VYNIL_JUKEBOX_DIR")
         .env_remove("REDIS_URL")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let gateway = ports[4];
-    // What the user reads, as it is printed.
-    let printed = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
-    let mut pipe = child.stdout.take().unwrap();
-    let sink = printed.clone();
-    let reader = std::thread::spawn(move || {
-        let mut buffer = [0u8; 4096];
-        while let Ok(n) = std::io::Read::read(&mut pipe, &mut buffer) {
-            if n == 0 {
-                break;
-            }
-            sink.lock().unwrap().push_str(&String::from_utf8_lossy(&buffer[..n]));
-        }
-    });
+        .stderr(Stdio::null());
     let token_file = dir.path().join("home/.local/state/vynil/admin-token");
+    // What the user reads, as it is printed.
+    let mut local = Local::spawn(command, dir);
+    let (gateway, ports) = (local.gateway(), local.ports);
     let http = reqwest::Client::new();
     let deadline = Instant::now() + Duration::from_secs(90);
     let items = loop {
@@ -256,23 +238,16 @@ async fn the_first_command_shows_the_embedded_examples_offline_and_sigterm_leave
     );
     assert!(items.iter().any(|p| p["image"] == "apps/web"), "{items:#?}");
     // The newcomer is told where to look once the first scan is done.
-    while !printed.lock().unwrap().contains("/api/v1/jukeboxes/examples/catalog") {
-        assert!(Instant::now() < deadline, "never said what to look at: {}", printed.lock().unwrap());
+    while !local.printed().contains("/api/v1/jukeboxes/examples/catalog") {
+        assert!(Instant::now() < deadline, "never said what to look at: {}", local.printed());
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 
-    nix::sys::signal::kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(Instant::now() < deadline, "local mode did not stop on SIGTERM");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    nix::sys::signal::kill(Pid::from_raw(local.child.id() as i32), Signal::SIGTERM).unwrap();
+    // A hang guard, not a figure: the flush bound is 5 s.
+    let status = local.wait_stopped(Duration::from_secs(60));
     assert!(status.success(), "{status:?}");
-    reader.join().unwrap();
-    let stdout = printed.lock().unwrap().clone();
+    let stdout = local.printed();
     assert!(stdout.contains("embedded example") && stdout.contains("admin-token"), "{stdout}");
     // Its log lines too, written to a pipe: no colour escapes.
     assert!(stdout.contains("INFO") && stdout.contains("serving"), "{stdout}");
@@ -289,20 +264,11 @@ async fn the_first_command_shows_the_embedded_examples_offline_and_sigterm_leave
 async fn a_service_listening_beyond_loopback_refuses_unauthenticated_purges() {
     use vynil_proto::purger::v1::ExecuteRequest;
     let dir = tempfile::tempdir().unwrap();
-    let port = free_port().unwrap();
-    let purger = SocketAddr::from(([127, 0, 0, 1], port));
-    let mut child = Command::new(env!("CARGO_BIN_EXE_vynil"))
-        .args(["--purger-listen", &format!("0.0.0.0:{port}")])
-        .args(["--catalog-listen", &loopback().to_string(), "--scanner-listen", &loopback().to_string()])
-        .args(["--lifecycle-listen", &loopback().to_string(), "--gateway-listen", &loopback().to_string()])
-        .arg("--state-dir")
-        .arg(dir.path().join("state"))
-        .arg("--jukebox-dir")
-        .arg(dir.path())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut command = vynil(&[("--purger-listen", "0.0.0.0:0")]);
+    command.arg("--state-dir").arg(dir.path().join("state")).arg("--jukebox-dir").arg(dir.path());
+    command.stderr(Stdio::null());
+    let local = Local::spawn(command, dir);
+    let purger = SocketAddr::from(([127, 0, 0, 1], local.ports[2].port()));
     let deadline = Instant::now() + Duration::from_secs(60);
     while !serving(purger).await {
         assert!(Instant::now() < deadline, "the purger never served");
@@ -311,6 +277,4 @@ async fn a_service_listening_beyond_loopback_refuses_unauthenticated_purges() {
     let request = ExecuteRequest { plan_id: "p".into(), confirm: "x".into(), ..Default::default() };
     let refused = PurgerClient::new(channel(purger).await.unwrap()).execute(request).await.unwrap_err();
     assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{refused:?}");
-    let _ = child.kill();
-    let _ = child.wait();
 }

@@ -18,11 +18,9 @@ use std::{
 use clap::Parser;
 use kube::{Api, api::PostParams};
 use vynil_crds::JukeBox;
-use vynil_runtime::Shutdown;
+use vynil_runtime::{GrpcServer, Shutdown};
 use vynil_store::KubeStore;
-use vynil_testkit::{
-    JukeboxBuilder, PackageSpec, PackageType, RegistryServer, free_port, kube_api::FakeApiServer,
-};
+use vynil_testkit::{JukeboxBuilder, PackageSpec, PackageType, RegistryServer, kube_api::FakeApiServer};
 
 pub mod fleet;
 
@@ -36,8 +34,12 @@ pub struct Cluster {
     services: tokio::task::JoinSet<Result<(), String>>,
 }
 
-fn loopback() -> SocketAddr {
-    SocketAddr::from(([127, 0, 0, 1], free_port().unwrap()))
+/// A gRPC server bound on a port of loopback the system chose, and its
+/// address: known before anything dials it, never handed out unbound.
+pub async fn bound() -> (GrpcServer, SocketAddr) {
+    let server = GrpcServer::bind(SocketAddr::from(([127, 0, 0, 1], 0))).await.unwrap();
+    let addr = server.local_addr().unwrap();
+    (server, addr)
 }
 
 impl Cluster {
@@ -54,7 +56,7 @@ impl Cluster {
         let jukebox: JukeBox = serde_json::from_value(jukebox).unwrap();
         boxes.create(&PostParams::default(), &jukebox).await.unwrap();
 
-        let (scanner_addr, catalog_addr) = (loopback(), loopback());
+        let ((scanner_server, scanner_addr), (catalog_server, catalog_addr)) = (bound().await, bound().await);
         let (scanner_listen, catalog_listen, host) =
             (scanner_addr.to_string(), catalog_addr.to_string(), registry.host());
         let scanner = vynil_scanner::Config::parse_from([
@@ -74,11 +76,15 @@ impl Cluster {
         let mut services = tokio::task::JoinSet::new();
         let (store, done) = (Arc::new(KubeStore::new(api.client().unwrap())), shutdown.signaled());
         services.spawn(async move {
-            vynil_scanner::run_with_store(scanner, store, done).await.map_err(|e| e.to_string())
+            vynil_scanner::run_with_store(scanner_server, scanner, store, done)
+                .await
+                .map_err(|e| e.to_string())
         });
         let (store, done) = (Arc::new(KubeStore::new(api.client().unwrap())), shutdown.signaled());
         services.spawn(async move {
-            vynil_catalog::run_with_store(catalog, store, done).await.map_err(|e| e.to_string())
+            vynil_catalog::run_with_store(catalog_server, catalog, store, done)
+                .await
+                .map_err(|e| e.to_string())
         });
         Self { registry, api, boxes, scanner_addr, catalog_addr, shutdown, services }
     }
@@ -148,7 +154,8 @@ impl Stack {
         let jukebox =
             JukeboxBuilder::new("box").list([format!("{host}/{repository}")]).schedule("0 0 1 1 *").json();
         boxes.create(&PostParams::default(), &serde_json::from_value(jukebox).unwrap()).await.unwrap();
-        let (scanner, catalog, lifecycle, purger) = (loopback(), loopback(), loopback(), loopback());
+        let ((scanner_server, scanner), (catalog_server, catalog)) = (bound().await, bound().await);
+        let ((lifecycle_server, lifecycle), (purger_server, purger)) = (bound().await, bound().await);
         let token = tempfile::NamedTempFile::new().unwrap();
         std::fs::write(token.path(), SERVICE_TOKEN).unwrap();
         let token_file = token.path().display().to_string();
@@ -174,12 +181,12 @@ impl Stack {
         ]);
         let (s, done) = (store("vynil-scanner"), shutdown.signaled());
         services.spawn(async move {
-            vynil_scanner::run_with_store(config, s, done).await.map_err(|e| e.to_string())
+            vynil_scanner::run_with_store(scanner_server, config, s, done).await.map_err(|e| e.to_string())
         });
         let config = vynil_catalog::Config::parse_from(["vynil-catalog", "--listen", &catalog.to_string()]);
         let (s, done) = (store("vynil-catalog"), shutdown.signaled());
         services.spawn(async move {
-            vynil_catalog::run_with_store(config, s, done).await.map_err(|e| e.to_string())
+            vynil_catalog::run_with_store(catalog_server, config, s, done).await.map_err(|e| e.to_string())
         });
         let config = vynil_lifecycle::Config::parse_from([
             "vynil-lifecycle",
@@ -200,7 +207,9 @@ impl Stack {
         ]);
         let (c, done) = (service_client(&api, "vynil-lifecycle"), shutdown.signaled());
         services.spawn(async move {
-            vynil_lifecycle::run_with_client(config, c, done).await.map_err(|e| e.to_string())
+            vynil_lifecycle::run_with_client(lifecycle_server, config, c, done)
+                .await
+                .map_err(|e| e.to_string())
         });
         let config = vynil_purger::Config::parse_from([
             "vynil-purger",
@@ -215,7 +224,7 @@ impl Stack {
         ]);
         let (s, done) = (store("vynil-purger"), shutdown.signaled());
         services.spawn(async move {
-            vynil_purger::run_with_store(config, s, done).await.map_err(|e| e.to_string())
+            vynil_purger::run_with_store(purger_server, config, s, done).await.map_err(|e| e.to_string())
         });
         Self {
             registry,

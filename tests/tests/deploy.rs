@@ -474,42 +474,49 @@ async fn the_deployed_redis_refuses_a_client_without_the_password_of_its_secret(
 
     let password = "p4ssw0rd-from-the-secret";
     let dir = tempfile::tempdir().unwrap();
-    let port = vynil_testkit::free_port().unwrap();
-    let mut args: Vec<String> = container["args"]
+    let args: Vec<String> = container["args"]
         .as_array()
         .unwrap()
         .iter()
         .map(|a| a.as_str().unwrap().replace("$(REDIS_PASSWORD)", password))
         .collect();
-    if let Some(at) = args.iter().position(|a| a == "--dir") {
-        args[at + 1] = dir.path().display().to_string();
-    }
-    args.extend([
-        "--port".into(),
-        port.to_string(),
-        "--bind".into(),
-        "127.0.0.1".into(),
-        "--save".into(),
-        "".into(),
-    ]);
-    let mut server = std::process::Command::new("redis-server")
-        .args(&args)
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .expect("redis-server is needed: apt-get install -y redis-server");
     let ping = |url: String| async move {
         let client = redis::Client::open(url).map_err(|e| e.to_string())?;
         let mut connection = client.get_multiplexed_async_connection().await.map_err(|e| e.to_string())?;
         redis::cmd("PING").query_async::<String>(&mut connection).await.map_err(|e| e.to_string())
     };
-    let mut answered = Err("not started".to_string());
-    for _ in 0..100 {
-        answered = ping(format!("redis://:{password}@127.0.0.1:{port}")).await;
-        if answered.is_ok() {
-            break;
+    // A port free a moment ago may be taken before redis-server binds it:
+    // then it exits, and another port is tried.
+    let (mut server, port, answered) = 'started: {
+        let mut answered = Err("not started".to_string());
+        for _ in 0..3 {
+            let port = vynil_testkit::free_port().unwrap();
+            let mut args = args.clone();
+            if let Some(at) = args.iter().position(|a| a == "--dir") {
+                args[at + 1] = dir.path().display().to_string();
+            }
+            args.extend(["--port".into(), port.to_string(), "--bind".into(), "127.0.0.1".into()]);
+            args.extend(["--save".into(), "".into()]);
+            let mut server = std::process::Command::new("redis-server")
+                .args(&args)
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .expect("redis-server is needed: apt-get install -y redis-server");
+            for _ in 0..200 {
+                answered = ping(format!("redis://:{password}@127.0.0.1:{port}")).await;
+                if answered.is_ok() {
+                    break 'started (server, port, answered);
+                }
+                if server.try_wait().unwrap().is_some() {
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            let _ = server.kill();
+            let _ = server.wait();
         }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+        panic!("redis-server never answered: {answered:?}");
+    };
     let refused = ping(format!("redis://127.0.0.1:{port}")).await;
     let _ = server.kill();
     let _ = server.wait();

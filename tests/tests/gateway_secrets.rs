@@ -8,14 +8,13 @@
 
 use std::{
     io::Write,
-    net::SocketAddr,
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
 use base64::Engine;
 use serde_json::{Value, json};
-use vynil_testkit::{JukeboxBuilder, PackageSpec, PackageType, RegistryOptions, RegistryServer, free_port};
+use vynil_testkit::{JukeboxBuilder, PackageSpec, PackageType, RegistryOptions, RegistryServer};
 
 #[derive(Clone, Default)]
 struct Captured(Arc<Mutex<Vec<u8>>>);
@@ -36,10 +35,6 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
     fn make_writer(&'a self) -> Captured {
         self.clone()
     }
-}
-
-fn loopback() -> SocketAddr {
-    SocketAddr::from(([127, 0, 0, 1], free_port().unwrap()))
 }
 
 // One thread: every task of every service logs through this test's subscriber.
@@ -77,16 +72,11 @@ async fn tokens_registry_credentials_and_sessions_never_appear_in_logs_even_at_t
     let dockerconfig = dir.path().join("dockerconfig.json");
     std::fs::write(&dockerconfig, json!({"auths": {registry.host(): {"auth": basic}}}).to_string()).unwrap();
 
-    let gateway = loopback();
     let mut args = vec!["vynil".to_string()];
-    for (flag, addr) in [
-        ("--catalog-listen", loopback()),
-        ("--scanner-listen", loopback()),
-        ("--purger-listen", loopback()),
-        ("--lifecycle-listen", loopback()),
-        ("--gateway-listen", gateway),
-    ] {
-        args.extend([flag.to_string(), addr.to_string()]);
+    for flag in
+        ["--catalog-listen", "--scanner-listen", "--purger-listen", "--lifecycle-listen", "--gateway-listen"]
+    {
+        args.extend([flag.to_string(), "127.0.0.1:0".to_string()]);
     }
     let path = |p: &std::path::Path| p.display().to_string();
     args.extend([
@@ -103,7 +93,9 @@ async fn tokens_registry_credentials_and_sessions_never_appear_in_logs_even_at_t
     ]);
     let config = <vynil_local::Config as clap::Parser>::parse_from(args);
     let stop = vynil_runtime::Shutdown::new();
-    let local = tokio::spawn(vynil_local::run(config, stop.signaled()));
+    let bound = vynil_local::bind(config).await.unwrap();
+    let gateway = bound.addresses().gateway;
+    let local = tokio::spawn(bound.run(stop.signaled()));
 
     let base = format!("http://{gateway}");
     let http = reqwest::Client::new();

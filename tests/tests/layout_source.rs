@@ -22,15 +22,11 @@ use vynil_proto::{
     scanner::v1::{ScanRequest, ScanState, WatchScanRequest, scanner_client::ScannerClient},
 };
 use vynil_testkit::{
-    EXAMPLE_REPOSITORIES, LayoutWriter, RegistryServer, free_port, publish_examples, reachable_blobs,
-    stored_blobs, write_examples,
+    EXAMPLE_REPOSITORIES, LayoutWriter, RegistryServer, publish_examples, reachable_blobs, stored_blobs,
+    write_examples,
 };
 
 const MATURITIES: [&str; 3] = ["stable", "beta", "alpha"];
-
-fn loopback() -> SocketAddr {
-    SocketAddr::from(([127, 0, 0, 1], free_port().unwrap()))
-}
 
 async fn channel(addr: SocketAddr) -> tonic::transport::Channel {
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -107,20 +103,19 @@ async fn a_registry_and_a_layout_of_the_same_packages_give_the_same_catalogs_and
         );
         std::fs::write(boxes.join(format!("layout-{maturity}.yaml")), layout_box).unwrap();
     }
-    let (catalog_addr, scanner_addr, purger_addr) = (loopback(), loopback(), loopback());
     let path = |p: &std::path::Path| p.display().to_string();
     let args = [
         "vynil".to_string(),
         "--catalog-listen".into(),
-        catalog_addr.to_string(),
+        "127.0.0.1:0".into(),
         "--scanner-listen".into(),
-        scanner_addr.to_string(),
+        "127.0.0.1:0".into(),
         "--purger-listen".into(),
-        purger_addr.to_string(),
+        "127.0.0.1:0".into(),
         "--lifecycle-listen".into(),
-        loopback().to_string(),
+        "127.0.0.1:0".into(),
         "--gateway-listen".into(),
-        loopback().to_string(),
+        "127.0.0.1:0".into(),
         "--jukebox-dir".into(),
         path(&boxes),
         "--state-dir".into(),
@@ -133,7 +128,10 @@ async fn a_registry_and_a_layout_of_the_same_packages_give_the_same_catalogs_and
     ];
     let config = <vynil_local::Config as clap::Parser>::parse_from(args);
     let stop = vynil_runtime::Shutdown::new();
-    let local = tokio::spawn(vynil_local::run(config, stop.signaled()));
+    let bound = vynil_local::bind(config).await.unwrap();
+    let at = bound.addresses();
+    let (catalog_addr, scanner_addr, purger_addr) = (at.catalog, at.scanner, at.purger);
+    let local = tokio::spawn(bound.run(stop.signaled()));
 
     let mut scanner = ScannerClient::new(channel(scanner_addr).await);
     let mut catalogs = CatalogClient::new(channel(catalog_addr).await);

@@ -19,18 +19,16 @@ mod common;
 
 use clap::Parser;
 use hmac::{Hmac, Mac};
-use vynil_proto::catalog::v1::{GetCatalogRequest, catalog_client::CatalogClient};
-use vynil_runtime::Shutdown;
-use vynil_testkit::{
-    JukeboxBuilder, PackageSpec, PackageType, RedisServer, RegistryOptions, RegistryServer, free_port,
+use vynil_e2e::bound;
+use vynil_proto::{
+    catalog::v1::{GetCatalogRequest, catalog_client::CatalogClient},
+    scanner::v1::{GetScanRequest, ScanState, scanner_client::ScannerClient},
 };
+use vynil_runtime::Shutdown;
+use vynil_testkit::{JukeboxBuilder, PackageSpec, PackageType, RedisServer, RegistryOptions, RegistryServer};
 
 const SECRET: &str = "distribution-hook-secret";
 const CI_SECRET: &str = "ci-pipeline-hook-secret";
-
-fn loopback() -> SocketAddr {
-    SocketAddr::from(([127, 0, 0, 1], free_port().unwrap()))
-}
 
 struct World {
     registry: RegistryServer,
@@ -47,13 +45,41 @@ impl World {
     /// `other` lists `db/pg`. Both are scheduled once a year.
     async fn start() -> Self {
         let redis = RedisServer::start().await.unwrap();
-        let gateway = loopback();
+        let dir = tempfile::tempdir().unwrap();
+        let hooks = dir.path().join("hooks.yaml");
+        std::fs::write(
+            &hooks,
+            format!(
+                "hooks:\n  - name: registry\n    format: distribution\n    secret: {SECRET}\n  \
+                 - name: ci\n    format: generic\n    secret: {CI_SECRET}\n"
+            ),
+        )
+        .unwrap();
+        // The gateway's service token, which the scanner's NotifyPush requires.
+        let token = dir.path().join("service-token");
+        std::fs::write(&token, common::SERVICE_TOKEN).unwrap();
+        let token = token.display().to_string();
+        // Bound first: the registry's notifications go to the gateway, the
+        // gateway's to the scanner, and the scanner reads the registry.
+        let (scanner_server, scanner) = bound().await;
+        let config = vynil_gateway::Config::parse_from([
+            "vynil-gateway",
+            "--listen",
+            "127.0.0.1:0",
+            "--scanner-endpoint",
+            &format!("http://{scanner}"),
+            "--service-token-file",
+            &token,
+            "--hooks-file",
+            hooks.to_str().unwrap(),
+        ]);
+        let gateway_bound = vynil_gateway::Gateway::bind(&config).await.unwrap();
+        let gateway = gateway_bound.local_addr().unwrap();
         let hook = format!("http://{gateway}/api/v1/hooks/registry");
         let options =
             RegistryOptions { notify: Some((hook, format!("Bearer {SECRET}"))), ..Default::default() };
         let registry = RegistryServer::start_with(options).await.unwrap();
         let host = registry.host();
-        let dir = tempfile::tempdir().unwrap();
         let jukeboxes = dir.path().join("jukeboxes");
         std::fs::create_dir_all(&jukeboxes).unwrap();
         JukeboxBuilder::new("box")
@@ -66,22 +92,8 @@ impl World {
             .schedule("0 0 1 1 *")
             .write_to(&jukeboxes)
             .unwrap();
-        let hooks = dir.path().join("hooks.yaml");
-        std::fs::write(
-            &hooks,
-            format!(
-                "hooks:\n  - name: registry\n    format: distribution\n    secret: {SECRET}\n  \
-                 - name: ci\n    format: generic\n    secret: {CI_SECRET}\n"
-            ),
-        )
-        .unwrap();
         let (jukeboxes, url) = (jukeboxes.display().to_string(), redis.url());
         let shutdown = Shutdown::new();
-        // The gateway's service token, which the scanner's NotifyPush requires.
-        let token = dir.path().join("service-token");
-        std::fs::write(&token, common::SERVICE_TOKEN).unwrap();
-        let token = token.display().to_string();
-        let scanner = loopback();
         let config = vynil_scanner::Config::parse_from([
             "vynil-scanner",
             "--service-token-file",
@@ -95,10 +107,10 @@ impl World {
             "--insecure-registry",
             &host,
         ]);
-        tokio::spawn(vynil_scanner::run(config, shutdown.signaled()));
+        tokio::spawn(vynil_scanner::run_on(scanner_server, config, shutdown.signaled()));
         let mut catalogs = Vec::new();
         for _ in 0..3 {
-            let listen = loopback();
+            let (server, listen) = bound().await;
             let config = vynil_catalog::Config::parse_from([
                 "vynil-catalog",
                 "--listen",
@@ -108,22 +120,10 @@ impl World {
                 "--redis-url",
                 &url,
             ]);
-            tokio::spawn(vynil_catalog::run(config, shutdown.signaled()));
+            tokio::spawn(vynil_catalog::run_on(server, config, shutdown.signaled()));
             catalogs.push(listen);
         }
-        let config = vynil_gateway::Config::parse_from([
-            "vynil-gateway",
-            "--listen",
-            &gateway.to_string(),
-            "--scanner-endpoint",
-            &format!("http://{scanner}"),
-            "--service-token-file",
-            &token,
-            "--hooks-file",
-            hooks.to_str().unwrap(),
-        ]);
-        let bound = vynil_gateway::Gateway::bind(&config).await.unwrap();
-        tokio::spawn(bound.serve(shutdown.signaled()));
+        tokio::spawn(gateway_bound.serve(shutdown.signaled()));
         for addr in catalogs.iter().chain([&scanner]) {
             common::channel(*addr).await;
         }
@@ -205,6 +205,26 @@ impl World {
     }
 }
 
+/// `X-Vynil-Signature` of `body` signed at `at` with `secret` (docs/push.md).
+fn signature(at: i64, secret: &str, body: &str) -> String {
+    let mut mac = Hmac::<sha2::Sha256>::new_from_slice(secret.as_bytes()).unwrap();
+    mac.update(format!("{at}.{body}").as_bytes());
+    format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
+}
+
+/// Waits until scan `id` succeeded.
+async fn until_succeeded(scanner: &ScannerClient<tonic::transport::Channel>, id: &str) {
+    common::eventually("the scan to succeed", || {
+        let (mut scanner, scan_id) = (scanner.clone(), id.to_string());
+        async move {
+            let status =
+                scanner.get_scan(GetScanRequest { scan_id, ..Default::default() }).await.ok()?.into_inner();
+            (status.state == ScanState::Succeeded as i32).then_some(())
+        }
+    })
+    .await;
+}
+
 fn quantile(sorted: &[Duration], q: f64) -> Duration {
     sorted[((sorted.len() as f64 - 1.0) * q).round() as usize]
 }
@@ -262,8 +282,7 @@ async fn a_push_reaches_every_catalog_replica_without_a_scan_request_and_bursts_
     let (scans_after, _) = world.settled().await;
     println!("100 tags pushed one after the other in {burst:?}: {} scans", scans_after - scans_before);
     let pushed_view = World::tags(world.catalogs[1], "box", "apps/burst").await;
-    let mut scanner =
-        vynil_proto::scanner::v1::scanner_client::ScannerClient::new(common::channel(world.scanner).await);
+    let mut scanner = ScannerClient::new(common::channel(world.scanner).await);
     let full = scanner
         .scan(common::as_gateway(
             vynil_proto::scanner::v1::ScanRequest { jukebox: "box".into(), ..Default::default() },
@@ -272,19 +291,7 @@ async fn a_push_reaches_every_catalog_replica_without_a_scan_request_and_bursts_
         .await
         .unwrap()
         .into_inner();
-    common::eventually("the full scan", || {
-        let mut scanner = scanner.clone();
-        let id = full.scan_id.clone();
-        async move {
-            let status = scanner
-                .get_scan(vynil_proto::scanner::v1::GetScanRequest { scan_id: id, ..Default::default() })
-                .await
-                .ok()?
-                .into_inner();
-            (status.state == vynil_proto::scanner::v1::ScanState::Succeeded as i32).then_some(())
-        }
-    })
-    .await;
+    until_succeeded(&scanner, &full.scan_id).await;
     assert_eq!(World::tags(world.catalogs[2], "box", "apps/burst").await, pushed_view, "push-driven view");
 
     // Pushes that come while the JukeBox's push scan waits join it: with
@@ -311,13 +318,11 @@ async fn a_push_reaches_every_catalog_replica_without_a_scan_request_and_bursts_
         let body = serde_json::json!({"registry": world.registry.host(), "repository": "apps/burst", "tag": format!("2.0.{i}")})
             .to_string();
         let at = jiff::Timestamp::now().as_second();
-        let mut mac = Hmac::<sha2::Sha256>::new_from_slice(CI_SECRET.as_bytes()).unwrap();
-        mac.update(format!("{at}.{body}").as_bytes());
         let answer: serde_json::Value = http
             .post(&ci)
             .header("content-type", "application/json")
             .header("x-vynil-timestamp", at.to_string())
-            .header("x-vynil-signature", format!("sha256={}", hex::encode(mac.finalize().into_bytes())))
+            .header("x-vynil-signature", signature(at, CI_SECRET, &body))
             .body(body)
             .send()
             .await
@@ -336,19 +341,7 @@ async fn a_push_reaches_every_catalog_replica_without_a_scan_request_and_bursts_
     assert_eq!(answered, expected, "one queued scan, joined by every later push");
     assert_eq!(world.counts().await.0, scans, "no scan ran while the lease was held");
     let _: i64 = redis::cmd("DEL").arg(lease).query_async(&mut redis).await.unwrap();
-    common::eventually("the joined scan", || {
-        let mut scanner = scanner.clone();
-        let id = first.clone();
-        async move {
-            let status = scanner
-                .get_scan(vynil_proto::scanner::v1::GetScanRequest { scan_id: id, ..Default::default() })
-                .await
-                .ok()?
-                .into_inner();
-            (status.state == vynil_proto::scanner::v1::ScanState::Succeeded as i32).then_some(())
-        }
-    })
-    .await;
+    until_succeeded(&scanner, &first).await;
     assert_eq!(world.settled().await.0, scans + 1, "20 pushes, one scan");
 
     // Forged, unsigned and replayed events: refused, and no registry request.
@@ -369,11 +362,7 @@ async fn a_push_reaches_every_catalog_replica_without_a_scan_request_and_bursts_
         serde_json::json!({"registry": world.registry.host(), "repository": "apps/web", "tag": "9.9.9"})
             .to_string();
     let ci = format!("{}/api/v1/hooks/ci", world.gateway);
-    let sign = |at: i64, secret: &str| {
-        let mut mac = Hmac::<sha2::Sha256>::new_from_slice(secret.as_bytes()).unwrap();
-        mac.update(format!("{at}.{generic}").as_bytes());
-        format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
-    };
+    let sign = |at: i64, secret: &str| signature(at, secret, &generic);
     let now = jiff::Timestamp::now().as_second();
     for (at, secret, what) in [
         (now, SECRET, "signed with another hook's secret"),
@@ -410,11 +399,8 @@ async fn a_push_reaches_every_catalog_replica_without_a_scan_request_and_bursts_
     let first: serde_json::Value = signed(now).send().await.unwrap().json().await.unwrap();
     assert_eq!(first["scans"].as_array().unwrap().len(), 1, "{first}");
     let id = first["scans"][0]["scan_id"].as_str().unwrap().to_string();
-    let status = scanner
-        .get_scan(vynil_proto::scanner::v1::GetScanRequest { scan_id: id, ..Default::default() })
-        .await
-        .unwrap()
-        .into_inner();
+    let status =
+        scanner.get_scan(GetScanRequest { scan_id: id, ..Default::default() }).await.unwrap().into_inner();
     let repository = status.repository.unwrap();
     assert_eq!(
         (status.filter.as_str(), repository.registry, repository.repository.as_str()),

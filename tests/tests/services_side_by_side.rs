@@ -5,6 +5,8 @@
 
 use std::net::SocketAddr;
 
+use vynil_e2e::bound;
+
 use tonic_health::pb::{
     HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
 };
@@ -12,10 +14,6 @@ use tonic_health::pb::{
 /// A service's configuration from its flags, as its binary would parse them.
 fn config<C: clap::Parser>(service: &str, listen: SocketAddr) -> C {
     C::parse_from([format!("vynil-{service}"), "--listen".into(), listen.to_string()])
-}
-
-fn loopback() -> SocketAddr {
-    SocketAddr::from(([127, 0, 0, 1], vynil_testkit::free_port().unwrap()))
 }
 
 async fn serving(addr: SocketAddr, service: &str) -> bool {
@@ -37,23 +35,25 @@ async fn four_services_serve_health_on_their_own_ports_and_stop_together() {
             let _ = rx.wait_for(|s| *s).await;
         }
     };
-    let addrs = [loopback(), loopback(), loopback(), loopback()];
+    let (catalog, scanner, purger, lifecycle) = (bound().await, bound().await, bound().await, bound().await);
+    let addrs = [catalog.1, scanner.1, purger.1, lifecycle.1];
     let mut services = tokio::task::JoinSet::new();
     let sd = shutdown();
     services.spawn(async move {
-        vynil_catalog::run(config("catalog", addrs[0]), sd).await.map_err(|e| e.to_string())
+        vynil_catalog::run_on(catalog.0, config("catalog", catalog.1), sd).await.map_err(|e| e.to_string())
     });
     let sd = shutdown();
     services.spawn(async move {
-        vynil_scanner::run(config("scanner", addrs[1]), sd).await.map_err(|e| e.to_string())
+        vynil_scanner::run_on(scanner.0, config("scanner", scanner.1), sd).await.map_err(|e| e.to_string())
     });
     let sd = shutdown();
     services.spawn(async move {
-        vynil_purger::run(config("purger", addrs[2]), sd).await.map_err(|e| e.to_string())
+        vynil_purger::run_on(purger.0, config("purger", purger.1), sd).await.map_err(|e| e.to_string())
     });
     let sd = shutdown();
     services.spawn(async move {
-        vynil_lifecycle::run(config("lifecycle", addrs[3]), sd).await.map_err(|e| e.to_string())
+        let config = config("lifecycle", lifecycle.1);
+        vynil_lifecycle::run_on(lifecycle.0, config, sd).await.map_err(|e| e.to_string())
     });
     let names = [
         "vynil.catalog.v1.Catalog",

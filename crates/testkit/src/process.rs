@@ -9,7 +9,10 @@ use std::{
 
 use crate::{Result, TestkitError, io};
 
-/// A loopback port that was free a moment ago. Callers retry on a lost race.
+/// A loopback port that was free a moment ago: for an address nothing
+/// listens on, or for a server that retries on a lost race (Redis, the
+/// registry, [`crate::ServiceProcess`]). Our own servers in a test process
+/// bind port 0 and report their address instead.
 pub fn free_port() -> Result<u16> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(io("finding a free port"))?;
     let port = listener.local_addr().map_err(io("finding a free port"))?.port();

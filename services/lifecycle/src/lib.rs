@@ -200,10 +200,21 @@ pub async fn run(
         Some(Command::Takeover(args)) => return takeover::main(args).await,
         None => {}
     }
+    let server = GrpcServer::bind(config.listen).await?;
+    run_on(server, config, shutdown).await
+}
+
+/// [`run`] on a server the caller bound (on port 0, its address known
+/// before anything dials it).
+pub async fn run_on(
+    server: GrpcServer,
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), LifecycleError> {
     if !config.shared.kubernetes {
         let service =
             LifecycleService::disabled("no cluster: start with --kubernetes (and --catalog-endpoint)");
-        return Ok(serve(config, service, shutdown).await?);
+        return Ok(serve(server, config, service, shutdown).await?);
     }
     // Replicas are told apart in audit logs by their pod.
     let user_agent = match &config.shared.pod_name {
@@ -213,11 +224,12 @@ pub async fn run(
     let client = vynil_store::kube_client(&user_agent)
         .await
         .map_err(|e| LifecycleError::Unavailable(e.to_string()))?;
-    run_with_client(config, client, shutdown).await
+    run_with_client(server, config, client, shutdown).await
 }
 
-/// [`run`] in a cluster, over a client made by the caller.
+/// [`run_on`] in a cluster, over a client made by the caller.
 pub async fn run_with_client(
+    server: GrpcServer,
     config: Config,
     client: kube::Client,
     shutdown: impl Future<Output = ()> + Send + 'static,
@@ -297,7 +309,7 @@ pub async fn run_with_client(
     for (kind, controller) in controllers {
         tasks.spawn(controller::run(controller, kind, context.clone(), stop.signaled()));
     }
-    let served = serve(config, service, outer).await;
+    let served = serve(server, config, service, outer).await;
     stop.trigger();
     // Reconciles in flight may finish; a controller still waiting for its
     // first list (an API server that never answered) is stopped.
@@ -310,14 +322,16 @@ pub async fn run_with_client(
     Ok(served?)
 }
 
-/// Serves `service` (local mode passes a disabled one).
+/// Serves `service` on `server` (local mode passes a disabled one).
 pub async fn serve(
+    server: GrpcServer,
     config: Config,
     service: LifecycleService,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), RuntimeError> {
-    let service = service.with_trust(vynil_runtime::Trust::from_config(&config.shared.trust, config.listen)?);
-    let server = GrpcServer::bind(config.listen).await?.with_metrics(service.exported_metrics());
+    let service =
+        service.with_trust(vynil_runtime::Trust::from_config(&config.shared.trust, server.local_addr()?)?);
+    let server = server.with_metrics(service.exported_metrics());
     server
         .serve(
             vec![ServedService::new(vynil_proto::lifecycle::v1::lifecycle_server::LifecycleServer::new(

@@ -86,7 +86,7 @@ fn writes_by(world: &World, pod: &str) -> Vec<String> {
 async fn with_two_replicas_only_the_leader_writes_and_the_other_takes_over() {
     let lease = ["--lease-seconds", "2"];
     let (mut world, _) = World::start(web("registry.example"), &lease).await;
-    let (_b, _stop_b) = world.start_replica("b", &lease);
+    let (_b, _stop_b) = world.start_replica("b", &lease).await;
     world.create("TenantInstance", "web", web_spec(), json!({})).await;
     wait_installed(&world, "web", "4.0.0").await;
     assert!(!writes_by(&world, "a").is_empty(), "a leads");
@@ -119,7 +119,7 @@ async fn an_unsynced_replica_answers_unavailable_and_the_purger_plans_with_usage
     // Replica c never completes its first list of TenantInstances.
     let fault = ApiFault::new(Some("list"), Some("tenantinstances"), 10_000, ApiFaultAction::Status(500));
     world.api.inject(fault.for_user_agent("pod/c"));
-    let (c, _stop_c) = world.start_replica("c", &[]);
+    let (c, _stop_c) = world.start_replica("c", &[]).await;
     let status = grpc_at(c)
         .await
         .list_installed_revisions(ListInstalledRevisionsRequest::default())
@@ -136,7 +136,7 @@ async fn an_unsynced_replica_answers_unavailable_and_the_purger_plans_with_usage
     let cases =
         [(vec![c.as_str()], true), (vec![a.as_str()], false), (vec![a.as_str(), "http://127.0.0.1:1"], true)];
     for (endpoints, unknown) in cases {
-        let purger_addr = loopback();
+        let (server, purger_addr) = bound().await;
         let listen = purger_addr.to_string();
         let mut args = vec![
             "vynil-purger",
@@ -152,7 +152,7 @@ async fn an_unsynced_replica_answers_unavailable_and_the_purger_plans_with_usage
         let config = vynil_purger::Config::parse_from(args);
         let store = Arc::new(vynil_store::KubeStore::new(world.client.clone()));
         let stop = vynil_runtime::Shutdown::new();
-        let purger = tokio::spawn(vynil_purger::run_with_store(config, store, stop.signaled()));
+        let purger = tokio::spawn(vynil_purger::run_with_store(server, config, store, stop.signaled()));
         let mut client = PurgerClient::new(channel(purger_addr).await);
         let target = Target::Repository(Repository { registry: host.clone(), repository: "apps/web".into() });
         let plan = client.plan(PlanRequest { target: Some(target) }).await.unwrap().into_inner();

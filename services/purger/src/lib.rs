@@ -546,29 +546,42 @@ impl Purger {
 
 /// Binds, serves until `shutdown` resolves, then drains.
 pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> Result<(), PurgerError> {
-    let purger = Purger::from_config(&config).await?;
-    serve(config, purger, shutdown).await
+    let server = GrpcServer::bind(config.listen).await?;
+    run_on(server, config, shutdown).await
 }
 
-/// [`run`] over a JukeBox store opened by the caller.
+/// [`run`] on a server the caller bound (on port 0, its address known
+/// before anything dials it).
+pub async fn run_on(
+    server: GrpcServer,
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), PurgerError> {
+    let purger = Purger::from_config(&config).await?;
+    serve(server, config, purger, shutdown).await
+}
+
+/// [`run_on`] over a JukeBox store opened by the caller.
 pub async fn run_with_store(
+    server: GrpcServer,
     config: Config,
     jukeboxes: Arc<dyn JukeboxStore>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), PurgerError> {
     let purger = Purger::from_config_with_store(&config, jukeboxes).await?;
-    serve(config, purger, shutdown).await
+    serve(server, config, purger, shutdown).await
 }
 
 async fn serve(
+    server: GrpcServer,
     config: Config,
     purger: Purger,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), PurgerError> {
-    let trust = vynil_runtime::Trust::from_config(&config.shared.trust, config.listen)
+    let trust = vynil_runtime::Trust::from_config(&config.shared.trust, server.local_addr()?)
         .map_err(|e| PurgerError::Config(e.to_string()))?;
     let purger = Arc::new(purger);
-    let server = GrpcServer::bind(config.listen).await?.with_metrics(purger.exported_metrics.clone());
+    let server = server.with_metrics(purger.exported_metrics.clone());
     let drain = Shutdown::new();
     let scheduler = tokio::spawn(schedule::run_all(purger.clone(), drain.clone()));
     let service = ServedService::new(PurgerServer::new(PurgerService::new(purger, trust)));

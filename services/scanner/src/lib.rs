@@ -236,24 +236,37 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
     if let Some(Command::Export(args)) = config.command {
         return export::run_cli(args).await;
     }
-    let store = open_store(&config).await?;
-    run_with_store(config, store, shutdown).await
+    let server = GrpcServer::bind(config.listen).await?;
+    run_on(server, config, shutdown).await
 }
 
-/// [`run`] over a store opened by the caller.
+/// [`run`] on a server the caller bound (on port 0, its address known
+/// before anything dials it).
+pub async fn run_on(
+    server: GrpcServer,
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ScannerError> {
+    let store = open_store(&config).await?;
+    run_with_store(server, config, store, shutdown).await
+}
+
+/// [`run_on`] over a store opened by the caller.
 pub async fn run_with_store(
+    server: GrpcServer,
     config: Config,
     store: Arc<dyn ScannerStore>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ScannerError> {
     let scanner = build_with_store(&config, store).await?;
-    let server = GrpcServer::bind(config.listen).await?.with_metrics(scanner.exported_metrics.clone());
+    let listen = server.local_addr()?;
+    let server = server.with_metrics(scanner.exported_metrics.clone());
     let drain = Shutdown::new();
     let worker = tokio::spawn(scanner.clone().work(drain.signaled()));
     let jitter = Duration::from_millis(config.schedule_jitter_milliseconds);
     let triggers = Triggers::new(scanner.clone(), jitter, drain.clone());
     let triggers = tokio::spawn(triggers.run(Duration::from_secs(config.trigger_resync_seconds.max(1))));
-    let trust = vynil_runtime::Trust::from_config(&config.shared.trust, config.listen)
+    let trust = vynil_runtime::Trust::from_config(&config.shared.trust, listen)
         .map_err(|e| ScannerError::Config(e.to_string()))?;
     let service = ServedService::new(ScannerServer::new(ScannerService { scanner, trust }));
     let served = server.serve(vec![service], drain.after(shutdown)).await;

@@ -19,10 +19,10 @@ use kube::{
 use serde_json::{Value, json};
 use vynil_crds::JukeBox;
 use vynil_proto::lifecycle::v1::{InstanceKind as ProtoKind, InstanceRef, lifecycle_client::LifecycleClient};
-use vynil_runtime::Shutdown;
+use vynil_runtime::{GrpcServer, Shutdown};
 use vynil_store::KubeStore;
 use vynil_testkit::{
-    JukeboxBuilder, free_port,
+    JukeboxBuilder,
     kube_api::{AgentJob, AgentOutcome, FakeAgent, FakeApiServer},
     upstream::UpstreamReader,
 };
@@ -30,8 +30,12 @@ use vynil_testkit::{
 pub const JOBS: &str = "vynil-system";
 pub const APPS: &str = "apps";
 
-pub fn loopback() -> SocketAddr {
-    SocketAddr::from(([127, 0, 0, 1], free_port().unwrap()))
+/// A gRPC server bound on a port of loopback the system chose, and its
+/// address: known before anything dials it, never handed out unbound.
+pub async fn bound() -> (GrpcServer, SocketAddr) {
+    let server = GrpcServer::bind(SocketAddr::from(([127, 0, 0, 1], 0))).await.unwrap();
+    let addr = server.local_addr().unwrap();
+    (server, addr)
 }
 
 /// A package revision as the scanner writes it in `status.packages`.
@@ -129,7 +133,7 @@ impl World {
             {"type": "Updated", "status": "True", "message": "Updated succesfully", "generation": 1}]}});
         boxes.patch_status("box", &PatchParams::default(), &Patch::Merge(&status)).await.unwrap();
 
-        let (catalog_addr, lifecycle) = (loopback(), loopback());
+        let ((catalog_server, catalog_addr), (lifecycle_server, lifecycle)) = (bound().await, bound().await);
         let shutdown = Shutdown::new();
         let mut services = tokio::task::JoinSet::new();
         let catalog =
@@ -138,15 +142,24 @@ impl World {
         let catalog_shutdown = shutdown.child();
         let (store, done) = (Arc::new(KubeStore::new(catalog_client(&api))), catalog_shutdown.signaled());
         services.spawn(async move {
-            vynil_catalog::run_with_store(catalog, store, done).await.map_err(|e| e.to_string())
+            vynil_catalog::run_with_store(catalog_server, catalog, store, done)
+                .await
+                .map_err(|e| e.to_string())
         });
         let catalog_endpoint = format!("http://{catalog_addr}");
         let lifecycle_shutdown = shutdown.child();
         let token_dir = tempfile::tempdir().unwrap();
         std::fs::write(token_dir.path().join("token"), SERVICE_TOKEN).unwrap();
         let token = token_dir.path().join("token");
-        let task =
-            spawn_replica(&api, &catalog_endpoint, "a", lifecycle, extra, &token, lifecycle_shutdown.clone());
+        let task = spawn_replica(
+            &api,
+            &catalog_endpoint,
+            "a",
+            lifecycle_server,
+            extra,
+            &token,
+            lifecycle_shutdown.clone(),
+        );
         services.spawn(task);
         let script: Script = Arc::new(Mutex::new(Box::new(|_: &AgentJob| AgentOutcome::succeed())));
         let shared = script.clone();
@@ -181,17 +194,27 @@ impl World {
         )
     }
 
-    /// Stops the catalog and starts a new one on the same address.
+    /// Stops the catalog and starts a new one on the same address, once
+    /// the stopped one has let it go.
     pub async fn restart_catalog(&mut self) {
         self.catalog_shutdown.trigger();
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let server = loop {
+            match GrpcServer::bind(self.catalog_addr).await {
+                Ok(server) => break server,
+                Err(error) => {
+                    assert!(Instant::now() < deadline, "{} never freed: {error}", self.catalog_addr)
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
         self.catalog_shutdown = self.shutdown.child();
         let catalog =
             vynil_catalog::Config::parse_from(["vynil-catalog", "--listen", &self.catalog_addr.to_string()]);
         let (store, done) =
             (Arc::new(KubeStore::new(catalog_client(&self.api))), self.catalog_shutdown.signaled());
         self.services.spawn(async move {
-            vynil_catalog::run_with_store(catalog, store, done).await.map_err(|e| e.to_string())
+            vynil_catalog::run_with_store(server, catalog, store, done).await.map_err(|e| e.to_string())
         });
     }
 
@@ -204,10 +227,10 @@ impl World {
 
     /// Starts another lifecycle replica, pod `pod`, stopped with the world
     /// or with the returned signal.
-    pub fn start_replica(&mut self, pod: &str, extra: &[&str]) -> (SocketAddr, Shutdown) {
-        let (addr, stop) = (loopback(), self.shutdown.child());
+    pub async fn start_replica(&mut self, pod: &str, extra: &[&str]) -> (SocketAddr, Shutdown) {
+        let ((server, addr), stop) = (bound().await, self.shutdown.child());
         let token = self.token_dir.path().join("token");
-        let task = spawn_replica(&self.api, &self.catalog_endpoint, pod, addr, extra, &token, stop.clone());
+        let task = spawn_replica(&self.api, &self.catalog_endpoint, pod, server, extra, &token, stop.clone());
         self.services.spawn(task);
         (addr, stop)
     }
@@ -375,12 +398,12 @@ fn spawn_replica(
     api: &FakeApiServer,
     catalog: &str,
     pod: &str,
-    listen: SocketAddr,
+    server: GrpcServer,
     extra: &[&str],
     token: &std::path::Path,
     stop: Shutdown,
 ) -> impl Future<Output = Result<(), String>> + Send + 'static {
-    let listen = listen.to_string();
+    let listen = server.local_addr().unwrap().to_string();
     let token = token.display().to_string();
     let mut args = vec![
         "vynil-lifecycle",
@@ -400,6 +423,8 @@ fn spawn_replica(
     let config = vynil_lifecycle::Config::parse_from(args);
     let client = replica_client(api, pod);
     async move {
-        vynil_lifecycle::run_with_client(config, client, stop.signaled()).await.map_err(|e| e.to_string())
+        vynil_lifecycle::run_with_client(server, config, client, stop.signaled())
+            .await
+            .map_err(|e| e.to_string())
     }
 }
