@@ -130,7 +130,11 @@ async fn a_jukebox_deleted_under_its_instances_says_e_jukebox_gone_and_orphans_n
     upstream_instance(&world, "web").await;
     let boxes: Api<JukeBox> = Api::all(world.client.clone());
     boxes.delete("box", &DeleteParams::default()).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The instance is deleted once the catalog knows the JukeBox is gone.
+    eventually("the catalog to say box is gone", || async {
+        (world.catalog_box().await == Err(tonic::Code::NotFound)).then_some(())
+    })
+    .await;
     delete(&world, "web").await;
     let message = eventually("the E_JUKEBOX_GONE condition", || async {
         let object = world.get("TenantInstance", "web").await;
@@ -147,8 +151,12 @@ async fn with_the_catalog_down_a_delete_waits_and_is_never_called_gone() {
     let (world, _) = World::start(web("registry.example"), &[]).await;
     upstream_instance(&world, "web").await;
     world.catalog_shutdown.trigger();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    eventually("the catalog to be down", || async {
+        (world.catalog_box().await == Err(tonic::Code::Unavailable)).then_some(())
+    })
+    .await;
     delete(&world, "web").await;
+    // An absence: looked for after the reconciles that follow have had time.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let object = world.get("TenantInstance", "web").await;
     let codes: Vec<&str> = object["status"]["conditions"]

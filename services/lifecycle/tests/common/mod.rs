@@ -18,7 +18,10 @@ use kube::{
 };
 use serde_json::{Value, json};
 use vynil_crds::JukeBox;
-use vynil_proto::lifecycle::v1::{InstanceKind as ProtoKind, InstanceRef, lifecycle_client::LifecycleClient};
+use vynil_proto::{
+    catalog::v1::{GetCatalogRequest, catalog_client::CatalogClient},
+    lifecycle::v1::{InstanceKind as ProtoKind, InstanceRef, lifecycle_client::LifecycleClient},
+};
 use vynil_runtime::{GrpcServer, Shutdown};
 use vynil_store::KubeStore;
 use vynil_testkit::{
@@ -216,6 +219,17 @@ impl World {
         self.services.spawn(async move {
             vynil_catalog::run_with_store(server, catalog, store, done).await.map_err(|e| e.to_string())
         });
+        eventually("the restarted catalog to serve box", || async { self.catalog_box().await.ok() }).await;
+    }
+
+    /// What the catalog answers for JukeBox `box` now: its tags, or the
+    /// gRPC code it (or its absence) gives.
+    pub async fn catalog_box(&self) -> Result<Vec<String>, tonic::Code> {
+        let endpoint = tonic::transport::Channel::from_shared(format!("http://{}", self.catalog_addr)).unwrap();
+        let Ok(channel) = endpoint.connect().await else { return Err(tonic::Code::Unavailable) };
+        let request = GetCatalogRequest { jukebox: "box".into(), ..Default::default() };
+        let answer = CatalogClient::new(channel).get_catalog(request).await.map_err(|s| s.code())?;
+        Ok(answer.into_inner().packages.into_iter().map(|p| p.tag).collect())
     }
 
     /// Replaces JukeBox `box`'s packages, as a scan would.
