@@ -88,7 +88,7 @@ impl Report {
         self.figures.iter().any(|f| matches!(f.outcome, Outcome::Failed { .. }))
     }
 
-    /// The table, as the README carries it.
+    /// The table, as `bench/README.md` carries it.
     pub fn table(&self) -> String {
         let mut out = format!("{} cores, {}\n\n", self.cores, self.date);
         out.push_str(

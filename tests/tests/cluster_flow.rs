@@ -1,4 +1,4 @@
-//! The cluster path end to end, as DESIGN draws it: the scanner writes a
+//! The cluster path end to end, as `docs/architecture.md` draws it: the scanner writes a
 //! JukeBox's status through the Kubernetes API, the catalog follows that
 //! status with its watcher and answers over gRPC. Both services run with
 //! their own Kubernetes store (as separate deployments would) against the

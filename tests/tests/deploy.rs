@@ -1,7 +1,7 @@
 //! `deploy/` as a cluster would receive it: the base and the overlays
 //! rendered by `kubectl kustomize`, every object parsed into its
 //! `k8s-openapi` type, the CRDs equal to `crdgen`'s, every container locked
-//! down with limits, the NetworkPolicies allowing exactly DESIGN's calls,
+//! down with limits, the NetworkPolicies allowing exactly the calls `docs/architecture.md` draws,
 //! and the Dockerfile building binaries that exist.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -323,7 +323,7 @@ fn the_network_policies_allow_exactly_the_calls_of_the_design() {
     assert!(default_deny, "a default-deny policy covers every pod");
     let call = |from: &str, to: &str, port: i64| (from.to_string(), to.to_string(), port);
     assert_eq!(egress_of(&objects), egress_design(), "egress: exactly the design's calls, DNS and HTTPS out");
-    // DESIGN's diagram: humans → gateway → the four services; lifecycle →
+    // The diagram of `docs/architecture.md`: humans → gateway → the four services; lifecycle →
     // catalog (Resolve*, WatchCatalog); purger → lifecycle
     // (ListInstalledRevisions); the stateful services → Redis.
     let design = BTreeSet::from([
@@ -397,7 +397,7 @@ fn egress_of(objects: &[Value]) -> BTreeSet<(String, String, i64)> {
     allowed
 }
 
-/// DESIGN's calls seen from their caller, DNS for every service, and HTTPS
+/// The calls of `docs/architecture.md` seen from their caller, DNS for every service, and HTTPS
 /// out where a service talks to the API server or registries.
 fn egress_design() -> BTreeSet<(String, String, i64)> {
     let call = |from: &str, to: &str, port: i64| (from.to_string(), to.to_string(), port);

@@ -1,5 +1,5 @@
 //! Which tags of one repository a purge keeps, each with every reason, and
-//! which it deletes (upstream #12 A; DESIGN "Retention").
+//! which it deletes (upstream #12 A; `docs/purger.md`).
 //!
 //! The contract is "delete the complement of what any consumer could be
 //! shown": keep the union of the type-aware views for every channel and every

@@ -1,5 +1,5 @@
 //! What a consumer may be shown of one repository: the waypoint descent and the
-//! type-aware view (`docs/upstream-vynil.md` §3.6, §3.10; DESIGN "Rules").
+//! type-aware view (`docs/upstream-vynil.md` §3.6, §3.10; `docs/architecture.md`, principle 1).
 //!
 //! **Waypoints** (upstream's *code* semantics): walk the version tags admitted
 //! by the channel, newest first. Stop at a tag without Vynil annotations. Skip a

@@ -428,7 +428,7 @@ pub fn plan(instance: &Instance, observed: &Observed) -> Plan {
     let checked = match &prepared.options {
         Ok(checked) => checked,
         // Upstream passes options through unchecked: an instance it installed
-        // keeps being served, with a warning (DESIGN "Options").
+        // keeps being served, with a warning (`docs/lifecycle.md`, options).
         Err(problem) if instance.upstream_installed() => {
             mistyped = Some(event_warning(
                 "OptionTypeMismatch",
