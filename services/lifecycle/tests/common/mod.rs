@@ -225,7 +225,8 @@ impl World {
     /// What the catalog answers for JukeBox `box` now: its tags, or the
     /// gRPC code it (or its absence) gives.
     pub async fn catalog_box(&self) -> Result<Vec<String>, tonic::Code> {
-        let endpoint = tonic::transport::Channel::from_shared(format!("http://{}", self.catalog_addr)).unwrap();
+        let endpoint =
+            tonic::transport::Channel::from_shared(format!("http://{}", self.catalog_addr)).unwrap();
         let Ok(channel) = endpoint.connect().await else { return Err(tonic::Code::Unavailable) };
         let request = GetCatalogRequest { jukebox: "box".into(), ..Default::default() };
         let answer = CatalogClient::new(channel).get_catalog(request).await.map_err(|s| s.code())?;
