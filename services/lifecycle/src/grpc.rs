@@ -289,14 +289,14 @@ async fn explain(context: &Context, wanted: &InstanceRef) -> Result<ExplainRespo
         from_tag: instance.status.tag.clone().unwrap_or_default(),
         ..ExplainResponse::default()
     };
-    let slot = crate::controller::job_slot(&instance, context).await?;
+    let slot = crate::observe::job_slot(&instance, context).await?;
     let status = instance.object.get("status").cloned().unwrap_or(serde_json::Value::Null);
     let (to_delete, left, fingerprint) = crate::reaper::preview(&status, &instance.namespace);
     response.children_to_delete = to_delete;
     response.children_left = left;
     response.children_fingerprint = fingerprint;
     if instance.deleting {
-        let observed = crate::controller::observe_cleanup(&instance, &slot, context).await?;
+        let observed = crate::observe::observe_cleanup(&instance, &slot, context).await?;
         let decision = crate::uninstall::cleanup(&instance, &observed);
         response.state = InstanceState::Deleting as i32;
         if let Outcome::Blocked(blocker) = &decision.outcome {
@@ -313,7 +313,7 @@ async fn explain(context: &Context, wanted: &InstanceRef) -> Result<ExplainRespo
         response.details = decision.steps.iter().map(plan::Step::describe).collect();
         return Ok(response);
     }
-    let observed = crate::controller::observe(&instance, &slot, context).await?;
+    let observed = crate::observe::observe(&instance, &slot, context).await?;
     let decision = plan::plan(&instance, &observed);
     response.latest_tag = context.catalog.latest_tag(&instance).await?.unwrap_or_default();
     explain_outcome(&mut response, &decision);

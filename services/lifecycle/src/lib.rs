@@ -16,6 +16,7 @@
 mod catalog;
 pub mod confirmation;
 mod controller;
+mod executor;
 mod facts;
 mod fanout;
 mod grpc;
@@ -23,6 +24,7 @@ pub mod instance;
 pub mod job;
 mod leader;
 mod metrics;
+mod observe;
 pub mod plan;
 pub mod reaper;
 mod script;

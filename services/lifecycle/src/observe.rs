@@ -1,0 +1,366 @@
+//! What a reconcile reads before it plans: the catalog's answer, the
+//! cluster's facts, the agent Job and its pods, the registry (a recorded
+//! revision, `initFrom.version`) and the confirmations of a delete. Each
+//! answer is "unknown, retry" when its source cannot say, never "absent".
+//! Also what `Explain` shows (`crate::grpc`).
+
+use k8s_openapi::api::batch::v1::Job;
+use kube::{ResourceExt, api::ListParams};
+use vynil_crds::labels;
+use vynil_proto::catalog::v1 as pb;
+use vynil_registry::{CredentialStore, RegistryClient, RepositoryRef};
+use vynil_rules::{install, selection::RecordedCheck};
+
+use crate::{
+    LifecycleError,
+    catalog::Cleanup,
+    controller::Context,
+    facts,
+    instance::Instance,
+    job::{self, Action as JobAction},
+    plan::{InitVersion, JobRequest, JobState, Observed, ObservedJob, Prepared, Resolution},
+    reaper::ReaperReport,
+    uninstall::{self, CleanupAnswer, CleanupObserved, Hatch},
+};
+
+/// What the planner reads, gathered for `instance` (also serves `Explain`).
+pub async fn observe(
+    instance: &Instance,
+    slot: &JobSlot,
+    context: &Context,
+) -> Result<Observed, LifecycleError> {
+    // Not asked: the planner holds both before reading the resolution.
+    let resolution = if instance.suspended || instance.is_upstream_control_plane() {
+        Resolution::JukeboxMissing
+    } else {
+        context.catalog.resolve(instance).await?
+    };
+    let (init_version, prepared) = match &resolution {
+        Resolution::Package { package, pull_secret } => {
+            let init_version = init_version(instance, package, pull_secret.as_deref(), context).await?;
+            let asked = facts::Asked {
+                namespace: &instance.namespace,
+                instance: &instance.object,
+                tenant_label: &context.agent.tenant_label,
+                scripts: context.scripts,
+                vynil_version: &context.framework,
+            };
+            let facts = facts::gather(&context.client, &context.stores, asked).await?;
+            let content = package.content.clone();
+            let kind = instance.kind.package_type();
+            let (options, framework) = (instance.options.clone(), context.framework.clone());
+            // Scripts may read the cluster (upstream's helpers): off the runtime.
+            let prepared = crate::script::upstream::off_the_runtime(move || {
+                let controller_values = content
+                    .value_script_source()
+                    .map_err(|e| e.to_string())
+                    .and_then(|source| facts.script.controller_values(source.as_deref()));
+                Prepared {
+                    options: install::check_options(content.options.as_ref(), options.as_ref()),
+                    unmet: install::unmet_requirement(&content, kind, &framework, &facts),
+                    recommended: install::recommended(&content, kind, &facts),
+                    controller_values,
+                }
+            })
+            .await
+            .map_err(LifecycleError::Unavailable)?;
+            (init_version, Some(prepared))
+        }
+        _ => (InitVersion::NotAsked, None),
+    };
+    Ok(Observed {
+        resolution,
+        init_version,
+        prepared,
+        job: observe_job(slot, JobAction::Install, context).await,
+        now: jiff::Timestamp::now(),
+        max_attempts: context.max_attempts,
+        reruns: context.reruns.clone(),
+    })
+}
+
+/// `initFrom.version` on a first install: the catalog's entry, else the
+/// registry (a HEAD with the JukeBox's pull secret). An unreachable registry
+/// is an error to retry, never "not found".
+pub(crate) async fn init_version(
+    instance: &Instance,
+    package: &vynil_rules::Package,
+    pull_secret: Option<&str>,
+    context: &Context,
+) -> Result<InitVersion, LifecycleError> {
+    let Some(version) = instance.init_from.as_ref().and_then(|i| i.version.clone()) else {
+        return Ok(InitVersion::NotAsked);
+    };
+    if instance.installed_tag().is_some() {
+        return Ok(InitVersion::NotAsked);
+    }
+    if let Some(digest) = context.catalog.find_tag(instance, &version).await? {
+        return Ok(InitVersion::Found { tag: version, digest });
+    }
+    let client = registry_for(pull_secret, context).await?;
+    let repo = RepositoryRef::new(&package.registry, &package.image)
+        .map_err(|e| LifecycleError::Invalid(e.to_string()))?;
+    match client.head_digest(&repo, &version).await {
+        Ok(Some(digest)) => Ok(InitVersion::Found { tag: version, digest: Some(digest) }),
+        Ok(None) => Ok(InitVersion::NotFound(version)),
+        Err(e) => {
+            Err(LifecycleError::Unavailable(format!("registry, looking for initFrom.version {version}: {e}")))
+        }
+    }
+}
+
+/// The registry client with the credentials of the pull secret `name` (read
+/// afresh: a rotated secret counts at once).
+pub(crate) async fn registry_for(
+    pull_secret: Option<&str>,
+    context: &Context,
+) -> Result<RegistryClient, LifecycleError> {
+    let Some(name) = pull_secret else {
+        return Ok(context.registry.clone());
+    };
+    let secret = context.secrets.get_opt(name).await.map_err(|e| {
+        LifecycleError::Unavailable(format!("Kubernetes API, reading the pull secret {name}: {e}"))
+    })?;
+    let document = secret.and_then(|s| s.data).and_then(|d| d.get(".dockerconfigjson").map(|b| b.0.clone()));
+    let Some(document) = document else {
+        return Ok(context.registry.clone());
+    };
+    let credentials = CredentialStore::from_dockerconfigjson(&document)
+        .map_err(|e| LifecycleError::Invalid(format!("pull secret {name}: {e}")))?;
+    context.registry.with_credentials(&credentials).map_err(|e| LifecycleError::Invalid(e.to_string()))
+}
+
+/// The agent Job of an instance: its name, and the Job found under it.
+#[derive(Debug, Clone)]
+pub struct JobSlot {
+    pub name: String,
+    found: Option<Job>,
+}
+
+/// The agent Job of `instance`: upstream's name while it is free or holds
+/// this instance's Job (adoption reads upstream's Jobs by it), else a name
+/// hashed from the instance's identity, so one instance never deletes or
+/// reads another's Job (`a--b/c` and `a/b--c` share upstream's name). A Job
+/// in flight under the hashed name keeps it.
+pub async fn job_slot(instance: &Instance, context: &Context) -> Result<JobSlot, LifecycleError> {
+    let (kind, namespace, name) = (instance.kind, instance.namespace.as_str(), instance.name.as_str());
+    let invalid = |e: vynil_crds::CrdError| LifecycleError::Invalid(e.to_string());
+    let upstream = job::job_name(kind, namespace, name).map_err(invalid)?;
+    let unique = job::unique_job_name(kind, namespace, name).map_err(invalid)?;
+    let read = |name: String| async move {
+        let found = context.jobs.get_opt(&name).await.map_err(|e| {
+            LifecycleError::Unavailable(format!("Kubernetes API, reading the agent Job {name}: {e}"))
+        })?;
+        Ok::<_, LifecycleError>(JobSlot { name, found })
+    };
+    if instance.status.target.as_ref().is_some_and(|t| t.job == unique) {
+        return read(unique).await;
+    }
+    let slot = read(upstream).await?;
+    let ours = |job: &Job| job::job_instance(job) == Some((kind.package_type().as_str(), namespace, name));
+    match &slot.found {
+        Some(job) if !ours(job) => read(unique).await,
+        _ => Ok(slot),
+    }
+}
+
+/// The Job of `slot`; its fingerprint is read only when it runs `wanted`.
+pub(crate) async fn observe_job(slot: &JobSlot, wanted: JobAction, context: &Context) -> Option<ObservedJob> {
+    let name = slot.name.as_str();
+    let found = slot.found.as_ref()?;
+    let is_wanted = found.labels().get(labels::ACTION).is_some_and(|a| a == wanted.as_str());
+    let fingerprint = (is_wanted && found.metadata.deletion_timestamp.is_none())
+        .then(|| found.annotations().get(job::FINGERPRINT).cloned())
+        .flatten();
+    let conditions = found.status.as_ref().and_then(|s| s.conditions.clone()).unwrap_or_default();
+    let holds = |t: &str| conditions.iter().find(|c| c.type_ == t && c.status == "True");
+    let state = if holds("Complete").is_some() {
+        JobState::Succeeded
+    } else if let Some(failed) = holds("Failed") {
+        let mut reason = format!(
+            "{}: {}",
+            failed.reason.as_deref().unwrap_or("Failed"),
+            failed.message.as_deref().unwrap_or("the Job failed")
+        );
+        if let Some(pod) = pod_failure(name, context).await {
+            reason.push_str(&format!("; {pod}"));
+        }
+        JobState::Failed(reason)
+    } else {
+        JobState::Running
+    };
+    Some(ObservedJob { uid: found.uid().unwrap_or_default(), fingerprint, state })
+}
+
+/// The first terminated container of the Job's pods that did not succeed.
+pub(crate) async fn pod_failure(job: &str, context: &Context) -> Option<String> {
+    let pods = context.pods.list(&ListParams::default().labels(&format!("job-name={job}"))).await.ok()?;
+    pods.items.iter().find_map(|pod| {
+        let status = pod.status.as_ref()?;
+        let containers =
+            status.init_container_statuses.iter().flatten().chain(status.container_statuses.iter().flatten());
+        containers.into_iter().find_map(|c| {
+            let terminated = c.state.as_ref()?.terminated.as_ref()?;
+            (terminated.exit_code != 0).then(|| {
+                format!(
+                    "pod {} container {} exited {} ({}){}",
+                    pod.name_any(),
+                    c.name,
+                    terminated.exit_code,
+                    terminated.reason.as_deref().unwrap_or("Error"),
+                    terminated.message.as_deref().map(|m| format!(": {m}")).unwrap_or_default()
+                )
+            })
+        })
+    })
+}
+
+/// Whether the recorded tag still resolves to the recorded digest.
+pub(crate) async fn check_recorded(
+    recorded: &vynil_crds::InstalledPackage,
+    context: &Context,
+) -> RecordedCheck {
+    let Ok(repo) = RepositoryRef::new(&recorded.registry, &recorded.image) else {
+        return RecordedCheck::Gone;
+    };
+    let client = match registry_for(recorded.pull_secret.as_deref(), context).await {
+        Ok(client) => client,
+        Err(e) => return RecordedCheck::Unknown(e.to_string()),
+    };
+    match client.head_digest(&repo, &recorded.tag).await {
+        Ok(found) => RecordedCheck::from_head(recorded.digest.as_deref(), found.as_deref()),
+        Err(e) => RecordedCheck::Unknown(e.to_string()),
+    }
+}
+
+/// What the cleanup planner reads (also serves `Explain`).
+pub async fn observe_cleanup(
+    instance: &Instance,
+    slot: &JobSlot,
+    context: &Context,
+) -> Result<CleanupObserved, LifecycleError> {
+    if instance.is_upstream_control_plane() {
+        // Not asked: the cleanup planner holds it before reading anything,
+        // and no Job of ours may be deleted or run for it.
+        return Ok(CleanupObserved {
+            answer: CleanupAnswer::NothingToDelete,
+            hatch: Hatch::NotAsked,
+            job: None,
+            report: None,
+            now: jiff::Timestamp::now(),
+            max_attempts: context.max_attempts,
+        });
+    }
+    let check = match &instance.status.package {
+        Some(recorded) => Some(check_recorded(recorded, context).await),
+        None => None,
+    };
+    let hatch = hatch(instance, context).await?;
+    let confirmed = hatch == Hatch::Confirmed;
+    let answer = match context
+        .catalog
+        .resolve_cleanup(instance, check, instance.status.have_child, confirmed)
+        .await?
+    {
+        Cleanup::NothingToDelete => CleanupAnswer::NothingToDelete,
+        Cleanup::Gone { code, message } => {
+            CleanupAnswer::Gone { what: uninstall::Gone::from_code(&code), message }
+        }
+        Cleanup::WithoutPackage { warning } => CleanupAnswer::WithoutPackage { warning },
+        Cleanup::UsePackage { package, pull_secret } => {
+            CleanupAnswer::Revision(Box::new(delete_request(instance, &package, pull_secret, context)))
+        }
+    };
+    let job = observe_job(slot, JobAction::Delete, context).await;
+    let reaped = job.as_ref().is_some_and(|j| {
+        j.state == JobState::Succeeded
+            && j.fingerprint.as_deref() == Some(uninstall::reaper_fingerprint(instance).as_str())
+    });
+    let report = if reaped { reaper_report(&slot.name, context).await } else { None };
+    Ok(CleanupObserved {
+        answer,
+        hatch,
+        job,
+        report,
+        now: jiff::Timestamp::now(),
+        max_attempts: context.max_attempts,
+    })
+}
+
+/// The escape hatch of `instance`: asked by its annotation, opened only by
+/// an admin's confirmation that still holds for this object and its
+/// recorded children (`crate::confirmation`).
+pub(crate) async fn hatch(instance: &Instance, context: &Context) -> Result<Hatch, LifecycleError> {
+    if instance.delete_without_package.as_deref() != Some("true") {
+        return Ok(Hatch::NotAsked);
+    }
+    let Some(uid) = instance.uid.as_deref() else { return Ok(Hatch::Unconfirmed) };
+    let status = instance.object.get("status").cloned().unwrap_or(serde_json::Value::Null);
+    Ok(match context.confirmations.read(uid).await? {
+        None => Hatch::Unconfirmed,
+        Some(confirmation) => match confirmation.voided(uid, &status, &instance.namespace) {
+            Some(why) => Hatch::Void(why),
+            None => Hatch::Confirmed,
+        },
+    })
+}
+
+/// The delete Job of `package`: with what the install recorded when it is
+/// the recorded revision, else the package's own `value_script`.
+pub(crate) fn delete_request(
+    instance: &Instance,
+    package: &pb::Package,
+    pull_secret: Option<String>,
+    context: &Context,
+) -> JobRequest {
+    let recorded = instance
+        .status
+        .package
+        .as_ref()
+        .filter(|r| r.registry == package.registry && r.image == package.image && r.tag == package.tag);
+    let controller_values = match recorded.and_then(|r| r.controller_values.clone()) {
+        Some(values) => values,
+        None => vynil_runtime::convert::package_from_proto(package)
+            .ok()
+            .and_then(|p| p.content.value_script_source().ok().flatten())
+            .and_then(|source| {
+                let given = crate::script::upstream::Given {
+                    cluster: None,
+                    vynil_version: context.framework.to_string(),
+                    reads: None,
+                };
+                crate::script::Host::new(instance.object.clone(), context.scripts, given)
+                    .controller_values(Some(&source))
+                    .ok()
+            })
+            .unwrap_or_else(|| "{}".into()),
+    };
+    let pull_secret = recorded.and_then(|r| r.pull_secret.clone()).or(pull_secret);
+    let options_hash = install::options_hash(instance.options.as_ref());
+    let digest = Some(package.digest.as_str()).filter(|d| !d.is_empty());
+    let target =
+        install::Target { registry: &package.registry, image: &package.image, tag: &package.tag, digest };
+    let recommended = install::Recommended::default();
+    let fingerprint = install::fingerprint(&target, &options_hash, &controller_values, &recommended);
+    JobRequest {
+        registry: package.registry.clone(),
+        image: package.image.clone(),
+        tag: package.tag.clone(),
+        pull_secret,
+        options_hash,
+        controller_values,
+        recommended,
+        fingerprint,
+    }
+}
+
+/// The reaper's report: the termination message of its `delete` container.
+pub(crate) async fn reaper_report(job: &str, context: &Context) -> Option<ReaperReport> {
+    let pods = context.pods.list(&ListParams::default().labels(&format!("job-name={job}"))).await.ok()?;
+    pods.items.iter().find_map(|pod| {
+        let statuses = pod.status.as_ref()?.container_statuses.as_ref()?;
+        let delete = statuses.iter().find(|c| c.name == JobAction::Delete.as_str())?;
+        let message = delete.state.as_ref()?.terminated.as_ref()?.message.as_deref()?;
+        serde_json::from_str(message).ok()
+    })
+}
