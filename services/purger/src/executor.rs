@@ -20,10 +20,11 @@ use vynil_rules::retention::{PlannedDeletion, PlannedTag, RepositoryTag, Usage, 
 use vynil_store::lease::Lease;
 
 use crate::{
-    PurgerError,
+    PurgerError, metrics, planner,
+    purger::{Prepared, Purger},
     store::{
-        DeletionState, PlanStore, ReportState, RepositoryPlan, StoredDeletion, StoredOutcome, StoredPlan,
-        StoredReport,
+        self, DeletionState, PlanStore, ReportState, RepositoryPlan, StoredDeletion, StoredOutcome,
+        StoredPlan, StoredReport,
     },
 };
 
@@ -208,5 +209,229 @@ pub fn report(
         outcomes,
         state: ReportState::Completed,
         later: Vec::new(),
+    }
+}
+
+impl Purger {
+    /// Every check before anything is deleted: confirmation, leases, staleness.
+    pub async fn prepare(&self, request: &ExecuteRequest) -> Result<Prepared, PurgerError> {
+        let prepared = self.checked(request).await;
+        if prepared.is_err() {
+            self.metrics.refusals.inc();
+        }
+        prepared
+    }
+
+    async fn checked(&self, request: &ExecuteRequest) -> Result<Prepared, PurgerError> {
+        let plan = self.get_plan(&request.plan_id).await?;
+        check_confirmation(&plan, request)?;
+        let names: Vec<String> = plan.repositories.iter().map(RepositoryPlan::lease_name).collect();
+        let Some(lease) = Lease::acquire(self.store.leases(), names, &self.owner, self.lease).await? else {
+            return Err(PurgerError::Busy(format!(
+                "another execution holds a repository of plan {}; retry when it ends (its lease expires within {}s if it died)",
+                plan.id,
+                self.lease.as_secs()
+            )));
+        };
+        if let Err(error) = self.still_valid(&plan, request).await {
+            lease.release().await;
+            return Err(error);
+        }
+        Ok(Prepared { plan, lease })
+    }
+
+    /// Re-reads every repository and what instances use; refuses a stale plan.
+    async fn still_valid(&self, plan: &StoredPlan, request: &ExecuteRequest) -> Result<(), PurgerError> {
+        let (retention, excluded) = self.inputs()?;
+        let mut changes = Vec::new();
+        for repository in &plan.repositories {
+            let repo = RepositoryRef::new(&repository.registry, &repository.repository)?;
+            if vynil_rules::repository::listed(&excluded, &repo.registry, &repo.repository) {
+                return Err(PurgerError::Excluded(repo.to_string()));
+            }
+            let fresh = planner::snapshot(&self.client, &repo, self.max_tags).await?;
+            let usage = planner::usage(&self.lifecycle, &repo).await;
+            let usage_lost =
+                !repository.usage_unknown && matches!(usage, vynil_rules::retention::Usage::Unknown);
+            if usage_lost && !request.acknowledge_usage_unknown {
+                return Err(PurgerError::Refused(
+                    "lifecycle cannot confirm what instances use now: retry, or acknowledge_usage_unknown"
+                        .into(),
+                ));
+            }
+            // Every input counts, not only the tags: pins and framework too.
+            if retention.fingerprint() != repository.config_fingerprint {
+                changes.push(format!(
+                    "{}: the retention inputs changed since planning (pinned tags or the framework version --vynil-version)",
+                    repository.name()
+                ));
+            }
+            changes.extend(staleness(repository, &fresh, &usage));
+        }
+        if changes.is_empty() { Ok(()) } else { Err(PurgerError::Stale(changes)) }
+    }
+
+    /// Deletes, journals, reports; releases the leases at the end. Every
+    /// write is fenced by the lease: a worker that lost it stops.
+    pub async fn run(
+        &self,
+        prepared: Prepared,
+        request: ExecuteRequest,
+        progress: mpsc::Sender<StoredOutcome>,
+    ) -> Result<StoredReport, PurgerError> {
+        let Prepared { plan, lease } = prepared;
+        let started_at = jiff::Timestamp::now().to_string();
+        let fence = lease.fence(lease.names().first().map(String::as_str).unwrap_or_default());
+        let mut report = report(&plan, &request.caller, started_at, Vec::new());
+        report.state = ReportState::Running;
+        // Executed before: the first execution keeps its name and time,
+        // this one is recorded beside it.
+        if let Some(previous) = self.store.get_report(&plan.id).await? {
+            let attempt = store::Attempt { by: report.executed_by, at: report.started_at };
+            (report.executed_by, report.started_at) = (previous.executed_by, previous.started_at);
+            report.later = previous.later;
+            report.later.push(attempt);
+        }
+        let result = self.run_under(&plan, &lease, &fence, report, &progress).await;
+        if matches!(result, Err(PurgerError::LeaseLost(_))) {
+            // Another execution holds the repositories: nothing more from here.
+            tracing::warn!(plan = %plan.id, "execution abandoned: the lease was lost");
+            return result;
+        }
+        lease.release().await;
+        self.record_event(&plan, &request.caller, &result).await;
+        result
+    }
+
+    /// The audit record of an execution, as an Event on each JukeBox it
+    /// concerns (the JukeBox a `jukebox/<name>` plan names, or those listing
+    /// the repository): in a cluster it outlives a Redis without persistence.
+    async fn record_event(
+        &self,
+        plan: &StoredPlan,
+        caller: &str,
+        result: &Result<StoredReport, PurgerError>,
+    ) {
+        let note = match result {
+            Ok(report) => {
+                let count = |state| report.count(state);
+                format!(
+                    "Purge of {} (plan {}, fingerprint {}) executed by {caller}: {} deleted (eligible for registry garbage collection), {} already gone, {} failed",
+                    plan.target,
+                    plan.id,
+                    plan.fingerprint,
+                    count(DeletionState::Deleted),
+                    count(DeletionState::AlreadyGone),
+                    count(DeletionState::Failed)
+                )
+            }
+            Err(error) => format!("Purge of {} (plan {}) by {caller} stopped: {error}", plan.target, plan.id),
+        };
+        let failures = result.as_ref().map_or(true, |r| r.count(DeletionState::Failed) > 0);
+        let event = vynil_store::JukeboxEvent::purge(failures, note);
+        for jukebox in self.jukeboxes_of(plan).await {
+            self.jukeboxes.record_event(&jukebox, &event).await;
+        }
+    }
+
+    async fn jukeboxes_of(&self, plan: &StoredPlan) -> Vec<String> {
+        if let Some(name) = plan.target.strip_prefix("jukebox/") {
+            return vec![name.to_string()];
+        }
+        let records = match self.jukeboxes.list().await {
+            Ok(records) => records,
+            Err(error) => {
+                tracing::warn!(plan = %plan.id, %error, "cannot list JukeBoxes: the purge Event is not recorded");
+                return Vec::new();
+            }
+        };
+        records
+            .into_iter()
+            .filter(|record| {
+                let packages = record.status.as_ref().map(|s| s.packages.as_slice()).unwrap_or_default();
+                plan.repositories
+                    .iter()
+                    .any(|r| packages.iter().any(|p| p.registry == r.registry && p.image == r.repository))
+            })
+            .map(|record| record.name)
+            .collect()
+    }
+
+    async fn run_under(
+        &self,
+        plan: &StoredPlan,
+        lease: &Lease,
+        fence: &vynil_store::lease::Fence,
+        running: StoredReport,
+        progress: &mpsc::Sender<StoredOutcome>,
+    ) -> Result<StoredReport, PurgerError> {
+        let lost = || PurgerError::LeaseLost(plan.target.clone());
+        if !self.store.put_report(&running, fence).await? {
+            return Err(lost());
+        }
+        let journaled: HashMap<String, StoredOutcome> =
+            self.store.journaled(&plan.id).await?.into_iter().map(|o| (o.digest.clone(), o)).collect();
+        let execution = Execution {
+            client: &self.client,
+            store: &self.store,
+            lease,
+            plan_id: &plan.id,
+            concurrency: self.concurrency,
+            journaled: &journaled,
+        };
+        let mut outcomes = Vec::new();
+        for repository in &plan.repositories {
+            outcomes.extend(execution.delete_repository(repository, progress).await?);
+            // An OCI image layout's unreferenced blobs (what a crash between
+            // an index rewrite and its blob removal left) go now; a registry
+            // collects its own garbage.
+            if let Ok(repo) = RepositoryRef::new(&repository.registry, &repository.repository)
+                && let Err(error) = self.client.collect_garbage(&repo).await
+            {
+                tracing::warn!(%error, repository = %repo, "cannot remove the layout's unreferenced blobs");
+            }
+        }
+        let report = StoredReport {
+            outcomes,
+            state: ReportState::Completed,
+            finished_at: jiff::Timestamp::now().to_string(),
+            ..running
+        };
+        if !self.store.put_report(&report, fence).await? {
+            return Err(lost());
+        }
+        for outcome in &report.outcomes {
+            let state = outcome.state.as_str().to_string();
+            self.metrics.deletions.get_or_create(&metrics::State { state }).inc();
+        }
+        let count = |state| report.count(state);
+        tracing::info!(
+            target: "audit",
+            plan = %plan.id,
+            target_name = %plan.target,
+            fingerprint = %plan.fingerprint,
+            executed_by = %report.executed_by,
+            deleted = count(DeletionState::Deleted),
+            failed = count(DeletionState::Failed),
+            "purge executed (deleted manifests are eligible for registry garbage collection)"
+        );
+        Ok(report)
+    }
+
+    /// Plans and executes, as a scheduled purge does.
+    pub async fn execute_as(&self, plan: &StoredPlan, caller: &str) -> Result<StoredReport, PurgerError> {
+        let request = ExecuteRequest {
+            plan_id: plan.id.clone(),
+            confirm: plan.target.clone(),
+            fingerprint: plan.fingerprint.clone(),
+            acknowledge_usage_unknown: false,
+            caller: caller.to_string(),
+        };
+        let prepared = self.prepare(&request).await?;
+        let (progress, mut sink) = mpsc::channel(64);
+        let drain = tokio::spawn(async move { while sink.recv().await.is_some() {} });
+        let report = self.run(prepared, request, progress).await;
+        let _ = drain.await;
+        report
     }
 }
