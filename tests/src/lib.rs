@@ -21,6 +21,7 @@ use vynil_crds::JukeBox;
 use vynil_runtime::{GrpcServer, Shutdown};
 use vynil_store::KubeStore;
 use vynil_testkit::{JukeboxBuilder, PackageSpec, PackageType, RegistryServer, kube_api::FakeApiServer};
+pub use vynil_testkit::{channel, eventually};
 
 pub mod fleet;
 
@@ -95,20 +96,6 @@ impl Cluster {
         while let Some(done) = self.services.join_next().await {
             done.unwrap().unwrap();
         }
-    }
-}
-
-/// A channel to `addr`, once it answers.
-pub async fn channel(addr: SocketAddr) -> tonic::transport::Channel {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Ok(channel) =
-            tonic::transport::Channel::from_shared(format!("http://{addr}")).unwrap().connect().await
-        {
-            return channel;
-        }
-        assert!(Instant::now() < deadline, "{addr} never answered");
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
@@ -310,25 +297,6 @@ pub async fn api_under_deploy_rbac() -> FakeApiServer {
 /// A client of `service`, as its Deployment runs it: its ServiceAccount's
 /// token, its user agent, the control plane's namespace.
 pub fn service_client(api: &FakeApiServer, service: &str) -> kube::Client {
-    let mut config = kube::Config::new(api.url().parse().unwrap());
-    config.auth_info.token = Some(api.service_account_token(CONTROL_PLANE_NAMESPACE, service).into());
-    config.default_namespace = CONTROL_PLANE_NAMESPACE.into();
     let agent = format!("{service}/{}", env!("CARGO_PKG_VERSION"));
-    config.headers.push((http::header::USER_AGENT, http::HeaderValue::from_str(&agent).unwrap()));
-    kube::Client::try_from(config).unwrap()
-}
-
-/// Polls `check` until it returns `Some`, or fails naming `what`.
-pub async fn eventually<T, F: std::future::Future<Output = Option<T>>>(
-    what: &str,
-    mut check: impl FnMut() -> F,
-) -> T {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    api.service_client(CONTROL_PLANE_NAMESPACE, service, &agent).unwrap()
 }

@@ -8,7 +8,6 @@
 
 use std::{
     collections::BTreeSet,
-    net::SocketAddr,
     time::{Duration, Instant},
 };
 
@@ -22,24 +21,11 @@ use vynil_proto::{
     scanner::v1::{ScanRequest, ScanState, WatchScanRequest, scanner_client::ScannerClient},
 };
 use vynil_testkit::{
-    EXAMPLE_REPOSITORIES, LayoutWriter, RegistryServer, publish_examples, reachable_blobs, stored_blobs,
-    write_examples,
+    EXAMPLE_REPOSITORIES, LayoutWriter, RegistryServer, channel, publish_examples, reachable_blobs,
+    stored_blobs, write_examples,
 };
 
 const MATURITIES: [&str; 3] = ["stable", "beta", "alpha"];
-
-async fn channel(addr: SocketAddr) -> tonic::transport::Channel {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Ok(channel) =
-            tonic::transport::Channel::from_shared(format!("http://{addr}")).unwrap().connect().await
-        {
-            return channel;
-        }
-        assert!(Instant::now() < deadline, "{addr} never answered");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
 
 /// `(repository, tag, digest, type, roles)` of a JukeBox's catalog, sorted.
 async fn catalog(client: &mut CatalogClient<tonic::transport::Channel>, jukebox: &str) -> Vec<String> {

@@ -33,6 +33,7 @@ mod registry_server;
 mod s3_server;
 mod service_process;
 pub mod upstream;
+mod wait;
 
 pub use examples::{EXAMPLE_REPOSITORIES, Example, examples, publish_examples, write_examples};
 pub use front::{Fault, FaultAction, HttpFront, Seen};
@@ -46,6 +47,7 @@ pub use redis_server::{Persistence, RedisServer};
 pub use registry_server::{RegistryOptions, RegistryServer};
 pub use s3_server::S3Server;
 pub use service_process::{Readiness, ServiceProcess, ServingStatus};
+pub use wait::{channel, eventually};
 
 /// What can go wrong while starting or driving test infrastructure.
 #[derive(Debug, thiserror::Error)]

@@ -223,6 +223,20 @@ impl FakeApiServer {
         kube::Client::try_from(config).map_err(|e| TestkitError::Fixture(format!("kube client: {e}")))
     }
 
+    /// A `kube::Client` as a Deployment of ours runs it: ServiceAccount
+    /// `namespace/account`'s token, `namespace` its default, and
+    /// `user_agent` (what the request log and audit show).
+    pub fn service_client(&self, namespace: &str, account: &str, user_agent: &str) -> Result<kube::Client> {
+        let url = self.url().parse().map_err(|e| TestkitError::Fixture(format!("fake API URL: {e}")))?;
+        let mut config = kube::Config::new(url);
+        config.auth_info.token = Some(self.service_account_token(namespace, account).into());
+        config.default_namespace = namespace.to_string();
+        let agent = axum::http::HeaderValue::from_str(user_agent)
+            .map_err(|e| TestkitError::Fixture(format!("user agent {user_agent:?}: {e}")))?;
+        config.headers.push((header::USER_AGENT, agent));
+        kube::Client::try_from(config).map_err(|e| TestkitError::Fixture(format!("kube client: {e}")))
+    }
+
     /// The bearer token of ServiceAccount `namespace/name`: the server
     /// authenticates it as `system:serviceaccount:<namespace>:<name>`.
     pub fn service_account_token(&self, namespace: &str, name: &str) -> String {

@@ -29,6 +29,7 @@ use vynil_testkit::{
     kube_api::{AgentJob, AgentOutcome, FakeAgent, FakeApiServer},
     upstream::UpstreamReader,
 };
+pub use vynil_testkit::{channel, eventually};
 
 pub const JOBS: &str = "vynil-system";
 pub const APPS: &str = "apps";
@@ -339,32 +340,6 @@ pub async fn grpc_at(addr: SocketAddr) -> LifecycleClient<tonic::transport::Chan
     LifecycleClient::new(channel(addr).await)
 }
 
-/// A channel to the gRPC server at `addr`, once it answers.
-pub async fn channel(addr: SocketAddr) -> tonic::transport::Channel {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Ok(channel) =
-            tonic::transport::Channel::from_shared(format!("http://{addr}")).unwrap().connect().await
-        {
-            return channel;
-        }
-        assert!(Instant::now() < deadline, "{addr} never answered");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// Polls `check` until it returns `Some`, or fails with `what`.
-pub async fn eventually<T, F: Future<Output = Option<T>>>(what: &str, mut check: impl FnMut() -> F) -> T {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 pub fn condition<'a>(object: &'a Value, kind: &str) -> Option<&'a Value> {
     object["status"]["conditions"].as_array()?.iter().find(|c| c["type"] == kind)
 }
@@ -395,18 +370,12 @@ pub async fn api_under_deploy_rbac() -> FakeApiServer {
 /// A client as the lifecycle's Deployment has it: its ServiceAccount's
 /// token, a user agent naming the pod.
 pub fn replica_client(api: &FakeApiServer, pod: &str) -> Client {
-    let mut config = kube::Config::new(api.url().parse().unwrap());
-    config.auth_info.token = Some(api.service_account_token(JOBS, "vynil-lifecycle").into());
-    let agent = format!("vynil-lifecycle/test pod/{pod}");
-    config.headers.push((http::header::USER_AGENT, http::HeaderValue::from_str(&agent).unwrap()));
-    Client::try_from(config).unwrap()
+    api.service_client(JOBS, "vynil-lifecycle", &format!("vynil-lifecycle/test pod/{pod}")).unwrap()
 }
 
 /// A client as the catalog's Deployment has it (its ServiceAccount's token).
 fn catalog_client(api: &FakeApiServer) -> Client {
-    let mut config = kube::Config::new(api.url().parse().unwrap());
-    config.auth_info.token = Some(api.service_account_token(JOBS, "vynil-catalog").into());
-    Client::try_from(config).unwrap()
+    api.service_client(JOBS, "vynil-catalog", "vynil-catalog/test").unwrap()
 }
 
 fn spawn_replica(
