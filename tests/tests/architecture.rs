@@ -1,0 +1,136 @@
+//! The workspace's architecture, guarded: which of our crates may depend on
+//! which (`docs/architecture.md`, "Crates, and what may depend on what"),
+//! read from `cargo metadata` (normal dependencies: what the product
+//! links). A dependency the map does not allow fails here, naming it.
+//!
+//! What the map does not allow yet and the tree still has is listed in
+//! [`KNOWN`], each with the work that removes it; a listed edge that is gone
+//! fails too, so the list only shrinks.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    process::Command,
+};
+
+use serde_json::Value;
+
+/// Domain crates: what the rules of the map are about.
+const DOMAIN: [&str; 6] =
+    ["vynil-rules", "vynil-crds", "vynil-registry", "vynil-index", "vynil-store", "vynil-proto"];
+/// One crate per service, and the gateway.
+const SERVICES: [&str; 5] =
+    ["vynil-catalog", "vynil-scanner", "vynil-purger", "vynil-lifecycle", "vynil-gateway"];
+
+/// Edges the map does not allow that the tree still has, and what removes each.
+const KNOWN: [(&str, &str, &str); 7] = [
+    ("vynil-runtime", "vynil-proto", "#49 item 2: proto <-> domain conversions move to the proto side"),
+    ("vynil-runtime", "vynil-registry", "#49 item 2: each error type classifies itself"),
+    ("vynil-runtime", "vynil-index", "#49 item 2: each error type classifies itself"),
+    ("vynil-runtime", "vynil-rules", "#49 item 2: conversions and classification leave the runtime"),
+    ("vynil-runtime", "vynil-store", "#49 item 2: each error type classifies itself"),
+    ("vynil-fuzzing", "vynil-gateway", "#49 item 9: crates/fuzzing moves beside fuzz/"),
+    ("vynil-fuzzing", "vynil-lifecycle", "#49 item 9: crates/fuzzing moves beside fuzz/"),
+];
+
+/// Our crates, each with where it lives (relative to the workspace) and the
+/// crates of ours it depends on (normal dependencies only).
+fn workspace() -> BTreeMap<String, (String, BTreeSet<String>)> {
+    let output = Command::new(env!("CARGO"))
+        .args(["metadata", "--no-deps", "--format-version", "1"])
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "cargo metadata: {}", String::from_utf8_lossy(&output.stderr));
+    let metadata: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let root = metadata["workspace_root"].as_str().unwrap().to_string();
+    let packages = metadata["packages"].as_array().unwrap();
+    let ours: BTreeSet<String> = packages.iter().map(|p| p["name"].as_str().unwrap().to_string()).collect();
+    packages
+        .iter()
+        .map(|p| {
+            let dependencies = p["dependencies"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|d| d["kind"].is_null())
+                .map(|d| d["name"].as_str().unwrap().to_string())
+                .filter(|d| ours.contains(d))
+                .collect();
+            let manifest = p["manifest_path"].as_str().unwrap();
+            let dir =
+                manifest.strip_prefix(&root).unwrap().trim_start_matches('/').trim_end_matches("/Cargo.toml");
+            (p["name"].as_str().unwrap().to_string(), (dir.to_string(), dependencies))
+        })
+        .collect()
+}
+
+/// Why `from` may not depend on `to`, if it may not.
+fn forbidden(from: &str, from_dir: &str, to: &str) -> Option<&'static str> {
+    let allowed = |list: &[&str]| list.contains(&to);
+    match from {
+        "vynil-rules" | "vynil-proto" => Some("the rules and the protos depend on none of our crates"),
+        "vynil-crds" | "vynil-registry" | "vynil-index" => {
+            (!allowed(&["vynil-rules"])).then_some("a domain crate below the store depends on the rules only")
+        }
+        "vynil-store" => (!allowed(&["vynil-rules", "vynil-crds", "vynil-registry", "vynil-index"]))
+            .then_some("the store depends on the domain crates below it only"),
+        "vynil-runtime" => Some("the runtime is plumbing: it knows no domain crate"),
+        _ if SERVICES.contains(&from) && SERVICES.contains(&to) => {
+            Some("a service (or the gateway) never depends on another: they talk over gRPC")
+        }
+        _ if from_dir.starts_with("crates/") && (SERVICES.contains(&to) || to == "vynil-local") => {
+            Some("nothing under crates/ depends on a service, the gateway or local mode")
+        }
+        _ if SERVICES.contains(&from) && to == "vynil-local" => {
+            Some("local mode runs the services, not the reverse")
+        }
+        _ => None,
+    }
+}
+
+#[test]
+fn our_crates_depend_only_on_what_the_map_allows() {
+    let crates = workspace();
+    for name in DOMAIN.iter().chain(&SERVICES).chain(&["vynil-runtime", "vynil-testkit", "vynil-local"]) {
+        assert!(crates.contains_key(*name), "{name} is not in the workspace: update this guard and the map");
+    }
+    let mut found = BTreeSet::new();
+    let mut broken = Vec::new();
+    for (from, (dir, dependencies)) in &crates {
+        for to in dependencies {
+            if let Some(why) = forbidden(from, dir, to) {
+                if KNOWN.iter().any(|(f, t, _)| f == from && t == to) {
+                    found.insert((from.clone(), to.clone()));
+                } else {
+                    broken.push(format!("{from} ({dir}) depends on {to}: {why}"));
+                }
+            }
+        }
+    }
+    assert!(broken.is_empty(), "dependencies docs/architecture.md does not allow:\n{}", broken.join("\n"));
+    let gone: Vec<String> = KNOWN
+        .iter()
+        .filter(|(f, t, _)| !found.contains(&(f.to_string(), t.to_string())))
+        .map(|(f, t, work)| format!("{f} -> {t} ({work})"))
+        .collect();
+    assert!(
+        gone.is_empty(),
+        "gone from the tree: remove from KNOWN (the list only shrinks):\n{}",
+        gone.join("\n")
+    );
+}
+
+/// The guard itself catches what it names: a service depending on another,
+/// a crate under crates/ depending on the gateway, the runtime on the rules.
+#[test]
+fn the_guard_refuses_the_edges_the_map_forbids() {
+    assert!(forbidden("vynil-scanner", "services/scanner", "vynil-catalog").is_some());
+    assert!(forbidden("vynil-gateway", "gateway", "vynil-lifecycle").is_some());
+    assert!(forbidden("vynil-testkit", "crates/testkit", "vynil-gateway").is_some());
+    assert!(forbidden("vynil-runtime", "crates/runtime", "vynil-rules").is_some());
+    assert!(forbidden("vynil-registry", "crates/registry", "vynil-store").is_some());
+    assert!(forbidden("vynil-scanner", "services/scanner", "vynil-rules").is_none());
+    assert!(forbidden("vynil-local", "local", "vynil-scanner").is_none());
+}
