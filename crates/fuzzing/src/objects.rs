@@ -19,11 +19,11 @@ use semver::Version;
 use serde_json::{Value, json};
 use vynil_lifecycle::{
     instance::{Instance, InstanceKind},
-    plan::{
+    install_plan::{
         InitVersion, JobRequest, JobState, Observed, ObservedJob, Outcome, Plan, Prepared, Resolution, Step,
         plan,
     },
-    uninstall::{CleanupAnswer, CleanupObserved, Gone, Hatch, cleanup},
+    uninstall_plan::{CleanupAnswer, CleanupObserved, Gone, Hatch, cleanup},
 };
 use vynil_rules::{
     Package, PackageContent,

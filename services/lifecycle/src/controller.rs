@@ -4,8 +4,8 @@
 //! failures.
 //!
 //! A reconcile reads ([`crate::observe`]: catalog answer, cluster facts, the
-//! agent Job, the recorded status), asks the pure planners ([`crate::plan`],
-//! [`crate::uninstall`]) what to do, and has [`crate::executor`] perform the
+//! agent Job, the recorded status), asks the pure planners ([`crate::install_plan`],
+//! [`crate::uninstall_plan`]) what to do, and has [`crate::executor`] perform the
 //! steps, each read back. Agent Jobs live in the control plane's namespace
 //! without owner references; each controller follows them with `watches`
 //! and a label mapper (`vynil.solidite.fr/type`, `namespace`, `instance`).
@@ -38,17 +38,17 @@ use vynil_store::script::ScriptLimits;
 
 use crate::{
     LifecycleError,
-    catalog::Catalog,
+    catalog_client::Catalog,
     confirmation::{Confirmation, Confirmations},
     executor::execute,
     facts::Stores,
+    install_plan::{self, Outcome},
     instance::{Instance, InstanceKind},
     job::{self, AgentSettings},
     leader::Leader,
     metrics::{InstanceFailure, LifecycleMetrics},
     observe::{job_slot, observe, observe_cleanup},
-    plan::{self, Outcome},
-    uninstall::{self},
+    uninstall_plan::{self},
 };
 
 /// What every reconcile shares.
@@ -66,7 +66,7 @@ pub struct Context {
     pub scripts: ScriptLimits,
     pub max_attempts: u32,
     /// Upstream's re-runs, opted into.
-    pub reruns: plan::Reruns,
+    pub reruns: install_plan::Reruns,
     pub stores: Stores,
     pub metrics: LifecycleMetrics,
     pub(crate) recorder: Recorder,
@@ -99,7 +99,7 @@ pub struct Settings {
     /// What a package's `value_script` and `prefly` may do.
     pub scripts: ScriptLimits,
     pub max_attempts: u32,
-    pub reruns: plan::Reruns,
+    pub reruns: install_plan::Reruns,
     pub reporter: kube::runtime::events::Reporter,
     pub leader: Leader,
     pub requeue: Duration,
@@ -329,7 +329,7 @@ async fn apply(
     let instance = decode(kind, object, context).await?;
     let slot = job_slot(&instance, context).await?;
     let observed = observe(&instance, &slot, context).await?;
-    let plan = plan::plan(&instance, &observed);
+    let plan = install_plan::plan(&instance, &observed);
     tracing::debug!(outcome = ?plan.outcome, steps = plan.steps.len(), "planned");
     let executed = execute(&instance, object, &slot.name, plan.steps, context).await;
     if let (Err(LifecycleError::Queued(_)), Outcome::Installing { to, .. }) = (&executed, &plan.outcome) {
@@ -339,11 +339,11 @@ async fn apply(
     executed?;
     context.remember(&instance, plan.outcome);
     // The planner's idle interval is upstream's; the configured one wins.
-    let requeue = if plan.requeue == plan::REQUEUE { context.requeue } else { plan.requeue };
+    let requeue = if plan.requeue == install_plan::REQUEUE { context.requeue } else { plan.requeue };
     Ok(Action::requeue(requeue))
 }
 
-/// Deletion (`crate::uninstall` decides): released, or `Pending` until the
+/// Deletion (`crate::uninstall_plan` decides): released, or `Pending` until the
 /// delete Job, the reaper or a republished package lets it end.
 async fn cleanup(
     kind: InstanceKind,
@@ -362,7 +362,7 @@ async fn cleanup(
     };
     let slot = job_slot(&instance, context).await?;
     let observed = observe_cleanup(&instance, &slot, context).await?;
-    let plan = uninstall::cleanup(&instance, &observed);
+    let plan = uninstall_plan::cleanup(&instance, &observed);
     tracing::debug!(outcome = ?plan.outcome, steps = plan.steps.len(), "cleanup planned");
     execute(&instance, object, &slot.name, plan.steps, context).await?;
     let outcome = plan.outcome.clone();
@@ -429,13 +429,13 @@ mod tests {
             framework: semver::Version::new(0, 7, 7),
             scripts: ScriptLimits::default(),
             max_attempts: 3,
-            reruns: plan::Reruns::default(),
+            reruns: install_plan::Reruns::default(),
             reporter: kube::runtime::events::Reporter {
                 controller: "vynil-lifecycle".into(),
                 instance: None,
             },
             leader: Leader::always(),
-            requeue: plan::REQUEUE,
+            requeue: install_plan::REQUEUE,
             max_running_jobs: 4,
         };
         (Arc::new(Context::new(client, stores, metrics, settings)), handle)
@@ -528,7 +528,7 @@ mod tests {
             })
         })
         .await;
-        assert_eq!(result.unwrap(), Action::requeue(plan::REQUEUE));
+        assert_eq!(result.unwrap(), Action::requeue(install_plan::REQUEUE));
     }
 
     #[tokio::test]

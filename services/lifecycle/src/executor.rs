@@ -1,5 +1,5 @@
-//! What a reconcile does once planned: the steps of [`crate::plan`] and
-//! [`crate::uninstall`] (status writes, Job creation and deletion), each
+//! What a reconcile does once planned: the steps of [`crate::install_plan`] and
+//! [`crate::uninstall_plan`] (status writes, Job creation and deletion), each
 //! read back before it counts: a status write is done when the returned
 //! object carries it, a Job when it can be read with its fingerprint, a
 //! deletion when the Job is gone. Job creation holds a slot under
@@ -18,9 +18,9 @@ use vynil_crds::{Condition, labels, set_condition};
 use crate::{
     LifecycleError,
     controller::Context,
+    install_plan::{self, JobRequest, Step},
     instance::Instance,
     job::{self, Action as JobAction},
-    plan::{self, JobRequest, Step},
 };
 
 /// How long a Job deletion is waited for before the reconcile is retried.
@@ -39,7 +39,7 @@ pub(crate) async fn execute(
     };
     let mut conditions = instance.status.conditions.clone();
     // An earlier release wrote `Deleting`, which upstream's agent cannot decode.
-    conditions.retain(|c| c.condition_type != plan::LEGACY_DELETING);
+    conditions.retain(|c| c.condition_type != install_plan::LEGACY_DELETING);
     let mut conditions_changed = conditions.len() != instance.status.conditions.len();
     let mut resource_version = object.resource_version();
     // Upstream's status types require `conditions`: a first status write

@@ -18,7 +18,7 @@ use kube::{
 };
 use vynil_runtime::Shutdown;
 
-use crate::catalog::Catalog;
+use crate::catalog_client::Catalog;
 
 const BACKOFF_FIRST: Duration = Duration::from_millis(500);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);

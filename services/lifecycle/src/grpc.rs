@@ -28,10 +28,10 @@ use vynil_runtime::{Classify, metrics::Registry};
 use crate::{
     LifecycleError,
     controller::Context,
+    install_plan::{self, Outcome},
     instance::{Instance, InstanceKind},
     metrics::LifecycleMetrics,
-    plan::{self, Outcome},
-    uninstall::CleanupAnswer,
+    uninstall_plan::CleanupAnswer,
 };
 
 /// The gRPC service: disabled (local mode) or over running controllers.
@@ -97,7 +97,7 @@ fn reference(kind: InstanceKind, object: &DynamicObject) -> InstanceRef {
 }
 
 /// State and blocker of an outcome.
-fn describe(outcome: &Outcome) -> (InstanceState, Option<&plan::Blocker>) {
+fn describe(outcome: &Outcome) -> (InstanceState, Option<&install_plan::Blocker>) {
     match outcome {
         Outcome::Suspended => (InstanceState::Suspended, None),
         Outcome::Deleting { .. } | Outcome::Released => (InstanceState::Deleting, None),
@@ -297,7 +297,7 @@ async fn explain(context: &Context, wanted: &InstanceRef) -> Result<ExplainRespo
     response.children_fingerprint = fingerprint;
     if instance.deleting {
         let observed = crate::observe::observe_cleanup(&instance, &slot, context).await?;
-        let decision = crate::uninstall::cleanup(&instance, &observed);
+        let decision = crate::uninstall_plan::cleanup(&instance, &observed);
         response.state = InstanceState::Deleting as i32;
         if let Outcome::Blocked(blocker) = &decision.outcome {
             response.blocked_by = blocker.criterion.as_str().into();
@@ -305,16 +305,16 @@ async fn explain(context: &Context, wanted: &InstanceRef) -> Result<ExplainRespo
             response.blocking_reason = blocker.message.clone();
         }
         response.summary = match (&decision.outcome, &observed.answer) {
-            (Outcome::Blocked(blocker), _) if blocker.criterion == plan::Criterion::ControlPlane => {
+            (Outcome::Blocked(blocker), _) if blocker.criterion == install_plan::Criterion::ControlPlane => {
                 format!("blocked by control_plane: {}", blocker.message)
             }
             (_, answer) => cleanup_summary(&instance, answer),
         };
-        response.details = decision.steps.iter().map(plan::Step::describe).collect();
+        response.details = decision.steps.iter().map(install_plan::Step::describe).collect();
         return Ok(response);
     }
     let observed = crate::observe::observe(&instance, &slot, context).await?;
-    let decision = plan::plan(&instance, &observed);
+    let decision = install_plan::plan(&instance, &observed);
     response.latest_tag = context.catalog.latest_tag(&instance).await?.unwrap_or_default();
     explain_outcome(&mut response, &decision);
     Ok(response)
@@ -352,7 +352,7 @@ fn cleanup_summary(instance: &Instance, answer: &CleanupAnswer) -> String {
 }
 
 /// Fills `response` with what `decision` would do to an instance not being deleted.
-fn explain_outcome(response: &mut ExplainResponse, decision: &plan::Plan) {
+fn explain_outcome(response: &mut ExplainResponse, decision: &install_plan::Plan) {
     let (state, blocker) = describe(&decision.outcome);
     response.state = state as i32;
     if let Some(blocker) = blocker {
@@ -390,7 +390,7 @@ fn explain_outcome(response: &mut ExplainResponse, decision: &plan::Plan) {
             format!("attempt {attempt} to install {to} failed ({reason}); next attempt at {retry_at}")
         }
     };
-    response.details = decision.steps.iter().map(plan::Step::describe).collect();
+    response.details = decision.steps.iter().map(install_plan::Step::describe).collect();
 }
 
 fn revision(

@@ -13,7 +13,7 @@ use vynil_crds::{
     names::{agent_job_name, label_value, unique_agent_job_name},
 };
 
-use crate::{instance::InstanceKind, plan::JobRequest};
+use crate::{install_plan::JobRequest, instance::InstanceKind};
 
 /// Annotation carrying the Job's fingerprint.
 pub const FINGERPRINT: &str = "vynil.solidite.fr/fingerprint";

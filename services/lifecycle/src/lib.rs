@@ -13,23 +13,23 @@
 //! cluster (local mode) every RPC answers `FAILED_PRECONDITION` naming why.
 //! See `docs/lifecycle.md`.
 
-mod catalog;
+mod catalog_client;
 pub mod confirmation;
 mod controller;
 mod executor;
 mod facts;
 mod fanout;
 mod grpc;
+pub mod install_plan;
 pub mod instance;
 pub mod job;
 mod leader;
 mod metrics;
 mod observe;
-pub mod plan;
 pub mod reaper;
 mod script;
 pub mod takeover;
-pub mod uninstall;
+pub mod uninstall_plan;
 
 use std::{future::Future, net::SocketAddr, sync::Arc, time::Duration};
 
@@ -242,7 +242,7 @@ pub async fn run_with_client(
     let shutdown_token = Shutdown::new();
     let stop = shutdown_token.clone();
     let outer = shutdown_token.after(shutdown);
-    let catalog = catalog::Catalog::connect(endpoint)?;
+    let catalog = catalog_client::Catalog::connect(endpoint)?;
     let credentials = vynil_registry::CredentialStore::from_file(config.shared.dockerconfig.as_deref())
         .map_err(|e| LifecycleError::Config(e.to_string()))?;
     let registry = vynil_registry::RegistryClient::new(
@@ -266,7 +266,7 @@ pub async fn run_with_client(
         framework: config.shared.vynil_version.clone(),
         scripts: config.shared.scripts(),
         max_attempts: config.max_install_attempts,
-        reruns: plan::Reruns {
+        reruns: install_plan::Reruns {
             recreate_deleted_jobs: config.recreate_deleted_jobs,
             agent_image: config.rerun_on_agent_image_change.then(|| config.agent_image.clone()),
         },

@@ -13,14 +13,14 @@ use vynil_rules::{install, selection::RecordedCheck};
 
 use crate::{
     LifecycleError,
-    catalog::Cleanup,
+    catalog_client::Cleanup,
     controller::Context,
     facts,
+    install_plan::{InitVersion, JobRequest, JobState, Observed, ObservedJob, Prepared, Resolution},
     instance::Instance,
     job::{self, Action as JobAction},
-    plan::{InitVersion, JobRequest, JobState, Observed, ObservedJob, Prepared, Resolution},
     reaper::ReaperReport,
-    uninstall::{self, CleanupAnswer, CleanupObserved, Hatch},
+    uninstall_plan::{self, CleanupAnswer, CleanupObserved, Hatch},
 };
 
 /// What the planner reads, gathered for `instance` (also serves `Explain`).
@@ -264,7 +264,7 @@ pub async fn observe_cleanup(
     {
         Cleanup::NothingToDelete => CleanupAnswer::NothingToDelete,
         Cleanup::Gone { code, message } => {
-            CleanupAnswer::Gone { what: uninstall::Gone::from_code(&code), message }
+            CleanupAnswer::Gone { what: uninstall_plan::Gone::from_code(&code), message }
         }
         Cleanup::WithoutPackage { warning } => CleanupAnswer::WithoutPackage { warning },
         Cleanup::UsePackage { package, pull_secret } => {
@@ -274,7 +274,7 @@ pub async fn observe_cleanup(
     let job = observe_job(slot, JobAction::Delete, context).await;
     let reaped = job.as_ref().is_some_and(|j| {
         j.state == JobState::Succeeded
-            && j.fingerprint.as_deref() == Some(uninstall::reaper_fingerprint(instance).as_str())
+            && j.fingerprint.as_deref() == Some(uninstall_plan::reaper_fingerprint(instance).as_str())
     });
     let report = if reaped { reaper_report(&slot.name, context).await } else { None };
     Ok(CleanupObserved {

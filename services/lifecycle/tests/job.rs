@@ -9,7 +9,7 @@ use serde_json::Value;
 use vynil_lifecycle::{
     instance::InstanceKind,
     job::{Action, AgentSettings, job_name, render, render_reaper},
-    plan::JobRequest,
+    install_plan::JobRequest,
 };
 use vynil_rules::install::Recommended;
 

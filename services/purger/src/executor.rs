@@ -20,12 +20,13 @@ use vynil_rules::retention::{PlannedDeletion, PlannedTag, RepositoryTag, Usage, 
 use vynil_store::lease::Lease;
 
 use crate::{
-    PurgerError, metrics, planner,
-    purger::{Prepared, Purger},
-    store::{
+    PurgerError, metrics,
+    plan_store::{
         self, DeletionState, PlanStore, ReportState, RepositoryPlan, StoredDeletion, StoredOutcome,
         StoredPlan, StoredReport,
     },
+    planner,
+    purger::{Prepared, Purger},
 };
 
 /// What Execute was asked.
@@ -287,7 +288,7 @@ impl Purger {
         // Executed before: the first execution keeps its name and time,
         // this one is recorded beside it.
         if let Some(previous) = self.store.get_report(&plan.id).await? {
-            let attempt = store::Attempt { by: report.executed_by, at: report.started_at };
+            let attempt = plan_store::Attempt { by: report.executed_by, at: report.started_at };
             (report.executed_by, report.started_at) = (previous.executed_by, previous.started_at);
             report.later = previous.later;
             report.later.push(attempt);

@@ -17,7 +17,7 @@ use vynil_runtime::{Classify, Failure};
 
 use crate::{
     Purger, PurgerError, executor,
-    store::{self, StoredOutcome, StoredPlan, StoredReport},
+    plan_store::{self, StoredOutcome, StoredPlan, StoredReport},
 };
 
 impl Classify for PurgerError {
@@ -73,11 +73,11 @@ pub fn plan_to_proto(plan: &StoredPlan) -> PurgePlan {
 
 fn outcome_to_proto(o: &StoredOutcome) -> DeletionOutcome {
     let state = match o.state {
-        store::DeletionState::Deleted => DeletionState::Deleted,
-        store::DeletionState::AlreadyGone => DeletionState::AlreadyGone,
-        store::DeletionState::Failed => DeletionState::Failed,
+        plan_store::DeletionState::Deleted => DeletionState::Deleted,
+        plan_store::DeletionState::AlreadyGone => DeletionState::AlreadyGone,
+        plan_store::DeletionState::Failed => DeletionState::Failed,
         // Journal-only; never reported as an outcome.
-        store::DeletionState::Deleting => DeletionState::Unspecified,
+        plan_store::DeletionState::Deleting => DeletionState::Unspecified,
     };
     DeletionOutcome {
         registry: o.registry.clone(),
@@ -108,14 +108,14 @@ pub fn report_to_proto(report: &StoredReport) -> PurgeReport {
             .map(|a| vynil_proto::purger::v1::ExecutionAttempt { by: a.by.clone(), at: a.at.clone() })
             .collect(),
         state: match report.state {
-            store::ReportState::Running => ReportState::Running,
-            store::ReportState::Completed => ReportState::Completed,
-            store::ReportState::Interrupted => ReportState::Interrupted,
+            plan_store::ReportState::Running => ReportState::Running,
+            plan_store::ReportState::Completed => ReportState::Completed,
+            plan_store::ReportState::Interrupted => ReportState::Interrupted,
         } as i32,
         note: match report.state {
-            store::ReportState::Running => "an execution is running: the outcomes so far".into(),
-            store::ReportState::Completed => String::new(),
-            store::ReportState::Interrupted => format!(
+            plan_store::ReportState::Running => "an execution is running: the outcomes so far".into(),
+            plan_store::ReportState::Completed => String::new(),
+            plan_store::ReportState::Interrupted => format!(
                 "interrupted: the execution stopped before its end; these {} outcomes were verified; Execute plan {} again to finish (nothing is deleted twice)",
                 report.outcomes.len(),
                 report.plan_id

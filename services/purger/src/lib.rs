@@ -12,10 +12,10 @@ mod config;
 mod executor;
 mod grpc;
 mod metrics;
+mod plan_store;
 mod planner;
 mod purger;
 mod schedule;
-mod store;
 
 use std::{future::Future, sync::Arc};
 
@@ -24,11 +24,11 @@ use vynil_runtime::{GrpcServer, ServedService, Shutdown};
 
 pub use config::{Config, RetentionFile};
 pub use grpc::PurgerService;
-pub use purger::{Prepared, Purger};
-pub use store::{
+pub use plan_store::{
     DeletionState, MemoryStore, PlanStore, RedisStore, ReportState, RepositoryPlan, StoredOutcome,
     StoredPlan, StoredReport,
 };
+pub use purger::{Prepared, Purger};
 use vynil_store::JukeboxStore;
 
 /// Errors of the purger, mapped to gRPC codes in one place (`grpc.rs`).

@@ -13,7 +13,7 @@ use vynil_rules::{
 
 use crate::{
     PurgerError,
-    store::{RepositoryPlan, StoredDeletion, StoredEntry, StoredPlan},
+    plan_store::{RepositoryPlan, StoredDeletion, StoredEntry, StoredPlan},
 };
 
 const READ_CONCURRENCY: usize = 8;

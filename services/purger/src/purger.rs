@@ -11,11 +11,12 @@ use vynil_rules::RetentionConfig;
 use vynil_store::{JukeboxStore, lease::Lease};
 
 use crate::{
-    Config, PurgerError, RetentionFile, config, metrics, planner,
-    store::{
+    Config, PurgerError, RetentionFile, config, metrics,
+    plan_store::{
         self, DeletionState, MemoryStore, PlanStore, RedisStore, ReportState, RepositoryPlan, StoredPlan,
         StoredReport,
     },
+    planner,
 };
 
 /// The purger's state, shared by every request.
@@ -125,7 +126,7 @@ impl Purger {
         target: String,
         repositories: Vec<RepositoryPlan>,
     ) -> Result<StoredPlan, PurgerError> {
-        let id = self.store.epoch().await?.new_id(store::PLAN_ID_PREFIX);
+        let id = self.store.epoch().await?.new_id(plan_store::PLAN_ID_PREFIX);
         let plan = planner::assemble(id, target, repositories, jiff::Timestamp::now(), self.plan_ttl);
         self.store.put_plan(&plan, self.plan_ttl).await?;
         self.metrics.plans.inc();
@@ -204,7 +205,7 @@ impl Purger {
         if let Some(plan) = self.store.get_plan(id).await? {
             return Ok(plan);
         }
-        let missing = self.store.epoch().await?.missing(id, store::PLAN_ID_PREFIX);
+        let missing = self.store.epoch().await?.missing(id, plan_store::PLAN_ID_PREFIX);
         Err(match missing.lost(&format!("plan {id:?}"), "make a new plan") {
             Some(lost) => lost.into(),
             None => {

@@ -75,7 +75,7 @@ async fn scheduled_purge(purger: &Purger, schedule: &Schedule) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{RepositoryPlan, StoredDeletion, StoredEntry};
+    use crate::plan_store::{RepositoryPlan, StoredDeletion, StoredEntry};
 
     fn plan(kept: usize, deleted: usize, usage_unknown: bool) -> StoredPlan {
         let entry = |i: usize, keep| StoredEntry {

@@ -3,7 +3,6 @@
 
 use std::collections::HashMap;
 
-
 use super::*;
 
 /// A tag as a stored plan recorded it.

@@ -28,11 +28,11 @@ use std::time::Duration;
 use vynil_crds::{AgentTarget, ConditionStatus, InstalledPackage, message_code};
 
 use crate::{
-    instance::Instance,
-    plan::{
+    install_plan::{
         Blocker, ConditionType, Criterion, FailedJob, FailureWording, JobRequest, JobState, LEGACY_DELETING,
         ObservedJob, Outcome, Plan, REQUEUE, Step, account_failure, failed,
     },
+    instance::Instance,
     reaper::ReaperReport,
 };
 
@@ -165,7 +165,7 @@ fn deleting(message: String) -> Step {
 /// Decides what to do with `instance`, which is being deleted.
 pub fn cleanup(instance: &Instance, observed: &CleanupObserved) -> Plan {
     if instance.is_upstream_control_plane() {
-        return crate::plan::control_plane_held(true);
+        return crate::install_plan::control_plane_held(true);
     }
     let released = |steps: Vec<Step>| Plan { steps, outcome: Outcome::Released, requeue: REQUEUE };
     let waiting = |steps: Vec<Step>, detail: String| Plan {

@@ -16,7 +16,7 @@ use vynil_runtime::{
     traced,
 };
 
-use crate::{LifecycleError, instance::Instance, plan::Resolution};
+use crate::{LifecycleError, install_plan::Resolution, instance::Instance};
 
 #[derive(Debug, Clone)]
 pub struct Catalog {

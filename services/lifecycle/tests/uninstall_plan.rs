@@ -10,8 +10,8 @@ use kube::api::DynamicObject;
 use serde_json::{Value, json};
 use vynil_lifecycle::{
     instance::{Instance, InstanceKind},
-    plan::{JobRequest, JobState, ObservedJob, Outcome, Plan, Step},
-    uninstall::{CleanupAnswer, CleanupObserved, Gone, Hatch, cleanup, gone_backoff, reaper_fingerprint},
+    install_plan::{JobRequest, JobState, ObservedJob, Outcome, Plan, Step},
+    uninstall_plan::{CleanupAnswer, CleanupObserved, Gone, Hatch, cleanup, gone_backoff, reaper_fingerprint},
 };
 use vynil_rules::install::Recommended;
 

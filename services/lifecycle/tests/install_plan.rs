@@ -10,8 +10,10 @@ use kube::api::DynamicObject;
 use serde_json::{Value, json};
 use vynil_crds::AgentTarget;
 use vynil_lifecycle::{
+    install_plan::{
+        self, InitVersion, JobState, Observed, ObservedJob, Outcome, Plan, Prepared, Resolution, Step,
+    },
     instance::{Instance, InstanceKind},
-    plan::{self, InitVersion, JobState, Observed, ObservedJob, Outcome, Plan, Prepared, Resolution, Step},
 };
 use vynil_rules::{
     Package, PackageContent, PackageType,
@@ -127,7 +129,7 @@ fn condition(plan: &Plan) -> Option<(&'static str, bool, String)> {
 
 #[test]
 fn a_fresh_install_records_its_target_before_creating_the_job() {
-    let plan = plan::plan(&fresh(), &observed("4.0.0"));
+    let plan = install_plan::plan(&fresh(), &observed("4.0.0"));
     let record = plan.steps.iter().position(|s| matches!(s, Step::RecordTarget(_))).unwrap();
     let create = plan.steps.iter().position(|s| matches!(s, Step::CreateJob(_))).unwrap();
     assert!(record < create, "{:?}", plan.steps);
@@ -147,7 +149,7 @@ fn item_9_a_tenant_instance_never_picks_a_service_package() {
     let mut i = fresh();
     i.category = "think".into();
     i.package = "ollama".into();
-    let plan = plan::plan(&i, &seen);
+    let plan = install_plan::plan(&i, &seen);
     let (kind, ok, message) = condition(&plan).unwrap();
     assert_eq!((kind, ok), ("AgentStarted", false));
     assert!(message.starts_with("Package think/ollama is missing"), "{message}");
@@ -158,19 +160,19 @@ fn item_9_a_tenant_instance_never_picks_a_service_package() {
 #[test]
 fn item_17_suspend_true_does_nothing_and_any_other_value_reconciles() {
     let suspended = instance(json!({"vynil.solidite.fr/suspend": "true"}), Value::Null, Value::Null);
-    let plan = plan::plan(&suspended, &observed("4.0.0"));
+    let plan = install_plan::plan(&suspended, &observed("4.0.0"));
     assert!(plan.steps.is_empty() && plan.outcome == Outcome::Suspended, "{plan:?}");
     let not = instance(json!({"vynil.solidite.fr/suspend": "yes"}), Value::Null, Value::Null);
-    assert!(creates_job(&plan::plan(&not, &observed("4.0.0"))).is_some());
+    assert!(creates_job(&install_plan::plan(&not, &observed("4.0.0"))).is_some());
 }
 
 #[test]
 fn item_18_force_reinstall_removes_the_annotation_deletes_the_job_and_creates_a_new_one() {
-    let fp = fingerprint_of(&plan::plan(&fresh(), &observed("4.0.0")));
+    let fp = fingerprint_of(&install_plan::plan(&fresh(), &observed("4.0.0")));
     let i = instance(json!({"vynil.solidite.fr/force-reinstall": "x"}), Value::Null, installed("4.0.0", &fp));
     let mut seen = observed("4.0.0");
     seen.job = Some(ObservedJob { uid: "u1".into(), fingerprint: Some(fp), state: JobState::Succeeded });
-    let plan = plan::plan(&i, &seen);
+    let plan = install_plan::plan(&i, &seen);
     let kinds: Vec<&str> = plan
         .steps
         .iter()
@@ -186,15 +188,15 @@ fn item_18_force_reinstall_removes_the_annotation_deletes_the_job_and_creates_a_
 
 #[test]
 fn item_19_an_options_change_re_runs_and_no_change_does_not_even_after_the_job_was_deleted() {
-    let fp = fingerprint_of(&plan::plan(&fresh(), &observed("4.0.0")));
+    let fp = fingerprint_of(&install_plan::plan(&fresh(), &observed("4.0.0")));
     let same = instance(json!({}), Value::Null, installed("4.0.0", &fp));
     // No Job at all (deleted by a TTL or by hand): nothing re-runs.
-    let plan = plan::plan(&same, &observed("4.0.0"));
+    let plan = install_plan::plan(&same, &observed("4.0.0"));
     assert_eq!(creates_job(&plan), None, "{plan:?}");
     assert_eq!(plan.outcome, Outcome::UpToDate { tag: "4.0.0".into() });
     // New options: a new OPTIONS_HASH, a new fingerprint, a Job.
     let changed = instance(json!({}), json!({"replicas": 2}), installed("4.0.0", &fp));
-    let plan = plan::plan(&changed, &observed("4.0.0"));
+    let plan = install_plan::plan(&changed, &observed("4.0.0"));
     let request = plan.steps.iter().find_map(|s| match s {
         Step::CreateJob(r) => Some(r.clone()),
         _ => None,
@@ -208,9 +210,9 @@ fn item_19_an_options_change_re_runs_and_no_change_does_not_even_after_the_job_w
 fn item_20_init_from_version_found_sets_the_tag_and_not_found_blocks_without_a_job() {
     let mut seen = observed("4.0.0");
     seen.init_version = InitVersion::Found { tag: "3.0.0".into(), digest: None };
-    assert_eq!(creates_job(&plan::plan(&fresh(), &seen)).as_deref(), Some("3.0.0"));
+    assert_eq!(creates_job(&install_plan::plan(&fresh(), &seen)).as_deref(), Some("3.0.0"));
     seen.init_version = InitVersion::NotFound("3.0.1".into());
-    let plan = plan::plan(&fresh(), &seen);
+    let plan = install_plan::plan(&fresh(), &seen);
     let (kind, ok, message) = condition(&plan).unwrap();
     assert_eq!((kind, ok), ("InitFrom", false));
     assert_eq!(message, "[E_INIT_VERSION_NOT_FOUND] Version 3.0.1 introuvable dans le registre OCI");
@@ -225,7 +227,7 @@ fn item_21_a_missing_crd_blocks_with_upstreams_message_and_retries_in_five_minut
         message: "CRD x.y is not installed".into(),
         retry_after: Duration::from_secs(300),
     });
-    let plan = plan::plan(&fresh(), &seen);
+    let plan = install_plan::plan(&fresh(), &seen);
     assert_eq!(condition(&plan).unwrap(), ("AgentStarted", false, "CRD x.y is not installed".into()));
     assert_eq!(plan.requeue, Duration::from_secs(300));
     assert_eq!(creates_job(&plan), None);
@@ -236,12 +238,12 @@ fn an_option_of_the_wrong_type_blocks_naming_it_and_undeclared_ones_only_warn() 
     let mut seen = observed("4.0.0");
     seen.prepared.as_mut().unwrap().options =
         Err(OptionProblem { option: "replicas".into(), expected: "integer".into(), found: "string".into() });
-    let plan = plan::plan(&fresh(), &seen);
+    let plan = install_plan::plan(&fresh(), &seen);
     let (_, ok, message) = condition(&plan).unwrap();
     assert!(!ok && message.starts_with("[E_OPTION_TYPE]") && message.contains("replicas"), "{message}");
     assert_eq!(creates_job(&plan), None);
     seen.prepared.as_mut().unwrap().options = Ok(CheckedOptions { dropped: vec!["colour".into()] });
-    let plan = plan::plan(&fresh(), &seen);
+    let plan = install_plan::plan(&fresh(), &seen);
     assert!(creates_job(&plan).is_some());
     assert!(plan.steps.iter().any(|s| matches!(s, Step::Event { warning: true, reason: "UndeclaredOptions", note } if note.contains("colour"))));
 }
@@ -250,7 +252,7 @@ fn an_option_of_the_wrong_type_blocks_naming_it_and_undeclared_ones_only_warn() 
 fn a_value_script_error_blocks_naming_the_missing_function() {
     let mut seen = observed("4.0.0");
     seen.prepared.as_mut().unwrap().controller_values = Err("Function not found: gpu_count ()".into());
-    let plan = plan::plan(&fresh(), &seen);
+    let plan = install_plan::plan(&fresh(), &seen);
     let (_, ok, message) = condition(&plan).unwrap();
     assert!(!ok && message.contains("gpu_count"), "{message}");
     assert_eq!(creates_job(&plan), None);
@@ -260,31 +262,31 @@ fn a_value_script_error_blocks_naming_the_missing_function() {
 fn an_instance_upstream_installed_is_adopted_without_a_job_when_what_would_run_matches() {
     let upstream =
         instance(json!({}), Value::Null, json!({"tag": "4.0.0", "digest": install::options_hash(None)}));
-    let plan = plan::plan(&upstream, &observed("4.0.0"));
+    let plan = install_plan::plan(&upstream, &observed("4.0.0"));
     assert_eq!(creates_job(&plan), None);
     assert_eq!(plan.outcome, Outcome::Adopted { tag: "4.0.0".into() });
     assert!(plan.steps.iter().any(|s| matches!(s, Step::RecordInstalled(p) if p.tag == "4.0.0")));
     // Other options than the ones it was installed with: not adopted, a Job runs.
     let other =
         instance(json!({}), json!({"a": 1}), json!({"tag": "4.0.0", "digest": install::options_hash(None)}));
-    assert!(creates_job(&plan::plan(&other, &observed("4.0.0"))).is_some());
+    assert!(creates_job(&install_plan::plan(&other, &observed("4.0.0"))).is_some());
 }
 
 #[test]
 fn a_completion_is_credited_only_to_the_job_carrying_the_fingerprint() {
-    let fp = fingerprint_of(&plan::plan(&fresh(), &observed("4.0.0")));
+    let fp = fingerprint_of(&install_plan::plan(&fresh(), &observed("4.0.0")));
     let mut seen = observed("4.0.0");
     seen.job = Some(ObservedJob {
         uid: "old".into(),
         fingerprint: Some("stale".into()),
         state: JobState::Succeeded,
     });
-    let plan = plan::plan(&fresh(), &seen);
+    let plan = install_plan::plan(&fresh(), &seen);
     assert!(!plan.steps.iter().any(|s| matches!(s, Step::RecordInstalled(_))), "{plan:?}");
     assert!(plan.steps.contains(&Step::DeleteJob) && creates_job(&plan).is_some());
     seen.job =
         Some(ObservedJob { uid: "new".into(), fingerprint: Some(fp.clone()), state: JobState::Succeeded });
-    let plan = plan::plan(&fresh(), &seen);
+    let plan = install_plan::plan(&fresh(), &seen);
     assert!(
         plan.steps
             .iter()
@@ -294,7 +296,7 @@ fn a_completion_is_credited_only_to_the_job_carrying_the_fingerprint() {
 
 #[test]
 fn a_failed_job_is_kept_counted_once_retried_with_doubling_backoff_then_stays_failed() {
-    let fp = fingerprint_of(&plan::plan(&fresh(), &observed("4.0.0")));
+    let fp = fingerprint_of(&install_plan::plan(&fresh(), &observed("4.0.0")));
     let failed = |uid: &str| ObservedJob {
         uid: uid.into(),
         fingerprint: Some(fp.clone()),
@@ -314,29 +316,29 @@ fn a_failed_job_is_kept_counted_once_retried_with_doubling_backoff_then_stays_fa
     // First failure: counted, kept (no DeleteJob), retry in 1 min, reason shown.
     let mut seen = observed("4.0.0");
     seen.job = Some(failed("j1"));
-    let plan = plan::plan(&fresh(), &seen);
+    let plan = install_plan::plan(&fresh(), &seen);
     assert!(!plan.steps.contains(&Step::DeleteJob) && creates_job(&plan).is_none(), "{plan:?}");
     let recorded = recorded_target(&plan);
     assert_eq!((recorded.failures, recorded.retry_at.as_deref()), (1, Some("2026-12-01T12:01:00Z")));
     let (kind, ok, message) = condition(&plan).unwrap();
     assert!(kind == "Installed" && !ok && message.contains("pod exited 1"), "{message}");
     // Not due yet: nothing new.
-    let plan = plan::plan(&target(1, "j1", "2026-12-01T12:01:00Z"), &seen);
+    let plan = install_plan::plan(&target(1, "j1", "2026-12-01T12:01:00Z"), &seen);
     assert!(creates_job(&plan).is_none());
     assert_eq!(plan.requeue, Duration::from_secs(60));
     // Due: the failed Job is replaced.
     seen.now = "2026-12-01T12:01:00Z".parse().unwrap();
-    let plan = plan::plan(&target(1, "j1", "2026-12-01T12:01:00Z"), &seen);
+    let plan = install_plan::plan(&target(1, "j1", "2026-12-01T12:01:00Z"), &seen);
     assert!(plan.steps.contains(&Step::DeleteJob) && creates_job(&plan).is_some(), "{plan:?}");
     // The second failure doubles the wait.
     seen.job = Some(failed("j2"));
-    let plan = plan::plan(&target(1, "j1", "2026-12-01T12:01:00Z"), &seen);
+    let plan = install_plan::plan(&target(1, "j1", "2026-12-01T12:01:00Z"), &seen);
     let recorded = recorded_target(&plan);
     assert_eq!((recorded.failures, recorded.retry_at.as_deref()), (2, Some("2026-12-01T12:03:00Z")));
     // Out of attempts: stays failed whatever the time, until the fingerprint changes.
     seen.now = "2026-12-02T00:00:00Z".parse().unwrap();
     seen.job = Some(failed("j3"));
-    let plan = plan::plan(&target(3, "j3", "2026-12-01T12:10:00Z"), &seen);
+    let plan = install_plan::plan(&target(3, "j3", "2026-12-01T12:10:00Z"), &seen);
     assert!(creates_job(&plan).is_none());
     assert!(
         matches!(&plan.outcome, Outcome::Blocked(b) if b.code == Some("E_AGENT_FAILED")),
@@ -345,12 +347,12 @@ fn a_failed_job_is_kept_counted_once_retried_with_doubling_backoff_then_stays_fa
     );
     let mut options_changed = target(3, "j3", "2026-12-01T12:10:00Z");
     options_changed.options = serde_json::from_value(json!({"a": 1})).unwrap();
-    assert!(creates_job(&plan::plan(&options_changed, &seen)).is_some());
+    assert!(creates_job(&install_plan::plan(&options_changed, &seen)).is_some());
 }
 
 #[test]
 fn backoff_doubles_from_one_minute_up_to_one_hour() {
-    let waits: Vec<u64> = (1..=9).map(|n| plan::backoff(n).as_secs()).collect();
+    let waits: Vec<u64> = (1..=9).map(|n| install_plan::backoff(n).as_secs()).collect();
     assert_eq!(waits, [60, 120, 240, 480, 960, 1920, 3600, 3600, 3600]);
 }
 
@@ -360,7 +362,7 @@ fn a_completed_job_is_credited_with_its_recorded_target_even_when_the_selection_
     // selection is 2.5.0, but the completed Job installed the recorded target.
     let mut seen = observed("1.0.0");
     seen.init_version = InitVersion::Found { tag: "1.0.0".into(), digest: Some("sha256:100".into()) };
-    let first = plan::plan(&fresh(), &seen);
+    let first = install_plan::plan(&fresh(), &seen);
     let target = first
         .steps
         .iter()
@@ -377,7 +379,7 @@ fn a_completed_job_is_credited_with_its_recorded_target_even_when_the_selection_
         fingerprint: target.revision.fingerprint.clone(),
         state: JobState::Succeeded,
     });
-    let plan = plan::plan(&after_agent, &now);
+    let plan = install_plan::plan(&after_agent, &now);
     let [Step::RecordInstalled(recorded)] = plan.steps.as_slice() else { panic!("{plan:?}") };
     assert_eq!((recorded.tag.as_str(), &recorded.fingerprint), ("1.0.0", &target.revision.fingerprint));
 }
@@ -388,7 +390,7 @@ fn the_history_keeps_the_last_five_installed_revisions_oldest_first() {
     let mut tags = Vec::new();
     for minor in 0..7 {
         let tag = format!("1.{minor}.0");
-        let plan = plan::plan(&instance(json!({}), Value::Null, status.clone()), &observed(&tag));
+        let plan = install_plan::plan(&instance(json!({}), Value::Null, status.clone()), &observed(&tag));
         let target = recorded_target(&plan);
         let mut done = observed(&tag);
         done.job = Some(ObservedJob {
@@ -398,7 +400,7 @@ fn the_history_keeps_the_last_five_installed_revisions_oldest_first() {
         });
         status["target"] = serde_json::to_value(&target).unwrap();
         status["tag"] = json!(tag);
-        let credited = plan::plan(&instance(json!({}), Value::Null, status.clone()), &done);
+        let credited = install_plan::plan(&instance(json!({}), Value::Null, status.clone()), &done);
         let package = credited
             .steps
             .iter()
@@ -439,7 +441,7 @@ fn upstreams_control_plane_is_never_upgraded_and_says_why_on_ready() {
         control_plane("infra", "controller", upstream.clone(), false),
     ] {
         // A newer revision in the catalog, or a forced reinstall: still nothing runs.
-        let plan = plan::plan(&instance, &observed("0.8.0"));
+        let plan = install_plan::plan(&instance, &observed("0.8.0"));
         assert_eq!(creates_job(&plan), None, "{plan:?}");
         assert!(!plan.steps.iter().any(|s| matches!(s, Step::DeleteJob | Step::RecordTarget(_))));
         let (kind, ok, message) = condition(&plan).unwrap();
@@ -455,12 +457,12 @@ fn upstreams_control_plane_is_never_upgraded_and_says_why_on_ready() {
     // Another system package that installs CRDs of its own group is served.
     let other =
         control_plane("core", "cert-manager", json!({"crds": ["certificates.cert-manager.io"]}), false);
-    assert!(creates_job(&plan::plan(&other, &observed("0.8.0"))).is_some());
+    assert!(creates_job(&install_plan::plan(&other, &observed("0.8.0"))).is_some());
 }
 
 #[test]
 fn upstreams_control_plane_being_deleted_keeps_its_finalizer_and_runs_no_job() {
-    use vynil_lifecycle::uninstall::{CleanupAnswer, CleanupObserved, cleanup};
+    use vynil_lifecycle::uninstall_plan::{CleanupAnswer, CleanupObserved, cleanup};
     let instance = control_plane(
         "core",
         "vynil",
@@ -503,7 +505,7 @@ fn an_instance_upstream_installed_with_a_mistyped_option_is_adopted_with_a_warni
     );
     let mut seen = observed("4.0.0");
     seen.prepared.as_mut().unwrap().options = mistyped();
-    let plan = plan::plan(&upstream, &seen);
+    let plan = install_plan::plan(&upstream, &seen);
     assert_eq!(plan.outcome, Outcome::Adopted { tag: "4.0.0".into() }, "{plan:?}");
     assert!(plan.steps.iter().any(|s| matches!(s, Step::Event { warning: true, reason: "OptionTypeMismatch", note } if note.contains("replicas"))));
     let recorded = recorded_installed(&plan);
@@ -514,13 +516,13 @@ fn an_instance_upstream_installed_with_a_mistyped_option_is_adopted_with_a_warni
     let adopted = instance(json!({}), options.clone(), status);
     let mut newer = observed("4.1.0");
     newer.prepared.as_mut().unwrap().options = mistyped();
-    let plan = plan::plan(&adopted, &newer);
+    let plan = install_plan::plan(&adopted, &newer);
     assert_eq!(creates_job(&plan).as_deref(), Some("4.1.0"), "{plan:?}");
     let target = recorded_target(&plan);
     assert!(target.revision.adopted);
     // A new instance created after the switch is held to the schema.
     let new = instance(json!({}), options, Value::Null);
-    let plan = plan::plan(&new, &newer);
+    let plan = install_plan::plan(&new, &newer);
     assert_eq!(creates_job(&plan), None);
     assert!(condition(&plan).unwrap().2.starts_with("[E_OPTION_TYPE]"));
 }
@@ -528,15 +530,15 @@ fn an_instance_upstream_installed_with_a_mistyped_option_is_adopted_with_a_warni
 #[test]
 fn upstreams_reruns_are_opt_in_a_deleted_job_and_a_new_agent_image() {
     let seen = observed("4.0.0");
-    let fingerprint = fingerprint_of(&plan::plan(&fresh(), &seen));
+    let fingerprint = fingerprint_of(&install_plan::plan(&fresh(), &seen));
     let up_to_date = instance(json!({}), Value::Null, installed("4.0.0", &fingerprint));
     // Off (the default): the Job is gone, the fingerprint holds, nothing runs.
-    let plan = plan::plan(&up_to_date, &seen);
+    let plan = install_plan::plan(&up_to_date, &seen);
     assert_eq!(plan.outcome, Outcome::UpToDate { tag: "4.0.0".into() });
     // --recreate-deleted-jobs: the deleted Job is created again…
     let mut recreate = observed("4.0.0");
     recreate.reruns.recreate_deleted_jobs = true;
-    let plan = plan::plan(&up_to_date, &recreate);
+    let plan = install_plan::plan(&up_to_date, &recreate);
     assert_eq!(creates_job(&plan).as_deref(), Some("4.0.0"), "{plan:?}");
     // …but not while it still exists.
     recreate.job = Some(ObservedJob {
@@ -544,15 +546,18 @@ fn upstreams_reruns_are_opt_in_a_deleted_job_and_a_new_agent_image() {
         fingerprint: Some(fingerprint.clone()),
         state: JobState::Succeeded,
     });
-    let plan = plan::plan(&up_to_date, &recreate);
+    let plan = install_plan::plan(&up_to_date, &recreate);
     assert_eq!(creates_job(&plan), None, "{plan:?}");
     // --rerun-on-agent-image-change: the image is part of the fingerprint.
     let mut image = observed("4.0.0");
     image.reruns.agent_image = Some("sebt3/vynil-agent:0.7.7".into());
-    let with_image = fingerprint_of(&plan::plan(&fresh(), &image));
+    let with_image = fingerprint_of(&install_plan::plan(&fresh(), &image));
     assert_ne!(with_image, fingerprint);
     let installed_with_image = instance(json!({}), Value::Null, installed("4.0.0", &with_image));
-    assert_eq!(plan::plan(&installed_with_image, &image).outcome, Outcome::UpToDate { tag: "4.0.0".into() });
+    assert_eq!(
+        install_plan::plan(&installed_with_image, &image).outcome,
+        Outcome::UpToDate { tag: "4.0.0".into() }
+    );
     image.reruns.agent_image = Some("sebt3/vynil-agent:0.7.8".into());
-    assert_eq!(creates_job(&plan::plan(&installed_with_image, &image)).as_deref(), Some("4.0.0"));
+    assert_eq!(creates_job(&install_plan::plan(&installed_with_image, &image)).as_deref(), Some("4.0.0"));
 }
