@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The fuzz targets' long mode: each target of crates/fuzzing runs
+# The fuzz targets' long mode: each target of fuzzing runs
 # coverage-guided (cargo-fuzz, libFuzzer) for FUZZ_SECONDS (default 60) from
 # its committed corpus, then the corpus is minimised in place. A crash is
 # copied to fuzz/regressions/<target>/ (replayed by `cargo test -p

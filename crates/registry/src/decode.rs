@@ -1,7 +1,7 @@
 //! What a registry's answers say, decoded without I/O: tag-list pages, `Link`
 //! and `WWW-Authenticate` headers, manifests and indexes, referrers and error
 //! envelopes. The one place each body and header is read, so the client and
-//! the fuzz targets (`crates/fuzzing`) run the same code on the same bytes.
+//! the fuzz targets (`fuzzing`) run the same code on the same bytes.
 //! Nothing here trusts its input: each decoder answers a value or a problem
 //! in words, never a panic.
 

@@ -7,9 +7,9 @@
 
 use serde_json::Value;
 use vynil_lifecycle::{
+    install_plan::JobRequest,
     instance::InstanceKind,
     job::{Action, AgentSettings, job_name, render, render_reaper},
-    install_plan::JobRequest,
 };
 use vynil_rules::install::Recommended;
 

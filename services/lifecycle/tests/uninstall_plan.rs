@@ -9,9 +9,11 @@ use std::time::Duration;
 use kube::api::DynamicObject;
 use serde_json::{Value, json};
 use vynil_lifecycle::{
-    instance::{Instance, InstanceKind},
     install_plan::{JobRequest, JobState, ObservedJob, Outcome, Plan, Step},
-    uninstall_plan::{CleanupAnswer, CleanupObserved, Gone, Hatch, cleanup, gone_backoff, reaper_fingerprint},
+    instance::{Instance, InstanceKind},
+    uninstall_plan::{
+        CleanupAnswer, CleanupObserved, Gone, Hatch, cleanup, gone_backoff, reaper_fingerprint,
+    },
 };
 use vynil_rules::install::Recommended;
 

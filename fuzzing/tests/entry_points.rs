@@ -33,7 +33,7 @@ mod libfuzzer_sys {
 include!(concat!(env!("OUT_DIR"), "/entry_points.rs"));
 
 fn fuzz_dir() -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz")
 }
 
 #[test]

@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 
 fn fuzz_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz")
 }
 
 fn inputs(folder: &Path) -> Vec<PathBuf> {

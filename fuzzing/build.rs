@@ -10,7 +10,7 @@ use std::{fmt::Write as _, path::Path};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let manifest = std::env::var("CARGO_MANIFEST_DIR")?;
-    let dir = Path::new(&manifest).join("../../fuzz/fuzz_targets");
+    let dir = Path::new(&manifest).join("../fuzz/fuzz_targets");
     println!("cargo::rerun-if-changed={}", dir.display());
     let mut files: Vec<_> = std::fs::read_dir(&dir)?
         .flatten()

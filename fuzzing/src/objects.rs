@@ -18,11 +18,11 @@ use kube::api::DynamicObject;
 use semver::Version;
 use serde_json::{Value, json};
 use vynil_lifecycle::{
-    instance::{Instance, InstanceKind},
     install_plan::{
         InitVersion, JobRequest, JobState, Observed, ObservedJob, Outcome, Plan, Prepared, Resolution, Step,
         plan,
     },
+    instance::{Instance, InstanceKind},
     uninstall_plan::{CleanupAnswer, CleanupObserved, Gone, Hatch, cleanup},
 };
 use vynil_rules::{
