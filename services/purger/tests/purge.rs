@@ -120,25 +120,19 @@ impl RealLifecycle {
             {"registry": registry, "image": REPO, "tag": tag, "type": "service"}}});
         instances.patch_status(name, &Default::default(), &kube::api::Patch::Merge(&status)).await.unwrap();
         // Answered once lifecycle's own view of the cluster has it.
-        let mut client = LifecycleClient::new(self.process.channel().await.unwrap());
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        loop {
+        let client = LifecycleClient::new(self.process.channel().await.unwrap());
+        vynil_testkit::eventually(&format!("lifecycle to see ai/{name}"), || {
+            let mut client = client.clone();
             let mut request = Request::new(ListInstalledRevisionsRequest::default());
             vynil_runtime::ServiceCredentials::new(Some(SERVICE_TOKEN))
                 .unwrap()
                 .apply(&mut request, "purger");
-            if let Ok(answer) = client.list_installed_revisions(request).await
-                && answer.into_inner().revisions.iter().any(|r| r.tag == tag)
-            {
-                return;
+            async move {
+                let answer = client.list_installed_revisions(request).await.ok()?.into_inner();
+                answer.revisions.iter().any(|r| r.tag == tag).then_some(())
             }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "lifecycle never saw ai/{name}:\n{}",
-                self.process.log()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        })
+        .await;
     }
 }
 
