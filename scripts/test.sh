@@ -41,6 +41,20 @@ install_system_packages() {
 # Any call to a system protoc fails: the build must use protox.
 export PROTOC=/bin/false
 export CARGO_TERM_COLOR=never
+# A clean build gains nothing from incremental state; it costs gigabytes of
+# disk (a linker that runs out of space dies with a bus error, not a message).
+export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
+
+check_disk_space() {
+  # A full build and test run writes about 12 GiB under target/.
+  local need_gib=15 free_gib
+  free_gib=$(( $(df -Pk . | awk 'NR==2 {print $4}') / 1024 / 1024 ))
+  echo "free disk space under $(pwd): ${free_gib} GiB (a full run needs about ${need_gib} GiB)"
+  if [ "$free_gib" -lt "$need_gib" ]; then
+    echo "not enough disk space: free some (e.g. 'cargo clean' in other checkouts) and run again" >&2
+    return 1
+  fi
+}
 
 install_web_test_packages() {
   # playwright-core, pinned by gateway/tests/web/package-lock.json.
@@ -65,6 +79,7 @@ install_python_test_packages() {
     || python3 -m pip install -q --disable-pip-version-check --break-system-packages -r scripts/requirements-test.txt
 }
 
+stage "disk space" check_disk_space
 stage "install system packages" install_system_packages
 stage "install python test packages" install_python_test_packages
 stage "install web test packages" install_web_test_packages

@@ -12,6 +12,7 @@ use std::{
     future::Future,
     net::SocketAddr,
     path::{Path, PathBuf},
+    sync::Arc,
 };
 
 mod example;
@@ -19,7 +20,8 @@ mod first_scans;
 
 use clap::Parser;
 use tokio::task::JoinSet;
-use vynil_runtime::{GrpcServer, SharedConfig};
+use vynil_runtime::{GrpcServer, SharedConfig, Shutdown};
+use vynil_store::{ScannerStore, StoreConfig};
 
 /// Flags of local mode, each with an environment fallback.
 #[derive(Debug, Clone, clap::Parser)]
@@ -43,6 +45,8 @@ pub struct Config {
     pub state_dir: Option<PathBuf>,
     #[command(flatten)]
     pub shared: SharedConfig,
+    #[command(flatten)]
+    pub store: StoreConfig,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -79,6 +83,7 @@ fn write_private(path: &Path, content: &str) -> Result<(), LocalError> {
 
 /// The tokens of this run: a new admin token for the gateway and a new
 /// service token between the gateway and the services, each in its file.
+#[derive(Clone)]
 struct Tokens {
     admin_file: PathBuf,
     tokens_file: PathBuf,
@@ -133,6 +138,7 @@ pub struct Addresses {
 /// [`bind`] gives and [`Bound::run`] serves.
 pub struct Bound {
     shared: SharedConfig,
+    store_config: StoreConfig,
     tokens: Tokens,
     catalog: GrpcServer,
     scanner: GrpcServer,
@@ -160,20 +166,21 @@ pub async fn run(
 /// Writes the tokens and binds every port. Every port is bound before
 /// anything is told where to dial, so any of them may be given as 0.
 pub async fn bind(config: Config) -> Result<Bound, LocalError> {
-    if config.shared.kubernetes {
+    if config.store.kubernetes {
         return Err(LocalError::ClusterRequested);
     }
     let state = state_dir(&config);
     let tokens = make_tokens(&state)?;
     let mut shared = config.shared.clone();
-    if !shared.jukebox_dir.exists() {
+    let mut store_config = config.store.clone();
+    if !store_config.jukebox_dir.exists() {
         let embedded = example::write(&state)?;
         println!(
             "No {} directory: showing the embedded example JukeBox `examples` ({}; its packages are an OCI image layout beside it).",
-            shared.jukebox_dir.display(),
+            store_config.jukebox_dir.display(),
             embedded.join("examples.yaml").display()
         );
-        shared.jukebox_dir = embedded;
+        store_config.jukebox_dir = embedded;
     }
     // The services believe the gateway (service token); anyone else on
     // this machine reaching a loopback port is the user, and may run
@@ -226,7 +233,7 @@ pub async fn bind(config: Config) -> Result<Bound, LocalError> {
         lifecycle: lifecycle_at,
         gateway: gateway_at,
     };
-    Ok(Bound { shared, tokens, catalog, scanner, purger, lifecycle, gateway, addresses })
+    Ok(Bound { shared, store_config, tokens, catalog, scanner, purger, lifecycle, gateway, addresses })
 }
 
 impl Bound {
@@ -237,97 +244,106 @@ impl Bound {
     /// Serves every service until `shutdown` resolves (or one of them
     /// fails, which stops the others).
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), LocalError> {
-        let Self { shared, tokens, catalog, scanner, purger, lifecycle, gateway, addresses: at } = self;
-        let store = vynil_store::open(&shared.store_settings(vynil_runtime::user_agent!())).await?;
+        let store =
+            vynil_store::open(&self.store_config.store_settings(vynil_runtime::user_agent!())).await?;
         let drain = vynil_runtime::Shutdown::new();
-        let stopped = || drain.signaled();
-        let mut services: JoinSet<(&'static str, Result<(), String>)> = JoinSet::new();
-
-        let mut config: vynil_catalog::Config = service_config("catalog", at.catalog, &[])?;
-        config.shared = shared.clone();
-        let (store_c, done) = (store.clone(), stopped());
-        services.spawn(async move {
-            let served = vynil_catalog::run_with_store(catalog, config, store_c, done).await;
-            ("catalog", served.map_err(|e| e.to_string()))
-        });
-
-        let mut config: vynil_scanner::Config = service_config("scanner", at.scanner, &[])?;
-        config.shared = shared.clone();
-        let (store_s, done) = (store.clone(), stopped());
-        services.spawn(async move {
-            let served = vynil_scanner::run_with_store(scanner, config, store_s, done).await;
-            ("scanner", served.map_err(|e| e.to_string()))
-        });
-
-        let lifecycle_endpoint = format!("http://{}", at.lifecycle);
-        let mut config: vynil_purger::Config =
-            service_config("purger", at.purger, &["--lifecycle-endpoint".into(), lifecycle_endpoint])?;
-        config.shared = shared.clone();
-        let (store_p, done) = (store.clone(), stopped());
-        services.spawn(async move {
-            let served = vynil_purger::run_with_store(purger, config, store_p, done).await;
-            ("purger", served.map_err(|e| e.to_string()))
-        });
-
-        let mut config: vynil_lifecycle::Config = service_config("lifecycle", at.lifecycle, &[])?;
-        config.shared = shared.clone();
-        let disabled = vynil_lifecycle::LifecycleService::disabled("no cluster (local mode)");
-        let done = stopped();
-        services.spawn(async move {
-            let served = vynil_lifecycle::serve(lifecycle, config, disabled, done).await;
-            ("lifecycle", served.map_err(|e| e.to_string()))
-        });
-
-        let done = stopped();
-        services.spawn(async move { ("gateway", gateway.serve(done).await.map_err(|e| e.to_string())) });
-
-        tracing::info!(
-            catalog = %at.catalog,
-            scanner = %at.scanner,
-            purger = %at.purger,
-            lifecycle = %at.lifecycle,
-            gateway = %at.gateway,
-            jukeboxes = %shared.jukebox_dir.display(),
-            "local mode: starting every service"
-        );
+        let at = self.addresses;
+        let (tokens, jukeboxes) = (self.tokens.clone(), self.store_config.jukebox_dir.clone());
+        let mut services = self.spawn(&store, &drain)?;
+        announce(at, &tokens, &jukeboxes);
         let url = format!("http://{}", at.gateway);
-        let admin = tokens.admin_file.display().to_string();
-        println!(
-            "Vynil is starting.\n  gateway:     {url}\n  services:    catalog {}, scanner {}, purger {}, lifecycle {} (gRPC)\n  admin token: {admin} (mode 0600; a new one each start)\n  try:         curl -H \"Authorization: Bearer $(cat {admin})\" {url}/api/v1/jukeboxes",
-            at.catalog, at.scanner, at.purger, at.lifecycle
-        );
-        services.spawn(first_scans::run(
-            store.clone(),
-            at.scanner,
-            url,
-            tokens.admin_file.clone(),
-            stopped(),
-        ));
-        tokio::pin!(shutdown);
-        let mut failure = None;
-        tokio::select! {
-            _ = &mut shutdown => {}
-            Some(ended) = services.join_next() => failure = Some(ended),
-        }
-        drain.trigger();
-        let mut first_error = None;
-        let mut record = |ended: Result<(&'static str, Result<(), String>), tokio::task::JoinError>| {
-            let error = match ended {
-                Ok((_, Ok(()))) => return,
-                Ok((service, Err(error))) => LocalError::Service { service, error },
-                Err(error) => LocalError::Service { service: "a service task", error: error.to_string() },
-            };
-            tracing::error!(%error, "local mode is stopping");
-            first_error.get_or_insert(error);
-        };
-        if let Some(ended) = failure {
-            record(ended);
-        }
-        while let Some(ended) = services.join_next().await {
-            record(ended);
-        }
-        first_error.map_or(Ok(()), Err)
+        services.spawn(first_scans::run(store, at.scanner, url, tokens.admin_file, drain.signaled()));
+        until_stopped(services, shutdown, drain).await
     }
+
+    /// Spawns every service, each with its own configuration completed by
+    /// local mode's shared flags, over the one `store`.
+    fn spawn(self, store: &Arc<dyn ScannerStore>, drain: &Shutdown) -> Result<Running, LocalError> {
+        let Self {
+            shared, store_config, catalog, scanner, purger, lifecycle, gateway, addresses: at, ..
+        } = self;
+        let mut services = Running::new();
+        macro_rules! configured {
+            ($config:ty, $service:literal, $at:expr, $extra:expr) => {{
+                let mut config: $config = service_config($service, $at, $extra)?;
+                config.shared = shared.clone();
+                config.store = store_config.clone();
+                config
+            }};
+        }
+        let config = configured!(vynil_catalog::Config, "catalog", at.catalog, &[]);
+        let served = vynil_catalog::run_with_store(catalog, config, store.clone(), drain.signaled());
+        services.spawn(async move { ("catalog", served.await.map_err(|e| e.to_string())) });
+        let config = configured!(vynil_scanner::Config, "scanner", at.scanner, &[]);
+        let served = vynil_scanner::run_with_store(scanner, config, store.clone(), drain.signaled());
+        services.spawn(async move { ("scanner", served.await.map_err(|e| e.to_string())) });
+        let lifecycle_endpoint = ["--lifecycle-endpoint".into(), format!("http://{}", at.lifecycle)];
+        let config = configured!(vynil_purger::Config, "purger", at.purger, &lifecycle_endpoint);
+        let served = vynil_purger::run_with_store(purger, config, store.clone(), drain.signaled());
+        services.spawn(async move { ("purger", served.await.map_err(|e| e.to_string())) });
+        let config = configured!(vynil_lifecycle::Config, "lifecycle", at.lifecycle, &[]);
+        let disabled = vynil_lifecycle::LifecycleService::disabled("no cluster (local mode)");
+        let served = vynil_lifecycle::serve(lifecycle, config, disabled, drain.signaled());
+        services.spawn(async move { ("lifecycle", served.await.map_err(|e| e.to_string())) });
+        let served = gateway.serve(drain.signaled());
+        services.spawn(async move { ("gateway", served.await.map_err(|e| e.to_string())) });
+        Ok(services)
+    }
+}
+
+/// The tasks of a running local mode: each ends with its service's name.
+type Running = JoinSet<(&'static str, Result<(), String>)>;
+
+/// Says where everything is: in the log, and on the terminal for the user.
+fn announce(at: Addresses, tokens: &Tokens, jukeboxes: &Path) {
+    tracing::info!(
+        catalog = %at.catalog,
+        scanner = %at.scanner,
+        purger = %at.purger,
+        lifecycle = %at.lifecycle,
+        gateway = %at.gateway,
+        jukeboxes = %jukeboxes.display(),
+        "local mode: starting every service"
+    );
+    let url = format!("http://{}", at.gateway);
+    let admin = tokens.admin_file.display().to_string();
+    println!(
+        "Vynil is starting.\n  gateway:     {url}\n  services:    catalog {}, scanner {}, purger {}, lifecycle {} (gRPC)\n  admin token: {admin} (mode 0600; a new one each start)\n  try:         curl -H \"Authorization: Bearer $(cat {admin})\" {url}/api/v1/jukeboxes",
+        at.catalog, at.scanner, at.purger, at.lifecycle
+    );
+}
+
+/// Waits for `shutdown` or the first service to end, stops the others, and
+/// answers the first failure.
+async fn until_stopped(
+    mut services: Running,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    drain: Shutdown,
+) -> Result<(), LocalError> {
+    tokio::pin!(shutdown);
+    let mut failure = None;
+    tokio::select! {
+        _ = &mut shutdown => {}
+        Some(ended) = services.join_next() => failure = Some(ended),
+    }
+    drain.trigger();
+    let mut first_error = None;
+    let mut record = |ended: Result<(&'static str, Result<(), String>), tokio::task::JoinError>| {
+        let error = match ended {
+            Ok((_, Ok(()))) => return,
+            Ok((service, Err(error))) => LocalError::Service { service, error },
+            Err(error) => LocalError::Service { service: "a service task", error: error.to_string() },
+        };
+        tracing::error!(%error, "local mode is stopping");
+        first_error.get_or_insert(error);
+    };
+    if let Some(ended) = failure {
+        record(ended);
+    }
+    while let Some(ended) = services.join_next().await {
+        record(ended);
+    }
+    first_error.map_or(Ok(()), Err)
 }
 
 #[cfg(test)]

@@ -63,4 +63,19 @@ pub enum IndexError {
     Write { file: String, problem: String },
 }
 
+impl vynil_failure::Classify for IndexError {
+    fn failure(&self) -> vynil_failure::Failure {
+        use vynil_failure::Failure;
+        match self {
+            IndexError::InvalidLocation { .. } => Failure::BadInput,
+            IndexError::Missing { .. } => Failure::Missing,
+            IndexError::Unreachable { .. } | IndexError::Write { .. } => Failure::Transient,
+            IndexError::Secret { .. }
+            | IndexError::Malformed { .. }
+            | IndexError::TooLarge { .. }
+            | IndexError::Unauthorized { .. } => Failure::Refused,
+        }
+    }
+}
+
 pub type Result<T> = std::result::Result<T, IndexError>;

@@ -73,6 +73,20 @@ pub enum RegistryError {
     InsecureRefused { registry: String },
 }
 
+impl vynil_failure::Classify for RegistryError {
+    fn failure(&self) -> vynil_failure::Failure {
+        use vynil_failure::Failure;
+        match self {
+            RegistryError::NotFound { .. } => Failure::Missing,
+            RegistryError::InvalidReference { .. } => Failure::BadInput,
+            // The registry's own test: outages, timeouts, 429s and 5xx.
+            e if e.is_transient() => Failure::Transient,
+            // Credentials, a refusal, a body that is not what was asked.
+            _ => Failure::Refused,
+        }
+    }
+}
+
 impl RegistryError {
     /// Whether the condition may clear by itself (worth a later retry), as
     /// opposed to a definite answer.
@@ -87,3 +101,28 @@ impl RegistryError {
 }
 
 pub type Result<T, E = RegistryError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod failure_tests {
+    use vynil_failure::{Classify, Failure};
+
+    use super::RegistryError;
+
+    #[test]
+    fn outages_and_5xx_are_transient_refusals_are_not() {
+        let timeout = RegistryError::Timeout { what: "tags of r/x".into(), seconds: 30, attempts: 4 };
+        assert_eq!(timeout.failure(), Failure::Transient);
+        let answered = |status| RegistryError::Registry {
+            what: "w".into(),
+            status,
+            code: String::new(),
+            message: String::new(),
+        };
+        assert_eq!(answered(503).failure(), Failure::Transient, "a 5xx is transient");
+        assert_eq!(answered(405).failure(), Failure::Refused, "a refusal is an answer");
+        assert_eq!(
+            RegistryError::NotFound { what: "w".into(), code: "404".into() }.failure(),
+            Failure::Missing
+        );
+    }
+}

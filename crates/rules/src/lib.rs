@@ -84,3 +84,31 @@ pub enum RulesError {
     )]
     ChannelNotScanned { asked: Channel, scanned: Channel },
 }
+
+impl vynil_failure::Classify for RulesError {
+    fn failure(&self) -> vynil_failure::Failure {
+        use vynil_failure::Failure;
+        match self {
+            RulesError::ScanFilter { .. }
+            | RulesError::Pattern { .. }
+            | RulesError::ChannelNotScanned { .. } => Failure::BadInput,
+            // A package's published annotations, or metadata the registry did not give.
+            RulesError::Annotation { .. } => Failure::Refused,
+            RulesError::UnreadableMetadata(_) => Failure::Transient,
+        }
+    }
+}
+
+#[cfg(test)]
+mod failure_tests {
+    use vynil_failure::{Classify, Failure};
+
+    use super::RulesError;
+
+    #[test]
+    fn a_bad_filter_is_bad_input_unread_metadata_transient() {
+        let filter = RulesError::ScanFilter { filter: "a/b/c".into(), problem: "has 3 segments".into() };
+        assert_eq!(filter.failure(), Failure::BadInput);
+        assert_eq!(RulesError::UnreadableMetadata("503".into()).failure(), Failure::Transient);
+    }
+}

@@ -1,115 +1,47 @@
 //! One mapping of failures to gRPC status codes, used by every service (as
 //! linkerd's policy controller maps its domain errors in one place). Each
-//! error type says what kind of failure it is ([`Classify`]); this module
-//! alone decides the code, and the shared errors (registry, store, rules) are
-//! classified here once, so the same failure answers the same code whichever
-//! service meets it:
+//! error type says what kind of failure it is, next to itself
+//! (`vynil_failure::Classify`: the registry, index, store and rules errors in
+//! their own crates); this module alone decides the code, so the same failure
+//! answers the same code whichever service meets it:
 //!
-//! | failure | code | what the caller does |
-//! |---|---|---|
-//! | transient (outage, timeout, rate limit, 5xx) | `UNAVAILABLE` | retry later |
-//! | bad input | `INVALID_ARGUMENT` | fix the request |
-//! | missing | `NOT_FOUND` | name something that exists |
-//! | refused (a precondition or a setting) | `FAILED_PRECONDITION` | fix the state the message names |
-//! | concurrent change (compare-and-set lost, busy) | `ABORTED` | re-read and retry |
-//! | lost (the state keeping it restarted without it) | `DATA_LOSS` | make it again |
-//! | unauthenticated caller of a privileged call | `UNAUTHENTICATED` | go through the gateway |
-//! | a bug or a serving failure | `INTERNAL` | report it |
+//! | failure | code |
+//! |---|---|
+//! | transient | `UNAVAILABLE` |
+//! | bad input | `INVALID_ARGUMENT` |
+//! | missing | `NOT_FOUND` |
+//! | refused | `FAILED_PRECONDITION` |
+//! | concurrent change | `ABORTED` |
+//! | lost | `DATA_LOSS` |
+//! | unauthenticated | `UNAUTHENTICATED` |
+//! | internal | `INTERNAL` |
 
 use tonic::{Code, Status};
-use vynil_registry::RegistryError;
-use vynil_rules::RulesError;
-use vynil_store::StoreError;
+pub use vynil_failure::{Classify, Failure};
 
-/// What kind of failure an error is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Failure {
-    Transient,
-    BadInput,
-    Missing,
-    Refused,
-    Concurrent,
-    /// A record the shared state lost (`vynil_store::epoch`).
-    Lost,
-    /// The caller is not who it must be to do this.
-    Unauthenticated,
-    Internal,
-}
-
-impl Failure {
-    pub fn code(self) -> Code {
-        match self {
-            Failure::Transient => Code::Unavailable,
-            Failure::BadInput => Code::InvalidArgument,
-            Failure::Missing => Code::NotFound,
-            Failure::Refused => Code::FailedPrecondition,
-            Failure::Concurrent => Code::Aborted,
-            Failure::Lost => Code::DataLoss,
-            Failure::Unauthenticated => Code::Unauthenticated,
-            Failure::Internal => Code::Internal,
-        }
+/// The gRPC code of a kind of failure.
+pub fn code(failure: Failure) -> Code {
+    match failure {
+        Failure::Transient => Code::Unavailable,
+        Failure::BadInput => Code::InvalidArgument,
+        Failure::Missing => Code::NotFound,
+        Failure::Refused => Code::FailedPrecondition,
+        Failure::Concurrent => Code::Aborted,
+        Failure::Lost => Code::DataLoss,
+        Failure::Unauthenticated => Code::Unauthenticated,
+        Failure::Internal => Code::Internal,
     }
 }
 
-/// An error that knows what kind of failure it is.
-pub trait Classify: std::fmt::Display {
-    fn failure(&self) -> Failure;
-
+/// Every classified error becomes a gRPC status the same way.
+pub trait ToStatus {
     /// The gRPC status of this error: its kind's code, its own message.
+    fn to_status(&self) -> Status;
+}
+
+impl<E: Classify + ?Sized> ToStatus for E {
     fn to_status(&self) -> Status {
-        Status::new(self.failure().code(), self.to_string())
-    }
-}
-
-impl Classify for RegistryError {
-    fn failure(&self) -> Failure {
-        match self {
-            RegistryError::NotFound { .. } => Failure::Missing,
-            RegistryError::InvalidReference { .. } => Failure::BadInput,
-            // The registry's own test: outages, timeouts, 429s and 5xx.
-            e if e.is_transient() => Failure::Transient,
-            // Credentials, a refusal, a body that is not what was asked.
-            _ => Failure::Refused,
-        }
-    }
-}
-
-impl Classify for vynil_index::IndexError {
-    fn failure(&self) -> Failure {
-        use vynil_index::IndexError;
-        match self {
-            IndexError::InvalidLocation { .. } => Failure::BadInput,
-            IndexError::Missing { .. } => Failure::Missing,
-            IndexError::Unreachable { .. } | IndexError::Write { .. } => Failure::Transient,
-            IndexError::Secret { .. }
-            | IndexError::Malformed { .. }
-            | IndexError::TooLarge { .. }
-            | IndexError::Unauthorized { .. } => Failure::Refused,
-        }
-    }
-}
-
-impl Classify for StoreError {
-    fn failure(&self) -> Failure {
-        match self {
-            StoreError::Config(_) => Failure::Refused,
-            StoreError::Unavailable(_) => Failure::Transient,
-            StoreError::Conflict(_) => Failure::Concurrent,
-            StoreError::Lost(_) => Failure::Lost,
-        }
-    }
-}
-
-impl Classify for RulesError {
-    fn failure(&self) -> Failure {
-        match self {
-            RulesError::ScanFilter { .. }
-            | RulesError::Pattern { .. }
-            | RulesError::ChannelNotScanned { .. } => Failure::BadInput,
-            // A package's published annotations, or metadata the registry did not give.
-            RulesError::Annotation { .. } => Failure::Refused,
-            RulesError::UnreadableMetadata(_) => Failure::Transient,
-        }
+        Status::new(code(self.failure()), self.to_string())
     }
 }
 
@@ -123,31 +55,33 @@ impl Classify for crate::RuntimeError {
 mod tests {
     use super::*;
 
+    /// An error of another crate, classified there, answers its kind's code
+    /// with its own message.
+    struct Outage;
+
+    impl std::fmt::Display for Outage {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("redis at r:6379 is down")
+        }
+    }
+
+    impl Classify for Outage {
+        fn failure(&self) -> Failure {
+            Failure::Transient
+        }
+    }
+
     #[test]
-    fn shared_errors_have_one_code_each() {
-        let timeout = RegistryError::Timeout { what: "tags of r/x".into(), seconds: 30, attempts: 4 };
-        assert_eq!(timeout.to_status().code(), Code::Unavailable);
-        let server = RegistryError::Registry {
-            what: "w".into(),
-            status: 503,
-            code: String::new(),
-            message: String::new(),
-        };
-        assert_eq!(server.to_status().code(), Code::Unavailable, "a 5xx is transient");
-        let denied = RegistryError::Registry {
-            what: "w".into(),
-            status: 405,
-            code: String::new(),
-            message: String::new(),
-        };
-        assert_eq!(denied.to_status().code(), Code::FailedPrecondition);
-        let missing = RegistryError::NotFound { what: "w".into(), code: "404".into() };
-        assert_eq!(missing.to_status().code(), Code::NotFound);
-        assert_eq!(StoreError::Conflict("box".into()).to_status().code(), Code::Aborted);
-        assert_eq!(StoreError::Unavailable("redis".into()).to_status().code(), Code::Unavailable);
-        let filter = RulesError::ScanFilter { filter: "a/b/c".into(), problem: "has 3 segments".into() };
-        let status = filter.to_status();
-        assert_eq!(status.code(), Code::InvalidArgument);
-        assert!(status.message().contains("a/b/c"), "the message is the error's own");
+    fn each_kind_has_its_code_and_the_message_is_the_errors_own() {
+        let status = Outage.to_status();
+        assert_eq!(status.code(), Code::Unavailable);
+        assert_eq!(status.message(), "redis at r:6379 is down");
+        assert_eq!(code(Failure::BadInput), Code::InvalidArgument);
+        assert_eq!(code(Failure::Missing), Code::NotFound);
+        assert_eq!(code(Failure::Refused), Code::FailedPrecondition);
+        assert_eq!(code(Failure::Concurrent), Code::Aborted);
+        assert_eq!(code(Failure::Lost), Code::DataLoss);
+        assert_eq!(code(Failure::Unauthenticated), Code::Unauthenticated);
+        assert_eq!(code(Failure::Internal), Code::Internal);
     }
 }

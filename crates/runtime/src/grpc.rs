@@ -13,6 +13,8 @@ use crate::RuntimeError;
 pub struct ServedService {
     /// Fully qualified gRPC service name, e.g. `vynil.catalog.v1.Catalog`.
     pub name: &'static str,
+    /// The encoded `FileDescriptorSet` describing it, for server reflection.
+    descriptors: &'static [u8],
     add_to: Box<dyn FnOnce(&mut RoutesBuilder) + Send>,
 }
 
@@ -23,8 +25,10 @@ impl std::fmt::Debug for ServedService {
 }
 
 impl ServedService {
-    /// Wraps a generated tonic server (`CatalogServer::new(..)` and the like).
-    pub fn new<S>(service: S) -> Self
+    /// Wraps a generated tonic server (`CatalogServer::new(..)` and the like)
+    /// with the encoded `FileDescriptorSet` that describes it (reflection
+    /// answers from it: the runtime knows no service of its own).
+    pub fn new<S>(service: S, descriptors: &'static [u8]) -> Self
     where
         S: tonic::codegen::Service<http::Request<tonic::body::Body>, Error = std::convert::Infallible>
             + tonic::server::NamedService
@@ -37,6 +41,7 @@ impl ServedService {
     {
         Self {
             name: S::NAME,
+            descriptors,
             add_to: Box::new(move |routes: &mut RoutesBuilder| {
                 routes.add_service(service);
             }),
@@ -98,10 +103,7 @@ impl GrpcServer {
         shutdown: impl Future<Output = ()> + Send,
     ) -> Result<(), RuntimeError> {
         let (health, health_service) = tonic_health::server::health_reporter();
-        let reflection = tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(vynil_proto::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-            .build_v1()?;
+        let reflection = reflection(&services)?;
 
         let names: Vec<&'static str> = services.iter().map(|s| s.name).collect();
         let mut routes = RoutesBuilder::default();
@@ -176,4 +178,24 @@ async fn set_all(health: &HealthReporter, names: &[&'static str], status: Servin
     for name in names {
         health.set_service_status(*name, status).await;
     }
+}
+
+/// Server reflection over health's descriptors and those each service brings
+/// (each set once).
+fn reflection(
+    services: &[ServedService],
+) -> Result<
+    tonic_reflection::server::v1::ServerReflectionServer<impl tonic_reflection::server::v1::ServerReflection>,
+    RuntimeError,
+> {
+    let mut reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET);
+    let mut described: Vec<&'static [u8]> = Vec::new();
+    for service in services {
+        if !described.iter().any(|d| std::ptr::eq(*d, service.descriptors)) {
+            described.push(service.descriptors);
+            reflection = reflection.register_encoded_file_descriptor_set(service.descriptors);
+        }
+    }
+    Ok(reflection.build_v1()?)
 }

@@ -6,7 +6,6 @@
 //! and `NOT_SERVING` as soon as shutdown starts, so load balancers drain it
 //! before in-flight calls are cut.
 
-pub mod convert;
 pub mod cron;
 mod errors;
 pub mod files;
@@ -18,7 +17,7 @@ mod signal;
 mod telemetry;
 pub mod trust;
 
-pub use errors::{Classify, Failure};
+pub use errors::{Classify, Failure, ToStatus, code};
 pub use grpc::{GrpcServer, ServedService};
 pub use shutdown::Shutdown;
 pub use signal::termination_signal;
@@ -43,11 +42,6 @@ pub enum RuntimeError {
     Trust(#[from] trust::TrustError),
 }
 
-/// The framework version (`--vynil-version`) when none is configured: the
-/// version of upstream's default agent image, which runs the agent Jobs.
-/// Scanner, catalog and purger share this one setting.
-pub const DEFAULT_VYNIL_VERSION: &str = "0.7.7";
-
 /// `<crate name>/<version>` of the crate invoking it: the user agent a service
 /// presents to the APIs it calls (Kubernetes audit logs name it).
 #[macro_export]
@@ -57,103 +51,13 @@ macro_rules! user_agent {
     };
 }
 
-/// Flags every stateful service shares, each with its environment fallback
-/// (`#[command(flatten)]` in a service's `Config`).
+/// Flags every service process shares, each with its environment fallback
+/// (`#[command(flatten)]` in a service's `Config`; where state lives is the
+/// store's `StoreConfig`).
 #[derive(Debug, Clone, clap::Args)]
 pub struct SharedConfig {
-    /// JukeBoxes (and their status) from the Kubernetes API, through the
-    /// kubeconfig or the in-cluster service account, instead of files.
-    #[arg(long, env = "VYNIL_KUBERNETES")]
-    pub kubernetes: bool,
-    /// Directory of JukeBox YAML files (outside a cluster).
-    #[arg(long, env = "VYNIL_JUKEBOX_DIR", default_value = "jukeboxes")]
-    pub jukebox_dir: std::path::PathBuf,
-    /// Redis shared by replicas; state stays in process memory when absent.
-    #[arg(long, env = "REDIS_URL")]
-    pub redis_url: Option<String>,
-    /// The framework version consumers run (scanner, catalog and purger agree on it).
-    #[arg(long, env = "VYNIL_VERSION", default_value = DEFAULT_VYNIL_VERSION)]
-    pub vynil_version: semver::Version,
-    /// A `.dockerconfigjson` document with the registries' credentials
-    /// (outside a cluster; inside, JukeBox pull secrets).
-    #[arg(long, env = "VYNIL_DOCKERCONFIG")]
-    pub dockerconfig: Option<std::path::PathBuf>,
-    /// Registries reached over plain http; every other one over https.
-    #[arg(long = "insecure-registry", env = "VYNIL_INSECURE_REGISTRIES", value_delimiter = ',')]
-    pub insecure_registries: Vec<String>,
-    /// `REGISTRY=HOST`: HOST may receive REGISTRY's credentials although it
-    /// is not on the registry's site (a token service or GitLab API
-    /// elsewhere); by default they go only to the registry's own site.
-    #[arg(long = "credential-host", env = "VYNIL_CREDENTIAL_HOSTS", value_delimiter = ',', value_parser = credential_host)]
-    pub credential_hosts: Vec<(String, String)>,
-    /// A larger manifest is refused unread past this size, and reported (a
-    /// Vynil package manifest is a few KiB).
-    #[arg(long, env = "VYNIL_MAX_MANIFEST_BYTES", default_value_t = 4 * 1024 * 1024)]
-    pub max_manifest_bytes: usize,
-    /// An unreferenced blob of an OCI image layout younger than this many
-    /// seconds is kept by a purge's garbage collection: a copy in progress
-    /// (`skopeo`, `oras`) writes its blobs before its index names them.
-    #[arg(long, env = "VYNIL_LAYOUT_GC_GRACE_SECONDS", default_value_t = 3600)]
-    pub layout_gc_grace_seconds: u64,
-    /// Operations a cluster-provided Rhai script (JukeBox `source.script`,
-    /// package `value_script` and `prefly`) may run before it is stopped
-    /// and reported.
-    #[arg(long, env = "VYNIL_MAX_SCRIPT_OPERATIONS", default_value_t = vynil_store::script::ScriptLimits::DEFAULT_MAX_OPERATIONS)]
-    pub max_script_operations: u64,
-    /// This replica's pod, named in the Events it reports (the Downward API
-    /// sets `POD_NAME` in a cluster).
-    #[arg(long, env = "POD_NAME")]
-    pub pod_name: Option<String>,
     #[command(flatten)]
     pub log: LogConfig,
     #[command(flatten)]
     pub trust: TrustConfig,
-}
-
-/// `--credential-host REGISTRY=HOST`.
-fn credential_host(text: &str) -> Result<(String, String), String> {
-    match text.split_once('=') {
-        Some((registry, host)) if !registry.trim().is_empty() && !host.trim().is_empty() => {
-            Ok((registry.trim().to_string(), host.trim().to_string()))
-        }
-        _ => Err(format!("{text:?}: expected REGISTRY=HOST, e.g. registry.example.com=auth.example.net")),
-    }
-}
-
-impl SharedConfig {
-    /// This replica's name among its service's replicas: `--pod-name` when
-    /// given, else `<service>-<random>`. It names the leases the replica
-    /// holds, so an operator (or a test) reading a lease knows which pod has it.
-    pub fn replica_name(&self, service: &str) -> String {
-        self.pod_name.clone().unwrap_or_else(|| format!("{service}-{:016x}", fastrand::u64(..)))
-    }
-
-    /// How registries are reached, as these flags say (insecure registries,
-    /// the manifest size limit); the rest are the registry client's defaults.
-    pub fn transport(&self) -> vynil_registry::TransportConfig {
-        vynil_registry::TransportConfig {
-            insecure_registries: self.insecure_registries.clone(),
-            max_manifest_bytes: self.max_manifest_bytes,
-            layout_gc_grace: std::time::Duration::from_secs(self.layout_gc_grace_seconds),
-            credential_hosts: self.credential_hosts.clone(),
-            ..vynil_registry::TransportConfig::default()
-        }
-    }
-
-    /// What a cluster-provided script may do, as these flags say.
-    pub fn scripts(&self) -> vynil_store::script::ScriptLimits {
-        vynil_store::script::ScriptLimits::new(self.max_script_operations)
-    }
-
-    /// Where JukeBoxes live, as these flags say, for the service presenting
-    /// itself as `user_agent` (`vynil_runtime::user_agent!()` in the service).
-    pub fn store_settings(&self, user_agent: &str) -> vynil_store::StoreSettings {
-        vynil_store::StoreSettings::from_flags(
-            self.kubernetes,
-            &self.jukebox_dir,
-            self.redis_url.as_deref(),
-            user_agent,
-            self.pod_name.as_deref(),
-        )
-    }
 }

@@ -219,6 +219,7 @@ pub fn generate_token() -> Result<String, std::io::Error> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use crate::ToStatus;
 
     fn request(token: Option<&str>, caller: &str) -> Request<()> {
         let mut request = Request::new(());

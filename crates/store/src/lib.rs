@@ -18,10 +18,12 @@
 //! - [`pubsub`]: following a Redis channel across outages.
 //! - [`epoch`]: which life of the shared state an id was made in, so a record
 //!   lost with a Redis restarted without persistence is reported lost.
-//! - [`open`]: the store the flags ask for, so every service opens it alike.
+//! - [`StoreConfig`] and [`open`]: the flags, and the store they ask for, so
+//!   every service opens it alike.
 //! - [`source_of`]: the repositories a JukeBox's source names, `source.script`
-//!   included (a bounded Rhai engine).
+//!   included (`vynil_script`'s sealed engine).
 
+mod config;
 pub mod epoch;
 mod jukeboxes;
 mod kube;
@@ -29,9 +31,9 @@ pub mod lease;
 pub mod metadata_cache;
 pub mod package_cache;
 pub mod pubsub;
-pub mod script;
 pub mod takeover;
 
+pub use config::{DEFAULT_VYNIL_VERSION, StoreConfig};
 pub use jukeboxes::{
     CHANGES_CHANNEL, JukeboxEvent, JukeboxRecord, JukeboxStore, LocalStore, RPC_CREDENTIALS_LABEL,
     ScannerStore, SecretData, SkippedSource, StatusVersion, StoreChange,
@@ -52,6 +54,18 @@ pub enum StoreError {
     /// A record the shared state lost (see [`epoch`]).
     #[error("{0}")]
     Lost(String),
+}
+
+impl vynil_failure::Classify for StoreError {
+    fn failure(&self) -> vynil_failure::Failure {
+        use vynil_failure::Failure;
+        match self {
+            StoreError::Config(_) => Failure::Refused,
+            StoreError::Unavailable(_) => Failure::Transient,
+            StoreError::Conflict(_) => Failure::Concurrent,
+            StoreError::Lost(_) => Failure::Lost,
+        }
+    }
 }
 
 /// Where JukeBoxes come from.
@@ -127,7 +141,7 @@ pub fn redis_error(e: redis::RedisError) -> StoreError {
 
 /// What a JukeBox's source names, for the registry client to enumerate (a
 /// `source.script` runs within `scripts`).
-pub fn source_of(spec: &JukeBoxSpec, scripts: script::ScriptLimits) -> Result<Source, String> {
+pub fn source_of(spec: &JukeBoxSpec, scripts: vynil_script::ScriptLimits) -> Result<Source, String> {
     match &spec.source {
         Some(JukeBoxSource::List(images)) => Ok(Source::List(images.clone())),
         Some(JukeBoxSource::Harbor(h)) => {
@@ -144,5 +158,19 @@ pub fn source_of(spec: &JukeBoxSpec, scripts: script::ScriptLimits) -> Result<So
             Err("an http or s3 source is an index of packages, not a list of repositories".into())
         }
         None => Err("the JukeBox has no source".into()),
+    }
+}
+
+#[cfg(test)]
+mod failure_tests {
+    use vynil_failure::{Classify, Failure};
+
+    use super::StoreError;
+
+    #[test]
+    fn a_lost_compare_and_set_is_concurrent_an_outage_transient() {
+        assert_eq!(StoreError::Conflict("box".into()).failure(), Failure::Concurrent);
+        assert_eq!(StoreError::Unavailable("redis".into()).failure(), Failure::Transient);
+        assert_eq!(StoreError::Lost("scan 7".into()).failure(), Failure::Lost);
     }
 }

@@ -2,10 +2,8 @@
 //! the in-process snapshot. Errors become `Status` codes here only.
 
 use std::{pin::Pin, sync::Arc};
-use vynil_runtime::{
-    Classify, Failure, Shutdown,
-    convert::{package_to_proto, package_type, proto_type},
-};
+use vynil_proto::convert::{package_to_proto, package_type, proto_type};
+use vynil_runtime::{Classify, Failure, Shutdown, ToStatus};
 
 use futures::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
@@ -131,8 +129,9 @@ impl CatalogApi for CatalogService {
             Ok(ProtoChannel::Stable) => Some(Channel::Stable),
             _ => None,
         };
-        let view = vynil_rules::catalog_view(&entry.packages, entry.channel, channel)
-            .map_err(|e| Status::new(e.failure().code(), format!("JukeBox {:?}: {e}", request.jukebox)))?;
+        let view = vynil_rules::catalog_view(&entry.packages, entry.channel, channel).map_err(|e| {
+            Status::new(vynil_runtime::code(e.failure()), format!("JukeBox {:?}: {e}", request.jukebox))
+        })?;
         if !request.if_none_match.is_empty() && request.if_none_match == entry.hash {
             return Ok(Response::new(GetCatalogResponse {
                 jukebox: entry.jukebox.clone(),

@@ -37,6 +37,8 @@ pub struct Config {
     pub listen: SocketAddr,
     #[command(flatten)]
     pub shared: vynil_runtime::SharedConfig,
+    #[command(flatten)]
+    pub store: vynil_store::StoreConfig,
     /// Full resync period (repairs missed notifications and removed files).
     #[arg(long, env = "VYNIL_CATALOG_RESYNC_SECONDS", default_value_t = 30)]
     pub resync_seconds: u64,
@@ -61,7 +63,7 @@ impl From<vynil_store::StoreError> for CatalogError {
 
 /// The store the flags name.
 async fn open_store(config: &Config) -> Result<Arc<dyn JukeboxStore>, CatalogError> {
-    Ok(vynil_store::open(&config.shared.store_settings(vynil_runtime::user_agent!())).await?)
+    Ok(vynil_store::open(&config.store.store_settings(vynil_runtime::user_agent!())).await?)
 }
 
 /// The catalog over the configured store, loaded once.
@@ -75,7 +77,7 @@ pub async fn build_with_store(
     store: Arc<dyn JukeboxStore>,
 ) -> Result<Arc<Catalog>, CatalogError> {
     let catalog = Arc::new(
-        Catalog::new(store, config.shared.redis_url.as_deref(), config.shared.vynil_version.clone()).await?,
+        Catalog::new(store, config.store.redis_url.as_deref(), config.store.vynil_version.clone()).await?,
     );
     if let Err(error) = catalog.resync().await {
         tracing::warn!(%error, "initial catalog load failed; retrying in the background");
@@ -121,7 +123,9 @@ pub async fn run_with_store(
         .with_metrics(catalog.metrics.register())
         .with_component(catalog::CACHE_HEALTH, catalog.cache_health());
     let service = CatalogServer::new(CatalogService::new(catalog, drain.clone()));
-    let served = server.serve(vec![ServedService::new(service)], drain.after(shutdown)).await;
+    let served = server
+        .serve(vec![ServedService::new(service, vynil_proto::FILE_DESCRIPTOR_SET)], drain.after(shutdown))
+        .await;
     drain.trigger();
     let _ = follower.await;
     served?;

@@ -9,12 +9,9 @@ use vynil_proto::catalog::v1::{
     ResolveCleanupRequest, ResolveInstallRequest, catalog_client::CatalogClient,
     resolve_cleanup_response::Decision, resolve_install_response::Outcome,
 };
+use vynil_proto::convert::{package_from_proto, proto_type};
 use vynil_rules::{Tag, selection::RecordedCheck};
-use vynil_runtime::{
-    TracedChannel,
-    convert::{package_from_proto, proto_type},
-    traced,
-};
+use vynil_runtime::{TracedChannel, traced};
 
 use crate::{LifecycleError, install_plan::Resolution, instance::Instance};
 

@@ -34,7 +34,7 @@ use kube::{
 use serde_json::json;
 use vynil_crds::labels;
 use vynil_registry::RegistryClient;
-use vynil_store::script::ScriptLimits;
+use vynil_script::ScriptLimits;
 
 use crate::{
     LifecycleError,

@@ -117,7 +117,7 @@ pub struct Asked<'a> {
     pub namespace: &'a str,
     pub instance: &'a Value,
     pub tenant_label: &'a str,
-    pub scripts: vynil_store::script::ScriptLimits,
+    pub scripts: vynil_script::ScriptLimits,
     pub vynil_version: &'a semver::Version,
 }
 

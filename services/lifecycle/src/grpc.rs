@@ -23,7 +23,7 @@ use vynil_proto::lifecycle::v1::{
     ListInstalledRevisionsRequest, ListInstalledRevisionsResponse, ListInstancesRequest,
     ListInstancesResponse, RevisionUse, lifecycle_server::Lifecycle,
 };
-use vynil_runtime::{Classify, metrics::Registry};
+use vynil_runtime::{ToStatus, metrics::Registry};
 
 use crate::{
     LifecycleError,

@@ -50,6 +50,8 @@ pub struct Config {
     pub listen: SocketAddr,
     #[command(flatten)]
     pub shared: vynil_runtime::SharedConfig,
+    #[command(flatten)]
+    pub store: vynil_store::StoreConfig,
     /// The catalog service (`ResolveInstall`); required with `--kubernetes`.
     #[arg(long, env = "VYNIL_CATALOG_ENDPOINT")]
     pub catalog_endpoint: Option<String>,
@@ -213,13 +215,13 @@ pub async fn run_on(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), LifecycleError> {
-    if !config.shared.kubernetes {
+    if !config.store.kubernetes {
         let service =
             LifecycleService::disabled("no cluster: start with --kubernetes (and --catalog-endpoint)");
         return Ok(serve(server, config, service, shutdown).await?);
     }
     // Replicas are told apart in audit logs by their pod.
-    let user_agent = match &config.shared.pod_name {
+    let user_agent = match &config.store.pod_name {
         Some(pod) => format!("{} pod/{pod}", vynil_runtime::user_agent!()),
         None => vynil_runtime::user_agent!().to_string(),
     };
@@ -243,10 +245,10 @@ pub async fn run_with_client(
     let stop = shutdown_token.clone();
     let outer = shutdown_token.after(shutdown);
     let catalog = catalog_client::Catalog::connect(endpoint)?;
-    let credentials = vynil_registry::CredentialStore::from_file(config.shared.dockerconfig.as_deref())
+    let credentials = vynil_registry::CredentialStore::from_file(config.store.dockerconfig.as_deref())
         .map_err(|e| LifecycleError::Config(e.to_string()))?;
     let registry = vynil_registry::RegistryClient::new(
-        config.shared.transport(),
+        config.store.transport(),
         credentials,
         Arc::new(vynil_registry::InMemoryMetadataCache::default()),
     )
@@ -263,8 +265,8 @@ pub async fn run_with_client(
             log_level: config.agent_log_level.clone(),
             tenant_label: config.tenant_label.clone(),
         },
-        framework: config.shared.vynil_version.clone(),
-        scripts: config.shared.scripts(),
+        framework: config.store.vynil_version.clone(),
+        scripts: config.store.scripts(),
         max_attempts: config.max_install_attempts,
         reruns: install_plan::Reruns {
             recreate_deleted_jobs: config.recreate_deleted_jobs,
@@ -272,12 +274,12 @@ pub async fn run_with_client(
         },
         reporter: kube::runtime::events::Reporter {
             controller: "vynil-lifecycle".into(),
-            instance: config.shared.pod_name.clone(),
+            instance: config.store.pod_name.clone(),
         },
         leader: leader::campaign(
             client.clone(),
             &namespace,
-            config.shared.replica_name("vynil-lifecycle"),
+            config.store.replica_name("vynil-lifecycle"),
             Duration::from_secs(config.lease_seconds.max(1)),
             shutdown_token.child(),
         ),
@@ -336,9 +338,10 @@ pub async fn serve(
     let server = server.with_metrics(service.exported_metrics());
     server
         .serve(
-            vec![ServedService::new(vynil_proto::lifecycle::v1::lifecycle_server::LifecycleServer::new(
-                service,
-            ))],
+            vec![ServedService::new(
+                vynil_proto::lifecycle::v1::lifecycle_server::LifecycleServer::new(service),
+                vynil_proto::FILE_DESCRIPTOR_SET,
+            )],
             shutdown,
         )
         .await

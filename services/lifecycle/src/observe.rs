@@ -320,7 +320,7 @@ pub(crate) fn delete_request(
         .filter(|r| r.registry == package.registry && r.image == package.image && r.tag == package.tag);
     let controller_values = match recorded.and_then(|r| r.controller_values.clone()) {
         Some(values) => values,
-        None => vynil_runtime::convert::package_from_proto(package)
+        None => vynil_proto::convert::package_from_proto(package)
             .ok()
             .and_then(|p| p.content.value_script_source().ok().flatten())
             .and_then(|source| {

@@ -1,7 +1,7 @@
 //! A package's Rhai: `value_script` (a map, the agent's `CONTROLLER_VALUES`)
 //! and `prefly` requirements (a truth), both with `instance` bound to the
 //! instance object, as upstream's operator evaluates them. They run in the
-//! scanner's sealed engine (`vynil_store::script::ScriptLimits::sandbox`): no modules, no
+//! scanner's sealed engine (`vynil_script::ScriptLimits::sandbox`): no modules, no
 //! `eval`, bounded work, plus the upstream helpers that are safe there
 //! ([`upstream`]). A function we do not provide is an error naming it
 //! (Rhai's "Function not found: …", or why upstream's helper of that name is
@@ -11,7 +11,7 @@ pub mod upstream;
 
 use rhai::{Dynamic, EvalAltResult, Scope};
 use serde_json::Value;
-use vynil_store::script::ScriptLimits;
+use vynil_script::ScriptLimits;
 
 /// Where one instance's scripts run: the instance, the limits, and what the
 /// helpers may read.

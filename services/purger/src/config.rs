@@ -15,6 +15,8 @@ pub struct Config {
     pub listen: SocketAddr,
     #[command(flatten)]
     pub shared: vynil_runtime::SharedConfig,
+    #[command(flatten)]
+    pub store: vynil_store::StoreConfig,
     /// The lifecycle service, asked which revisions instances use; repeat it
     /// once per cluster sharing the registries (any unreachable one makes
     /// usage unknown). Without it plans say "usage unknown" and executing

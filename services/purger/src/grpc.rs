@@ -13,7 +13,7 @@ use vynil_proto::purger::v1::{
     plan_request::Target, purger_server::Purger as PurgerApi,
 };
 use vynil_registry::RepositoryRef;
-use vynil_runtime::{Classify, Failure};
+use vynil_runtime::{Classify, Failure, ToStatus};
 
 use crate::{
     Purger, PurgerError, executor,

@@ -125,7 +125,10 @@ async fn serve(
     let server = server.with_metrics(purger.exported_metrics.clone());
     let drain = Shutdown::new();
     let scheduler = tokio::spawn(schedule::run_all(purger.clone(), drain.clone()));
-    let service = ServedService::new(PurgerServer::new(PurgerService::new(purger, trust)));
+    let service = ServedService::new(
+        PurgerServer::new(PurgerService::new(purger, trust)),
+        vynil_proto::FILE_DESCRIPTOR_SET,
+    );
     let served = server.serve(vec![service], drain.after(shutdown)).await;
     drain.trigger();
     let _ = scheduler.await;

@@ -31,7 +31,7 @@ pub struct Purger {
     pub(crate) retention_path: Option<std::path::PathBuf>,
     pub(crate) framework: semver::Version,
     /// What a JukeBox's `source.script` may do.
-    pub(crate) scripts: vynil_store::script::ScriptLimits,
+    pub(crate) scripts: vynil_script::ScriptLimits,
     pub(crate) schedules: Vec<config::Schedule>,
     pub(crate) plan_ttl: Duration,
     pub(crate) max_plan_tags: usize,
@@ -59,8 +59,7 @@ impl std::fmt::Debug for Prepared {
 
 impl Purger {
     pub async fn from_config(config: &Config) -> Result<Self, PurgerError> {
-        let jukeboxes =
-            vynil_store::open(&config.shared.store_settings(vynil_runtime::user_agent!())).await?;
+        let jukeboxes = vynil_store::open(&config.store.store_settings(vynil_runtime::user_agent!())).await?;
         Self::from_config_with_store(config, jukeboxes).await
     }
 
@@ -71,14 +70,14 @@ impl Purger {
     ) -> Result<Self, PurgerError> {
         config.check_lease()?;
         let retention_file = RetentionFile::load(config.retention_config.as_ref())?;
-        RetentionConfig::new(config.shared.vynil_version.clone(), &retention_file.pinned)?;
-        let credentials = CredentialStore::from_file(config.shared.dockerconfig.as_deref())?;
+        RetentionConfig::new(config.store.vynil_version.clone(), &retention_file.pinned)?;
+        let credentials = CredentialStore::from_file(config.store.dockerconfig.as_deref())?;
         let transport = TransportConfig {
             timeout: Duration::from_secs(config.registry_timeout_seconds.max(1)),
-            ..config.shared.transport()
+            ..config.store.transport()
         };
         let client = RegistryClient::new(transport, credentials, Arc::new(InMemoryMetadataCache::default()))?;
-        let store: Arc<dyn PlanStore> = match &config.shared.redis_url {
+        let store: Arc<dyn PlanStore> = match &config.store.redis_url {
             Some(url) => Arc::new(RedisStore::connect(url).await?),
             None => Arc::new(MemoryStore::default()),
         };
@@ -91,15 +90,15 @@ impl Purger {
             jukeboxes,
             lifecycle: config.lifecycle_endpoint.clone(),
             retention_path: config.retention_config.clone(),
-            framework: config.shared.vynil_version.clone(),
-            scripts: config.shared.scripts(),
+            framework: config.store.vynil_version.clone(),
+            scripts: config.store.scripts(),
             schedules: retention_file.schedules,
             plan_ttl: config.plan_ttl(),
             max_plan_tags: config.max_plan_tags,
             max_tags: config.max_tags_per_repository,
             concurrency: config.delete_concurrency,
             lease: config.lease(),
-            owner: config.shared.replica_name("purger"),
+            owner: config.store.replica_name("purger"),
         })
     }
 

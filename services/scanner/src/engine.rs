@@ -38,7 +38,7 @@ pub struct EngineSettings {
     /// Repositories one JukeBox's source may name.
     pub max_repositories: usize,
     /// What a `source.script` may do.
-    pub scripts: vynil_store::script::ScriptLimits,
+    pub scripts: vynil_script::ScriptLimits,
     pub repository_concurrency: usize,
     /// Manifests read ahead of the descent within one repository.
     pub read_ahead: usize,

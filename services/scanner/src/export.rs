@@ -158,7 +158,7 @@ pub async fn run_cli(args: ExportArgs) -> Result<(), ScannerError> {
         .map_err(|e| {
             ScannerError::Config(format!("{} is not a JukeBox: {e}", args.jukebox_file.display()))
         })?;
-    let source = vynil_store::source_of(&jukebox.spec, vynil_store::script::ScriptLimits::default())
+    let source = vynil_store::source_of(&jukebox.spec, vynil_script::ScriptLimits::default())
         .map_err(ScannerError::Config)?;
     let mut destination = Location::parse(&args.to)?;
     let mut secret = std::collections::BTreeMap::new();
@@ -183,8 +183,7 @@ pub async fn run_cli(args: ExportArgs) -> Result<(), ScannerError> {
         std::sync::Arc::new(InMemoryMetadataCache::with_capacity(args.limits.metadata_cache_entries)),
     )?;
     // The export covers every framework version: none is configured.
-    let settings =
-        args.limits.settings(semver::Version::new(0, 0, 0), vynil_store::script::ScriptLimits::default());
+    let settings = args.limits.settings(semver::Version::new(0, 0, 0), vynil_script::ScriptLimits::default());
     let done = export(&client, &settings, &source, &destination).await?;
     println!(
         "exported {} revisions of {} repositories to {destination}: {} files written{}, {} removed",

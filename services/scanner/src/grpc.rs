@@ -11,7 +11,7 @@ use vynil_proto::scanner::v1::{
 };
 use vynil_rules::ScanScope;
 
-use vynil_runtime::{Classify, Failure};
+use vynil_runtime::{Classify, Failure, ToStatus};
 
 use crate::{
     ScannerError,

@@ -47,6 +47,8 @@ pub struct Config {
     #[command(flatten)]
     pub shared: vynil_runtime::SharedConfig,
     #[command(flatten)]
+    pub store: vynil_store::StoreConfig,
+    #[command(flatten)]
     pub limits: ScanLimits,
     /// A scan holds its JukeBox for this long, renewed while alive.
     #[arg(long, env = "VYNIL_SCAN_LEASE_SECONDS", default_value_t = 30)]
@@ -113,7 +115,7 @@ impl ScanLimits {
     pub fn settings(
         &self,
         framework: semver::Version,
-        scripts: vynil_store::script::ScriptLimits,
+        scripts: vynil_script::ScriptLimits,
     ) -> EngineSettings {
         EngineSettings {
             framework,
@@ -182,7 +184,7 @@ impl From<vynil_store::lease::LeaseError> for ScannerError {
 
 /// The store the flags name.
 async fn open_store(config: &Config) -> Result<Arc<dyn ScannerStore>, ScannerError> {
-    Ok(vynil_store::open(&config.shared.store_settings(vynil_runtime::user_agent!())).await?)
+    Ok(vynil_store::open(&config.store.store_settings(vynil_runtime::user_agent!())).await?)
 }
 
 /// Builds the scanner from its configuration.
@@ -195,9 +197,8 @@ pub async fn build_with_store(
     config: &Config,
     store: Arc<dyn ScannerStore>,
 ) -> Result<Arc<Scanner>, ScannerError> {
-    let shared = &config.shared;
     let (queue, cache, index_cache): (Arc<dyn RequestQueue>, Arc<dyn MetadataCache>, _) =
-        match &shared.redis_url {
+        match &config.store.redis_url {
             Some(url) => {
                 let cache = Arc::new(vynil_store::metadata_cache::RedisMetadataCache::connect(url).await?);
                 let index_cache = vynil_index::ConditionalCache::new(cache.clone());
@@ -209,8 +210,8 @@ pub async fn build_with_store(
                 vynil_index::ConditionalCache::default(),
             ),
         };
-    let credentials = CredentialStore::from_file(config.shared.dockerconfig.as_deref())?;
-    let client = RegistryClient::new(config.shared.transport(), credentials, cache)?;
+    let credentials = CredentialStore::from_file(config.store.dockerconfig.as_deref())?;
+    let client = RegistryClient::new(config.store.transport(), credentials, cache)?;
     let (metrics, exported_metrics) = metrics::ScannerMetrics::register(&client.counters());
     Ok(Arc::new(Scanner {
         metrics,
@@ -219,8 +220,8 @@ pub async fn build_with_store(
         queue,
         client,
         index_cache,
-        settings: config.limits.settings(config.shared.vynil_version.clone(), config.shared.scripts()),
-        holder: config.shared.replica_name("scanner"),
+        settings: config.limits.settings(config.store.vynil_version.clone(), config.store.scripts()),
+        holder: config.store.replica_name("scanner"),
         lease: Duration::from_secs(config.scan_lease_seconds.max(1)),
         poll: Duration::from_millis(config.poll_milliseconds.max(10)),
         settle: Duration::from_millis(config.push_settle_milliseconds),
@@ -268,7 +269,10 @@ pub async fn run_with_store(
     let triggers = tokio::spawn(triggers.run(Duration::from_secs(config.trigger_resync_seconds.max(1))));
     let trust = vynil_runtime::Trust::from_config(&config.shared.trust, listen)
         .map_err(|e| ScannerError::Config(e.to_string()))?;
-    let service = ServedService::new(ScannerServer::new(ScannerService { scanner, trust }));
+    let service = ServedService::new(
+        ScannerServer::new(ScannerService { scanner, trust }),
+        vynil_proto::FILE_DESCRIPTOR_SET,
+    );
     let served = server.serve(vec![service], drain.after(shutdown)).await;
     drain.trigger();
     let _ = worker.await;

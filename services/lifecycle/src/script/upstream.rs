@@ -924,7 +924,7 @@ mod tests {
     use super::*;
     use crate::script::Host;
     use serde_json::json;
-    use vynil_store::script::ScriptLimits;
+    use vynil_script::ScriptLimits;
 
     fn values(source: &str, instance: Value, given: Given) -> Result<Value, String> {
         let text = Host::new(instance, ScriptLimits::default(), given).controller_values(Some(source))?;

@@ -1,8 +1,8 @@
 //! The one conversion between the rules' [`Package`] and the catalog's wire
 //! `Package`: the catalog answers with it, lifecycle reads it back.
 
+use crate::catalog::v1::{self as pb, PackageType as ProtoType};
 use tonic::Status;
-use vynil_proto::catalog::v1::{self as pb, PackageType as ProtoType};
 use vynil_rules::{Package, PackageContent, PackageMeta, PackageType, Requirement, package::Recommandation};
 
 /// A wire package type; unspecified or unknown is `INVALID_ARGUMENT`.

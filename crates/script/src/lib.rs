@@ -1,11 +1,12 @@
-//! `source.script` JukeBoxes: a Rhai script returns the repository list
-//! (upstream's `source.script`). The script comes from the cluster, so it
-//! runs sandboxed: a raw engine with only the standard language packages (no
+//! The sealed engine for scripts that come from the cluster. A
+//! `source.script` JukeBox's Rhai script returns the repository list
+//! (upstream's `source.script`); a package's `value_script` and `prefly`
+//! run in lifecycle. Each comes from the cluster, so it runs sandboxed: a raw engine with only the standard language packages (no
 //! module resolver, so `import` cannot read the scanner's files; no `eval`),
 //! and limits on operations, call depth, expression depth, string, array and
 //! map sizes and wall time. A script error, a limit or a wrong return type is
-//! a condition, never a crash. Lifecycle runs package scripts in the same
-//! engine ([`sandbox`]).
+//! a condition, never a crash. Lifecycle builds its engine from the same
+//! sealed one ([`ScriptLimits::sandbox`]).
 
 use std::time::{Duration, Instant};
 
