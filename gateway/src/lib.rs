@@ -18,8 +18,6 @@ pub mod auth;
 pub mod cli;
 pub mod downstream;
 pub mod error;
-pub mod hooks;
-pub mod kube_auth;
 pub mod metrics;
 pub mod openapi;
 pub mod routes;
@@ -96,7 +94,7 @@ pub struct Config {
     pub secure_cookies: bool,
     /// Also accept Kubernetes users: a bearer token the tokens file does not
     /// know is reviewed by the API server (TokenReview) and each call
-    /// authorised by RBAC (SubjectAccessReview); see `kube_auth` for the verbs.
+    /// authorised by RBAC (SubjectAccessReview); see `auth::kubernetes` for the verbs.
     #[arg(long, env = "VYNIL_GATEWAY_KUBERNETES_AUTH")]
     pub kubernetes_auth: bool,
     /// How long a TokenReview answer holds; a Kubernetes user's session is
@@ -280,9 +278,9 @@ pub fn router(config: &Config, kube: Option<kube::Client>) -> Result<Router, Gat
     let (metrics, registry) = metrics::GatewayMetrics::register();
     let review_for = Duration::from_secs(config.kubernetes_review_cache_seconds.max(1));
     let kube =
-        kube.map(|client| kube_auth::KubeAuth::new(client, review_for, config.kubernetes_reviews_per_minute));
+        kube.map(|client| auth::KubeAuth::new(client, review_for, config.kubernetes_reviews_per_minute));
     let source = if config.trust_forwarded_for { auth::Source::ForwardedFor } else { auth::Source::Peer };
-    let hooks = hooks::Hooks::load(config.hooks_file.as_deref()).map_err(GatewayError::Hooks)?;
+    let hooks = api::hooks::Hooks::load(config.hooks_file.as_deref()).map_err(GatewayError::Hooks)?;
     let streams = api::Streams::new(config.max_streams_per_client);
     let pages = api::Pages::new(config.max_page_size);
     let app =

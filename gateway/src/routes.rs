@@ -26,10 +26,10 @@ use serde_json::json;
 
 use crate::{
     api::{self, App},
+    auth::kubernetes::KubeRule,
     auth::{Grant, Role, check_csrf},
     downstream::CallContext,
     error::{ApiError, REQUEST_ID},
-    kube_auth::KubeRule,
 };
 
 /// Who may call a route.
@@ -40,7 +40,7 @@ pub enum Access {
     /// A principal with at least this role.
     Role(Role),
     /// A registry's event: authenticated by the hook's own secret or
-    /// signature (`crate::hooks`), never by a token or session.
+    /// signature (`crate::api::hooks`), never by a token or session.
     Hook,
 }
 
@@ -100,7 +100,7 @@ fn table() -> Vec<Row> {
             post(purge::execute),
         ),
         (Method::GET, "/api/v1/purge/plans/{plan_id}/report", VIEWER, read, get(purge::get_report)),
-        (Method::POST, "/api/v1/hooks/{hook}", Access::Hook, Authenticated, post(crate::hooks::receive)),
+        (Method::POST, "/api/v1/hooks/{hook}", Access::Hook, Authenticated, post(crate::api::hooks::receive)),
         (Method::GET, "/api/v1/instances", VIEWER, Instances("list"), get(instances::list_instances)),
         (
             Method::GET,

@@ -1,6 +1,6 @@
 //! Kubernetes users (`--kubernetes-auth`): a token the tokens file does not
 //! know is reviewed by the API server, and each call is authorised by RBAC
-//! through SubjectAccessReview with the verbs `kube_auth` documents. The
+//! through SubjectAccessReview with the verbs `auth::kubernetes` documents. The
 //! fake API server answers the reviews from the test's table.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]

@@ -22,13 +22,15 @@ mod counters;
 pub mod decode;
 pub mod layout;
 mod metadata;
+mod reference;
 pub mod sources;
 mod transport;
 
 pub use auth::{CredentialStore, Credentials};
-pub use client::{Artifact, DeletionOutcome, Manifest, RegistryClient, RepositoryRef, TaggedManifest};
+pub use client::{Artifact, DeletionOutcome, Manifest, RegistryClient, TaggedManifest};
 pub use counters::{RequestCounters, RequestLabels};
 pub use metadata::{InMemoryMetadataCache, ManifestMetadata, MetadataCache};
+pub use reference::RepositoryRef;
 pub use transport::TransportConfig;
 
 /// What can go wrong talking to a registry. Each message names the registry

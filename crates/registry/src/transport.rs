@@ -189,12 +189,12 @@ impl Transport {
     }
 
     /// `https://<API host>`, or `http://` for a registry declared insecure;
-    /// the API host of Docker Hub is not its name ([`crate::client::api_host`]).
+    /// the API host of Docker Hub is not its name ([`api_host`]).
     pub fn base_url(&self, registry: &str) -> String {
         let wanted = vynil_rules::repository::host(registry);
         let insecure =
             self.config.insecure_registries.iter().any(|r| vynil_rules::repository::host(r) == wanted);
-        format!("{}://{}", if insecure { "http" } else { "https" }, crate::client::api_host(registry))
+        format!("{}://{}", if insecure { "http" } else { "https" }, api_host(registry))
     }
 
     fn limit(&self, registry: &str) -> Arc<Semaphore> {
@@ -570,4 +570,21 @@ fn classify(error: &reqwest::Error) -> Failure {
         }
         Failure::Unreachable(text)
     }
+}
+
+/// Where Docker Hub's API answers.
+const DOCKER_HUB_API: &str = "registry-1.docker.io";
+
+/// Whether `registry` is one of Docker Hub's names, however written (the
+/// rules' repository identity).
+pub(crate) fn is_docker_hub(registry: &str) -> bool {
+    vynil_rules::repository::host(registry) == vynil_rules::repository::DOCKER_HUB_HOST
+}
+
+/// The host serving `registry`'s distribution API: Docker Hub's names
+/// (`docker.io`, `index.docker.io`, in any case) resolve to
+/// `registry-1.docker.io`, as every OCI client does; any other registry
+/// serves its own name.
+pub fn api_host(registry: &str) -> &str {
+    if is_docker_hub(registry) { DOCKER_HUB_API } else { registry }
 }

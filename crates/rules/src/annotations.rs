@@ -19,6 +19,19 @@ pub const OPTIONS: &str = "fr.solidite.vynil.options";
 pub const RECOMMANDATIONS: &str = "fr.solidite.vynil.recommandations";
 pub const VALUE_SCRIPT: &str = "fr.solidite.vynil.value_script";
 
+impl PackageContent {
+    /// The Rhai source of `value_script`, JSON-decoded as upstream's operator does.
+    pub fn value_script_source(&self) -> Result<Option<String>, RulesError> {
+        match &self.value_script {
+            None => Ok(None),
+            Some(raw) => serde_json::from_str::<String>(raw).map(Some).map_err(|e| RulesError::Annotation {
+                key: VALUE_SCRIPT.into(),
+                problem: format!("must be a JSON string literal: {e}"),
+            }),
+        }
+    }
+}
+
 /// What a manifest's annotations say: the one metadata type every consumer
 /// (scanner, purger, the registry client's cache) shares.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]

@@ -187,19 +187,6 @@ impl PackageContent {
     pub fn package_type(&self) -> PackageType {
         self.metadata.package_type
     }
-
-    /// The Rhai source of `value_script`, JSON-decoded as upstream's operator does.
-    pub fn value_script_source(&self) -> Result<Option<String>, crate::RulesError> {
-        match &self.value_script {
-            None => Ok(None),
-            Some(raw) => {
-                serde_json::from_str::<String>(raw).map(Some).map_err(|e| crate::RulesError::Annotation {
-                    key: crate::annotations::VALUE_SCRIPT.into(),
-                    problem: format!("must be a JSON string literal: {e}"),
-                })
-            }
-        }
-    }
 }
 
 impl Package {

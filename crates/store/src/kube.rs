@@ -31,6 +31,7 @@ use vynil_crds::{JukeBox, JukeBoxStatus};
 
 use crate::{
     JukeboxEvent, JukeboxRecord, JukeboxStore, ScannerStore, StatusVersion, StoreChange, StoreError,
+    kube_error,
 };
 
 /// See the module documentation.
@@ -56,22 +57,6 @@ impl Drop for KubeStore {
             watcher.abort();
         }
     }
-}
-
-/// A failed call to the API server: retried (it may be back, or granted,
-/// later), with what an operator must fix when the server refused the
-/// service itself.
-pub(crate) fn kube_error(doing: &str, e: kube::Error) -> StoreError {
-    let fix = match &e {
-        kube::Error::Api(status) if status.code == 403 => {
-            "; this service's ServiceAccount lacks the grant: see its Role in deploy/base/rbac.yaml"
-        }
-        kube::Error::Api(status) if status.code == 401 => {
-            "; the API server refused this service's credentials"
-        }
-        _ => "",
-    };
-    StoreError::Unavailable(format!("Kubernetes API, {doing}: {e}{fix}"))
 }
 
 fn is_status(e: &kube::Error, code: u16) -> bool {

@@ -121,7 +121,7 @@ pub async fn open(settings: &StoreSettings) -> Result<std::sync::Arc<dyn Scanner
 /// the kubeconfig or the in-cluster service account, with the write window's
 /// timeouts.
 pub async fn kube_client(user_agent: &str) -> Result<::kube::Client, StoreError> {
-    let connecting = |e| kube::kube_error("connecting (kubeconfig or in-cluster)", e);
+    let connecting = |e| kube_error("connecting (kubeconfig or in-cluster)", e);
     let mut config = ::kube::Config::infer().await.map_err(|e| connecting(::kube::Error::InferConfig(e)))?;
     let agent = ::http::HeaderValue::from_str(user_agent)
         .map_err(|e| StoreError::Config(format!("user agent {user_agent:?}: {e}")))?;
@@ -131,6 +131,22 @@ pub async fn kube_client(user_agent: &str) -> Result<::kube::Client, StoreError>
     config.connect_timeout = Some(KUBE_WRITE_WINDOW);
     config.write_timeout = Some(KUBE_WRITE_WINDOW);
     ::kube::Client::try_from(config).map_err(connecting)
+}
+
+/// A failed call to the API server: retried (it may be back, or granted,
+/// later), with what an operator must fix when the server refused the
+/// service itself.
+pub(crate) fn kube_error(doing: &str, e: ::kube::Error) -> StoreError {
+    let fix = match &e {
+        ::kube::Error::Api(status) if status.code == 403 => {
+            "; this service's ServiceAccount lacks the grant: see its Role in deploy/base/rbac.yaml"
+        }
+        ::kube::Error::Api(status) if status.code == 401 => {
+            "; the API server refused this service's credentials"
+        }
+        _ => "",
+    };
+    StoreError::Unavailable(format!("Kubernetes API, {doing}: {e}{fix}"))
 }
 
 /// The one mapping of a Redis error: the store is unavailable (retry), never

@@ -23,7 +23,7 @@ use kube::{
 use serde_json::json;
 use vynil_crds::JukeBox;
 
-use crate::{StoreError, kube::kube_error};
+use crate::{StoreError, kube_error};
 
 /// Upstream's JukeBox finalizer.
 pub const UPSTREAM_FINALIZER: &str = "jukeboxes.vynil.solidite.fr";

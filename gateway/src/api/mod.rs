@@ -6,6 +6,7 @@
 //! pagination of lists, and errors in one shape (`crate::error`).
 
 pub mod catalog;
+pub mod hooks;
 pub mod inputs;
 pub mod instances;
 pub mod purge;
@@ -34,7 +35,7 @@ pub struct AppInner {
     pub auth: Authenticator,
     pub services: Downstreams,
     pub metrics: GatewayMetrics,
-    pub hooks: crate::hooks::Hooks,
+    pub hooks: hooks::Hooks,
     /// Rendered catalog pages, served again while the catalog is unchanged.
     pub catalog_pages: catalog::RenderedPages,
     pub streams: Streams,
@@ -46,7 +47,7 @@ impl App {
         auth: Authenticator,
         services: Downstreams,
         metrics: GatewayMetrics,
-        hooks: crate::hooks::Hooks,
+        hooks: hooks::Hooks,
         streams: Streams,
         pages: Pages,
     ) -> Self {
@@ -249,6 +250,13 @@ pub enum Errors {
 /// A timestamp or text that is empty when unknown, as `null` in JSON.
 pub fn non_empty(value: String) -> Option<String> {
     (!value.is_empty()).then_some(value)
+}
+
+/// An SSE event carrying `value` as JSON.
+pub fn json_event(name: &str, value: &impl serde::Serialize) -> axum::response::sse::Event {
+    axum::response::sse::Event::default()
+        .event(name)
+        .data(serde_json::to_string(value).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}")))
 }
 
 #[cfg(test)]

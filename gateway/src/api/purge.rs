@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use vynil_proto::purger::v1 as pb;
 
-use super::{App, Ctx, Errors, body, check_subdomain, failed, non_empty, scans::json_event};
+use super::{App, Ctx, Errors, body, check_subdomain, failed, json_event, non_empty};
 use crate::{downstream::Service, error::ApiError};
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use vynil_proto::scanner::v1 as pb;
 
-use super::{App, Ctx, Errors, body, check_subdomain, failed, non_empty};
+use super::{App, Ctx, Errors, body, check_subdomain, failed, json_event, non_empty};
 use crate::{downstream::Service, error::ApiError};
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
@@ -166,13 +166,6 @@ pub async fn latest_scan(
     let request = app.services.request(&ctx, pb::GetScanRequest { scan_id: String::new(), jukebox });
     let answer = app.services.scanner()?.get_scan(request).await.map_err(failed(Service::Scanner))?;
     Ok(Json(answer.into_inner().into()))
-}
-
-/// An SSE event carrying `value` as JSON.
-pub fn json_event(name: &str, value: &impl Serialize) -> Event {
-    Event::default()
-        .event(name)
-        .data(serde_json::to_string(value).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}")))
 }
 
 #[utoipa::path(get, path = "/api/v1/scans/{scan_id}/events", tag = "scans", params(("scan_id" = String, Path)),

@@ -4,10 +4,18 @@
 //!
 //! Exit codes: 0 ok, 1 failed, 2 usage (or bad input), 3 refused or blocked,
 //! 4 unreachable.
+//!
+//! This module holds the flags, the dispatch and what every area shares
+//! (connecting, confirming, progress); each area's commands live in their
+//! own module, as the API's routes do: `jukeboxes` (jukebox, catalog, scan,
+//! index), `purge` and `instances`.
 
 pub mod client;
 pub mod config;
+mod instances;
+mod jukeboxes;
 pub mod output;
+mod purge;
 
 use std::{io::IsTerminal, path::PathBuf};
 
@@ -16,13 +24,10 @@ use serde_json::json;
 
 use self::{
     client::{CliError, CliResult, Client, Exit},
-    output::{Format, Printer, Tone, cell},
+    output::{Format, Printer},
 };
 use crate::api::{
-    catalog::{CatalogPage, JukeboxList, Package, PackageType, UpgradePath},
-    instances::{Explanation, Instance, InstanceList, InstanceState},
-    purge::{DeletionOutcome, DeletionState, Plan, Report},
-    scans::{ExportDone, Scan, ScanStarted, ScanState},
+    catalog::PackageType,
     session::{Version, WhoAmI},
 };
 
@@ -259,189 +264,39 @@ fn connect(cli: &Cli) -> CliResult<Client> {
 
 pub async fn run(cli: Cli) -> CliResult<Exit> {
     let printer = Printer::new(cli.output);
+    let printer = &printer;
     match &cli.command {
         Command::Completion { shell } => {
             clap_complete::generate(*shell, &mut Cli::command(), "vynilctl", &mut std::io::stdout());
             Ok(Exit::Ok)
         }
         Command::Login { name } => login(&cli, name).await,
-        Command::Version => {
-            let client = connect(&cli)?;
-            let server: Version = client.get("/api/v1/version").await?;
-            let versions = json!({"client": env!("CARGO_PKG_VERSION"), "server": server});
-            if !printer.structured(&versions)? {
-                println!(
-                    "client: {}\nserver: {} (API {}) at {}",
-                    env!("CARGO_PKG_VERSION"),
-                    server.gateway,
-                    server.api,
-                    client.url()
-                );
-            }
-            Ok(Exit::Ok)
-        }
-        Command::Jukebox(JukeboxCommand::List) => {
-            let list: JukeboxList = connect(&cli)?.get_all("/api/v1/jukeboxes?").await?;
-            if !printer.structured(&list)? {
-                let rows = list
-                    .items
-                    .iter()
-                    .map(|j| {
-                        let updated = j.conditions.iter().find(|c| c.condition_type == "Updated");
-                        let state = updated.map(|c| {
-                            (c.status.clone(), if c.status == "True" { Tone::Good } else { Tone::Bad })
-                        });
-                        vec![
-                            cell(&j.name),
-                            cell(j.package_count.to_string()),
-                            cell(j.last_change_time.clone().unwrap_or_else(|| "never".into())),
-                            state.unwrap_or_else(|| cell("-")),
-                        ]
-                    })
-                    .collect::<Vec<_>>();
-                printer.table(&["name", "packages", "last change", "updated"], &rows);
-                for skipped in &list.skipped {
-                    eprintln!("skipped {}: {}", skipped.source, skipped.problem);
-                }
-            }
-            Ok(Exit::Ok)
-        }
-        Command::Catalog(CatalogCommand::Show { jukebox, category, name, package_type }) => {
-            let mut query = Vec::new();
-            query.extend(category.as_ref().map(|c| format!("category={c}")));
-            query.extend(name.as_ref().map(|n| format!("name={n}")));
-            query.extend(package_type.map(|t| format!("type={}", type_name(Some(t)))));
-            let path = format!("/api/v1/jukeboxes/{jukebox}/catalog?{}", query.join("&"));
-            let page: CatalogPage = connect(&cli)?.get_all(&path).await?;
-            if !printer.structured(&page)? {
-                print_catalog(&printer, &page.items);
-            }
-            Ok(Exit::Ok)
-        }
-        Command::Catalog(CatalogCommand::Path { jukebox, package, package_type, from }) => {
-            let (category, name) = package.split_once('/').ok_or_else(|| {
-                CliError::new(Exit::Usage, format!("{package:?}: expected <category>/<name>"))
-            })?;
-            let mut path = format!(
-                "/api/v1/jukeboxes/{jukebox}/upgrade-path?category={category}&name={name}&type={}",
-                type_name(Some(*package_type))
-            );
-            if let Some(from) = from {
-                path.push_str(&format!("&from={from}"));
-            }
-            let answer: UpgradePath = connect(&cli)?.get(&path).await?;
-            if printer.structured(&answer)? {
-                return Ok(if answer.blocked.is_some() { Exit::Refused } else { Exit::Ok });
-            }
-            if let Some(blocked) = &answer.blocked {
-                println!("{} ({})", printer.paint(&blocked.reason, Tone::Bad), blocked.excluded_by);
-                return Ok(Exit::Refused);
-            }
-            if answer.steps.is_empty() {
-                println!("up to date");
-            }
-            for (i, step) in answer.steps.iter().enumerate() {
-                println!("{}. {} ({})", i + 1, step.tag, type_name(step.package_type));
-            }
-            Ok(Exit::Ok)
-        }
+        Command::Version => version(&cli, printer).await,
+        Command::Jukebox(JukeboxCommand::List) => jukeboxes::list(&cli, printer).await,
+        Command::Catalog(command) => jukeboxes::catalog(&cli, printer, command).await,
         Command::Scan { jukebox, filter, repository, wait } => {
-            let body = match repository {
-                Some((registry, repository)) => {
-                    json!({"repository": {"registry": registry, "repository": repository}})
-                }
-                None => json!({"filter": filter}),
-            };
-            scan(&cli, &printer, jukebox, &body, *wait).await
+            jukeboxes::start_scan(&cli, printer, jukebox, filter, repository, *wait).await
         }
-        Command::Purge(PurgeCommand::Plan { target }) => {
-            let body = match target.strip_prefix("jukebox/") {
-                Some(name) => json!({"jukebox": name}),
-                None if !target.contains('/') => json!({"jukebox": target}),
-                None => {
-                    let (registry, repository) = target.split_once('/').unwrap_or_default();
-                    json!({"repository": {"registry": registry, "repository": repository}})
-                }
-            };
-            let plan: Plan = connect(&cli)?.post("/api/v1/purge/plans", &body).await?;
-            if !printer.structured(&plan)? {
-                print_plan(&printer, &plan);
-            }
-            Ok(Exit::Ok)
-        }
-        Command::Index(IndexCommand::Export { jukebox, destination, secret, confirm }) => {
-            let confirm = confirmation(confirm.as_deref(), jukebox)?;
-            let body = json!({"destination": destination, "secret": secret, "confirm": confirm});
-            let done: ExportDone =
-                connect(&cli)?.post(&format!("/api/v1/jukeboxes/{jukebox}/exports"), &body).await?;
-            if !printer.structured(&done)? {
-                println!(
-                    "{jukebox}: {} packages of {} repositories exported to {destination}: {} files written, {} removed",
-                    done.packages,
-                    done.repositories,
-                    done.written.len(),
-                    done.removed.len()
-                );
-            }
-            Ok(Exit::Ok)
-        }
-        Command::Purge(PurgeCommand::Execute { plan, confirm, acknowledge_usage_unknown }) => {
-            execute(&cli, &printer, plan, confirm.as_deref(), *acknowledge_usage_unknown).await
-        }
-        Command::Purge(PurgeCommand::Report { plan }) => {
-            let report: Report = connect(&cli)?.get(&format!("/api/v1/purge/plans/{plan}/report")).await?;
-            if !printer.structured(&report)? {
-                print_report(&printer, &report);
-            }
-            Ok(report_exit(&report))
-        }
-        Command::Instance(InstanceCommand::List { kind, namespace, jukebox }) => {
-            let mut query = Vec::new();
-            query.extend(kind.as_ref().map(|v| format!("kind={v}")));
-            query.extend(namespace.as_ref().map(|v| format!("namespace={v}")));
-            query.extend(jukebox.as_ref().map(|v| format!("jukebox={v}")));
-            let list: InstanceList =
-                connect(&cli)?.get_all(&format!("/api/v1/instances?{}", query.join("&"))).await?;
-            if !printer.structured(&list)? {
-                let rows: Vec<Vec<(String, Tone)>> = list.items.iter().map(instance_row).collect();
-                printer.table(&["instance", "package", "tag", "state", "blocked by"], &rows);
-            }
-            Ok(Exit::Ok)
-        }
-        Command::Instance(InstanceCommand::Explain { instance }) => {
-            let path = format!("/api/v1/instances/{}/explain", instance_path(instance)?);
-            let explained: Explanation = connect(&cli)?.get(&path).await?;
-            if !printer.structured(&explained)? {
-                print_explanation(&printer, &explained);
-            }
-            Ok(if explained.blocked.is_some() { Exit::Refused } else { Exit::Ok })
-        }
-        Command::Instance(InstanceCommand::AllowDeleteWithoutPackage { instance, confirm, reason }) => {
-            let reference = instance_path(instance)?;
-            let client = connect(&cli)?;
-            let explained: Explanation =
-                client.get(&format!("/api/v1/instances/{reference}/explain")).await?;
-            if printer.format == Format::Table {
-                println!("Without package hooks, this deletes:");
-                for child in &explained.children_to_delete {
-                    println!("  {child}");
-                }
-                for child in &explained.children_left {
-                    println!("  left for a human: {child}");
-                }
-            }
-            let confirm = confirmation(confirm.as_deref(), &reference)?;
-            let body =
-                json!({"confirm": confirm, "fingerprint": explained.children_fingerprint, "reason": reason});
-            let done: serde_json::Value = client
-                .post(&format!("/api/v1/instances/{reference}/allow-delete-without-package"), &body)
-                .await?;
-            if !printer.structured(&done)? {
-                println!("{reference}: delete without package allowed; lifecycle starts the reaper");
-            }
-            Ok(Exit::Ok)
-        }
+        Command::Index(command) => jukeboxes::export(&cli, printer, command).await,
+        Command::Purge(command) => purge::run(&cli, printer, command).await,
+        Command::Instance(command) => instances::run(&cli, printer, command).await,
     }
+}
+
+async fn version(cli: &Cli, printer: &Printer) -> CliResult<Exit> {
+    let client = connect(cli)?;
+    let server: Version = client.get("/api/v1/version").await?;
+    let versions = json!({"client": env!("CARGO_PKG_VERSION"), "server": server});
+    if !printer.structured(&versions)? {
+        println!(
+            "client: {}\nserver: {} (API {}) at {}",
+            env!("CARGO_PKG_VERSION"),
+            server.gateway,
+            server.api,
+            client.url()
+        );
+    }
+    Ok(Exit::Ok)
 }
 
 async fn login(cli: &Cli, name: &str) -> CliResult<Exit> {
@@ -494,18 +349,6 @@ fn confirmation(given: Option<&str>, target: &str) -> CliResult<String> {
     Ok(line.trim().to_string())
 }
 
-fn instance_path(instance: &str) -> CliResult<String> {
-    match instance.split('/').collect::<Vec<_>>().as_slice() {
-        [kind, namespace, name] if !kind.is_empty() && !namespace.is_empty() && !name.is_empty() => {
-            Ok(instance.to_string())
-        }
-        _ => Err(CliError::new(
-            Exit::Usage,
-            format!("{instance:?}: expected <kind>/<namespace>/<name>, e.g. tenant/apps/web"),
-        )),
-    }
-}
-
 fn progress_bar(total: u64, what: &str) -> indicatif::ProgressBar {
     let bar = if std::io::stderr().is_terminal() {
         indicatif::ProgressBar::new(total)
@@ -519,251 +362,7 @@ fn progress_bar(total: u64, what: &str) -> indicatif::ProgressBar {
     bar
 }
 
-async fn scan(
-    cli: &Cli,
-    printer: &Printer,
-    jukebox: &str,
-    body: &serde_json::Value,
-    wait: bool,
-) -> CliResult<Exit> {
-    let client = connect(cli)?;
-    let started: ScanStarted = client.post(&format!("/api/v1/jukeboxes/{jukebox}/scans"), body).await?;
-    if !wait {
-        if !printer.structured(&started)? {
-            let joined = if started.joined_existing { " (joined a scan already covering it)" } else { "" };
-            println!("scan {} of {jukebox} requested{joined}", started.scan_id);
-        }
-        return Ok(Exit::Ok);
-    }
-    let bar = progress_bar(0, &format!("scanning {jukebox}"));
-    let mut last: Option<Scan> = None;
-    let path = format!("/api/v1/scans/{}/events", started.scan_id);
-    client
-        .events(reqwest::Method::GET, &path, None, |event, data| {
-            if event == "progress"
-                && let Ok(scan) = serde_json::from_str::<Scan>(data)
-            {
-                bar.set_length(u64::from(scan.repositories_total));
-                bar.set_position(u64::from(scan.repositories_done));
-                last = Some(scan);
-            }
-        })
-        .await?;
-    bar.finish_and_clear();
-    let scan = match last {
-        Some(scan) => scan,
-        None => client.get(&format!("/api/v1/scans/{}", started.scan_id)).await?,
-    };
-    if !printer.structured(&scan)? {
-        let state = wire_name(scan.state);
-        let tone = if scan.state == ScanState::Succeeded { Tone::Good } else { Tone::Bad };
-        let scope = match (&scan.repository, &scan.filter) {
-            (Some(r), _) => format!(" ({}/{})", r.registry, r.repository),
-            (None, Some(filter)) => format!(" ({filter})"),
-            (None, None) => String::new(),
-        };
-        println!(
-            "scan {} of {jukebox}{scope}: {}, {}/{} repositories, {} tags, {} manifests read",
-            scan.scan_id,
-            printer.paint(&state, tone),
-            scan.repositories_done,
-            scan.repositories_total,
-            scan.tags_seen,
-            scan.manifests_read
-        );
-        for error in &scan.errors {
-            println!("  {}: {}", error.repository, error.message);
-        }
-    }
-    Ok(match scan.state {
-        ScanState::Succeeded => Exit::Ok,
-        _ => Exit::Failed,
-    })
-}
-
-async fn execute(
-    cli: &Cli,
-    printer: &Printer,
-    plan_id: &str,
-    confirm: Option<&str>,
-    acknowledge: bool,
-) -> CliResult<Exit> {
-    let client = connect(cli)?;
-    let plan: Plan = client.get(&format!("/api/v1/purge/plans/{plan_id}")).await?;
-    if printer.format == Format::Table {
-        println!(
-            "plan {} of {}: {} to delete, {} to keep",
-            plan.plan_id, plan.target, plan.delete_count, plan.keep_count
-        );
-    }
-    let confirm = confirmation(confirm, &plan.target)?;
-    let body = json!({"confirm": confirm, "fingerprint": plan.fingerprint, "acknowledge_usage_unknown": acknowledge});
-    let digests =
-        plan.entries.iter().filter(|e| !e.keep).map(|e| &e.digest).collect::<std::collections::BTreeSet<_>>();
-    let bar = progress_bar(digests.len() as u64, &format!("purging {}", plan.target));
-    let mut report: Option<Report> = None;
-    let mut failure: Option<String> = None;
-    client
-        .events(
-            reqwest::Method::POST,
-            &format!("/api/v1/purge/plans/{plan_id}/execute"),
-            Some(&body),
-            |event, data| match event {
-                "outcome" => {
-                    if let Ok(outcome) = serde_json::from_str::<DeletionOutcome>(data) {
-                        bar.inc(1);
-                        bar.set_message(format!("{} {}", outcome.repository, outcome.tags.join(",")));
-                    }
-                }
-                "report" => report = serde_json::from_str(data).ok(),
-                "error" => failure = Some(data.to_string()),
-                _ => {}
-            },
-        )
-        .await?;
-    bar.finish_and_clear();
-    if let Some(failure) = failure {
-        let body: crate::error::ErrorBody =
-            serde_json::from_str(&failure).unwrap_or(crate::error::ErrorBody {
-                code: "INTERNAL".into(),
-                message: failure,
-                request_id: String::new(),
-            });
-        return Err(CliError::new(
-            Exit::Failed,
-            format!("{}: {} [request {}]", body.code, body.message, body.request_id),
-        ));
-    }
-    let report = report.ok_or_else(|| CliError::new(Exit::Failed, "the execution ended without a report"))?;
-    if !printer.structured(&report)? {
-        print_report(printer, &report);
-    }
-    Ok(report_exit(&report))
-}
-
-fn report_exit(report: &Report) -> Exit {
-    if report.outcomes.iter().any(|o| o.state == DeletionState::Failed) { Exit::Failed } else { Exit::Ok }
-}
-
-fn print_catalog(printer: &Printer, items: &[Package]) {
-    let mut groups: Vec<(String, Vec<&Package>)> = Vec::new();
-    for p in items {
-        let key = format!("{}/{} ({}/{})", p.category, p.name, p.registry, p.image);
-        match groups.iter_mut().find(|(k, _)| *k == key) {
-            Some((_, list)) => list.push(p),
-            None => groups.push((key, vec![p])),
-        }
-    }
-    for (key, revisions) in groups {
-        println!("{key}");
-        let rows: Vec<Vec<(String, Tone)>> = revisions
-            .iter()
-            .map(|p| {
-                let roles: Vec<String> = p.roles.iter().map(|r| r.description.clone()).collect();
-                vec![cell(format!("  {}", p.tag)), cell(type_name(p.package_type)), cell(roles.join(", "))]
-            })
-            .collect();
-        printer.table(&["  tag", "type", "role"], &rows);
-    }
-}
-
-fn print_plan(printer: &Printer, plan: &Plan) {
-    let rows: Vec<Vec<(String, Tone)>> = plan
-        .entries
-        .iter()
-        .map(|e| {
-            let decision =
-                if e.keep { ("keep".to_string(), Tone::Good) } else { ("delete".to_string(), Tone::Bad) };
-            vec![cell(&e.repository), cell(&e.tag), decision, cell(e.reasons.join("; "))]
-        })
-        .collect();
-    printer.table(&["repository", "tag", "decision", "reasons"], &rows);
-    println!(
-        "\nplan {}: {} to delete, {} to keep; expires {}\nexecute: vynilctl purge execute {} --confirm {}",
-        plan.plan_id, plan.delete_count, plan.keep_count, plan.expires_at, plan.plan_id, plan.target
-    );
-    if plan.usage_unknown {
-        println!(
-            "{}",
-            printer.paint(
-                "installed revisions are unknown: executing needs --acknowledge-usage-unknown",
-                Tone::Warn
-            )
-        );
-    }
-}
-
-fn print_report(printer: &Printer, report: &Report) {
-    let rows: Vec<Vec<(String, Tone)>> = report
-        .outcomes
-        .iter()
-        .map(|o| {
-            let (state, tone) = match o.state {
-                DeletionState::Deleted => ("deleted", Tone::Good),
-                DeletionState::AlreadyGone => ("already gone", Tone::Plain),
-                DeletionState::Failed => ("failed", Tone::Bad),
-                DeletionState::Unknown => ("unknown", Tone::Warn),
-            };
-            let detail = o.error_message.clone().or(o.note.clone()).unwrap_or_default();
-            vec![cell(&o.repository), cell(o.tags.join(",")), (state.to_string(), tone), cell(detail)]
-        })
-        .collect();
-    printer.table(&["repository", "tags", "outcome", "detail"], &rows);
-    let count = |s: DeletionState| report.outcomes.iter().filter(|o| o.state == s).count();
-    println!(
-        "\n{} executed by {}: {} deleted (eligible for the registry's garbage collection), {} already gone, {} failed",
-        report.target,
-        report.executed_by,
-        count(DeletionState::Deleted),
-        count(DeletionState::AlreadyGone),
-        count(DeletionState::Failed)
-    );
-    if let Some(note) = &report.note {
-        println!("{note}");
-    }
-}
-
-fn state_tone(state: InstanceState) -> Tone {
-    match state {
-        InstanceState::UpToDate => Tone::Good,
-        InstanceState::Blocked | InstanceState::Invalid | InstanceState::Retrying => Tone::Bad,
-        _ => Tone::Warn,
-    }
-}
-
-fn instance_row(i: &Instance) -> Vec<(String, Tone)> {
-    let kind = i.reference.kind.map(|k| format!("{k:?}").to_lowercase()).unwrap_or_default();
-    vec![
-        cell(format!("{kind}/{}/{}", i.reference.namespace, i.reference.name)),
-        cell(format!("{}/{}", i.category, i.package)),
-        cell(i.tag.clone().unwrap_or_else(|| "-".into())),
-        (wire_name(i.state), state_tone(i.state)),
-        cell(i.blocked.as_ref().map(|b| b.reason.clone()).unwrap_or_default()),
-    ]
-}
-
 /// An enum as the API writes it (`up_to_date`, `partially_failed`).
 fn wire_name(value: impl serde::Serialize) -> String {
     serde_json::to_value(value).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default()
-}
-
-fn print_explanation(printer: &Printer, e: &Explanation) {
-    let state = wire_name(e.state);
-    println!("{}: {}", printer.paint(&state, state_tone(e.state)), e.summary);
-    for detail in &e.details {
-        println!("  {detail}");
-    }
-    if let Some(blocked) = &e.blocked {
-        let code = blocked.code.as_ref().map(|c| format!("[{c}] ")).unwrap_or_default();
-        println!("blocked by {}: {code}{}", blocked.criterion, printer.paint(&blocked.reason, Tone::Bad));
-    }
-    let tags = [("installed", &e.from_tag), ("next", &e.to_tag), ("latest", &e.latest_tag)];
-    let known: Vec<String> =
-        tags.iter().filter_map(|(what, tag)| tag.as_ref().map(|t| format!("{what} {t}"))).collect();
-    if !known.is_empty() {
-        println!("{}", known.join(", "));
-    }
-    if !e.children_to_delete.is_empty() {
-        println!("a delete without package would delete: {}", e.children_to_delete.join("; "));
-    }
 }

@@ -24,7 +24,7 @@ use kube::{
 };
 use serde_json::Value;
 
-use crate::{LifecycleError, reaper};
+use crate::{LifecycleError, children};
 
 /// The label every confirmation ConfigMap carries.
 pub const LABEL: &str = "vynil.solidite.fr/delete-without-package-confirmation";
@@ -36,7 +36,7 @@ pub struct Confirmation {
     pub uid: String,
     /// `kind/namespace/name`, for whoever reads the ConfigMap.
     pub instance: String,
-    /// The children fingerprint (`reaper::preview`) the admin confirmed.
+    /// The children fingerprint (`children::preview`) the admin confirmed.
     pub fingerprint: String,
     /// The recorded children as confirmed (the status' phase lists and `crds`).
     pub children: Value,
@@ -54,7 +54,7 @@ pub fn name_of(uid: &str) -> String {
 /// confirmation keeps them.
 pub fn children_of(status: &Value) -> Value {
     let mut children = serde_json::Map::new();
-    for key in reaper::PHASES.iter().chain(&["crds"]) {
+    for key in children::PHASES.iter().chain(&["crds"]) {
         if let Some(value) = status.get(*key).filter(|v| !v.is_null()) {
             children.insert((*key).to_string(), value.clone());
         }
@@ -69,7 +69,7 @@ impl Confirmation {
         if self.uid != uid {
             return Some(format!("it was given for another object (UID {})", self.uid));
         }
-        let (_, _, now) = reaper::preview(status, namespace);
+        let (_, _, now) = children::preview(status, namespace);
         (now != self.fingerprint).then(|| {
             format!(
                 "the recorded children changed after {} confirmed them (fingerprint {} then, {now} now)",

@@ -12,205 +12,34 @@
 //! Only the leader (`crate::leader`) reconciles, and every write is preceded
 //! by a leadership check.
 
-use std::{collections::HashMap, sync::Arc, sync::Mutex, time::Duration};
+use std::sync::Arc;
 
 use futures::StreamExt;
-use k8s_openapi::api::{
-    batch::v1::Job,
-    core::v1::{Pod, Secret},
-};
+use k8s_openapi::api::batch::v1::Job;
 use kube::{
-    Api, Client, Resource, ResourceExt,
-    api::{DynamicObject, Patch, PatchParams},
+    Api, Client, ResourceExt,
+    api::DynamicObject,
     runtime::{
         Controller,
         controller::Action,
-        events::{Event as KubeEvent, EventType, Recorder},
         finalizer::{Error as FinalizerError, Event, finalizer},
         reflector::ObjectRef,
         watcher,
     },
 };
-use serde_json::json;
 use vynil_crds::labels;
-use vynil_registry::RegistryClient;
-use vynil_script::ScriptLimits;
 
 use crate::{
     LifecycleError,
-    catalog_client::Catalog,
-    confirmation::{Confirmation, Confirmations},
+    context::Context,
     executor::execute,
-    facts::Stores,
     install_plan::{self, Outcome},
     instance::{Instance, InstanceKind},
-    job::{self, AgentSettings},
-    leader::Leader,
-    metrics::{InstanceFailure, LifecycleMetrics},
+    job,
+    metrics::InstanceFailure,
     observe::{job_slot, observe, observe_cleanup},
     uninstall_plan::{self},
 };
-
-/// What every reconcile shares.
-pub struct Context {
-    pub client: Client,
-    pub jobs: Api<Job>,
-    pub(crate) pods: Api<Pod>,
-    pub(crate) secrets: Api<Secret>,
-    /// Admins' confirmations of deletes without package (control plane's namespace).
-    pub confirmations: Confirmations,
-    pub catalog: Catalog,
-    pub(crate) registry: RegistryClient,
-    pub agent: AgentSettings,
-    pub framework: semver::Version,
-    pub scripts: ScriptLimits,
-    pub max_attempts: u32,
-    /// Upstream's re-runs, opted into.
-    pub reruns: install_plan::Reruns,
-    pub stores: Stores,
-    pub metrics: LifecycleMetrics,
-    pub(crate) recorder: Recorder,
-    /// Only the leader reconciles; every replica serves reads.
-    pub leader: Leader,
-    /// The idle requeue (`--requeue-seconds`).
-    pub(crate) requeue: Duration,
-    /// Agent Jobs running at once, at most (`--max-running-jobs`).
-    pub(crate) max_running_jobs: usize,
-    /// Held across "count the running Jobs, create one": the cap holds.
-    pub(crate) job_slots: tokio::sync::Mutex<()>,
-    /// The last decision per instance, for `ListInstances`.
-    pub(crate) outcomes: Mutex<HashMap<(InstanceKind, String, String), Outcome>>,
-}
-
-impl std::fmt::Debug for Context {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Context").field("agent", &self.agent).finish_non_exhaustive()
-    }
-}
-
-/// What [`Context::new`] needs besides the client and the stores.
-#[derive(Debug, Clone)]
-pub struct Settings {
-    pub namespace: String,
-    pub catalog: Catalog,
-    pub registry: RegistryClient,
-    pub agent: AgentSettings,
-    pub framework: semver::Version,
-    /// What a package's `value_script` and `prefly` may do.
-    pub scripts: ScriptLimits,
-    pub max_attempts: u32,
-    pub reruns: install_plan::Reruns,
-    pub reporter: kube::runtime::events::Reporter,
-    pub leader: Leader,
-    pub requeue: Duration,
-    pub max_running_jobs: usize,
-}
-
-impl Context {
-    pub fn new(client: Client, stores: Stores, metrics: LifecycleMetrics, settings: Settings) -> Self {
-        Self {
-            jobs: Api::namespaced(client.clone(), &settings.namespace),
-            pods: Api::namespaced(client.clone(), &settings.namespace),
-            secrets: Api::namespaced(client.clone(), &settings.namespace),
-            confirmations: Confirmations::new(&client, &settings.namespace),
-            recorder: Recorder::new(client.clone(), settings.reporter),
-            client,
-            catalog: settings.catalog,
-            registry: settings.registry,
-            agent: settings.agent,
-            framework: settings.framework,
-            scripts: settings.scripts,
-            max_attempts: settings.max_attempts.max(1),
-            reruns: settings.reruns,
-            stores,
-            metrics,
-            outcomes: Mutex::default(),
-            leader: settings.leader,
-            requeue: settings.requeue,
-            max_running_jobs: settings.max_running_jobs.max(1),
-            job_slots: tokio::sync::Mutex::new(()),
-        }
-    }
-
-    pub fn outcome(&self, kind: InstanceKind, namespace: &str, name: &str) -> Option<Outcome> {
-        let outcomes = self.outcomes.lock().unwrap_or_else(|p| p.into_inner());
-        outcomes.get(&(kind, namespace.to_string(), name.to_string())).cloned()
-    }
-
-    fn remember(&self, instance: &Instance, outcome: Outcome) {
-        let mut outcomes = self.outcomes.lock().unwrap_or_else(|p| p.into_inner());
-        outcomes.insert((instance.kind, instance.namespace.clone(), instance.name.clone()), outcome);
-    }
-
-    /// Records the admin's `confirmation` where tenants cannot write
-    /// (read back), then sets `delete-without-package: "true"` (read back)
-    /// and records who confirmed in an Event.
-    pub async fn allow_delete_without_package(
-        &self,
-        kind: InstanceKind,
-        object: &DynamicObject,
-        confirmation: &Confirmation,
-    ) -> Result<(), LifecycleError> {
-        let (caller, reason) = (&confirmation.confirmed_by, &confirmation.reason);
-        self.confirmations.record(confirmation).await?;
-        let name = object.name_any();
-        let api = self.instances(kind, &object.namespace().unwrap_or_default());
-        let patch =
-            json!({"metadata": {"annotations": {vynil_crds::annotations::DELETE_WITHOUT_PACKAGE: "true"}}});
-        let written = api
-            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .map_err(|e| LifecycleError::Unavailable(format!("Kubernetes API, annotating {name}: {e}")))?;
-        if written.annotations().get(vynil_crds::annotations::DELETE_WITHOUT_PACKAGE).map(String::as_str)
-            != Some("true")
-        {
-            return Err(LifecycleError::NotDone(format!("the annotation on {name} cannot be read back")));
-        }
-        let note = format!(
-            "{caller} allowed deleting the recorded children without package hooks{}",
-            if reason.is_empty() { String::new() } else { format!(": {reason}") }
-        );
-        self.publish(&written, kind, true, "DeleteWithoutPackageAllowed", note).await;
-        Ok(())
-    }
-
-    /// Refuses a write once this replica is not (or no longer) the leader.
-    pub(crate) fn ensure_leader(&self) -> Result<(), LifecycleError> {
-        if self.leader.is_leader() {
-            Ok(())
-        } else {
-            Err(LifecycleError::Pending {
-                why: "not the leader: no write".into(),
-                retry_after: Duration::from_secs(5),
-            })
-        }
-    }
-
-    pub(crate) fn instances(&self, kind: InstanceKind, namespace: &str) -> Api<DynamicObject> {
-        Api::namespaced_with(self.client.clone(), namespace, &kind.api_resource())
-    }
-
-    pub(crate) async fn publish(
-        &self,
-        object: &DynamicObject,
-        kind: InstanceKind,
-        warning: bool,
-        reason: &str,
-        note: String,
-    ) {
-        let event = KubeEvent {
-            type_: if warning { EventType::Warning } else { EventType::Normal },
-            reason: reason.into(),
-            note: Some(note.chars().take(1023).collect()),
-            action: "Reconcile".into(),
-            secondary: None,
-        };
-        let reference = object.object_ref(&kind.api_resource());
-        if let Err(error) = self.recorder.publish(&event, &reference).await {
-            tracing::warn!(%error, reason, "cannot publish the Event");
-        }
-    }
-}
 
 /// The controller of `kind`, not started: its store feeds [`Stores`].
 pub fn controller(client: &Client, namespace: &str, kind: InstanceKind) -> Controller<DynamicObject> {
@@ -384,7 +213,7 @@ async fn cleanup(
 /// Whether the raw status records children or a state (read without decoding).
 fn records_anything(object: &DynamicObject) -> bool {
     let status = object.data.get("status").cloned().unwrap_or(serde_json::Value::Null);
-    let (children, crds) = crate::reaper::recorded_children(&status);
+    let (children, crds) = crate::children::recorded_children(&status);
     let state = ["tfstate", "rhaistate"].iter().any(|k| status.get(k).is_some_and(|v| !v.is_null()));
     !children.is_empty() || !crds.is_empty() || state
 }
@@ -395,10 +224,21 @@ fn records_anything(object: &DynamicObject) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
+
+    use crate::catalog_client::Catalog;
+    use crate::context::Settings;
+    use crate::facts::Stores;
+    use crate::job::AgentSettings;
+    use crate::leader::Leader;
+    use crate::metrics::LifecycleMetrics;
     use http::{Request, Response};
     use kube::client::Body;
     use serde_json::Value;
+    use serde_json::json;
     use vynil_registry::CredentialStore;
+    use vynil_registry::RegistryClient;
+    use vynil_script::ScriptLimits;
 
     type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
 

@@ -17,7 +17,7 @@ use vynil_crds::{Condition, labels, set_condition};
 
 use crate::{
     LifecycleError,
-    controller::Context,
+    context::Context,
     install_plan::{self, JobRequest, Step},
     instance::Instance,
     job::{self, Action as JobAction},

@@ -27,7 +27,7 @@ use vynil_runtime::{ToStatus, metrics::Registry};
 
 use crate::{
     LifecycleError,
-    controller::Context,
+    context::Context,
     install_plan::{self, Outcome},
     instance::{Instance, InstanceKind},
     metrics::LifecycleMetrics,
@@ -291,7 +291,7 @@ async fn explain(context: &Context, wanted: &InstanceRef) -> Result<ExplainRespo
     };
     let slot = crate::observe::job_slot(&instance, context).await?;
     let status = instance.object.get("status").cloned().unwrap_or(serde_json::Value::Null);
-    let (to_delete, left, fingerprint) = crate::reaper::preview(&status, &instance.namespace);
+    let (to_delete, left, fingerprint) = crate::children::preview(&status, &instance.namespace);
     response.children_to_delete = to_delete;
     response.children_left = left;
     response.children_fingerprint = fingerprint;
@@ -502,7 +502,7 @@ async fn allow_delete_without_package(
         )));
     }
     let status = instance.object.get("status").cloned().unwrap_or(serde_json::Value::Null);
-    let (_, _, fingerprint) = crate::reaper::preview(&status, &instance.namespace);
+    let (_, _, fingerprint) = crate::children::preview(&status, &instance.namespace);
     if request.fingerprint != fingerprint {
         return Err(LifecycleError::Refused(format!(
             "the children of {expected} changed since the fingerprint was read (now {fingerprint}): call Explain again, review, and retry; nothing was changed"

@@ -14,7 +14,9 @@
 //! See `docs/lifecycle.md`.
 
 mod catalog_client;
+pub mod children;
 pub mod confirmation;
+pub mod context;
 mod controller;
 mod executor;
 mod facts;
@@ -254,7 +256,7 @@ pub async fn run_with_client(
     )
     .map_err(|e| LifecycleError::Config(e.to_string()))?;
     let namespace = config.namespace.clone().unwrap_or_else(|| client.default_namespace().to_string());
-    let settings = controller::Settings {
+    let settings = context::Settings {
         namespace: namespace.clone(),
         catalog,
         registry,
@@ -307,7 +309,7 @@ pub async fn run_with_client(
         system: controllers[2].1.store(),
     };
     let (metrics, exported) = metrics::LifecycleMetrics::register();
-    let context = Arc::new(controller::Context::new(client, stores.clone(), metrics.clone(), settings));
+    let context = Arc::new(context::Context::new(client, stores.clone(), metrics.clone(), settings));
     let service = LifecycleService::running(context.clone(), exported);
     let mut tasks = tokio::task::JoinSet::new();
     for (kind, controller) in controllers {

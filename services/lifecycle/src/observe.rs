@@ -14,7 +14,7 @@ use vynil_rules::{install, selection::RecordedCheck};
 use crate::{
     LifecycleError,
     catalog_client::Cleanup,
-    controller::Context,
+    context::Context,
     facts,
     install_plan::{InitVersion, JobRequest, JobState, Observed, ObservedJob, Prepared, Resolution},
     instance::Instance,

@@ -13,8 +13,9 @@ use kube::{
 };
 use serde_json::{Value, json};
 use vynil_lifecycle::{
+    children::preview,
     confirmation::{Confirmation, Confirmations, children_of},
-    reaper::{ChildOutcome, ReapArgs, preview, reap},
+    reaper::{ChildOutcome, ReapArgs, reap},
 };
 use vynil_testkit::kube_api::FakeApiServer;
 

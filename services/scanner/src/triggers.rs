@@ -161,7 +161,7 @@ impl Triggers {
         match schedule::parse(expression) {
             Ok(cron) => {
                 let timer = self.shutdown.child();
-                let run = schedule::run(self.scanner.clone(), name.clone(), cron, self.jitter, timer.clone());
+                let run = run_schedule(self.scanner.clone(), name.clone(), cron, self.jitter, timer.clone());
                 tokio::spawn(run);
                 self.schedules.insert(name.clone(), (expression.clone(), Some(timer)));
             }
@@ -240,6 +240,35 @@ impl Triggers {
             }
         }
     }
+}
+
+/// Requests a full scan of `jukebox` at each tick this replica claims, until
+/// `stop`. Each replica times every schedule; at a tick, the replica that
+/// claims it (see `RequestQueue::claim_tick`) requests a full scan, so a tick
+/// scans once however many replicas run. An optional jitter spreads the scans
+/// of JukeBoxes sharing a schedule (`0 * * * *`) over a few seconds.
+async fn run_schedule(
+    scanner: Arc<Scanner>,
+    jukebox: String,
+    cron: croner::Cron,
+    jitter: Duration,
+    stop: Shutdown,
+) {
+    vynil_runtime::cron::every(&cron, jitter, &stop, |at| {
+        let (scanner, jukebox) = (scanner.clone(), jukebox.clone());
+        async move {
+            // Claims outlive any clock skew between replicas.
+            match scanner.queue.claim_tick(&jukebox, at, Duration::from_secs(3600)).await {
+                Ok(true) => match scanner.request(&jukebox, vynil_rules::ScanScope::Full).await {
+                    Ok((id, joined)) => tracing::info!(%jukebox, %id, joined, "scheduled scan requested"),
+                    Err(error) => tracing::warn!(%jukebox, %error, "cannot request the scheduled scan"),
+                },
+                Ok(false) => tracing::debug!(%jukebox, "tick already claimed by another replica"),
+                Err(error) => tracing::warn!(%jukebox, %error, "cannot claim the scheduled tick; skipped"),
+            }
+        }
+    })
+    .await;
 }
 
 #[cfg(test)]

@@ -73,7 +73,6 @@ mod selectors;
 mod server;
 mod store;
 mod tls;
-mod watch;
 
 pub use access::{AccessRule, AccessTable, ApiFault, ApiFaultAction, Identity, RequestRecord};
 pub use agent::{

@@ -18,6 +18,8 @@ use axum::{
 };
 use serde_json::{Value, json};
 
+mod watch;
+
 use super::access::{AccessRule, AccessTable, ApiFault, ApiFaultAction, Identity, RequestRecord, reason_of};
 use super::resources::{ResourceDef, Resources, builtin};
 use super::selectors::{FieldSelector, LabelSelector};
@@ -700,7 +702,7 @@ async fn respond(shared: Arc<Shared>, request: Request, slot: &std::sync::OnceLo
         Target::Object { def, namespace, name, subresource } => {
             let call = Call { def, namespace, name, status_only: subresource.is_some(), query };
             if watch && parts.method == Method::GET && call.name.is_none() {
-                return super::watch::watch_response(shared, call);
+                return watch::watch_response(shared, call);
             }
             match serve_object(&shared, &parts.method, &call, &body, content_type) {
                 Ok((code, value)) => json_response(code, &value),

@@ -158,7 +158,7 @@ impl KubeAuth {
     /// The user of `token`, `None` when the API server does not authenticate
     /// it; a review not cached is counted against `payer`'s budget.
     pub async fn review_token(&self, token: &str, payer: Payer) -> Result<Option<KubeUser>, ApiError> {
-        let key = crate::auth::token_hash(token);
+        let key = super::token_hash(token);
         if let Some(cached) = self.reviewed.lock().ok().and_then(|cache| cache.get(&key)) {
             return Ok(cached);
         }

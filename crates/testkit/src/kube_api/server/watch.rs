@@ -13,9 +13,8 @@ use axum::{
 use serde_json::{Value, json};
 use tokio::sync::{broadcast::error::RecvError, mpsc};
 
-use super::resources::ResourceDef;
-use super::server::{Call, Shared, failure, lock};
-use super::store::ApiError;
+use super::{Call, Shared, failure, lock};
+use crate::kube_api::{resources::ResourceDef, store::ApiError};
 
 fn event_line(kind: &str, object: &Value) -> Bytes {
     let mut line = json!({"type": kind, "object": object}).to_string();

@@ -30,25 +30,23 @@
 //! Authentication happens before any lookup: a request without a valid
 //! credential reaches no service.
 
-use std::{
-    net::IpAddr,
-    path::{Path, PathBuf},
-    sync::{Arc, Mutex},
-    time::{Duration, Instant, SystemTime},
-};
+use std::net::IpAddr;
 
-use axum::http::{HeaderMap, HeaderValue, header};
-use base64::Engine;
-use hmac::{Hmac, Mac};
+use axum::http::{HeaderMap, header};
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 use utoipa::ToSchema;
 
-use crate::{
-    error::ApiError,
-    kube_auth::{KubeAuth, KubeUser, Payer},
-};
+use crate::error::ApiError;
+
+pub mod kubernetes;
+mod sessions;
+mod tokens;
+
+pub use kubernetes::{KubeAuth, KubeUser, Payer};
+use sessions::Held;
+pub use sessions::{SessionInfo, Sessions};
+pub use tokens::{TokenBook, Tokens, token_hash};
 
 pub const SESSION_COOKIE: &str = "vynil_session";
 pub const CSRF_HEADER: &str = "x-csrf-token";
@@ -124,364 +122,6 @@ pub enum AuthConfigError {
         "the session key file {path}: {problem} (write at least 32 random bytes into it, the same on every gateway replica)"
     )]
     SessionKey { path: String, problem: String },
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct TokensFile {
-    #[serde(default)]
-    tokens: Vec<TokenEntry>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct TokenEntry {
-    name: String,
-    role: Role,
-    sha256: String,
-}
-
-/// The configured tokens, by hash.
-#[derive(Clone, Default)]
-pub struct TokenBook {
-    entries: Vec<([u8; 32], String, Role)>,
-}
-
-impl std::fmt::Debug for TokenBook {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let names: Vec<&str> = self.entries.iter().map(|(_, n, _)| n.as_str()).collect();
-        f.debug_struct("TokenBook").field("names", &names).finish()
-    }
-}
-
-pub fn token_hash(token: &str) -> [u8; 32] {
-    Sha256::digest(token.as_bytes()).into()
-}
-
-impl TokenBook {
-    pub fn load(path: &Path) -> Result<Self, AuthConfigError> {
-        let shown = path.display().to_string();
-        let text = std::fs::read_to_string(path)
-            .map_err(|source| AuthConfigError::Read { path: shown.clone(), source })?;
-        Self::parse(&text).map_err(|problem| AuthConfigError::Invalid { path: shown, problem })
-    }
-
-    pub fn parse(text: &str) -> Result<Self, String> {
-        let file: TokensFile = serde_yaml_ng::from_str(text).map_err(|e| e.to_string())?;
-        let mut entries = Vec::new();
-        for (i, entry) in file.tokens.into_iter().enumerate() {
-            let bytes = hex::decode(entry.sha256.trim())
-                .ok()
-                .and_then(|b| <[u8; 32]>::try_from(b).ok())
-                .ok_or_else(|| format!("tokens[{i}] ({}): sha256 must be 64 hex digits", entry.name))?;
-            if entry.name.trim().is_empty() {
-                return Err(format!("tokens[{i}]: name is empty"));
-            }
-            entries.push((bytes, entry.name, entry.role));
-        }
-        Ok(Self { entries })
-    }
-
-    /// A book with one token (local mode's generated admin token).
-    pub fn single(name: &str, role: Role, token: &str) -> Self {
-        Self { entries: vec![(token_hash(token), name.into(), role)] }
-    }
-
-    /// The YAML line of a token, for the tokens file.
-    pub fn line(name: &str, role: Role, token: &str) -> String {
-        format!("  - {{name: {name}, role: {}, sha256: {}}}", role.as_str(), hex::encode(token_hash(token)))
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
-    }
-
-    /// The entry of `token`; every entry is compared, in constant time.
-    fn find(&self, token: &str) -> Option<(String, Role)> {
-        self.by_hash(&token_hash(token))
-    }
-
-    /// The entry whose token hashes to `presented`, compared in constant time.
-    fn by_hash(&self, presented: &[u8; 32]) -> Option<(String, Role)> {
-        let mut found = None;
-        for (hash, name, role) in &self.entries {
-            if bool::from(hash.ct_eq(presented)) {
-                found = Some((name.clone(), *role));
-            }
-        }
-        found
-    }
-}
-
-/// The tokens in force: a fixed book, or the tokens file reloaded when it
-/// changes (module doc).
-#[derive(Debug)]
-pub struct Tokens {
-    path: Option<PathBuf>,
-    check_every: Duration,
-    state: Mutex<TokensState>,
-}
-
-#[derive(Debug)]
-struct TokensState {
-    book: Arc<TokenBook>,
-    /// The file's modification time and length when it was read.
-    stamp: Option<(SystemTime, u64)>,
-    checked: Instant,
-}
-
-fn stamp_of(path: &Path) -> Option<(SystemTime, u64)> {
-    let meta = std::fs::metadata(path).ok()?;
-    Some((meta.modified().ok()?, meta.len()))
-}
-
-impl Tokens {
-    /// Always `book`.
-    pub fn fixed(book: TokenBook) -> Self {
-        let state = TokensState { book: Arc::new(book), stamp: None, checked: Instant::now() };
-        Self { path: None, check_every: Duration::MAX, state: Mutex::new(state) }
-    }
-
-    /// The tokens file at `path`, looked at again at most every
-    /// `check_every`; reading it now must succeed.
-    pub fn watch(path: &Path, check_every: Duration) -> Result<Self, AuthConfigError> {
-        let stamp = stamp_of(path);
-        let book = TokenBook::load(path)?;
-        let state = TokensState { book: Arc::new(book), stamp, checked: Instant::now() };
-        Ok(Self { path: Some(path.to_path_buf()), check_every, state: Mutex::new(state) })
-    }
-
-    /// The book in force, reloaded first when the file changed.
-    pub fn current(&self) -> Arc<TokenBook> {
-        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(path) = &self.path else { return state.book.clone() };
-        if state.checked.elapsed() < self.check_every {
-            return state.book.clone();
-        }
-        state.checked = Instant::now();
-        let stamp = stamp_of(path);
-        if stamp != state.stamp {
-            match TokenBook::load(path) {
-                Ok(book) => {
-                    tracing::info!(path = %path.display(), tokens = book.entries.len(), "the tokens file changed: reloaded");
-                    state.book = Arc::new(book);
-                    state.stamp = stamp;
-                }
-                Err(error) => {
-                    tracing::warn!(%error, "the tokens file changed but cannot be used: the tokens last read stay in force");
-                    state.stamp = stamp;
-                }
-            }
-        }
-        state.book.clone()
-    }
-}
-
-/// Signs and checks session cookies.
-#[derive(Clone)]
-pub struct Sessions {
-    key: Vec<u8>,
-    lifetime: Duration,
-    secure: bool,
-}
-
-impl std::fmt::Debug for Sessions {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Sessions").field("lifetime", &self.lifetime).field("secure", &self.secure).finish()
-    }
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-struct SessionClaims {
-    /// Name, role (none for a Kubernetes user), expiry (Unix seconds), CSRF
-    /// token, and a Kubernetes user's uid and groups.
-    n: String,
-    r: Option<Role>,
-    e: i64,
-    c: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    k: Option<(String, Vec<String>)>,
-    /// The hash of the token a tokens-file session was opened with (hex).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    t: Option<String>,
-    /// A Kubernetes session's token, sealed (AES-256-GCM under a key derived
-    /// from the session key): reviewed again when its review expires.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    s: Option<String>,
-}
-
-/// What a session holds on to, checked again on every call.
-enum Held {
-    /// The hash of the tokens-file token it was opened with.
-    Token([u8; 32]),
-    /// The Kubernetes token it was opened with.
-    Kubernetes(String),
-}
-
-type HmacSha256 = Hmac<Sha256>;
-const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::URL_SAFE_NO_PAD;
-
-/// What a login answers.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-pub struct SessionInfo {
-    pub name: String,
-    /// `null` for a Kubernetes user (cluster RBAC decides).
-    pub role: Option<Role>,
-    /// Echo it in `x-csrf-token` on every state-changing call made with the cookie.
-    pub csrf_token: String,
-    /// RFC 3339.
-    pub expires_at: String,
-}
-
-impl Sessions {
-    /// `key`: the shared key file's content; `None` makes a random key, so
-    /// sessions hold on this replica only until it restarts.
-    pub fn new(key: Option<Vec<u8>>, lifetime: Duration, secure: bool) -> Result<Self, std::io::Error> {
-        let key = match key {
-            Some(key) => key,
-            None => {
-                let mut key = vec![0u8; 32];
-                getrandom::fill(&mut key).map_err(|e| std::io::Error::other(e.to_string()))?;
-                key
-            }
-        };
-        Ok(Self { key, lifetime, secure })
-    }
-
-    pub fn load_key(path: &Path) -> Result<Vec<u8>, AuthConfigError> {
-        let shown = path.display().to_string();
-        let key = std::fs::read(path)
-            .map_err(|e| AuthConfigError::SessionKey { path: shown.clone(), problem: e.to_string() })?;
-        if key.len() < 32 {
-            return Err(AuthConfigError::SessionKey {
-                path: shown,
-                problem: format!("it holds {} bytes", key.len()),
-            });
-        }
-        Ok(key)
-    }
-
-    fn mac(&self, payload: &str) -> Result<HmacSha256, ApiError> {
-        let mut mac = HmacSha256::new_from_slice(&self.key)
-            .map_err(|e| ApiError::internal(format!("session key: {e}")))?;
-        mac.update(payload.as_bytes());
-        Ok(mac)
-    }
-
-    /// The key that seals Kubernetes tokens in cookies: derived from the
-    /// session key, so every replica that verifies a cookie can open it.
-    fn seal_key(&self) -> Result<aws_lc_rs::aead::LessSafeKey, ApiError> {
-        let mut derived = Sha256::new();
-        derived.update(b"vynil session: sealed Kubernetes token\0");
-        derived.update(&self.key);
-        let key = aws_lc_rs::aead::UnboundKey::new(&aws_lc_rs::aead::AES_256_GCM, &derived.finalize())
-            .map_err(|_| ApiError::internal("cannot derive the session sealing key"))?;
-        Ok(aws_lc_rs::aead::LessSafeKey::new(key))
-    }
-
-    /// `token` sealed: base64 of a random nonce and the ciphertext with its tag.
-    fn seal(&self, token: &str) -> Result<String, ApiError> {
-        let mut nonce = [0u8; aws_lc_rs::aead::NONCE_LEN];
-        getrandom::fill(&mut nonce).map_err(|e| ApiError::internal(e.to_string()))?;
-        let mut sealed = token.as_bytes().to_vec();
-        self.seal_key()?
-            .seal_in_place_append_tag(
-                aws_lc_rs::aead::Nonce::assume_unique_for_key(nonce),
-                aws_lc_rs::aead::Aad::from(SESSION_COOKIE.as_bytes()),
-                &mut sealed,
-            )
-            .map_err(|_| ApiError::internal("cannot seal the session's token"))?;
-        Ok(B64.encode([nonce.as_slice(), &sealed].concat()))
-    }
-
-    fn unseal(&self, sealed: &str) -> Option<String> {
-        let bytes = B64.decode(sealed).ok()?;
-        let (nonce, ciphertext) = bytes.split_at_checked(aws_lc_rs::aead::NONCE_LEN)?;
-        let nonce = aws_lc_rs::aead::Nonce::try_assume_unique_for_key(nonce).ok()?;
-        let mut opened = ciphertext.to_vec();
-        let aad = aws_lc_rs::aead::Aad::from(SESSION_COOKIE.as_bytes());
-        let plain = self.seal_key().ok()?.open_in_place(nonce, aad, &mut opened).ok()?;
-        String::from_utf8(plain.to_vec()).ok()
-    }
-
-    /// A session for `principal`, opened with `bearer` (a tokens-file
-    /// session names its token's hash, a Kubernetes one holds its token
-    /// sealed): the `Set-Cookie` value and what to tell the client.
-    pub fn open(&self, principal: &Principal, bearer: &str) -> Result<(HeaderValue, SessionInfo), ApiError> {
-        let csrf = vynil_runtime::trust::generate_token().map_err(|e| ApiError::internal(e.to_string()))?;
-        let expires =
-            jiff::Timestamp::now() + jiff::SignedDuration::try_from(self.lifetime).unwrap_or_default();
-        let kube = match &principal.grant {
-            Grant::Kubernetes(user) => Some((user.uid.clone(), user.groups.clone())),
-            Grant::Role(_) => None,
-        };
-        let (name, role) = (principal.name.as_str(), principal.role());
-        let token = match &principal.via {
-            Via::Bearer { token: Some(hash) } => Some(hex::encode(hash)),
-            _ => None,
-        };
-        let sealed = match &principal.grant {
-            Grant::Kubernetes(_) => Some(self.seal(bearer)?),
-            Grant::Role(_) => None,
-        };
-        let claims = SessionClaims {
-            n: name.into(),
-            r: role,
-            e: expires.as_second(),
-            c: csrf.clone(),
-            k: kube,
-            t: token,
-            s: sealed,
-        };
-        let payload = B64.encode(serde_json::to_vec(&claims).map_err(|e| ApiError::internal(e.to_string()))?);
-        let signature = B64.encode(self.mac(&payload)?.finalize().into_bytes());
-        let cookie = format!(
-            "{SESSION_COOKIE}={payload}.{signature}; Path=/; HttpOnly; SameSite=Strict; Max-Age={}{}",
-            self.lifetime.as_secs(),
-            if self.secure { "; Secure" } else { "" }
-        );
-        let cookie = HeaderValue::from_str(&cookie).map_err(|e| ApiError::internal(e.to_string()))?;
-        let info = SessionInfo { name: name.into(), role, csrf_token: csrf, expires_at: expires.to_string() };
-        Ok((cookie, info))
-    }
-
-    /// The `Set-Cookie` value that ends a session in the browser.
-    pub fn close(&self) -> HeaderValue {
-        let secure = if self.secure { "; Secure" } else { "" };
-        HeaderValue::from_str(&format!(
-            "{SESSION_COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0{secure}"
-        ))
-        .unwrap_or(HeaderValue::from_static("vynil_session=; Path=/; Max-Age=0"))
-    }
-
-    /// The principal of a session cookie and what it holds on to: the hash
-    /// of its token (which must still be configured), or its Kubernetes
-    /// token (which must still pass its review).
-    fn verify(&self, value: &str) -> Result<(Principal, Held), ApiError> {
-        let invalid = || ApiError::unauthenticated("the session cookie is not valid: log in again");
-        let (payload, signature) = value.split_once('.').ok_or_else(invalid)?;
-        let signature = B64.decode(signature).map_err(|_| invalid())?;
-        self.mac(payload)?.verify_slice(&signature).map_err(|_| invalid())?;
-        let claims: SessionClaims =
-            serde_json::from_slice(&B64.decode(payload).map_err(|_| invalid())?).map_err(|_| invalid())?;
-        if claims.e <= jiff::Timestamp::now().as_second() {
-            return Err(ApiError::unauthenticated("the session expired: log in again"));
-        }
-        let token =
-            claims.t.as_deref().map(|t| hex::decode(t).ok().and_then(|b| <[u8; 32]>::try_from(b).ok()));
-        let sealed = claims.s.as_deref().map(|s| self.unseal(s));
-        let (grant, held) = match (claims.r, claims.k, token, sealed) {
-            (Some(role), _, Some(Some(hash)), None) => (Grant::Role(role), Held::Token(hash)),
-            (None, Some((uid, groups)), None, Some(Some(bearer))) => (
-                Grant::Kubernetes(KubeUser { username: claims.n.clone(), uid, groups }),
-                Held::Kubernetes(bearer),
-            ),
-            // A role without the token it came from, a Kubernetes session
-            // without its token (or a malformed one).
-            _ => return Err(invalid()),
-        };
-        Ok((Principal { name: claims.n, grant, via: Via::Session { csrf: claims.c } }, held))
-    }
 }
 
 /// Everything authentication needs.
@@ -615,6 +255,12 @@ pub fn check_csrf(principal: &Principal, headers: &HeaderMap) -> Result<(), ApiE
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use std::time::Duration;
+
+    use base64::Engine;
+    use hmac::Mac;
+
+    use super::sessions::B64;
 
     fn authenticator() -> Authenticator {
         let book = format!(

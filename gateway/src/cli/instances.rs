@@ -1,0 +1,134 @@
+//! `vynilctl instance`: what is installed, why it is where it is, and the
+//! admin's way out when a package is gone.
+
+use serde_json::json;
+
+use super::{
+    Cli, InstanceCommand,
+    client::{CliError, CliResult, Exit},
+    confirmation, connect,
+    output::{Format, Printer, Tone, cell},
+    wire_name,
+};
+use crate::api::instances::{Explanation, Instance, InstanceList, InstanceState};
+
+pub(super) async fn run(cli: &Cli, printer: &Printer, command: &InstanceCommand) -> CliResult<Exit> {
+    match command {
+        InstanceCommand::List { kind, namespace, jukebox } => {
+            list(cli, printer, kind, namespace, jukebox).await
+        }
+        InstanceCommand::Explain { instance } => explain(cli, printer, instance).await,
+        InstanceCommand::AllowDeleteWithoutPackage { instance, confirm, reason } => {
+            allow_delete_without_package(cli, printer, instance, confirm, reason).await
+        }
+    }
+}
+
+async fn list(
+    cli: &Cli,
+    printer: &Printer,
+    kind: &Option<String>,
+    namespace: &Option<String>,
+    jukebox: &Option<String>,
+) -> CliResult<Exit> {
+    let mut query = Vec::new();
+    query.extend(kind.as_ref().map(|v| format!("kind={v}")));
+    query.extend(namespace.as_ref().map(|v| format!("namespace={v}")));
+    query.extend(jukebox.as_ref().map(|v| format!("jukebox={v}")));
+    let list: InstanceList = connect(cli)?.get_all(&format!("/api/v1/instances?{}", query.join("&"))).await?;
+    if !printer.structured(&list)? {
+        let rows: Vec<Vec<(String, Tone)>> = list.items.iter().map(instance_row).collect();
+        printer.table(&["instance", "package", "tag", "state", "blocked by"], &rows);
+    }
+    Ok(Exit::Ok)
+}
+
+async fn explain(cli: &Cli, printer: &Printer, instance: &str) -> CliResult<Exit> {
+    let path = format!("/api/v1/instances/{}/explain", instance_path(instance)?);
+    let explained: Explanation = connect(cli)?.get(&path).await?;
+    if !printer.structured(&explained)? {
+        print_explanation(printer, &explained);
+    }
+    Ok(if explained.blocked.is_some() { Exit::Refused } else { Exit::Ok })
+}
+
+async fn allow_delete_without_package(
+    cli: &Cli,
+    printer: &Printer,
+    instance: &str,
+    confirm: &Option<String>,
+    reason: &str,
+) -> CliResult<Exit> {
+    let reference = instance_path(instance)?;
+    let client = connect(cli)?;
+    let explained: Explanation = client.get(&format!("/api/v1/instances/{reference}/explain")).await?;
+    if printer.format == Format::Table {
+        println!("Without package hooks, this deletes:");
+        for child in &explained.children_to_delete {
+            println!("  {child}");
+        }
+        for child in &explained.children_left {
+            println!("  left for a human: {child}");
+        }
+    }
+    let confirm = confirmation(confirm.as_deref(), &reference)?;
+    let body = json!({"confirm": confirm, "fingerprint": explained.children_fingerprint, "reason": reason});
+    let done: serde_json::Value =
+        client.post(&format!("/api/v1/instances/{reference}/allow-delete-without-package"), &body).await?;
+    if !printer.structured(&done)? {
+        println!("{reference}: delete without package allowed; lifecycle starts the reaper");
+    }
+    Ok(Exit::Ok)
+}
+
+fn instance_path(instance: &str) -> CliResult<String> {
+    match instance.split('/').collect::<Vec<_>>().as_slice() {
+        [kind, namespace, name] if !kind.is_empty() && !namespace.is_empty() && !name.is_empty() => {
+            Ok(instance.to_string())
+        }
+        _ => Err(CliError::new(
+            Exit::Usage,
+            format!("{instance:?}: expected <kind>/<namespace>/<name>, e.g. tenant/apps/web"),
+        )),
+    }
+}
+
+fn state_tone(state: InstanceState) -> Tone {
+    match state {
+        InstanceState::UpToDate => Tone::Good,
+        InstanceState::Blocked | InstanceState::Invalid | InstanceState::Retrying => Tone::Bad,
+        _ => Tone::Warn,
+    }
+}
+
+fn instance_row(i: &Instance) -> Vec<(String, Tone)> {
+    let kind = i.reference.kind.map(|k| format!("{k:?}").to_lowercase()).unwrap_or_default();
+    vec![
+        cell(format!("{kind}/{}/{}", i.reference.namespace, i.reference.name)),
+        cell(format!("{}/{}", i.category, i.package)),
+        cell(i.tag.clone().unwrap_or_else(|| "-".into())),
+        (wire_name(i.state), state_tone(i.state)),
+        cell(i.blocked.as_ref().map(|b| b.reason.clone()).unwrap_or_default()),
+    ]
+}
+
+fn print_explanation(printer: &Printer, e: &Explanation) {
+    let state = wire_name(e.state);
+    println!("{}: {}", printer.paint(&state, state_tone(e.state)), e.summary);
+    for detail in &e.details {
+        println!("  {detail}");
+    }
+    if let Some(blocked) = &e.blocked {
+        let code = blocked.code.as_ref().map(|c| format!("[{c}] ")).unwrap_or_default();
+        println!("blocked by {}: {code}{}", blocked.criterion, printer.paint(&blocked.reason, Tone::Bad));
+    }
+    let tags = [("installed", &e.from_tag), ("next", &e.to_tag), ("latest", &e.latest_tag)];
+    let known: Vec<String> =
+        tags.iter().filter_map(|(what, tag)| tag.as_ref().map(|t| format!("{what} {t}"))).collect();
+    if !known.is_empty() {
+        println!("{}", known.join(", "));
+    }
+    if !e.children_to_delete.is_empty() {
+        println!("a delete without package would delete: {}", e.children_to_delete.join("; "));
+    }
+}
