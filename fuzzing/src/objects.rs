@@ -19,8 +19,8 @@ use semver::Version;
 use serde_json::{Value, json};
 use vynil_lifecycle::{
     install_plan::{
-        InitVersion, JobRequest, JobState, Observed, ObservedJob, Outcome, Plan, Prepared, Resolution, Step,
-        plan,
+        InitVersion, JobRequest, JobState, Observed, ObservedJob, Outcome, Plan, Resolution, RevisionChecks,
+        Step, plan,
     },
     instance::{Instance, InstanceKind},
     uninstall_plan::{CleanupAnswer, CleanupObserved, Gone, Hatch, cleanup},
@@ -195,7 +195,7 @@ fn decide(u: &mut Unstructured<'_>, instance: &Instance) -> Result<()> {
             pull_secret: None,
         },
     };
-    let prepared = matches!(resolution, Resolution::Package { .. }).then(|| Prepared {
+    let checks = matches!(resolution, Resolution::Package { .. }).then(|| RevisionChecks {
         options: install::check_options(content.options.as_ref(), instance.options.as_ref()),
         unmet: install::unmet_requirement(&content, package_type, &Version::new(0, 8, 0), &facts),
         recommended: install::recommended(&content, package_type, &facts),
@@ -209,7 +209,7 @@ fn decide(u: &mut Unstructured<'_>, instance: &Instance) -> Result<()> {
     let observed = Observed {
         resolution,
         init_version,
-        prepared,
+        checks,
         job: job(u)?,
         now,
         max_attempts,

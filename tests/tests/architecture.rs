@@ -168,8 +168,9 @@ fn product_files() -> Vec<String> {
 
 /// The `src/` files of the crates under `roots`, as git knows them.
 fn source_files(roots: &[&str]) -> Vec<String> {
+    // Tracked files and new ones not yet added (CI's clean clone has only the first).
     let output = Command::new("git")
-        .args(["ls-files", "*.rs"])
+        .args(["ls-files", "--cached", "--others", "--exclude-standard", "*.rs"])
         .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
         .output()
         .expect("git is needed: apt-get install -y git");

@@ -40,14 +40,8 @@ use sha2::{Digest, Sha256};
 
 use crate::{RegistryError, RepositoryRef, Result};
 
-/// How a registry name says "this is an OCI image layout directory".
-pub const LAYOUT_SCHEME: &str = vynil_rules::repository::LAYOUT_SCHEME;
+pub use crate::reference::{LAYOUT_SCHEME, layout_root};
 const REF_NAME: &str = "org.opencontainers.image.ref.name";
-
-/// The directory of a layout registry name, `None` for a real registry.
-pub fn layout_root(registry: &str) -> Option<&Path> {
-    registry.strip_prefix(LAYOUT_SCHEME).map(Path::new)
-}
 
 /// The lock of each layout directory this process writes.
 fn lock_of(dir: &Path) -> Arc<Mutex<()>> {

@@ -1,13 +1,17 @@
 //! A repository's reference, `registry/repository` (or an OCI image layout's
 //! `oci-layout:<directory>//repository`), as every part of the client names it.
 
-use std::fmt;
+use std::{fmt, path::Path};
 
-use crate::{
-    RegistryError, Result,
-    layout::{LAYOUT_SCHEME, layout_root},
-    transport::is_docker_hub,
-};
+use crate::{RegistryError, Result, transport::is_docker_hub};
+
+/// How a registry name says "this is an OCI image layout directory".
+pub const LAYOUT_SCHEME: &str = vynil_rules::repository::LAYOUT_SCHEME;
+
+/// The directory of a layout registry name, `None` for a real registry.
+pub fn layout_root(registry: &str) -> Option<&Path> {
+    registry.strip_prefix(LAYOUT_SCHEME).map(Path::new)
+}
 
 /// `registry/repository`, split at the first `/` as upstream does.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -15,34 +15,20 @@
 //! the local store (YAML files, status written by the scanner).
 
 mod catalog;
+mod config;
 mod grpc;
 mod metrics;
 
-use std::{future::Future, net::SocketAddr, sync::Arc};
+use std::{future::Future, sync::Arc};
 
 use vynil_proto::catalog::v1::catalog_server::CatalogServer;
 use vynil_runtime::{GrpcServer, ServedService, Shutdown};
 use vynil_store::JukeboxStore;
 
 pub use catalog::{CACHE_HEALTH, Catalog, Change};
+pub use config::Config;
 pub use grpc::CatalogService;
 pub use vynil_store::package_cache::{CHANGES, Entry, MemoryCache, PackageCache, RedisCache};
-
-/// Configuration of the catalog service: flags, each with an environment fallback.
-#[derive(Debug, Clone, clap::Parser)]
-#[command(name = "vynil-catalog", version, about = "The package cache of the Vynil control plane")]
-pub struct Config {
-    /// Address the gRPC server listens on.
-    #[arg(long, env = "VYNIL_CATALOG_LISTEN", default_value = "0.0.0.0:50051")]
-    pub listen: SocketAddr,
-    #[command(flatten)]
-    pub shared: vynil_runtime::SharedConfig,
-    #[command(flatten)]
-    pub store: vynil_store::StoreConfig,
-    /// Full resync period (repairs missed notifications and removed files).
-    #[arg(long, env = "VYNIL_CATALOG_RESYNC_SECONDS", default_value_t = 30)]
-    pub resync_seconds: u64,
-}
 
 /// Errors of the catalog, mapped to gRPC codes in `grpc.rs`.
 #[derive(Debug, thiserror::Error)]

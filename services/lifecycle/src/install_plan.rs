@@ -65,7 +65,7 @@ pub enum InitVersion {
 
 /// What was computed from the selected revision and the cluster.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Prepared {
+pub struct RevisionChecks {
     pub options: Result<CheckedOptions, OptionProblem>,
     pub unmet: Option<Unmet>,
     pub recommended: Recommended,
@@ -96,7 +96,7 @@ pub struct Observed {
     pub resolution: Resolution,
     pub init_version: InitVersion,
     /// `None` unless the resolution is a package.
-    pub prepared: Option<Prepared>,
+    pub checks: Option<RevisionChecks>,
     pub job: Option<ObservedJob>,
     pub now: jiff::Timestamp,
     pub max_attempts: u32,
@@ -419,13 +419,13 @@ pub fn plan(instance: &Instance, observed: &Observed) -> Plan {
         }
         Resolution::Package { package, pull_secret } => (package, pull_secret),
     };
-    let Some(prepared) = &observed.prepared else {
+    let Some(checks) = &observed.checks else {
         // The reconciler always prepares a resolved package; say so rather than guess.
         return Plan::blocked(Criterion::Package, None, "internal: no facts gathered".into(), RETRY_SHORT);
     };
     let passed_through;
     let mut mistyped = None;
-    let checked = match &prepared.options {
+    let checked = match &checks.options {
         Ok(checked) => checked,
         // Upstream passes options through unchecked: an instance it installed
         // keeps being served, with a warning (`docs/lifecycle.md`, options).
@@ -464,12 +464,12 @@ pub fn plan(instance: &Instance, observed: &Observed) -> Plan {
         InitVersion::Found { tag, digest } => (tag.clone(), digest.clone()),
         InitVersion::NotAsked => (package.tag.clone(), package.digest.clone()),
     };
-    if let Some(unmet) = &prepared.unmet {
+    if let Some(unmet) = &checks.unmet {
         let mut plan = Plan::blocked(Criterion::Requirement, None, unmet.message.clone(), unmet.retry_after);
         plan.steps.push(event_warning("MissingRequirement", unmet.message.clone()));
         return plan;
     }
-    let controller_values = match &prepared.controller_values {
+    let controller_values = match &checks.controller_values {
         Ok(values) if values.len() > MAX_CONTROLLER_VALUES => {
             let message = coded_message(
                 "E_VALUES_TOO_LARGE",
@@ -495,7 +495,7 @@ pub fn plan(instance: &Instance, observed: &Observed) -> Plan {
         &target,
         &options_hash,
         &controller_values,
-        &prepared.recommended,
+        &checks.recommended,
         observed.reruns.agent_image.as_deref(),
     );
     let revision = InstalledPackage {
@@ -518,7 +518,7 @@ pub fn plan(instance: &Instance, observed: &Observed) -> Plan {
         pull_secret: pull_secret.clone(),
         options_hash: options_hash.clone(),
         controller_values,
-        recommended: prepared.recommended.clone(),
+        recommended: checks.recommended.clone(),
         fingerprint: fingerprint.clone(),
     };
     let status = &instance.status;

@@ -15,6 +15,7 @@
 
 mod catalog_client;
 pub mod children;
+mod config;
 pub mod confirmation;
 pub mod context;
 mod controller;
@@ -33,87 +34,12 @@ mod script;
 pub mod takeover;
 pub mod uninstall_plan;
 
-use std::{future::Future, net::SocketAddr, sync::Arc, time::Duration};
+use std::{future::Future, sync::Arc, time::Duration};
 
 use vynil_runtime::{Classify, Failure, GrpcServer, RuntimeError, ServedService, Shutdown};
 
+pub use config::{Command, Config};
 pub use grpc::LifecycleService;
-
-/// Configuration of the lifecycle service: flags, each with an environment fallback.
-#[derive(Debug, Clone, clap::Parser)]
-#[command(
-    name = "vynil-lifecycle",
-    version,
-    about = "the controllers of Tenant, Service and System instances, and their agent Jobs."
-)]
-pub struct Config {
-    /// Address the gRPC server listens on.
-    #[arg(long, env = "VYNIL_LIFECYCLE_LISTEN", default_value = "0.0.0.0:50054")]
-    pub listen: SocketAddr,
-    #[command(flatten)]
-    pub shared: vynil_runtime::SharedConfig,
-    #[command(flatten)]
-    pub store: vynil_store::StoreConfig,
-    /// The catalog service (`ResolveInstall`); required with `--kubernetes`.
-    #[arg(long, env = "VYNIL_CATALOG_ENDPOINT")]
-    pub catalog_endpoint: Option<String>,
-    /// Namespace of the agent Jobs and pull secrets; the client's default
-    /// namespace (the pod's in a cluster) when absent.
-    #[arg(long, env = "VYNIL_NAMESPACE")]
-    pub namespace: Option<String>,
-    /// Image of the agent Jobs (upstream's `AGENT_IMAGE`).
-    #[arg(long, env = "AGENT_IMAGE", default_value = "docker.io/sebt3/vynil-agent:0.7.7")]
-    pub agent_image: String,
-    /// ServiceAccount of the agent Jobs (upstream's `AGENT_ACCOUNT`).
-    #[arg(long, env = "AGENT_ACCOUNT", default_value = "vynil-agent")]
-    pub agent_account: String,
-    /// `LOG_LEVEL` of the agent Jobs (upstream's `AGENT_LOG_LEVEL`).
-    #[arg(long, env = "AGENT_LOG_LEVEL", default_value = "info")]
-    pub agent_log_level: String,
-    /// Namespace label naming a namespace's tenant (upstream's `TENANT_LABEL`).
-    #[arg(long, env = "TENANT_LABEL", default_value = "vynil.solidite.fr/tenant")]
-    pub tenant_label: String,
-    /// Agent Jobs tried for one fingerprint before the instance stays failed
-    /// (1 min doubling to 1 h between attempts).
-    #[arg(long, env = "VYNIL_MAX_INSTALL_ATTEMPTS", default_value_t = 5)]
-    pub max_install_attempts: u32,
-    /// Image of the reaper Jobs (`delete-without-package`): this project's
-    /// `vynil-lifecycle`, whose `reap` subcommand they run.
-    #[arg(long, env = "REAPER_IMAGE", default_value = job::DEFAULT_REAPER_IMAGE)]
-    pub reaper_image: String,
-    /// How often an instance is checked when nothing happens (catalog
-    /// changes and Job changes reconcile at once).
-    #[arg(long, env = "VYNIL_REQUEUE_SECONDS", default_value_t = 900)]
-    pub requeue_seconds: u64,
-    /// Agent Jobs running at once, at most (a publish reaching every instance
-    /// upgrades them a few at a time).
-    #[arg(long, env = "VYNIL_MAX_RUNNING_JOBS", default_value_t = 4)]
-    pub max_running_jobs: usize,
-    /// Duration of the leader Lease; it is renewed every third of it.
-    #[arg(long, env = "VYNIL_LEASE_SECONDS", default_value_t = 15)]
-    pub lease_seconds: u64,
-    /// Re-create a deleted agent Job (re-running the install), as upstream's
-    /// 15-minute reconcile does; off: re-runs follow the fingerprint only.
-    #[arg(long, env = "VYNIL_RECREATE_DELETED_JOBS", default_value_t = false)]
-    pub recreate_deleted_jobs: bool,
-    /// Re-run every install when the agent image changes, as upstream does;
-    /// off: a new agent image applies at each instance's next change.
-    #[arg(long, env = "VYNIL_RERUN_ON_AGENT_IMAGE_CHANGE", default_value_t = false)]
-    pub rerun_on_agent_image_change: bool,
-    #[command(subcommand)]
-    pub command: Option<Command>,
-}
-
-/// Subcommands of the binary besides serving.
-#[derive(Debug, Clone, clap::Subcommand)]
-pub enum Command {
-    /// Delete an instance's recorded children without package hooks (the
-    /// reaper Job's container; see `docs/lifecycle.md`).
-    Reap(reaper::ReapArgs),
-    /// Record, once, the agent image and framework version upstream's
-    /// operator ran, in the ConfigMap `vynil-config` (`docs/migration.md`).
-    Takeover(takeover::TakeoverArgs),
-}
 
 /// Errors of the lifecycle service.
 #[derive(Debug, thiserror::Error)]

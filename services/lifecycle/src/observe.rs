@@ -16,7 +16,7 @@ use crate::{
     catalog_client::Cleanup,
     context::Context,
     facts,
-    install_plan::{InitVersion, JobRequest, JobState, Observed, ObservedJob, Prepared, Resolution},
+    install_plan::{InitVersion, JobRequest, JobState, Observed, ObservedJob, Resolution, RevisionChecks},
     instance::Instance,
     job::{self, Action as JobAction},
     reaper::ReaperReport,
@@ -35,7 +35,7 @@ pub async fn observe(
     } else {
         context.catalog.resolve(instance).await?
     };
-    let (init_version, prepared) = match &resolution {
+    let (init_version, checks) = match &resolution {
         Resolution::Package { package, pull_secret } => {
             let init_version = init_version(instance, package, pull_secret.as_deref(), context).await?;
             let asked = facts::Asked {
@@ -50,12 +50,12 @@ pub async fn observe(
             let kind = instance.kind.package_type();
             let (options, framework) = (instance.options.clone(), context.framework.clone());
             // Scripts may read the cluster (upstream's helpers): off the runtime.
-            let prepared = crate::script::upstream::off_the_runtime(move || {
+            let checks = crate::script::upstream::off_the_runtime(move || {
                 let controller_values = content
                     .value_script_source()
                     .map_err(|e| e.to_string())
                     .and_then(|source| facts.script.controller_values(source.as_deref()));
-                Prepared {
+                RevisionChecks {
                     options: install::check_options(content.options.as_ref(), options.as_ref()),
                     unmet: install::unmet_requirement(&content, kind, &framework, &facts),
                     recommended: install::recommended(&content, kind, &facts),
@@ -64,14 +64,14 @@ pub async fn observe(
             })
             .await
             .map_err(LifecycleError::Unavailable)?;
-            (init_version, Some(prepared))
+            (init_version, Some(checks))
         }
         _ => (InitVersion::NotAsked, None),
     };
     Ok(Observed {
         resolution,
         init_version,
-        prepared,
+        checks,
         job: observe_job(slot, JobAction::Install, context).await,
         now: jiff::Timestamp::now(),
         max_attempts: context.max_attempts,

@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use vynil_crds::AgentTarget;
 use vynil_lifecycle::{
     install_plan::{
-        self, InitVersion, JobState, Observed, ObservedJob, Outcome, Plan, Prepared, Resolution, Step,
+        self, InitVersion, JobState, Observed, ObservedJob, Outcome, Plan, Resolution, RevisionChecks, Step,
     },
     instance::{Instance, InstanceKind},
 };
@@ -50,8 +50,8 @@ fn package(tag: &str) -> Package {
     .with_digest(&format!("sha256:{tag}"))
 }
 
-fn prepared() -> Prepared {
-    Prepared {
+fn checks() -> RevisionChecks {
+    RevisionChecks {
         options: Ok(CheckedOptions::default()),
         unmet: None,
         recommended: Recommended::default(),
@@ -63,7 +63,7 @@ fn observed(tag: &str) -> Observed {
     Observed {
         resolution: Resolution::Package { package: Box::new(package(tag)), pull_secret: None },
         init_version: InitVersion::NotAsked,
-        prepared: Some(prepared()),
+        checks: Some(checks()),
         job: None,
         now: "2026-12-01T12:00:00Z".parse().unwrap(),
         max_attempts: 3,
@@ -145,7 +145,7 @@ fn item_9_a_tenant_instance_never_picks_a_service_package() {
         excluded_by: "type".into(),
         reason: "no tenant revision of think/ollama (only service: 0.1.10)".into(),
     };
-    seen.prepared = None;
+    seen.checks = None;
     let mut i = fresh();
     i.category = "think".into();
     i.package = "ollama".into();
@@ -222,7 +222,7 @@ fn item_20_init_from_version_found_sets_the_tag_and_not_found_blocks_without_a_j
 #[test]
 fn item_21_a_missing_crd_blocks_with_upstreams_message_and_retries_in_five_minutes() {
     let mut seen = observed("4.0.0");
-    seen.prepared.as_mut().unwrap().unmet = Some(Unmet {
+    seen.checks.as_mut().unwrap().unmet = Some(Unmet {
         requirement: "custom_resource_definition".into(),
         message: "CRD x.y is not installed".into(),
         retry_after: Duration::from_secs(300),
@@ -236,13 +236,13 @@ fn item_21_a_missing_crd_blocks_with_upstreams_message_and_retries_in_five_minut
 #[test]
 fn an_option_of_the_wrong_type_blocks_naming_it_and_undeclared_ones_only_warn() {
     let mut seen = observed("4.0.0");
-    seen.prepared.as_mut().unwrap().options =
+    seen.checks.as_mut().unwrap().options =
         Err(OptionProblem { option: "replicas".into(), expected: "integer".into(), found: "string".into() });
     let plan = install_plan::plan(&fresh(), &seen);
     let (_, ok, message) = condition(&plan).unwrap();
     assert!(!ok && message.starts_with("[E_OPTION_TYPE]") && message.contains("replicas"), "{message}");
     assert_eq!(creates_job(&plan), None);
-    seen.prepared.as_mut().unwrap().options = Ok(CheckedOptions { dropped: vec!["colour".into()] });
+    seen.checks.as_mut().unwrap().options = Ok(CheckedOptions { dropped: vec!["colour".into()] });
     let plan = install_plan::plan(&fresh(), &seen);
     assert!(creates_job(&plan).is_some());
     assert!(plan.steps.iter().any(|s| matches!(s, Step::Event { warning: true, reason: "UndeclaredOptions", note } if note.contains("colour"))));
@@ -251,7 +251,7 @@ fn an_option_of_the_wrong_type_blocks_naming_it_and_undeclared_ones_only_warn() 
 #[test]
 fn a_value_script_error_blocks_naming_the_missing_function() {
     let mut seen = observed("4.0.0");
-    seen.prepared.as_mut().unwrap().controller_values = Err("Function not found: gpu_count ()".into());
+    seen.checks.as_mut().unwrap().controller_values = Err("Function not found: gpu_count ()".into());
     let plan = install_plan::plan(&fresh(), &seen);
     let (_, ok, message) = condition(&plan).unwrap();
     assert!(!ok && message.contains("gpu_count"), "{message}");
@@ -504,7 +504,7 @@ fn an_instance_upstream_installed_with_a_mistyped_option_is_adopted_with_a_warni
         "conditions": [{"type": "Ready", "status": "True", "message": "Installed succesfully", "generation": 1}]}),
     );
     let mut seen = observed("4.0.0");
-    seen.prepared.as_mut().unwrap().options = mistyped();
+    seen.checks.as_mut().unwrap().options = mistyped();
     let plan = install_plan::plan(&upstream, &seen);
     assert_eq!(plan.outcome, Outcome::Adopted { tag: "4.0.0".into() }, "{plan:?}");
     assert!(plan.steps.iter().any(|s| matches!(s, Step::Event { warning: true, reason: "OptionTypeMismatch", note } if note.contains("replicas"))));
@@ -515,7 +515,7 @@ fn an_instance_upstream_installed_with_a_mistyped_option_is_adopted_with_a_warni
     status["package"] = serde_json::to_value(&recorded).unwrap();
     let adopted = instance(json!({}), options.clone(), status);
     let mut newer = observed("4.1.0");
-    newer.prepared.as_mut().unwrap().options = mistyped();
+    newer.checks.as_mut().unwrap().options = mistyped();
     let plan = install_plan::plan(&adopted, &newer);
     assert_eq!(creates_job(&plan).as_deref(), Some("4.1.0"), "{plan:?}");
     let target = recorded_target(&plan);

@@ -26,7 +26,7 @@ use crate::{
         StoredPlan, StoredReport,
     },
     planner,
-    purger::{Prepared, Purger},
+    purger::{LeasedPlan, Purger},
 };
 
 /// What Execute was asked.
@@ -215,7 +215,7 @@ pub fn report(
 
 impl Purger {
     /// Every check before anything is deleted: confirmation, leases, staleness.
-    pub async fn prepare(&self, request: &ExecuteRequest) -> Result<Prepared, PurgerError> {
+    pub async fn prepare(&self, request: &ExecuteRequest) -> Result<LeasedPlan, PurgerError> {
         let prepared = self.checked(request).await;
         if prepared.is_err() {
             self.metrics.refusals.inc();
@@ -223,7 +223,7 @@ impl Purger {
         prepared
     }
 
-    async fn checked(&self, request: &ExecuteRequest) -> Result<Prepared, PurgerError> {
+    async fn checked(&self, request: &ExecuteRequest) -> Result<LeasedPlan, PurgerError> {
         let plan = self.get_plan(&request.plan_id).await?;
         check_confirmation(&plan, request)?;
         let names: Vec<String> = plan.repositories.iter().map(RepositoryPlan::lease_name).collect();
@@ -238,7 +238,7 @@ impl Purger {
             lease.release().await;
             return Err(error);
         }
-        Ok(Prepared { plan, lease })
+        Ok(LeasedPlan { plan, lease })
     }
 
     /// Re-reads every repository and what instances use; refuses a stale plan.
@@ -276,11 +276,11 @@ impl Purger {
     /// write is fenced by the lease: a worker that lost it stops.
     pub async fn run(
         &self,
-        prepared: Prepared,
+        prepared: LeasedPlan,
         request: ExecuteRequest,
         progress: mpsc::Sender<StoredOutcome>,
     ) -> Result<StoredReport, PurgerError> {
-        let Prepared { plan, lease } = prepared;
+        let LeasedPlan { plan, lease } = prepared;
         let started_at = jiff::Timestamp::now().to_string();
         let fence = lease.fence(lease.names().first().map(String::as_str).unwrap_or_default());
         let mut report = report(&plan, &request.caller, started_at, Vec::new());

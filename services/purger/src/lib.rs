@@ -28,7 +28,7 @@ pub use plan_store::{
     DeletionState, MemoryStore, PlanStore, RedisStore, ReportState, RepositoryPlan, StoredOutcome,
     StoredPlan, StoredReport,
 };
-pub use purger::{Prepared, Purger};
+pub use purger::{LeasedPlan, Purger};
 use vynil_store::JukeboxStore;
 
 /// Errors of the purger, mapped to gRPC codes in one place (`grpc.rs`).

@@ -46,14 +46,14 @@ pub struct Purger {
 }
 
 /// A plan that passed the checks, and the lease that guards its execution.
-pub struct Prepared {
+pub struct LeasedPlan {
     pub(crate) plan: StoredPlan,
     pub(crate) lease: Lease,
 }
 
-impl std::fmt::Debug for Prepared {
+impl std::fmt::Debug for LeasedPlan {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Prepared").field("plan", &self.plan.id).finish_non_exhaustive()
+        f.debug_struct("LeasedPlan").field("plan", &self.plan.id).finish_non_exhaustive()
     }
 }
 
