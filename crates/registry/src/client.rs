@@ -554,7 +554,7 @@ mod tests {
 
     #[test]
     fn docker_hub_names_reach_its_api_host_and_official_images_live_under_library() {
-        use crate::transport::api_host;
+        use crate::reference::api_host;
         let transport = Transport::new(TransportConfig::default(), CredentialStore::default()).unwrap();
         for hub in ["docker.io", "index.docker.io"] {
             assert_eq!(api_host(hub), "registry-1.docker.io");

@@ -3,7 +3,7 @@
 
 use std::{fmt, path::Path};
 
-use crate::{RegistryError, Result, transport::is_docker_hub};
+use crate::{RegistryError, Result};
 
 /// How a registry name says "this is an OCI image layout directory".
 pub const LAYOUT_SCHEME: &str = vynil_rules::repository::LAYOUT_SCHEME;
@@ -11,6 +11,23 @@ pub const LAYOUT_SCHEME: &str = vynil_rules::repository::LAYOUT_SCHEME;
 /// The directory of a layout registry name, `None` for a real registry.
 pub fn layout_root(registry: &str) -> Option<&Path> {
     registry.strip_prefix(LAYOUT_SCHEME).map(Path::new)
+}
+
+/// Where Docker Hub's API answers.
+const DOCKER_HUB_API: &str = "registry-1.docker.io";
+
+/// Whether `registry` is one of Docker Hub's names, however written (the
+/// rules' repository identity).
+pub(crate) fn is_docker_hub(registry: &str) -> bool {
+    vynil_rules::repository::host(registry) == vynil_rules::repository::DOCKER_HUB_HOST
+}
+
+/// The host serving `registry`'s distribution API: Docker Hub's names
+/// (`docker.io`, `index.docker.io`, in any case) resolve to
+/// `registry-1.docker.io`, as every OCI client does; any other registry
+/// serves its own name.
+pub fn api_host(registry: &str) -> &str {
+    if is_docker_hub(registry) { DOCKER_HUB_API } else { registry }
 }
 
 /// `registry/repository`, split at the first `/` as upstream does.

@@ -25,7 +25,10 @@ use futures::StreamExt;
 use reqwest::{Method, StatusCode, header::HeaderMap};
 use tokio::sync::Semaphore;
 
-use crate::{CredentialStore, Credentials, RegistryError, RequestCounters, Result, auth::TokenResponse};
+use crate::{
+    CredentialStore, Credentials, RegistryError, RequestCounters, Result, auth::TokenResponse,
+    reference::api_host,
+};
 
 /// The transport policy.
 #[derive(Debug, Clone)]
@@ -189,7 +192,7 @@ impl Transport {
     }
 
     /// `https://<API host>`, or `http://` for a registry declared insecure;
-    /// the API host of Docker Hub is not its name ([`api_host`]).
+    /// the API host of Docker Hub is not its name ([`crate::reference::api_host`]).
     pub fn base_url(&self, registry: &str) -> String {
         let wanted = vynil_rules::repository::host(registry);
         let insecure =
@@ -467,26 +470,7 @@ impl Transport {
         key: &TokenKey,
         params: &HashMap<String, String>,
     ) -> Result<()> {
-        let (_, repository, access) = key;
-        let realm = params.get("realm").ok_or_else(|| RegistryError::InvalidBody {
-            what: request.what.clone(),
-            problem: "bearer challenge without realm".into(),
-        })?;
-        let mut url = url::Url::parse(realm).map_err(|_| RegistryError::InvalidBody {
-            what: request.what.clone(),
-            problem: "bearer challenge with an invalid realm".into(),
-        })?;
-        {
-            let mut query = url.query_pairs_mut();
-            if let Some(service) = params.get("service") {
-                query.append_pair("service", service);
-            }
-            let scope = params.get("scope").cloned().unwrap_or_else(|| match access {
-                Access::Read => format!("repository:{repository}:pull"),
-                Access::Delete => format!("repository:{repository}:delete"),
-            });
-            query.append_pair("scope", &scope);
-        }
+        let url = token_url(request, key, params)?;
         // The registry's credentials go to its own site only (or where configured).
         let realm_host =
             url.host_str().map(|h| url.port().map_or_else(|| h.to_string(), |p| format!("{h}:{p}")));
@@ -535,16 +519,7 @@ impl Transport {
         if !response.status.is_success() {
             return Err(refused(response.status.as_u16()));
         }
-        let token: TokenResponse =
-            serde_json::from_slice(&response.body).map_err(|_| RegistryError::InvalidBody {
-                what: token_request.what.clone(),
-                problem: "the token service did not answer a token".into(),
-            })?;
-        let lifetime = token.expires_in.map(Duration::from_secs).unwrap_or(DEFAULT_TOKEN_LIFETIME);
-        let value = token.token.or(token.access_token).ok_or_else(|| RegistryError::InvalidBody {
-            what: token_request.what.clone(),
-            problem: "the token service answered no token".into(),
-        })?;
+        let (value, lifetime) = read_token(&response.body, &token_request.what)?;
         // Renewed a little before the end, so a request in flight is not refused.
         let expires_at = Instant::now() + lifetime.mul_f64(0.9);
         self.tokens
@@ -572,19 +547,42 @@ fn classify(error: &reqwest::Error) -> Failure {
     }
 }
 
-/// Where Docker Hub's API answers.
-const DOCKER_HUB_API: &str = "registry-1.docker.io";
-
-/// Whether `registry` is one of Docker Hub's names, however written (the
-/// rules' repository identity).
-pub(crate) fn is_docker_hub(registry: &str) -> bool {
-    vynil_rules::repository::host(registry) == vynil_rules::repository::DOCKER_HUB_HOST
+/// Where to ask a bearer challenge's token: its realm, with its service and
+/// scope (the scope this access needs when the challenge names none).
+fn token_url(request: &Request, key: &TokenKey, params: &HashMap<String, String>) -> Result<url::Url> {
+    let (_, repository, access) = key;
+    let realm = params.get("realm").ok_or_else(|| RegistryError::InvalidBody {
+        what: request.what.clone(),
+        problem: "bearer challenge without realm".into(),
+    })?;
+    let mut url = url::Url::parse(realm).map_err(|_| RegistryError::InvalidBody {
+        what: request.what.clone(),
+        problem: "bearer challenge with an invalid realm".into(),
+    })?;
+    {
+        let mut query = url.query_pairs_mut();
+        if let Some(service) = params.get("service") {
+            query.append_pair("service", service);
+        }
+        let scope = params.get("scope").cloned().unwrap_or_else(|| match access {
+            Access::Read => format!("repository:{repository}:pull"),
+            Access::Delete => format!("repository:{repository}:delete"),
+        });
+        query.append_pair("scope", &scope);
+    }
+    Ok(url)
 }
 
-/// The host serving `registry`'s distribution API: Docker Hub's names
-/// (`docker.io`, `index.docker.io`, in any case) resolve to
-/// `registry-1.docker.io`, as every OCI client does; any other registry
-/// serves its own name.
-pub fn api_host(registry: &str) -> &str {
-    if is_docker_hub(registry) { DOCKER_HUB_API } else { registry }
+/// A token service's answer: the token and how long it lives.
+fn read_token(body: &[u8], what: &str) -> Result<(String, Duration)> {
+    let token: TokenResponse = serde_json::from_slice(body).map_err(|_| RegistryError::InvalidBody {
+        what: what.to_string(),
+        problem: "the token service did not answer a token".into(),
+    })?;
+    let lifetime = token.expires_in.map(Duration::from_secs).unwrap_or(DEFAULT_TOKEN_LIFETIME);
+    let value = token.token.or(token.access_token).ok_or_else(|| RegistryError::InvalidBody {
+        what: what.to_string(),
+        problem: "the token service answered no token".into(),
+    })?;
+    Ok((value, lifetime))
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
 use kube::{
-    ResourceExt,
+    Api, ResourceExt,
     api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams},
 };
 use serde_json::json;
@@ -34,9 +34,6 @@ pub(crate) async fn execute(
     context: &Context,
 ) -> Result<(), LifecycleError> {
     let api = context.instances(instance.kind, &instance.namespace);
-    let kube = |doing: &'static str| {
-        move |e: kube::Error| LifecycleError::Unavailable(format!("Kubernetes API, {doing}: {e}"))
-    };
     let mut conditions = instance.status.conditions.clone();
     // An earlier release wrote `Deleting`, which upstream's agent cannot decode.
     conditions.retain(|c| c.condition_type != install_plan::LEGACY_DELETING);
@@ -64,34 +61,14 @@ pub(crate) async fn execute(
             Step::Event { warning, reason, note } => {
                 context.publish(object, instance.kind, warning, reason, note).await;
             }
-            Step::RemoveForceReinstall => {
-                let patch =
-                    json!({"metadata": {"annotations": {vynil_crds::annotations::FORCE_REINSTALL: null}}});
-                let written = api
-                    .patch(&instance.name, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await
-                    .map_err(kube("removing the force-reinstall annotation"))?;
-                if written.annotations().contains_key(vynil_crds::annotations::FORCE_REINSTALL) {
-                    return Err(LifecycleError::NotDone(
-                        "the force-reinstall annotation is still there".into(),
-                    ));
-                }
-                resource_version = written.resource_version();
-            }
+            Step::RemoveForceReinstall => resource_version = remove_force_reinstall(&api, instance).await?,
             Step::DeleteJob => delete_job(job_name, context).await?,
             Step::RecordTarget(mut target) => {
                 target.job = job_name.to_string();
                 let patch = status_patch(json!({"target": target}), &mut lacks_conditions, &resource_version);
-                let written = api
-                    .patch_status(&instance.name, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await
-                    .map_err(kube("recording status.target"))?;
-                let recorded =
-                    written.data.pointer("/status/target/revision/fingerprint").and_then(|v| v.as_str());
-                if recorded != target.revision.fingerprint.as_deref() {
-                    return Err(LifecycleError::NotDone(pruned("status.target")));
-                }
-                resource_version = written.resource_version();
+                let recorded = ("status.target", "/status/target/revision/fingerprint");
+                let expected = target.revision.fingerprint.as_deref();
+                resource_version = record_status(&api, instance, &patch, recorded, expected).await?;
             }
             Step::CreateJob(request) => {
                 create_agent_job(instance, job_name, JobAction::Install, &request, context).await?
@@ -100,50 +77,108 @@ pub(crate) async fn execute(
                 create_agent_job(instance, job_name, JobAction::Delete, &request, context).await?
             }
             Step::CreateReaperJob { fingerprint } => {
-                let rendered = job::render_reaper(
-                    &context.agent,
-                    job_name,
-                    instance.kind,
-                    &instance.namespace,
-                    &instance.name,
-                    &fingerprint,
-                    context.confirmations.namespace(),
-                )
-                .map_err(|e| LifecycleError::Invalid(format!("rendering the reaper Job: {e}")))?;
-                create_job(job_name, &rendered, &fingerprint, context).await?
+                create_reaper_job(instance, job_name, &fingerprint, context).await?
             }
             Step::RecordInstalled(package) => {
-                let patch = status_patch(
-                    json!({"package": package, "target": null}),
-                    &mut lacks_conditions,
-                    &resource_version,
-                );
-                let written = api
-                    .patch_status(&instance.name, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await
-                    .map_err(kube("recording status.package"))?;
-                let recorded = written.data.pointer("/status/package/fingerprint").and_then(|v| v.as_str());
-                if recorded != package.fingerprint.as_deref() {
-                    return Err(LifecycleError::NotDone(pruned("status.package")));
-                }
-                resource_version = written.resource_version();
+                let fields = json!({"package": package, "target": null});
+                let patch = status_patch(fields, &mut lacks_conditions, &resource_version);
+                let recorded = ("status.package", "/status/package/fingerprint");
+                let expected = package.fingerprint.as_deref();
+                resource_version = record_status(&api, instance, &patch, recorded, expected).await?;
             }
         }
     }
     if conditions_changed {
         context.ensure_leader()?;
-        // Compare-and-set: a condition list written over an agent's write would lose it.
-        let patch =
-            json!({"metadata": {"resourceVersion": resource_version}, "status": {"conditions": conditions}});
-        let written = api
-            .patch_status(&instance.name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .map_err(kube("writing the conditions"))?;
-        if written.data.pointer("/status/conditions") != Some(&json!(conditions)) {
-            return Err(LifecycleError::NotDone("the conditions were not recorded".into()));
-        }
+        write_conditions(&api, instance, &conditions, &resource_version).await?;
     }
     Ok(())
+}
+
+/// A failed call to the API server while `doing` something: retried.
+fn kube_failed(doing: &str) -> impl Fn(kube::Error) -> LifecycleError + '_ {
+    move |e: kube::Error| LifecycleError::Unavailable(format!("Kubernetes API, {doing}: {e}"))
+}
+
+/// Removes the force-reinstall annotation, read back; the instance's new
+/// resource version.
+async fn remove_force_reinstall(
+    api: &Api<DynamicObject>,
+    instance: &Instance,
+) -> Result<Option<String>, LifecycleError> {
+    let patch = json!({"metadata": {"annotations": {vynil_crds::annotations::FORCE_REINSTALL: null}}});
+    let written = api
+        .patch(&instance.name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(kube_failed("removing the force-reinstall annotation"))?;
+    if written.annotations().contains_key(vynil_crds::annotations::FORCE_REINSTALL) {
+        return Err(LifecycleError::NotDone("the force-reinstall annotation is still there".into()));
+    }
+    Ok(written.resource_version())
+}
+
+/// Writes a status `patch` and reads back the fingerprint at `recorded`'s
+/// pointer (a field the API server pruned is not done); the instance's new
+/// resource version.
+async fn record_status(
+    api: &Api<DynamicObject>,
+    instance: &Instance,
+    patch: &serde_json::Value,
+    (field, pointer): (&'static str, &str),
+    expected: Option<&str>,
+) -> Result<Option<String>, LifecycleError> {
+    let written = api
+        .patch_status(&instance.name, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .map_err(kube_failed(if field == "status.target" {
+            "recording status.target"
+        } else {
+            "recording status.package"
+        }))?;
+    if written.data.pointer(pointer).and_then(|v| v.as_str()) != expected {
+        return Err(LifecycleError::NotDone(pruned(field)));
+    }
+    Ok(written.resource_version())
+}
+
+/// Writes the condition list with compare-and-set (a list written over an
+/// agent's write would lose it), read back.
+async fn write_conditions(
+    api: &Api<DynamicObject>,
+    instance: &Instance,
+    conditions: &[Condition<String>],
+    resource_version: &Option<String>,
+) -> Result<(), LifecycleError> {
+    let patch =
+        json!({"metadata": {"resourceVersion": resource_version}, "status": {"conditions": conditions}});
+    let written = api
+        .patch_status(&instance.name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(kube_failed("writing the conditions"))?;
+    if written.data.pointer("/status/conditions") != Some(&json!(conditions)) {
+        return Err(LifecycleError::NotDone("the conditions were not recorded".into()));
+    }
+    Ok(())
+}
+
+/// Renders and creates the reaper Job for a confirmed delete without package.
+async fn create_reaper_job(
+    instance: &Instance,
+    job_name: &str,
+    fingerprint: &str,
+    context: &Context,
+) -> Result<(), LifecycleError> {
+    let rendered = job::render_reaper(
+        &context.agent,
+        job_name,
+        instance.kind,
+        &instance.namespace,
+        &instance.name,
+        fingerprint,
+        context.confirmations.namespace(),
+    )
+    .map_err(|e| LifecycleError::Invalid(format!("rendering the reaper Job: {e}")))?;
+    create_job(job_name, &rendered, fingerprint, context).await
 }
 
 /// A status field the written object does not hold: accepted, not done. The

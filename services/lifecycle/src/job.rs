@@ -7,7 +7,7 @@
 //! decides re-runs and the revision the Job installs.
 
 use k8s_openapi::api::batch::v1::Job;
-use serde_json::json;
+use serde_json::{Value, json};
 use vynil_crds::{
     labels,
     names::{agent_job_name, label_value, unique_agent_job_name},
@@ -117,23 +117,9 @@ fn field_ref(name: &str, path: &str) -> serde_json::Value {
     json!({"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}})
 }
 
-/// Renders the agent Job `job` for the instance `kind namespace/name`.
-pub fn render(
-    settings: &AgentSettings,
-    job: &str,
-    kind: InstanceKind,
-    namespace: &str,
-    name: &str,
-    action: Action,
-    request: &JobRequest,
-) -> Result<Job, serde_json::Error> {
-    let package_type = kind.package_type().as_str();
-    let action = action.as_str();
-    let log = &settings.log_level;
-    let rust_log = format!("{log},agent={log}");
-    let resources =
-        json!({"limits": {"cpu": "1000m", "memory": "1Gi"}, "requests": {"cpu": "50m", "memory": "64Mi"}});
-    let pod_labels = job_labels(job, package_type, action, namespace, name);
+/// The unpack step's env and mounts, and the Job's volumes (the pull
+/// secret's when the JukeBox names one).
+fn unpack_parts(request: &JobRequest, log: &str, rust_log: &str) -> (Vec<Value>, Vec<Value>, Vec<Value>) {
     let mut unpack_env =
         vec![env("REGISTRY", &request.registry), env("IMAGE", &request.image), env("TAG", &request.tag)];
     let mut unpack_mounts = vec![
@@ -153,11 +139,23 @@ pub fn render(
     unpack_env.extend([
         env("LOG_LEVEL", log),
         env("RUST_BACKTRACE", "1"),
-        env("RUST_LOG", &rust_log),
+        env("RUST_LOG", rust_log),
         field_ref("VYNIL_NAMESPACE", "metadata.namespace"),
         field_ref("POD_NAME", "metadata.name"),
     ]);
-    let main_env = vec![
+    (unpack_env, unpack_mounts, volumes)
+}
+
+/// The agent container's env: upstream's contract (`docs/upstream-vynil.md`).
+fn main_env(
+    settings: &AgentSettings,
+    namespace: &str,
+    name: &str,
+    request: &JobRequest,
+    rust_log: &str,
+) -> Vec<Value> {
+    let log = &settings.log_level;
+    vec![
         env("NAMESPACE", namespace),
         env("INSTANCE", name),
         env("TENANT_LABEL", &settings.tenant_label),
@@ -169,11 +167,32 @@ pub fn render(
         env("TAG", &request.tag),
         env("LOG_LEVEL", log),
         env("RUST_BACKTRACE", "1"),
-        env("RUST_LOG", &rust_log),
+        env("RUST_LOG", rust_log),
         env("AGENT_IMAGE", &settings.image),
         field_ref("VYNIL_NAMESPACE", "metadata.namespace"),
         field_ref("POD_NAME", "metadata.name"),
-    ];
+    ]
+}
+
+/// Renders the agent Job `job` for the instance `kind namespace/name`.
+pub fn render(
+    settings: &AgentSettings,
+    job: &str,
+    kind: InstanceKind,
+    namespace: &str,
+    name: &str,
+    action: Action,
+    request: &JobRequest,
+) -> Result<Job, serde_json::Error> {
+    let package_type = kind.package_type().as_str();
+    let action = action.as_str();
+    let log = &settings.log_level;
+    let rust_log = format!("{log},agent={log}");
+    let resources =
+        json!({"limits": {"cpu": "1000m", "memory": "1Gi"}, "requests": {"cpu": "50m", "memory": "64Mi"}});
+    let pod_labels = job_labels(job, package_type, action, namespace, name);
+    let (unpack_env, unpack_mounts, volumes) = unpack_parts(request, log, &rust_log);
+    let main_env = main_env(settings, namespace, name, request, &rust_log);
     let revision = format!("{}/{}:{}", request.registry, request.image, request.tag);
     serde_json::from_value(json!({
         "apiVersion": "batch/v1",

@@ -172,48 +172,8 @@ pub async fn run_with_client(
     let shutdown_token = Shutdown::new();
     let stop = shutdown_token.clone();
     let outer = shutdown_token.after(shutdown);
-    let catalog = catalog_client::Catalog::connect(endpoint)?;
-    let credentials = vynil_registry::CredentialStore::from_file(config.store.dockerconfig.as_deref())
-        .map_err(|e| LifecycleError::Config(e.to_string()))?;
-    let registry = vynil_registry::RegistryClient::new(
-        config.store.transport(),
-        credentials,
-        Arc::new(vynil_registry::InMemoryMetadataCache::default()),
-    )
-    .map_err(|e| LifecycleError::Config(e.to_string()))?;
     let namespace = config.namespace.clone().unwrap_or_else(|| client.default_namespace().to_string());
-    let settings = context::Settings {
-        namespace: namespace.clone(),
-        catalog,
-        registry,
-        agent: job::AgentSettings {
-            image: config.agent_image.clone(),
-            reaper_image: config.reaper_image.clone(),
-            service_account: config.agent_account.clone(),
-            log_level: config.agent_log_level.clone(),
-            tenant_label: config.tenant_label.clone(),
-        },
-        framework: config.store.vynil_version.clone(),
-        scripts: config.store.scripts(),
-        max_attempts: config.max_install_attempts,
-        reruns: install_plan::Reruns {
-            recreate_deleted_jobs: config.recreate_deleted_jobs,
-            agent_image: config.rerun_on_agent_image_change.then(|| config.agent_image.clone()),
-        },
-        reporter: kube::runtime::events::Reporter {
-            controller: "vynil-lifecycle".into(),
-            instance: config.store.pod_name.clone(),
-        },
-        leader: leader::campaign(
-            client.clone(),
-            &namespace,
-            config.store.replica_name("vynil-lifecycle"),
-            Duration::from_secs(config.lease_seconds.max(1)),
-            shutdown_token.child(),
-        ),
-        requeue: Duration::from_secs(config.requeue_seconds.max(1)),
-        max_running_jobs: config.max_running_jobs,
-    };
+    let settings = settings(&config, endpoint, &client, &namespace, &shutdown_token)?;
     let elected = settings.leader.clone();
     let watched = settings.catalog.clone();
     let controllers: Vec<_> = instance::InstanceKind::ALL
@@ -252,6 +212,58 @@ pub async fn run_with_client(
         tasks.abort_all();
     }
     Ok(served?)
+}
+
+/// What every reconcile shares, as the flags say: the catalog and registry
+/// clients, the agent's settings, the leader election.
+fn settings(
+    config: &Config,
+    endpoint: &str,
+    client: &kube::Client,
+    namespace: &str,
+    shutdown: &Shutdown,
+) -> Result<context::Settings, LifecycleError> {
+    let catalog = catalog_client::Catalog::connect(endpoint)?;
+    let credentials = vynil_registry::CredentialStore::from_file(config.store.dockerconfig.as_deref())
+        .map_err(|e| LifecycleError::Config(e.to_string()))?;
+    let registry = vynil_registry::RegistryClient::new(
+        config.store.transport(),
+        credentials,
+        Arc::new(vynil_registry::InMemoryMetadataCache::default()),
+    )
+    .map_err(|e| LifecycleError::Config(e.to_string()))?;
+    Ok(context::Settings {
+        namespace: namespace.to_string(),
+        catalog,
+        registry,
+        agent: job::AgentSettings {
+            image: config.agent_image.clone(),
+            reaper_image: config.reaper_image.clone(),
+            service_account: config.agent_account.clone(),
+            log_level: config.agent_log_level.clone(),
+            tenant_label: config.tenant_label.clone(),
+        },
+        framework: config.store.vynil_version.clone(),
+        scripts: config.store.scripts(),
+        max_attempts: config.max_install_attempts,
+        reruns: install_plan::Reruns {
+            recreate_deleted_jobs: config.recreate_deleted_jobs,
+            agent_image: config.rerun_on_agent_image_change.then(|| config.agent_image.clone()),
+        },
+        reporter: kube::runtime::events::Reporter {
+            controller: "vynil-lifecycle".into(),
+            instance: config.store.pod_name.clone(),
+        },
+        leader: leader::campaign(
+            client.clone(),
+            namespace,
+            config.store.replica_name("vynil-lifecycle"),
+            Duration::from_secs(config.lease_seconds.max(1)),
+            shutdown.child(),
+        ),
+        requeue: Duration::from_secs(config.requeue_seconds.max(1)),
+        max_running_jobs: config.max_running_jobs,
+    })
 }
 
 /// Serves `service` on `server` (local mode passes a disabled one).

@@ -254,45 +254,8 @@ pub async fn reap(client: &Client, args: &ReapArgs) -> Result<ReaperReport, Life
         Api::namespaced_with(client.clone(), &args.namespace, &kind.api_resource());
     let instance = instances.get(&args.name).await.map_err(|e| unavailable("reading the instance", e))?;
     let status = instance.data.get("status").cloned().unwrap_or(Value::Null);
-    // Only what an admin confirmed, while it holds: status is tenant-writable.
-    let uid = instance.metadata.uid.clone().unwrap_or_default();
-    let confirmations = crate::confirmation::Confirmations::new(client, &args.confirmations_namespace);
-    let reference = format!("{} {}/{}", args.kind, args.namespace, args.name);
-    let confirmed = confirmations.read(&uid).await?.ok_or_else(|| {
-        LifecycleError::Refused(format!(
-            "no admin confirmed deleting the children of {reference} without package (AllowDeleteWithoutPackage): nothing deleted"
-        ))
-    })?;
-    if let Some(why) = confirmed.voided(&uid, &status, &args.namespace) {
-        return Err(LifecycleError::Refused(format!(
-            "the confirmation for {reference} no longer holds: {why}; nothing deleted"
-        )));
-    }
-    let status = confirmed.children;
-    let category = instance.data.pointer("/spec/category").and_then(Value::as_str).unwrap_or_default();
-    let mut namespaces = vec![args.namespace.clone()];
-    if kind == InstanceKind::Tenant {
-        let api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
-        let own = api.get_opt(&args.namespace).await.map_err(|e| unavailable("reading the namespace", e))?;
-        let tenant = own.and_then(|n| n.metadata.labels.and_then(|l| l.get(&args.tenant_label).cloned()));
-        if let Some(tenant) = tenant {
-            let selector =
-                kube::api::ListParams::default().labels(&format!("{}={tenant}", args.tenant_label));
-            let listed =
-                api.list(&selector).await.map_err(|e| unavailable("listing the tenant's namespaces", e))?;
-            namespaces.extend(listed.items.into_iter().filter_map(|n| n.metadata.name));
-        }
-    }
-    let owner = Owner {
-        labels: vec![
-            ("app.kubernetes.io/managed-by", "vynil".into()),
-            ("app.kubernetes.io/instance", args.name.clone()),
-            ("vynil.solidite.fr/owner-namespace", args.namespace.clone()),
-            ("vynil.solidite.fr/owner-type", kind.package_type().as_str().into()),
-            ("vynil.solidite.fr/owner-category", category.into()),
-        ],
-        namespaces,
-    };
+    let status = confirmed_children(client, args, &instance, &status).await?;
+    let owner = owner_of(client, args, kind, &instance).await?;
     let (children, crds) = recorded_children(&status);
     let discovery = Discovery::new(client.clone()).run().await.map_err(|e| unavailable("discovery", e))?;
     let wait = Duration::from_secs(args.wait_seconds);
@@ -337,6 +300,67 @@ pub async fn reap(client: &Client, args: &ReapArgs) -> Result<ReaperReport, Life
         });
     }
     Ok(report)
+}
+
+/// The children an admin confirmed for this instance, while the
+/// confirmation holds: status is tenant-writable, so only what was confirmed
+/// is ever deleted.
+async fn confirmed_children(
+    client: &Client,
+    args: &ReapArgs,
+    instance: &DynamicObject,
+    status: &Value,
+) -> Result<Value, LifecycleError> {
+    let uid = instance.metadata.uid.clone().unwrap_or_default();
+    let confirmations = crate::confirmation::Confirmations::new(client, &args.confirmations_namespace);
+    let reference = format!("{} {}/{}", args.kind, args.namespace, args.name);
+    let confirmed = confirmations.read(&uid).await?.ok_or_else(|| {
+        LifecycleError::Refused(format!(
+            "no admin confirmed deleting the children of {reference} without package (AllowDeleteWithoutPackage): nothing deleted"
+        ))
+    })?;
+    if let Some(why) = confirmed.voided(&uid, status, &args.namespace) {
+        return Err(LifecycleError::Refused(format!(
+            "the confirmation for {reference} no longer holds: {why}; nothing deleted"
+        )));
+    }
+    Ok(confirmed.children)
+}
+
+/// What marks a child as this instance's: its labels, in the instance's
+/// namespace or (for a tenant) any namespace of its tenant.
+async fn owner_of(
+    client: &Client,
+    args: &ReapArgs,
+    kind: InstanceKind,
+    instance: &DynamicObject,
+) -> Result<Owner, LifecycleError> {
+    let unavailable =
+        |doing: &str, e: kube::Error| LifecycleError::Unavailable(format!("Kubernetes API, {doing}: {e}"));
+    let category = instance.data.pointer("/spec/category").and_then(Value::as_str).unwrap_or_default();
+    let mut namespaces = vec![args.namespace.clone()];
+    if kind == InstanceKind::Tenant {
+        let api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+        let own = api.get_opt(&args.namespace).await.map_err(|e| unavailable("reading the namespace", e))?;
+        let tenant = own.and_then(|n| n.metadata.labels.and_then(|l| l.get(&args.tenant_label).cloned()));
+        if let Some(tenant) = tenant {
+            let selector =
+                kube::api::ListParams::default().labels(&format!("{}={tenant}", args.tenant_label));
+            let listed =
+                api.list(&selector).await.map_err(|e| unavailable("listing the tenant's namespaces", e))?;
+            namespaces.extend(listed.items.into_iter().filter_map(|n| n.metadata.name));
+        }
+    }
+    Ok(Owner {
+        labels: vec![
+            ("app.kubernetes.io/managed-by", "vynil".into()),
+            ("app.kubernetes.io/instance", args.name.clone()),
+            ("vynil.solidite.fr/owner-namespace", args.namespace.clone()),
+            ("vynil.solidite.fr/owner-type", kind.package_type().as_str().into()),
+            ("vynil.solidite.fr/owner-category", category.into()),
+        ],
+        namespaces,
+    })
 }
 
 async fn reap_child(

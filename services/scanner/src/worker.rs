@@ -243,35 +243,7 @@ impl Scanner {
             return Ok(());
         };
 
-        // Progress is written by a task, so the engine never waits on Redis.
-        let (progress_tx, mut progress_rx) = mpsc::unbounded_channel::<Progress>();
-        let writer = {
-            let (queue, ids, base, fence) = (self.queue.clone(), ids.to_vec(), base.clone(), fence.clone());
-            tokio::spawn(async move {
-                while let Some(progress) = progress_rx.recv().await {
-                    for id in &ids {
-                        let _ = queue.put_record(&with_progress(&base, id, &progress), Some(&fence)).await;
-                    }
-                }
-            })
-        };
-        let on_progress = move |p: &Progress| {
-            let _ = progress_tx.send(p.clone());
-        };
-        let output = match crate::index::location_of(&record.spec) {
-            Some((location, secret)) => match self.index_reader(location, secret.as_deref()).await {
-                Ok(reader) => {
-                    crate::index::scan(&reader, &self.settings, &record, &scope, &on_progress).await
-                }
-                Err(why) => ScanOutput::SourceFailed(why),
-            },
-            None => match self.client_for(&record).await {
-                Ok(client) => engine::scan(&client, &self.settings, &record, &scope, &on_progress).await,
-                Err(why) => ScanOutput::SourceFailed(why),
-            },
-        };
-        drop(on_progress);
-        let _ = writer.await;
+        let output = self.scan_source(&record, &scope, ids, &base, &fence).await;
 
         let write = self.write_status(jukebox, &output, &scope, lease).await;
         if let Err(ScannerError::LeaseLost(why)) = write {
@@ -289,17 +261,83 @@ impl Scanner {
             last.errors.push(("status".into(), error.to_string()));
         }
         last.finished_at = jiff::Timestamp::now().to_string();
+        self.finish_records(jukebox, ids, &last, &fence).await?;
+        self.record_metrics(jukebox, ids, &last, clock.elapsed().as_secs_f64()).await;
+        tracing::info!(%jukebox, state = %last.state, seconds = clock.elapsed().as_secs_f64(), "scan finished");
+        let event = scan_event(&write, &output, &scope, &last.errors);
+        if let Some(event) = event {
+            lease.check().await?;
+            self.store.record_event(jukebox, &event).await;
+        }
+        write.map(|_| ())
+    }
+
+    /// Scans `record`'s source (an index, or its registries), writing each
+    /// progress to the scan's records from a task, so the engine never waits
+    /// on Redis.
+    async fn scan_source(
+        &self,
+        record: &JukeboxRecord,
+        scope: &ScanScope,
+        ids: &[String],
+        base: &ScanRecord,
+        fence: &Fence,
+    ) -> ScanOutput {
+        let (progress_tx, mut progress_rx) = mpsc::unbounded_channel::<Progress>();
+        let writer = {
+            let (queue, ids, base, fence) = (self.queue.clone(), ids.to_vec(), base.clone(), fence.clone());
+            tokio::spawn(async move {
+                while let Some(progress) = progress_rx.recv().await {
+                    for id in &ids {
+                        let _ = queue.put_record(&with_progress(&base, id, &progress), Some(&fence)).await;
+                    }
+                }
+            })
+        };
+        let on_progress = move |p: &Progress| {
+            let _ = progress_tx.send(p.clone());
+        };
+        let output = match crate::index::location_of(&record.spec) {
+            Some((location, secret)) => match self.index_reader(location, secret.as_deref()).await {
+                Ok(reader) => crate::index::scan(&reader, &self.settings, record, scope, &on_progress).await,
+                Err(why) => ScanOutput::SourceFailed(why),
+            },
+            None => match self.client_for(record).await {
+                Ok(client) => engine::scan(&client, &self.settings, record, scope, &on_progress).await,
+                Err(why) => ScanOutput::SourceFailed(why),
+            },
+        };
+        drop(on_progress);
+        let _ = writer.await;
+        output
+    }
+
+    /// Every record of the scan says how it ended (each keeps the progress
+    /// it was given).
+    async fn finish_records(
+        &self,
+        jukebox: &str,
+        ids: &[String],
+        last: &ScanRecord,
+        fence: &Fence,
+    ) -> Result<(), ScannerError> {
         for id in ids {
             let mut final_record = self.queue.record(id).await.ok().flatten().unwrap_or_else(|| last.clone());
             final_record.id = id.clone();
             final_record.state = last.state;
             final_record.errors = last.errors.clone();
             final_record.finished_at = last.finished_at.clone();
-            if !self.queue.put_record(&final_record, Some(&fence)).await? {
+            if !self.queue.put_record(&final_record, Some(fence)).await? {
                 return Err(ScannerError::LeaseLost(format!("scan records of {jukebox}")));
             }
         }
-        self.metrics.scanned(jukebox, last.state.as_str(), clock.elapsed().as_secs_f64());
+        Ok(())
+    }
+
+    /// The scan's figures: its outcome and duration, its failures by
+    /// cause, the tags seen and manifests read.
+    async fn record_metrics(&self, jukebox: &str, ids: &[String], last: &ScanRecord, seconds: f64) {
+        self.metrics.scanned(jukebox, last.state.as_str(), seconds);
         let ended = jiff::Timestamp::now().as_second();
         self.metrics.last_scan.get_or_create(&Jukebox { jukebox: jukebox.to_string() }).set(ended);
         for (_, why) in &last.errors {
@@ -310,28 +348,6 @@ impl Scanner {
             self.metrics.tags_seen.inc_by(progress.tags_seen);
             self.metrics.manifests_read.inc_by(progress.manifests_read);
         }
-        tracing::info!(%jukebox, state = %last.state, seconds = clock.elapsed().as_secs_f64(), "scan finished");
-        let event = match (&write, &output, &scope) {
-            (Ok(_), ScanOutput::NothingToScan, _) => None,
-            (Ok(_), _, _) if !last.errors.is_empty() => {
-                Some(JukeboxEvent::scan(false, describe(&last.errors)))
-            }
-            (Ok(_), _, ScanScope::Partial(filter)) => {
-                Some(JukeboxEvent::scan(true, format!("Partial scan updated filter: {filter}")))
-            }
-            (Ok(_), _, ScanScope::Repository(_)) => {
-                Some(JukeboxEvent::scan(true, format!("Repository scan updated {scope}")))
-            }
-            (Ok(count), _, ScanScope::Full) => {
-                Some(JukeboxEvent::scan(true, format!("Found {count} packages")))
-            }
-            (Err(_), _, _) => Some(JukeboxEvent::scan(false, describe(&last.errors))),
-        };
-        if let Some(event) = event {
-            lease.check().await?;
-            self.store.record_event(jukebox, &event).await;
-        }
-        write.map(|_| ())
     }
 
     /// The registry client for this JukeBox: with its pull secret's
@@ -526,6 +542,27 @@ async fn woken(
     match wakeups {
         Some(wakeups) => wakeups.recv().await,
         None => std::future::pending().await,
+    }
+}
+
+/// The Event a scan reports, if any: what it found, or why it failed.
+fn scan_event(
+    write: &Result<usize, ScannerError>,
+    output: &ScanOutput,
+    scope: &ScanScope,
+    errors: &[(String, String)],
+) -> Option<JukeboxEvent> {
+    match (write, output, scope) {
+        (Ok(_), ScanOutput::NothingToScan, _) => None,
+        (Ok(_), _, _) if !errors.is_empty() => Some(JukeboxEvent::scan(false, describe(errors))),
+        (Ok(_), _, ScanScope::Partial(filter)) => {
+            Some(JukeboxEvent::scan(true, format!("Partial scan updated filter: {filter}")))
+        }
+        (Ok(_), _, ScanScope::Repository(_)) => {
+            Some(JukeboxEvent::scan(true, format!("Repository scan updated {scope}")))
+        }
+        (Ok(count), _, ScanScope::Full) => Some(JukeboxEvent::scan(true, format!("Found {count} packages"))),
+        (Err(_), _, _) => Some(JukeboxEvent::scan(false, describe(errors))),
     }
 }
 

@@ -166,9 +166,31 @@ pub fn plan_retention<'a>(
     let fingerprint = fingerprint(tags, &parsed, &facts, &read_digests, usage, config);
     let Parsed { versions, places, order } = parsed;
     let classes: Vec<Class> = tags.iter().zip(&places).map(|(tag, place)| classify(tag, *place)).collect();
+    refuse_unreadable(tags, &classes)?;
+    let breakpoints = breakpoints(config.framework(), facts.iter().flatten());
+    let mut reasons: Reasons = vec![Vec::new(); tags.len()];
+    add_view_reasons(&versions, &classes, &order, &facts, &breakpoints, config.framework(), &mut reasons);
+    add_newest_of_each_type(&classes, &order, &facts, &mut reasons);
+    add_used_and_pinned(tags, usage, config, &mut reasons);
+    let digests = Digests::new(tags, &read_digests, &classes);
+    add_digest_reasons(tags, &classes, &digests, &mut reasons);
+    // What is neither managed nor an artifact is kept: as the alias of a kept
+    // digest when it is one (more telling), else as unmanaged.
+    for (entry, class) in reasons.iter_mut().zip(&classes) {
+        if entry.is_empty() && matches!(class, Class::VersionWithoutVynil(_) | Class::Other) {
+            entry.push(KeepReason::Unmanaged);
+        }
+    }
+    add_digest_reasons(tags, &classes, &digests, &mut reasons);
+    let entries = decide(tags, &classes, &places, &order, reasons);
+    Ok(RetentionPlan { fingerprint, entries, usage_unknown: matches!(usage, Usage::Unknown), breakpoints })
+}
+
+/// Versions whose metadata the registry did not give: nothing is deleted on a guess.
+fn refuse_unreadable(tags: &[RepositoryTag], classes: &[Class]) -> Result<(), RulesError> {
     let unreadable: Vec<String> = tags
         .iter()
-        .zip(&classes)
+        .zip(classes)
         .filter_map(|(t, c)| match (&t.metadata, c) {
             (ManifestMetadata::Malformed(why), Class::VersionWithoutVynil(_)) => {
                 Some(format!("{}: {why}", t.name))
@@ -176,13 +198,16 @@ pub fn plan_retention<'a>(
             _ => None,
         })
         .collect();
-    if !unreadable.is_empty() {
-        return Err(RulesError::UnreadableMetadata(unreadable.join("; ")));
-    }
-    let breakpoints = breakpoints(config.framework(), facts.iter().flatten());
-    let mut reasons: Reasons = vec![Vec::new(); tags.len()];
-    add_view_reasons(&versions, &classes, &order, &facts, &breakpoints, config.framework(), &mut reasons);
-    add_newest_of_each_type(&classes, &order, &facts, &mut reasons);
+    if unreadable.is_empty() { Ok(()) } else { Err(RulesError::UnreadableMetadata(unreadable.join("; "))) }
+}
+
+/// Tags an instance uses (when usage is known) and tags a pin matches.
+fn add_used_and_pinned(
+    tags: &[RepositoryTag],
+    usage: &Usage,
+    config: &RetentionConfig,
+    reasons: &mut Reasons,
+) {
     for (tag, entry) in tags.iter().zip(reasons.iter_mut()) {
         if let Usage::Known(used) = usage {
             for revision in used {
@@ -200,17 +225,17 @@ pub fn plan_retention<'a>(
             }
         }
     }
-    let digests = Digests::new(tags, &read_digests, &classes);
-    add_digest_reasons(tags, &classes, &digests, &mut reasons);
-    // What is neither managed nor an artifact is kept: as the alias of a kept
-    // digest when it is one (more telling), else as unmanaged.
-    for (entry, class) in reasons.iter_mut().zip(&classes) {
-        if entry.is_empty() && matches!(class, Class::VersionWithoutVynil(_) | Class::Other) {
-            entry.push(KeepReason::Unmanaged);
-        }
-    }
-    add_digest_reasons(tags, &classes, &digests, &mut reasons);
+}
 
+/// Each name's decision, in the plan's order: kept with its reasons, else
+/// deleted as an orphaned artifact or as superseded.
+fn decide<'a>(
+    tags: &'a [RepositoryTag],
+    classes: &[Class],
+    places: &[Option<usize>],
+    order: &[usize],
+    mut reasons: Reasons,
+) -> Vec<PlanEntry<'a>> {
     // A name listed twice is planned once, as its first entry: the versions
     // by their place, the others (sorted by name) by their names.
     let same_name = |a: usize, b: usize| match (places[a], places[b]) {
@@ -220,7 +245,7 @@ pub fn plan_retention<'a>(
     };
     let mut entries: Vec<PlanEntry> = Vec::with_capacity(order.len());
     let mut previous: Option<usize> = None;
-    for &at in &order {
+    for &at in order {
         if previous.is_some_and(|p| same_name(p, at)) {
             continue;
         }
@@ -238,8 +263,7 @@ pub fn plan_retention<'a>(
         };
         entries.push(PlanEntry { tag: &tag.name, digest: &tag.digest, decision });
     }
-
-    Ok(RetentionPlan { fingerprint, entries, usage_unknown: matches!(usage, Usage::Unknown), breakpoints })
+    entries
 }
 
 /// The reasons of each tag, by its position in the input: a few for a kept

@@ -1,0 +1,394 @@
+//! The install decision's gates, in order: held, credited, resolved,
+//! options checked, init version, requirements, controller values; then
+//! what the desired revision asks of the agent Job. Each gate is a function
+//! that either passes or answers the plan itself.
+
+use vynil_rules::install::Target;
+
+use super::*;
+
+/// Decides what to do with `instance` (not being deleted) given `observed`:
+/// a sequence of gates, each of which may answer the plan itself (held,
+/// credited, blocked), then what the desired revision asks of the Job.
+pub fn plan(instance: &Instance, observed: &Observed) -> Plan {
+    match gated(instance, observed) {
+        Ok(plan) | Err(plan) => plan,
+    }
+}
+
+/// The gates in order; `Err` is a gate's own answer.
+fn gated(instance: &Instance, observed: &Observed) -> Result<Plan, Plan> {
+    held(instance)?;
+    credited(instance, observed)?;
+    let (package, pull_secret) = resolved(instance, observed)?;
+    let Some(checks) = &observed.checks else {
+        // The reconciler always prepares a resolved package; say so rather than guess.
+        return Err(Plan::blocked(
+            Criterion::Package,
+            None,
+            "internal: no facts gathered".into(),
+            RETRY_SHORT,
+        ));
+    };
+    let (checked, mistyped) = checked_options(instance, checks)?;
+    let (tag, digest) = init_version(observed, package)?;
+    requirements_met(checks)?;
+    let controller_values = controller_values(checks)?;
+    let desired =
+        Desired::new(instance, observed, (package, pull_secret), checks, (tag, digest), controller_values);
+    let mut steps: Vec<Step> = mistyped.into_iter().collect();
+    if let Some(outcome) = settled(&desired, observed, &mut steps, &checked) {
+        return Ok(Plan { steps, outcome, requeue: REQUEUE });
+    }
+    Ok(follow_job(&desired, observed, steps, &checked))
+}
+
+/// Upstream's own control plane is never touched; a suspended instance waits.
+fn held(instance: &Instance) -> Result<(), Plan> {
+    if instance.is_upstream_control_plane() {
+        return Err(control_plane_held(false));
+    }
+    if instance.suspended {
+        return Err(Plan { steps: Vec::new(), outcome: Outcome::Suspended, requeue: REQUEUE });
+    }
+    Ok(())
+}
+
+/// A Job that completed for the recorded target is credited with exactly
+/// that target, whatever the catalog says now (a first install from
+/// `initFrom.version`, a revision purged since).
+fn credited(instance: &Instance, observed: &Observed) -> Result<(), Plan> {
+    if let (Some(target), Some(job)) = (&instance.status.target, &observed.job)
+        && job.state == JobState::Succeeded
+        && target.revision.fingerprint.is_some()
+        && job.fingerprint == target.revision.fingerprint
+    {
+        let tag = target.revision.tag.clone();
+        return Err(Plan {
+            steps: vec![installed(instance, target.revision.clone(), observed.now)],
+            outcome: Outcome::Installed { tag },
+            requeue: REQUEUE,
+        });
+    }
+    Ok(())
+}
+
+/// The package the catalog selected, and the pull secret of its JukeBox.
+fn resolved<'a>(
+    instance: &Instance,
+    observed: &'a Observed,
+) -> Result<(&'a Package, &'a Option<String>), Plan> {
+    match &observed.resolution {
+        Resolution::JukeboxMissing => {
+            let message = format!("JukeBox {} is missing", instance.jukebox);
+            let mut plan = Plan::blocked(Criterion::Jukebox, None, message.clone(), REQUEUE);
+            plan.steps.push(event_warning("MissingJukebox", message));
+            Err(plan)
+        }
+        Resolution::NoMatch { reason, .. } => {
+            let message = format!("Package {}/{} is missing: {reason}", instance.category, instance.package);
+            let mut plan = Plan::blocked(Criterion::Package, None, message.clone(), REQUEUE);
+            plan.steps.push(event_warning("MissingPackage", message));
+            Err(plan)
+        }
+        Resolution::Package { package, pull_secret } => Ok((package, pull_secret)),
+    }
+}
+
+/// The options, checked against the package's schema. Upstream passes
+/// options through unchecked: an instance it installed keeps being served,
+/// with a warning (`docs/lifecycle.md`, options); any other is blocked.
+fn checked_options(
+    instance: &Instance,
+    checks: &RevisionChecks,
+) -> Result<(CheckedOptions, Option<Step>), Plan> {
+    match &checks.options {
+        Ok(checked) => Ok((checked.clone(), None)),
+        Err(problem) if instance.upstream_installed() => {
+            let warning = event_warning(
+                "OptionTypeMismatch",
+                format!(
+                    "{problem}; installed by upstream's operator, which does not check option types: the value is passed through as upstream passes it"
+                ),
+            );
+            Ok((CheckedOptions::default(), Some(warning)))
+        }
+        Err(problem) => Err(Plan::blocked(
+            Criterion::Options,
+            Some("E_OPTION_TYPE"),
+            coded_message("E_OPTION_TYPE", &problem.to_string()),
+            REQUEUE,
+        )),
+    }
+}
+
+/// The tag and digest to install: `initFrom.version` on a first install
+/// when asked (blocked when the registry does not have it), else the
+/// catalog's.
+fn init_version(observed: &Observed, package: &Package) -> Result<(String, Option<String>), Plan> {
+    match &observed.init_version {
+        InitVersion::NotFound(version) => {
+            let message = coded_message(
+                "E_INIT_VERSION_NOT_FOUND",
+                &format!("Version {version} introuvable dans le registre OCI"),
+            );
+            Err(Plan::blocked(Criterion::InitFrom, Some("E_INIT_VERSION_NOT_FOUND"), message, RETRY_SHORT))
+        }
+        InitVersion::Found { tag, digest } => Ok((tag.clone(), digest.clone())),
+        InitVersion::NotAsked => Ok((package.tag.clone(), package.digest.clone())),
+    }
+}
+
+/// The package's requirements hold in this cluster, or it waits for them.
+fn requirements_met(checks: &RevisionChecks) -> Result<(), Plan> {
+    match &checks.unmet {
+        Some(unmet) => {
+            let mut plan =
+                Plan::blocked(Criterion::Requirement, None, unmet.message.clone(), unmet.retry_after);
+            plan.steps.push(event_warning("MissingRequirement", unmet.message.clone()));
+            Err(plan)
+        }
+        None => Ok(()),
+    }
+}
+
+/// `value_script`'s values, within what the delete Job can be given.
+fn controller_values(checks: &RevisionChecks) -> Result<String, Plan> {
+    match &checks.controller_values {
+        Ok(values) if values.len() > MAX_CONTROLLER_VALUES => {
+            let message = coded_message(
+                "E_VALUES_TOO_LARGE",
+                &format!(
+                    "value_script produced {} bytes of controller values, at most {MAX_CONTROLLER_VALUES} are recorded for the delete Job: make the package's value_script smaller",
+                    values.len()
+                ),
+            );
+            Err(Plan::blocked(Criterion::ValueScript, Some("E_VALUES_TOO_LARGE"), message, REQUEUE))
+        }
+        Ok(values) => Ok(values.clone()),
+        Err(why) => {
+            let message =
+                coded_message("E_VALUE_SCRIPT", &format!("the package's value_script failed: {why}"));
+            Err(Plan::blocked(Criterion::ValueScript, Some("E_VALUE_SCRIPT"), message, RETRY_SHORT))
+        }
+    }
+}
+
+/// What the instance should run once every gate passed: the revision with
+/// its options, as status records it and as the agent Job asks for it.
+struct Desired<'a> {
+    instance: &'a Instance,
+    tag: String,
+    options_hash: String,
+    fingerprint: String,
+    revision: InstalledPackage,
+    request: JobRequest,
+}
+
+impl<'a> Desired<'a> {
+    fn new(
+        instance: &'a Instance,
+        observed: &Observed,
+        (package, pull_secret): (&Package, &Option<String>),
+        checks: &RevisionChecks,
+        (tag, digest): (String, Option<String>),
+        controller_values: String,
+    ) -> Self {
+        let options_hash = install::options_hash(instance.options.as_ref());
+        let target = Target {
+            registry: &package.registry,
+            image: &package.image,
+            tag: &tag,
+            digest: digest.as_deref(),
+        };
+        let fingerprint = install::fingerprint_with_agent(
+            &target,
+            &options_hash,
+            &controller_values,
+            &checks.recommended,
+            observed.reruns.agent_image.as_deref(),
+        );
+        let revision = InstalledPackage {
+            registry: package.registry.clone(),
+            image: package.image.clone(),
+            tag: tag.clone(),
+            digest: digest.clone(),
+            package_type: package.package_type().as_str().into(),
+            fingerprint: Some(fingerprint.clone()),
+            pull_secret: pull_secret.clone(),
+            controller_values: Some(controller_values.clone()),
+            installed_at: None,
+            history: Vec::new(),
+            adopted: instance.upstream_installed(),
+        };
+        let request = JobRequest {
+            registry: package.registry.clone(),
+            image: package.image.clone(),
+            tag: tag.clone(),
+            pull_secret: pull_secret.clone(),
+            options_hash: options_hash.clone(),
+            controller_values,
+            recommended: checks.recommended.clone(),
+            fingerprint: fingerprint.clone(),
+        };
+        Self { instance, tag, options_hash, fingerprint, revision, request }
+    }
+
+    fn installing(&self) -> Outcome {
+        Outcome::Installing { from: self.instance.status.tag.clone(), to: self.tag.clone() }
+    }
+
+    /// Starts the agent Job for the desired revision (replacing the one
+    /// there), keeping the failures counted so far when given.
+    fn start(
+        &self,
+        steps: &mut Vec<Step>,
+        replace: bool,
+        failures: Option<&AgentTarget>,
+        checked: &CheckedOptions,
+    ) {
+        let (instance, tag) = (self.instance, &self.tag);
+        if replace {
+            steps.push(Step::DeleteJob);
+        }
+        let target = match failures {
+            Some(kept) => AgentTarget { revision: self.revision.clone(), job: String::new(), ..kept.clone() },
+            None => AgentTarget { revision: self.revision.clone(), ..AgentTarget::default() },
+        };
+        steps.push(Step::RecordTarget(target));
+        if !checked.dropped.is_empty() {
+            steps.push(event_warning(
+                "UndeclaredOptions",
+                format!(
+                    "options not declared by {}/{} {tag} are ignored: {}",
+                    instance.category,
+                    instance.package,
+                    checked.dropped.join(", ")
+                ),
+            ));
+        }
+        steps.push(Step::CreateJob(Box::new(self.request.clone())));
+        steps.push(Step::Condition {
+            condition_type: ConditionType::AgentStarted,
+            ok: true,
+            message: format!("Agent started for {}/{} {tag}", instance.category, instance.package),
+        });
+        let doing =
+            if instance.status.tag.is_some() { "upgrading or reconfiguring to" } else { "installing" };
+        steps.push(Step::Event { warning: false, reason: "AgentStarted", note: format!("{doing} {tag}") });
+    }
+}
+
+/// The cases that need no Job's answer: a forced reinstall, a deleted Job
+/// to recreate, a revision already installed, one upstream installed.
+fn settled(
+    desired: &Desired,
+    observed: &Observed,
+    steps: &mut Vec<Step>,
+    checked: &CheckedOptions,
+) -> Option<Outcome> {
+    let (instance, tag, fingerprint) = (desired.instance, &desired.tag, desired.fingerprint.as_str());
+    let status = &instance.status;
+    if instance.force_reinstall {
+        steps.push(Step::RemoveForceReinstall);
+        desired.start(steps, observed.job.is_some(), None, checked);
+        return Some(desired.installing());
+    }
+    let installed_fingerprint = status.package.as_ref().and_then(|p| p.fingerprint.as_deref());
+    let recreate = observed.reruns.recreate_deleted_jobs && observed.job.is_none();
+    if installed_fingerprint == Some(fingerprint) && recreate && status.target.is_none() {
+        steps.push(Step::Event {
+            warning: false,
+            reason: "RecreateDeletedJob",
+            note: "the agent Job was deleted: running it again (--recreate-deleted-jobs)".into(),
+        });
+        desired.start(steps, false, None, checked);
+        return Some(desired.installing());
+    }
+    if installed_fingerprint == Some(fingerprint) {
+        if status.target.is_some() {
+            // A target left by a run that was superseded: the installed revision is current.
+            steps.push(installed(instance, desired.revision.clone(), observed.now));
+        }
+        return Some(Outcome::UpToDate { tag: tag.clone() });
+    }
+    if status.package.is_none()
+        && status.target.is_none()
+        && status.tag.as_deref() == Some(tag.as_str())
+        && status.digest.as_deref() == Some(desired.options_hash.as_str())
+    {
+        steps.push(installed(instance, desired.revision.clone(), observed.now));
+        steps.push(Step::Event {
+            warning: false,
+            reason: "Adopted",
+            note: format!("installed by upstream's operator as {tag}; adopted without running the agent"),
+        });
+        return Some(Outcome::Adopted { tag: tag.clone() });
+    }
+    None
+}
+
+/// What the agent Job of the desired revision says: running, done, failed
+/// (retried within the attempts, else held), absent or of another revision.
+fn follow_job(
+    desired: &Desired,
+    observed: &Observed,
+    mut steps: Vec<Step>,
+    checked: &CheckedOptions,
+) -> Plan {
+    let (instance, tag) = (desired.instance, &desired.tag);
+    let recorded = instance
+        .status
+        .target
+        .as_ref()
+        .filter(|t| t.revision.fingerprint.as_deref() == Some(desired.fingerprint.as_str()));
+    let installing = Plan { steps: Vec::new(), outcome: desired.installing(), requeue: REQUEUE };
+    let with = |steps: Vec<Step>| Plan { steps, ..installing.clone() };
+    match &observed.job {
+        Some(job) if job.fingerprint.as_deref() == Some(desired.fingerprint.as_str()) => match &job.state {
+            JobState::Running => {
+                if recorded.is_none() {
+                    let revision = desired.revision.clone();
+                    steps.push(Step::RecordTarget(AgentTarget { revision, ..AgentTarget::default() }));
+                }
+                with(steps)
+            }
+            JobState::Succeeded => {
+                steps.push(installed(instance, desired.revision.clone(), observed.now));
+                steps.push(Step::Condition {
+                    condition_type: ConditionType::AgentStarted,
+                    ok: true,
+                    message: format!("Agent finished for {}/{} {tag}", instance.category, instance.package),
+                });
+                Plan { steps, outcome: Outcome::Installed { tag: tag.clone() }, requeue: REQUEUE }
+            }
+            JobState::Failed(reason) => {
+                let now = observed.now;
+                match account_failure(
+                    recorded,
+                    desired.revision.clone(),
+                    job,
+                    reason,
+                    now,
+                    observed.max_attempts,
+                ) {
+                    FailedJob::Due(target) => {
+                        desired.start(&mut steps, true, Some(&target), checked);
+                        with(steps)
+                    }
+                    FailedJob::Wait(target) => {
+                        failed(steps, target, &INSTALL_FAILURE, now, observed.max_attempts, tag)
+                    }
+                }
+            }
+        },
+        Some(_) => {
+            desired.start(&mut steps, true, None, checked);
+            with(steps)
+        }
+        None => {
+            desired.start(&mut steps, false, recorded, checked);
+            with(steps)
+        }
+    }
+}
