@@ -210,15 +210,12 @@ fn sizes(path: &str) -> (usize, Vec<(String, usize)>) {
 const MAX_FILE_LINES: usize = 600;
 const MAX_FUNCTION_LINES: usize = 80;
 
-/// Product files and functions over their bound today, with their size
-/// then: none may grow, a new one fails, and one brought under its bound
-/// must leave the list (#49: split each into named steps).
-const LONG_FILES: [(&str, usize); 1] = [("services/lifecycle/src/script/upstream.rs", 917)];
-const LONG_FUNCTIONS: [(&str, &str, usize); 3] = [
-    ("services/lifecycle/src/uninstall_plan.rs", "cleanup", 156),
-    ("services/lifecycle/src/script/upstream.rs", "register", 149),
-    ("services/lifecycle/src/script/upstream.rs", "register_reads", 86),
-];
+/// Product files and functions allowed over their bound, each with its size
+/// and why: generated code (the protos, built in `OUT_DIR`, is not read) and
+/// the rules' tables would go here. None is today; a file or function added
+/// here may not grow, and one brought under its bound must leave the list.
+const LONG_FILES: [(&str, usize); 0] = [];
+const LONG_FUNCTIONS: [(&str, &str, usize); 0] = [];
 
 #[test]
 fn no_product_file_or_function_grows_past_its_bound() {

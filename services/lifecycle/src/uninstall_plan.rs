@@ -162,161 +162,164 @@ fn deleting(message: String) -> Step {
     Step::Condition { condition_type: ConditionType::Ready, ok: false, message }
 }
 
-/// Decides what to do with `instance`, which is being deleted.
+/// Decides what to do with `instance`, which is being deleted: by the
+/// catalog's answer, release it, hold it (its package is gone), run its
+/// package's delete hooks, or reap its recorded children without them.
 pub fn cleanup(instance: &Instance, observed: &CleanupObserved) -> Plan {
     if instance.is_upstream_control_plane() {
         return crate::install_plan::control_plane_held(true);
     }
-    let released = |steps: Vec<Step>| Plan { steps, outcome: Outcome::Released, requeue: REQUEUE };
-    let waiting = |steps: Vec<Step>, detail: String| Plan {
-        steps,
-        outcome: Outcome::Deleting { detail },
-        requeue: REQUEUE,
-    };
-    let recorded_for = |fingerprint: &str| {
-        instance.status.target.as_ref().filter(|t| t.revision.fingerprint.as_deref() == Some(fingerprint))
-    };
-    let job_for =
-        |fingerprint: &str| observed.job.as_ref().filter(|j| j.fingerprint.as_deref() == Some(fingerprint));
     match &observed.answer {
         CleanupAnswer::NothingToDelete => released(vec![Step::DeleteJob]),
-        CleanupAnswer::Gone { what, message } => {
-            // The condition carries the code the outcome reports, whatever
-            // the catalog's message says (found by the fuzzer: a message
-            // without its `[CODE]` gave a condition without it).
-            let mut message = match message_code(message) {
-                Some(code) if code == what.code() => message.clone(),
-                _ => vynil_crds::coded_message(what.code(), message),
-            };
-            if let Some(value) = instance.delete_without_package.as_deref().filter(|v| *v != "true") {
-                message.push_str(&format!(
-                    " (vynil.solidite.fr/delete-without-package is {value:?}: only \"true\" is accepted)"
-                ));
+        CleanupAnswer::Gone { what, message } => gone(instance, observed, *what, message),
+        CleanupAnswer::Revision(request) => with_hooks(instance, observed, request),
+        CleanupAnswer::WithoutPackage { warning } => without_package(instance, observed, warning),
+    }
+}
+
+fn released(steps: Vec<Step>) -> Plan {
+    Plan { steps, outcome: Outcome::Released, requeue: REQUEUE }
+}
+
+fn waiting(steps: Vec<Step>, detail: String) -> Plan {
+    Plan { steps, outcome: Outcome::Deleting { detail }, requeue: REQUEUE }
+}
+
+/// The target status records for this deletion's `fingerprint`, if any.
+fn recorded_for<'a>(instance: &'a Instance, fingerprint: &str) -> Option<&'a AgentTarget> {
+    instance.status.target.as_ref().filter(|t| t.revision.fingerprint.as_deref() == Some(fingerprint))
+}
+
+/// The Job of this deletion's `fingerprint`, if it is the one there.
+fn job_for<'a>(observed: &'a CleanupObserved, fingerprint: &str) -> Option<&'a ObservedJob> {
+    observed.job.as_ref().filter(|j| j.fingerprint.as_deref() == Some(fingerprint))
+}
+
+/// The package is gone: held with the code the outcome reports, and how
+/// to let it go.
+fn gone(instance: &Instance, observed: &CleanupObserved, what: Gone, message: &str) -> Plan {
+    // The condition carries the code the outcome reports, whatever
+    // the catalog's message says (found by the fuzzer: a message
+    // without its `[CODE]` gave a condition without it).
+    let mut message = match message_code(message) {
+        Some(code) if code == what.code() => message.to_string(),
+        _ => vynil_crds::coded_message(what.code(), message),
+    };
+    if let Some(value) = instance.delete_without_package.as_deref().filter(|v| *v != "true") {
+        message.push_str(&format!(
+            " (vynil.solidite.fr/delete-without-package is {value:?}: only \"true\" is accepted)"
+        ));
+    }
+    if let Some(note) = observed.hatch.note() {
+        message.push_str(&note);
+    }
+    let (code, reason) = (what.code(), what.event_reason());
+    Plan {
+        steps: vec![
+            Step::Condition { condition_type: ConditionType::Ready, ok: false, message: message.clone() },
+            Step::Event { warning: true, reason, note: message.clone() },
+        ],
+        outcome: Outcome::Blocked(Blocker { criterion: Criterion::Package, code: Some(code), message }),
+        requeue: gone_backoff(instance, observed.now),
+    }
+}
+
+/// The delete Job running the hooks of the installed revision's package.
+fn with_hooks(instance: &Instance, observed: &CleanupObserved, request: &JobRequest) -> Plan {
+    let fingerprint = request.fingerprint.as_str();
+    let revision = InstalledPackage {
+        registry: request.registry.clone(),
+        image: request.image.clone(),
+        tag: request.tag.clone(),
+        fingerprint: Some(fingerprint.to_string()),
+        pull_secret: request.pull_secret.clone(),
+        controller_values: Some(request.controller_values.clone()),
+        ..InstalledPackage::default()
+    };
+    let start = |mut steps: Vec<Step>, kept: Option<&AgentTarget>| {
+        let target = match kept {
+            Some(kept) => kept.clone(),
+            None => AgentTarget { revision: revision.clone(), ..AgentTarget::default() },
+        };
+        steps.push(Step::RecordTarget(target));
+        steps.push(Step::CreateDeleteJob(Box::new(request.clone())));
+        steps.push(deleting(format!("delete Job running the hooks of {}:{}", request.image, request.tag)));
+        steps.push(Step::Event {
+            warning: false,
+            reason: "DeleteStarted",
+            note: format!(
+                "deleting with the hooks of {}/{}:{}",
+                request.registry, request.image, request.tag
+            ),
+        });
+        waiting(steps, format!("delete Job for {} started", request.tag))
+    };
+    let recorded = recorded_for(instance, fingerprint);
+    match job_for(observed, fingerprint) {
+        None => start(replacing(observed), recorded),
+        Some(job) => match &job.state {
+            JobState::Running => waiting(Vec::new(), format!("delete Job for {} running", request.tag)),
+            JobState::Succeeded => released(vec![Step::DeleteJob]),
+            JobState::Failed(reason) => {
+                retry(observed, recorded, &revision, job, reason, &request.tag, &start)
             }
-            if let Some(note) = observed.hatch.note() {
-                message.push_str(&note);
+        },
+    }
+}
+
+/// The reaper Job deleting the recorded children, confirmed by an admin,
+/// released once its report says every allowed child is gone.
+fn without_package(instance: &Instance, observed: &CleanupObserved, warning: &str) -> Plan {
+    let fingerprint = reaper_fingerprint(instance);
+    let revision = InstalledPackage {
+        image: "reaper".into(),
+        fingerprint: Some(fingerprint.clone()),
+        ..InstalledPackage::default()
+    };
+    let recorded = recorded_for(instance, &fingerprint);
+    let start = |mut steps: Vec<Step>, kept: Option<&AgentTarget>| {
+        let target = kept
+            .cloned()
+            .unwrap_or_else(|| AgentTarget { revision: revision.clone(), ..AgentTarget::default() });
+        steps.push(Step::RecordTarget(target));
+        steps.push(Step::CreateReaperJob { fingerprint: fingerprint.clone() });
+        steps.push(deleting(format!("reaper Job deleting the recorded children: {warning}")));
+        steps.push(Step::Event { warning: true, reason: "DeleteWithoutPackage", note: warning.to_string() });
+        waiting(steps, "reaper Job started".into())
+    };
+    let retry = |job: &ObservedJob, reason: &str| {
+        retry(observed, recorded, &revision, job, reason, "the reaper", &start)
+    };
+    match job_for(observed, &fingerprint) {
+        None => start(replacing(observed), recorded),
+        Some(job) => match (&job.state, &observed.report) {
+            (JobState::Running, _) => waiting(Vec::new(), "reaper Job running".into()),
+            (JobState::Failed(reason), _) => retry(job, reason),
+            (JobState::Succeeded, None) => Plan {
+                steps: Vec::new(),
+                outcome: Outcome::Deleting { detail: "waiting for the reaper's report".into() },
+                requeue: REPORT_RETRY,
+            },
+            (JobState::Succeeded, Some(report)) if !report.all_allowed_gone() => {
+                retry(job, &format!("children still present: {}", report.still_present().join(", ")))
             }
-            let (code, reason) = (what.code(), what.event_reason());
-            Plan {
-                steps: vec![
+            (JobState::Succeeded, Some(report)) => {
+                let message = format!(
+                    "[W_NO_PACKAGE_HOOKS] deleted without package hooks: {}; left for a human: {}",
+                    list_or_none(&report.deleted()),
+                    list_or_none(&report.left())
+                );
+                released(vec![
                     Step::Condition {
                         condition_type: ConditionType::Ready,
                         ok: false,
                         message: message.clone(),
                     },
-                    Step::Event { warning: true, reason, note: message.clone() },
-                ],
-                outcome: Outcome::Blocked(Blocker {
-                    criterion: Criterion::Package,
-                    code: Some(code),
-                    message,
-                }),
-                requeue: gone_backoff(instance, observed.now),
+                    Step::Event { warning: true, reason: "DeletedWithoutPackage", note: message },
+                    Step::DeleteJob,
+                ])
             }
-        }
-        CleanupAnswer::Revision(request) => {
-            let fingerprint = request.fingerprint.as_str();
-            let revision = InstalledPackage {
-                registry: request.registry.clone(),
-                image: request.image.clone(),
-                tag: request.tag.clone(),
-                fingerprint: Some(fingerprint.to_string()),
-                pull_secret: request.pull_secret.clone(),
-                controller_values: Some(request.controller_values.clone()),
-                ..InstalledPackage::default()
-            };
-            let start = |mut steps: Vec<Step>, kept: Option<&AgentTarget>| {
-                let target = match kept {
-                    Some(kept) => kept.clone(),
-                    None => AgentTarget { revision: revision.clone(), ..AgentTarget::default() },
-                };
-                steps.push(Step::RecordTarget(target));
-                steps.push(Step::CreateDeleteJob(request.clone()));
-                steps.push(deleting(format!(
-                    "delete Job running the hooks of {}:{}",
-                    request.image, request.tag
-                )));
-                steps.push(Step::Event {
-                    warning: false,
-                    reason: "DeleteStarted",
-                    note: format!(
-                        "deleting with the hooks of {}/{}:{}",
-                        request.registry, request.image, request.tag
-                    ),
-                });
-                waiting(steps, format!("delete Job for {} started", request.tag))
-            };
-            let recorded = recorded_for(fingerprint);
-            match job_for(fingerprint) {
-                None => start(replacing(observed), recorded),
-                Some(job) => match &job.state {
-                    JobState::Running => {
-                        waiting(Vec::new(), format!("delete Job for {} running", request.tag))
-                    }
-                    JobState::Succeeded => released(vec![Step::DeleteJob]),
-                    JobState::Failed(reason) => {
-                        retry(observed, recorded, &revision, job, reason, &request.tag, &start)
-                    }
-                },
-            }
-        }
-        CleanupAnswer::WithoutPackage { warning } => {
-            let fingerprint = reaper_fingerprint(instance);
-            let revision = InstalledPackage {
-                image: "reaper".into(),
-                fingerprint: Some(fingerprint.clone()),
-                ..InstalledPackage::default()
-            };
-            let recorded = recorded_for(&fingerprint);
-            let start = |mut steps: Vec<Step>, kept: Option<&AgentTarget>| {
-                let target = kept
-                    .cloned()
-                    .unwrap_or_else(|| AgentTarget { revision: revision.clone(), ..AgentTarget::default() });
-                steps.push(Step::RecordTarget(target));
-                steps.push(Step::CreateReaperJob { fingerprint: fingerprint.clone() });
-                steps.push(deleting(format!("reaper Job deleting the recorded children: {warning}")));
-                steps.push(Step::Event {
-                    warning: true,
-                    reason: "DeleteWithoutPackage",
-                    note: warning.clone(),
-                });
-                waiting(steps, "reaper Job started".into())
-            };
-            let retry = |job: &ObservedJob, reason: &str| {
-                retry(observed, recorded, &revision, job, reason, "the reaper", &start)
-            };
-            match job_for(&fingerprint) {
-                None => start(replacing(observed), recorded),
-                Some(job) => match (&job.state, &observed.report) {
-                    (JobState::Running, _) => waiting(Vec::new(), "reaper Job running".into()),
-                    (JobState::Failed(reason), _) => retry(job, reason),
-                    (JobState::Succeeded, None) => Plan {
-                        steps: Vec::new(),
-                        outcome: Outcome::Deleting { detail: "waiting for the reaper's report".into() },
-                        requeue: REPORT_RETRY,
-                    },
-                    (JobState::Succeeded, Some(report)) if !report.all_allowed_gone() => {
-                        retry(job, &format!("children still present: {}", report.still_present().join(", ")))
-                    }
-                    (JobState::Succeeded, Some(report)) => {
-                        let message = format!(
-                            "[W_NO_PACKAGE_HOOKS] deleted without package hooks: {}; left for a human: {}",
-                            list_or_none(&report.deleted()),
-                            list_or_none(&report.left())
-                        );
-                        released(vec![
-                            Step::Condition {
-                                condition_type: ConditionType::Ready,
-                                ok: false,
-                                message: message.clone(),
-                            },
-                            Step::Event { warning: true, reason: "DeletedWithoutPackage", note: message },
-                            Step::DeleteJob,
-                        ])
-                    }
-                },
-            }
-        }
+        },
     }
 }
 
