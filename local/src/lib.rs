@@ -108,18 +108,14 @@ fn make_tokens(dir: &Path) -> Result<Tokens, LocalError> {
     Ok(tokens)
 }
 
-/// A service's own configuration, from its own flags and defaults, with the
-/// shared flags of local mode.
-/// A bad value (from a service's own environment variable, say) is an error
-/// naming the service, never an exit of the whole process.
-fn service_config<C: Parser>(
-    service: &'static str,
-    listen: SocketAddr,
-    extra: &[String],
-) -> Result<C, LocalError> {
-    let mut args = vec![format!("vynil-{service}"), "--listen".into(), listen.to_string()];
-    args.extend_from_slice(extra);
-    C::try_parse_from(args)
+/// A service's own configuration: its defaults and its own environment
+/// variables (`args`: more of its flags), which local mode then completes
+/// with typed values. A bad value (from a service's own environment
+/// variable, say) is an error naming the service, never an exit of the
+/// whole process.
+fn service_config<C: Parser>(service: &'static str, args: &[&str]) -> Result<C, LocalError> {
+    let program = format!("vynil-{service}");
+    C::try_parse_from(std::iter::once(program.as_str()).chain(args.iter().copied()))
         .map_err(|e| LocalError::Config { service, error: e.to_string().trim().to_string() })
 }
 
@@ -207,23 +203,15 @@ pub async fn bind(config: Config) -> Result<Bound, LocalError> {
     let (scanner, scanner_at) = bind("scanner", config.scanner_listen).await?;
     let (purger, purger_at) = bind("purger", config.purger_listen).await?;
     let (lifecycle, lifecycle_at) = bind("lifecycle", config.lifecycle_listen).await?;
-    let endpoint = |addr: SocketAddr| format!("http://{addr}");
-    let path = |p: &Path| p.display().to_string();
-    let gateway_flags = [
-        "--catalog-endpoint".to_string(),
-        endpoint(catalog_at),
-        "--scanner-endpoint".into(),
-        endpoint(scanner_at),
-        "--purger-endpoint".into(),
-        endpoint(purger_at),
-        "--lifecycle-endpoint".into(),
-        endpoint(lifecycle_at),
-        "--tokens-file".into(),
-        path(&tokens.tokens_file),
-        "--service-token-file".into(),
-        path(&tokens.service_file),
-    ];
-    let gateway: vynil_gateway::Config = service_config("gateway", config.gateway_listen, &gateway_flags)?;
+    let endpoint = |addr: SocketAddr| Some(format!("http://{addr}"));
+    let mut gateway: vynil_gateway::Config = service_config("gateway", &[])?;
+    gateway.listen = config.gateway_listen;
+    gateway.catalog_endpoint = endpoint(catalog_at);
+    gateway.scanner_endpoint = endpoint(scanner_at);
+    gateway.purger_endpoint = endpoint(purger_at);
+    gateway.lifecycle_endpoint = endpoint(lifecycle_at);
+    gateway.tokens_file = Some(tokens.tokens_file.clone());
+    gateway.service_token_file = Some(tokens.service_file.clone());
     let gateway = vynil_gateway::Gateway::bind(&gateway).await.map_err(|e| failed("gateway", &e))?;
     let gateway_at = gateway.local_addr().map_err(|e| failed("gateway", &e))?;
     let addresses = Addresses {
@@ -264,24 +252,25 @@ impl Bound {
         } = self;
         let mut services = Running::new();
         macro_rules! configured {
-            ($config:ty, $service:literal, $at:expr, $extra:expr) => {{
-                let mut config: $config = service_config($service, $at, $extra)?;
+            ($config:ty, $service:literal, $at:expr) => {{
+                let mut config: $config = service_config($service, &[])?;
+                config.listen = $at;
                 config.shared = shared.clone();
                 config.store = store_config.clone();
                 config
             }};
         }
-        let config = configured!(vynil_catalog::Config, "catalog", at.catalog, &[]);
+        let config = configured!(vynil_catalog::Config, "catalog", at.catalog);
         let served = vynil_catalog::run_with_store(catalog, config, store.clone(), drain.signaled());
         services.spawn(async move { ("catalog", served.await.map_err(|e| e.to_string())) });
-        let config = configured!(vynil_scanner::Config, "scanner", at.scanner, &[]);
+        let config = configured!(vynil_scanner::Config, "scanner", at.scanner);
         let served = vynil_scanner::run_with_store(scanner, config, store.clone(), drain.signaled());
         services.spawn(async move { ("scanner", served.await.map_err(|e| e.to_string())) });
-        let lifecycle_endpoint = ["--lifecycle-endpoint".into(), format!("http://{}", at.lifecycle)];
-        let config = configured!(vynil_purger::Config, "purger", at.purger, &lifecycle_endpoint);
+        let mut config = configured!(vynil_purger::Config, "purger", at.purger);
+        config.lifecycle_endpoint = vec![format!("http://{}", at.lifecycle)];
         let served = vynil_purger::run_with_store(purger, config, store.clone(), drain.signaled());
         services.spawn(async move { ("purger", served.await.map_err(|e| e.to_string())) });
-        let config = configured!(vynil_lifecycle::Config, "lifecycle", at.lifecycle, &[]);
+        let config = configured!(vynil_lifecycle::Config, "lifecycle", at.lifecycle);
         let disabled = vynil_lifecycle::LifecycleService::disabled("no cluster (local mode)");
         let served = vynil_lifecycle::serve(lifecycle, config, disabled, drain.signaled());
         services.spawn(async move { ("lifecycle", served.await.map_err(|e| e.to_string())) });
@@ -352,9 +341,8 @@ mod tests {
 
     #[test]
     fn a_bad_service_flag_is_an_error_naming_the_service_not_an_exit() {
-        let listen = SocketAddr::from(([127, 0, 0, 1], 0));
-        let extra = ["--repository-concurrency".to_string(), "many".to_string()];
-        let error = service_config::<vynil_scanner::Config>("scanner", listen, &extra).unwrap_err();
+        let extra = ["--repository-concurrency", "many"];
+        let error = service_config::<vynil_scanner::Config>("scanner", &extra).unwrap_err();
         let text = error.to_string();
         assert!(text.starts_with("scanner: invalid configuration"), "{text}");
         assert!(text.contains("many") && text.contains("--repository-concurrency"), "{text}");

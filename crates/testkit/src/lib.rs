@@ -21,6 +21,7 @@
 mod examples;
 mod fixture;
 mod front;
+mod grpc;
 mod index_server;
 mod jukebox;
 pub mod kube_api;
@@ -37,6 +38,7 @@ mod wait;
 
 pub use examples::{EXAMPLE_REPOSITORIES, Example, examples, publish_examples, write_examples};
 pub use front::{Fault, FaultAction, HttpFront, Seen};
+pub use grpc::{as_gateway, bound};
 pub use index_server::{IndexRequest, IndexServer};
 pub use jukebox::JukeboxBuilder;
 pub use layout::{LayoutWriter, reachable_blobs, stored_blobs};

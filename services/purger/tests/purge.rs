@@ -198,9 +198,7 @@ async fn make_plan(client: &mut PurgerClient<tonic::transport::Channel>, host: &
 
 /// `request` as the gateway sends it: with the service token, naming alice.
 fn as_gateway<T>(request: T) -> Request<T> {
-    let mut request = Request::new(request);
-    vynil_runtime::ServiceCredentials::new(Some(SERVICE_TOKEN)).unwrap().apply(&mut request, "alice@example");
-    request
+    vynil_testkit::as_gateway(request, SERVICE_TOKEN, "alice@example").unwrap()
 }
 
 fn execute_request(plan: &PurgePlan) -> Request<ExecuteRequest> {

@@ -37,9 +37,7 @@ pub const APPS: &str = "apps";
 /// A gRPC server bound on a port of loopback the system chose, and its
 /// address: known before anything dials it, never handed out unbound.
 pub async fn bound() -> (GrpcServer, SocketAddr) {
-    let server = GrpcServer::bind(SocketAddr::from(([127, 0, 0, 1], 0))).await.unwrap();
-    let addr = server.local_addr().unwrap();
-    (server, addr)
+    vynil_testkit::bound().await.unwrap()
 }
 
 /// A package revision as the scanner writes it in `status.packages`.
@@ -94,9 +92,7 @@ pub const SERVICE_TOKEN: &str = "lifecycle-test-service-token";
 
 /// `request` as the gateway sends it: with the service token, naming `caller`.
 pub fn as_gateway<T>(request: T, caller: &str) -> tonic::Request<T> {
-    let mut request = tonic::Request::new(request);
-    vynil_runtime::ServiceCredentials::new(Some(SERVICE_TOKEN)).unwrap().apply(&mut request, caller);
-    request
+    vynil_testkit::as_gateway(request, SERVICE_TOKEN, caller).unwrap()
 }
 
 pub type Script = Arc<Mutex<Box<dyn Fn(&AgentJob) -> AgentOutcome + Send>>>;
