@@ -18,7 +18,7 @@ stage() {
 install_system_packages() {
   # binary -> Debian package
   # chromium + node/npm: the web page's browser tests (gateway/tests/web.rs);
-  # kubectl: rendering deploy/ (tests/tests/deploy.rs); unshare and ip: a
+  # kubectl: rendering deploy/ (e2e/tests/deploy.rs); unshare and ip: a
   # network namespace of a test's own (gateway/tests/tracing.rs), and the
   # mount namespace of each Job container the fake API server runs; curl:
   # a container's in-cluster call (crates/testkit/tests/job_runner.rs).

@@ -1,6 +1,6 @@
 //! A gateway in process in front of a `vynil_e2e::Stack`, with one token per
 //! role: what the gateway's own tests (CLI, web page) and the cross-service
-//! API test (`tests/tests/gateway_api.rs`, which includes this file) start.
+//! API test (`e2e/tests/gateway_api.rs`, which includes this file) start.
 
 #![allow(dead_code, clippy::unwrap_used)]
 

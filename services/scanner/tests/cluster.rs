@@ -90,7 +90,7 @@ impl World {
         let (redis, front) = (self.redis.url(), self.front.host());
         let insecure = format!("{front},{}", self.registry.host());
         // Loopback, as in local mode: the service token's own tests are in
-        // tests/tests/privileged.rs.
+        // e2e/tests/privileged.rs.
         let mut args = vec![
             "--allow-unauthenticated",
             "--kubernetes",

@@ -1,4 +1,4 @@
-//! What the cross-service tests (`tests/tests/`) and the CLI's subprocess
+//! What the cross-service tests (`e2e/tests/`) and the CLI's subprocess
 //! tests (`gateway/tests/`) start: the real services on the fake Kubernetes
 //! API server and a real registry.
 //!
@@ -147,7 +147,7 @@ impl Stack {
         let mut services = tokio::task::JoinSet::new();
         // Each service with its own user agent (as `vynil_store::kube_client`
         // gives it) and the control plane's namespace, so the request log
-        // tells who asked what (tests/tests/deploy.rs checks it against RBAC).
+        // tells who asked what (e2e/tests/deploy.rs checks it against RBAC).
         let store = |service: &str| Arc::new(KubeStore::new(service_client(&api, service)));
         let config = vynil_scanner::Config::parse_from([
             "vynil-scanner",

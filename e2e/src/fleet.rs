@@ -3,7 +3,7 @@
 //! and the fake Kubernetes API server (`KUBECONFIG`), with a real registry
 //! behind a counting front.
 //!
-//! What `tests/tests/scaling.rs` starts to show that replicas cooperate, and
+//! What `e2e/tests/scaling.rs` starts to show that replicas cooperate, and
 //! that killing, freezing or restarting one of them (or Redis) loses nothing.
 //! The bench can start one too. Every replica is named (`--pod-name`,
 //! `scanner-0`…): that name is in every lease it holds, so a test reads in
