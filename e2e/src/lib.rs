@@ -145,7 +145,7 @@ impl Stack {
         let exports = tempfile::tempdir().unwrap();
         let shutdown = Shutdown::new();
         let mut services = tokio::task::JoinSet::new();
-        // Each service with its own user agent (as `vynil_store::kube_client`
+        // Each service with its own user agent (as `vynil_kube::client`
         // gives it) and the control plane's namespace, so the request log
         // tells who asked what (e2e/tests/deploy.rs checks it against RBAC).
         let store = |service: &str| Arc::new(KubeStore::new(service_client(&api, service)));

@@ -92,6 +92,7 @@ fn forbidden(from: &str, from_dir: &str, to: &str) -> Option<&'static str> {
             "vynil-index",
             "vynil-failure",
             "vynil-script",
+            "vynil-kube",
         ]))
         .then_some("the store depends on the domain crates below it only"),
         "vynil-runtime" => (!allowed(&["vynil-failure"]))
@@ -160,7 +161,7 @@ fn the_guard_refuses_the_edges_the_map_forbids() {
 /// Product code: our libraries and services, not tests, the test kit, the
 /// bench or the fuzzing harness.
 fn product_files() -> Vec<String> {
-    let crates = ["rules", "crds", "registry", "store", "runtime", "failure", "script", "index"];
+    let crates = ["rules", "crds", "registry", "store", "runtime", "failure", "script", "kube", "index"];
     let crates: Vec<String> = crates.iter().map(|c| format!("crates/{c}/")).collect();
     let others = ["services/", "gateway/", "local/", "proto/"];
     source_files(&[crates.iter().map(String::as_str).collect::<Vec<_>>(), others.to_vec()].concat())

@@ -166,7 +166,7 @@ impl Gateway {
     pub async fn bind(config: &Config) -> Result<Self, GatewayError> {
         let kube = match config.kubernetes_auth {
             true => Some(
-                vynil_store::kube_client(vynil_runtime::user_agent!())
+                vynil_kube::client(vynil_runtime::user_agent!())
                     .await
                     .map_err(|e| GatewayError::Kubernetes(e.to_string()))?,
             ),

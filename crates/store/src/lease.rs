@@ -15,7 +15,7 @@
 //! What remains is the window between the check and the write reaching its
 //! server, bounded by that request's timeouts, which must stay shorter than
 //! the lease: a JukeBox status write reaches the API server within the
-//! client's connect + write timeouts (2 × [`crate::KUBE_WRITE_WINDOW`], 20 s,
+//! client's connect + write timeouts (2 × [`vynil_kube::WRITE_WINDOW`], 20 s,
 //! against the scanner's 30 s lease); a purger's DELETE is sent once (no
 //! transport retry) within `--registry-timeout-seconds` (10 s by default,
 //! and the purger refuses a lease not longer than twice it, room for a token

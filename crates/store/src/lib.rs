@@ -96,15 +96,11 @@ impl StoreSettings {
     }
 }
 
-/// Connect and write timeouts of the Kubernetes client: a status write is
-/// sent within twice this after the scanner checked its lease.
-pub const KUBE_WRITE_WINDOW: std::time::Duration = std::time::Duration::from_secs(10);
-
 /// Opens the store `settings` name.
 pub async fn open(settings: &StoreSettings) -> Result<std::sync::Arc<dyn ScannerStore>, StoreError> {
     Ok(match settings {
         StoreSettings::Kubernetes { user_agent, pod_name } => {
-            let client = kube_client(user_agent).await?;
+            let client = vynil_kube::client(user_agent).await?;
             let service = user_agent.split('/').next().unwrap_or("vynil");
             std::sync::Arc::new(KubeStore::reporting_as(client, service, pod_name.clone()))
         }
@@ -115,22 +111,6 @@ pub async fn open(settings: &StoreSettings) -> Result<std::sync::Arc<dyn Scanner
             std::sync::Arc::new(LocalStore::in_memory(directory.clone()))
         }
     })
-}
-
-/// The Kubernetes client of a service presenting itself as `user_agent`:
-/// the kubeconfig or the in-cluster service account, with the write window's
-/// timeouts.
-pub async fn kube_client(user_agent: &str) -> Result<::kube::Client, StoreError> {
-    let connecting = |e| kube_error("connecting (kubeconfig or in-cluster)", e);
-    let mut config = ::kube::Config::infer().await.map_err(|e| connecting(::kube::Error::InferConfig(e)))?;
-    let agent = ::http::HeaderValue::from_str(user_agent)
-        .map_err(|e| StoreError::Config(format!("user agent {user_agent:?}: {e}")))?;
-    config.headers.push((::http::header::USER_AGENT, agent));
-    // A write reaches the API server within connect + write timeouts:
-    // what bounds the window after a worker's lease check (see `lease`).
-    config.connect_timeout = Some(KUBE_WRITE_WINDOW);
-    config.write_timeout = Some(KUBE_WRITE_WINDOW);
-    ::kube::Client::try_from(config).map_err(connecting)
 }
 
 /// A failed call to the API server: retried (it may be back, or granted,
@@ -147,6 +127,15 @@ pub(crate) fn kube_error(doing: &str, e: ::kube::Error) -> StoreError {
         _ => "",
     };
     StoreError::Unavailable(format!("Kubernetes API, {doing}: {e}{fix}"))
+}
+
+impl From<vynil_kube::ClientError> for StoreError {
+    fn from(e: vynil_kube::ClientError) -> Self {
+        match e {
+            vynil_kube::ClientError::Connect(_) => StoreError::Unavailable(e.to_string()),
+            vynil_kube::ClientError::UserAgent { .. } => StoreError::Config(e.to_string()),
+        }
+    }
 }
 
 /// The one mapping of a Redis error: the store is unavailable (retry), never

@@ -153,9 +153,8 @@ pub async fn run_on(
         Some(pod) => format!("{} pod/{pod}", vynil_runtime::user_agent!()),
         None => vynil_runtime::user_agent!().to_string(),
     };
-    let client = vynil_store::kube_client(&user_agent)
-        .await
-        .map_err(|e| LifecycleError::Unavailable(e.to_string()))?;
+    let client =
+        vynil_kube::client(&user_agent).await.map_err(|e| LifecycleError::Unavailable(e.to_string()))?;
     run_with_client(server, config, client, shutdown).await
 }
 

@@ -423,7 +423,7 @@ async fn reap_child(
 
 /// The `reap` subcommand: reap, print the report, write it as the termination message.
 pub async fn main(args: ReapArgs) -> Result<(), LifecycleError> {
-    let client = vynil_store::kube_client(vynil_runtime::user_agent!())
+    let client = vynil_kube::client(vynil_runtime::user_agent!())
         .await
         .map_err(|e| LifecycleError::Unavailable(e.to_string()))?;
     let report = reap(&client, &args).await?;

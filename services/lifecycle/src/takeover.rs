@@ -147,7 +147,7 @@ pub async fn record(client: &Client, args: &TakeoverArgs) -> Result<Recorded, Li
 
 /// The `takeover` subcommand: record, log and print what was recorded.
 pub async fn main(args: TakeoverArgs) -> Result<(), LifecycleError> {
-    let client = vynil_store::kube_client(vynil_runtime::user_agent!())
+    let client = vynil_kube::client(vynil_runtime::user_agent!())
         .await
         .map_err(|e| LifecycleError::Unavailable(e.to_string()))?;
     let recorded = record(&client, &args).await?;
