@@ -259,6 +259,33 @@ fn a_value_script_error_blocks_naming_the_missing_function() {
 }
 
 #[test]
+fn a_missing_jukebox_blocks_with_a_warning_and_no_job() {
+    let mut seen = observed("4.0.0");
+    seen.resolution = Resolution::JukeboxMissing;
+    seen.checks = None;
+    let plan = install_plan::plan(&fresh(), &seen);
+    let (_, ok, message) = condition(&plan).unwrap();
+    assert!(!ok && message == "JukeBox box is missing", "{message}");
+    assert!(
+        plan.steps.iter().any(|s| matches!(s, Step::Event { warning: true, reason: "MissingJukebox", .. }))
+    );
+    assert_eq!(creates_job(&plan), None);
+}
+
+#[test]
+fn controller_values_over_the_limit_block_without_a_job_and_at_the_limit_install() {
+    let mut seen = observed("4.0.0");
+    let at_limit = format!("\"{}\"", "x".repeat(install_plan::MAX_CONTROLLER_VALUES - 2));
+    seen.checks.as_mut().unwrap().controller_values = Ok(at_limit.clone());
+    assert!(creates_job(&install_plan::plan(&fresh(), &seen)).is_some(), "exactly at the limit installs");
+    seen.checks.as_mut().unwrap().controller_values = Ok(format!("{at_limit} "));
+    let plan = install_plan::plan(&fresh(), &seen);
+    let (_, ok, message) = condition(&plan).unwrap();
+    assert!(!ok && message.starts_with("[E_VALUES_TOO_LARGE]"), "{message}");
+    assert_eq!(creates_job(&plan), None);
+}
+
+#[test]
 fn an_instance_upstream_installed_is_adopted_without_a_job_when_what_would_run_matches() {
     let upstream =
         instance(json!({}), Value::Null, json!({"tag": "4.0.0", "digest": install::options_hash(None)}));
