@@ -121,10 +121,6 @@ impl Confirmation {
     }
 }
 
-fn unavailable(doing: &str, e: kube::Error) -> LifecycleError {
-    LifecycleError::Unavailable(format!("Kubernetes API, {doing}: {e}"))
-}
-
 /// Where confirmations live: the control plane's namespace.
 #[derive(Clone)]
 pub struct Confirmations {
@@ -152,20 +148,21 @@ impl Confirmations {
     pub async fn record(&self, confirmation: &Confirmation) -> Result<(), LifecycleError> {
         let name = name_of(&confirmation.uid);
         let mut wanted = confirmation.to_config_map();
-        let existing = self.api.get_opt(&name).await.map_err(|e| unavailable("reading a confirmation", e))?;
+        let existing =
+            self.api.get_opt(&name).await.map_err(LifecycleError::kube("reading a confirmation"))?;
         match existing {
             Some(found) => {
                 wanted.metadata.resource_version = found.metadata.resource_version;
                 self.api
                     .replace(&name, &PostParams::default(), &wanted)
                     .await
-                    .map_err(|e| unavailable("replacing a confirmation", e))?;
+                    .map_err(LifecycleError::kube("replacing a confirmation"))?;
             }
             None => {
                 self.api
                     .create(&PostParams::default(), &wanted)
                     .await
-                    .map_err(|e| unavailable("recording a confirmation", e))?;
+                    .map_err(LifecycleError::kube("recording a confirmation"))?;
             }
         }
         match self.read(&confirmation.uid).await? {
@@ -179,7 +176,7 @@ impl Confirmations {
     pub async fn read(&self, uid: &str) -> Result<Option<Confirmation>, LifecycleError> {
         let name = name_of(uid);
         let Some(map) =
-            self.api.get_opt(&name).await.map_err(|e| unavailable("reading a confirmation", e))?
+            self.api.get_opt(&name).await.map_err(LifecycleError::kube("reading a confirmation"))?
         else {
             return Ok(None);
         };
@@ -197,7 +194,7 @@ impl Confirmations {
         match self.api.delete(&name_of(uid), &Default::default()).await {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
-            Err(e) => Err(unavailable("removing a confirmation", e)),
+            Err(e) => Err(LifecycleError::kube("removing a confirmation")(e)),
         }
     }
 }

@@ -138,7 +138,7 @@ impl Context {
         let written = api
             .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
-            .map_err(|e| LifecycleError::Unavailable(format!("Kubernetes API, annotating {name}: {e}")))?;
+            .map_err(LifecycleError::kube(format!("annotating {name}")))?;
         if written.annotations().get(vynil_crds::annotations::DELETE_WITHOUT_PACKAGE).map(String::as_str)
             != Some("true")
         {

@@ -95,11 +95,6 @@ pub(crate) async fn execute(
     Ok(())
 }
 
-/// A failed call to the API server while `doing` something: retried.
-fn kube_failed(doing: &str) -> impl Fn(kube::Error) -> LifecycleError + '_ {
-    move |e: kube::Error| LifecycleError::Unavailable(format!("Kubernetes API, {doing}: {e}"))
-}
-
 /// Removes the force-reinstall annotation, read back; the instance's new
 /// resource version.
 async fn remove_force_reinstall(
@@ -110,7 +105,7 @@ async fn remove_force_reinstall(
     let written = api
         .patch(&instance.name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
-        .map_err(kube_failed("removing the force-reinstall annotation"))?;
+        .map_err(LifecycleError::kube("removing the force-reinstall annotation"))?;
     if written.annotations().contains_key(vynil_crds::annotations::FORCE_REINSTALL) {
         return Err(LifecycleError::NotDone("the force-reinstall annotation is still there".into()));
     }
@@ -130,11 +125,7 @@ async fn record_status(
     let written = api
         .patch_status(&instance.name, &PatchParams::default(), &Patch::Merge(patch))
         .await
-        .map_err(kube_failed(if field == "status.target" {
-            "recording status.target"
-        } else {
-            "recording status.package"
-        }))?;
+        .map_err(LifecycleError::kube(format!("recording {field}")))?;
     if written.data.pointer(pointer).and_then(|v| v.as_str()) != expected {
         return Err(LifecycleError::NotDone(pruned(field)));
     }
@@ -154,7 +145,7 @@ async fn write_conditions(
     let written = api
         .patch_status(&instance.name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
-        .map_err(kube_failed("writing the conditions"))?;
+        .map_err(LifecycleError::kube("writing the conditions"))?;
     if written.data.pointer("/status/conditions") != Some(&json!(conditions)) {
         return Err(LifecycleError::NotDone("the conditions were not recorded".into()));
     }
@@ -207,7 +198,7 @@ pub(crate) fn status_patch(
 }
 
 pub(crate) async fn delete_job(name: &str, context: &Context) -> Result<(), LifecycleError> {
-    let kube = |e| LifecycleError::Unavailable(format!("Kubernetes API, deleting the agent Job {name}: {e}"));
+    let kube = |e| LifecycleError::kube(format!("deleting the agent Job {name}"))(e);
     match context.jobs.delete(name, &DeleteParams::background()).await {
         Ok(_) => {}
         Err(kube::Error::Api(status)) if status.code == 404 => return Ok(()),
@@ -229,7 +220,7 @@ pub(crate) async fn create_job(
     fingerprint: &str,
     context: &Context,
 ) -> Result<(), LifecycleError> {
-    let kube = |e| LifecycleError::Unavailable(format!("Kubernetes API, creating the agent Job {name}: {e}"));
+    let kube = |e| LifecycleError::kube(format!("creating the agent Job {name}"))(e);
     let _slot = context.job_slots.lock().await;
     let selector = format!("{}={}", labels::COMPONENT, labels::AGENT);
     let jobs = context.jobs.list(&ListParams::default().labels(&selector)).await.map_err(kube)?;

@@ -85,10 +85,6 @@ impl ClusterFacts for Facts {
     }
 }
 
-fn kube(doing: &'static str) -> impl FnOnce(kube::Error) -> LifecycleError {
-    move |e| LifecycleError::Unavailable(format!("Kubernetes API, {doing}: {e}"))
-}
-
 fn spec_package(object: &DynamicObject) -> Option<(String, String)> {
     let spec = object.data.get("spec")?;
     Some((spec.get("category")?.as_str()?.to_string(), spec.get("package")?.as_str()?.to_string()))
@@ -124,7 +120,7 @@ pub struct Asked<'a> {
 /// Gathers the facts for the instance `asked.instance`.
 pub async fn gather(client: &Client, stores: &Stores, asked: Asked<'_>) -> Result<Facts, LifecycleError> {
     let Asked { namespace, instance, tenant_label, scripts, vynil_version } = asked;
-    let info = client.apiserver_version().await.map_err(kube("reading /version"))?;
+    let info = client.apiserver_version().await.map_err(LifecycleError::kube("reading /version"))?;
     let version = leading_number(&info.major)
         .zip(leading_number(&info.minor))
         .map(|(major, minor)| ClusterVersion { major, minor })
@@ -135,17 +131,20 @@ pub async fn gather(client: &Client, stores: &Stores, asked: Asked<'_>) -> Resul
             ))
         })?;
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let crds = crds.list(&ListParams::default()).await.map_err(kube("listing CRDs"))?;
+    let crds = crds.list(&ListParams::default()).await.map_err(LifecycleError::kube("listing CRDs"))?;
     let namespaces: Api<Namespace> = Api::all(client.clone());
     let tenant = namespaces
         .get_opt(namespace)
         .await
-        .map_err(kube("reading the instance's namespace"))?
+        .map_err(LifecycleError::kube("reading the instance's namespace"))?
         .and_then(|n| n.labels().get(tenant_label).cloned());
     let tenant_namespaces: HashSet<String> = match tenant.clone() {
         Some(value) => {
             let selector = ListParams::default().labels(&format!("{tenant_label}={value}"));
-            let list = namespaces.list(&selector).await.map_err(kube("listing the tenant's namespaces"))?;
+            let list = namespaces
+                .list(&selector)
+                .await
+                .map_err(LifecycleError::kube("listing the tenant's namespaces"))?;
             list.items.iter().map(|n| n.name_any()).chain([namespace.to_string()]).collect()
         }
         None => HashSet::from([namespace.to_string()]),

@@ -73,6 +73,12 @@ pub enum LifecycleError {
 }
 
 impl LifecycleError {
+    /// The one mapping of a failed call to the API server while `doing`
+    /// something: unavailable, retried (never "gone").
+    pub(crate) fn kube(doing: impl std::fmt::Display) -> impl FnOnce(kube::Error) -> Self {
+        move |e| Self::Unavailable(format!("Kubernetes API, {doing}: {e}"))
+    }
+
     /// The `error` label of the failure metric (upstream: the error's kind).
     pub fn label(&self) -> String {
         match self {

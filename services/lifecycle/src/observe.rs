@@ -118,9 +118,11 @@ pub(crate) async fn registry_for(
     let Some(name) = pull_secret else {
         return Ok(context.registry.clone());
     };
-    let secret = context.secrets.get_opt(name).await.map_err(|e| {
-        LifecycleError::Unavailable(format!("Kubernetes API, reading the pull secret {name}: {e}"))
-    })?;
+    let secret = context
+        .secrets
+        .get_opt(name)
+        .await
+        .map_err(LifecycleError::kube(format!("reading the pull secret {name}")))?;
     let document = secret.and_then(|s| s.data).and_then(|d| d.get(".dockerconfigjson").map(|b| b.0.clone()));
     let Some(document) = document else {
         return Ok(context.registry.clone());
@@ -148,9 +150,11 @@ pub async fn job_slot(instance: &Instance, context: &Context) -> Result<JobSlot,
     let upstream = job::job_name(kind, namespace, name).map_err(invalid)?;
     let unique = job::unique_job_name(kind, namespace, name).map_err(invalid)?;
     let read = |name: String| async move {
-        let found = context.jobs.get_opt(&name).await.map_err(|e| {
-            LifecycleError::Unavailable(format!("Kubernetes API, reading the agent Job {name}: {e}"))
-        })?;
+        let found = context
+            .jobs
+            .get_opt(&name)
+            .await
+            .map_err(LifecycleError::kube(format!("reading the agent Job {name}")))?;
         Ok::<_, LifecycleError>(JobSlot { name, found })
     };
     if instance.status.target.as_ref().is_some_and(|t| t.job == unique) {

@@ -245,19 +245,17 @@ fn resolve(discovery: &Discovery, child: &Child) -> Result<(ApiResource, ApiCapa
 
 /// Deletes the recorded children of the instance and reports on each.
 pub async fn reap(client: &Client, args: &ReapArgs) -> Result<ReaperReport, LifecycleError> {
-    let unavailable =
-        |doing: &str, e: kube::Error| LifecycleError::Unavailable(format!("Kubernetes API, {doing}: {e}"));
     let kind = InstanceKind::from_package_type(&args.kind).ok_or_else(|| {
         LifecycleError::Invalid(format!("--kind {:?}: use tenant, service or system", args.kind))
     })?;
     let instances: Api<DynamicObject> =
         Api::namespaced_with(client.clone(), &args.namespace, &kind.api_resource());
-    let instance = instances.get(&args.name).await.map_err(|e| unavailable("reading the instance", e))?;
+    let instance = instances.get(&args.name).await.map_err(LifecycleError::kube("reading the instance"))?;
     let status = instance.data.get("status").cloned().unwrap_or(Value::Null);
     let status = confirmed_children(client, args, &instance, &status).await?;
     let owner = owner_of(client, args, kind, &instance).await?;
     let (children, crds) = recorded_children(&status);
-    let discovery = Discovery::new(client.clone()).run().await.map_err(|e| unavailable("discovery", e))?;
+    let discovery = Discovery::new(client.clone()).run().await.map_err(LifecycleError::kube("discovery"))?;
     let wait = Duration::from_secs(args.wait_seconds);
     let mut report = ReaperReport::default();
     for (phase, raw) in children {
@@ -335,19 +333,18 @@ async fn owner_of(
     kind: InstanceKind,
     instance: &DynamicObject,
 ) -> Result<Owner, LifecycleError> {
-    let unavailable =
-        |doing: &str, e: kube::Error| LifecycleError::Unavailable(format!("Kubernetes API, {doing}: {e}"));
     let category = instance.data.pointer("/spec/category").and_then(Value::as_str).unwrap_or_default();
     let mut namespaces = vec![args.namespace.clone()];
     if kind == InstanceKind::Tenant {
         let api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
-        let own = api.get_opt(&args.namespace).await.map_err(|e| unavailable("reading the namespace", e))?;
+        let own =
+            api.get_opt(&args.namespace).await.map_err(LifecycleError::kube("reading the namespace"))?;
         let tenant = own.and_then(|n| n.metadata.labels.and_then(|l| l.get(&args.tenant_label).cloned()));
         if let Some(tenant) = tenant {
             let selector =
                 kube::api::ListParams::default().labels(&format!("{}={tenant}", args.tenant_label));
             let listed =
-                api.list(&selector).await.map_err(|e| unavailable("listing the tenant's namespaces", e))?;
+                api.list(&selector).await.map_err(LifecycleError::kube("listing the tenant's namespaces"))?;
             namespaces.extend(listed.items.into_iter().filter_map(|n| n.metadata.name));
         }
     }

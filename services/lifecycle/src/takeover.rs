@@ -87,11 +87,9 @@ fn agent_image_of(deployment: &Deployment) -> Option<String> {
 
 /// Records, once, the agent image and framework version (see the module doc).
 pub async fn record(client: &Client, args: &TakeoverArgs) -> Result<Recorded, LifecycleError> {
-    let kube = |doing: &'static str| {
-        move |e: kube::Error| LifecycleError::Unavailable(format!("Kubernetes API, {doing}: {e}"))
-    };
     let maps: Api<ConfigMap> = Api::namespaced(client.clone(), &args.namespace);
-    let existing = maps.get_opt(CONFIG_MAP).await.map_err(kube("reading the ConfigMap vynil-config"))?;
+    let existing =
+        maps.get_opt(CONFIG_MAP).await.map_err(LifecycleError::kube("reading the ConfigMap vynil-config"))?;
     let recorded = existing.as_ref().and_then(|m| m.data.clone()).unwrap_or_default();
     if recorded.contains_key("AGENT_IMAGE") {
         return Ok(Recorded::Kept(recorded));
@@ -103,7 +101,7 @@ pub async fn record(client: &Client, args: &TakeoverArgs) -> Result<Recorded, Li
             let upstream = deployments
                 .get_opt(UPSTREAM_CONTROLLER)
                 .await
-                .map_err(kube("reading upstream's Deployment"))?;
+                .map_err(LifecycleError::kube("reading upstream's Deployment"))?;
             let source = format!("Deployment {}/{UPSTREAM_CONTROLLER}", args.namespace);
             (upstream.as_ref().and_then(agent_image_of), source)
         }
@@ -124,19 +122,22 @@ pub async fn record(client: &Client, args: &TakeoverArgs) -> Result<Recorded, Li
     map.metadata.namespace = Some(args.namespace.clone());
     map.data = Some(values.clone());
     if map.metadata.resource_version.is_some() {
-        maps.replace(CONFIG_MAP, &PostParams::default(), &map).await.map_err(kube("writing vynil-config"))?;
+        maps.replace(CONFIG_MAP, &PostParams::default(), &map)
+            .await
+            .map_err(LifecycleError::kube("writing vynil-config"))?;
     } else {
         match maps.create(&PostParams::default(), &map).await {
             Ok(_) => {}
             // Another replica's step recorded it first: theirs is kept.
             Err(kube::Error::Api(status)) if status.code == 409 => {
-                let theirs = maps.get(CONFIG_MAP).await.map_err(kube("reading vynil-config"))?;
+                let theirs =
+                    maps.get(CONFIG_MAP).await.map_err(LifecycleError::kube("reading vynil-config"))?;
                 return Ok(Recorded::Kept(theirs.data.unwrap_or_default()));
             }
-            Err(e) => return Err(kube("creating vynil-config")(e)),
+            Err(e) => return Err(LifecycleError::kube("creating vynil-config")(e)),
         }
     }
-    let read = maps.get(CONFIG_MAP).await.map_err(kube("reading vynil-config back"))?;
+    let read = maps.get(CONFIG_MAP).await.map_err(LifecycleError::kube("reading vynil-config back"))?;
     if read.data.as_ref() != Some(&values) {
         return Err(LifecycleError::NotDone(format!(
             "the ConfigMap {CONFIG_MAP} does not hold what was written"
