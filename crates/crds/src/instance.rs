@@ -135,6 +135,11 @@ pub struct AgentTarget {
     /// RFC 3339: the next attempt is not made before.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_at: Option<String>,
+    /// RFC 3339: when the first Job for this fingerprint was started (kept
+    /// across retries): what a failed upgrade applied is read from the
+    /// phase conditions written since.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<String>,
 }
 
 macro_rules! condition_types {

@@ -158,6 +158,7 @@ mod tests {
             installed_tag: installed,
             framework,
             hold_upgrades: false,
+            quarantined: &[],
         }
     }
 

@@ -36,6 +36,8 @@
 //! - [`catalog`]: each revision's roles and the upgrade path, for the surfaces.
 //! - [`install`]: the options check and hash, requirements and
 //!   recommendations against cluster facts, and the re-run fingerprint.
+//! - [`upgrade`]: a failed upgrade's quarantine and whether it rolls back on
+//!   its own.
 
 pub mod annotations;
 pub mod catalog;
@@ -49,6 +51,7 @@ pub mod retention;
 pub mod scan;
 pub mod selection;
 pub mod tag;
+pub mod upgrade;
 pub mod view;
 
 #[cfg(test)]

@@ -44,6 +44,17 @@ pub struct InstallQuery<'a> {
     /// its installed revision (option changes still apply); a fresh install
     /// is not held.
     pub hold_upgrades: bool,
+    /// Tags quarantined for this instance after an upgrade to them failed
+    /// ([`crate::upgrade`]): never selected, whatever else holds.
+    pub quarantined: &'a [String],
+}
+
+impl InstallQuery<'_> {
+    /// Whether `tag` is quarantined for this instance (the same tag: `v1.0.0`
+    /// and `1.0.0` are two revisions).
+    pub fn is_quarantined(&self, tag: &str) -> bool {
+        self.quarantined.iter().any(|q| q == tag)
+    }
 }
 
 /// The criterion that excluded the last candidates.
@@ -56,6 +67,8 @@ pub enum Exclusion {
     FrameworkVersion,
     /// Upgrades are held and the installed revision is not listed.
     Held,
+    /// Every remaining revision is quarantined for this instance.
+    Quarantined,
 }
 
 impl Exclusion {
@@ -67,6 +80,7 @@ impl Exclusion {
             Exclusion::MinimumVersion => "minimum version",
             Exclusion::FrameworkVersion => "framework version",
             Exclusion::Held => "held",
+            Exclusion::Quarantined => "quarantined",
         }
     }
 }
@@ -133,11 +147,7 @@ pub fn select_install<'p>(packages: &'p [Package], query: &InstallQuery) -> Resu
     }
     let installed = query.installed_tag.filter(|t| !t.is_empty());
     if let Some(held) = installed.filter(|_| query.hold_upgrades) {
-        let same = |p: &&Package| match (Tag::parse(&p.tag), Tag::parse(held)) {
-            (Some(a), Some(b)) => a == b,
-            _ => p.tag == held,
-        };
-        return of_type.iter().copied().find(same).ok_or_else(|| NoMatch {
+        return of_type.iter().copied().find(|p| p.tag == held).ok_or_else(|| NoMatch {
             excluded_by: Exclusion::Held,
             reason: format!(
                 "upgrades are held at {held} (vynil.solidite.fr/hold-upgrades) and JukeBox {} lists no {} revision {held} of {subject}",
@@ -145,9 +155,20 @@ pub fn select_install<'p>(packages: &'p [Package], query: &InstallQuery) -> Resu
             ),
         });
     }
-    let reachable: Vec<&Package> = of_type.iter().copied().filter(|p| reachable_from(installed, p)).collect();
+    let allowed: Vec<&Package> = of_type.iter().copied().filter(|p| !query.is_quarantined(&p.tag)).collect();
+    if allowed.is_empty() {
+        return Err(NoMatch {
+            excluded_by: Exclusion::Quarantined,
+            reason: format!(
+                "every {} revision of {subject} is quarantined for this instance ({}) after an upgrade to it failed: publish a newer revision, or have an operator clear the quarantine (`vynilctl instance clear-quarantine`)",
+                query.package_type,
+                query.quarantined.join(", ")
+            ),
+        });
+    }
+    let reachable: Vec<&Package> = allowed.iter().copied().filter(|p| reachable_from(installed, p)).collect();
     if reachable.is_empty() {
-        let needs: Vec<String> = of_type
+        let needs: Vec<String> = allowed
             .iter()
             .filter_map(|p| p.content.minimum_previous_version().map(|m| format!("{} needs ≥ {m}", p.tag)))
             .collect();

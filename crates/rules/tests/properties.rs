@@ -436,6 +436,7 @@ proptest! {
             installed_tag: installed,
             framework: &fw,
             hold_upgrades: false,
+            quarantined: &[],
         };
         let path = vynil_rules::catalog::upgrade_path(&stored, &query);
         let mut current = installed.map(String::from);
@@ -459,6 +460,49 @@ proptest! {
             // it, say): the path ends there.
             Err(_) if !path.steps.is_empty() => prop_assert!(path.blocked.is_none()),
             Err(no_match) => prop_assert_eq!(path.blocked, Some(no_match)),
+        }
+    }
+
+    /// (i) A quarantined revision is never selected, and quarantine is the
+    /// only difference it makes: selecting with some tags quarantined is
+    /// selecting from the catalog without them (but for why nothing matched).
+    #[test]
+    fn a_quarantined_revision_is_never_selected(
+        case in case(),
+        from in prop::option::of(0usize..14),
+        quarantine in prop::collection::vec(0usize..14, 0..4),
+        kind in kind_name(),
+    ) {
+        let fw = framework("0.8.0");
+        let contents = contents(&case);
+        let stored: Vec<Package> = view_of(&case, Channel::Stable, &fw)
+            .tags()
+            .into_iter()
+            .map(|tag| Package::new("reg", "r/x", tag, contents[tag].clone()))
+            .collect();
+        let quarantined: Vec<String> =
+            quarantine.iter().filter_map(|i| stored.get(*i)).map(|p| p.tag.clone()).collect();
+        let installed = from.and_then(|i| case.tags.get(i)).map(|t| t.name.as_str());
+        let query = InstallQuery {
+            jukebox: "box",
+            category: "think",
+            name: "ollama",
+            package_type: common::kind(kind),
+            installed_tag: installed,
+            framework: &fw,
+            hold_upgrades: false,
+            quarantined: &quarantined,
+        };
+        let without: Vec<Package> =
+            stored.iter().filter(|p| !query.is_quarantined(&p.tag)).cloned().collect();
+        let plain = InstallQuery { quarantined: &[], ..query.clone() };
+        match (select_install(&stored, &query), select_install(&without, &plain)) {
+            (Ok(picked), Ok(expected)) => {
+                prop_assert!(!quarantined.contains(&picked.tag), "{} is quarantined", picked.tag);
+                prop_assert_eq!(&picked.tag, &expected.tag);
+            }
+            (Err(_), Err(_)) => {}
+            (got, expected) => prop_assert!(false, "{:?} vs {:?}", got.map(|p| &p.tag), expected.map(|p| &p.tag)),
         }
     }
 

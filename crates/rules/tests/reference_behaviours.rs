@@ -119,6 +119,7 @@ fn install(catalog: &[Package], kind: PackageType, installed: Option<&str>) -> R
         installed_tag: installed,
         framework: &framework,
         hold_upgrades: false,
+        quarantined: &[],
     };
     select_install(catalog, &query).map(|p| p.tag.clone()).map_err(|e| e.reason)
 }
@@ -158,6 +159,7 @@ fn item_9_a_tenant_instance_never_selects_a_service_package() {
         installed_tag: Some("0.1.8"),
         framework: &framework,
         hold_upgrades: false,
+        quarantined: &[],
     };
     let no_match = select_install(&catalog, &query).unwrap_err();
     assert_eq!(no_match.excluded_by, Exclusion::Type);

@@ -21,6 +21,7 @@ fn query<'a>(installed: Option<&'a str>, framework: &'a semver::Version) -> Inst
         installed_tag: installed,
         framework,
         hold_upgrades: false,
+        quarantined: &[],
     }
 }
 
@@ -268,6 +269,30 @@ fn held_upgrades_keep_the_installed_revision_and_a_fresh_install_is_not_held() {
     let no_match = select_install(&catalog, &gone).unwrap_err();
     assert_eq!(no_match.excluded_by, Exclusion::Held);
     assert!(no_match.reason.contains("held at 0.9.0"), "{}", no_match.reason);
+}
+
+#[test]
+fn a_quarantined_revision_is_skipped_and_when_nothing_else_remains_nothing_matches_naming_it() {
+    let framework = semver::Version::new(0, 8, 0);
+    let revision = |tag| {
+        Package::new(
+            "r",
+            "think/ollama",
+            tag,
+            PackageContent::minimal("think", "ollama", PackageType::Tenant),
+        )
+    };
+    let catalog = [revision("0.3.0"), revision("0.2.0")];
+    let quarantined = ["0.3.0".to_string(), "v0.2.0".to_string()];
+    let asked = InstallQuery { quarantined: &quarantined, ..query(Some("0.2.0"), &framework) };
+    assert_eq!(select_install(&catalog, &asked).unwrap().tag, "0.2.0");
+    // A newer revision than the quarantined one is offered again.
+    let newer = [revision("0.3.1"), revision("0.3.0"), revision("0.2.0")];
+    assert_eq!(select_install(&newer, &asked).unwrap().tag, "0.3.1");
+    let only = [revision("0.3.0")];
+    let no_match = select_install(&only, &asked).unwrap_err();
+    assert_eq!(no_match.excluded_by, Exclusion::Quarantined);
+    assert!(no_match.reason.contains("quarantined for this instance (0.3.0, v0.2.0)"), "{}", no_match.reason);
 }
 
 #[test]

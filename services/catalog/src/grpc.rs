@@ -191,6 +191,7 @@ impl CatalogApi for CatalogService {
                     installed_tag: Some(request.installed_tag.as_str()).filter(|t| !t.is_empty()),
                     framework: &self.catalog.framework,
                     hold_upgrades: request.hold_upgrades,
+                    quarantined: &request.quarantined_tags,
                 };
                 match vynil_rules::select_install(&entry.packages, &query) {
                     Ok(package) => Outcome::Package(package_to_proto(package)),
@@ -247,6 +248,7 @@ impl CatalogApi for CatalogService {
                 installed_tag: Some(request.installed_tag.as_str()).filter(|t| !t.is_empty()),
                 framework: &self.catalog.framework,
                 hold_upgrades: false,
+                quarantined: &[],
             },
             recorded: recorded.as_ref().map(|r| (r, check.clone())),
             catalog,
@@ -321,6 +323,7 @@ impl CatalogApi for CatalogService {
             installed_tag: Some(request.from_tag.as_str()).filter(|t| !t.is_empty()),
             framework: &self.catalog.framework,
             hold_upgrades: false,
+            quarantined: &[],
         };
         let path = vynil_rules::catalog::upgrade_path(&entry.packages, &query);
         Ok(Response::new(pb::UpgradePath {

@@ -39,15 +39,22 @@ impl Catalog {
         Ok(self.watcher.clone().watch_catalog(request).await.map_err(unavailable)?.into_inner())
     }
 
-    /// The revision `instance` installs now, per the catalog.
-    pub async fn resolve(&self, instance: &Instance) -> Result<Resolution, LifecycleError> {
+    /// The revision `instance` installs now, per the catalog, never one of
+    /// `quarantined`; `hold_at`: exactly that tag (a rollback's).
+    pub async fn resolve(
+        &self,
+        instance: &Instance,
+        quarantined: &[String],
+        hold_at: Option<&str>,
+    ) -> Result<Resolution, LifecycleError> {
         let request = ResolveInstallRequest {
             jukebox: instance.jukebox.clone(),
             category: instance.category.clone(),
             name: instance.package.clone(),
             r#type: proto_type(instance.kind.package_type()),
-            installed_tag: instance.installed_tag().unwrap_or_default().to_string(),
-            hold_upgrades: instance.hold_upgrades,
+            installed_tag: hold_at.or(instance.installed_tag()).unwrap_or_default().to_string(),
+            hold_upgrades: instance.hold_upgrades || hold_at.is_some(),
+            quarantined_tags: quarantined.to_vec(),
         };
         let response = self.client.clone().resolve_install(request).await.map_err(unavailable)?.into_inner();
         let pull_secret = Some(response.pull_secret).filter(|s| !s.is_empty());

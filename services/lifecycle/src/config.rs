@@ -65,6 +65,13 @@ pub struct Config {
     /// off: a new agent image applies at each instance's next change.
     #[arg(long, env = "VYNIL_RERUN_ON_AGENT_IMAGE_CHANGE", default_value_t = false)]
     pub rerun_on_agent_image_change: bool,
+    /// A failed upgrade (out of attempts) is quarantined for its instance,
+    /// which goes back to the revision it ran when the failed runs applied
+    /// nothing, else holds for an operator (`docs/lifecycle.md`, "Failed
+    /// upgrades"); false: it stays failed, as upstream's. Per instance:
+    /// `vynil.solidite.fr/rollback: "false"`.
+    #[arg(long, env = "VYNIL_ROLLBACK_FAILED_UPGRADES", default_value_t = true, action = clap::ArgAction::Set)]
+    pub rollback_failed_upgrades: bool,
     #[command(subcommand)]
     pub command: Option<Command>,
 }

@@ -17,14 +17,12 @@
 //! after confirmation voids it, and the reaper deletes exactly the confirmed
 //! list, never what status says later.
 
-use k8s_openapi::api::core::v1::ConfigMap;
-use kube::{
-    Api, Client,
-    api::{ObjectMeta, PostParams},
-};
+use std::collections::BTreeMap;
+
+use kube::Client;
 use serde_json::Value;
 
-use crate::{LifecycleError, children};
+use crate::{LifecycleError, children, records::Records};
 
 /// The label every confirmation ConfigMap carries.
 pub const LABEL: &str = "vynil.solidite.fr/delete-without-package-confirmation";
@@ -78,7 +76,7 @@ impl Confirmation {
         })
     }
 
-    fn to_config_map(&self) -> ConfigMap {
+    fn to_data(&self) -> BTreeMap<String, String> {
         let data = [
             ("uid", self.uid.clone()),
             ("instance", self.instance.clone()),
@@ -88,25 +86,10 @@ impl Confirmation {
             ("confirmed-at", self.confirmed_at.clone()),
             ("reason", self.reason.clone()),
         ];
-        ConfigMap {
-            metadata: ObjectMeta {
-                name: Some(name_of(&self.uid)),
-                labels: Some(
-                    [
-                        (LABEL.to_string(), "true".to_string()),
-                        ("app.kubernetes.io/managed-by".to_string(), "vynil-lifecycle".to_string()),
-                    ]
-                    .into(),
-                ),
-                ..ObjectMeta::default()
-            },
-            data: Some(data.into_iter().map(|(k, v)| (k.to_string(), v)).collect()),
-            ..ConfigMap::default()
-        }
+        data.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
     }
 
-    fn from_config_map(map: &ConfigMap) -> Result<Self, String> {
-        let data = map.data.clone().unwrap_or_default();
+    fn from_data(data: &BTreeMap<String, String>) -> Result<Self, String> {
         let field = |key: &str| data.get(key).cloned().ok_or_else(|| format!("it has no {key:?}"));
         let children = serde_json::from_str(&field("children")?).map_err(|e| format!("children: {e}"))?;
         Ok(Self {
@@ -122,65 +105,36 @@ impl Confirmation {
 }
 
 /// Where confirmations live: the control plane's namespace.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct Confirmations {
-    api: Api<ConfigMap>,
-    namespace: String,
-}
-
-impl std::fmt::Debug for Confirmations {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Confirmations").field("namespace", &self.namespace).finish_non_exhaustive()
-    }
+    records: Records,
 }
 
 impl Confirmations {
     pub fn new(client: &Client, namespace: &str) -> Self {
-        Self { api: Api::namespaced(client.clone(), namespace), namespace: namespace.to_string() }
+        Self { records: Records::new(client, namespace, LABEL, "the confirmation") }
     }
 
     pub fn namespace(&self) -> &str {
-        &self.namespace
+        self.records.namespace()
     }
 
     /// Records `confirmation` (replacing an earlier one for the same
     /// instance) and reads it back.
     pub async fn record(&self, confirmation: &Confirmation) -> Result<(), LifecycleError> {
         let name = name_of(&confirmation.uid);
-        let mut wanted = confirmation.to_config_map();
-        let existing =
-            self.api.get_opt(&name).await.map_err(LifecycleError::kube("reading a confirmation"))?;
-        match existing {
-            Some(found) => {
-                wanted.metadata.resource_version = found.metadata.resource_version;
-                self.api
-                    .replace(&name, &PostParams::default(), &wanted)
-                    .await
-                    .map_err(LifecycleError::kube("replacing a confirmation"))?;
-            }
-            None => {
-                self.api
-                    .create(&PostParams::default(), &wanted)
-                    .await
-                    .map_err(LifecycleError::kube("recording a confirmation"))?;
-            }
-        }
-        match self.read(&confirmation.uid).await? {
-            Some(read) if &read == confirmation => Ok(()),
-            _ => Err(LifecycleError::NotDone(format!("the confirmation {name} cannot be read back"))),
-        }
+        let existing = self.records.read(&name).await?;
+        self.records.write(&name, confirmation.to_data(), existing.as_ref()).await
     }
 
     /// The confirmation recorded for the instance `uid`, if any. One that
     /// cannot be decoded is none (it confirms nothing), said in the log.
     pub async fn read(&self, uid: &str) -> Result<Option<Confirmation>, LifecycleError> {
         let name = name_of(uid);
-        let Some(map) =
-            self.api.get_opt(&name).await.map_err(LifecycleError::kube("reading a confirmation"))?
-        else {
+        let Some(record) = self.records.read(&name).await? else {
             return Ok(None);
         };
-        match Confirmation::from_config_map(&map) {
+        match Confirmation::from_data(&record.data) {
             Ok(confirmation) => Ok(Some(confirmation)),
             Err(problem) => {
                 tracing::warn!(confirmation = %name, %problem, "a confirmation that does not decode confirms nothing");
@@ -191,10 +145,6 @@ impl Confirmations {
 
     /// Removes the confirmation of `uid` once its instance is gone.
     pub async fn forget(&self, uid: &str) -> Result<(), LifecycleError> {
-        match self.api.delete(&name_of(uid), &Default::default()).await {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
-            Err(e) => Err(LifecycleError::kube("removing a confirmation")(e)),
-        }
+        self.records.forget(&name_of(uid)).await
     }
 }

@@ -27,6 +27,7 @@ use crate::{
     job::AgentSettings,
     leader::Leader,
     metrics::LifecycleMetrics,
+    upgrades::Upgrades,
 };
 
 /// What every reconcile shares.
@@ -37,12 +38,16 @@ pub struct Context {
     pub(crate) secrets: Api<Secret>,
     /// Admins' confirmations of deletes without package (control plane's namespace).
     pub confirmations: Confirmations,
+    /// Failed upgrades: quarantines and rollbacks (control plane's namespace).
+    pub upgrades: Upgrades,
     pub catalog: Catalog,
     pub(crate) registry: RegistryClient,
     pub agent: AgentSettings,
     pub framework: semver::Version,
     pub scripts: ScriptLimits,
     pub max_attempts: u32,
+    /// `--rollback-failed-upgrades`.
+    pub rollback: bool,
     /// Upstream's re-runs, opted into.
     pub reruns: install_plan::Reruns,
     pub stores: Stores,
@@ -77,6 +82,7 @@ pub struct Settings {
     /// What a package's `value_script` and `prefly` may do.
     pub scripts: ScriptLimits,
     pub max_attempts: u32,
+    pub rollback: bool,
     pub reruns: install_plan::Reruns,
     pub reporter: kube::runtime::events::Reporter,
     pub leader: Leader,
@@ -91,6 +97,7 @@ impl Context {
             pods: Api::namespaced(client.clone(), &settings.namespace),
             secrets: Api::namespaced(client.clone(), &settings.namespace),
             confirmations: Confirmations::new(&client, &settings.namespace),
+            upgrades: Upgrades::new(&client, &settings.namespace),
             recorder: Recorder::new(client.clone(), settings.reporter),
             client,
             catalog: settings.catalog,
@@ -99,6 +106,7 @@ impl Context {
             framework: settings.framework,
             scripts: settings.scripts,
             max_attempts: settings.max_attempts.max(1),
+            rollback: settings.rollback,
             reruns: settings.reruns,
             stores,
             metrics,

@@ -269,6 +269,7 @@ mod tests {
             framework: semver::Version::new(0, 7, 7),
             scripts: ScriptLimits::default(),
             max_attempts: 3,
+            rollback: true,
             reruns: install_plan::Reruns::default(),
             reporter: kube::runtime::events::Reporter {
                 controller: "vynil-lifecycle".into(),

@@ -79,6 +79,15 @@ pub(crate) async fn execute(
             Step::CreateReaperJob { fingerprint } => {
                 create_reaper_job(instance, job_name, &fingerprint, context).await?
             }
+            Step::Quarantine(entry) => {
+                let uid = instance.uid.as_deref().ok_or_else(|| {
+                    LifecycleError::Invalid(format!(
+                        "{} has no UID: nothing can be recorded for it",
+                        instance.reference()
+                    ))
+                })?;
+                context.upgrades.quarantine(uid, &instance.reference(), &entry).await?
+            }
             Step::RecordInstalled(package) => {
                 let fields = json!({"package": package, "target": null});
                 let patch = status_patch(fields, &mut lacks_conditions, &resource_version);

@@ -18,10 +18,11 @@ use std::sync::Arc;
 use kube::{ResourceExt, api::DynamicObject};
 use tonic::{Request, Response, Status};
 use vynil_proto::lifecycle::v1::{
-    AllowDeleteWithoutPackageRequest, AllowDeleteWithoutPackageResponse, ExplainRequest, ExplainResponse,
-    HistoryEntry, InstalledRevision, InstanceKind as ProtoKind, InstanceRef, InstanceState, InstanceSummary,
-    ListInstalledRevisionsRequest, ListInstalledRevisionsResponse, ListInstancesRequest,
-    ListInstancesResponse, RevisionUse, lifecycle_server::Lifecycle,
+    AllowDeleteWithoutPackageRequest, AllowDeleteWithoutPackageResponse, ClearQuarantineRequest,
+    ClearQuarantineResponse, ExplainRequest, ExplainResponse, HistoryEntry, InstalledRevision,
+    InstanceKind as ProtoKind, InstanceRef, InstanceState, InstanceSummary, ListInstalledRevisionsRequest,
+    ListInstalledRevisionsResponse, ListInstancesRequest, ListInstancesResponse, RevisionUse,
+    RollBackRequest, RollBackResponse, lifecycle_server::Lifecycle,
 };
 use vynil_runtime::{ToStatus, metrics::Registry};
 
@@ -31,6 +32,7 @@ use crate::{
     install_plan::{self, Outcome},
     instance::{Instance, InstanceKind},
     metrics::LifecycleMetrics,
+    operator::{self, Asked},
     uninstall_plan::CleanupAnswer,
 };
 
@@ -105,7 +107,7 @@ fn describe(outcome: &Outcome) -> (InstanceState, Option<&install_plan::Blocker>
         Outcome::UpToDate { .. } | Outcome::Adopted { .. } | Outcome::Installed { .. } => {
             (InstanceState::UpToDate, None)
         }
-        Outcome::Installing { .. } => (InstanceState::Installing, None),
+        Outcome::Installing { .. } | Outcome::RollingBack { .. } => (InstanceState::Installing, None),
         Outcome::Queued { .. } => (InstanceState::Queued, None),
         Outcome::Retrying { .. } => (InstanceState::Retrying, None),
     }
@@ -190,14 +192,19 @@ impl Lifecycle for LifecycleService {
         &self,
         request: Request<ListInstancesRequest>,
     ) -> Result<Response<ListInstancesResponse>, Status> {
-        let result = (|| {
+        let result = async {
             let context = self.context()?;
             synced(context)?;
             let request = request.into_inner();
+            let kinds = kinds(request.kind)?;
+            let records = context.upgrades.all().await.map_err(|e| e.to_status())?;
             let mut instances = Vec::new();
-            for kind in kinds(request.kind)? {
+            for kind in kinds {
                 for object in context.stores.of(kind).state() {
-                    let summary = summary_of(kind, &object, context);
+                    let mut summary = summary_of(kind, &object, context);
+                    if let Some(record) = object.metadata.uid.as_ref().and_then(|uid| records.get(uid)) {
+                        summary.quarantined = record.quarantined.iter().map(operator::to_proto).collect();
+                    }
                     let namespace_ok = request.namespace.is_empty()
                         || summary.r#ref.as_ref().is_some_and(|r| r.namespace == request.namespace);
                     if namespace_ok && (request.jukebox.is_empty() || summary.jukebox == request.jukebox) {
@@ -210,7 +217,8 @@ impl Lifecycle for LifecycleService {
             let (instances, next_page_token) =
                 vynil_runtime::pages::page(instances, request.page_size, &request.page_token)?;
             Ok(ListInstancesResponse { instances, next_page_token })
-        })();
+        }
+        .await;
         result.map(Response::new)
     }
 
@@ -256,6 +264,43 @@ impl Lifecycle for LifecycleService {
         .await;
         result.map(Response::new)
     }
+
+    async fn roll_back(
+        &self,
+        request: Request<RollBackRequest>,
+    ) -> Result<Response<RollBackResponse>, Status> {
+        let result = async {
+            let context = self.context()?;
+            synced(context)?;
+            let caller = self.trust.privileged(&request, "RollBack").map_err(|e| e.to_status())?;
+            let r = request.into_inner();
+            let asked = (r.tag.as_str(), r.caller.as_str(), r.reason.as_str());
+            let quarantine =
+                operator_decision(context, r.r#ref, asked, &caller, true).await.map_err(|e| e.to_status())?;
+            Ok(RollBackResponse { quarantine: Some(quarantine) })
+        }
+        .await;
+        result.map(Response::new)
+    }
+
+    async fn clear_quarantine(
+        &self,
+        request: Request<ClearQuarantineRequest>,
+    ) -> Result<Response<ClearQuarantineResponse>, Status> {
+        let result = async {
+            let context = self.context()?;
+            synced(context)?;
+            let caller = self.trust.privileged(&request, "ClearQuarantine").map_err(|e| e.to_status())?;
+            let r = request.into_inner();
+            let asked = (r.tag.as_str(), r.caller.as_str(), r.reason.as_str());
+            let cleared = operator_decision(context, r.r#ref, asked, &caller, false)
+                .await
+                .map_err(|e| e.to_status())?;
+            Ok(ClearQuarantineResponse { cleared: Some(cleared) })
+        }
+        .await;
+        result.map(Response::new)
+    }
 }
 
 fn find(
@@ -289,6 +334,10 @@ async fn explain(context: &Context, wanted: &InstanceRef) -> Result<ExplainRespo
         from_tag: instance.status.tag.clone().unwrap_or_default(),
         ..ExplainResponse::default()
     };
+    if let Some(uid) = instance.uid.as_deref() {
+        let record = context.upgrades.read(uid).await?;
+        response.quarantined = record.quarantined.iter().map(operator::to_proto).collect();
+    }
     let slot = crate::observe::job_slot(&instance, context).await?;
     let status = instance.object.get("status").cloned().unwrap_or(serde_json::Value::Null);
     let (to_delete, left, fingerprint) = crate::children::preview(&status, &instance.namespace);
@@ -385,6 +434,12 @@ fn explain_outcome(response: &mut ExplainResponse, decision: &install_plan::Plan
             response.to_tag = to.clone();
             format!("would install {to} once an agent Job slot is free (--max-running-jobs)")
         }
+        Outcome::RollingBack { failed, to } => {
+            response.to_tag = to.clone();
+            format!(
+                "rolling back to {to}: the upgrade to {failed} failed and {failed} is quarantined for this instance"
+            )
+        }
         Outcome::Retrying { to, attempt, reason, retry_at } => {
             response.to_tag = to.clone();
             format!("attempt {attempt} to install {to} failed ({reason}); next attempt at {retry_at}")
@@ -442,6 +497,17 @@ async fn installed_revisions(
                     RevisionUse::Installing,
                     at.clone(),
                 ));
+                // Where a failed upgrade goes back to, kept while it may.
+                if let Some(installed) = status.package.as_ref().filter(|i| i.tag != p.tag) {
+                    revisions.push(revision(
+                        &installed.registry,
+                        &installed.image,
+                        &installed.tag,
+                        installed.digest.as_deref(),
+                        RevisionUse::RollbackTarget,
+                        at.clone(),
+                    ));
+                }
             }
             let pinned =
                 instance.init_from.as_ref().and_then(|i| i.version.clone()).filter(|_| status.tag.is_none());
@@ -508,14 +574,7 @@ async fn allow_delete_without_package(
             "the children of {expected} changed since the fingerprint was read (now {fingerprint}): call Explain again, review, and retry; nothing was changed"
         )));
     }
-    // The request's own `caller` field is a claim: recorded beside the
-    // authenticated identity, never instead of it.
-    let caller = match (caller, request.caller.as_str()) {
-        (vynil_runtime::Caller::Unauthenticated { .. }, claimed) if !claimed.is_empty() => {
-            format!("{caller} (claiming {claimed})")
-        }
-        _ => caller.to_string(),
-    };
+    let caller = named_caller(caller, &request.caller);
     let uid = instance.uid.clone().ok_or_else(|| {
         LifecycleError::Invalid(format!("{expected} has no UID: it is not an object of the API server"))
     })?;
@@ -530,4 +589,33 @@ async fn allow_delete_without_package(
     };
     context.allow_delete_without_package(kind, &object, &confirmation).await?;
     Ok(AllowDeleteWithoutPackageResponse { annotated: true })
+}
+
+/// Who asks: the authenticated identity; the request's own `caller` field
+/// is a claim, recorded beside an unauthenticated one, never instead of it.
+fn named_caller(caller: &vynil_runtime::Caller, claimed: &str) -> String {
+    match caller {
+        vynil_runtime::Caller::Unauthenticated { .. } if !claimed.is_empty() => {
+            format!("{caller} (claiming {claimed})")
+        }
+        _ => caller.to_string(),
+    }
+}
+
+/// An operator's decision on a failed upgrade (`RollBack`, `ClearQuarantine`).
+async fn operator_decision(
+    context: &Context,
+    wanted: Option<InstanceRef>,
+    (tag, claimed, reason): (&str, &str, &str),
+    caller: &vynil_runtime::Caller,
+    rollback: bool,
+) -> Result<vynil_proto::lifecycle::v1::Quarantine, LifecycleError> {
+    let wanted = operator::named(wanted)?;
+    let (kind, object) = find(context, &wanted)?;
+    let asked = Asked { kind, object: &object, tag, caller: named_caller(caller, claimed), reason };
+    if rollback {
+        operator::roll_back(context, &asked).await
+    } else {
+        operator::clear_quarantine(context, &asked).await
+    }
 }

@@ -99,6 +99,9 @@ pub struct Instance {
     pub force_reinstall: bool,
     /// `vynil.solidite.fr/hold-upgrades: "true"`.
     pub hold_upgrades: bool,
+    /// `vynil.solidite.fr/rollback: "false"`: a failed upgrade is neither
+    /// quarantined nor rolled back.
+    pub rollback_off: bool,
     /// The raw value of `vynil.solidite.fr/delete-without-package`, when set.
     pub delete_without_package: Option<String>,
     pub jukebox: String,
@@ -224,6 +227,9 @@ impl Instance {
             force_reinstall: annotations.contains_key(annotations::FORCE_REINSTALL),
             delete_without_package: annotations.get(annotations::DELETE_WITHOUT_PACKAGE).cloned(),
             hold_upgrades: annotations.get(annotations::HOLD_UPGRADES).is_some_and(|v| v == "true"),
+            rollback_off: annotations
+                .get(vynil_rules::upgrade::ROLLBACK_ANNOTATION)
+                .is_some_and(|v| v == "false"),
             jukebox,
             category,
             package,

@@ -29,10 +29,13 @@ pub mod job;
 mod leader;
 mod metrics;
 mod observe;
+mod operator;
 pub mod reaper;
+mod records;
 mod script;
 pub mod takeover;
 pub mod uninstall_plan;
+pub mod upgrades;
 
 use std::{future::Future, sync::Arc, time::Duration};
 
@@ -251,6 +254,7 @@ fn settings(
         framework: config.store.vynil_version.clone(),
         scripts: config.store.scripts(),
         max_attempts: config.max_install_attempts,
+        rollback: config.rollback_failed_upgrades,
         reruns: install_plan::Reruns {
             recreate_deleted_jobs: config.recreate_deleted_jobs,
             agent_image: config.rerun_on_agent_image_change.then(|| config.agent_image.clone()),

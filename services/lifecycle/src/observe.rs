@@ -21,6 +21,7 @@ use crate::{
     job::{self, Action as JobAction},
     reaper::ReaperReport,
     uninstall_plan::{self, CleanupAnswer, CleanupObserved, Hatch},
+    upgrades::UpgradeRecord,
 };
 
 /// What the planner reads, gathered for `instance` (also serves `Explain`).
@@ -30,10 +31,10 @@ pub async fn observe(
     context: &Context,
 ) -> Result<Observed, LifecycleError> {
     // Not asked: the planner holds both before reading the resolution.
-    let resolution = if instance.suspended || instance.is_upstream_control_plane() {
-        Resolution::JukeboxMissing
+    let (resolution, upgrades) = if instance.suspended || instance.is_upstream_control_plane() {
+        (Resolution::JukeboxMissing, UpgradeRecord::default())
     } else {
-        context.catalog.resolve(instance).await?
+        resolve(instance, context).await?
     };
     let (init_version, checks) = match &resolution {
         Resolution::Package { package, pull_secret } => {
@@ -76,7 +77,37 @@ pub async fn observe(
         now: jiff::Timestamp::now(),
         max_attempts: context.max_attempts,
         reruns: context.reruns.clone(),
+        upgrades,
+        rollback: context.rollback && !instance.rollback_off,
     })
+}
+
+/// The catalog's answer for `instance`, with the revisions quarantined for
+/// it left out, and during a rollback, the revision it goes back to. The
+/// upgrade record is read only when an upgrade is in question (the answer
+/// is not the installed tag, or a Job's target is recorded): an instance at
+/// rest costs no read.
+async fn resolve(
+    instance: &Instance,
+    context: &Context,
+) -> Result<(Resolution, UpgradeRecord), LifecycleError> {
+    let first = context.catalog.resolve(instance, &[], None).await?;
+    let installed = instance.installed_tag();
+    let in_question = match &first {
+        Resolution::Package { package, .. } => installed.is_some_and(|tag| tag != package.tag),
+        _ => false,
+    } || instance.status.target.is_some();
+    let Some(uid) = instance.uid.as_deref().filter(|_| in_question && installed.is_some()) else {
+        return Ok((first, UpgradeRecord::default()));
+    };
+    let upgrades = context.upgrades.read(uid).await?;
+    let quarantined = upgrades.quarantined_tags();
+    let back_to = upgrades.rolling_back_to(instance);
+    if quarantined.is_empty() && back_to.is_none() {
+        return Ok((first, upgrades));
+    }
+    let resolution = context.catalog.resolve(instance, &quarantined, back_to).await?;
+    Ok((resolution, upgrades))
 }
 
 /// `initFrom.version` on a first install: the catalog's entry, else the

@@ -3,7 +3,11 @@
 //! what the desired revision asks of the agent Job. Each gate is a function
 //! that either passes or answers the plan itself.
 
-use vynil_rules::install::Target;
+use vynil_rules::{
+    Tag,
+    install::Target,
+    upgrade::{self, FailedUpgrade, Quarantined, SeenCondition},
+};
 
 use super::*;
 
@@ -37,6 +41,9 @@ fn gated(instance: &Instance, observed: &Observed) -> Result<Plan, Plan> {
     let desired =
         Desired::new(instance, observed, (package, pull_secret), checks, (tag, digest), controller_values);
     let mut steps: Vec<Step> = mistyped.into_iter().collect();
+    if let Some(plan) = after_failed_upgrade(&desired, observed, steps.clone(), &checked) {
+        return Ok(plan);
+    }
     if let Some(outcome) = settled(&desired, observed, &mut steps, &checked) {
         return Ok(Plan { steps, outcome, requeue: REQUEUE });
     }
@@ -178,6 +185,7 @@ fn controller_values(checks: &RevisionChecks) -> Result<String, Plan> {
 /// its options, as status records it and as the agent Job asks for it.
 struct Desired<'a> {
     instance: &'a Instance,
+    now: jiff::Timestamp,
     tag: String,
     options_hash: String,
     fingerprint: String,
@@ -231,7 +239,7 @@ impl<'a> Desired<'a> {
             recommended: checks.recommended.clone(),
             fingerprint: fingerprint.clone(),
         };
-        Self { instance, tag, options_hash, fingerprint, revision, request }
+        Self { instance, now: observed.now, tag, options_hash, fingerprint, revision, request }
     }
 
     fn installing(&self) -> Outcome {
@@ -253,7 +261,11 @@ impl<'a> Desired<'a> {
         }
         let target = match failures {
             Some(kept) => AgentTarget { revision: self.revision.clone(), job: String::new(), ..kept.clone() },
-            None => AgentTarget { revision: self.revision.clone(), ..AgentTarget::default() },
+            None => AgentTarget {
+                revision: self.revision.clone(),
+                since: Some(vynil_crds::condition::rfc3339_seconds(self.now)),
+                ..AgentTarget::default()
+            },
         };
         steps.push(Step::RecordTarget(target));
         if !checked.dropped.is_empty() {
@@ -305,7 +317,12 @@ fn settled(
         desired.start(steps, false, None, checked);
         return Some(desired.installing());
     }
-    if installed_fingerprint == Some(fingerprint) {
+    let rerun_in_flight =
+        status.target.as_ref().is_some_and(|t| t.revision.fingerprint.as_deref() == Some(fingerprint))
+            && observed.job.as_ref().is_some_and(|j| {
+                j.fingerprint.as_deref() == Some(fingerprint) && j.state != JobState::Succeeded
+            });
+    if installed_fingerprint == Some(fingerprint) && !rerun_in_flight {
         if status.target.is_some() {
             // A target left by a run that was superseded: the installed revision is current.
             steps.push(installed(instance, desired.revision.clone(), observed.now));
@@ -376,6 +393,12 @@ fn follow_job(
                         desired.start(&mut steps, true, Some(&target), checked);
                         with(steps)
                     }
+                    FailedJob::Wait(target) if target.failures >= observed.max_attempts => {
+                        match quarantined_upgrade(desired, observed, steps.clone(), &target) {
+                            Some(plan) => plan,
+                            None => failed(steps, target, &INSTALL_FAILURE, now, observed.max_attempts, tag),
+                        }
+                    }
                     FailedJob::Wait(target) => {
                         failed(steps, target, &INSTALL_FAILURE, now, observed.max_attempts, tag)
                     }
@@ -391,4 +414,93 @@ fn follow_job(
             with(steps)
         }
     }
+}
+
+/// An upgrade out of attempts (`vynil_rules::upgrade`): its revision is
+/// quarantined for the instance, which rolls back at the next reconcile
+/// when the failed runs applied nothing, else holds for an operator. `None`
+/// when it was no upgrade (a first install, new options for the same
+/// revision) or rollback is off: it stays failed.
+fn quarantined_upgrade(
+    desired: &Desired,
+    observed: &Observed,
+    mut steps: Vec<Step>,
+    target: &AgentTarget,
+) -> Option<Plan> {
+    let instance = desired.instance;
+    let from = instance.installed_tag().filter(|from| *from != desired.tag)?;
+    if !observed.rollback {
+        return None;
+    }
+    let conditions: Vec<SeenCondition> = instance
+        .status
+        .conditions
+        .iter()
+        .map(|c| SeenCondition {
+            condition_type: &c.condition_type,
+            last_transition: c.last_transition_time.as_deref().and_then(|t| t.parse().ok()),
+        })
+        .collect();
+    let since = target.since.as_deref().and_then(|t| t.parse().ok());
+    let reason = target.last_failure.as_deref().unwrap_or("the Job failed");
+    let failed = FailedUpgrade {
+        from,
+        to: &desired.tag,
+        reason,
+        phases_written: upgrade::phases_written_since(&conditions, since),
+        options_changed: instance.status.digest.as_deref() != Some(desired.options_hash.as_str()),
+    };
+    let entry = Quarantined {
+        tag: desired.tag.clone(),
+        digest: desired.revision.digest.clone(),
+        from: from.to_string(),
+        reason: reason.to_string(),
+        at: vynil_crds::condition::rfc3339_seconds(observed.now),
+        rollback: upgrade::rollback_for(&failed, true),
+    };
+    let message = entry.message();
+    let (code, requeue) = if entry.rollback.may_run() {
+        (upgrade::UPGRADE_ROLLED_BACK, std::time::Duration::from_secs(1))
+    } else {
+        (upgrade::UPGRADE_FAILED, REQUEUE)
+    };
+    steps.push(Step::RecordTarget(target.clone()));
+    steps.push(Step::Quarantine(Box::new(entry)));
+    steps.push(event_warning("UpgradeFailed", message.clone()));
+    steps.push(Step::Condition { condition_type: ConditionType::Ready, ok: false, message: message.clone() });
+    let blocker = Blocker { criterion: Criterion::Upgrade, code: Some(code), message };
+    Some(Plan { steps, outcome: Outcome::Blocked(blocker), requeue })
+}
+
+/// While the instance's state is a failed upgrade quarantined for it: the
+/// rollback when it may run and the desired revision is where it goes
+/// (its Job replaces the failed one), else a hold for an operator. A
+/// revision newer than the failed one goes ahead as any new revision does.
+fn after_failed_upgrade(
+    desired: &Desired,
+    observed: &Observed,
+    mut steps: Vec<Step>,
+    checked: &CheckedOptions,
+) -> Option<Plan> {
+    let quarantined = observed.upgrades.of_failed_target(desired.instance)?;
+    if let (Some(wanted), Some(failed)) = (Tag::parse(&desired.tag), Tag::parse(&quarantined.tag))
+        && wanted > failed
+    {
+        return None;
+    }
+    let message = quarantined.message();
+    if quarantined.rollback.may_run() && desired.tag == quarantined.from {
+        let note = format!(
+            "{} → {} failed: rolling back to {}",
+            quarantined.from, quarantined.tag, quarantined.from
+        );
+        steps.push(event_warning("UpgradeRolledBack", note));
+        desired.start(&mut steps, observed.job.is_some(), None, checked);
+        steps.push(Step::Condition { condition_type: ConditionType::Ready, ok: false, message });
+        let outcome = Outcome::RollingBack { failed: quarantined.tag.clone(), to: quarantined.from.clone() };
+        return Some(Plan { steps, outcome, requeue: REQUEUE });
+    }
+    steps.push(Step::Condition { condition_type: ConditionType::Ready, ok: false, message: message.clone() });
+    let blocker = Blocker { criterion: Criterion::Upgrade, code: Some(upgrade::UPGRADE_FAILED), message };
+    Some(Plan { steps, outcome: Outcome::Blocked(blocker), requeue: REQUEUE })
 }

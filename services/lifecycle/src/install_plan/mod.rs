@@ -27,7 +27,7 @@ use vynil_rules::{
     install::{self, CheckedOptions, OptionProblem, RETRY_LONG, RETRY_SHORT, Recommended, Unmet},
 };
 
-use crate::instance::Instance;
+use crate::{instance::Instance, upgrades::UpgradeRecord};
 
 mod gates;
 pub use gates::plan;
@@ -105,6 +105,12 @@ pub struct Observed {
     pub max_attempts: u32,
     /// Upstream's re-runs, each opt-in (`docs/lifecycle.md`).
     pub reruns: Reruns,
+    /// What lifecycle recorded of the instance's failed upgrades (read only
+    /// when an upgrade is in question: empty otherwise).
+    pub upgrades: UpgradeRecord,
+    /// A failed upgrade is quarantined and rolled back (`--rollback-failed-upgrades`
+    /// and no `vynil.solidite.fr/rollback: "false"` on the instance).
+    pub rollback: bool,
 }
 
 /// Upstream's re-runs that the fingerprint alone does not make, each opt-in.
@@ -173,6 +179,8 @@ pub enum Criterion {
     Agent,
     /// Upstream's own control plane, never acted on.
     ControlPlane,
+    /// An upgrade failed and was quarantined: an operator decides.
+    Upgrade,
 }
 
 impl Criterion {
@@ -187,6 +195,7 @@ impl Criterion {
             Criterion::ValueScript => "value_script",
             Criterion::Agent => "agent",
             Criterion::ControlPlane => "control_plane",
+            Criterion::Upgrade => "upgrade",
         }
     }
 }
@@ -220,6 +229,9 @@ pub enum Step {
     CreateReaperJob {
         fingerprint: String,
     },
+    /// Record a failed upgrade's revision as quarantined for the instance
+    /// (lifecycle's upgrade record, read back).
+    Quarantine(Box<vynil_rules::upgrade::Quarantined>),
 }
 
 impl Step {
@@ -245,6 +257,7 @@ impl Step {
                 format!("create the delete Job with the hooks of {}/{}:{}", r.registry, r.image, r.tag)
             }
             Step::CreateReaperJob { .. } => "create the reaper Job (no package hooks)".into(),
+            Step::Quarantine(q) => format!("quarantine {} for this instance (installed: {})", q.tag, q.from),
         }
     }
 }
@@ -281,6 +294,11 @@ pub enum Outcome {
     },
     /// The Job waits for a free slot (`--max-running-jobs`).
     Queued {
+        to: String,
+    },
+    /// A failed upgrade to `failed` (quarantined) goes back to `to`.
+    RollingBack {
+        failed: String,
         to: String,
     },
     /// The last Job failed; the next attempt waits for `retry_at`.
@@ -408,6 +426,7 @@ pub(crate) fn account_failure(
             failed_job: Some(job.uid.clone()),
             last_failure: Some(reason.to_string()),
             retry_at: Some(vynil_crds::condition::rfc3339_seconds(after(now, backoff(failures)))),
+            since: recorded.and_then(|t| t.since.clone()),
         });
     };
     let due =

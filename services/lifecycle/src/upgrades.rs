@@ -1,0 +1,197 @@
+//! What lifecycle records of an instance's failed upgrades: the revisions
+//! quarantined for it and the state of each rollback (the rules are
+//! `vynil_rules::upgrade`).
+//!
+//! The record is a ConfigMap of the control plane's namespace
+//! ([`crate::records`]) keyed by the instance's UID, never the instance
+//! itself: a tenant who may edit its instance and status must not be able to
+//! clear a quarantine or approve a rollback. A record that cannot be read
+//! is an error to retry, never "nothing quarantined" (unknown is not
+//! absent): an upgrade into a quarantined revision must not follow from it.
+
+use std::collections::BTreeMap;
+
+use kube::Client;
+use vynil_rules::upgrade::{Quarantined, Rollback};
+
+use crate::{
+    LifecycleError,
+    instance::Instance,
+    records::{Record, Records},
+};
+
+/// The label every upgrade record carries.
+pub const LABEL: &str = "vynil.solidite.fr/upgrade-record";
+
+/// The ConfigMap of the instance `uid`'s upgrade record.
+pub fn name_of(uid: &str) -> String {
+    format!("vynil-upgrade-{uid}")
+}
+
+/// An instance's upgrade record, as read.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct UpgradeRecord {
+    pub quarantined: Vec<Quarantined>,
+    read: Option<Record>,
+}
+
+impl UpgradeRecord {
+    pub fn new(quarantined: Vec<Quarantined>) -> Self {
+        Self { quarantined, read: None }
+    }
+
+    /// The tags selection must not offer the instance.
+    pub fn quarantined_tags(&self) -> Vec<String> {
+        vynil_rules::upgrade::quarantined_tags(&self.quarantined)
+    }
+
+    /// The quarantine of the revision the instance's failed Job tried, while
+    /// that failure is still the instance's state (its target).
+    pub fn of_failed_target(&self, instance: &Instance) -> Option<&Quarantined> {
+        let target = instance.status.target.as_ref().filter(|t| t.failures > 0)?;
+        self.quarantined.iter().find(|q| q.tag == target.revision.tag && q.rollback != Rollback::Off)
+    }
+
+    /// The revision a rollback installs, when one may run now.
+    pub fn rolling_back_to(&self, instance: &Instance) -> Option<&str> {
+        self.of_failed_target(instance).filter(|q| q.rollback.may_run()).map(|q| q.from.as_str())
+    }
+}
+
+/// Where upgrade records live: the control plane's namespace.
+#[derive(Clone, Debug)]
+pub struct Upgrades {
+    records: Records,
+}
+
+impl Upgrades {
+    pub fn new(client: &Client, namespace: &str) -> Self {
+        Self { records: Records::new(client, namespace, LABEL, "the upgrade record") }
+    }
+
+    /// The record of the instance `uid` (empty when none).
+    pub async fn read(&self, uid: &str) -> Result<UpgradeRecord, LifecycleError> {
+        let name = name_of(uid);
+        match self.records.read(&name).await? {
+            Some(read) => self.decode(&name, read),
+            None => Ok(UpgradeRecord::default()),
+        }
+    }
+
+    /// Every instance's record, by the instance's UID.
+    pub async fn all(&self) -> Result<std::collections::HashMap<String, UpgradeRecord>, LifecycleError> {
+        let mut records = std::collections::HashMap::new();
+        for (name, read) in self.records.all().await? {
+            let Some(uid) = read.data.get("uid").cloned() else { continue };
+            records.insert(uid, self.decode(&name, read)?);
+        }
+        Ok(records)
+    }
+
+    fn decode(&self, name: &str, read: Record) -> Result<UpgradeRecord, LifecycleError> {
+        let quarantined = match read.data.get("quarantine") {
+            Some(text) => serde_json::from_str(text).map_err(|e| {
+                LifecycleError::Invalid(format!(
+                    "the upgrade record {name} (namespace {}) does not decode: {e}; fix its `quarantine` or delete the ConfigMap to forget every quarantine of the instance",
+                    self.records.namespace()
+                ))
+            })?,
+            None => Vec::new(),
+        };
+        Ok(UpgradeRecord { quarantined, read: Some(read) })
+    }
+
+    /// Writes `quarantined` as the record of the instance `uid` (`instance`
+    /// names it for a reader), over the version `record` was read at.
+    async fn write(
+        &self,
+        uid: &str,
+        instance: &str,
+        record: &UpgradeRecord,
+        quarantined: &[Quarantined],
+    ) -> Result<(), LifecycleError> {
+        let name = name_of(uid);
+        if quarantined.is_empty() {
+            return self.records.forget(&name).await;
+        }
+        let text = serde_json::to_string(quarantined)
+            .map_err(|e| LifecycleError::Invalid(format!("encoding the upgrade record {name}: {e}")))?;
+        let data = BTreeMap::from([
+            ("uid".to_string(), uid.to_string()),
+            ("instance".to_string(), instance.to_string()),
+            ("quarantine".to_string(), text),
+        ]);
+        self.records.write(&name, data, record.read.as_ref()).await
+    }
+
+    /// Records `entry` (replacing an earlier quarantine of the same tag).
+    pub async fn quarantine(
+        &self,
+        uid: &str,
+        instance: &str,
+        entry: &Quarantined,
+    ) -> Result<(), LifecycleError> {
+        let record = self.read(uid).await?;
+        let mut quarantined: Vec<Quarantined> =
+            record.quarantined.iter().filter(|q| q.tag != entry.tag).cloned().collect();
+        quarantined.push(entry.clone());
+        self.write(uid, instance, &record, &quarantined).await
+    }
+
+    /// Applies `change` to the quarantine of `tag` (the only one awaiting an
+    /// operator when `tag` is empty) and writes the record; `None` from
+    /// `change` removes the entry. Answers the entry as it was.
+    pub async fn change(
+        &self,
+        uid: &str,
+        instance: &str,
+        tag: &str,
+        change: impl FnOnce(&Quarantined) -> Result<Option<Quarantined>, LifecycleError>,
+    ) -> Result<Quarantined, LifecycleError> {
+        let record = self.read(uid).await?;
+        let found = pick(&record.quarantined, tag, instance)?.clone();
+        let replacement = change(&found)?;
+        let quarantined: Vec<Quarantined> = record
+            .quarantined
+            .iter()
+            .filter_map(|q| if q.tag == found.tag { replacement.clone() } else { Some(q.clone()) })
+            .collect();
+        self.write(uid, instance, &record, &quarantined).await?;
+        Ok(found)
+    }
+
+    /// Removes the record of `uid` once its instance is gone.
+    pub async fn forget(&self, uid: &str) -> Result<(), LifecycleError> {
+        self.records.forget(&name_of(uid)).await
+    }
+}
+
+/// The quarantine of `tag`, or the one awaiting an operator when `tag` is empty.
+fn pick<'q>(
+    quarantined: &'q [Quarantined],
+    tag: &str,
+    instance: &str,
+) -> Result<&'q Quarantined, LifecycleError> {
+    let listed = || {
+        let tags: Vec<&str> = quarantined.iter().map(|q| q.tag.as_str()).collect();
+        if tags.is_empty() { "none".to_string() } else { tags.join(", ") }
+    };
+    if tag.is_empty() {
+        let mut awaiting =
+            quarantined.iter().filter(|q| matches!(q.rollback, Rollback::AwaitingOperator { .. }));
+        return match (awaiting.next(), awaiting.next()) {
+            (Some(one), None) => Ok(one),
+            (None, _) => Err(LifecycleError::Refused(format!(
+                "{instance} has no failed upgrade awaiting an operator (quarantined: {})",
+                listed()
+            ))),
+            (Some(_), Some(_)) => Err(LifecycleError::Invalid(format!(
+                "{instance} has several quarantined revisions ({}): name the tag",
+                listed()
+            ))),
+        };
+    }
+    quarantined.iter().find(|q| q.tag == tag).ok_or_else(|| {
+        LifecycleError::NotFound(format!("{instance} has no quarantine of {tag} (quarantined: {})", listed()))
+    })
+}
