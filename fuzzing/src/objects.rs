@@ -214,6 +214,8 @@ fn decide(u: &mut Unstructured<'_>, instance: &Instance) -> Result<()> {
         now,
         max_attempts,
         reruns: Default::default(),
+        upgrades: quarantine(u)?,
+        rollback: u.arbitrary()?,
     };
     if !instance.deleting {
         check_install(instance, &plan(instance, &observed));
@@ -293,4 +295,27 @@ fn check_cleanup(observed: &CleanupObserved, plan: &Plan) {
             "a failed Job released the instance"
         );
     }
+}
+
+/// An upgrade record: nothing, or one quarantined revision in any rollback state.
+fn quarantine(u: &mut Unstructured) -> arbitrary::Result<vynil_lifecycle::upgrades::UpgradeRecord> {
+    use vynil_rules::upgrade::{Quarantined, Rollback};
+    if u.arbitrary()? {
+        return Ok(Default::default());
+    }
+    let rollback = match u.int_in_range(0..=3u8)? {
+        0 => Rollback::Automatic,
+        1 => Rollback::AwaitingOperator { why: text(u)? },
+        2 => Rollback::Approved { by: text(u)?, at: text(u)? },
+        _ => Rollback::Off,
+    };
+    let entry = Quarantined {
+        tag: VersionText::arbitrary(u)?.0,
+        digest: None,
+        from: VersionText::arbitrary(u)?.0,
+        reason: text(u)?,
+        at: text(u)?,
+        rollback,
+    };
+    Ok(vynil_lifecycle::upgrades::UpgradeRecord::new(vec![entry]))
 }

@@ -77,8 +77,12 @@ impl<'a> Arbitrary<'a> for Repository {
                     len => tags[u.int_in_range(0..=len - 1)?].name.clone(),
                 };
                 let digest = bool::arbitrary(u)?.then(|| digest(i as u8));
-                let usage =
-                    *u.choose(&[RevisionUse::Installed, RevisionUse::Installing, RevisionUse::Pinned])?;
+                let usage = *u.choose(&[
+                    RevisionUse::Installed,
+                    RevisionUse::Installing,
+                    RevisionUse::Pinned,
+                    RevisionUse::RollbackTarget,
+                ])?;
                 used.push(InstalledRevision { tag, digest, instance: format!("tenant ns/i{i}"), usage });
             }
             Usage::Known(used)

@@ -135,8 +135,12 @@ fn case() -> impl Strategy<Value = Case> {
                                 tag: if by_digest { "re-pointed".into() } else { tag.name.clone() },
                                 digest: by_digest.then(|| tag.digest.clone()),
                                 instance: format!("tenant ns/app-{i}"),
-                                usage: [RevisionUse::Installed, RevisionUse::Installing, RevisionUse::Pinned]
-                                    [u as usize],
+                                usage: [
+                                    RevisionUse::Installed,
+                                    RevisionUse::Installing,
+                                    RevisionUse::Pinned,
+                                    RevisionUse::RollbackTarget,
+                                ][u as usize],
                             })
                         })
                         .collect(),

@@ -221,13 +221,14 @@ fn a_version_pushed_without_annotations_is_unmanaged_and_ends_the_descent_as_the
 }
 
 #[test]
-fn installed_installing_and_pinned_revisions_are_kept_with_who_uses_them() {
+fn installed_installing_pinned_and_rollback_target_revisions_are_kept_with_who_uses_them() {
     let tags = [
         vynil_tag("3.0.0", "a", "tenant", None, None),
         vynil_tag("2.0.0", "b", "tenant", None, None),
         vynil_tag("1.0.0", "c", "tenant", None, None),
         vynil_tag("0.9.0", "d", "tenant", None, None),
         vynil_tag("0.8.0", "e", "tenant", None, None),
+        vynil_tag("0.7.0", "f", "tenant", None, None),
     ];
     let used = |tag: &str, digest: Option<String>, instance: &str, usage| InstalledRevision {
         tag: tag.into(),
@@ -239,6 +240,7 @@ fn installed_installing_and_pinned_revisions_are_kept_with_who_uses_them() {
         used("2.0.0", None, "tenant apps/one", RevisionUse::Installed),
         used("gone-tag", Some(digest("c")), "tenant apps/two", RevisionUse::Installing),
         used("0.9.0", None, "service apps/three", RevisionUse::Pinned),
+        used("0.7.0", None, "tenant apps/four", RevisionUse::RollbackTarget),
     ]);
     let plan = plan(&tags, &usage, &["0.8.*"]);
     let reasons = |tag: &str| plan.entries.iter().find(|e| e.tag == tag).unwrap().reasons();
@@ -246,6 +248,7 @@ fn installed_installing_and_pinned_revisions_are_kept_with_who_uses_them() {
     assert_eq!(reasons("1.0.0"), ["being installed by tenant apps/two"], "matched by recorded digest");
     assert_eq!(reasons("0.9.0"), ["pinned by service apps/three (initFrom.version)"]);
     assert_eq!(reasons("0.8.0"), ["pinned (retention pattern 0.8.*)"]);
+    assert_eq!(reasons("0.7.0"), ["rollback target of tenant apps/four"]);
     assert_eq!(plan.deleted().count(), 0);
 }
 

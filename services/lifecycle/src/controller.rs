@@ -15,7 +15,7 @@
 use std::sync::Arc;
 
 use futures::StreamExt;
-use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::{batch::v1::Job, core::v1::ConfigMap};
 use kube::{
     Api, Client, ResourceExt,
     api::DynamicObject,
@@ -39,6 +39,7 @@ use crate::{
     metrics::InstanceFailure,
     observe::{job_slot, observe, observe_cleanup},
     uninstall_plan::{self},
+    upgrades,
 };
 
 /// The controller of `kind`, not started: its store feeds [`Stores`].
@@ -48,14 +49,22 @@ pub fn controller(client: &Client, namespace: &str, kind: InstanceKind) -> Contr
     let jobs: Api<Job> = Api::namespaced(client.clone(), namespace);
     let selector =
         format!("{}={},{}={}", labels::COMPONENT, labels::AGENT, labels::TYPE, kind.package_type().as_str());
-    Controller::new_with(instances, watcher::Config::default(), resource.clone()).watches(
-        jobs,
-        watcher::Config::default().labels(&selector),
-        move |job: Job| {
+    let records: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+    let of_records = resource.clone();
+    Controller::new_with(instances, watcher::Config::default(), resource.clone())
+        .watches(jobs, watcher::Config::default().labels(&selector), move |job: Job| {
             let (_, namespace, instance) = job::job_instance(&job)?;
             Some(ObjectRef::new_with(instance, resource.clone()).within(namespace))
-        },
-    )
+        })
+        // An operator's decision (a rollback approved, a quarantine cleared) acts at once.
+        .watches(
+            records,
+            watcher::Config::default().labels(&format!("{}=true", upgrades::LABEL)),
+            move |map: ConfigMap| {
+                let (of_kind, namespace, name) = upgrades::instance_of(&map)?;
+                (of_kind == kind).then(|| ObjectRef::new_with(&name, of_records.clone()).within(&namespace))
+            },
+        )
 }
 
 /// Runs `controller` for `kind` until `shutdown`.

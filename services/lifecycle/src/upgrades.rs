@@ -16,7 +16,7 @@ use vynil_rules::upgrade::{Quarantined, Rollback};
 
 use crate::{
     LifecycleError,
-    instance::Instance,
+    instance::{Instance, InstanceKind},
     records::{Record, Records},
 };
 
@@ -26,6 +26,15 @@ pub const LABEL: &str = "vynil.solidite.fr/upgrade-record";
 /// The ConfigMap of the instance `uid`'s upgrade record.
 pub fn name_of(uid: &str) -> String {
     format!("vynil-upgrade-{uid}")
+}
+
+/// The instance a record is of: its kind, namespace and name.
+pub fn instance_of(map: &k8s_openapi::api::core::v1::ConfigMap) -> Option<(InstanceKind, String, String)> {
+    let reference = map.data.as_ref()?.get("instance")?;
+    let mut parts = reference.splitn(3, '/');
+    let kind = parts.next()?;
+    let kind = InstanceKind::ALL.into_iter().find(|k| k.to_string() == kind)?;
+    Some((kind, parts.next()?.to_string(), parts.next()?.to_string()))
 }
 
 /// An instance's upgrade record, as read.

@@ -565,3 +565,124 @@ async fn list_instances_answers_page_by_page() {
     assert_eq!((names, pages), (vec!["a".to_string(), "b".into(), "c".into()], 3));
     world.stop().await;
 }
+
+/// `apps/web` revisions `tags`, newest first, each installable from any other.
+fn web_revisions(tags: &[&str]) -> Vec<serde_json::Value> {
+    tags.iter().map(|tag| package("registry.example", "apps", "web", "tenant", tag, json!([]))).collect()
+}
+
+fn installed_tag(object: &serde_json::Value) -> Option<&str> {
+    object["status"]["package"]["tag"].as_str()
+}
+
+fn ready_message(object: &serde_json::Value) -> String {
+    condition(object, "Ready").and_then(|c| c["message"].as_str()).unwrap_or_default().to_string()
+}
+
+/// #44 item 1 as a user meets it: a failed upgrade that applied nothing goes
+/// back on its own and its revision is never tried again; one that applied
+/// a phase holds until an operator rolls it back (the service token only:
+/// a caller without it is refused); a newer revision is then installed.
+#[tokio::test]
+async fn a_failed_upgrade_rolls_back_or_holds_for_an_operator_and_is_never_retried() {
+    let (world, script) = World::start(web_revisions(&["0.2.0"]), &["--max-install-attempts", "1"]).await;
+    *script.lock().unwrap() = Box::new(|job| match job.tag.as_deref() {
+        Some("0.3.0") => AgentOutcome::fail("the 0.3.0 migration exited 1"),
+        Some("0.3.1") => AgentOutcome::FailAfterApplying {
+            applied: vec!["BeforeApplied".into(), "VitalApplied".into()],
+            message: "the 0.3.1 scalables failed".into(),
+        },
+        _ => AgentOutcome::succeed(),
+    });
+    world.create("TenantInstance", "web", web_spec(), json!({})).await;
+    eventually("0.2.0 installed", || async {
+        (installed_tag(&world.get("TenantInstance", "web").await) == Some("0.2.0")).then_some(())
+    })
+    .await;
+
+    // 0.3.0 fails having applied nothing: back to 0.2.0 with a Job of its own.
+    world.publish(web_revisions(&["0.3.0", "0.2.0"])).await;
+    let rolling = eventually("the rollback under way", || async {
+        let object = world.get("TenantInstance", "web").await;
+        ready_message(&object).starts_with("[E_UPGRADE_ROLLED_BACK] 0.2.0 → 0.3.0 failed").then_some(object)
+    })
+    .await;
+    assert!(ready_message(&rolling).contains("the 0.3.0 migration exited 1"), "{}", ready_message(&rolling));
+    eventually("the rollback Job ran and succeeded", || async {
+        let object = world.get("TenantInstance", "web").await;
+        let runs = world.tags_run("web");
+        let back = runs.iter().filter(|t| *t == "0.2.0").count() == 2;
+        (back
+            && condition(&object, "Ready").is_some_and(|c| c["status"] == "True")
+            && object["status"]["target"].is_null())
+        .then_some(())
+    })
+    .await;
+    // A hundred changes later (each a reconcile), 0.3.0 was never tried again.
+    for i in 0..100 {
+        world
+            .patch("TenantInstance", "web", json!({"metadata": {"annotations": {"touch": i.to_string()}}}))
+            .await;
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let runs = world.tags_run("web");
+    assert_eq!(runs.iter().filter(|t| *t == "0.3.0").count(), 1, "{runs:?}");
+    assert_eq!(installed_tag(&world.get("TenantInstance", "web").await), Some("0.2.0"));
+    assert!(
+        world.jobs().list(&Default::default()).await.unwrap().items.iter().all(|j| {
+            j.spec.as_ref().and_then(|s| s.template.spec.as_ref()).is_none_or(|p| {
+                p.containers.iter().all(|c| {
+                    c.env.iter().flatten().all(|e| e.name != "TAG" || e.value.as_deref() != Some("0.3.0"))
+                })
+            })
+        }),
+        "no Job for 0.3.0 exists"
+    );
+
+    // 0.3.1 fails having applied two phases: it holds, and says both ways out.
+    world.publish(web_revisions(&["0.3.1", "0.3.0", "0.2.0"])).await;
+    let held = eventually("the hold for an operator", || async {
+        let object = world.get("TenantInstance", "web").await;
+        ready_message(&object).starts_with("[E_UPGRADE_FAILED] 0.2.0 → 0.3.1").then_some(object)
+    })
+    .await;
+    let message = ready_message(&held);
+    assert!(message.contains("VitalApplied") && message.contains("vynilctl instance rollback"), "{message}");
+    let mut grpc = world.grpc().await;
+    let revisions =
+        grpc.list_installed_revisions(ListInstalledRevisionsRequest::default()).await.unwrap().into_inner();
+    let kept: Vec<(&str, i32)> = revisions.revisions.iter().map(|r| (r.tag.as_str(), r.r#use)).collect();
+    assert!(kept.contains(&("0.2.0", RevisionUse::RollbackTarget as i32)), "{kept:?}");
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(world.tags_run("web").iter().filter(|t| *t == "0.2.0").count(), 2, "no rollback on its own");
+    let listed = grpc.list_instances(ListInstancesRequest::default()).await.unwrap().into_inner();
+    let tags: Vec<&str> = listed.instances[0].quarantined.iter().map(|q| q.tag.as_str()).collect();
+    assert_eq!(tags, ["0.3.0", "0.3.1"]);
+
+    // Only through the gateway (the service token): a caller without it is refused.
+    let request = || vynil_proto::lifecycle::v1::RollBackRequest {
+        r#ref: Some(tenant(APPS, "web")),
+        reason: "the 0.3.1 scalables need a fix".into(),
+        ..Default::default()
+    };
+    let refused = grpc.roll_back(request()).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{refused:?}");
+    let approved = grpc.roll_back(as_gateway(request(), "alice")).await.unwrap().into_inner();
+    let quarantine = approved.quarantine.unwrap();
+    assert_eq!((quarantine.tag.as_str(), quarantine.from_tag.as_str()), ("0.3.1", "0.2.0"));
+    assert!(quarantine.rollback_detail.contains("alice"), "{quarantine:?}");
+    eventually("rolled back by the operator", || async {
+        let object = world.get("TenantInstance", "web").await;
+        let back = world.tags_run("web").iter().filter(|t| *t == "0.2.0").count() == 3;
+        (back && condition(&object, "Ready").is_some_and(|c| c["status"] == "True")).then_some(())
+    })
+    .await;
+
+    // A newer revision is installed as usual.
+    world.publish(web_revisions(&["0.3.2", "0.3.1", "0.3.0", "0.2.0"])).await;
+    eventually("0.3.2 installed", || async {
+        (installed_tag(&world.get("TenantInstance", "web").await) == Some("0.3.2")).then_some(())
+    })
+    .await;
+    world.stop().await;
+}

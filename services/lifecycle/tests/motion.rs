@@ -84,6 +84,14 @@ fn writes_by(world: &World, pod: &str) -> Vec<String> {
 async fn with_two_replicas_only_the_leader_writes_and_the_other_takes_over() {
     let lease = ["--lease-seconds", "2"];
     let (mut world, _) = World::start(web("registry.example"), &lease).await;
+    let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
+        kube::Api::namespaced(world.client.clone(), JOBS);
+    // b starts once a leads (which of two replicas started together wins the Lease is the machine's timing).
+    eventually("a holds the Lease", || async {
+        let lease = leases.get_opt("vynil-lifecycle").await.unwrap()?.spec?;
+        (lease.holder_identity.as_deref() == Some("a")).then_some(())
+    })
+    .await;
     let (_b, _stop_b) = world.start_replica("b", &lease).await;
     world.create("TenantInstance", "web", web_spec(), json!({})).await;
     wait_installed(&world, "web", "4.0.0").await;
@@ -98,8 +106,6 @@ async fn with_two_replicas_only_the_leader_writes_and_the_other_takes_over() {
     assert!(writes_by(&world, "b").iter().any(|w| w.contains("pending")), "{:?}", writes_by(&world, "b"));
     // b writes because it took the Lease over from a (no clock bound: how
     // soon is the machine's load; the lease rule is the ordering).
-    let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
-        kube::Api::namespaced(world.client.clone(), JOBS);
     let lease = leases.get("vynil-lifecycle").await.unwrap().spec.unwrap();
     assert_eq!(lease.holder_identity.as_deref(), Some("b"));
     assert!(lease.lease_transitions >= Some(1), "{lease:?}");

@@ -86,6 +86,7 @@ async fn installed_revisions(endpoint: &str, repo: &RepositoryRef) -> Result<Vec
             let usage = match ProtoUse::try_from(r.r#use) {
                 Ok(ProtoUse::Installing) => RevisionUse::Installing,
                 Ok(ProtoUse::Pinned) => RevisionUse::Pinned,
+                Ok(ProtoUse::RollbackTarget) => RevisionUse::RollbackTarget,
                 _ => RevisionUse::Installed,
             };
             InstalledRevision {

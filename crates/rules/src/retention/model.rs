@@ -29,6 +29,8 @@ pub enum RevisionUse {
     Installing,
     /// `initFrom.version`.
     Pinned,
+    /// Where a failed or running upgrade of the instance goes back to.
+    RollbackTarget,
 }
 
 /// A revision some instance uses.
@@ -255,6 +257,9 @@ impl fmt::Display for KeepReason {
             }
             KeepReason::Used { instance, usage: RevisionUse::Pinned } => {
                 write!(f, "pinned by {instance} (initFrom.version)")
+            }
+            KeepReason::Used { instance, usage: RevisionUse::RollbackTarget } => {
+                write!(f, "rollback target of {instance}")
             }
             KeepReason::Pinned { pattern } => write!(f, "pinned (retention pattern {pattern})"),
             KeepReason::Artifact { kind, of } => write!(f, "{} of {of}", kind.noun()),

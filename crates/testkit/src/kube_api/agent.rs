@@ -78,6 +78,11 @@ pub enum AgentOutcome {
     /// 1, the instance untouched; each pod of the Job does the same, so the
     /// Job fails `BackoffLimitExceeded` once its `backoffLimit` is spent.
     Fail { message: String },
+    /// As upstream's agent failing mid-install: each of `applied` (a phase
+    /// condition type, e.g. `VitalApplied`) is written `True` with the
+    /// message upstream's agent writes for it, then `Installed=False
+    /// <message>`, and the container fails as [`AgentOutcome::Fail`].
+    FailAfterApplying { applied: Vec<String>, message: String },
     /// The container runs until its Job is deleted (a slow or dead agent).
     Hang,
 }
@@ -312,18 +317,67 @@ pub async fn agent_main(args: &[String]) -> i32 {
                 }
             }
         }
-        AgentOutcome::Fail { message } => {
-            if let Err(e) = std::fs::write("/dev/termination-log", &message) {
-                eprintln!("cannot write the termination message: {e}");
+        AgentOutcome::Fail { message } => fail(&message),
+        AgentOutcome::FailAfterApplying { applied, message } => {
+            let now = jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+            if let Err(e) = write_applied_then_failed(&client, &job, &applied, &message, &now).await {
+                eprintln!("Error: {e}");
             }
-            eprintln!("Error: {message}");
-            1
+            fail(&message)
         }
         AgentOutcome::Hang => {
             std::future::pending::<()>().await;
             0
         }
     }
+}
+
+/// Writes `message` as the termination message, says it on stderr: exit 1.
+fn fail(message: &str) -> i32 {
+    if let Err(e) = std::fs::write("/dev/termination-log", message) {
+        eprintln!("cannot write the termination message: {e}");
+    }
+    eprintln!("Error: {message}");
+    1
+}
+
+/// The message upstream's agent writes on a phase condition it applied
+/// (`common/src/instance_macros.rs`, `*_ok`, sebt3/vynil 72bc059).
+fn applied_message(phase: &str) -> &'static str {
+    match phase {
+        "BeforeApplied" => "befores templates applied succesfully",
+        "VitalApplied" => "vitals templates applied succesfully",
+        "ScalableApplied" => "Scalables templates applied succesfully",
+        "OtherApplied" => "Templates applied succesfully",
+        "CrdApplied" => "CRD(s) applied succesfully",
+        "TofuInstalled" => "Tofu layer applied succesfully",
+        _ => "Custom rhai script succeed",
+    }
+}
+
+/// Upstream's agent applying `applied`, then failing: each phase's
+/// condition, then `Installed=False` (`set_status_*_failed`).
+async fn write_applied_then_failed(
+    client: &Client,
+    job: &AgentJob,
+    applied: &[String],
+    message: &str,
+    now: &str,
+) -> Result<()> {
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), &job.instance_namespace, &job.instance_resource());
+    let instance = api.get(&job.instance_name).await.map_err(kube_error("reading the instance"))?;
+    let generation = instance.metadata.generation.unwrap_or(1);
+    let current = instance.data.get("status").cloned().unwrap_or(Value::Null);
+    let mut updates: Vec<(&str, &str, &str)> =
+        applied.iter().map(|phase| (phase.as_str(), "True", applied_message(phase))).collect();
+    updates.push(("Installed", "False", message));
+    let conditions = upsert_conditions(&current["conditions"], &updates, generation, now);
+    let patch = json!({"status": {"conditions": conditions}});
+    api.patch_status(&job.instance_name, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .map_err(kube_error("writing the instance status"))?;
+    Ok(())
 }
 
 /// Upstream's agent's first read: `<Kind>::get(NAMESPACE, INSTANCE)`, decoded

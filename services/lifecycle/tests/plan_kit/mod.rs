@@ -1,7 +1,9 @@
 //! What the planner tests share: an instance from JSON, a catalog answer,
 //! what was observed, and readers of a plan's steps.
 
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod failed_upgrades;
 
 use kube::api::DynamicObject;
 use serde_json::{Value, json};

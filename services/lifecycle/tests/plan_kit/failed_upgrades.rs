@@ -4,11 +4,6 @@
 //! newer revision goes ahead; a first install or an opted-out instance stays
 //! failed as before.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
-mod plan_kit;
-
-use plan_kit::*;
 use serde_json::{Value, json};
 use vynil_crds::AgentTarget;
 use vynil_lifecycle::{
@@ -16,6 +11,8 @@ use vynil_lifecycle::{
     upgrades::UpgradeRecord,
 };
 use vynil_rules::upgrade::{Quarantined, Rollback};
+
+use super::*;
 
 /// The fingerprint an install of `tag` (no options) runs under.
 fn fingerprint(tag: &str) -> String {
