@@ -185,6 +185,9 @@ impl Stack {
             // Only catalog changes and Job changes can explain a prompt reconcile.
             "--requeue-seconds",
             "3600",
+            // A failed agent Job is final at once (no minute-long backoffs in a test).
+            "--max-install-attempts",
+            "1",
             "--service-token-file",
             &token_file,
         ]);

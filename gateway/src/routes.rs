@@ -116,6 +116,20 @@ fn table() -> Vec<Row> {
             Jukeboxes("delete-without-package"),
             post(instances::allow_delete_without_package),
         ),
+        (
+            Method::POST,
+            "/api/v1/instances/{kind}/{namespace}/{name}/rollback",
+            OPERATOR,
+            Jukeboxes("rollback"),
+            post(instances::roll_back),
+        ),
+        (
+            Method::POST,
+            "/api/v1/instances/{kind}/{namespace}/{name}/clear-quarantine",
+            OPERATOR,
+            Jukeboxes("clear-quarantine"),
+            post(instances::clear_quarantine),
+        ),
     ]
 }
 

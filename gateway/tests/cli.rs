@@ -49,7 +49,15 @@ fn code(output: &Output) -> i32 {
 #[tokio::test]
 async fn a_session_of_vynilctl_scans_purges_explains_and_exits_with_the_documented_codes() {
     let stack = Stack::start("think/ollama").await;
-    let _agent = FakeAgent::start(&stack.api, "vynil-system", |_| AgentOutcome::succeed()).unwrap();
+    // 0.1.11 fails having applied a phase (an upgrade an operator must decide on).
+    let agent = FakeAgent::start(&stack.api, "vynil-system", |job| match job.tag.as_deref() {
+        Some("0.1.11") => AgentOutcome::FailAfterApplying {
+            applied: vec!["VitalApplied".into()],
+            message: "the 0.1.11 migration failed".into(),
+        },
+        _ => AgentOutcome::succeed(),
+    })
+    .unwrap();
     for (tag, kind) in
         [("0.1.8", PackageType::Tenant), ("0.1.9", PackageType::Tenant), ("0.1.10", PackageType::Service)]
     {
@@ -148,6 +156,44 @@ async fn a_session_of_vynilctl_scans_purges_explains_and_exits_with_the_document
     assert!(text(&explained).contains("blocked by"), "{}", text(&explained));
     let listed = vynilctl(&["instance", "list", "--namespace", "apps"], &env).await;
     assert!(String::from_utf8_lossy(&listed.stdout).contains("tenant/apps/broken"), "{}", text(&listed));
+
+    // A failed upgrade held for an operator: explained, rolled back, its quarantine cleared.
+    let app = json!({"apiVersion": "vynil.solidite.fr/v1", "kind": "TenantInstance",
+        "metadata": {"name": "app", "namespace": "apps"},
+        "spec": {"jukebox": "box", "category": "think", "package": "ollama"}});
+    stack
+        .tenant_instances()
+        .create(&PostParams::default(), &serde_json::from_value(app).unwrap())
+        .await
+        .unwrap();
+    let runs_of = |tag: &str| agent.runs().iter().filter(|r| r.job.tag.as_deref() == Some(tag)).count();
+    eventually("0.1.9 installed", || async { (runs_of("0.1.9") == 1).then_some(()) }).await;
+    stack.publish("think", "ollama", PackageType::Tenant, "0.1.11").await;
+    assert_eq!(code(&vynilctl(&["scan", "box", "--wait"], &env).await), 0);
+    let held = eventually("the failed upgrade held", || async {
+        let out = vynilctl(&["instance", "explain", "tenant/apps/app"], &env).await;
+        text(&out).contains("E_UPGRADE_FAILED").then_some(out)
+    })
+    .await;
+    assert_eq!(code(&held), 3, "{}", text(&held));
+    assert!(
+        text(&held).contains("quarantined 0.1.11 (from 0.1.9")
+            && text(&held).contains("awaiting an operator"),
+        "{}",
+        text(&held)
+    );
+    let rolled =
+        vynilctl(&["instance", "rollback", "tenant/apps/app", "--reason", "migration bug"], &as_operator)
+            .await;
+    assert_eq!(code(&rolled), 0, "{}", text(&rolled));
+    assert!(text(&rolled).contains("rolling back from 0.1.11 to 0.1.9"), "{}", text(&rolled));
+    eventually("rolled back", || async { (runs_of("0.1.9") == 2).then_some(()) }).await;
+    let again = vynilctl(&["instance", "rollback", "tenant/apps/app"], &as_operator).await;
+    assert_eq!(code(&again), 3, "nothing awaits an operator any more: {}", text(&again));
+    let cleared =
+        vynilctl(&["instance", "clear-quarantine", "tenant/apps/app", "--tag", "0.1.11"], &as_operator).await;
+    assert_eq!(code(&cleared), 0, "{}", text(&cleared));
+    assert!(text(&cleared).contains("0.1.11 is no longer quarantined"), "{}", text(&cleared));
 
     // Every documented exit code.
     assert_eq!(code(&vynilctl(&["scan"], &env).await), 2, "usage: a missing argument");

@@ -43,6 +43,8 @@ const MATRIX: &[(&str, &str, Access)] = &[
         "/api/v1/instances/{kind}/{namespace}/{name}/allow-delete-without-package",
         Access::Role(Role::Admin),
     ),
+    ("POST", "/api/v1/instances/{kind}/{namespace}/{name}/rollback", Access::Role(Role::Operator)),
+    ("POST", "/api/v1/instances/{kind}/{namespace}/{name}/clear-quarantine", Access::Role(Role::Operator)),
 ];
 
 fn table() -> BTreeSet<(String, String)> {

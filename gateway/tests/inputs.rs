@@ -11,7 +11,7 @@ use proptest::prelude::*;
 use serde_json::{Value, json};
 use vynil_gateway::{
     Config,
-    api::inputs::{REGISTRY_PATTERN, REPOSITORY_PATTERN},
+    api::inputs::{Input, REGISTRY_PATTERN, REPOSITORY_PATTERN, TAG_PATTERN},
     auth::{Role, TokenBook},
 };
 
@@ -177,6 +177,11 @@ proptest! {
     ) {
         let parsed = vynil_registry::RepositoryRef::new(&registry, "apps/web").is_ok();
         prop_assert_eq!(matches(REGISTRY_PATTERN, &registry), parsed, "registry {:?}", registry);
+    }
+
+    #[test]
+    fn the_declared_tag_pattern_is_what_a_decision_accepts(tag in "[a-zA-Z0-9._ /-]{0,6}|[a-z]{127,130}") {
+        prop_assert_eq!(matches(TAG_PATTERN, &tag), Input::Tag.check("tag", &tag).is_ok(), "tag {:?}", tag);
     }
 
     #[test]

@@ -49,7 +49,28 @@ pub struct InstallQuery<'a> {
     pub quarantined: &'a [String],
 }
 
-impl InstallQuery<'_> {
+impl<'a> InstallQuery<'a> {
+    /// A fresh install of `category/name` as `package_type` from `jukebox`:
+    /// nothing installed, held or quarantined.
+    pub fn of(
+        jukebox: &'a str,
+        category: &'a str,
+        name: &'a str,
+        package_type: PackageType,
+        framework: &'a Version,
+    ) -> Self {
+        InstallQuery {
+            jukebox,
+            category,
+            name,
+            package_type,
+            installed_tag: None,
+            framework,
+            hold_upgrades: false,
+            quarantined: &[],
+        }
+    }
+
     /// Whether `tag` is quarantined for this instance (the same tag: `v1.0.0`
     /// and `1.0.0` are two revisions).
     pub fn is_quarantined(&self, tag: &str) -> bool {
@@ -155,17 +176,7 @@ pub fn select_install<'p>(packages: &'p [Package], query: &InstallQuery) -> Resu
             ),
         });
     }
-    let allowed: Vec<&Package> = of_type.iter().copied().filter(|p| !query.is_quarantined(&p.tag)).collect();
-    if allowed.is_empty() {
-        return Err(NoMatch {
-            excluded_by: Exclusion::Quarantined,
-            reason: format!(
-                "every {} revision of {subject} is quarantined for this instance ({}) after an upgrade to it failed: publish a newer revision, or have an operator clear the quarantine (`vynilctl instance clear-quarantine`)",
-                query.package_type,
-                query.quarantined.join(", ")
-            ),
-        });
-    }
+    let allowed = not_quarantined(&of_type, query, &subject)?;
     let reachable: Vec<&Package> = allowed.iter().copied().filter(|p| reachable_from(installed, p)).collect();
     if reachable.is_empty() {
         let needs: Vec<String> = allowed
@@ -200,6 +211,26 @@ pub fn select_install<'p>(packages: &'p [Package], query: &InstallQuery) -> Resu
             needs.join(", ")
         ),
     })
+}
+
+/// The revisions of `of_type` not quarantined for the instance; none left is no match.
+fn not_quarantined<'p>(
+    of_type: &[&'p Package],
+    query: &InstallQuery,
+    subject: &str,
+) -> Result<Vec<&'p Package>, NoMatch> {
+    let allowed: Vec<&Package> = of_type.iter().copied().filter(|p| !query.is_quarantined(&p.tag)).collect();
+    if allowed.is_empty() {
+        return Err(NoMatch {
+            excluded_by: Exclusion::Quarantined,
+            reason: format!(
+                "every {} revision of {subject} is quarantined for this instance ({}) after an upgrade to it failed: publish a newer revision, or have an operator clear the quarantine (`vynilctl instance clear-quarantine`)",
+                query.package_type,
+                query.quarantined.join(", ")
+            ),
+        });
+    }
+    Ok(allowed)
 }
 
 /// "service: 0.1.10, 0.1.9; system: 1.0.0"

@@ -153,6 +153,17 @@ impl Quarantined {
     }
 }
 
+impl Quarantined {
+    /// The `Ready=False` message when the revision to go back to cannot be
+    /// installed (`why`: the catalog's reason), whatever the rollback state.
+    pub fn no_way_back(&self, why: &str) -> String {
+        let (from, to, reason) = (&self.from, &self.tag, &self.reason);
+        format!(
+            "[{UPGRADE_FAILED}] {from} → {to}: {reason}; {to} is quarantined for this instance and {from} cannot be installed now: {why}. Restore {from} in the registry and rescan, or clear the quarantine to try {to} again (`vynilctl instance clear-quarantine`)"
+        )
+    }
+}
+
 /// The tags of `entries`, as selection excludes them.
 pub fn quarantined_tags(entries: &[Quarantined]) -> Vec<String> {
     entries.iter().filter(|q| q.rollback != Rollback::Off).map(|q| q.tag.clone()).collect()

@@ -23,6 +23,8 @@ pub enum Input {
     Limit { max: usize },
     /// A list's `next_page_token`, handed back (empty: the first page).
     PageToken,
+    /// An OCI tag (the distribution spec's grammar): 1–128 of `[A-Za-z0-9._-]`, not starting with `.` or `-`.
+    Tag,
 }
 
 /// The pattern of [`Input::Subdomain`].
@@ -37,6 +39,8 @@ pub const REGISTRY_PATTERN: &str = "^(oci-layout:/?([^/]+/)*[^/]+|[A-Za-z0-9.:\\
 /// A repository as the distribution spec's grammar (and the services) has it:
 /// lowercase path components of `[a-z0-9._-]`, alphanumeric at both ends.
 pub const REPOSITORY_PATTERN: &str = "^[a-z0-9]([a-z0-9._-]*[a-z0-9])?(/[a-z0-9]([a-z0-9._-]*[a-z0-9])?)*$";
+/// The pattern of [`Input::Tag`].
+pub const TAG_PATTERN: &str = "^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$";
 /// The pattern of [`Input::PageToken`].
 pub const PAGE_TOKEN_PATTERN: &str = "^[0-9]*$";
 /// The page size the document declares as the maximum: the default of
@@ -71,6 +75,7 @@ impl Input {
             Input::Id => json!({"type": "string", "minLength": 1, "maxLength": 128, "pattern": ID_PATTERN}),
             Input::Limit { max } => json!({"type": "integer", "minimum": 1, "maximum": max}),
             Input::PageToken => json!({"type": "string", "maxLength": 9, "pattern": PAGE_TOKEN_PATTERN}),
+            Input::Tag => json!({"type": "string", "minLength": 1, "maxLength": 128, "pattern": TAG_PATTERN}),
         }
     }
 
@@ -93,6 +98,19 @@ impl Input {
                 Ok(())
             }
             Input::PageToken => Self::page_start(field, value).map(drop),
+            Input::Tag => {
+                let first = |c: char| c.is_ascii_alphanumeric() || c == '_';
+                let rest = |c: char| c.is_ascii_alphanumeric() || "._-".contains(c);
+                if value.len() > 128 || !value.starts_with(first) || !value.chars().all(rest) {
+                    return Err(ApiError::bad_request(
+                        field,
+                        format!(
+                            "{value:?} is not a tag (1–128 of A-Z a-z 0-9 . _ -, not starting with . or -)"
+                        ),
+                    ));
+                }
+                Ok(())
+            }
             Input::Limit { max } => match value.parse::<usize>() {
                 Ok(limit) if (1..=max).contains(&limit) => Ok(()),
                 _ => Err(ApiError::bad_request(
@@ -121,6 +139,7 @@ const BODIES: &[(&str, &str)] = &[
     ),
     ("ExecuteRequest", r#"{"properties": {"confirm": {"minLength": 1}}}"#),
     ("ExportRequest", r#"{"properties": {"destination": {"minLength": 1}}}"#),
+    ("UpgradeDecision", r#"{"properties": {"tag": "TAG"}}"#),
     (
         "ScanRequest",
         r#"{"properties": {"filter": {"pattern": "^\\s*([^/\\s\\x00-\\x1f\\x7f-\\x9f]+(/[^/\\s\\x00-\\x1f\\x7f-\\x9f]+)?)?\\s*$"}},
@@ -196,7 +215,11 @@ pub fn declare(openapi: &mut Value) {
     for (name, extra) in BODIES {
         let extra = extra
             .replace("\"REGISTRY\"", &json!(REGISTRY_PATTERN).to_string())
-            .replace("\"REPOSITORY\"", &json!(REPOSITORY_PATTERN).to_string());
+            .replace("\"REPOSITORY\"", &json!(REPOSITORY_PATTERN).to_string())
+            .replace(
+                "\"TAG\"",
+                &json!({"minLength": 1, "maxLength": 128, "pattern": TAG_PATTERN}).to_string(),
+            );
         if let (Some(schema), Ok(extra)) = (schemas.get_mut(*name), serde_json::from_str::<Value>(&extra)) {
             merge_deep(schema, &extra);
         }

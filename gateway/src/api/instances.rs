@@ -10,7 +10,8 @@ use utoipa::{IntoParams, ToSchema};
 use vynil_proto::lifecycle::v1 as pb;
 
 use super::{
-    App, Ctx, Done, Errors, PageQuery, body, check_label, check_subdomain, failed, non_empty, query,
+    App, Ctx, Done, Errors, PageQuery, body, check_label, check_subdomain, failed, inputs::Input, non_empty,
+    query,
 };
 use crate::{downstream::Service, error::ApiError};
 
@@ -144,6 +145,53 @@ pub struct Instance {
     /// The tag the agent Job in flight installs.
     pub target_tag: Option<String>,
     pub history: Vec<HistoryEntry>,
+    /// Revisions quarantined for this instance after an upgrade to them failed.
+    pub quarantined: Vec<Quarantine>,
+}
+
+/// What became of a failed upgrade once its revision was quarantined.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RollbackState {
+    Unknown,
+    /// Back to `from_tag` on its own: the failed runs applied nothing.
+    Automatic,
+    /// Holds (`E_UPGRADE_FAILED`) until an operator rolls back or clears it.
+    AwaitingOperator,
+    /// An operator asked for the rollback.
+    Approved,
+}
+
+/// A revision quarantined for one instance.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Quarantine {
+    pub tag: String,
+    pub digest: Option<String>,
+    /// The revision installed when the upgrade failed: where a rollback goes.
+    pub from_tag: String,
+    pub reason: String,
+    pub at: String,
+    pub rollback: RollbackState,
+    /// Why it awaits an operator, or who approved the rollback.
+    pub rollback_detail: Option<String>,
+}
+
+fn quarantine(q: pb::Quarantine) -> Quarantine {
+    let rollback = match pb::RollbackState::try_from(q.rollback) {
+        Ok(pb::RollbackState::Automatic) => RollbackState::Automatic,
+        Ok(pb::RollbackState::AwaitingOperator) => RollbackState::AwaitingOperator,
+        Ok(pb::RollbackState::Approved) => RollbackState::Approved,
+        _ => RollbackState::Unknown,
+    };
+    Quarantine {
+        tag: q.tag,
+        digest: non_empty(q.digest),
+        from_tag: q.from_tag,
+        reason: q.reason,
+        at: q.at,
+        rollback,
+        rollback_detail: non_empty(q.rollback_detail),
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
@@ -209,6 +257,7 @@ pub async fn list_instances(
             installed_digest: non_empty(i.installed_digest),
             target_tag: non_empty(i.target_tag),
             history: history(i.history),
+            quarantined: i.quarantined.into_iter().map(quarantine).collect(),
         })
         .collect();
     let next_page_token = non_empty(next_page_token);
@@ -240,6 +289,7 @@ pub struct Explanation {
     /// What `allow-delete-without-package` requires as `fingerprint`.
     pub children_fingerprint: String,
     pub history: Vec<HistoryEntry>,
+    pub quarantined: Vec<Quarantine>,
 }
 
 #[utoipa::path(get, path = "/api/v1/instances/{kind}/{namespace}/{name}/explain", tag = "instances",
@@ -267,6 +317,7 @@ pub async fn explain(
         children_left: e.children_left,
         children_fingerprint: e.children_fingerprint,
         history: history(e.history),
+        quarantined: e.quarantined.into_iter().map(quarantine).collect(),
     }))
 }
 
@@ -308,4 +359,69 @@ pub async fn allow_delete_without_package(
         .await
         .map_err(failed(Service::Lifecycle))?;
     Ok(Json(Done { done: answer.into_inner().annotated }))
+}
+
+/// An operator's decision on a failed upgrade.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+pub struct UpgradeDecision {
+    /// The quarantined tag; absent: the one failed upgrade awaiting an operator.
+    #[serde(default)]
+    pub tag: Option<String>,
+    #[serde(default)]
+    pub reason: String,
+}
+
+#[utoipa::path(post, path = "/api/v1/instances/{kind}/{namespace}/{name}/rollback", tag = "instances",
+    params(("kind" = InstanceKind, Path), ("namespace" = String, Path), ("name" = String, Path)),
+    request_body = UpgradeDecision,
+    responses((status = 200, body = Quarantine, description = "the quarantine, its rollback approved"), Errors),
+    security(("bearer" = []), ("session" = [])))]
+pub async fn roll_back(
+    State(app): State<App>,
+    Ctx(ctx): Ctx,
+    Path((kind, namespace, name)): Path<(String, String, String)>,
+    request: Result<Json<UpgradeDecision>, JsonRejection>,
+) -> Result<Json<Quarantine>, ApiError> {
+    let reference_ = instance_ref(&kind, &namespace, &name)?;
+    let decision = body(request)?;
+    let tag = decision_tag(decision.tag)?;
+    let request =
+        pb::RollBackRequest { r#ref: Some(reference_), tag, caller: String::new(), reason: decision.reason };
+    let request = app.services.request(&ctx, request);
+    let answer = app.services.lifecycle()?.roll_back(request).await.map_err(failed(Service::Lifecycle))?;
+    Ok(Json(quarantine(answer.into_inner().quarantine.unwrap_or_default())))
+}
+
+#[utoipa::path(post, path = "/api/v1/instances/{kind}/{namespace}/{name}/clear-quarantine", tag = "instances",
+    params(("kind" = InstanceKind, Path), ("namespace" = String, Path), ("name" = String, Path)),
+    request_body = UpgradeDecision,
+    responses((status = 200, body = Quarantine, description = "the quarantine removed"), Errors),
+    security(("bearer" = []), ("session" = [])))]
+pub async fn clear_quarantine(
+    State(app): State<App>,
+    Ctx(ctx): Ctx,
+    Path((kind, namespace, name)): Path<(String, String, String)>,
+    request: Result<Json<UpgradeDecision>, JsonRejection>,
+) -> Result<Json<Quarantine>, ApiError> {
+    let reference_ = instance_ref(&kind, &namespace, &name)?;
+    let decision = body(request)?;
+    let tag = decision_tag(decision.tag)?;
+    let request = pb::ClearQuarantineRequest {
+        r#ref: Some(reference_),
+        tag,
+        caller: String::new(),
+        reason: decision.reason,
+    };
+    let request = app.services.request(&ctx, request);
+    let answer =
+        app.services.lifecycle()?.clear_quarantine(request).await.map_err(failed(Service::Lifecycle))?;
+    Ok(Json(quarantine(answer.into_inner().cleared.unwrap_or_default())))
+}
+
+/// The tag a decision names, checked as the document declares it ("": none named).
+fn decision_tag(tag: Option<String>) -> Result<String, ApiError> {
+    match tag {
+        Some(tag) => Input::Tag.check("tag", &tag).map(|()| tag),
+        None => Ok(String::new()),
+    }
 }

@@ -1,5 +1,6 @@
-//! `vynilctl instance`: what is installed, why it is where it is, and the
-//! admin's way out when a package is gone.
+//! `vynilctl instance`: what is installed, why it is where it is, an
+//! operator's decisions on a failed upgrade, and the admin's way out when a
+//! package is gone.
 
 use serde_json::json;
 
@@ -10,7 +11,7 @@ use super::{
     output::{Format, Printer, Tone, cell},
     wire_name,
 };
-use crate::api::instances::{Explanation, Instance, InstanceList, InstanceState};
+use crate::api::instances::{Explanation, Instance, InstanceList, InstanceState, Quarantine, RollbackState};
 
 pub(super) async fn run(cli: &Cli, printer: &Printer, command: &InstanceCommand) -> CliResult<Exit> {
     match command {
@@ -21,7 +22,53 @@ pub(super) async fn run(cli: &Cli, printer: &Printer, command: &InstanceCommand)
         InstanceCommand::AllowDeleteWithoutPackage { instance, confirm, reason } => {
             allow_delete_without_package(cli, printer, instance, confirm, reason).await
         }
+        InstanceCommand::Rollback { instance, tag, reason } => {
+            decide(cli, printer, instance, Decision::Rollback, tag, reason).await
+        }
+        InstanceCommand::ClearQuarantine { instance, tag, reason } => {
+            decide(cli, printer, instance, Decision::ClearQuarantine, tag, reason).await
+        }
     }
+}
+
+/// An operator's decision on a failed upgrade.
+#[derive(Debug, Clone, Copy)]
+enum Decision {
+    Rollback,
+    ClearQuarantine,
+}
+
+async fn decide(
+    cli: &Cli,
+    printer: &Printer,
+    instance: &str,
+    decision: Decision,
+    tag: &Option<String>,
+    reason: &str,
+) -> CliResult<Exit> {
+    let reference = instance_path(instance)?;
+    let route = match decision {
+        Decision::Rollback => "rollback",
+        Decision::ClearQuarantine => "clear-quarantine",
+    };
+    let body = json!({"tag": tag, "reason": reason});
+    let quarantine: Quarantine =
+        connect(cli)?.post(&format!("/api/v1/instances/{reference}/{route}"), &body).await?;
+    if !printer.structured(&quarantine)? {
+        match decision {
+            Decision::Rollback => println!(
+                "{reference}: rolling back from {} to {} (the failed upgrade stays quarantined)",
+                quarantine.tag, quarantine.from_tag
+            ),
+            Decision::ClearQuarantine => {
+                println!(
+                    "{reference}: {} is no longer quarantined; it may be installed again",
+                    quarantine.tag
+                )
+            }
+        }
+    }
+    Ok(Exit::Ok)
 }
 
 async fn list(
@@ -127,6 +174,21 @@ fn print_explanation(printer: &Printer, e: &Explanation) {
         tags.iter().filter_map(|(what, tag)| tag.as_ref().map(|t| format!("{what} {t}"))).collect();
     if !known.is_empty() {
         println!("{}", known.join(", "));
+    }
+    for q in &e.quarantined {
+        let state = match q.rollback {
+            RollbackState::Automatic => "rolled back on its own".to_string(),
+            RollbackState::AwaitingOperator => format!(
+                "awaiting an operator ({}): `vynilctl instance rollback` or `clear-quarantine`",
+                q.rollback_detail.clone().unwrap_or_default()
+            ),
+            RollbackState::Approved => {
+                q.rollback_detail.clone().unwrap_or_else(|| "rollback approved".into())
+            }
+            RollbackState::Unknown => "unknown".into(),
+        };
+        let line = format!("quarantined {} (from {}, {}): {}; {state}", q.tag, q.from_tag, q.at, q.reason);
+        println!("{}", printer.paint(&line, Tone::Warn));
     }
     if !e.children_to_delete.is_empty() {
         println!("a delete without package would delete: {}", e.children_to_delete.join("; "));

@@ -194,6 +194,26 @@ pub enum InstanceCommand {
         #[arg(long, default_value = "")]
         reason: String,
     },
+    /// Rolls a failed upgrade back to the revision the instance ran (one
+    /// that holds `[E_UPGRADE_FAILED]`: its failed run applied something).
+    Rollback {
+        instance: String,
+        /// The quarantined tag; the one failed upgrade awaiting an operator when absent.
+        #[arg(long)]
+        tag: Option<String>,
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+    /// Lifts the quarantine of a revision for one instance: it may be
+    /// installed again (with fresh attempts).
+    ClearQuarantine {
+        instance: String,
+        /// The quarantined tag; the one failed upgrade awaiting an operator when absent.
+        #[arg(long)]
+        tag: Option<String>,
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
 }
 
 fn parse_repository(value: &str) -> Result<(String, String), String> {

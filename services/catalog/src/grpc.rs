@@ -184,14 +184,16 @@ impl CatalogApi for CatalogService {
             }),
             Some(entry) => {
                 let query = InstallQuery {
-                    jukebox: &request.jukebox,
-                    category: &request.category,
-                    name: &request.name,
-                    package_type,
                     installed_tag: Some(request.installed_tag.as_str()).filter(|t| !t.is_empty()),
-                    framework: &self.catalog.framework,
                     hold_upgrades: request.hold_upgrades,
                     quarantined: &request.quarantined_tags,
+                    ..InstallQuery::of(
+                        &request.jukebox,
+                        &request.category,
+                        &request.name,
+                        package_type,
+                        &self.catalog.framework,
+                    )
                 };
                 match vynil_rules::select_install(&entry.packages, &query) {
                     Ok(package) => Outcome::Package(package_to_proto(package)),
@@ -214,13 +216,7 @@ impl CatalogApi for CatalogService {
             Ok(None) => CatalogState::JukeboxMissing,
             Err(_) => CatalogState::Unavailable,
         };
-        let recorded = request.recorded.as_ref().map(|r| RecordedRevision {
-            registry: r.registry.clone(),
-            image: r.image.clone(),
-            tag: r.tag.clone(),
-            digest: r.digest.clone(),
-            package_type: package_type_or(r.r#type, package_type),
-        });
+        let recorded = request.recorded.as_ref().map(|r| recorded_revision(r, package_type));
         let check = match pb::RecordedCheck::try_from(request.recorded_check) {
             Ok(pb::RecordedCheck::Resolves) => RecordedCheck::Resolves,
             Ok(pb::RecordedCheck::Gone) => RecordedCheck::Gone,
@@ -233,7 +229,7 @@ impl CatalogApi for CatalogService {
             }
             _ => RecordedCheck::Unknown("no recorded revision".into()),
         };
-        let scanned = vynil_rules::selection::Origins::Scanned;
+        let (scanned, framework) = (vynil_rules::selection::Origins::Scanned, &self.catalog.framework);
         let origins = match &entry {
             Ok(Some(entry)) => &entry.origins,
             _ => &scanned,
@@ -241,14 +237,14 @@ impl CatalogApi for CatalogService {
         let query = vynil_rules::selection::CleanupQuery {
             origins,
             install: InstallQuery {
-                jukebox: &request.jukebox,
-                category: &request.category,
-                name: &request.name,
-                package_type,
                 installed_tag: Some(request.installed_tag.as_str()).filter(|t| !t.is_empty()),
-                framework: &self.catalog.framework,
-                hold_upgrades: false,
-                quarantined: &[],
+                ..InstallQuery::of(
+                    &request.jukebox,
+                    &request.category,
+                    &request.name,
+                    package_type,
+                    framework,
+                )
             },
             recorded: recorded.as_ref().map(|r| (r, check.clone())),
             catalog,
@@ -316,14 +312,14 @@ impl CatalogApi for CatalogService {
             .entry(&request.jukebox)?
             .ok_or_else(|| Status::not_found(format!("no JukeBox {:?} in the catalog", request.jukebox)))?;
         let query = InstallQuery {
-            jukebox: &request.jukebox,
-            category: &request.category,
-            name: &request.name,
-            package_type,
             installed_tag: Some(request.from_tag.as_str()).filter(|t| !t.is_empty()),
-            framework: &self.catalog.framework,
-            hold_upgrades: false,
-            quarantined: &[],
+            ..InstallQuery::of(
+                &request.jukebox,
+                &request.category,
+                &request.name,
+                package_type,
+                &self.catalog.framework,
+            )
         };
         let path = vynil_rules::catalog::upgrade_path(&entry.packages, &query);
         Ok(Response::new(pb::UpgradePath {
@@ -334,6 +330,13 @@ impl CatalogApi for CatalogService {
     }
 }
 
-fn package_type_or(value: i32, default: PackageType) -> PackageType {
-    package_type(value).unwrap_or(default)
+/// What lifecycle recorded, its type `default` when unspecified.
+fn recorded_revision(r: &pb::RecordedRevision, default: PackageType) -> RecordedRevision {
+    RecordedRevision {
+        registry: r.registry.clone(),
+        image: r.image.clone(),
+        tag: r.tag.clone(),
+        digest: r.digest.clone(),
+        package_type: package_type(r.r#type).unwrap_or(default),
+    }
 }

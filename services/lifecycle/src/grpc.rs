@@ -19,10 +19,10 @@ use kube::{ResourceExt, api::DynamicObject};
 use tonic::{Request, Response, Status};
 use vynil_proto::lifecycle::v1::{
     AllowDeleteWithoutPackageRequest, AllowDeleteWithoutPackageResponse, ClearQuarantineRequest,
-    ClearQuarantineResponse, ExplainRequest, ExplainResponse, HistoryEntry, InstalledRevision,
-    InstanceKind as ProtoKind, InstanceRef, InstanceState, InstanceSummary, ListInstalledRevisionsRequest,
-    ListInstalledRevisionsResponse, ListInstancesRequest, ListInstancesResponse, RevisionUse,
-    RollBackRequest, RollBackResponse, lifecycle_server::Lifecycle,
+    ClearQuarantineResponse, ExplainRequest, ExplainResponse, HistoryEntry, InstanceKind as ProtoKind,
+    InstanceRef, InstanceState, InstanceSummary, ListInstalledRevisionsRequest,
+    ListInstalledRevisionsResponse, ListInstancesRequest, ListInstancesResponse, RollBackRequest,
+    RollBackResponse, lifecycle_server::Lifecycle,
 };
 use vynil_runtime::{ToStatus, metrics::Registry};
 
@@ -30,7 +30,7 @@ use crate::{
     LifecycleError,
     context::Context,
     install_plan::{self, Outcome},
-    instance::{Instance, InstanceKind},
+    instance::{Instance, InstanceKind, proto_reference},
     metrics::LifecycleMetrics,
     operator::{self, Asked},
     uninstall_plan::CleanupAnswer,
@@ -72,14 +72,6 @@ impl LifecycleService {
     }
 }
 
-fn proto_kind(kind: InstanceKind) -> i32 {
-    (match kind {
-        InstanceKind::Tenant => ProtoKind::Tenant,
-        InstanceKind::Service => ProtoKind::Service,
-        InstanceKind::System => ProtoKind::System,
-    }) as i32
-}
-
 fn kinds(filter: i32) -> Result<Vec<InstanceKind>, Status> {
     match ProtoKind::try_from(filter) {
         Ok(ProtoKind::Unspecified) => Ok(InstanceKind::ALL.to_vec()),
@@ -87,14 +79,6 @@ fn kinds(filter: i32) -> Result<Vec<InstanceKind>, Status> {
         Ok(ProtoKind::Service) => Ok(vec![InstanceKind::Service]),
         Ok(ProtoKind::System) => Ok(vec![InstanceKind::System]),
         Err(_) => Err(Status::invalid_argument("kind must be tenant, service or system")),
-    }
-}
-
-fn reference(kind: InstanceKind, object: &DynamicObject) -> InstanceRef {
-    InstanceRef {
-        kind: proto_kind(kind),
-        namespace: object.namespace().unwrap_or_default(),
-        name: object.name_any(),
     }
 }
 
@@ -114,7 +98,8 @@ fn describe(outcome: &Outcome) -> (InstanceState, Option<&install_plan::Blocker>
 }
 
 fn summary_of(kind: InstanceKind, object: &DynamicObject, context: &Context) -> InstanceSummary {
-    let mut summary = InstanceSummary { r#ref: Some(reference(kind, object)), ..InstanceSummary::default() };
+    let mut summary =
+        InstanceSummary { r#ref: Some(proto_reference(kind, object)), ..InstanceSummary::default() };
     let instance = match Instance::decode(kind, object) {
         Ok(instance) => instance,
         Err(error) => {
@@ -242,7 +227,7 @@ impl Lifecycle for LifecycleService {
             let context = self.context()?;
             synced(context)?;
             let request = request.into_inner();
-            installed_revisions(context, &request).await.map_err(|e| e.to_status())
+            crate::usage::installed_revisions(context, &request).await.map_err(|e| e.to_status())
         }
         .await;
         result.map(Response::new)
@@ -446,106 +431,6 @@ fn explain_outcome(response: &mut ExplainResponse, decision: &install_plan::Plan
         }
     };
     response.details = decision.steps.iter().map(install_plan::Step::describe).collect();
-}
-
-fn revision(
-    registry: &str,
-    image: &str,
-    tag: &str,
-    digest: Option<&str>,
-    usage: RevisionUse,
-    instance: InstanceRef,
-) -> InstalledRevision {
-    InstalledRevision {
-        registry: registry.into(),
-        repository: image.into(),
-        tag: tag.into(),
-        digest: digest.unwrap_or_default().into(),
-        r#use: usage as i32,
-        instance: Some(instance),
-    }
-}
-
-async fn installed_revisions(
-    context: &Context,
-    request: &ListInstalledRevisionsRequest,
-) -> Result<ListInstalledRevisionsResponse, LifecycleError> {
-    let mut revisions = Vec::new();
-    for kind in InstanceKind::ALL {
-        for object in context.stores.of(kind).state() {
-            let at = reference(kind, &object);
-            // An object that does not decode may still run something: unknown, not absent.
-            let instance = Instance::decode(kind, &object)?;
-            let status = &instance.status;
-            if let Some(p) = &status.package {
-                revisions.push(revision(
-                    &p.registry,
-                    &p.image,
-                    &p.tag,
-                    p.digest.as_deref(),
-                    RevisionUse::Installed,
-                    at.clone(),
-                ));
-            }
-            if let Some(t) = &status.target {
-                let p = &t.revision;
-                revisions.push(revision(
-                    &p.registry,
-                    &p.image,
-                    &p.tag,
-                    p.digest.as_deref(),
-                    RevisionUse::Installing,
-                    at.clone(),
-                ));
-                // Where a failed upgrade goes back to, kept while it may.
-                if let Some(installed) = status.package.as_ref().filter(|i| i.tag != p.tag) {
-                    revisions.push(revision(
-                        &installed.registry,
-                        &installed.image,
-                        &installed.tag,
-                        installed.digest.as_deref(),
-                        RevisionUse::RollbackTarget,
-                        at.clone(),
-                    ));
-                }
-            }
-            let pinned =
-                instance.init_from.as_ref().and_then(|i| i.version.clone()).filter(|_| status.tag.is_none());
-            let unrecorded = status.tag.clone().filter(|_| status.package.is_none());
-            if pinned.is_none() && unrecorded.is_none() {
-                continue;
-            }
-            // Installed by upstream (not adopted yet) or pinned: the repository is the catalog's.
-            let Some((registry, image)) = context.catalog.repository_of(&instance).await? else {
-                return Err(LifecycleError::Unavailable(format!(
-                    "{} runs or pins a revision of {}/{} whose repository the catalog does not know: usage unknown",
-                    instance.reference(),
-                    instance.category,
-                    instance.package
-                )));
-            };
-            if let Some(tag) = unrecorded {
-                revisions.push(revision(&registry, &image, &tag, None, RevisionUse::Installed, at.clone()));
-            }
-            if let Some(tag) = pinned {
-                revisions.push(revision(&registry, &image, &tag, None, RevisionUse::Pinned, at));
-            }
-        }
-    }
-    // A repository under any of its names (`vynil_rules::repository`): a
-    // purge planned under an alias must see what is installed.
-    revisions.retain(|r| match (request.registry.is_empty(), request.repository.is_empty()) {
-        (false, false) => vynil_rules::repository::same(
-            (&r.registry, &r.repository),
-            (&request.registry, &request.repository),
-        ),
-        (false, true) => {
-            vynil_rules::repository::host(&r.registry) == vynil_rules::repository::host(&request.registry)
-        }
-        (true, false) => r.repository == request.repository,
-        (true, true) => true,
-    });
-    Ok(ListInstalledRevisionsResponse { revisions })
 }
 
 /// Records an admin's confirmation (`crate::confirmation`) and sets

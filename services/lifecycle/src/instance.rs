@@ -272,6 +272,24 @@ fn conditions<T: serde::Serialize>(typed: &[Condition<T>]) -> Vec<Condition<Stri
         .collect()
 }
 
+/// The object of `kind` as the lifecycle API names it.
+pub(crate) fn proto_reference(
+    kind: InstanceKind,
+    object: &DynamicObject,
+) -> vynil_proto::lifecycle::v1::InstanceRef {
+    use vynil_proto::lifecycle::v1::InstanceKind as ProtoKind;
+    let kind = match kind {
+        InstanceKind::Tenant => ProtoKind::Tenant,
+        InstanceKind::Service => ProtoKind::Service,
+        InstanceKind::System => ProtoKind::System,
+    };
+    vynil_proto::lifecycle::v1::InstanceRef {
+        kind: kind as i32,
+        namespace: object.namespace().unwrap_or_default(),
+        name: object.name_any(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -36,6 +36,7 @@ mod script;
 pub mod takeover;
 pub mod uninstall_plan;
 pub mod upgrades;
+mod usage;
 
 use std::{future::Future, sync::Arc, time::Duration};
 

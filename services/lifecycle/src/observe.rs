@@ -107,7 +107,64 @@ async fn resolve(
         return Ok((first, upgrades));
     }
     let resolution = context.catalog.resolve(instance, &quarantined, back_to).await?;
+    if let (Some(from), Resolution::NoMatch { .. }) = (back_to, &resolution)
+        && let Some(recorded) = recorded_rollback(instance, from, context).await?
+    {
+        return Ok((recorded, upgrades));
+    }
     Ok((resolution, upgrades))
+}
+
+/// The revision a rollback goes back to when the catalog no longer lists it
+/// (its view keeps the newest revision of each type and the waypoints, so
+/// the one an instance ran before an upgrade has usually left it): the
+/// recorded revision, trusted only as a cleanup trusts it — its tag still
+/// at the recorded digest, from a source of the instance's JukeBox (the
+/// catalog's `ResolveCleanup` decides) — with its content read from the
+/// registry. `None`: it cannot be used (the plan says the catalog's why).
+async fn recorded_rollback(
+    instance: &Instance,
+    from: &str,
+    context: &Context,
+) -> Result<Option<Resolution>, LifecycleError> {
+    let Some(recorded) = instance.status.package.as_ref().filter(|p| p.tag == from) else {
+        return Ok(None);
+    };
+    match check_recorded(recorded, context).await {
+        RecordedCheck::Resolves => {}
+        RecordedCheck::Gone => return Ok(None),
+        RecordedCheck::Unknown(why) => {
+            return Err(LifecycleError::Unavailable(format!(
+                "registry, checking the rollback's {from}: {why}"
+            )));
+        }
+    }
+    let answer =
+        context.catalog.resolve_cleanup(instance, Some(RecordedCheck::Resolves), true, false).await?;
+    let Cleanup::UsePackage { package, pull_secret } = answer else {
+        return Ok(None);
+    };
+    if (package.registry.as_str(), package.image.as_str(), package.tag.as_str())
+        != (recorded.registry.as_str(), recorded.image.as_str(), from)
+    {
+        return Ok(None);
+    }
+    let repo = RepositoryRef::new(&recorded.registry, &recorded.image)
+        .map_err(|e| LifecycleError::Invalid(e.to_string()))?;
+    let client = registry_for(pull_secret.as_deref(), context).await?;
+    let found = client
+        .tag_metadata(&repo, from)
+        .await
+        .map_err(|e| LifecycleError::Unavailable(format!("registry, reading the rollback's {from}: {e}")))?;
+    let Some(found) = found.filter(|f| recorded.digest.as_deref().is_none_or(|d| d == f.digest)) else {
+        return Ok(None);
+    };
+    let vynil_rules::ManifestMetadata::Vynil(content) = found.metadata else {
+        return Ok(None);
+    };
+    let package = vynil_rules::Package::new(&recorded.registry, &recorded.image, from, *content)
+        .with_digest(&found.digest);
+    Ok(Some(Resolution::Package { package: Box::new(package), pull_secret }))
 }
 
 /// `initFrom.version` on a first install: the catalog's entry, else the

@@ -1,5 +1,6 @@
-//! The install decision's gates, in order: held, credited, resolved,
-//! options checked, init version, requirements, controller values; then
+//! The install decision's gates, in order: held, credited, a failed upgrade
+//! held, resolved, options checked, init version, requirements, controller
+//! values; then
 //! what the desired revision asks of the agent Job. Each gate is a function
 //! that either passes or answers the plan itself.
 
@@ -24,6 +25,7 @@ pub fn plan(instance: &Instance, observed: &Observed) -> Plan {
 fn gated(instance: &Instance, observed: &Observed) -> Result<Plan, Plan> {
     held(instance)?;
     credited(instance, observed)?;
+    failed_upgrade_held(instance, observed)?;
     let (package, pull_secret) = resolved(instance, observed)?;
     let Some(checks) = &observed.checks else {
         // The reconciler always prepares a resolved package; say so rather than guess.
@@ -472,6 +474,38 @@ fn quarantined_upgrade(
     Some(Plan { steps, outcome: Outcome::Blocked(blocker), requeue })
 }
 
+/// `tag` is a newer version than `than`.
+fn newer(tag: &str, than: &str) -> bool {
+    matches!((Tag::parse(tag), Tag::parse(than)), (Some(tag), Some(than)) if tag > than)
+}
+
+/// The `[E_UPGRADE_FAILED]` hold: `Ready=False`, no Job.
+fn upgrade_held(message: String, mut steps: Vec<Step>) -> Plan {
+    steps.push(Step::Condition { condition_type: ConditionType::Ready, ok: false, message: message.clone() });
+    let blocker = Blocker { criterion: Criterion::Upgrade, code: Some(upgrade::UPGRADE_FAILED), message };
+    Plan { steps, outcome: Outcome::Blocked(blocker), requeue: REQUEUE }
+}
+
+/// While the instance's state is a failed upgrade quarantined for it, it
+/// holds for an operator, or when the revision to go back to cannot be had
+/// (the catalog's reason is said); a revision newer than the failed one
+/// goes ahead as any new revision does, and a rollback that may run is
+/// [`after_failed_upgrade`]'s.
+fn failed_upgrade_held(instance: &Instance, observed: &Observed) -> Result<(), Plan> {
+    let Some(quarantined) = observed.upgrades.of_failed_target(instance) else {
+        return Ok(());
+    };
+    let message = match &observed.resolution {
+        Resolution::Package { package, .. } if newer(&package.tag, &quarantined.tag) => return Ok(()),
+        Resolution::Package { .. } if quarantined.rollback.may_run() => return Ok(()),
+        Resolution::Package { .. } => quarantined.message(),
+        Resolution::NoMatch { reason, .. } => quarantined.no_way_back(reason),
+        // The JukeBox gate says it.
+        Resolution::JukeboxMissing => return Ok(()),
+    };
+    Err(upgrade_held(message, Vec::new()))
+}
+
 /// While the instance's state is a failed upgrade quarantined for it: the
 /// rollback when it may run and the desired revision is where it goes
 /// (its Job replaces the failed one), else a hold for an operator. A
@@ -483,9 +517,7 @@ fn after_failed_upgrade(
     checked: &CheckedOptions,
 ) -> Option<Plan> {
     let quarantined = observed.upgrades.of_failed_target(desired.instance)?;
-    if let (Some(wanted), Some(failed)) = (Tag::parse(&desired.tag), Tag::parse(&quarantined.tag))
-        && wanted > failed
-    {
+    if newer(&desired.tag, &quarantined.tag) {
         return None;
     }
     let message = quarantined.message();
@@ -500,7 +532,5 @@ fn after_failed_upgrade(
         let outcome = Outcome::RollingBack { failed: quarantined.tag.clone(), to: quarantined.from.clone() };
         return Some(Plan { steps, outcome, requeue: REQUEUE });
     }
-    steps.push(Step::Condition { condition_type: ConditionType::Ready, ok: false, message: message.clone() });
-    let blocker = Blocker { criterion: Criterion::Upgrade, code: Some(upgrade::UPGRADE_FAILED), message };
-    Some(Plan { steps, outcome: Outcome::Blocked(blocker), requeue: REQUEUE })
+    Some(upgrade_held(message, steps))
 }

@@ -214,3 +214,29 @@ fn a_failure_awaiting_an_operator_holds_until_approved_and_a_newer_revision_goes
     seen.resolution = observed("0.3.1").resolution;
     assert_eq!(creates_job(&install_plan::plan(&failed, &seen)).as_deref(), Some("0.3.1"));
 }
+
+#[test]
+fn a_failure_whose_way_back_cannot_be_had_holds_saying_why_not_package_missing() {
+    let failed = upgrading("0.3.0", 3, ready_before(), json!({}));
+    let mut seen = third_failure("0.3.0");
+    seen.resolution = install_plan::Resolution::NoMatch {
+        excluded_by: "quarantined".into(),
+        reason: "every tenant revision of apps/web is quarantined for this instance (0.3.0)".into(),
+    };
+    for rollback in [Rollback::Automatic, Rollback::AwaitingOperator { why: "x".into() }] {
+        seen.upgrades = quarantined(rollback);
+        let plan = install_plan::plan(&failed, &seen);
+        assert!(creates_job(&plan).is_none(), "{plan:?}");
+        let (ok, message) = ready(&plan).unwrap();
+        assert!(!ok && message.starts_with("[E_UPGRADE_FAILED]"), "{message}");
+        assert!(
+            message.contains("0.2.0 cannot be installed now: every tenant revision")
+                && message.contains("clear-quarantine"),
+            "{message}"
+        );
+        assert!(
+            !plan.steps.iter().any(|s| matches!(s, Step::Event { reason: "MissingPackage", .. })),
+            "{plan:?}"
+        );
+    }
+}
