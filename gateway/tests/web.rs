@@ -43,7 +43,15 @@ async fn the_web_page_in_chromium_logs_in_scans_shows_the_type_change_purges_exp
     let web = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/web");
     requirements(&web);
     let stack = Stack::start("think/ollama").await;
-    let _agent = FakeAgent::start(&stack.api, "vynil-system", |_| AgentOutcome::succeed()).unwrap();
+    // 0.1.11, published once the page has purged, fails having applied a phase.
+    let _agent = FakeAgent::start(&stack.api, "vynil-system", |job| match job.tag.as_deref() {
+        Some("0.1.11") => AgentOutcome::FailAfterApplying {
+            applied: vec!["VitalApplied".into()],
+            message: "the 0.1.11 migration failed".into(),
+        },
+        _ => AgentOutcome::succeed(),
+    })
+    .unwrap();
     for (tag, kind) in
         [("0.1.8", PackageType::Tenant), ("0.1.9", PackageType::Tenant), ("0.1.10", PackageType::Service)]
     {
@@ -89,9 +97,21 @@ async fn the_web_page_in_chromium_logs_in_scans_shows_the_type_change_purges_exp
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
     let run = node.spawn().unwrap();
+    // Once the page's purge deleted 0.1.8: 0.1.11, whose upgrade fails (the page's last part).
+    let tags_url = format!("{}/v2/think/ollama/tags/list", stack.registry.base_url());
+    let publish = async {
+        eventually("the page's purge done", || async {
+            let listed: serde_json::Value = reqwest::get(&tags_url).await.ok()?.json().await.ok()?;
+            (!listed["tags"].as_array()?.iter().any(|t| t == "0.1.8")).then_some(())
+        })
+        .await;
+        stack.publish("think", "ollama", PackageType::Tenant, "0.1.11").await;
+        stack.scan_until(&["0.1.11", "0.1.10"]).await;
+    };
     let group = nix::unistd::Pid::from_raw(run.id().unwrap() as i32);
     let within: u64 = std::env::var("WEB_TEST_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(180);
-    let output = match tokio::time::timeout(Duration::from_secs(within), run.wait_with_output()).await {
+    let browser = async { tokio::join!(run.wait_with_output(), publish).0 };
+    let output = match tokio::time::timeout(Duration::from_secs(within), browser).await {
         Ok(output) => output.unwrap(),
         Err(_) => {
             let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
@@ -102,8 +122,9 @@ async fn the_web_page_in_chromium_logs_in_scans_shows_the_type_change_purges_exp
         format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
     println!("{printed}");
     assert!(output.status.success() && printed.contains("web e2e: ok"), "{printed}");
-    for view in ["1-jukeboxes", "2-catalog", "3-purge-plan", "4-purge-report", "5-instances", "6-viewer-plan"]
-    {
+    let views =
+        ["1-jukeboxes", "2-catalog", "3-purge-plan", "4-purge-report", "5-instances", "6-viewer-plan"];
+    for view in views.into_iter().chain(["7-quarantine"]) {
         let shot = screenshots.join(format!("{view}.png"));
         assert!(std::fs::metadata(&shot).is_ok_and(|m| m.len() > 1000), "{} missing", shot.display());
     }
@@ -118,7 +139,11 @@ async fn the_web_page_in_chromium_logs_in_scans_shows_the_type_change_purges_exp
     let mut tags: Vec<&str> =
         listed["tags"].as_array().unwrap().iter().map(|t| t.as_str().unwrap()).collect();
     tags.sort();
-    assert_eq!(tags, ["0.1.10", "0.1.9"], "0.1.8 deleted through the page, the installed 0.1.9 kept");
+    assert_eq!(
+        tags,
+        ["0.1.10", "0.1.11", "0.1.9"],
+        "0.1.8 deleted through the page, the installed 0.1.9 kept"
+    );
     stop.trigger();
     stack.stop().await;
 }

@@ -333,6 +333,9 @@ async function purgeView(planId) {
 
 // ---------- instances ----------
 
+/** A blocker's reason with its code first, once (most reasons already start with it). */
+const coded = (b) => (!b.code || b.reason.startsWith(`[${b.code}]`) ? b.reason : `[${b.code}] ${b.reason}`);
+
 async function instancesView() {
   const detail = el("div", { id: "explanation" });
   const row = (i) => {
@@ -341,7 +344,7 @@ async function instancesView() {
     return el("tr", { "data-instance": ref },
       el("td", {}, ref), el("td", {}, `${i.category}/${i.package}`), el("td", {}, i.tag || "-"),
       el("td", { class: i.state === "blocked" ? "blocked" : "" }, i.state),
-      el("td", {}, i.blocked ? `${i.blocked.code ? `[${i.blocked.code}] ` : ""}${i.blocked.reason}` : ""), el("td", {}, explain));
+      el("td", {}, i.blocked ? coded(i.blocked) : ""), el("td", {}, explain));
   };
   const empty = "No instances yet: create a TenantInstance, ServiceInstance or SystemInstance naming a JukeBox's package (kubectl apply); each shows here with its state.";
   const { node } = await pagedTable("/instances", ["Instance", "Package", "Tag", "State", "Blocked by", ""], row, empty);
@@ -351,7 +354,7 @@ async function instancesView() {
 async function explainInto(detail, ref) {
   try {
     const e = await api("GET", `/instances/${ref}/explain`);
-    const blocked = e.blocked ? el("p", { class: "blocked" }, `Blocked by ${e.blocked.criterion}: ${e.blocked.code ? `[${e.blocked.code}] ` : ""}${e.blocked.reason}`) : null;
+    const blocked = e.blocked ? el("p", { class: "blocked" }, `Blocked by ${e.blocked.criterion}: ${coded(e.blocked)}`) : null;
     const tags = [["installed", e.from_tag], ["next", e.to_tag], ["latest", e.latest_tag]].filter(([, t]) => t).map(([w, t]) => `${w} ${t}`).join(", ");
     const allow = can("admin") && e.children_to_delete.length ? el("button", {
       id: "allow-delete",
@@ -367,18 +370,49 @@ async function explainInto(detail, ref) {
       },
     }, "Allow delete without package…") : null;
     // Each fact once: a blocked instance's reason is said by the red line
-    // (with its code), not again by the summary or the steps.
+    // (with its code), not again by the summary, the steps or a quarantine.
     const said = (text) => e.blocked && text.includes(e.blocked.reason);
+    const quarantines = e.quarantined.map((q) => quarantineLine(detail, ref, q, e.blocked && e.blocked.reason.includes(q.reason)));
     const summary = e.blocked ? e.state : `${e.state}: ${e.summary}`;
     const steps = e.details.filter((d) => !said(d));
     const parts = [el("h2", {}, ref), el("p", {}, summary), blocked,
       steps.length ? el("ol", { class: "steps" }, steps.map((d) => el("li", {}, d))) : null, tags ? el("p", {}, tags) : null,
+      ...quarantines,
       e.children_to_delete.length ? el("p", {}, `A delete without package would delete: ${e.children_to_delete.join("; ")}`) : null, allow];
     // replaceChildren writes a null as the text "null".
     detail.replaceChildren(...parts.filter((part) => part !== null && part !== undefined));
   } catch (error) {
     detail.replaceChildren(failure(error));
   }
+}
+
+// A revision quarantined for the instance after an upgrade to it failed,
+// with an operator's two ways out while the failure awaits them.
+function quarantineLine(detail, ref, q, reasonSaid) {
+  const states = {
+    automatic: "rolled back on its own (the failed run applied nothing)",
+    awaiting_operator: `awaiting an operator: ${q.rollback_detail || ""}`,
+    approved: q.rollback_detail || "rollback approved",
+  };
+  const decide = (route, label, done) => el("button", {
+    class: route,
+    onclick: async () => {
+      try {
+        await api("POST", `/instances/${ref}/${route}`, { tag: q.tag, reason: "from the web page" });
+        detail.append(el("p", { class: "ok" }, done));
+      } catch (error) {
+        detail.append(failure(error));
+      }
+    },
+  }, label);
+  const operator = can("operator");
+  const rollback = operator && q.rollback === "awaiting_operator"
+    ? decide("rollback", `Roll back to ${q.from_tag}`, `Rolling back to ${q.from_tag}.`) : null;
+  const clear = operator ? decide("clear-quarantine", `Clear quarantine of ${q.tag}`, `${q.tag} is no longer quarantined.`) : null;
+  const line = el("p", { class: "quarantine", "data-tag": q.tag }, `Quarantined ${q.tag} (from ${q.from_tag}, `, when(q.at),
+    `)${reasonSaid ? "" : `: ${q.reason}`}; ${states[q.rollback] || q.rollback}. `);
+  for (const button of [rollback, clear]) if (button) line.append(button, " ");
+  return line;
 }
 
 // ---------- routing ----------

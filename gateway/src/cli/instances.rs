@@ -166,7 +166,13 @@ fn print_explanation(printer: &Printer, e: &Explanation) {
         println!("  {detail}");
     }
     if let Some(blocked) = &e.blocked {
-        let code = blocked.code.as_ref().map(|c| format!("[{c}] ")).unwrap_or_default();
+        // Most reasons already start with their code: said once.
+        let code = blocked
+            .code
+            .as_ref()
+            .filter(|c| !blocked.reason.starts_with(&format!("[{c}]")))
+            .map(|c| format!("[{c}] "))
+            .unwrap_or_default();
         println!("blocked by {}: {code}{}", blocked.criterion, printer.paint(&blocked.reason, Tone::Bad));
     }
     let tags = [("installed", &e.from_tag), ("next", &e.to_tag), ("latest", &e.latest_tag)];

@@ -142,6 +142,32 @@ try {
   check(forged === 403, `a viewer's forged execute is refused (got ${forged})`);
   await shot(viewer, "6-viewer-plan");
 
+  // A failed upgrade (the test publishes 0.1.11 once the purge is done; its
+  // Job fails having applied a phase): the explanation shows the quarantine,
+  // an operator rolls back, then clears it.
+  await page.goto(`${BASE_URL}/#/instances`);
+  const quarantine = 'p.quarantine[data-tag="0.1.11"]';
+  for (let tries = 0; ; tries++) {
+    check(tries < 120, "the quarantine of 0.1.11 never showed");
+    await page.locator('tr[data-instance="tenant/apps/ollama"] button.explain').click();
+    await page.locator("#explanation h2").waitFor({ timeout: TIMEOUT });
+    if ((await page.locator(quarantine).count()) && (await page.locator(`${quarantine} button.rollback`).count())) break;
+    await page.waitForTimeout(500);
+  }
+  const held = await text(page, "#explanation");
+  check(held.includes("[E_UPGRADE_FAILED]") && held.includes("awaiting an operator"), `the hold is explained: ${held}`);
+  check(held.split("[E_UPGRADE_FAILED]").length === 2, `the code once: ${held}`);
+  check(held.split("the 0.1.11 migration failed").length === 2, `the failure once: ${held}`);
+  await shot(page, "7-quarantine");
+  await page.locator(`${quarantine} button.rollback`).click();
+  await waitForText(page, "#explanation", "Rolling back to 0.1.9.");
+  await page.locator(`${quarantine} button.clear-quarantine`).click();
+  await waitForText(page, "#explanation", "0.1.11 is no longer quarantined.");
+  const viewerInstances = await login(VIEWER_TOKEN);
+  await viewerInstances.goto(`${BASE_URL}/#/instances`);
+  await viewerInstances.locator("tr[data-instance]").first().waitFor({ timeout: TIMEOUT });
+  check((await viewerInstances.locator("button.explain").count()) === 0, "no explain (nor rollback) for a viewer");
+
   // Logging out ends the session.
   await page.locator("#logout").click();
   await page.locator("#login").waitFor({ timeout: TIMEOUT });

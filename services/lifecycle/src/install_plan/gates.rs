@@ -498,8 +498,11 @@ fn failed_upgrade_held(instance: &Instance, observed: &Observed) -> Result<(), P
     let message = match &observed.resolution {
         Resolution::Package { package, .. } if newer(&package.tag, &quarantined.tag) => return Ok(()),
         Resolution::Package { .. } if quarantined.rollback.may_run() => return Ok(()),
-        Resolution::Package { .. } => quarantined.message(),
-        Resolution::NoMatch { reason, .. } => quarantined.no_way_back(reason),
+        Resolution::NoMatch { reason, .. } if quarantined.rollback.may_run() => {
+            quarantined.no_way_back(reason)
+        }
+        // Held for an operator: the way back is looked for once asked (`observe`).
+        Resolution::Package { .. } | Resolution::NoMatch { .. } => quarantined.message(),
         // The JukeBox gate says it.
         Resolution::JukeboxMissing => return Ok(()),
     };

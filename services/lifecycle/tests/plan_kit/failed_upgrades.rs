@@ -223,17 +223,17 @@ fn a_failure_whose_way_back_cannot_be_had_holds_saying_why_not_package_missing()
         excluded_by: "quarantined".into(),
         reason: "every tenant revision of apps/web is quarantined for this instance (0.3.0)".into(),
     };
-    for rollback in [Rollback::Automatic, Rollback::AwaitingOperator { why: "x".into() }] {
+    for (rollback, why) in [
+        (Rollback::Automatic, "0.2.0 cannot be installed now: every tenant revision"),
+        // Awaiting an operator, the way back is looked for once asked: the hold says the usual.
+        (Rollback::AwaitingOperator { why: "x".into() }, "not rolled back on its own (x)"),
+    ] {
         seen.upgrades = quarantined(rollback);
         let plan = install_plan::plan(&failed, &seen);
         assert!(creates_job(&plan).is_none(), "{plan:?}");
         let (ok, message) = ready(&plan).unwrap();
         assert!(!ok && message.starts_with("[E_UPGRADE_FAILED]"), "{message}");
-        assert!(
-            message.contains("0.2.0 cannot be installed now: every tenant revision")
-                && message.contains("clear-quarantine"),
-            "{message}"
-        );
+        assert!(message.contains(why) && message.contains("clear-quarantine"), "{message}");
         assert!(
             !plan.steps.iter().any(|s| matches!(s, Step::Event { reason: "MissingPackage", .. })),
             "{plan:?}"
