@@ -84,28 +84,21 @@ pub async fn observe(
 
 /// The catalog's answer for `instance`, with the revisions quarantined for
 /// it left out, and during a rollback, the revision it goes back to. The
-/// upgrade record is read only when an upgrade is in question (the answer
-/// is not the installed tag, or a Job's target is recorded): an instance at
-/// rest costs no read.
+/// upgrade record is read for every instance with something installed (a
+/// first install has nothing to go back to, so nothing quarantined), not
+/// only when its status says an upgrade is in question: a tenant may write
+/// the status, and one naming a quarantined revision as installed would
+/// otherwise have it installed again.
 async fn resolve(
     instance: &Instance,
     context: &Context,
 ) -> Result<(Resolution, UpgradeRecord), LifecycleError> {
-    let first = context.catalog.resolve(instance, &[], None).await?;
-    let installed = instance.installed_tag();
-    let in_question = match &first {
-        Resolution::Package { package, .. } => installed.is_some_and(|tag| tag != package.tag),
-        _ => false,
-    } || instance.status.target.is_some();
-    let Some(uid) = instance.uid.as_deref().filter(|_| in_question && installed.is_some()) else {
-        return Ok((first, UpgradeRecord::default()));
+    let installed = instance.installed_tag().is_some() || instance.status.package.is_some();
+    let Some(uid) = instance.uid.as_deref().filter(|_| installed) else {
+        return Ok((context.catalog.resolve(instance, &[], None).await?, UpgradeRecord::default()));
     };
     let upgrades = context.upgrades.read(uid).await?;
-    let quarantined = upgrades.quarantined_tags();
-    let back_to = upgrades.rolling_back_to(instance);
-    if quarantined.is_empty() && back_to.is_none() {
-        return Ok((first, upgrades));
-    }
+    let (quarantined, back_to) = (upgrades.quarantined_tags(), upgrades.rolling_back_to(instance));
     let resolution = context.catalog.resolve(instance, &quarantined, back_to).await?;
     if let (Some(from), Resolution::NoMatch { .. }) = (back_to, &resolution)
         && let Some(recorded) = recorded_rollback(instance, from, context).await?

@@ -678,6 +678,32 @@ async fn a_failed_upgrade_rolls_back_or_holds_for_an_operator_and_is_never_retri
     })
     .await;
 
+    // A tenant with every right on its instance and its status can neither
+    // write the upgrade record nor get a quarantined revision installed by
+    // naming it as installed (0.3.1, the catalog's newest, quarantined).
+    let tenant = tenant_with_full_rights_on_its_instances(&world).await;
+    let records: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(tenant.clone(), JOBS);
+    let forged = json!({"data": {"quarantine": "[]"}});
+    let record = world
+        .api
+        .objects("", "configmaps")
+        .into_iter()
+        .find(|m| m["metadata"]["labels"]["vynil.solidite.fr/upgrade-record"] == "true");
+    let record = record.unwrap()["metadata"]["name"].as_str().unwrap().to_string();
+    let refused = records.patch(&record, &PatchParams::default(), &Patch::Merge(&forged)).await.unwrap_err();
+    assert!(matches!(&refused, kube::Error::Api(s) if s.code == 403), "{refused:?}");
+    let own: Api<kube::api::DynamicObject> = Api::namespaced_with(tenant, APPS, &tenant_instance_resource());
+    let status = json!({"status": {"tag": "0.3.1", "target": null,
+        "package": {"registry": "registry.example", "image": "apps/web", "tag": "0.3.1", "type": "tenant", "fingerprint": "forged"}}});
+    own.patch_status("web", &PatchParams::default(), &Patch::Merge(&status)).await.unwrap();
+    // The newest allowed revision is 0.2.0, whose Job (the rollback's) already succeeded: recorded again.
+    eventually("the forged status answered with the newest allowed revision", || async {
+        (installed_tag(&world.get("TenantInstance", "web").await) == Some("0.2.0")).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(world.tags_run("web").iter().filter(|t| *t == "0.3.1").count(), 1, "0.3.1 never ran again");
+
     // A newer revision is installed as usual.
     world.publish(web_revisions(&["0.3.2", "0.3.1", "0.3.0", "0.2.0"])).await;
     eventually("0.3.2 installed", || async {
@@ -685,4 +711,30 @@ async fn a_failed_upgrade_rolls_back_or_holds_for_an_operator_and_is_never_retri
     })
     .await;
     world.stop().await;
+}
+
+fn tenant_instance_resource() -> kube::api::ApiResource {
+    kube::api::ApiResource {
+        group: "vynil.solidite.fr".into(),
+        version: "v1".into(),
+        api_version: "vynil.solidite.fr/v1".into(),
+        kind: "TenantInstance".into(),
+        plural: "tenantinstances".into(),
+    }
+}
+
+/// A client as a tenant who may do anything to the TenantInstances of its
+/// namespace and their status (a Role and RoleBinding the admin wrote).
+async fn tenant_with_full_rights_on_its_instances(world: &World) -> kube::Client {
+    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+    let role = json!({"metadata": {"name": "tenant-all", "namespace": APPS}, "rules": [{
+        "apiGroups": ["vynil.solidite.fr"], "resources": ["tenantinstances", "tenantinstances/status"], "verbs": ["*"]}]});
+    let binding = json!({"metadata": {"name": "tenant-all", "namespace": APPS},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "tenant-all"},
+        "subjects": [{"kind": "ServiceAccount", "name": "tenant", "namespace": APPS}]});
+    let roles: Api<Role> = Api::namespaced(world.client.clone(), APPS);
+    roles.create(&PostParams::default(), &serde_json::from_value(role).unwrap()).await.unwrap();
+    let bindings: Api<RoleBinding> = Api::namespaced(world.client.clone(), APPS);
+    bindings.create(&PostParams::default(), &serde_json::from_value(binding).unwrap()).await.unwrap();
+    world.api.client_as(&world.api.service_account_token(APPS, "tenant")).unwrap()
 }
