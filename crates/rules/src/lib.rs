@@ -86,6 +86,8 @@ pub enum RulesError {
         "this JukeBox is scanned for the {scanned} channel, and the {asked} view cannot be derived from the {scanned} view (a view is not a filter: the {asked} view may hold releases the {scanned} waypoints skip); ask without a channel, or use a JukeBox whose spec.maturity is {asked}"
     )]
     ChannelNotScanned { asked: Channel, scanned: Channel },
+    #[error("upgrade {field} {value:?} is invalid: {problem}; {hint}")]
+    UpgradePolicy { field: &'static str, value: String, problem: String, hint: &'static str },
 }
 
 impl vynil_failure::Classify for RulesError {
@@ -94,7 +96,8 @@ impl vynil_failure::Classify for RulesError {
         match self {
             RulesError::ScanFilter { .. }
             | RulesError::Pattern { .. }
-            | RulesError::ChannelNotScanned { .. } => Failure::BadInput,
+            | RulesError::ChannelNotScanned { .. }
+            | RulesError::UpgradePolicy { .. } => Failure::BadInput,
             // A package's published annotations, or metadata the registry did not give.
             RulesError::Annotation { .. } => Failure::Refused,
             RulesError::UnreadableMetadata(_) => Failure::Transient,

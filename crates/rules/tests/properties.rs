@@ -625,3 +625,97 @@ proptest! {
         prop_assert!(!same((&other, &short), ("docker.io", &short)), "another registry is another repository");
     }
 }
+
+/// Maintenance windows and freezes (`vynil_rules::upgrade::window`).
+mod windows {
+    use jiff::{SignedDuration, Timestamp, ToSpan, civil::Date, tz::TimeZone};
+    use proptest::prelude::*;
+    use vynil_rules::upgrade::window::{Freeze, UpgradeGate, Window, next_open, upgrade_gate};
+
+    /// Zones with DST of an hour (both hemispheres), of half an hour, and none.
+    const ZONES: [&str; 5] =
+        ["Europe/Paris", "America/New_York", "Australia/Sydney", "Australia/Lord_Howe", "UTC"];
+
+    fn config() -> ProptestConfig {
+        let cases: u32 = std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(10_000);
+        // Each case asks the cron library many times: a tenth of the others' cases.
+        ProptestConfig { cases: (cases / 10).max(1), ..ProptestConfig::default() }
+    }
+
+    fn window() -> impl Strategy<Value = Window> {
+        let schedule = prop_oneof![
+            (0u32..60, 0u32..24).prop_map(|(m, h)| format!("{m} {h} * * *")),
+            (0u32..24, 0u32..7).prop_map(|(h, d)| format!("0 {h} * * {d}")),
+            (1u32..6).prop_map(|n| format!("0 */{n} * * *")),
+            (1u32..29, 0u32..24).prop_map(|(day, h)| format!("30 {h} {day} * *")),
+        ];
+        (schedule, 0usize..ZONES.len(), prop_oneof![Just("30m"), Just("1h"), Just("4h"), Just("26h")])
+            .prop_map(|(s, z, d)| Window::parse(&s, ZONES[z], d).unwrap())
+    }
+
+    fn instant() -> impl Strategy<Value = Timestamp> {
+        // 2026 and 2027, to the second.
+        (1_767_225_600i64..1_830_297_600).prop_map(|s| Timestamp::from_second(s).unwrap())
+    }
+
+    fn freeze() -> impl Strategy<Value = Freeze> {
+        (instant(), 1i64..(30 * 86_400)).prop_map(|(from, length)| Freeze {
+            from,
+            until: from.checked_add(SignedDuration::from_secs(length)).unwrap(),
+            reason: String::new(),
+        })
+    }
+
+    proptest! {
+        #![proptest_config(config())]
+
+        /// (j) The gate is monotone in time: from any moment, the next time
+        /// it opens is the same as seen from any later moment before it (no
+        /// window skipped as time passes), it is open then, and closed in between.
+        #[test]
+        fn the_window_gate_is_monotone_in_time(
+            windows in prop::collection::vec(window(), 0..3),
+            freezes in prop::collection::vec(freeze(), 0..2),
+            now in instant(),
+            step in 0.0f64..1.0,
+        ) {
+            let Some(opens) = next_open(&windows, &freezes, now) else { return Ok(()) };
+            prop_assert!(opens >= now);
+            prop_assert_eq!(upgrade_gate(&windows, &freezes, opens), UpgradeGate::Open);
+            let span = opens.as_second() - now.as_second();
+            let later = Timestamp::from_second(now.as_second() + (span as f64 * step) as i64).unwrap();
+            prop_assert_eq!(next_open(&windows, &freezes, later), Some(opens));
+            if later < opens {
+                let waits = matches!(upgrade_gate(&windows, &freezes, later), UpgradeGate::Wait { until: Some(u), .. } if u == opens);
+                prop_assert!(waits, "closed before it opens, saying when");
+            }
+        }
+
+        /// (k) A window at a fixed local time opens exactly once on each
+        /// local day it is scheduled, DST days included (none skipped, none doubled).
+        #[test]
+        fn a_fixed_time_window_opens_once_a_local_day_through_dst(
+            minute in 0u32..60,
+            hour in 0u32..24,
+            zone in 0usize..ZONES.len(),
+            // Any day of 2026–2027, and often a DST day of one of the zones.
+            day in prop_oneof![
+                3 => 0i32..730,
+                2 => prop::sample::select(vec![66, 87, 94, 276, 297, 304, 437, 451, 458, 640, 668, 675]),
+            ],
+        ) {
+            let window = Window::parse(&format!("{minute} {hour} * * *"), ZONES[zone], "1h").unwrap();
+            let tz = TimeZone::get(ZONES[zone]).unwrap_or(TimeZone::UTC);
+            let date = Date::new(2026, 1, 1).unwrap().checked_add(day.days()).unwrap();
+            let start = date.to_zoned(tz.clone()).unwrap().timestamp();
+            let end = date.tomorrow().unwrap().to_zoned(tz).unwrap().timestamp();
+            let mut count = 0;
+            let mut after = start.checked_sub(SignedDuration::from_secs(1)).unwrap();
+            while let Some(next) = window.next_opening(after).filter(|n| *n < end) {
+                count += 1;
+                after = next;
+            }
+            prop_assert_eq!(count, 1, "{} {:02}:{:02} in {}", date, hour, minute, ZONES[zone]);
+        }
+    }
+}

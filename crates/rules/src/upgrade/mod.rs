@@ -27,6 +27,8 @@
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
+pub mod window;
+
 /// `vynil.solidite.fr/rollback: "false"` on an instance: a failed upgrade
 /// neither quarantines nor rolls back (it stays failed, as upstream's).
 pub const ROLLBACK_ANNOTATION: &str = "vynil.solidite.fr/rollback";
