@@ -216,6 +216,7 @@ fn decide(u: &mut Unstructured<'_>, instance: &Instance) -> Result<()> {
         reruns: Default::default(),
         upgrades: quarantine(u)?,
         rollback: u.arbitrary()?,
+        upgrade_policy: None,
     };
     if !instance.deleting {
         check_install(instance, &plan(instance, &observed));

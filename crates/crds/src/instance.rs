@@ -233,6 +233,9 @@ pub struct TenantInstanceSpec {
     pub options: Option<Map<String, Value>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub init_from: Option<InitFrom>,
+    /// Ours: when upgrades of this instance may start (replaces its JukeBox's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upgrade_policy: Option<crate::UpgradePolicy>,
 }
 
 #[derive(CustomResource, Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -270,6 +273,9 @@ pub struct ServiceInstanceSpec {
     pub options: Option<Map<String, Value>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub init_from: Option<InitFrom>,
+    /// Ours: when upgrades of this instance may start (replaces its JukeBox's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upgrade_policy: Option<crate::UpgradePolicy>,
 }
 
 #[derive(CustomResource, Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -305,6 +311,9 @@ pub struct SystemInstanceSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::schema::optional_free_object")]
     pub options: Option<Map<String, Value>>,
+    /// Ours: when upgrades of this instance may start (replaces its JukeBox's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upgrade_policy: Option<crate::UpgradePolicy>,
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]

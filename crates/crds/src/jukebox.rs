@@ -125,6 +125,9 @@ pub struct JukeBoxSpec {
     pub pull_secret: Option<String>,
     /// Cron expression of the scans.
     pub schedule: String,
+    /// Ours: when upgrades of its instances may start (an instance's own replaces it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upgrade_policy: Option<crate::UpgradePolicy>,
 }
 
 impl JukeBoxSpec {

@@ -11,6 +11,7 @@ pub mod condition;
 pub mod instance;
 pub mod jukebox;
 pub mod names;
+pub mod policy;
 mod schema;
 
 pub use condition::{Condition, ConditionStatus, coded_message, message_code, set_condition};
@@ -21,6 +22,7 @@ pub use instance::{
     TenantInstanceSpec, TenantInstanceStatus,
 };
 pub use jukebox::{JukeBox, JukeBoxConditionType, JukeBoxSource, JukeBoxSpec, JukeBoxStatus, Maturity};
+pub use policy::{MaintenanceWindow, UpgradeFreeze, UpgradePolicy};
 
 /// Finalizers, as upstream names them.
 pub mod finalizers {

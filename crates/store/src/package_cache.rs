@@ -41,6 +41,9 @@ pub struct Entry {
     /// recorded revision runs its delete hooks only from there.
     #[serde(default)]
     pub origins: vynil_rules::selection::Origins,
+    /// When upgrades of its instances may start (`spec.upgrade_policy`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upgrade_policy: Option<vynil_crds::UpgradePolicy>,
     pub hash: String,
 }
 
@@ -61,19 +64,23 @@ pub fn origins_of(source: Option<&vynil_crds::JukeBoxSource>) -> vynil_rules::se
 }
 
 impl Entry {
-    pub fn from_status(
-        jukebox: &str,
-        pull_secret: Option<String>,
-        channel: vynil_rules::Channel,
-        origins: vynil_rules::selection::Origins,
-        status: &JukeBoxStatus,
-    ) -> Self {
+    /// The entry of JukeBox `jukebox` whose `spec` and `status` are these.
+    pub fn from_status(jukebox: &str, spec: &vynil_crds::JukeBoxSpec, status: &JukeBoxStatus) -> Self {
+        let (pull_secret, channel) = (spec.pull_secret.clone(), spec.channel());
+        let (origins, upgrade_policy) = (origins_of(spec.source.as_ref()), spec.upgrade_policy.clone());
         let last_change_time = status
             .conditions
             .iter()
             .find(|c| c.condition_type == JukeBoxConditionType::Updated)
             .and_then(|c| c.last_transition_time.clone());
-        let content = serde_json::json!([status.packages, pull_secret, status.conditions, channel, origins]);
+        let content = serde_json::json!([
+            status.packages,
+            pull_secret,
+            status.conditions,
+            channel,
+            origins,
+            upgrade_policy
+        ]);
         let hash = format!("sha256:{}", hex::encode(Sha256::digest(content.to_string().as_bytes())));
         Self {
             jukebox: jukebox.to_string(),
@@ -83,6 +90,7 @@ impl Entry {
             last_change_time,
             conditions: status.conditions.clone(),
             origins,
+            upgrade_policy,
             hash,
         }
     }
@@ -283,28 +291,46 @@ mod tests {
         assert_eq!(origins_of(Some(&gitlab)), project, "the registry, not the API's host");
         assert_eq!(origins_of(Some(&JukeBoxSource::Script("[]".into()))), Origins::Scanned);
         let status = JukeBoxStatus::default();
-        let a = Entry::from_status("box", None, Default::default(), origins_of(Some(&list)), &status);
-        let b = Entry::from_status("box", None, Default::default(), project, &status);
+        let spec = |source| vynil_crds::JukeBoxSpec {
+            source: Some(source),
+            maturity: None,
+            pull_secret: None,
+            schedule: "0 * * * *".into(),
+            upgrade_policy: None,
+        };
+        let a = Entry::from_status("box", &spec(list), &status);
+        let b = Entry::from_status("box", &spec(gitlab), &status);
         assert_ne!(a.hash, b.hash, "a changed source is a changed entry");
+        let mut windowed = spec(JukeBoxSource::Script("[]".into()));
+        let plain = Entry::from_status("box", &windowed, &status);
+        windowed.upgrade_policy = Some(vynil_crds::UpgradePolicy {
+            windows: vec![vynil_crds::MaintenanceWindow {
+                schedule: "0 2 * * 6".into(),
+                zone: "Europe/Paris".into(),
+                duration: "4h".into(),
+            }],
+            freezes: Vec::new(),
+        });
+        let with_window = Entry::from_status("box", &windowed, &status);
+        assert_ne!(
+            plain.hash, with_window.hash,
+            "a changed upgrade policy is a changed entry (instances reconcile)"
+        );
     }
 
     #[tokio::test]
     async fn the_memory_cache_writes_only_what_changed() -> Result<(), StoreError> {
         let cache = MemoryCache::default();
-        let empty = Entry::from_status(
-            "box",
-            None,
-            Default::default(),
-            Default::default(),
-            &JukeBoxStatus::default(),
-        );
-        let with_secret = Entry::from_status(
-            "box",
-            Some("pull".into()),
-            Default::default(),
-            Default::default(),
-            &JukeBoxStatus::default(),
-        );
+        let mut spec = vynil_crds::JukeBoxSpec {
+            source: None,
+            maturity: None,
+            pull_secret: None,
+            schedule: "0 * * * *".into(),
+            upgrade_policy: None,
+        };
+        let empty = Entry::from_status("box", &spec, &JukeBoxStatus::default());
+        spec.pull_secret = Some("pull".into());
+        let with_secret = Entry::from_status("box", &spec, &JukeBoxStatus::default());
         assert_ne!(empty.hash, with_secret.hash);
         assert!(cache.upsert_if_changed(&empty).await?);
         assert!(!cache.upsert_if_changed(&empty).await?, "identical content writes nothing");

@@ -66,6 +66,8 @@ pub enum InstanceState {
     Invalid,
     Deleting,
     Queued,
+    /// An upgrade waits for a maintenance window or the end of a freeze (`blocked` says until when).
+    Waiting,
 }
 
 impl InstanceState {
@@ -80,6 +82,7 @@ impl InstanceState {
             Ok(pb::InstanceState::Invalid) => Self::Invalid,
             Ok(pb::InstanceState::Deleting) => Self::Deleting,
             Ok(pb::InstanceState::Queued) => Self::Queued,
+            Ok(pb::InstanceState::Waiting) => Self::Waiting,
             _ => Self::Unknown,
         }
     }

@@ -202,11 +202,9 @@ impl Catalog {
     async fn absorb(&self, jukebox: &str, record: Option<JukeboxRecord>) -> Result<(), CatalogError> {
         let mut cause = None;
         let entry = record.and_then(|r| {
-            let (pull_secret, channel) = (r.spec.pull_secret.clone(), r.spec.channel());
-            let origins = vynil_store::package_cache::origins_of(r.spec.source.as_ref());
             r.status.map(|status| {
                 cause = status.traceparent.clone();
-                Entry::from_status(&r.name, pull_secret, channel, origins, &status)
+                Entry::from_status(&r.name, &r.spec, &status)
             })
         });
         match &entry {

@@ -177,6 +177,7 @@ impl CatalogApi for CatalogService {
         let package_type = package_type(request.r#type)?;
         let entry = self.catalog.entry(&request.jukebox)?;
         let pull_secret = entry.as_ref().and_then(|e| e.pull_secret.clone()).unwrap_or_default();
+        let upgrade_policy = entry.as_ref().and_then(|e| e.upgrade_policy.as_ref()).map(policy_to_proto);
         let outcome = match entry {
             None => Outcome::NoMatch(NoMatch {
                 excluded_by: "jukebox".into(),
@@ -201,7 +202,7 @@ impl CatalogApi for CatalogService {
                 }
             }
         };
-        Ok(Response::new(ResolveInstallResponse { outcome: Some(outcome), pull_secret }))
+        Ok(Response::new(ResolveInstallResponse { outcome: Some(outcome), pull_secret, upgrade_policy }))
     }
 
     async fn resolve_cleanup(
@@ -327,6 +328,30 @@ impl CatalogApi for CatalogService {
             steps: path.steps.into_iter().map(package_to_proto).collect(),
             blocked: path.blocked.map(no_match_to_proto),
         }))
+    }
+}
+
+/// A JukeBox's upgrade policy as written (lifecycle checks it).
+fn policy_to_proto(policy: &vynil_crds::UpgradePolicy) -> pb::UpgradePolicy {
+    pb::UpgradePolicy {
+        windows: policy
+            .windows
+            .iter()
+            .map(|w| pb::MaintenanceWindow {
+                schedule: w.schedule.clone(),
+                zone: w.zone.clone(),
+                duration: w.duration.clone(),
+            })
+            .collect(),
+        freezes: policy
+            .freezes
+            .iter()
+            .map(|f| pb::UpgradeFreeze {
+                from: f.from.clone(),
+                until: f.until.clone(),
+                reason: f.reason.clone(),
+            })
+            .collect(),
     }
 }
 

@@ -46,7 +46,7 @@ impl Catalog {
         instance: &Instance,
         quarantined: &[String],
         hold_at: Option<&str>,
-    ) -> Result<Resolution, LifecycleError> {
+    ) -> Result<(Resolution, Option<vynil_crds::UpgradePolicy>), LifecycleError> {
         let request = ResolveInstallRequest {
             jukebox: instance.jukebox.clone(),
             category: instance.category.clone(),
@@ -58,7 +58,8 @@ impl Catalog {
         };
         let response = self.client.clone().resolve_install(request).await.map_err(unavailable)?.into_inner();
         let pull_secret = Some(response.pull_secret).filter(|s| !s.is_empty());
-        Ok(match response.outcome {
+        let policy = response.upgrade_policy.map(policy_from_proto);
+        let resolution = match response.outcome {
             Some(Outcome::Package(package)) => {
                 let package = package_from_proto(&package).map_err(unavailable)?;
                 Resolution::Package { package: Box::new(package), pull_secret }
@@ -74,7 +75,8 @@ impl Catalog {
                     "the catalog answered ResolveInstall with no outcome".into(),
                 ));
             }
-        })
+        };
+        Ok((resolution, policy))
     }
 
     async fn revisions(&self, instance: &Instance, typed: bool) -> Result<Vec<pb::Package>, LifecycleError> {
@@ -121,6 +123,26 @@ impl Catalog {
             .into_iter()
             .find(|p| p.tag == tag)
             .map(|p| Some(p.digest).filter(|d| !d.is_empty())))
+    }
+}
+
+/// A JukeBox's upgrade policy as the catalog answered it.
+fn policy_from_proto(policy: pb::UpgradePolicy) -> vynil_crds::UpgradePolicy {
+    vynil_crds::UpgradePolicy {
+        windows: policy
+            .windows
+            .into_iter()
+            .map(|w| vynil_crds::MaintenanceWindow {
+                schedule: w.schedule,
+                zone: w.zone,
+                duration: w.duration,
+            })
+            .collect(),
+        freezes: policy
+            .freezes
+            .into_iter()
+            .map(|f| vynil_crds::UpgradeFreeze { from: f.from, until: f.until, reason: f.reason })
+            .collect(),
     }
 }
 

@@ -82,6 +82,9 @@ fn kinds(filter: i32) -> Result<Vec<InstanceKind>, Status> {
     }
 }
 
+/// What a waiting upgrade waits for, as `blocked_by` says it.
+const WAITING_FOR: &str = "upgrade_window";
+
 /// State and blocker of an outcome.
 fn describe(outcome: &Outcome) -> (InstanceState, Option<&install_plan::Blocker>) {
     match outcome {
@@ -94,6 +97,7 @@ fn describe(outcome: &Outcome) -> (InstanceState, Option<&install_plan::Blocker>
         Outcome::Installing { .. } | Outcome::RollingBack { .. } => (InstanceState::Installing, None),
         Outcome::Queued { .. } => (InstanceState::Queued, None),
         Outcome::Retrying { .. } => (InstanceState::Retrying, None),
+        Outcome::Waiting { .. } => (InstanceState::Waiting, None),
     }
 }
 
@@ -138,6 +142,9 @@ fn summary_of(kind: InstanceKind, object: &DynamicObject, context: &Context) -> 
                     summary.blocked_by = blocker.criterion.as_str().into();
                     summary.blocking_code = blocker.code.unwrap_or_default().into();
                     summary.blocking_reason = blocker.message.clone();
+                }
+                if let Outcome::Waiting { why, .. } = &outcome {
+                    (summary.blocked_by, summary.blocking_reason) = (WAITING_FOR.into(), why.clone());
                 }
                 state
             }
@@ -418,6 +425,11 @@ fn explain_outcome(response: &mut ExplainResponse, decision: &install_plan::Plan
         Outcome::Queued { to } => {
             response.to_tag = to.clone();
             format!("would install {to} once an agent Job slot is free (--max-running-jobs)")
+        }
+        Outcome::Waiting { to, why, .. } => {
+            response.to_tag = to.clone();
+            (response.blocked_by, response.blocking_reason) = (WAITING_FOR.into(), why.clone());
+            why.clone()
         }
         Outcome::RollingBack { failed, to } => {
             response.to_tag = to.clone();

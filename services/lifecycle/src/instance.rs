@@ -109,6 +109,8 @@ pub struct Instance {
     pub package: String,
     pub options: Option<Map<String, Value>>,
     pub init_from: Option<InitFrom>,
+    /// Ours: when its upgrades may start (replaces its JukeBox's).
+    pub upgrade_policy: Option<vynil_crds::UpgradePolicy>,
     pub status: InstanceStatus,
     /// The whole object as JSON, bound as `instance` in Rhai scripts.
     pub object: Value,
@@ -199,7 +201,10 @@ impl Instance {
                 let have_child = s.have_child();
                 let init_from = $init_from;
                 let crds: Vec<String> = $crds(&s);
-                let spec = ($i.spec.jukebox, $i.spec.category, $i.spec.package, $i.spec.options, init_from);
+                let spec = (
+                    ($i.spec.jukebox, $i.spec.category, $i.spec.package),
+                    ($i.spec.options, init_from, $i.spec.upgrade_policy),
+                );
                 (spec, (s.tag, s.digest, conditions(&s.conditions), s.package, s.target, have_child, crds))
             }};
         }
@@ -215,7 +220,7 @@ impl Instance {
                 view!(SystemInstance, |i| None, |s: &SystemInstanceStatus| s.crds.clone().unwrap_or_default())
             }
         };
-        let (jukebox, category, package, options, init_from) = spec;
+        let ((jukebox, category, package), (options, init_from, upgrade_policy)) = spec;
         let (tag, digest, conditions, installed, target, have_child, crds) = status;
         let annotations = object.annotations();
         Ok(Instance {
@@ -235,6 +240,7 @@ impl Instance {
             package,
             options,
             init_from,
+            upgrade_policy,
             status: InstanceStatus {
                 tag: tag.filter(|t| !t.is_empty()),
                 digest,

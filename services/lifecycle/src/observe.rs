@@ -16,7 +16,9 @@ use crate::{
     catalog_client::Cleanup,
     context::Context,
     facts,
-    install_plan::{InitVersion, JobRequest, JobState, Observed, ObservedJob, Resolution, RevisionChecks},
+    install_plan::{
+        InitVersion, JobRequest, JobState, Observed, ObservedJob, PolicyOf, Resolution, RevisionChecks,
+    },
     instance::Instance,
     job::{self, Action as JobAction},
     reaper::ReaperReport,
@@ -31,10 +33,16 @@ pub async fn observe(
     context: &Context,
 ) -> Result<Observed, LifecycleError> {
     // Not asked: the planner holds both before reading the resolution.
-    let (resolution, upgrades) = if instance.suspended || instance.is_upstream_control_plane() {
-        (Resolution::JukeboxMissing, UpgradeRecord::default())
-    } else {
-        resolve(instance, context).await?
+    let Resolved { resolution, upgrades, jukebox_policy } =
+        if instance.suspended || instance.is_upstream_control_plane() {
+            Resolved { resolution: Resolution::JukeboxMissing, ..Resolved::default() }
+        } else {
+            resolve(instance, context).await?
+        };
+    let upgrade_policy = match (&instance.upgrade_policy, jukebox_policy) {
+        (Some(own), _) => Some(PolicyOf { policy: own.clone(), of: "the instance".into() }),
+        (None, Some(policy)) => Some(PolicyOf { policy, of: format!("JukeBox {}", instance.jukebox) }),
+        (None, None) => None,
     };
     let (init_version, checks) = match &resolution {
         Resolution::Package { package, pull_secret } => {
@@ -79,7 +87,16 @@ pub async fn observe(
         reruns: context.reruns.clone(),
         upgrades,
         rollback: context.rollback && !instance.rollback_off,
+        upgrade_policy,
     })
+}
+
+/// What the catalog answered for an instance, with what lifecycle recorded of its upgrades.
+#[derive(Debug, Default)]
+struct Resolved {
+    resolution: Resolution,
+    upgrades: UpgradeRecord,
+    jukebox_policy: Option<vynil_crds::UpgradePolicy>,
 }
 
 /// The catalog's answer for `instance`, with the revisions quarantined for
@@ -89,23 +106,21 @@ pub async fn observe(
 /// only when its status says an upgrade is in question: a tenant may write
 /// the status, and one naming a quarantined revision as installed would
 /// otherwise have it installed again.
-async fn resolve(
-    instance: &Instance,
-    context: &Context,
-) -> Result<(Resolution, UpgradeRecord), LifecycleError> {
+async fn resolve(instance: &Instance, context: &Context) -> Result<Resolved, LifecycleError> {
     let installed = instance.installed_tag().is_some() || instance.status.package.is_some();
     let Some(uid) = instance.uid.as_deref().filter(|_| installed) else {
-        return Ok((context.catalog.resolve(instance, &[], None).await?, UpgradeRecord::default()));
+        let (resolution, jukebox_policy) = context.catalog.resolve(instance, &[], None).await?;
+        return Ok(Resolved { resolution, jukebox_policy, ..Resolved::default() });
     };
     let upgrades = context.upgrades.read(uid).await?;
     let (quarantined, back_to) = (upgrades.quarantined_tags(), upgrades.rolling_back_to(instance));
-    let resolution = context.catalog.resolve(instance, &quarantined, back_to).await?;
+    let (mut resolution, jukebox_policy) = context.catalog.resolve(instance, &quarantined, back_to).await?;
     if let (Some(from), Resolution::NoMatch { .. }) = (back_to, &resolution)
         && let Some(recorded) = recorded_rollback(instance, from, context).await?
     {
-        return Ok((recorded, upgrades));
+        resolution = recorded;
     }
-    Ok((resolution, upgrades))
+    Ok(Resolved { resolution, upgrades, jukebox_policy })
 }
 
 /// The revision a rollback goes back to when the catalog no longer lists it

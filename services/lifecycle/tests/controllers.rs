@@ -738,3 +738,51 @@ async fn tenant_with_full_rights_on_its_instances(world: &World) -> kube::Client
     bindings.create(&PostParams::default(), &serde_json::from_value(binding).unwrap()).await.unwrap();
     world.api.client_as(&world.api.service_account_token(APPS, "tenant")).unwrap()
 }
+
+/// #44 item 4 as a user meets it: a JukeBox's freeze makes its instances'
+/// upgrades wait (listed `WAITING`, saying until when), while a first install
+/// goes on; an instance's own policy replaces its JukeBox's.
+#[tokio::test]
+async fn a_freeze_on_the_jukebox_holds_upgrades_until_an_instance_policy_replaces_it() {
+    let (world, _) = World::start(web_revisions(&["0.2.0"]), &[]).await;
+    world.create("TenantInstance", "web", web_spec(), json!({})).await;
+    eventually("0.2.0 installed", || async {
+        (installed_tag(&world.get("TenantInstance", "web").await) == Some("0.2.0")).then_some(())
+    })
+    .await;
+    let freeze = json!({"spec": {"upgrade_policy": {"freezes": [
+        {"from": "2020-01-01T00:00:00Z", "until": "2099-01-01T00:00:00Z", "reason": "until further notice"}]}}});
+    let boxes: Api<vynil_crds::JukeBox> = Api::all(world.client.clone());
+    boxes.patch("box", &PatchParams::default(), &Patch::Merge(&freeze)).await.unwrap();
+    world.publish(web_revisions(&["0.3.0", "0.2.0"])).await;
+    let mut grpc = world.grpc().await;
+    let waiting = eventually("the upgrade waiting", || async {
+        let listed = grpc.clone().list_instances(ListInstancesRequest::default()).await.ok()?.into_inner();
+        listed.instances.into_iter().find(|i| i.state == InstanceState::Waiting as i32)
+    })
+    .await;
+    assert_eq!(waiting.blocked_by, "upgrade_window");
+    assert!(
+        waiting.blocking_reason.contains("0.2.0 → 0.3.0")
+            && waiting.blocking_reason.contains("frozen until 2099-01-01"),
+        "{}",
+        waiting.blocking_reason
+    );
+    // A first install is never held.
+    world.create("TenantInstance", "fresh", web_spec(), json!({})).await;
+    eventually("the first install", || async {
+        (installed_tag(&world.get("TenantInstance", "fresh").await) == Some("0.3.0")).then_some(())
+    })
+    .await;
+    assert!(!world.tags_run("web").contains(&"0.3.0".to_string()), "web did not upgrade");
+    // Its own policy (no window, no freeze) replaces the JukeBox's.
+    world.patch("TenantInstance", "web", json!({"spec": {"upgradePolicy": {}}})).await;
+    eventually("the upgrade once the instance's own policy allows it", || async {
+        (installed_tag(&world.get("TenantInstance", "web").await) == Some("0.3.0")).then_some(())
+    })
+    .await;
+    let explained =
+        grpc.explain(ExplainRequest { r#ref: Some(tenant(APPS, "web")) }).await.unwrap().into_inner();
+    assert_eq!(explained.state, InstanceState::UpToDate as i32, "{}", explained.summary);
+    world.stop().await;
+}

@@ -7,7 +7,10 @@
 use vynil_rules::{
     Tag,
     install::Target,
-    upgrade::{self, FailedUpgrade, Quarantined, SeenCondition},
+    upgrade::{
+        self, FailedUpgrade, Quarantined, SeenCondition,
+        window::{UpgradeGate, upgrade_gate},
+    },
 };
 
 use super::*;
@@ -361,6 +364,14 @@ fn follow_job(
         .target
         .as_ref()
         .filter(|t| t.revision.fingerprint.as_deref() == Some(desired.fingerprint.as_str()));
+    let started = recorded.is_some()
+        || observed
+            .job
+            .as_ref()
+            .is_some_and(|j| j.fingerprint.as_deref() == Some(desired.fingerprint.as_str()));
+    if !started && let Some(plan) = upgrade_timing(desired, observed) {
+        return plan;
+    }
     let installing = Plan { steps: Vec::new(), outcome: desired.installing(), requeue: REQUEUE };
     let with = |steps: Vec<Step>| Plan { steps, ..installing.clone() };
     match &observed.job {
@@ -536,4 +547,34 @@ fn after_failed_upgrade(
         return Some(Plan { steps, outcome, requeue: REQUEUE });
     }
     Some(upgrade_held(message, steps))
+}
+
+/// An upgrade not started yet waits outside its maintenance windows and
+/// during a freeze (`vynil_rules::upgrade::window`); a first install, new
+/// options for the same revision and a rollback never wait. A policy that
+/// does not check holds the upgrade, saying what to fix.
+fn upgrade_timing(desired: &Desired, observed: &Observed) -> Option<Plan> {
+    let instance = desired.instance;
+    let from = instance.installed_tag().filter(|from| *from != desired.tag)?;
+    let policy = observed.upgrade_policy.as_ref()?;
+    let (windows, freezes) = match policy.policy.rules() {
+        Ok(rules) => rules,
+        Err(problem) => {
+            let message =
+                coded_message("E_UPGRADE_POLICY", &format!("the upgrade policy of {}: {problem}", policy.of));
+            return Some(Plan::blocked(Criterion::Upgrade, Some("E_UPGRADE_POLICY"), message, REQUEUE));
+        }
+    };
+    let UpgradeGate::Wait { until, why } = upgrade_gate(&windows, &freezes, observed.now) else {
+        return None;
+    };
+    let wait = until
+        .and_then(|at| std::time::Duration::try_from(at.duration_since(observed.now)).ok())
+        .map_or(REQUEUE, |d| d.clamp(std::time::Duration::from_secs(1), REQUEUE));
+    let outcome = Outcome::Waiting {
+        to: desired.tag.clone(),
+        until: until.map(vynil_crds::condition::rfc3339_seconds),
+        why: format!("the upgrade {from} → {} waits ({}): {why}", desired.tag, policy.of),
+    };
+    Some(Plan { steps: Vec::new(), outcome, requeue: wait })
 }

@@ -40,12 +40,13 @@ const BACKOFF_FIRST: Duration = Duration::from_secs(60);
 const BACKOFF_MAX: Duration = Duration::from_secs(3600);
 
 /// What the catalog answered for the instance.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub enum Resolution {
     Package {
         package: Box<Package>,
         pull_secret: Option<String>,
     },
+    #[default]
     JukeboxMissing,
     /// No revision matched; `reason` says which criterion excluded the last ones.
     NoMatch {
@@ -111,6 +112,15 @@ pub struct Observed {
     /// A failed upgrade is quarantined and rolled back (`--rollback-failed-upgrades`
     /// and no `vynil.solidite.fr/rollback: "false"` on the instance).
     pub rollback: bool,
+    /// When an upgrade may start: the instance's policy, else its JukeBox's.
+    pub upgrade_policy: Option<PolicyOf>,
+}
+
+/// An upgrade policy as written, and whose it is ("JukeBox box", "the instance").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PolicyOf {
+    pub policy: vynil_crds::UpgradePolicy,
+    pub of: String,
 }
 
 /// Upstream's re-runs that the fingerprint alone does not make, each opt-in.
@@ -295,6 +305,13 @@ pub enum Outcome {
     /// The Job waits for a free slot (`--max-running-jobs`).
     Queued {
         to: String,
+    },
+    /// An upgrade to `to` waits for a maintenance window or the end of a
+    /// freeze: not before `until` (RFC 3339; none: no window opens again).
+    Waiting {
+        to: String,
+        until: Option<String>,
+        why: String,
     },
     /// A failed upgrade to `failed` (quarantined) goes back to `to`.
     RollingBack {

@@ -4,6 +4,7 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod failed_upgrades;
+mod upgrade_windows;
 
 use kube::api::DynamicObject;
 use serde_json::{Value, json};
@@ -67,6 +68,7 @@ pub fn observed(tag: &str) -> Observed {
         reruns: Default::default(),
         upgrades: Default::default(),
         rollback: true,
+        upgrade_policy: None,
     }
 }
 

@@ -1,0 +1,163 @@
+//! Upgrades wait for their maintenance windows and for the end of a freeze
+//! (`vynil_rules::upgrade::window`), decided by the planner with an injected
+//! clock: an upgrade not started waits; a first install, new options for
+//! the same revision and a Job already started never do; a policy that does
+//! not check holds the upgrade saying what to fix.
+
+use serde_json::{Value, json};
+use vynil_crds::{AgentTarget, MaintenanceWindow, UpgradeFreeze, UpgradePolicy};
+use vynil_lifecycle::install_plan::{self, JobState, Observed, ObservedJob, Outcome, PolicyOf};
+
+use super::*;
+
+fn saturday_nights(freezes: Vec<UpgradeFreeze>) -> PolicyOf {
+    let window = MaintenanceWindow {
+        schedule: "0 2 * * 6".into(),
+        zone: "Europe/Paris".into(),
+        duration: "4h".into(),
+    };
+    PolicyOf { policy: UpgradePolicy { windows: vec![window], freezes }, of: "JukeBox box".into() }
+}
+
+/// 0.2.0 installed, the catalog answers `tag`, at `now`, under `policy`.
+fn upgrade_at(tag: &str, now: &str, policy: PolicyOf) -> Observed {
+    let mut seen = observed(tag);
+    seen.now = now.parse().unwrap();
+    seen.upgrade_policy = Some(policy);
+    seen
+}
+
+fn on_020() -> vynil_lifecycle::instance::Instance {
+    let fingerprint = fingerprint_of(&install_plan::plan(&fresh(), &observed("0.2.0")));
+    instance(json!({}), Value::Null, installed("0.2.0", &fingerprint))
+}
+
+#[test]
+fn an_upgrade_outside_its_window_waits_for_the_next_opening_and_starts_inside_it() {
+    // Friday 2026-12-04 noon UTC; the window opens Saturday 02:00 in Paris (01:00Z).
+    let plan =
+        install_plan::plan(&on_020(), &upgrade_at("0.3.0", "2026-12-04T12:00:00Z", saturday_nights(vec![])));
+    assert!(creates_job(&plan).is_none() && plan.steps.is_empty(), "{plan:?}");
+    match &plan.outcome {
+        Outcome::Waiting { to, until, why } => {
+            assert_eq!((to.as_str(), until.as_deref()), ("0.3.0", Some("2026-12-05T01:00:00Z")));
+            assert!(
+                why.contains("0.2.0 → 0.3.0")
+                    && why.contains("JukeBox box")
+                    && why.contains("next window opens"),
+                "{why}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(plan.requeue, install_plan::REQUEUE, "13 h away: the idle requeue comes first");
+    let soon =
+        install_plan::plan(&on_020(), &upgrade_at("0.3.0", "2026-12-05T00:50:00Z", saturday_nights(vec![])));
+    assert_eq!(soon.requeue, std::time::Duration::from_secs(600), "back when it opens");
+    let inside =
+        install_plan::plan(&on_020(), &upgrade_at("0.3.0", "2026-12-05T01:30:00Z", saturday_nights(vec![])));
+    assert_eq!(creates_job(&inside).as_deref(), Some("0.3.0"));
+}
+
+#[test]
+fn installs_new_options_and_a_job_already_started_never_wait() {
+    let friday = "2026-12-04T12:00:00Z";
+    assert_eq!(
+        creates_job(&install_plan::plan(&fresh(), &upgrade_at("0.3.0", friday, saturday_nights(vec![]))))
+            .as_deref(),
+        Some("0.3.0")
+    );
+    let mut reconfigured = on_020();
+    reconfigured.options = serde_json::from_value(json!({"replicas": 2})).unwrap();
+    assert_eq!(
+        creates_job(&install_plan::plan(
+            &reconfigured,
+            &upgrade_at("0.2.0", friday, saturday_nights(vec![]))
+        ))
+        .as_deref(),
+        Some("0.2.0")
+    );
+    // Started inside the window, followed after it closed.
+    let fingerprint = fingerprint_of(&install_plan::plan(&fresh(), &observed("0.3.0")));
+    let mut status = installed("0.2.0", "f0");
+    let mut target = AgentTarget::default();
+    (target.revision.tag, target.revision.fingerprint) = ("0.3.0".into(), Some(fingerprint.clone()));
+    status["target"] = serde_json::to_value(target).unwrap();
+    let running = instance(json!({}), Value::Null, status);
+    let mut seen = upgrade_at("0.3.0", "2026-12-05T06:30:00Z", saturday_nights(vec![]));
+    seen.job =
+        Some(ObservedJob { uid: "j".into(), fingerprint: Some(fingerprint), state: JobState::Running });
+    assert!(matches!(install_plan::plan(&running, &seen).outcome, Outcome::Installing { .. }));
+}
+
+#[test]
+fn a_freeze_holds_an_upgrade_inside_a_window_and_a_bad_policy_says_what_to_fix() {
+    let freeze = UpgradeFreeze {
+        from: "2026-12-01T00:00:00Z".into(),
+        until: "2026-12-10T00:00:00Z".into(),
+        reason: "audit".into(),
+    };
+    let plan = install_plan::plan(
+        &on_020(),
+        &upgrade_at("0.3.0", "2026-12-05T01:30:00Z", saturday_nights(vec![freeze])),
+    );
+    match &plan.outcome {
+        // The first Saturday window after the freeze: 2026-12-12 02:00 Paris.
+        Outcome::Waiting { until, why, .. } => {
+            assert_eq!(until.as_deref(), Some("2026-12-12T01:00:00Z"));
+            assert!(why.contains("frozen until 2026-12-10T00:00:00Z (audit)"), "{why}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let mut bad = saturday_nights(vec![]);
+    bad.policy.windows[0].zone = "Europe/Pariss".into();
+    let plan = install_plan::plan(&on_020(), &upgrade_at("0.3.0", "2026-12-05T01:30:00Z", bad));
+    assert!(creates_job(&plan).is_none());
+    match &plan.outcome {
+        Outcome::Blocked(b) => {
+            assert_eq!(b.code, Some("E_UPGRADE_POLICY"));
+            assert!(
+                b.message.contains("Europe/Pariss") && b.message.contains("IANA zone name"),
+                "{}",
+                b.message
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_paris_window_opens_once_on_the_spring_forward_and_fall_back_days() {
+    // 02:30 local, daily: in the gap on 2026-03-29 (it opens at 03:00 CEST, 01:00Z),
+    // in the overlap on 2026-10-25 (first pass, 00:30Z).
+    let window = MaintenanceWindow {
+        schedule: "30 2 * * *".into(),
+        zone: "Europe/Paris".into(),
+        duration: "1h".into(),
+    };
+    let policy = PolicyOf {
+        policy: UpgradePolicy { windows: vec![window], freezes: vec![] },
+        of: "the instance".into(),
+    };
+    for (before, opens) in
+        [("2026-03-29T00:59:59Z", "2026-03-29T01:00:00Z"), ("2026-10-25T00:29:59Z", "2026-10-25T00:30:00Z")]
+    {
+        let waiting = install_plan::plan(&on_020(), &upgrade_at("0.3.0", before, policy.clone()));
+        assert!(
+            matches!(&waiting.outcome, Outcome::Waiting { until: Some(u), .. } if u == opens),
+            "{:?}",
+            waiting.outcome
+        );
+        assert!(
+            creates_job(&install_plan::plan(&on_020(), &upgrade_at("0.3.0", opens, policy.clone())))
+                .is_some()
+        );
+    }
+    // After the first pass closes (01:30Z on 2026-10-25, 02:30 CET), the second 02:30 does not reopen it.
+    let second_pass = install_plan::plan(&on_020(), &upgrade_at("0.3.0", "2026-10-25T01:45:00Z", policy));
+    assert!(
+        matches!(&second_pass.outcome, Outcome::Waiting { until: Some(u), .. } if u == "2026-10-26T01:30:00Z"),
+        "{:?}",
+        second_pass.outcome
+    );
+}
