@@ -48,6 +48,23 @@ pub struct UpgradeFreeze {
 }
 
 impl UpgradePolicy {
+    /// What applies to an instance: its own windows replace its JukeBox's
+    /// (when its upgrades may run is its owner's choice), but the JukeBox's
+    /// freezes always hold (an instance cannot lift an operator's freeze).
+    /// With whose it is, for messages.
+    pub fn effective(jukebox: Option<(&str, &Self)>, own: Option<&Self>) -> Option<(Self, String)> {
+        match (jukebox, own) {
+            (None, None) => None,
+            (Some((name, policy)), None) => Some((policy.clone(), format!("JukeBox {name}"))),
+            (None, Some(own)) => Some((own.clone(), "the instance".into())),
+            (Some((name, policy)), Some(own)) => {
+                let freezes = policy.freezes.iter().chain(&own.freezes).cloned().collect();
+                let merged = UpgradePolicy { windows: own.windows.clone(), freezes };
+                Some((merged, format!("the instance, with JukeBox {name}'s freezes")))
+            }
+        }
+    }
+
     /// The windows and freezes, checked; the first bad one says what to fix.
     pub fn rules(&self) -> Result<(Vec<Window>, Vec<Freeze>), RulesError> {
         let windows = self
@@ -61,5 +78,32 @@ impl UpgradePolicy {
             .map(|f| Freeze::parse(&f.from, &f.until, &f.reason))
             .collect::<Result<_, _>>()?;
         Ok((windows, freezes))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_instances_windows_replace_its_jukeboxs_but_the_jukeboxs_freezes_hold() {
+        let window =
+            |s: &str| MaintenanceWindow { schedule: s.into(), zone: "UTC".into(), duration: "1h".into() };
+        let freeze = |r: &str| UpgradeFreeze {
+            from: "2026-01-01T00:00:00Z".into(),
+            until: "2026-02-01T00:00:00Z".into(),
+            reason: r.into(),
+        };
+        let jukebox = UpgradePolicy { windows: vec![window("0 2 * * 6")], freezes: vec![freeze("operator")] };
+        let own = UpgradePolicy { windows: vec![window("0 3 * * *")], freezes: vec![freeze("tenant")] };
+        let (merged, of) = UpgradePolicy::effective(Some(("box", &jukebox)), Some(&own)).unwrap();
+        assert_eq!(merged.windows, own.windows);
+        let reasons: Vec<&str> = merged.freezes.iter().map(|f| f.reason.as_str()).collect();
+        assert_eq!(reasons, ["operator", "tenant"]);
+        assert!(of.contains("JukeBox box"), "{of}");
+        let empty = UpgradePolicy::default();
+        let (lifted, _) = UpgradePolicy::effective(Some(("box", &jukebox)), Some(&empty)).unwrap();
+        assert_eq!(lifted.freezes.len(), 1, "an empty policy of the instance lifts no freeze");
+        assert_eq!(UpgradePolicy::effective(None, None), None);
     }
 }

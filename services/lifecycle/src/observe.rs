@@ -39,11 +39,10 @@ pub async fn observe(
         } else {
             resolve(instance, context).await?
         };
-    let upgrade_policy = match (&instance.upgrade_policy, jukebox_policy) {
-        (Some(own), _) => Some(PolicyOf { policy: own.clone(), of: "the instance".into() }),
-        (None, Some(policy)) => Some(PolicyOf { policy, of: format!("JukeBox {}", instance.jukebox) }),
-        (None, None) => None,
-    };
+    let jukebox_policy = jukebox_policy.as_ref().map(|p| (instance.jukebox.as_str(), p));
+    let upgrade_policy =
+        vynil_crds::UpgradePolicy::effective(jukebox_policy, instance.upgrade_policy.as_ref())
+            .map(|(policy, of)| PolicyOf { policy, of });
     let (init_version, checks) = match &resolution {
         Resolution::Package { package, pull_secret } => {
             let init_version = init_version(instance, package, pull_secret.as_deref(), context).await?;

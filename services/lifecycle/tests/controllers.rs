@@ -741,9 +741,9 @@ async fn tenant_with_full_rights_on_its_instances(world: &World) -> kube::Client
 
 /// #44 item 4 as a user meets it: a JukeBox's freeze makes its instances'
 /// upgrades wait (listed `WAITING`, saying until when), while a first install
-/// goes on; an instance's own policy replaces its JukeBox's.
+/// goes on; an instance's own policy cannot lift it, the operator can.
 #[tokio::test]
-async fn a_freeze_on_the_jukebox_holds_upgrades_until_an_instance_policy_replaces_it() {
+async fn a_freeze_on_the_jukebox_holds_upgrades_until_the_operator_lifts_it() {
     let (world, _) = World::start(web_revisions(&["0.2.0"]), &[]).await;
     world.create("TenantInstance", "web", web_spec(), json!({})).await;
     eventually("0.2.0 installed", || async {
@@ -775,9 +775,14 @@ async fn a_freeze_on_the_jukebox_holds_upgrades_until_an_instance_policy_replace
     })
     .await;
     assert!(!world.tags_run("web").contains(&"0.3.0".to_string()), "web did not upgrade");
-    // Its own policy (no window, no freeze) replaces the JukeBox's.
+    // Its own policy (no window, no freeze) does not lift the JukeBox's freeze…
     world.patch("TenantInstance", "web", json!({"spec": {"upgradePolicy": {}}})).await;
-    eventually("the upgrade once the instance's own policy allows it", || async {
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(installed_tag(&world.get("TenantInstance", "web").await), Some("0.2.0"));
+    // …the operator does.
+    let thaw = json!({"spec": {"upgrade_policy": null}});
+    boxes.patch("box", &PatchParams::default(), &Patch::Merge(&thaw)).await.unwrap();
+    eventually("the upgrade once the freeze is lifted", || async {
         (installed_tag(&world.get("TenantInstance", "web").await) == Some("0.3.0")).then_some(())
     })
     .await;
