@@ -21,7 +21,7 @@ use crate::api::{catalog, instances, purge, scans, session};
         scans::start_scan, scans::latest_scan, scans::export_index, scans::get_scan, scans::follow_scan,
         purge::create_plan, purge::get_plan, purge::execute, purge::get_report,
         instances::list_instances, instances::explain, instances::allow_delete_without_package,
-        instances::roll_back, instances::clear_quarantine,
+        instances::roll_back, instances::clear_quarantine, instances::approve_upgrade,
         crate::api::hooks::receive,
     ),
     modifiers(&Security),

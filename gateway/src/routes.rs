@@ -130,6 +130,13 @@ fn table() -> Vec<Row> {
             Jukeboxes("clear-quarantine"),
             post(instances::clear_quarantine),
         ),
+        (
+            Method::POST,
+            "/api/v1/instances/{kind}/{namespace}/{name}/approve-upgrade",
+            OPERATOR,
+            Jukeboxes("approve-upgrade"),
+            post(instances::approve_upgrade),
+        ),
     ]
 }
 

@@ -45,6 +45,7 @@ const MATRIX: &[(&str, &str, Access)] = &[
     ),
     ("POST", "/api/v1/instances/{kind}/{namespace}/{name}/rollback", Access::Role(Role::Operator)),
     ("POST", "/api/v1/instances/{kind}/{namespace}/{name}/clear-quarantine", Access::Role(Role::Operator)),
+    ("POST", "/api/v1/instances/{kind}/{namespace}/{name}/approve-upgrade", Access::Role(Role::Operator)),
 ];
 
 fn table() -> BTreeSet<(String, String)> {

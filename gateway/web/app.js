@@ -372,12 +372,23 @@ async function explainInto(detail, ref) {
     // Each fact once: a blocked instance's reason is said by the red line
     // (with its code), not again by the summary, the steps or a quarantine.
     const said = (text) => e.blocked && text.includes(e.blocked.reason);
+    const approve = can("operator") && e.approval_fingerprint ? el("button", {
+      id: "approve-upgrade",
+      onclick: async () => {
+        try {
+          const done = await api("POST", `/instances/${ref}/approve-upgrade`, { fingerprint: e.approval_fingerprint, reason: "from the web page" });
+          detail.append(el("p", { class: "ok" }, `Approved: ${done.from_tag} → ${done.to_tag}.`));
+        } catch (error) {
+          detail.append(failure(error));
+        }
+      },
+    }, `Approve upgrade ${e.from_tag || ""} → ${e.to_tag}`) : null;
     const quarantines = e.quarantined.map((q) => quarantineLine(detail, ref, q, e.blocked && e.blocked.reason.includes(q.reason)));
     const summary = e.blocked ? e.state : `${e.state}: ${e.summary}`;
     const steps = e.details.filter((d) => !said(d));
     const parts = [el("h2", {}, ref), el("p", {}, summary), blocked,
       steps.length ? el("ol", { class: "steps" }, steps.map((d) => el("li", {}, d))) : null, tags ? el("p", {}, tags) : null,
-      ...quarantines,
+      approve, ...quarantines,
       e.children_to_delete.length ? el("p", {}, `A delete without package would delete: ${e.children_to_delete.join("; ")}`) : null, allow];
     // replaceChildren writes a null as the text "null".
     detail.replaceChildren(...parts.filter((part) => part !== null && part !== undefined));

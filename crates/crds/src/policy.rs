@@ -20,7 +20,23 @@ pub struct UpgradePolicy {
     /// No upgrade starts inside any of these, whatever the windows say.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub freezes: Vec<UpgradeFreeze>,
+    /// `manual`: each upgrade waits for an operator's approval of exactly it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<ApprovalMode>,
 }
+
+/// Whether an upgrade needs an operator's approval.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ApprovalMode {
+    Automatic,
+    Manual,
+}
+
+/// `vynil.solidite.fr/upgrade-approval: manual` on an instance: its upgrades
+/// wait for approval (whatever its JukeBox says; a JukeBox's `manual` holds
+/// whatever the instance says).
+pub const UPGRADE_APPROVAL: &str = "vynil.solidite.fr/upgrade-approval";
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct MaintenanceWindow {
@@ -50,16 +66,31 @@ pub struct UpgradeFreeze {
 impl UpgradePolicy {
     /// What applies to an instance: its own windows replace its JukeBox's
     /// (when its upgrades may run is its owner's choice), but the JukeBox's
-    /// freezes always hold (an instance cannot lift an operator's freeze).
+    /// freezes always hold (an instance cannot lift an operator's freeze),
+    /// and either's `approval: manual` makes upgrades wait for approval.
     /// With whose it is, for messages.
     pub fn effective(jukebox: Option<(&str, &Self)>, own: Option<&Self>) -> Option<(Self, String)> {
+        let manual = [jukebox.map(|(_, p)| p), own].iter().flatten().any(|p| p.manual());
+        let (mut policy, of) = Self::combined(jukebox, own)?;
+        if manual {
+            policy.approval = Some(ApprovalMode::Manual);
+        }
+        Some((policy, of))
+    }
+
+    /// Whether upgrades under it need an operator's approval.
+    pub fn manual(&self) -> bool {
+        self.approval == Some(ApprovalMode::Manual)
+    }
+
+    fn combined(jukebox: Option<(&str, &Self)>, own: Option<&Self>) -> Option<(Self, String)> {
         match (jukebox, own) {
             (None, None) => None,
             (Some((name, policy)), None) => Some((policy.clone(), format!("JukeBox {name}"))),
             (None, Some(own)) => Some((own.clone(), "the instance".into())),
             (Some((name, policy)), Some(own)) => {
                 let freezes = policy.freezes.iter().chain(&own.freezes).cloned().collect();
-                let merged = UpgradePolicy { windows: own.windows.clone(), freezes };
+                let merged = UpgradePolicy { windows: own.windows.clone(), freezes, approval: own.approval };
                 Some((merged, format!("the instance, with JukeBox {name}'s freezes")))
             }
         }
@@ -94,13 +125,22 @@ mod tests {
             until: "2026-02-01T00:00:00Z".into(),
             reason: r.into(),
         };
-        let jukebox = UpgradePolicy { windows: vec![window("0 2 * * 6")], freezes: vec![freeze("operator")] };
-        let own = UpgradePolicy { windows: vec![window("0 3 * * *")], freezes: vec![freeze("tenant")] };
+        let jukebox = UpgradePolicy {
+            windows: vec![window("0 2 * * 6")],
+            freezes: vec![freeze("operator")],
+            approval: Some(ApprovalMode::Manual),
+        };
+        let own = UpgradePolicy {
+            windows: vec![window("0 3 * * *")],
+            freezes: vec![freeze("tenant")],
+            approval: Some(ApprovalMode::Automatic),
+        };
         let (merged, of) = UpgradePolicy::effective(Some(("box", &jukebox)), Some(&own)).unwrap();
         assert_eq!(merged.windows, own.windows);
         let reasons: Vec<&str> = merged.freezes.iter().map(|f| f.reason.as_str()).collect();
         assert_eq!(reasons, ["operator", "tenant"]);
         assert!(of.contains("JukeBox box"), "{of}");
+        assert!(merged.manual(), "the JukeBox's manual approval holds whatever the instance says");
         let empty = UpgradePolicy::default();
         let (lifted, _) = UpgradePolicy::effective(Some(("box", &jukebox)), Some(&empty)).unwrap();
         assert_eq!(lifted.freezes.len(), 1, "an empty policy of the instance lifts no freeze");

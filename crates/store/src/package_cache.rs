@@ -309,7 +309,7 @@ mod tests {
                 zone: "Europe/Paris".into(),
                 duration: "4h".into(),
             }],
-            freezes: Vec::new(),
+            ..Default::default()
         });
         let with_window = Entry::from_status("box", &windowed, &status);
         assert_ne!(

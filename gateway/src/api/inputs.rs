@@ -140,6 +140,7 @@ const BODIES: &[(&str, &str)] = &[
     ("ExecuteRequest", r#"{"properties": {"confirm": {"minLength": 1}}}"#),
     ("ExportRequest", r#"{"properties": {"destination": {"minLength": 1}}}"#),
     ("UpgradeDecision", r#"{"properties": {"tag": "TAG"}}"#),
+    ("ApproveRequest", r#"{"properties": {"fingerprint": {"minLength": 1}}}"#),
     (
         "ScanRequest",
         r#"{"properties": {"filter": {"pattern": "^\\s*([^/\\s\\x00-\\x1f\\x7f-\\x9f]+(/[^/\\s\\x00-\\x1f\\x7f-\\x9f]+)?)?\\s*$"}},

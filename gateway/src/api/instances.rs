@@ -68,6 +68,8 @@ pub enum InstanceState {
     Queued,
     /// An upgrade waits for a maintenance window or the end of a freeze (`blocked` says until when).
     Waiting,
+    /// An upgrade waits for an operator's approval (`approve-upgrade` with the explanation's `approval_fingerprint`).
+    PendingApproval,
 }
 
 impl InstanceState {
@@ -83,6 +85,7 @@ impl InstanceState {
             Ok(pb::InstanceState::Deleting) => Self::Deleting,
             Ok(pb::InstanceState::Queued) => Self::Queued,
             Ok(pb::InstanceState::Waiting) => Self::Waiting,
+            Ok(pb::InstanceState::PendingApproval) => Self::PendingApproval,
             _ => Self::Unknown,
         }
     }
@@ -293,6 +296,9 @@ pub struct Explanation {
     pub children_fingerprint: String,
     pub history: Vec<HistoryEntry>,
     pub quarantined: Vec<Quarantine>,
+    /// When the state is `pending_approval`: what `approve-upgrade` must name.
+    pub approval_fingerprint: Option<String>,
+    pub approval_options_hash: Option<String>,
 }
 
 #[utoipa::path(get, path = "/api/v1/instances/{kind}/{namespace}/{name}/explain", tag = "instances",
@@ -321,6 +327,8 @@ pub async fn explain(
         children_fingerprint: e.children_fingerprint,
         history: history(e.history),
         quarantined: e.quarantined.into_iter().map(quarantine).collect(),
+        approval_fingerprint: non_empty(e.approval_fingerprint),
+        approval_options_hash: non_empty(e.approval_options_hash),
     }))
 }
 
@@ -427,4 +435,52 @@ fn decision_tag(tag: Option<String>) -> Result<String, ApiError> {
         Some(tag) => Input::Tag.check("tag", &tag).map(|()| tag),
         None => Ok(String::new()),
     }
+}
+
+/// An operator's approval of the upgrade awaiting it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+pub struct ApproveRequest {
+    /// The explanation's `approval_fingerprint`: the step reviewed.
+    pub fingerprint: String,
+    #[serde(default)]
+    pub reason: String,
+}
+
+/// The upgrade approved.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Approved {
+    pub from_tag: String,
+    pub to_tag: String,
+    pub fingerprint: String,
+}
+
+#[utoipa::path(post, path = "/api/v1/instances/{kind}/{namespace}/{name}/approve-upgrade", tag = "instances",
+    params(("kind" = InstanceKind, Path), ("namespace" = String, Path), ("name" = String, Path)),
+    request_body = ApproveRequest,
+    responses((status = 200, body = Approved), Errors), security(("bearer" = []), ("session" = [])))]
+pub async fn approve_upgrade(
+    State(app): State<App>,
+    Ctx(ctx): Ctx,
+    Path((kind, namespace, name)): Path<(String, String, String)>,
+    request: Result<Json<ApproveRequest>, JsonRejection>,
+) -> Result<Json<Approved>, ApiError> {
+    let reference_ = instance_ref(&kind, &namespace, &name)?;
+    let approval = body(request)?;
+    if approval.fingerprint.is_empty() {
+        return Err(ApiError::bad_request(
+            "fingerprint",
+            "is required: the explanation's approval_fingerprint, the step you reviewed",
+        ));
+    }
+    let request = pb::ApproveUpgradeRequest {
+        r#ref: Some(reference_),
+        fingerprint: approval.fingerprint,
+        caller: String::new(),
+        reason: approval.reason,
+    };
+    let request = app.services.request(&ctx, request);
+    let answer =
+        app.services.lifecycle()?.approve_upgrade(request).await.map_err(failed(Service::Lifecycle))?;
+    let a = answer.into_inner();
+    Ok(Json(Approved { from_tag: a.from_tag, to_tag: a.to_tag, fingerprint: a.fingerprint }))
 }

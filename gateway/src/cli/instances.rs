@@ -11,7 +11,9 @@ use super::{
     output::{Format, Printer, Tone, cell},
     wire_name,
 };
-use crate::api::instances::{Explanation, Instance, InstanceList, InstanceState, Quarantine, RollbackState};
+use crate::api::instances::{
+    Approved, Explanation, Instance, InstanceList, InstanceState, Quarantine, RollbackState,
+};
 
 pub(super) async fn run(cli: &Cli, printer: &Printer, command: &InstanceCommand) -> CliResult<Exit> {
     match command {
@@ -28,7 +30,50 @@ pub(super) async fn run(cli: &Cli, printer: &Printer, command: &InstanceCommand)
         InstanceCommand::ClearQuarantine { instance, tag, reason } => {
             decide(cli, printer, instance, Decision::ClearQuarantine, tag, reason).await
         }
+        InstanceCommand::Approve { instance, fingerprint, reason } => {
+            approve(cli, printer, instance, fingerprint, reason).await
+        }
     }
+}
+
+/// Approves the pending upgrade: the fingerprint given, else the one
+/// `Explain` shows now (printed first, so what is approved is said).
+async fn approve(
+    cli: &Cli,
+    printer: &Printer,
+    instance: &str,
+    fingerprint: &Option<String>,
+    reason: &str,
+) -> CliResult<Exit> {
+    let reference = instance_path(instance)?;
+    let client = connect(cli)?;
+    let fingerprint = match fingerprint {
+        Some(given) => given.clone(),
+        None => {
+            let explained: Explanation =
+                client.get(&format!("/api/v1/instances/{reference}/explain")).await?;
+            let Some(pending) = explained.approval_fingerprint.clone() else {
+                return Err(CliError::new(
+                    Exit::Refused,
+                    format!("{reference}: no upgrade awaits approval ({})", explained.summary),
+                ));
+            };
+            if printer.format == Format::Table {
+                println!("{}", explained.summary);
+            }
+            pending
+        }
+    };
+    let body = json!({"fingerprint": fingerprint, "reason": reason});
+    let approved: Approved =
+        client.post(&format!("/api/v1/instances/{reference}/approve-upgrade"), &body).await?;
+    if !printer.structured(&approved)? {
+        println!(
+            "{reference}: approved the upgrade {} → {} (fingerprint {})",
+            approved.from_tag, approved.to_tag, approved.fingerprint
+        );
+    }
+    Ok(Exit::Ok)
 }
 
 /// An operator's decision on a failed upgrade.

@@ -204,6 +204,16 @@ pub enum InstanceCommand {
         #[arg(long, default_value = "")]
         reason: String,
     },
+    /// Approves the upgrade awaiting approval: shows the step (from → to,
+    /// options hash, fingerprint) and approves exactly it.
+    Approve {
+        instance: String,
+        /// The step's fingerprint as reviewed; the one pending now when absent (shown first).
+        #[arg(long)]
+        fingerprint: Option<String>,
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
     /// Lifts the quarantine of a revision for one instance: it may be
     /// installed again (with fresh attempts).
     ClearQuarantine {

@@ -352,6 +352,7 @@ fn policy_to_proto(policy: &vynil_crds::UpgradePolicy) -> pb::UpgradePolicy {
                 reason: f.reason.clone(),
             })
             .collect(),
+        manual_approval: policy.manual(),
     }
 }
 

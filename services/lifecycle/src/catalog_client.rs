@@ -143,6 +143,7 @@ fn policy_from_proto(policy: pb::UpgradePolicy) -> vynil_crds::UpgradePolicy {
             .into_iter()
             .map(|f| vynil_crds::UpgradeFreeze { from: f.from, until: f.until, reason: f.reason })
             .collect(),
+        approval: policy.manual_approval.then_some(vynil_crds::ApprovalMode::Manual),
     }
 }
 

@@ -18,11 +18,11 @@ use std::sync::Arc;
 use kube::{ResourceExt, api::DynamicObject};
 use tonic::{Request, Response, Status};
 use vynil_proto::lifecycle::v1::{
-    AllowDeleteWithoutPackageRequest, AllowDeleteWithoutPackageResponse, ClearQuarantineRequest,
-    ClearQuarantineResponse, ExplainRequest, ExplainResponse, HistoryEntry, InstanceKind as ProtoKind,
-    InstanceRef, InstanceState, InstanceSummary, ListInstalledRevisionsRequest,
-    ListInstalledRevisionsResponse, ListInstancesRequest, ListInstancesResponse, RollBackRequest,
-    RollBackResponse, lifecycle_server::Lifecycle,
+    AllowDeleteWithoutPackageRequest, AllowDeleteWithoutPackageResponse, ApproveUpgradeRequest,
+    ApproveUpgradeResponse, ClearQuarantineRequest, ClearQuarantineResponse, ExplainRequest, ExplainResponse,
+    HistoryEntry, InstanceKind as ProtoKind, InstanceRef, InstanceState, InstanceSummary,
+    ListInstalledRevisionsRequest, ListInstalledRevisionsResponse, ListInstancesRequest,
+    ListInstancesResponse, RollBackRequest, RollBackResponse, lifecycle_server::Lifecycle,
 };
 use vynil_runtime::{ToStatus, metrics::Registry};
 
@@ -84,6 +84,16 @@ fn kinds(filter: i32) -> Result<Vec<InstanceKind>, Status> {
 
 /// What a waiting upgrade waits for, as `blocked_by` says it.
 const WAITING_FOR: &str = "upgrade_window";
+const APPROVAL: &str = "approval";
+
+/// What an upgrade that waits waits for (as `blocked_by` says it), and why.
+fn waiting(outcome: &Outcome) -> Option<(&'static str, &str)> {
+    match outcome {
+        Outcome::Waiting { why, .. } => Some((WAITING_FOR, why)),
+        Outcome::PendingApproval(step) => Some((APPROVAL, &step.why)),
+        _ => None,
+    }
+}
 
 /// State and blocker of an outcome.
 fn describe(outcome: &Outcome) -> (InstanceState, Option<&install_plan::Blocker>) {
@@ -98,6 +108,7 @@ fn describe(outcome: &Outcome) -> (InstanceState, Option<&install_plan::Blocker>
         Outcome::Queued { .. } => (InstanceState::Queued, None),
         Outcome::Retrying { .. } => (InstanceState::Retrying, None),
         Outcome::Waiting { .. } => (InstanceState::Waiting, None),
+        Outcome::PendingApproval(_) => (InstanceState::PendingApproval, None),
     }
 }
 
@@ -143,8 +154,8 @@ fn summary_of(kind: InstanceKind, object: &DynamicObject, context: &Context) -> 
                     summary.blocking_code = blocker.code.unwrap_or_default().into();
                     summary.blocking_reason = blocker.message.clone();
                 }
-                if let Outcome::Waiting { why, .. } = &outcome {
-                    (summary.blocked_by, summary.blocking_reason) = (WAITING_FOR.into(), why.clone());
+                if let Some((waits_for, why)) = waiting(&outcome) {
+                    (summary.blocked_by, summary.blocking_reason) = (waits_for.into(), why.to_string());
                 }
                 state
             }
@@ -270,6 +281,30 @@ impl Lifecycle for LifecycleService {
             let quarantine =
                 operator_decision(context, r.r#ref, asked, &caller, true).await.map_err(|e| e.to_status())?;
             Ok(RollBackResponse { quarantine: Some(quarantine) })
+        }
+        .await;
+        result.map(Response::new)
+    }
+
+    async fn approve_upgrade(
+        &self,
+        request: Request<ApproveUpgradeRequest>,
+    ) -> Result<Response<ApproveUpgradeResponse>, Status> {
+        let result = async {
+            let context = self.context()?;
+            synced(context)?;
+            let caller = self.trust.privileged(&request, "ApproveUpgrade").map_err(|e| e.to_status())?;
+            let r = request.into_inner();
+            let wanted = operator::named(r.r#ref).map_err(|e| e.to_status())?;
+            let (kind, object) = find(context, &wanted).map_err(|e| e.to_status())?;
+            let asked = Asked {
+                kind,
+                object: &object,
+                tag: "",
+                caller: named_caller(&caller, &r.caller),
+                reason: &r.reason,
+            };
+            operator::approve(context, &asked, &r.fingerprint).await.map_err(|e| e.to_status())
         }
         .await;
         result.map(Response::new)
@@ -430,6 +465,13 @@ fn explain_outcome(response: &mut ExplainResponse, decision: &install_plan::Plan
             response.to_tag = to.clone();
             (response.blocked_by, response.blocking_reason) = (WAITING_FOR.into(), why.clone());
             why.clone()
+        }
+        Outcome::PendingApproval(step) => {
+            response.to_tag = step.to.clone();
+            (response.blocked_by, response.blocking_reason) = (APPROVAL.into(), step.why.clone());
+            response.approval_fingerprint = step.fingerprint.clone();
+            response.approval_options_hash = step.options_hash.clone();
+            step.why.clone()
         }
         Outcome::RollingBack { failed, to } => {
             response.to_tag = to.clone();

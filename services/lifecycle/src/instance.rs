@@ -102,6 +102,8 @@ pub struct Instance {
     /// `vynil.solidite.fr/rollback: "false"`: a failed upgrade is neither
     /// quarantined nor rolled back.
     pub rollback_off: bool,
+    /// `vynil.solidite.fr/upgrade-approval: manual`.
+    pub manual_approval: bool,
     /// The raw value of `vynil.solidite.fr/delete-without-package`, when set.
     pub delete_without_package: Option<String>,
     pub jukebox: String,
@@ -155,6 +157,17 @@ impl Instance {
                 None
             }
             _ => tag,
+        }
+    }
+
+    /// Its own upgrade policy: `spec.upgradePolicy`, made manual by
+    /// `vynil.solidite.fr/upgrade-approval: manual`.
+    pub fn own_policy(&self) -> Option<vynil_crds::UpgradePolicy> {
+        let manual = Some(vynil_crds::ApprovalMode::Manual);
+        match (&self.upgrade_policy, self.manual_approval) {
+            (policy, false) => policy.clone(),
+            (Some(policy), true) => Some(vynil_crds::UpgradePolicy { approval: manual, ..policy.clone() }),
+            (None, true) => Some(vynil_crds::UpgradePolicy { approval: manual, ..Default::default() }),
         }
     }
 
@@ -223,18 +236,18 @@ impl Instance {
         let ((jukebox, category, package), (options, init_from, upgrade_policy)) = spec;
         let (tag, digest, conditions, installed, target, have_child, crds) = status;
         let annotations = object.annotations();
+        let says = |key: &str, value: &str| annotations.get(key).is_some_and(|v| v == value);
         Ok(Instance {
             kind,
             uid: object.uid(),
             generation: object.metadata.generation.unwrap_or(0),
             deleting: object.metadata.deletion_timestamp.is_some(),
-            suspended: annotations.get(annotations::SUSPEND).is_some_and(|v| v == "true"),
+            suspended: says(annotations::SUSPEND, "true"),
             force_reinstall: annotations.contains_key(annotations::FORCE_REINSTALL),
             delete_without_package: annotations.get(annotations::DELETE_WITHOUT_PACKAGE).cloned(),
-            hold_upgrades: annotations.get(annotations::HOLD_UPGRADES).is_some_and(|v| v == "true"),
-            rollback_off: annotations
-                .get(vynil_rules::upgrade::ROLLBACK_ANNOTATION)
-                .is_some_and(|v| v == "false"),
+            hold_upgrades: says(annotations::HOLD_UPGRADES, "true"),
+            manual_approval: says(vynil_crds::policy::UPGRADE_APPROVAL, "manual"),
+            rollback_off: says(vynil_rules::upgrade::ROLLBACK_ANNOTATION, "false"),
             jukebox,
             category,
             package,

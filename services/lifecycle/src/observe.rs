@@ -40,9 +40,8 @@ pub async fn observe(
             resolve(instance, context).await?
         };
     let jukebox_policy = jukebox_policy.as_ref().map(|p| (instance.jukebox.as_str(), p));
-    let upgrade_policy =
-        vynil_crds::UpgradePolicy::effective(jukebox_policy, instance.upgrade_policy.as_ref())
-            .map(|(policy, of)| PolicyOf { policy, of });
+    let upgrade_policy = vynil_crds::UpgradePolicy::effective(jukebox_policy, instance.own_policy().as_ref())
+        .map(|(policy, of)| PolicyOf { policy, of });
     let (init_version, checks) = match &resolution {
         Resolution::Package { package, pull_secret } => {
             let init_version = init_version(instance, package, pull_secret.as_deref(), context).await?;

@@ -1,5 +1,5 @@
-//! What an operator decides about a failed upgrade (`RollBack`,
-//! `ClearQuarantine`): recorded in the instance's upgrade record
+//! What an operator decides about an upgrade (`RollBack`,
+//! `ClearQuarantine`, `ApproveUpgrade`): recorded in the instance's upgrade record
 //! ([`crate::upgrades`]), where tenants cannot write, read back, with an
 //! Event naming who decided. The service token is required (the gateway
 //! allows operators only): a tenant with every right on its own instance
@@ -13,7 +13,9 @@ use vynil_rules::upgrade::{Quarantined, Rollback};
 use crate::{
     LifecycleError,
     context::Context,
+    install_plan::Outcome,
     instance::{Instance, InstanceKind},
+    upgrades::Approval,
 };
 
 /// A quarantine as the API answers it.
@@ -117,6 +119,50 @@ pub async fn clear_quarantine(context: &Context, asked: &Asked<'_>) -> Result<Qu
     let note = asked.note(format!("cleared the quarantine of {} (it may be installed again)", cleared.tag));
     context.publish(asked.object, asked.kind, false, "QuarantineCleared", note).await;
     Ok(to_proto(&cleared))
+}
+
+/// Approves the upgrade awaiting approval when it is still exactly the one
+/// `fingerprint` names (what the caller reviewed, from `Explain`); a stale
+/// fingerprint is refused naming the step pending now.
+pub async fn approve(
+    context: &Context,
+    asked: &Asked<'_>,
+    fingerprint: &str,
+) -> Result<vynil_proto::lifecycle::v1::ApproveUpgradeResponse, LifecycleError> {
+    context.ensure_leader()?;
+    let (instance, uid) = asked.instance()?;
+    let key = instance.reference();
+    let slot = crate::observe::job_slot(&instance, context).await?;
+    let observed = crate::observe::observe(&instance, &slot, context).await?;
+    let (from, to, pending) = match crate::install_plan::plan(&instance, &observed).outcome {
+        Outcome::PendingApproval(step) => (step.from, step.to, step.fingerprint),
+        other => {
+            return Err(LifecycleError::Refused(format!(
+                "{key} has no upgrade awaiting approval (now: {other:?}): nothing was approved"
+            )));
+        }
+    };
+    if pending != fingerprint {
+        return Err(LifecycleError::Refused(format!(
+            "{key}: the upgrade awaiting approval is now {from} → {to} (fingerprint {pending}); the step approved ({fingerprint:?}) changed since it was read: review this one (Explain) and approve it"
+        )));
+    }
+    let at = vynil_crds::condition::rfc3339_seconds(jiff::Timestamp::now());
+    let approval = Approval {
+        fingerprint: pending.clone(),
+        from: from.clone(),
+        to: to.clone(),
+        by: asked.caller.clone(),
+        at,
+    };
+    context.upgrades.approve(&uid, &key, &approval).await?;
+    let note = asked.note(format!("approved the upgrade {from} → {to} (fingerprint {pending})"));
+    context.publish(asked.object, asked.kind, false, "UpgradeApproved", note).await;
+    Ok(vynil_proto::lifecycle::v1::ApproveUpgradeResponse {
+        from_tag: from,
+        to_tag: to,
+        fingerprint: pending,
+    })
 }
 
 /// The instance `wanted` names, for an operator's request.

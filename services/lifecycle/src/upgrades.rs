@@ -1,6 +1,7 @@
-//! What lifecycle records of an instance's failed upgrades: the revisions
+//! What lifecycle records of an instance's upgrades: the revisions
 //! quarantined for it and the state of each rollback (the rules are
-//! `vynil_rules::upgrade`).
+//! `vynil_rules::upgrade`), and operators' approvals of upgrades, each bound
+//! to the fingerprint of exactly what was approved.
 //!
 //! The record is a ConfigMap of the control plane's namespace
 //! ([`crate::records`]) keyed by the instance's UID, never the instance
@@ -37,16 +38,41 @@ pub fn instance_of(map: &k8s_openapi::api::core::v1::ConfigMap) -> Option<(Insta
     Some((kind, parts.next()?.to_string(), parts.next()?.to_string()))
 }
 
+/// An operator's approval of one upgrade of one instance: it holds only
+/// for the fingerprint approved (the revision, options, controller values
+/// and recommendations), so any change after it lapses.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Approval {
+    pub fingerprint: String,
+    pub from: String,
+    pub to: String,
+    pub by: String,
+    /// RFC 3339.
+    pub at: String,
+}
+
 /// An instance's upgrade record, as read.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct UpgradeRecord {
     pub quarantined: Vec<Quarantined>,
+    pub approvals: Vec<Approval>,
     read: Option<Record>,
 }
 
 impl UpgradeRecord {
     pub fn new(quarantined: Vec<Quarantined>) -> Self {
-        Self { quarantined, read: None }
+        Self { quarantined, ..Self::default() }
+    }
+
+    /// With `approvals` recorded too.
+    pub fn approving(self, approvals: Vec<Approval>) -> Self {
+        Self { approvals, ..self }
+    }
+
+    /// The approval of exactly `fingerprint`, if any.
+    pub fn approval_of(&self, fingerprint: &str) -> Option<&Approval> {
+        self.approvals.iter().find(|a| a.fingerprint == fingerprint)
     }
 
     /// The tags selection must not offer the instance.
@@ -98,39 +124,61 @@ impl Upgrades {
     }
 
     fn decode(&self, name: &str, read: Record) -> Result<UpgradeRecord, LifecycleError> {
-        let quarantined = match read.data.get("quarantine") {
-            Some(text) => serde_json::from_str(text).map_err(|e| {
+        fn field<T: serde::de::DeserializeOwned>(
+            read: &Record,
+            key: &str,
+            name: &str,
+            namespace: &str,
+        ) -> Result<Vec<T>, LifecycleError> {
+            let Some(text) = read.data.get(key) else { return Ok(Vec::new()) };
+            serde_json::from_str(text).map_err(|e| {
                 LifecycleError::Invalid(format!(
-                    "the upgrade record {name} (namespace {}) does not decode: {e}; fix its `quarantine` or delete the ConfigMap to forget every quarantine of the instance",
-                    self.records.namespace()
+                    "the upgrade record {name} (namespace {namespace}) does not decode: {e}; fix its `{key}` or delete the ConfigMap to forget every quarantine and approval of the instance"
                 ))
-            })?,
-            None => Vec::new(),
-        };
-        Ok(UpgradeRecord { quarantined, read: Some(read) })
+            })
+        }
+        let namespace = self.records.namespace();
+        let quarantined = field(&read, "quarantine", name, namespace)?;
+        let approvals = field(&read, "approvals", name, namespace)?;
+        Ok(UpgradeRecord { quarantined, approvals, read: Some(read) })
     }
 
-    /// Writes `quarantined` as the record of the instance `uid` (`instance`
-    /// names it for a reader), over the version `record` was read at.
+    /// Writes `quarantined` and `approvals` as the record of the instance
+    /// `uid` (`instance` names it for a reader), over the version `record`
+    /// was read at; nothing left removes it.
     async fn write(
         &self,
-        uid: &str,
-        instance: &str,
+        (uid, instance): (&str, &str),
         record: &UpgradeRecord,
         quarantined: &[Quarantined],
+        approvals: &[Approval],
     ) -> Result<(), LifecycleError> {
         let name = name_of(uid);
-        if quarantined.is_empty() {
+        if quarantined.is_empty() && approvals.is_empty() {
             return self.records.forget(&name).await;
         }
-        let text = serde_json::to_string(quarantined)
-            .map_err(|e| LifecycleError::Invalid(format!("encoding the upgrade record {name}: {e}")))?;
+        let encode = |value: serde_json::Result<String>| {
+            value.map_err(|e| LifecycleError::Invalid(format!("encoding the upgrade record {name}: {e}")))
+        };
         let data = BTreeMap::from([
             ("uid".to_string(), uid.to_string()),
             ("instance".to_string(), instance.to_string()),
-            ("quarantine".to_string(), text),
+            ("quarantine".to_string(), encode(serde_json::to_string(quarantined))?),
+            ("approvals".to_string(), encode(serde_json::to_string(approvals))?),
         ]);
         self.records.write(&name, data, record.read.as_ref()).await
+    }
+
+    /// Records `approval` (an earlier one of the same fingerprint replaced;
+    /// those of other fingerprints lapsed and are dropped).
+    pub async fn approve(
+        &self,
+        uid: &str,
+        instance: &str,
+        approval: &Approval,
+    ) -> Result<(), LifecycleError> {
+        let record = self.read(uid).await?;
+        self.write((uid, instance), &record, &record.quarantined, std::slice::from_ref(approval)).await
     }
 
     /// Records `entry` (replacing an earlier quarantine of the same tag).
@@ -144,7 +192,7 @@ impl Upgrades {
         let mut quarantined: Vec<Quarantined> =
             record.quarantined.iter().filter(|q| q.tag != entry.tag).cloned().collect();
         quarantined.push(entry.clone());
-        self.write(uid, instance, &record, &quarantined).await
+        self.write((uid, instance), &record, &quarantined, &record.approvals).await
     }
 
     /// Applies `change` to the quarantine of `tag` (the only one awaiting an
@@ -165,7 +213,7 @@ impl Upgrades {
             .iter()
             .filter_map(|q| if q.tag == found.tag { replacement.clone() } else { Some(q.clone()) })
             .collect();
-        self.write(uid, instance, &record, &quarantined).await?;
+        self.write((uid, instance), &record, &quarantined, &record.approvals).await?;
         Ok(found)
     }
 

@@ -791,3 +791,72 @@ async fn a_freeze_on_the_jukebox_holds_upgrades_until_the_operator_lifts_it() {
     assert_eq!(explained.state, InstanceState::UpToDate as i32, "{}", explained.summary);
     world.stop().await;
 }
+
+/// #44 item 5 as a user meets it: with `approval: manual` on the JukeBox, an
+/// upgrade waits (`PENDING_APPROVAL`, the exact step); an approval of that
+/// step (service token only) starts it; when the catalog moves on, the old
+/// approval lapses and approving it again is refused naming the new step.
+#[tokio::test]
+async fn a_manual_upgrade_runs_once_its_exact_step_is_approved_and_a_stale_approval_is_refused() {
+    use vynil_proto::lifecycle::v1::ApproveUpgradeRequest;
+    let (world, _) = World::start(web_revisions(&["0.2.0"]), &[]).await;
+    let boxes: Api<vynil_crds::JukeBox> = Api::all(world.client.clone());
+    let manual = json!({"spec": {"upgrade_policy": {"approval": "manual"}}});
+    boxes.patch("box", &PatchParams::default(), &Patch::Merge(&manual)).await.unwrap();
+    world.create("TenantInstance", "web", web_spec(), json!({})).await;
+    eventually("0.2.0 installed (a first install needs no approval)", || async {
+        (installed_tag(&world.get("TenantInstance", "web").await) == Some("0.2.0")).then_some(())
+    })
+    .await;
+    world.publish(web_revisions(&["0.3.0", "0.2.0"])).await;
+    let (mut grpc, reader) = (world.grpc().await, world.grpc().await);
+    let explain = || {
+        let mut grpc = reader.clone();
+        async move {
+            let request = ExplainRequest { r#ref: Some(tenant(APPS, "web")) };
+            grpc.explain(request).await.ok().map(|r| r.into_inner())
+        }
+    };
+    let pending = eventually("the upgrade pending approval", || async {
+        explain().await.filter(|e| e.state == InstanceState::PendingApproval as i32)
+    })
+    .await;
+    assert_eq!((pending.to_tag.as_str(), pending.blocked_by.as_str()), ("0.3.0", "approval"));
+    assert!(pending.blocking_reason.contains(&pending.approval_fingerprint), "{}", pending.blocking_reason);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!world.tags_run("web").contains(&"0.3.0".to_string()), "nothing runs before the approval");
+    let approve = |fingerprint: &str| ApproveUpgradeRequest {
+        r#ref: Some(tenant(APPS, "web")),
+        fingerprint: fingerprint.into(),
+        reason: "reviewed".into(),
+        ..Default::default()
+    };
+    let refused = grpc.approve_upgrade(approve(&pending.approval_fingerprint)).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unauthenticated, "only through the gateway");
+    let approved = grpc
+        .approve_upgrade(as_gateway(approve(&pending.approval_fingerprint), "alice"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((approved.from_tag.as_str(), approved.to_tag.as_str()), ("0.2.0", "0.3.0"));
+    eventually("0.3.0 installed once approved", || async {
+        (installed_tag(&world.get("TenantInstance", "web").await) == Some("0.3.0")).then_some(())
+    })
+    .await;
+    // The catalog moves on before the next approval: the old step's approval is stale.
+    world.publish(web_revisions(&["0.3.1", "0.3.0", "0.2.0"])).await;
+    let next = eventually("the next upgrade pending", || async {
+        explain().await.filter(|e| e.state == InstanceState::PendingApproval as i32 && e.to_tag == "0.3.1")
+    })
+    .await;
+    assert_ne!(next.approval_fingerprint, pending.approval_fingerprint);
+    let stale =
+        grpc.approve_upgrade(as_gateway(approve(&pending.approval_fingerprint), "alice")).await.unwrap_err();
+    assert_eq!(stale.code(), tonic::Code::FailedPrecondition, "{stale:?}");
+    assert!(
+        stale.message().contains("0.3.0 → 0.3.1") && stale.message().contains(&next.approval_fingerprint),
+        "{}",
+        stale.message()
+    );
+    world.stop().await;
+}

@@ -549,7 +549,8 @@ fn after_failed_upgrade(
     Some(upgrade_held(message, steps))
 }
 
-/// An upgrade not started yet waits outside its maintenance windows and
+/// An upgrade not started yet waits for an operator's approval of exactly
+/// it when its policy is manual, then outside its maintenance windows and
 /// during a freeze (`vynil_rules::upgrade::window`); a first install, new
 /// options for the same revision and a rollback never wait. A policy that
 /// does not check holds the upgrade, saying what to fix.
@@ -557,6 +558,21 @@ fn upgrade_timing(desired: &Desired, observed: &Observed) -> Option<Plan> {
     let instance = desired.instance;
     let from = instance.installed_tag().filter(|from| *from != desired.tag)?;
     let policy = observed.upgrade_policy.as_ref()?;
+    if policy.policy.manual() && observed.upgrades.approval_of(&desired.fingerprint).is_none() {
+        let (to, fingerprint, options_hash) = (&desired.tag, &desired.fingerprint, &desired.options_hash);
+        let why = format!(
+            "the upgrade {from} → {to} waits for an operator's approval ({}): options hash {options_hash}, fingerprint {fingerprint} (`vynilctl instance approve`)",
+            policy.of
+        );
+        let outcome = Outcome::PendingApproval(Box::new(PendingStep {
+            from: from.to_string(),
+            to: to.clone(),
+            fingerprint: fingerprint.clone(),
+            options_hash: options_hash.clone(),
+            why,
+        }));
+        return Some(Plan { steps: Vec::new(), outcome, requeue: REQUEUE });
+    }
     let (windows, freezes) = match policy.policy.rules() {
         Ok(rules) => rules,
         Err(problem) => {

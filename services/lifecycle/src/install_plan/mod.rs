@@ -313,6 +313,8 @@ pub enum Outcome {
         until: Option<String>,
         why: String,
     },
+    /// An upgrade waits for an operator's approval of exactly this step.
+    PendingApproval(Box<PendingStep>),
     /// A failed upgrade to `failed` (quarantined) goes back to `to`.
     RollingBack {
         failed: String,
@@ -328,6 +330,16 @@ pub enum Outcome {
     Installed {
         tag: String,
     },
+}
+
+/// An upgrade awaiting an operator's approval: the step, as approved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingStep {
+    pub from: String,
+    pub to: String,
+    pub fingerprint: String,
+    pub options_hash: String,
+    pub why: String,
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -16,7 +16,10 @@ fn saturday_nights(freezes: Vec<UpgradeFreeze>) -> PolicyOf {
         zone: "Europe/Paris".into(),
         duration: "4h".into(),
     };
-    PolicyOf { policy: UpgradePolicy { windows: vec![window], freezes }, of: "JukeBox box".into() }
+    PolicyOf {
+        policy: UpgradePolicy { windows: vec![window], freezes, approval: None },
+        of: "JukeBox box".into(),
+    }
 }
 
 /// 0.2.0 installed, the catalog answers `tag`, at `now`, under `policy`.
@@ -136,7 +139,7 @@ fn a_paris_window_opens_once_on_the_spring_forward_and_fall_back_days() {
         duration: "1h".into(),
     };
     let policy = PolicyOf {
-        policy: UpgradePolicy { windows: vec![window], freezes: vec![] },
+        policy: UpgradePolicy { windows: vec![window], ..UpgradePolicy::default() },
         of: "the instance".into(),
     };
     for (before, opens) in
@@ -159,5 +162,60 @@ fn a_paris_window_opens_once_on_the_spring_forward_and_fall_back_days() {
         matches!(&second_pass.outcome, Outcome::Waiting { until: Some(u), .. } if u == "2026-10-26T01:30:00Z"),
         "{:?}",
         second_pass.outcome
+    );
+}
+
+fn manual() -> PolicyOf {
+    let policy =
+        UpgradePolicy { approval: Some(vynil_crds::ApprovalMode::Manual), ..UpgradePolicy::default() };
+    PolicyOf { policy, of: "JukeBox box".into() }
+}
+
+#[test]
+fn a_manual_upgrade_waits_for_an_approval_of_exactly_its_step() {
+    let now = "2026-12-04T12:00:00Z";
+    let plan = install_plan::plan(&on_020(), &upgrade_at("0.3.0", now, manual()));
+    assert!(creates_job(&plan).is_none() && plan.steps.is_empty(), "{plan:?}");
+    let Outcome::PendingApproval(step) = plan.outcome else { panic!("{:?}", plan.outcome) };
+    let install_plan::PendingStep { from, to, fingerprint, options_hash, why } = *step;
+    assert_eq!((from.as_str(), to.as_str()), ("0.2.0", "0.3.0"));
+    assert_eq!(
+        fingerprint,
+        fingerprint_of(&install_plan::plan(&fresh(), &observed("0.3.0"))),
+        "the step's own fingerprint"
+    );
+    assert!(
+        why.contains(&fingerprint) && why.contains(&options_hash) && why.contains("0.2.0 → 0.3.0"),
+        "{why}"
+    );
+    let approval = |fingerprint: &str| vynil_lifecycle::upgrades::Approval {
+        fingerprint: fingerprint.into(),
+        from: "0.2.0".into(),
+        to: "0.3.0".into(),
+        by: "alice".into(),
+        at: now.into(),
+    };
+    let mut approved = upgrade_at("0.3.0", now, manual());
+    approved.upgrades = Default::default();
+    approved.upgrades = approved.upgrades.approving(vec![approval(&fingerprint)]);
+    assert_eq!(creates_job(&install_plan::plan(&on_020(), &approved)).as_deref(), Some("0.3.0"));
+    // The catalog moved on (0.3.1): the approval of 0.3.0's step lapses.
+    let mut moved = upgrade_at("0.3.1", now, manual());
+    moved.upgrades = moved.upgrades.approving(vec![approval(&fingerprint)]);
+    let plan = install_plan::plan(&on_020(), &moved);
+    assert!(
+        matches!(&plan.outcome, Outcome::PendingApproval(step) if step.to == "0.3.1"),
+        "{:?}",
+        plan.outcome
+    );
+    // Approved, it still waits for its window; a first install needs no approval.
+    let mut windowed = saturday_nights(vec![]);
+    windowed.policy.approval = Some(vynil_crds::ApprovalMode::Manual);
+    let mut approved_outside = upgrade_at("0.3.0", now, windowed);
+    approved_outside.upgrades = approved_outside.upgrades.approving(vec![approval(&fingerprint)]);
+    assert!(matches!(install_plan::plan(&on_020(), &approved_outside).outcome, Outcome::Waiting { .. }));
+    assert_eq!(
+        creates_job(&install_plan::plan(&fresh(), &upgrade_at("0.3.0", now, manual()))).as_deref(),
+        Some("0.3.0")
     );
 }
