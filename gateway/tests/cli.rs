@@ -51,7 +51,7 @@ async fn a_session_of_vynilctl_scans_purges_explains_and_exits_with_the_document
     let stack = Stack::start("think/ollama").await;
     // 0.1.11 fails having applied a phase (an upgrade an operator must decide on).
     let agent = FakeAgent::start(&stack.api, "vynil-system", |job| match job.tag.as_deref() {
-        Some("0.1.11") => AgentOutcome::FailAfterApplying {
+        Some("0.1.11") if job.instance_name == "app" => AgentOutcome::FailAfterApplying {
             applied: vec!["VitalApplied".into()],
             message: "the 0.1.11 migration failed".into(),
         },
@@ -194,6 +194,51 @@ async fn a_session_of_vynilctl_scans_purges_explains_and_exits_with_the_document
         vynilctl(&["instance", "clear-quarantine", "tenant/apps/app", "--tag", "0.1.11"], &as_operator).await;
     assert_eq!(code(&cleared), 0, "{}", text(&cleared));
     assert!(text(&cleared).contains("0.1.11 is no longer quarantined"), "{}", text(&cleared));
+
+    // An instance whose upgrades an operator approves: the step shown, then approved.
+    let gated = json!({"apiVersion": "vynil.solidite.fr/v1", "kind": "TenantInstance",
+        "metadata": {"name": "gated", "namespace": "apps",
+            "annotations": {"vynil.solidite.fr/upgrade-approval": "manual"}},
+        "spec": {"jukebox": "box", "category": "think", "package": "ollama"}});
+    stack
+        .tenant_instances()
+        .create(&PostParams::default(), &serde_json::from_value(gated).unwrap())
+        .await
+        .unwrap();
+    let gated_runs = |tag: &str| {
+        agent
+            .runs()
+            .iter()
+            .filter(|r| r.job.instance_name == "gated" && r.job.tag.as_deref() == Some(tag))
+            .count()
+    };
+    eventually("gated installed 0.1.11 (a first install needs no approval)", || async {
+        (gated_runs("0.1.11") == 1).then_some(())
+    })
+    .await;
+    stack.publish("think", "ollama", PackageType::Tenant, "0.1.12").await;
+    assert_eq!(code(&vynilctl(&["scan", "box", "--wait"], &env).await), 0);
+    let pending = eventually("the upgrade pending approval", || async {
+        let listed = vynilctl(&["instance", "list", "--namespace", "apps"], &env).await;
+        text(&listed).contains("pending_approval").then_some(listed)
+    })
+    .await;
+    assert!(text(&pending).contains("0.1.11 → 0.1.12"), "{}", text(&pending));
+    assert_eq!(gated_runs("0.1.12"), 0, "nothing runs before the approval");
+    let approved =
+        vynilctl(&["instance", "approve", "tenant/apps/gated", "--reason", "reviewed"], &as_operator).await;
+    assert_eq!(code(&approved), 0, "{}", text(&approved));
+    assert!(
+        text(&approved).contains("approved the upgrade 0.1.11 → 0.1.12 (fingerprint"),
+        "{}",
+        text(&approved)
+    );
+    eventually("0.1.12 installed once approved", || async { (gated_runs("0.1.12") == 1).then_some(()) })
+        .await;
+    let stale =
+        vynilctl(&["instance", "approve", "tenant/apps/gated", "--fingerprint", "0123abcd"], &as_operator)
+            .await;
+    assert_eq!(code(&stale), 3, "nothing awaits approval any more: {}", text(&stale));
 
     // Every documented exit code.
     assert_eq!(code(&vynilctl(&["scan"], &env).await), 2, "usage: a missing argument");
