@@ -393,11 +393,8 @@ pub async fn roll_back(
     Path((kind, namespace, name)): Path<(String, String, String)>,
     request: Result<Json<UpgradeDecision>, JsonRejection>,
 ) -> Result<Json<Quarantine>, ApiError> {
-    let reference_ = instance_ref(&kind, &namespace, &name)?;
-    let decision = body(request)?;
-    let tag = decision_tag(decision.tag)?;
-    let request =
-        pb::RollBackRequest { r#ref: Some(reference_), tag, caller: String::new(), reason: decision.reason };
+    let (reference_, tag, reason) = decided(&kind, &namespace, &name, request)?;
+    let request = pb::RollBackRequest { r#ref: Some(reference_), tag, caller: String::new(), reason };
     let request = app.services.request(&ctx, request);
     let answer = app.services.lifecycle()?.roll_back(request).await.map_err(failed(Service::Lifecycle))?;
     Ok(Json(quarantine(answer.into_inner().quarantine.unwrap_or_default())))
@@ -414,27 +411,29 @@ pub async fn clear_quarantine(
     Path((kind, namespace, name)): Path<(String, String, String)>,
     request: Result<Json<UpgradeDecision>, JsonRejection>,
 ) -> Result<Json<Quarantine>, ApiError> {
-    let reference_ = instance_ref(&kind, &namespace, &name)?;
-    let decision = body(request)?;
-    let tag = decision_tag(decision.tag)?;
-    let request = pb::ClearQuarantineRequest {
-        r#ref: Some(reference_),
-        tag,
-        caller: String::new(),
-        reason: decision.reason,
-    };
+    let (reference_, tag, reason) = decided(&kind, &namespace, &name, request)?;
+    let request = pb::ClearQuarantineRequest { r#ref: Some(reference_), tag, caller: String::new(), reason };
     let request = app.services.request(&ctx, request);
     let answer =
         app.services.lifecycle()?.clear_quarantine(request).await.map_err(failed(Service::Lifecycle))?;
     Ok(Json(quarantine(answer.into_inner().cleared.unwrap_or_default())))
 }
 
-/// The tag a decision names, checked as the document declares it ("": none named).
-fn decision_tag(tag: Option<String>) -> Result<String, ApiError> {
-    match tag {
-        Some(tag) => Input::Tag.check("tag", &tag).map(|()| tag),
-        None => Ok(String::new()),
-    }
+/// The instance, the tag (checked as the document declares it; "": none
+/// named) and the reason of an operator's decision.
+fn decided(
+    kind: &str,
+    namespace: &str,
+    name: &str,
+    request: Result<Json<UpgradeDecision>, JsonRejection>,
+) -> Result<(pb::InstanceRef, String, String), ApiError> {
+    let reference_ = instance_ref(kind, namespace, name)?;
+    let decision = body(request)?;
+    let tag = match decision.tag {
+        Some(tag) => Input::Tag.check("tag", &tag).map(|()| tag)?,
+        None => String::new(),
+    };
+    Ok((reference_, tag, decision.reason))
 }
 
 /// An operator's approval of the upgrade awaiting it.
