@@ -45,7 +45,7 @@ async fn the_web_page_in_chromium_logs_in_scans_shows_the_type_change_purges_exp
     let stack = Stack::start("think/ollama").await;
     // 0.1.11, published once the page has purged, fails having applied a phase.
     let _agent = FakeAgent::start(&stack.api, "vynil-system", |job| match job.tag.as_deref() {
-        Some("0.1.11") => AgentOutcome::FailAfterApplying {
+        Some("0.1.11") if job.instance_name == "ollama" => AgentOutcome::FailAfterApplying {
             applied: vec!["VitalApplied".into()],
             message: "the 0.1.11 migration failed".into(),
         },
@@ -64,11 +64,13 @@ async fn the_web_page_in_chromium_logs_in_scans_shows_the_type_change_purges_exp
             "spec": {"jukebox": "box", "category": "think", "package": package}})
     };
     let instances = stack.tenant_instances();
-    for (name, package) in [("ollama", "ollama"), ("broken", "nothere")] {
-        instances
-            .create(&PostParams::default(), &serde_json::from_value(instance(name, package)).unwrap())
-            .await
-            .unwrap();
+    for (name, package) in [("ollama", "ollama"), ("broken", "nothere"), ("gated", "ollama")] {
+        let mut object = instance(name, package);
+        if name == "gated" {
+            // Its upgrades wait for an operator's approval (the page's last part).
+            object["metadata"]["annotations"] = json!({"vynil.solidite.fr/upgrade-approval": "manual"});
+        }
+        instances.create(&PostParams::default(), &serde_json::from_value(object).unwrap()).await.unwrap();
     }
     eventually("ollama installed", || async {
         let object = instances.get("ollama").await.unwrap();
@@ -124,7 +126,7 @@ async fn the_web_page_in_chromium_logs_in_scans_shows_the_type_change_purges_exp
     assert!(output.status.success() && printed.contains("web e2e: ok"), "{printed}");
     let views =
         ["1-jukeboxes", "2-catalog", "3-purge-plan", "4-purge-report", "5-instances", "6-viewer-plan"];
-    for view in views.into_iter().chain(["7-quarantine"]) {
+    for view in views.into_iter().chain(["7-quarantine", "8-approval"]) {
         let shot = screenshots.join(format!("{view}.png"));
         assert!(std::fs::metadata(&shot).is_ok_and(|m| m.len() > 1000), "{} missing", shot.display());
     }

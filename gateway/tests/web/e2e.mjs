@@ -115,7 +115,7 @@ try {
     await page.locator("button.more").click();
     await page.waitForFunction((n) => document.querySelectorAll("tr[data-instance]").length > n, rows, { timeout: TIMEOUT });
   }
-  check((await page.locator("tr[data-instance]").count()) === 2, "both instances, each once, over two pages");
+  check((await page.locator("tr[data-instance]").count()) === 3, "every instance, each once, over three pages");
   await waitForText(page, 'tr[data-instance="tenant/apps/broken"]', "blocked");
   await page.locator('tr[data-instance="tenant/apps/broken"] button.explain').click();
   await waitForText(page, "#explanation", "Blocked by");
@@ -163,6 +163,20 @@ try {
   await waitForText(page, "#explanation", "Rolling back to 0.1.9.");
   await page.locator(`${quarantine} button.clear-quarantine`).click();
   await waitForText(page, "#explanation", "0.1.11 is no longer quarantined.");
+  // An upgrade awaiting approval: the page shows the step and approves exactly it.
+  await page.goto(`${BASE_URL}/#/instances`);
+  for (let tries = 0; ; tries++) {
+    check(tries < 120, "the approval of gated's upgrade was never offered");
+    await page.locator('tr[data-instance="tenant/apps/gated"] button.explain').click();
+    await page.locator("#explanation h2").waitFor({ timeout: TIMEOUT });
+    if (await page.locator("#approve-upgrade").count()) break;
+    await page.waitForTimeout(500);
+  }
+  const pending = await text(page, "#explanation");
+  check(pending.includes("0.1.9 → 0.1.11") && pending.includes("waits for an operator's approval"), `the pending step: ${pending}`);
+  await shot(page, "8-approval");
+  await page.locator("#approve-upgrade").click();
+  await waitForText(page, "#explanation", "Approved: 0.1.9 → 0.1.11.");
   const viewerInstances = await login(VIEWER_TOKEN);
   await viewerInstances.goto(`${BASE_URL}/#/instances`);
   await viewerInstances.locator("tr[data-instance]").first().waitFor({ timeout: TIMEOUT });
