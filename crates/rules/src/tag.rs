@@ -90,6 +90,11 @@ impl PartialOrd for Tag {
     }
 }
 
+/// Whether `tag` is a version newer than `than` (false when either is not a version).
+pub fn is_newer(tag: &str, than: &str) -> bool {
+    matches!((Tag::parse(tag), Tag::parse(than)), (Some(tag), Some(than)) if tag > than)
+}
+
 /// Parses every version tag among `tags` and sorts them newest first.
 pub fn versions_newest_first<'a>(tags: impl IntoIterator<Item = &'a str>) -> Vec<Tag> {
     let mut versions: Vec<Tag> = tags.into_iter().filter_map(Tag::parse).collect();

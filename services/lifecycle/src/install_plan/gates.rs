@@ -5,8 +5,8 @@
 //! that either passes or answers the plan itself.
 
 use vynil_rules::{
-    Tag,
     install::Target,
+    tag::is_newer,
     upgrade::{
         self, FailedUpgrade, Quarantined, SeenCondition,
         window::{UpgradeGate, upgrade_gate},
@@ -485,11 +485,6 @@ fn quarantined_upgrade(
     Some(Plan { steps, outcome: Outcome::Blocked(blocker), requeue })
 }
 
-/// `tag` is a newer version than `than`.
-fn newer(tag: &str, than: &str) -> bool {
-    matches!((Tag::parse(tag), Tag::parse(than)), (Some(tag), Some(than)) if tag > than)
-}
-
 /// The `[E_UPGRADE_FAILED]` hold: `Ready=False`, no Job.
 fn upgrade_held(message: String, mut steps: Vec<Step>) -> Plan {
     steps.push(Step::Condition { condition_type: ConditionType::Ready, ok: false, message: message.clone() });
@@ -507,7 +502,7 @@ fn failed_upgrade_held(instance: &Instance, observed: &Observed) -> Result<(), P
         return Ok(());
     };
     let message = match &observed.resolution {
-        Resolution::Package { package, .. } if newer(&package.tag, &quarantined.tag) => return Ok(()),
+        Resolution::Package { package, .. } if is_newer(&package.tag, &quarantined.tag) => return Ok(()),
         Resolution::Package { .. } if quarantined.rollback.may_run() => return Ok(()),
         Resolution::NoMatch { reason, .. } if quarantined.rollback.may_run() => {
             quarantined.no_way_back(reason)
@@ -531,7 +526,7 @@ fn after_failed_upgrade(
     checked: &CheckedOptions,
 ) -> Option<Plan> {
     let quarantined = observed.upgrades.of_failed_target(desired.instance)?;
-    if newer(&desired.tag, &quarantined.tag) {
+    if is_newer(&desired.tag, &quarantined.tag) {
         return None;
     }
     let message = quarantined.message();
