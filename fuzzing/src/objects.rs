@@ -217,6 +217,7 @@ fn decide(u: &mut Unstructured<'_>, instance: &Instance) -> Result<()> {
         upgrades: quarantine(u)?,
         rollback: u.arbitrary()?,
         upgrade_policy: None,
+        held_back: Default::default(),
     };
     if !instance.deleting {
         check_install(instance, &plan(instance, &observed));

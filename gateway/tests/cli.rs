@@ -174,7 +174,8 @@ async fn a_session_of_vynilctl_scans_purges_explains_and_exits_with_the_document
         let out = vynilctl(&["instance", "explain", "tenant/apps/app"], &env).await;
         // The plan says E_UPGRADE_FAILED as soon as the Job has failed; the hold is what an operator
         // acts on, and it exists once the quarantine is recorded.
-        (text(&out).contains("E_UPGRADE_FAILED") && text(&out).contains("awaiting an operator")).then_some(out)
+        (text(&out).contains("E_UPGRADE_FAILED") && text(&out).contains("awaiting an operator"))
+            .then_some(out)
     })
     .await;
     assert_eq!(code(&held), 3, "{}", text(&held));

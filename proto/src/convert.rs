@@ -48,6 +48,7 @@ pub fn package_to_proto(p: &Package) -> pb::Package {
         value_script: p.content.value_script_source().ok().flatten().unwrap_or_default(),
         digest: p.digest.clone().unwrap_or_default(),
         roles: Vec::new(),
+        first_seen: p.first_seen.clone().unwrap_or_default(),
     }
 }
 
@@ -90,7 +91,9 @@ pub fn package_from_proto(p: &pb::Package) -> Result<Package, Status> {
         options,
         value_script,
     };
-    Ok(Package::new(&p.registry, &p.image, &p.tag, content).with_digest(&p.digest))
+    let mut package = Package::new(&p.registry, &p.image, &p.tag, content).with_digest(&p.digest);
+    package.first_seen = optional(&p.first_seen);
+    Ok(package)
 }
 
 #[cfg(test)]

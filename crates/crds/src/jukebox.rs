@@ -128,6 +128,9 @@ pub struct JukeBoxSpec {
     /// Ours: when upgrades of its instances may start (an instance's own replaces it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upgrade_policy: Option<crate::UpgradePolicy>,
+    /// Ours: revisions recalled for its instances (set with `vynilctl jukebox recall`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub recalls: Vec<crate::RecalledRevision>,
 }
 
 impl JukeBoxSpec {

@@ -40,6 +40,7 @@ pub fn packages(_: &mut SchemaGenerator) -> Schema {
                 "image": string(),
                 "tag": string(),
                 "digest": nullable_string(),
+                "first_seen": nullable_string(),
                 "metadata": {
                     "type": "object",
                     "required": ["name", "category", "description", "type", "features"],

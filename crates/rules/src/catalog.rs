@@ -22,6 +22,7 @@ use crate::{
     package::{Package, PackageType},
     selection::{InstallQuery, NoMatch, select_install},
     tag::Tag,
+    upgrade::withheld::{Withheld, Withholding},
     view::{Role, Versions, Viewer, view_of_versions},
 };
 
@@ -34,6 +35,8 @@ pub enum CatalogRole {
     Waypoint { minimum: Option<Version> },
     /// The newest revision of this type in the catalog.
     NewestOfType(PackageType),
+    /// An operator recalled it ([`crate::upgrade::withheld`]).
+    Recalled { reason: String, move_away: bool },
 }
 
 impl CatalogRole {
@@ -44,6 +47,8 @@ impl CatalogRole {
             CatalogRole::Waypoint { minimum: Some(min) } => format!("waypoint (min {min})"),
             CatalogRole::Waypoint { minimum: None } => "waypoint (no minimum)".into(),
             CatalogRole::NewestOfType(t) => format!("newest {t} revision"),
+            CatalogRole::Recalled { reason, .. } if reason.is_empty() => "recalled".into(),
+            CatalogRole::Recalled { reason, .. } => format!("recalled: {reason}"),
         }
     }
 }
@@ -85,6 +90,20 @@ pub fn roles(packages: &[Package], viewer: &Viewer) -> Vec<Vec<CatalogRole>> {
         }
     }
     out
+}
+
+/// `roles` (of `packages`, same order) with each recalled revision's recall.
+pub fn with_recalls(
+    mut roles: Vec<Vec<CatalogRole>>,
+    packages: &[Package],
+    recalls: &[crate::upgrade::withheld::Recall],
+) -> Vec<Vec<CatalogRole>> {
+    for (package, roles) in packages.iter().zip(roles.iter_mut()) {
+        if let Some(recall) = recalls.iter().find(|r| r.tag == package.tag) {
+            roles.push(CatalogRole::Recalled { reason: recall.reason.clone(), move_away: recall.move_away });
+        }
+    }
+    roles
 }
 
 /// The revisions an installed instance goes through, in order, up to the
@@ -136,6 +155,50 @@ pub fn upgrade_path<'p>(packages: &'p [Package], query: &InstallQuery) -> Upgrad
     UpgradePath { steps, blocked: None }
 }
 
+/// What the withheld revisions kept from one instance, for `Explain`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct HeldBack {
+    /// Withheld revisions newer than the one selected, newest first.
+    pub newer: Vec<Withheld>,
+    /// The instance runs a recalled revision: the recall, and the revision
+    /// moving away would install (`None`: none is selectable).
+    pub running_recalled: Option<(Withheld, Option<String>)>,
+}
+
+/// What `query.withheld` kept from the instance `query` describes, which
+/// selection gave `selected` (the instance's package and type in `packages`).
+pub fn held_back(packages: &[Package], query: &InstallQuery, selected: &Package) -> HeldBack {
+    let floor = Tag::parse(&selected.tag);
+    let mut newer: Vec<(Option<Tag>, Withheld)> = packages
+        .iter()
+        .filter(|p| p.category() == query.category && p.name() == query.name)
+        .filter(|p| p.package_type() == query.package_type)
+        .filter_map(|p| {
+            let tag = Tag::parse(&p.tag);
+            let above = match (&tag, &floor) {
+                (Some(tag), Some(floor)) => tag > floor,
+                _ => false,
+            };
+            let held = query.withheld.iter().find(|w| w.tag == p.tag);
+            held.filter(|_| above).map(|w| (tag, w.clone()))
+        })
+        .collect();
+    newer.sort_by(|a, b| b.0.cmp(&a.0));
+    newer.dedup_by(|a, b| a.1.tag == b.1.tag);
+    let installed = query.installed_tag.filter(|t| !t.is_empty());
+    let running_recalled = installed
+        .and_then(|tag| query.withheld.iter().find(|w| w.tag == tag && w.is_recall()))
+        .map(|recall| {
+            let mut moved: Vec<Withheld> = query.withheld.to_vec();
+            for w in moved.iter_mut().filter(|w| w.tag == recall.tag) {
+                w.why = Withholding::Recalled { reason: String::new(), move_away: true };
+            }
+            let away = InstallQuery { withheld: &moved, ..query.clone() };
+            (recall.clone(), select_install(packages, &away).ok().map(|p| p.tag.clone()))
+        });
+    HeldBack { newer: newer.into_iter().map(|(_, w)| w).collect(), running_recalled }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -151,14 +214,8 @@ mod tests {
 
     fn query<'a>(installed: Option<&'a str>, framework: &'a Version) -> InstallQuery<'a> {
         InstallQuery {
-            jukebox: "box",
-            category: "think",
-            name: "ollama",
-            package_type: PackageType::Tenant,
             installed_tag: installed,
-            framework,
-            hold_upgrades: false,
-            quarantined: &[],
+            ..InstallQuery::of("box", "think", "ollama", PackageType::Tenant, framework)
         }
     }
 

@@ -140,6 +140,11 @@ pub struct Package {
     /// resolved to when scanned, so an install records exactly what it ran.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub digest: Option<String>,
+    /// Ours: when the scanner first saw this digest in this repository (RFC
+    /// 3339), kept across scans while the digest stays: the revision's age
+    /// for a minimum release age ([`crate::upgrade::withheld`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_seen: Option<String>,
     #[serde(flatten)]
     pub content: PackageContent,
 }
@@ -191,7 +196,14 @@ impl PackageContent {
 
 impl Package {
     pub fn new(registry: &str, image: &str, tag: &str, content: PackageContent) -> Self {
-        Self { registry: registry.into(), image: image.into(), tag: tag.into(), digest: None, content }
+        Self {
+            registry: registry.into(),
+            image: image.into(),
+            tag: tag.into(),
+            digest: None,
+            first_seen: None,
+            content,
+        }
     }
 
     /// The same package, recorded with the digest its tag resolved to.

@@ -167,6 +167,28 @@ pub fn merge_scoped(
     merged
 }
 
+/// `merged` (a scan's new `status.packages`) with when the scanner first saw
+/// each revision: the time a previous entry of the same repository and
+/// digest recorded (the same tag, for entries without a digest), else `now`.
+/// So a re-pushed tag (a new digest) is seen now, and an entry that left the
+/// catalog and came back starts again: the safe direction for a minimum age.
+pub fn with_first_seen(previous: &[Package], mut merged: Vec<Package>, now: jiff::Timestamp) -> Vec<Package> {
+    let same = |p: &Package, q: &Package| {
+        p.registry == q.registry
+            && p.image == q.image
+            && match (&p.digest, &q.digest) {
+                (Some(a), Some(b)) => a == b,
+                (None, None) => p.tag == q.tag,
+                _ => false,
+            }
+    };
+    for package in merged.iter_mut().filter(|p| p.first_seen.is_none()) {
+        let known = previous.iter().filter(|p| same(p, package)).find_map(|p| p.first_seen.clone());
+        package.first_seen = Some(known.unwrap_or_else(|| now.to_string()));
+    }
+    merged
+}
+
 /// The new `status.packages`.
 ///
 /// Full scan (`filter` = `None`): the scanned repositories in scan order, each
@@ -205,5 +227,35 @@ pub fn merge_packages(
             }
             merged
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::package::{PackageContent, PackageType};
+
+    fn at(tag: &str, digest: &str, first_seen: Option<&str>) -> Package {
+        let content = PackageContent::minimal("c", "n", PackageType::Tenant);
+        let mut p = Package::new("reg", "c/n", tag, content).with_digest(digest);
+        p.first_seen = first_seen.map(String::from);
+        p
+    }
+
+    #[test]
+    fn a_digest_keeps_its_first_sighting_and_a_re_pushed_tag_starts_again() {
+        let earlier = "2026-01-01T00:00:00Z";
+        let now: jiff::Timestamp = "2026-02-01T00:00:00Z".parse().unwrap();
+        let previous = [at("1.0.0", "sha256:a", Some(earlier)), at("1.1.0", "sha256:b", Some(earlier))];
+        let scanned = vec![
+            at("1.0.0", "sha256:a", None),
+            at("1.1.0", "sha256:c", None),
+            at("1.2.0", "sha256:d", None),
+            // The same digest under a new tag: the digest was seen before.
+            at("1.0", "sha256:a", None),
+        ];
+        let seen: Vec<String> =
+            with_first_seen(&previous, scanned, now).into_iter().filter_map(|p| p.first_seen).collect();
+        assert_eq!(seen, [earlier, "2026-02-01T00:00:00Z", "2026-02-01T00:00:00Z", earlier]);
     }
 }

@@ -23,6 +23,7 @@ use crate::{
     channel::{framework_shortfall, runs_on},
     package::{Package, PackageType},
     tag::Tag,
+    upgrade::withheld::Withheld,
 };
 
 /// The annotation that asks for a delete without package hooks (an admin's
@@ -47,6 +48,10 @@ pub struct InstallQuery<'a> {
     /// Tags quarantined for this instance after an upgrade to them failed
     /// ([`crate::upgrade`]): never selected, whatever else holds.
     pub quarantined: &'a [String],
+    /// Revisions the JukeBox holds back (recalled, too young,
+    /// [`crate::upgrade::withheld`]): never selected, but for the installed
+    /// one when its withholding lets an instance keep it.
+    pub withheld: &'a [Withheld],
 }
 
 impl<'a> InstallQuery<'a> {
@@ -68,6 +73,7 @@ impl<'a> InstallQuery<'a> {
             framework,
             hold_upgrades: false,
             quarantined: &[],
+            withheld: &[],
         }
     }
 
@@ -90,6 +96,8 @@ pub enum Exclusion {
     Held,
     /// Every remaining revision is quarantined for this instance.
     Quarantined,
+    /// Every remaining revision is recalled or too young.
+    Withheld,
 }
 
 impl Exclusion {
@@ -102,6 +110,7 @@ impl Exclusion {
             Exclusion::FrameworkVersion => "framework version",
             Exclusion::Held => "held",
             Exclusion::Quarantined => "quarantined",
+            Exclusion::Withheld => "withheld",
         }
     }
 }
@@ -177,6 +186,7 @@ pub fn select_install<'p>(packages: &'p [Package], query: &InstallQuery) -> Resu
         });
     }
     let allowed = not_quarantined(&of_type, query, &subject)?;
+    let allowed = not_withheld(&allowed, query, installed, &subject)?;
     let reachable: Vec<&Package> = allowed.iter().copied().filter(|p| reachable_from(installed, p)).collect();
     if reachable.is_empty() {
         let needs: Vec<String> = allowed
@@ -231,6 +241,36 @@ fn not_quarantined<'p>(
         });
     }
     Ok(allowed)
+}
+
+/// The revisions of `allowed` the JukeBox does not hold back from the
+/// instance (its installed revision stays when its withholding lets it);
+/// none left is no match, naming each.
+fn not_withheld<'p>(
+    allowed: &[&'p Package],
+    query: &InstallQuery,
+    installed: Option<&str>,
+    subject: &str,
+) -> Result<Vec<&'p Package>, NoMatch> {
+    let held = |p: &Package| {
+        query
+            .withheld
+            .iter()
+            .find(|w| w.tag == p.tag && !(installed == Some(w.tag.as_str()) && w.keeps_installed()))
+    };
+    let kept: Vec<&Package> = allowed.iter().copied().filter(|p| held(p).is_none()).collect();
+    if kept.is_empty() {
+        let why: Vec<String> = allowed.iter().filter_map(|p| held(p)).map(Withheld::describe).collect();
+        return Err(NoMatch {
+            excluded_by: Exclusion::Withheld,
+            reason: format!(
+                "no {} revision of {subject} is selectable yet: {}",
+                query.package_type,
+                why.join("; ")
+            ),
+        });
+    }
+    Ok(kept)
 }
 
 /// "service: 0.1.10, 0.1.9; system: 1.0.0"
@@ -428,7 +468,11 @@ pub fn select_cleanup(query: &CleanupQuery) -> CleanupDecision {
                 why: outage.unwrap_or_else(|| "the catalog is unavailable".into()),
             };
         }
-        CatalogState::Loaded(packages) => match select_install(packages, install) {
+        // A recalled, too young or quarantined revision still deletes what it installed.
+        CatalogState::Loaded(packages) => match select_install(
+            packages,
+            &InstallQuery { withheld: &[], quarantined: &[], ..install.clone() },
+        ) {
             Ok(package) => return CleanupDecision::UseCatalog(Box::new(package.clone())),
             Err(no_match) => ("E_PACKAGE_GONE", no_match.reason),
         },

@@ -441,6 +441,7 @@ proptest! {
             framework: &fw,
             hold_upgrades: false,
             quarantined: &[],
+            withheld: &[],
         };
         let path = vynil_rules::catalog::upgrade_path(&stored, &query);
         let mut current = installed.map(String::from);
@@ -496,6 +497,7 @@ proptest! {
             framework: &fw,
             hold_upgrades: false,
             quarantined: &quarantined,
+            withheld: &[],
         };
         let without: Vec<Package> =
             stored.iter().filter(|p| !query.is_quarantined(&p.tag)).cloned().collect();
@@ -503,6 +505,63 @@ proptest! {
         match (select_install(&stored, &query), select_install(&without, &plain)) {
             (Ok(picked), Ok(expected)) => {
                 prop_assert!(!quarantined.contains(&picked.tag), "{} is quarantined", picked.tag);
+                prop_assert_eq!(&picked.tag, &expected.tag);
+            }
+            (Err(_), Err(_)) => {}
+            (got, expected) => prop_assert!(false, "{:?} vs {:?}", got.map(|p| &p.tag), expected.map(|p| &p.tag)),
+        }
+    }
+
+    /// (l) A recalled or too young revision is never selected — but the
+    /// installed one, which a recall without move-away or its age lets an
+    /// instance keep — and withholding is the only difference it makes:
+    /// selecting with revisions withheld is selecting from the catalog
+    /// without them (but for why nothing matched).
+    #[test]
+    fn a_recalled_or_too_young_revision_is_never_selected(
+        case in case(),
+        from in prop::option::of(0usize..14),
+        recall in prop::collection::vec((0usize..14, any::<bool>()), 0..4),
+        ages in prop::collection::vec(prop::option::of(0i64..200), 14),
+        minimum in prop::option::of(0i64..150),
+        kind in kind_name(),
+    ) {
+        use vynil_rules::upgrade::withheld::{Recall, withheld};
+        let now: jiff::Timestamp = "2026-06-01T00:00:00Z".parse().unwrap();
+        let fw = framework("0.8.0");
+        let contents = contents(&case);
+        let stored: Vec<Package> = view_of(&case, Channel::Stable, &fw)
+            .tags()
+            .into_iter()
+            .enumerate()
+            .map(|(i, tag)| {
+                let mut p = Package::new("reg", "r/x", tag, contents[tag].clone());
+                p.first_seen = ages[i].map(|h| (now - jiff::SignedDuration::from_hours(h)).to_string());
+                p
+            })
+            .collect();
+        let recalls: Vec<Recall> = recall
+            .iter()
+            .filter_map(|(i, away)| stored.get(*i).map(|p| (p, away)))
+            .map(|(p, away)| Recall { tag: p.tag.clone(), reason: "bad".into(), move_away: *away })
+            .collect();
+        let held = withheld(&stored, &recalls, minimum.map(jiff::SignedDuration::from_hours), now);
+        let installed = from.and_then(|i| case.tags.get(i)).map(|t| t.name.as_str());
+        let query = InstallQuery {
+            installed_tag: installed,
+            withheld: &held,
+            ..InstallQuery::of("box", "think", "ollama", common::kind(kind), &fw)
+        };
+        let kept = |p: &Package| {
+            installed == Some(p.tag.as_str())
+                && held.iter().filter(|w| w.tag == p.tag).all(|w| w.keeps_installed())
+        };
+        let withheld_tag = |p: &Package| held.iter().any(|w| w.tag == p.tag) && !kept(p);
+        let without: Vec<Package> = stored.iter().filter(|p| !withheld_tag(p)).cloned().collect();
+        let plain = InstallQuery { withheld: &[], ..query.clone() };
+        match (select_install(&stored, &query), select_install(&without, &plain)) {
+            (Ok(picked), Ok(expected)) => {
+                prop_assert!(!withheld_tag(picked), "{} is withheld: {:?}", picked.tag, held);
                 prop_assert_eq!(&picked.tag, &expected.tag);
             }
             (Err(_), Err(_)) => {}

@@ -120,6 +120,7 @@ fn install(catalog: &[Package], kind: PackageType, installed: Option<&str>) -> R
         framework: &framework,
         hold_upgrades: false,
         quarantined: &[],
+        withheld: &[],
     };
     select_install(catalog, &query).map(|p| p.tag.clone()).map_err(|e| e.reason)
 }
@@ -160,6 +161,7 @@ fn item_9_a_tenant_instance_never_selects_a_service_package() {
         framework: &framework,
         hold_upgrades: false,
         quarantined: &[],
+        withheld: &[],
     };
     let no_match = select_install(&catalog, &query).unwrap_err();
     assert_eq!(no_match.excluded_by, Exclusion::Type);

@@ -22,6 +22,7 @@ fn query<'a>(installed: Option<&'a str>, framework: &'a semver::Version) -> Inst
         framework,
         hold_upgrades: false,
         quarantined: &[],
+        withheld: &[],
     }
 }
 

@@ -44,6 +44,9 @@ pub struct Entry {
     /// When upgrades of its instances may start (`spec.upgrade_policy`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upgrade_policy: Option<vynil_crds::UpgradePolicy>,
+    /// Revisions recalled for its instances (`spec.recalls`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub recalls: Vec<vynil_crds::RecalledRevision>,
     pub hash: String,
 }
 
@@ -68,6 +71,7 @@ impl Entry {
     pub fn from_status(jukebox: &str, spec: &vynil_crds::JukeBoxSpec, status: &JukeBoxStatus) -> Self {
         let (pull_secret, channel) = (spec.pull_secret.clone(), spec.channel());
         let (origins, upgrade_policy) = (origins_of(spec.source.as_ref()), spec.upgrade_policy.clone());
+        let recalls = spec.recalls.clone();
         let last_change_time = status
             .conditions
             .iter()
@@ -79,7 +83,8 @@ impl Entry {
             status.conditions,
             channel,
             origins,
-            upgrade_policy
+            upgrade_policy,
+            recalls
         ]);
         let hash = format!("sha256:{}", hex::encode(Sha256::digest(content.to_string().as_bytes())));
         Self {
@@ -91,6 +96,7 @@ impl Entry {
             conditions: status.conditions.clone(),
             origins,
             upgrade_policy,
+            recalls,
             hash,
         }
     }
@@ -297,6 +303,7 @@ mod tests {
             pull_secret: None,
             schedule: "0 * * * *".into(),
             upgrade_policy: None,
+            recalls: Vec::new(),
         };
         let a = Entry::from_status("box", &spec(list), &status);
         let b = Entry::from_status("box", &spec(gitlab), &status);
@@ -316,6 +323,15 @@ mod tests {
             plain.hash, with_window.hash,
             "a changed upgrade policy is a changed entry (instances reconcile)"
         );
+        windowed.recalls = vec![vynil_crds::RecalledRevision {
+            tag: "1.0.0".into(),
+            reason: "data loss".into(),
+            move_away: false,
+            by: String::new(),
+            at: String::new(),
+        }];
+        let recalled = Entry::from_status("box", &windowed, &status);
+        assert_ne!(recalled.hash, with_window.hash, "a recall is a changed entry (instances reconcile)");
     }
 
     #[tokio::test]
@@ -327,6 +343,7 @@ mod tests {
             pull_secret: None,
             schedule: "0 * * * *".into(),
             upgrade_policy: None,
+            recalls: Vec::new(),
         };
         let empty = Entry::from_status("box", &spec, &JukeBoxStatus::default());
         spec.pull_secret = Some("pull".into());

@@ -45,7 +45,11 @@ pub struct Served {
 impl Served {
     fn new(entry: Entry, framework: &semver::Version) -> Self {
         let viewer = Viewer { channel: entry.channel, framework: framework.clone() };
-        let roles = vynil_rules::catalog::roles(&entry.packages, &viewer);
+        let roles = vynil_rules::catalog::with_recalls(
+            vynil_rules::catalog::roles(&entry.packages, &viewer),
+            &entry.packages,
+            &vynil_crds::RecalledRevision::rules(&entry.recalls),
+        );
         Self { entry, roles }
     }
 

@@ -18,6 +18,7 @@ use vynil_rules::{
     Channel, InstallQuery, PackageType,
     catalog::CatalogRole,
     selection::{CatalogState, CleanupDecision, RecordedCheck, RecordedRevision},
+    upgrade::withheld::{Withheld, Withholding},
 };
 
 use crate::{CatalogError, catalog::Catalog};
@@ -43,12 +44,39 @@ fn role_to_proto(role: &CatalogRole) -> pb::RevisionRole {
             (pb::RoleKind::Waypoint, minimum.as_ref().map(ToString::to_string).unwrap_or_default(), None)
         }
         CatalogRole::NewestOfType(t) => (pb::RoleKind::NewestOfType, String::new(), Some(*t)),
+        CatalogRole::Recalled { .. } => (pb::RoleKind::Recalled, String::new(), None),
+    };
+    let (reason, move_away) = match role {
+        CatalogRole::Recalled { reason, move_away } => (reason.clone(), *move_away),
+        _ => (String::new(), false),
     };
     pb::RevisionRole {
         kind: kind as i32,
         minimum,
         r#type: package_type.map(proto_type).unwrap_or_default(),
         description: role.describe(),
+        reason,
+        move_away,
+    }
+}
+
+fn withheld_to_proto(withheld: &Withheld) -> pb::WithheldRevision {
+    let description = withheld.describe();
+    let (why, reason, move_away, selectable_at) = match &withheld.why {
+        Withholding::Recalled { reason, move_away } => {
+            (pb::Withholding::Recalled, reason.clone(), *move_away, String::new())
+        }
+        Withholding::TooYoung { selectable_at, .. } => {
+            (pb::Withholding::TooYoung, String::new(), false, selectable_at.to_string())
+        }
+    };
+    pb::WithheldRevision {
+        tag: withheld.tag.clone(),
+        why: why as i32,
+        reason,
+        move_away,
+        selectable_at,
+        description,
     }
 }
 
@@ -178,31 +206,56 @@ impl CatalogApi for CatalogService {
         let entry = self.catalog.entry(&request.jukebox)?;
         let pull_secret = entry.as_ref().and_then(|e| e.pull_secret.clone()).unwrap_or_default();
         let upgrade_policy = entry.as_ref().and_then(|e| e.upgrade_policy.as_ref()).map(policy_to_proto);
-        let outcome = match entry {
-            None => Outcome::NoMatch(NoMatch {
+        let Some(entry) = entry else {
+            let outcome = Outcome::NoMatch(NoMatch {
                 excluded_by: "jukebox".into(),
                 reason: vynil_rules::NoMatch::jukebox_missing(&request.jukebox).reason,
-            }),
-            Some(entry) => {
-                let query = InstallQuery {
-                    installed_tag: Some(request.installed_tag.as_str()).filter(|t| !t.is_empty()),
-                    hold_upgrades: request.hold_upgrades,
-                    quarantined: &request.quarantined_tags,
-                    ..InstallQuery::of(
-                        &request.jukebox,
-                        &request.category,
-                        &request.name,
-                        package_type,
-                        &self.catalog.framework,
-                    )
-                };
-                match vynil_rules::select_install(&entry.packages, &query) {
-                    Ok(package) => Outcome::Package(package_to_proto(package)),
-                    Err(no_match) => Outcome::NoMatch(no_match_to_proto(no_match)),
-                }
+            });
+            return Ok(Response::new(ResolveInstallResponse {
+                outcome: Some(outcome),
+                pull_secret,
+                upgrade_policy,
+                ..ResolveInstallResponse::default()
+            }));
+        };
+        let withheld = match withheld_of(&entry, &request.minimum_age) {
+            Ok(withheld) => withheld,
+            Err(no_match) => {
+                return Ok(Response::new(ResolveInstallResponse {
+                    outcome: Some(Outcome::NoMatch(no_match)),
+                    pull_secret,
+                    upgrade_policy,
+                    ..ResolveInstallResponse::default()
+                }));
             }
         };
-        Ok(Response::new(ResolveInstallResponse { outcome: Some(outcome), pull_secret, upgrade_policy }))
+        let query = InstallQuery {
+            installed_tag: Some(request.installed_tag.as_str()).filter(|t| !t.is_empty()),
+            hold_upgrades: request.hold_upgrades,
+            quarantined: &request.quarantined_tags,
+            withheld: &withheld,
+            ..InstallQuery::of(
+                &request.jukebox,
+                &request.category,
+                &request.name,
+                package_type,
+                &self.catalog.framework,
+            )
+        };
+        let mut response = ResolveInstallResponse { pull_secret, upgrade_policy, ..Default::default() };
+        match vynil_rules::select_install(&entry.packages, &query) {
+            Ok(package) => {
+                let held = vynil_rules::catalog::held_back(&entry.packages, &query, package);
+                response.withheld = held.newer.iter().map(withheld_to_proto).collect();
+                if let Some((recall, away)) = held.running_recalled {
+                    response.running_recalled = Some(withheld_to_proto(&recall));
+                    response.move_away_to = away.unwrap_or_default();
+                }
+                response.outcome = Some(Outcome::Package(package_to_proto(package)));
+            }
+            Err(no_match) => response.outcome = Some(Outcome::NoMatch(no_match_to_proto(no_match))),
+        }
+        Ok(Response::new(response))
     }
 
     async fn resolve_cleanup(
@@ -331,6 +384,20 @@ impl CatalogApi for CatalogService {
     }
 }
 
+/// What `entry` holds back from an instance whose own minimum age is
+/// `own_age` (as written; empty: none), now. A minimum age that does not
+/// parse holds everything back, saying what to fix.
+fn withheld_of(entry: &vynil_store::package_cache::Entry, own_age: &str) -> Result<Vec<Withheld>, NoMatch> {
+    use vynil_rules::upgrade::withheld::{parse_minimum_age, stricter_age, withheld};
+    let jukebox_age = entry.upgrade_policy.as_ref().and_then(|p| p.minimum_age.as_deref());
+    let age = stricter_age(jukebox_age, Some(own_age).filter(|a| !a.is_empty()))
+        .map(parse_minimum_age)
+        .transpose()
+        .map_err(|e| NoMatch { excluded_by: "upgrade policy".into(), reason: e.to_string() })?;
+    let recalls = vynil_crds::RecalledRevision::rules(&entry.recalls);
+    Ok(withheld(&entry.packages, &recalls, age, jiff::Timestamp::now()))
+}
+
 /// A JukeBox's upgrade policy as written (lifecycle checks it).
 fn policy_to_proto(policy: &vynil_crds::UpgradePolicy) -> pb::UpgradePolicy {
     pb::UpgradePolicy {
@@ -353,6 +420,7 @@ fn policy_to_proto(policy: &vynil_crds::UpgradePolicy) -> pb::UpgradePolicy {
             })
             .collect(),
         manual_approval: policy.manual(),
+        minimum_age: policy.minimum_age.clone().unwrap_or_default(),
     }
 }
 

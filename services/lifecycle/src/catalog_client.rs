@@ -13,7 +13,11 @@ use vynil_proto::convert::{package_from_proto, proto_type};
 use vynil_rules::{Tag, selection::RecordedCheck};
 use vynil_runtime::{TracedChannel, traced};
 
-use crate::{LifecycleError, install_plan::Resolution, instance::Instance};
+use crate::{
+    LifecycleError,
+    install_plan::{HeldBack, Resolution, RunningRecalled},
+    instance::Instance,
+};
 
 #[derive(Debug, Clone)]
 pub struct Catalog {
@@ -46,7 +50,7 @@ impl Catalog {
         instance: &Instance,
         quarantined: &[String],
         hold_at: Option<&str>,
-    ) -> Result<(Resolution, Option<vynil_crds::UpgradePolicy>), LifecycleError> {
+    ) -> Result<Answer, LifecycleError> {
         let request = ResolveInstallRequest {
             jukebox: instance.jukebox.clone(),
             category: instance.category.clone(),
@@ -55,10 +59,23 @@ impl Catalog {
             installed_tag: hold_at.or(instance.installed_tag()).unwrap_or_default().to_string(),
             hold_upgrades: instance.hold_upgrades || hold_at.is_some(),
             quarantined_tags: quarantined.to_vec(),
+            minimum_age: instance
+                .upgrade_policy
+                .as_ref()
+                .and_then(|p| p.minimum_age.clone())
+                .unwrap_or_default(),
         };
         let response = self.client.clone().resolve_install(request).await.map_err(unavailable)?.into_inner();
         let pull_secret = Some(response.pull_secret).filter(|s| !s.is_empty());
         let policy = response.upgrade_policy.map(policy_from_proto);
+        let held_back = HeldBack {
+            newer: response.withheld.into_iter().map(|w| w.description).collect(),
+            recalled: response.running_recalled.map(|recall| RunningRecalled {
+                description: recall.description,
+                move_away: recall.move_away,
+                to: Some(response.move_away_to).filter(|t| !t.is_empty()),
+            }),
+        };
         let resolution = match response.outcome {
             Some(Outcome::Package(package)) => {
                 let package = package_from_proto(&package).map_err(unavailable)?;
@@ -76,7 +93,7 @@ impl Catalog {
                 ));
             }
         };
-        Ok((resolution, policy))
+        Ok(Answer { resolution, jukebox_policy: policy, held_back })
     }
 
     async fn revisions(&self, instance: &Instance, typed: bool) -> Result<Vec<pb::Package>, LifecycleError> {
@@ -126,6 +143,14 @@ impl Catalog {
     }
 }
 
+/// The catalog's `ResolveInstall` answer.
+#[derive(Debug, Default)]
+pub struct Answer {
+    pub resolution: Resolution,
+    pub jukebox_policy: Option<vynil_crds::UpgradePolicy>,
+    pub held_back: HeldBack,
+}
+
 /// A JukeBox's upgrade policy as the catalog answered it.
 fn policy_from_proto(policy: pb::UpgradePolicy) -> vynil_crds::UpgradePolicy {
     vynil_crds::UpgradePolicy {
@@ -144,6 +169,7 @@ fn policy_from_proto(policy: pb::UpgradePolicy) -> vynil_crds::UpgradePolicy {
             .map(|f| vynil_crds::UpgradeFreeze { from: f.from, until: f.until, reason: f.reason })
             .collect(),
         approval: policy.manual_approval.then_some(vynil_crds::ApprovalMode::Manual),
+        minimum_age: Some(policy.minimum_age).filter(|a| !a.is_empty()),
     }
 }
 

@@ -393,6 +393,7 @@ async fn explain(context: &Context, wanted: &InstanceRef) -> Result<ExplainRespo
     let decision = install_plan::plan(&instance, &observed);
     response.latest_tag = context.catalog.latest_tag(&instance).await?.unwrap_or_default();
     explain_outcome(&mut response, &decision);
+    explain_held_back(&mut response, &observed.held_back);
     Ok(response)
 }
 
@@ -424,6 +425,23 @@ fn cleanup_summary(instance: &Instance, answer: &CleanupAnswer) -> String {
         CleanupAnswer::WithoutPackage { warning } => {
             format!("the reaper deletes the recorded children: {warning}")
         }
+    }
+}
+
+/// Adds what the JukeBox holds back from the instance to `response`.
+fn explain_held_back(response: &mut ExplainResponse, held_back: &install_plan::HeldBack) {
+    response.withheld = held_back.newer.clone();
+    if let Some(recalled) = &held_back.recalled {
+        let next = match (&recalled.to, recalled.move_away) {
+            (Some(to), true) => format!("moving away to {to}"),
+            (Some(to), false) => format!("the next selectable revision is {to}"),
+            (None, _) => "no other revision is selectable".into(),
+        };
+        response.recalled = format!("running a recalled revision: {}; {next}", recalled.description);
+        response.summary = format!("{} ({})", response.summary, response.recalled);
+    }
+    if !response.withheld.is_empty() {
+        response.summary = format!("{}; held back: {}", response.summary, response.withheld.join("; "));
     }
 }
 

@@ -13,11 +13,12 @@ use vynil_rules::{install, selection::RecordedCheck};
 
 use crate::{
     LifecycleError,
-    catalog_client::Cleanup,
+    catalog_client::{Answer, Cleanup},
     context::Context,
     facts,
     install_plan::{
-        InitVersion, JobRequest, JobState, Observed, ObservedJob, PolicyOf, Resolution, RevisionChecks,
+        HeldBack, InitVersion, JobRequest, JobState, Observed, ObservedJob, PolicyOf, Resolution,
+        RevisionChecks,
     },
     instance::Instance,
     job::{self, Action as JobAction},
@@ -33,7 +34,7 @@ pub async fn observe(
     context: &Context,
 ) -> Result<Observed, LifecycleError> {
     // Not asked: the planner holds both before reading the resolution.
-    let Resolved { resolution, upgrades, jukebox_policy } =
+    let Resolved { resolution, upgrades, jukebox_policy, held_back } =
         if instance.suspended || instance.is_upstream_control_plane() {
             Resolved { resolution: Resolution::JukeboxMissing, ..Resolved::default() }
         } else {
@@ -86,6 +87,7 @@ pub async fn observe(
         upgrades,
         rollback: context.rollback && !instance.rollback_off,
         upgrade_policy,
+        held_back,
     })
 }
 
@@ -95,6 +97,7 @@ struct Resolved {
     resolution: Resolution,
     upgrades: UpgradeRecord,
     jukebox_policy: Option<vynil_crds::UpgradePolicy>,
+    held_back: HeldBack,
 }
 
 /// The catalog's answer for `instance`, with the revisions quarantined for
@@ -107,18 +110,20 @@ struct Resolved {
 async fn resolve(instance: &Instance, context: &Context) -> Result<Resolved, LifecycleError> {
     let installed = instance.installed_tag().is_some() || instance.status.package.is_some();
     let Some(uid) = instance.uid.as_deref().filter(|_| installed) else {
-        let (resolution, jukebox_policy) = context.catalog.resolve(instance, &[], None).await?;
-        return Ok(Resolved { resolution, jukebox_policy, ..Resolved::default() });
+        let Answer { resolution, jukebox_policy, held_back } =
+            context.catalog.resolve(instance, &[], None).await?;
+        return Ok(Resolved { resolution, jukebox_policy, held_back, ..Resolved::default() });
     };
     let upgrades = context.upgrades.read(uid).await?;
     let (quarantined, back_to) = (upgrades.quarantined_tags(), upgrades.rolling_back_to(instance));
-    let (mut resolution, jukebox_policy) = context.catalog.resolve(instance, &quarantined, back_to).await?;
+    let Answer { mut resolution, jukebox_policy, held_back } =
+        context.catalog.resolve(instance, &quarantined, back_to).await?;
     if let (Some(from), Resolution::NoMatch { .. }) = (back_to, &resolution)
         && let Some(recorded) = recorded_rollback(instance, from, context).await?
     {
         resolution = recorded;
     }
-    Ok(Resolved { resolution, upgrades, jukebox_policy })
+    Ok(Resolved { resolution, upgrades, jukebox_policy, held_back })
 }
 
 /// The revision a rollback goes back to when the catalog no longer lists it

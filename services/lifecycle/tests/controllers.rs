@@ -860,3 +860,129 @@ async fn a_manual_upgrade_runs_once_its_exact_step_is_approved_and_a_stale_appro
     );
     world.stop().await;
 }
+
+/// `web_revisions`, each first seen at the time given (RFC 3339).
+fn seen_revisions(tags: &[(&str, &str)]) -> Vec<serde_json::Value> {
+    tags.iter()
+        .map(|(tag, seen)| {
+            let mut package = package("registry.example", "apps", "web", "tenant", tag, json!([]));
+            package["first_seen"] = json!(seen);
+            package
+        })
+        .collect()
+}
+
+/// #44 items 2 and 3 as an admin meets them with kubectl (the CLI and
+/// gateway test the same through the service): a recalled revision is never
+/// installed, an instance running one keeps it and says so until the recall
+/// moves it away (no window nor approval holds that); a revision younger
+/// than the minimum age waits, and Explain says when it becomes selectable.
+#[tokio::test]
+async fn a_recalled_or_too_young_revision_is_never_installed_and_a_recall_may_move_instances_away() {
+    let (world, _) = World::start(web_revisions(&["0.1.0", "0.2.0"]), &[]).await;
+    let boxes: Api<vynil_crds::JukeBox> = Api::all(world.client.clone());
+    let set_box = |spec: serde_json::Value| {
+        let boxes = boxes.clone();
+        async move {
+            boxes.patch("box", &PatchParams::default(), &Patch::Merge(&json!({"spec": spec}))).await.unwrap()
+        }
+    };
+    world.create("TenantInstance", "web", web_spec(), json!({})).await;
+    eventually("0.2.0 installed", || async {
+        (installed_tag(&world.get("TenantInstance", "web").await) == Some("0.2.0")).then_some(())
+    })
+    .await;
+    let grpc = world.grpc().await;
+    let explain = |name: &'static str| {
+        let mut grpc = grpc.clone();
+        async move { grpc.explain(ExplainRequest { r#ref: Some(tenant(APPS, name)) }).await.unwrap().into_inner() }
+    };
+
+    // 0.3.0, recalled as it is published: never installed, by an upgrade or a first install.
+    set_box(json!({"recalls": [{"tag": "0.3.0", "reason": "corrupts the index"}]})).await;
+    world.publish(web_revisions(&["0.1.0", "0.2.0", "0.3.0"])).await;
+    let held = eventually("0.3.0 held back", || async {
+        let explained = explain("web").await;
+        (!explained.withheld.is_empty()).then_some(explained)
+    })
+    .await;
+    assert_eq!(held.withheld, ["0.3.0 is recalled: corrupts the index"], "{}", held.summary);
+    assert_eq!(held.state, InstanceState::UpToDate as i32, "{}", held.summary);
+    world.create("TenantInstance", "fresh", web_spec(), json!({})).await;
+    eventually("a first install of 0.2.0", || async {
+        (installed_tag(&world.get("TenantInstance", "fresh").await) == Some("0.2.0")).then_some(())
+    })
+    .await;
+
+    // 0.2.0 recalled too: its instances keep it (a downgrade is no package's promise) and say so.
+    set_box(json!({"recalls": [{"tag": "0.3.0", "reason": "corrupts the index"},
+        {"tag": "0.2.0", "reason": "CVE-2026-1234"}]}))
+    .await;
+    let running = eventually("running a recalled revision", || async {
+        let explained = explain("web").await;
+        (!explained.recalled.is_empty()).then_some(explained)
+    })
+    .await;
+    assert_eq!(
+        running.recalled,
+        "running a recalled revision: 0.2.0 is recalled: CVE-2026-1234; the next selectable revision is 0.1.0"
+    );
+    assert_eq!(running.state, InstanceState::UpToDate as i32, "{}", running.summary);
+
+    // Moving away: to the newest selectable revision, older or not, even during a freeze.
+    set_box(json!({"upgrade_policy": {"freezes": [
+            {"from": "2020-01-01T00:00:00Z", "until": "2099-01-01T00:00:00Z", "reason": "quiet period"}]},
+        "recalls": [{"tag": "0.3.0", "reason": "corrupts the index"},
+            {"tag": "0.2.0", "reason": "CVE-2026-1234", "move_away": true}]}))
+    .await;
+    for name in ["web", "fresh"] {
+        eventually("moved away to 0.1.0", || async {
+            (installed_tag(&world.get("TenantInstance", name).await) == Some("0.1.0")).then_some(())
+        })
+        .await;
+    }
+    let runs: Vec<String> = world.tags_run("web");
+    assert!(
+        !runs.contains(&"0.3.0".to_string()) && !world.tags_run("fresh").contains(&"0.3.0".into()),
+        "{runs:?}"
+    );
+
+    // A minimum age of 72h: 0.4.0, first seen 71h before now, waits an hour; at 70h it is old enough.
+    let now = jiff::Timestamp::now();
+    let ago = |hours: i64| (now - jiff::SignedDuration::from_hours(hours)).to_string();
+    let (seen_04, old) = (ago(71), ago(1000));
+    set_box(json!({"upgrade_policy": {"minimumAge": "72h", "freezes": null}, "recalls": null})).await;
+    world
+        .publish(seen_revisions(&[("0.1.0", &old), ("0.2.0", &old), ("0.3.0", &old), ("0.4.0", &seen_04)]))
+        .await;
+    let young = eventually("0.4.0 too young", || async {
+        let explained = explain("web").await;
+        explained.withheld.iter().any(|w| w.starts_with("0.4.0")).then_some(explained)
+    })
+    .await;
+    let selectable_at =
+        (seen_04.parse::<jiff::Timestamp>().unwrap() + jiff::SignedDuration::from_hours(72)).to_string();
+    assert_eq!(young.withheld, [format!("0.4.0 becomes selectable at {selectable_at} (minimum age 72h)")]);
+    assert_eq!(young.to_tag, "0.3.0", "the recall lifted, 0.3.0 is old enough: {}", young.summary);
+    set_box(json!({"upgrade_policy": {"minimumAge": "70h"}})).await;
+    eventually("0.4.0 installed once old enough", || async {
+        (installed_tag(&world.get("TenantInstance", "web").await) == Some("0.4.0")).then_some(())
+    })
+    .await;
+    // An instance's own minimum age cannot shorten its JukeBox's.
+    eventually("fresh at 0.4.0", || async {
+        (installed_tag(&world.get("TenantInstance", "fresh").await) == Some("0.4.0")).then_some(())
+    })
+    .await;
+    world.patch("TenantInstance", "fresh", json!({"spec": {"upgradePolicy": {"minimumAge": "1h"}}})).await;
+    let seen_05 = ago(2);
+    world.publish(seen_revisions(&[("0.1.0", &old), ("0.4.0", &seen_04), ("0.5.0", &seen_05)])).await;
+    let fresh = eventually("0.5.0 too young for fresh", || async {
+        let explained = explain("fresh").await;
+        explained.withheld.iter().any(|w| w.starts_with("0.5.0")).then_some(explained)
+    })
+    .await;
+    assert!(fresh.withheld[0].ends_with("(minimum age 70h)"), "{:?}", fresh.withheld);
+    assert!(!world.tags_run("fresh").contains(&"0.5.0".to_string()));
+    world.stop().await;
+}

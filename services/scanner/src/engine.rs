@@ -167,7 +167,8 @@ pub fn new_status(
         ScanOutput::NothingToScan => return None,
         ScanOutput::SourceFailed(why) => (previous.packages.clone(), ScanVerdict::Failed(why.clone())),
         ScanOutput::Scanned { outcomes, errors } => {
-            let packages = merge_scoped(&previous.packages, scope, outcomes);
+            let merged = merge_scoped(&previous.packages, scope, outcomes);
+            let packages = vynil_rules::scan::with_first_seen(&previous.packages, merged, now);
             let verdict = if errors.is_empty() {
                 ScanVerdict::Succeeded
             } else {

@@ -28,6 +28,7 @@ use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
 pub mod window;
+pub mod withheld;
 
 /// `vynil.solidite.fr/rollback: "false"` on an instance: a failed upgrade
 /// neither quarantines nor rolls back (it stays failed, as upstream's).

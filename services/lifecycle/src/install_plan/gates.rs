@@ -547,11 +547,16 @@ fn after_failed_upgrade(
 /// An upgrade not started yet waits for an operator's approval of exactly
 /// it when its policy is manual, then outside its maintenance windows and
 /// during a freeze (`vynil_rules::upgrade::window`); a first install, new
-/// options for the same revision and a rollback never wait. A policy that
+/// options for the same revision, a rollback and a move away from a
+/// recalled revision never wait. A policy that
 /// does not check holds the upgrade, saying what to fix.
 fn upgrade_timing(desired: &Desired, observed: &Observed) -> Option<Plan> {
     let instance = desired.instance;
     let from = instance.installed_tag().filter(|from| *from != desired.tag)?;
+    if observed.held_back.moves_away_to(&desired.tag) {
+        // An operator's recall moves it: remediation, like a rollback.
+        return None;
+    }
     let policy = observed.upgrade_policy.as_ref()?;
     if policy.policy.manual() && observed.upgrades.approval_of(&desired.fingerprint).is_none() {
         let (to, fingerprint, options_hash) = (&desired.tag, &desired.fingerprint, &desired.options_hash);

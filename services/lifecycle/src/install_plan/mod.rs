@@ -114,6 +114,34 @@ pub struct Observed {
     pub rollback: bool,
     /// When an upgrade may start: the instance's policy, else its JukeBox's.
     pub upgrade_policy: Option<PolicyOf>,
+    /// What the JukeBox holds back from the instance (recalled, too young).
+    pub held_back: HeldBack,
+}
+
+/// What the JukeBox held back from an instance, as the catalog said it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct HeldBack {
+    /// Recalled or too young revisions newer than the one selected, in
+    /// words ("0.1.10 becomes selectable at …"), newest first.
+    pub newer: Vec<String>,
+    /// The installed revision is recalled.
+    pub recalled: Option<RunningRecalled>,
+}
+
+/// The installed revision is recalled: in words, whether the recall moves
+/// its instances away, and the revision moving away installs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunningRecalled {
+    pub description: String,
+    pub move_away: bool,
+    pub to: Option<String>,
+}
+
+impl HeldBack {
+    /// Whether installing `tag` moves the instance away from a recalled revision.
+    pub fn moves_away_to(&self, tag: &str) -> bool {
+        self.recalled.as_ref().is_some_and(|r| r.move_away && r.to.as_deref() == Some(tag))
+    }
 }
 
 /// An upgrade policy as written, and whose it is ("JukeBox box", "the instance").

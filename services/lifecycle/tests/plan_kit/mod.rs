@@ -69,6 +69,7 @@ pub fn observed(tag: &str) -> Observed {
         upgrades: Default::default(),
         rollback: true,
         upgrade_policy: None,
+        held_back: Default::default(),
     }
 }
 

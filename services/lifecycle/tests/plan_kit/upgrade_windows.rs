@@ -17,7 +17,7 @@ fn saturday_nights(freezes: Vec<UpgradeFreeze>) -> PolicyOf {
         duration: "4h".into(),
     };
     PolicyOf {
-        policy: UpgradePolicy { windows: vec![window], freezes, approval: None },
+        policy: UpgradePolicy { windows: vec![window], freezes, ..UpgradePolicy::default() },
         of: "JukeBox box".into(),
     }
 }

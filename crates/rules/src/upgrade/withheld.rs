@@ -1,0 +1,189 @@
+//! Revisions a JukeBox holds back from selection for all its instances.
+//!
+//! - **Recalled**: an operator marked the revision bad (a field of the
+//!   JukeBox, so losing Redis cannot make it installable again). Selection
+//!   never installs or upgrades to it. An instance already running it keeps
+//!   it (its uninstall needs it, and going back is a downgrade no package
+//!   declares safe) and moves on at the next selectable newer revision —
+//!   unless the recall says **move away**: then the instance is moved to the
+//!   newest selectable revision of its type, older or not.
+//! - **Too young**: first seen by the scanner (`Package::first_seen`) less
+//!   than the minimum release age ago. A revision without a first-seen time
+//!   (a catalog written before it was recorded, a time lost) counts as seen
+//!   now: the age restarts, the safe direction. The installed revision is
+//!   never held back for its age.
+//!
+//! [`crate::selection::select_install`] applies them;
+//! [`crate::catalog::held_back`] says what they kept from an instance, for
+//! `Explain`.
+
+use jiff::{SignedDuration, Timestamp};
+
+use crate::{RulesError, package::Package};
+
+/// An operator's recall of one revision (a tag) of a JukeBox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recall {
+    pub tag: String,
+    pub reason: String,
+    /// Instances running it are moved to the newest selectable revision.
+    pub move_away: bool,
+}
+
+/// Why a revision is held back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Withholding {
+    Recalled { reason: String, move_away: bool },
+    TooYoung { selectable_at: Timestamp, minimum_age: SignedDuration },
+}
+
+/// One revision held back, by tag (of any package of the JukeBox: a recall
+/// names a tag, and selection compares tags of one package).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Withheld {
+    pub tag: String,
+    pub why: Withholding,
+}
+
+impl Withheld {
+    /// "0.3.0 is recalled: <reason>", "0.3.0 becomes selectable at <time> (minimum age 72h)".
+    pub fn describe(&self) -> String {
+        match &self.why {
+            Withholding::Recalled { reason, .. } if reason.is_empty() => format!("{} is recalled", self.tag),
+            Withholding::Recalled { reason, .. } => format!("{} is recalled: {reason}", self.tag),
+            Withholding::TooYoung { selectable_at, minimum_age } => format!(
+                "{} becomes selectable at {selectable_at} (minimum age {})",
+                self.tag,
+                human(*minimum_age)
+            ),
+        }
+    }
+
+    /// Whether an instance running this revision keeps it: always, but for
+    /// a recall that moves its instances away.
+    pub fn keeps_installed(&self) -> bool {
+        !matches!(self.why, Withholding::Recalled { move_away: true, .. })
+    }
+
+    pub fn is_recall(&self) -> bool {
+        matches!(self.why, Withholding::Recalled { .. })
+    }
+}
+
+/// `72h` for 259 200 s: jiff's friendly format, hours as the largest unit.
+fn human(duration: SignedDuration) -> String {
+    format!("{duration:#}")
+}
+
+/// A minimum release age as written (`72h`, `90m`, `1h 30m`; `0s` for none).
+pub fn parse_minimum_age(text: &str) -> Result<SignedDuration, RulesError> {
+    text.trim().parse::<SignedDuration>().ok().filter(|d| !d.is_negative()).ok_or_else(|| {
+        RulesError::UpgradePolicy {
+            field: "minimum age",
+            value: text.to_string(),
+            problem: "not a duration of zero or more".into(),
+            hint: "give it as 72h, 90m or 1h 30m",
+        }
+    })
+}
+
+/// Which of two minimum ages holds (a JukeBox's and an instance's): the
+/// longer, so neither side can shorten the other's; one that does not parse
+/// is the one returned, so its error is what the caller reports.
+pub fn stricter_age<'a>(a: Option<&'a str>, b: Option<&'a str>) -> Option<&'a str> {
+    match (a, b) {
+        (Some(a), Some(b)) => match (parse_minimum_age(a), parse_minimum_age(b)) {
+            (Ok(x), Ok(y)) => Some(if y > x { b } else { a }),
+            (Err(_), _) => Some(a),
+            (_, Err(_)) => Some(b),
+        },
+        (a, b) => a.or(b),
+    }
+}
+
+/// The revisions of `packages` held back: each recalled tag, and each
+/// revision first seen less than `minimum_age` before `now`.
+pub fn withheld(
+    packages: &[Package],
+    recalls: &[Recall],
+    minimum_age: Option<SignedDuration>,
+    now: Timestamp,
+) -> Vec<Withheld> {
+    let mut out: Vec<Withheld> = recalls
+        .iter()
+        .map(|r| Withheld {
+            tag: r.tag.clone(),
+            why: Withholding::Recalled { reason: r.reason.clone(), move_away: r.move_away },
+        })
+        .collect();
+    let Some(minimum_age) = minimum_age.filter(|a| a.is_positive()) else {
+        return out;
+    };
+    for package in packages {
+        let seen = package.first_seen.as_deref().and_then(|t| t.parse::<Timestamp>().ok());
+        // Unknown, or in the future (a clock ahead): seen now.
+        let seen = seen.filter(|s| *s <= now).unwrap_or(now);
+        let Ok(selectable_at) = seen.checked_add(minimum_age) else { continue };
+        if selectable_at > now && !out.iter().any(|w| w.tag == package.tag) {
+            out.push(Withheld {
+                tag: package.tag.clone(),
+                why: Withholding::TooYoung { selectable_at, minimum_age },
+            });
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::package::{PackageContent, PackageType};
+
+    fn seen(tag: &str, first_seen: Option<&str>) -> Package {
+        let mut p = Package::new("r", "i", tag, PackageContent::minimal("c", "n", PackageType::Tenant));
+        p.first_seen = first_seen.map(String::from);
+        p
+    }
+
+    #[test]
+    fn a_revision_is_too_young_until_its_first_sighting_plus_the_minimum_age() {
+        let now: Timestamp = "2026-03-10T12:00:00Z".parse().unwrap();
+        let packages = [
+            seen("0.1.0", Some("2026-03-01T00:00:00Z")),
+            seen("0.2.0", Some("2026-03-09T12:00:00Z")),
+            seen("0.3.0", None),
+            seen("0.4.0", Some("2027-01-01T00:00:00Z")),
+        ];
+        let age = parse_minimum_age("72h").unwrap();
+        let held = withheld(&packages, &[], Some(age), now);
+        let at = |tag: &str| {
+            held.iter().find(|w| w.tag == tag).map(|w| match w.why {
+                Withholding::TooYoung { selectable_at, .. } => selectable_at.to_string(),
+                _ => "recalled".into(),
+            })
+        };
+        assert_eq!(at("0.1.0"), None, "seen 9½ days ago");
+        assert_eq!(at("0.2.0").as_deref(), Some("2026-03-12T12:00:00Z"));
+        assert_eq!(at("0.3.0").as_deref(), Some("2026-03-13T12:00:00Z"), "unknown counts as now");
+        assert_eq!(at("0.4.0").as_deref(), Some("2026-03-13T12:00:00Z"), "a future sighting counts as now");
+        assert!(withheld(&packages, &[], Some(SignedDuration::ZERO), now).is_empty());
+        assert!(held[0].describe().contains("becomes selectable at 2026-03-12T12:00:00Z (minimum age 72h)"));
+    }
+
+    #[test]
+    fn a_bad_minimum_age_says_how_to_write_one() {
+        let error = parse_minimum_age("three days").unwrap_err().to_string();
+        assert!(error.contains("minimum age") && error.contains("72h"), "{error}");
+        assert!(parse_minimum_age("-1h").is_err());
+        assert_eq!(parse_minimum_age("0s").unwrap(), SignedDuration::ZERO);
+    }
+
+    #[test]
+    fn the_longer_of_two_minimum_ages_holds_and_a_bad_one_is_reported() {
+        assert_eq!(stricter_age(Some("72h"), Some("1h")), Some("72h"));
+        assert_eq!(stricter_age(Some("1h"), Some("90h")), Some("90h"));
+        assert_eq!(stricter_age(None, Some("1h")), Some("1h"));
+        assert_eq!(stricter_age(Some("72h"), Some("soon")), Some("soon"));
+        assert_eq!(stricter_age(None, None), None);
+    }
+}
