@@ -18,6 +18,7 @@ use crate::api::{catalog, instances, purge, scans, session};
     paths(
         session::login, session::logout, session::whoami, session::version,
         catalog::list_jukeboxes, catalog::get_catalog, catalog::upgrade_path,
+        crate::api::recalls::recall, crate::api::recalls::lift_recall,
         scans::start_scan, scans::latest_scan, scans::export_index, scans::get_scan, scans::follow_scan,
         purge::create_plan, purge::get_plan, purge::execute, purge::get_report,
         instances::list_instances, instances::explain, instances::allow_delete_without_package,

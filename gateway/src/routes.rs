@@ -62,8 +62,8 @@ const ADMIN: Access = Access::Role(Role::Admin);
 type Row = (Method, &'static str, Access, KubeRule, MethodRouter<App>);
 
 fn table() -> Vec<Row> {
-    use KubeRule::{Authenticated, Instance, Instances, Jukeboxes};
-    use api::{catalog, instances, purge, scans, session};
+    use KubeRule::{Authenticated, Jukeboxes};
+    use api::{catalog, purge, recalls, scans, session};
     let read = Jukeboxes("get");
     vec![
         (Method::POST, "/api/v1/session", Access::Public, Authenticated, post(session::login)),
@@ -81,6 +81,20 @@ fn table() -> Vec<Row> {
             post(scans::start_scan),
         ),
         (Method::GET, "/api/v1/jukeboxes/{jukebox}/scans/latest", VIEWER, read, get(scans::latest_scan)),
+        (
+            Method::POST,
+            "/api/v1/jukeboxes/{jukebox}/recalls",
+            OPERATOR,
+            Jukeboxes("recall"),
+            post(recalls::recall),
+        ),
+        (
+            Method::DELETE,
+            "/api/v1/jukeboxes/{jukebox}/recalls/{tag}",
+            OPERATOR,
+            Jukeboxes("recall"),
+            delete(recalls::lift_recall),
+        ),
         (
             Method::POST,
             "/api/v1/jukeboxes/{jukebox}/exports",
@@ -101,6 +115,17 @@ fn table() -> Vec<Row> {
         ),
         (Method::GET, "/api/v1/purge/plans/{plan_id}/report", VIEWER, read, get(purge::get_report)),
         (Method::POST, "/api/v1/hooks/{hook}", Access::Hook, Authenticated, post(crate::api::hooks::receive)),
+    ]
+    .into_iter()
+    .chain(instance_rows())
+    .collect()
+}
+
+/// The routes of instances: explanations and operators' decisions.
+fn instance_rows() -> Vec<Row> {
+    use KubeRule::{Instance, Instances, Jukeboxes};
+    use api::instances;
+    vec![
         (Method::GET, "/api/v1/instances", VIEWER, Instances("list"), get(instances::list_instances)),
         (
             Method::GET,

@@ -243,6 +243,35 @@ async fn a_session_of_vynilctl_scans_purges_explains_and_exits_with_the_document
             .await;
     assert_eq!(code(&stale), 3, "nothing awaits approval any more: {}", text(&stale));
 
+    // A recall: refused for a viewer; for an operator, shown in the catalog and in the explanation.
+    let viewer = token(Role::Viewer);
+    let as_viewer = [("VYNIL_URL", gw.url.as_str()), ("VYNIL_TOKEN", viewer.as_str())];
+    let recall = ["jukebox", "recall", "box", "0.1.12", "--reason", "leaks memory"];
+    assert_eq!(code(&vynilctl(&recall, &as_viewer).await), 3, "a viewer may not recall");
+    let recalled = vynilctl(&recall, &as_operator).await;
+    assert_eq!(code(&recalled), 0, "{}", text(&recalled));
+    assert!(text(&recalled).contains("0.1.12 is recalled for JukeBox box"), "{}", text(&recalled));
+    assert!(text(&recalled).contains("operator-user"), "who recalled it: {}", text(&recalled));
+    let shown = eventually("the recall in the catalog", || async {
+        let table = vynilctl(&["catalog", "show", "box"], &env).await;
+        text(&table).contains("recalled: leaks memory").then_some(table)
+    })
+    .await;
+    let json = vynilctl(&["catalog", "show", "box", "-o", "json"], &env).await;
+    let page: CatalogPage = serde_json::from_slice(&json.stdout).unwrap();
+    assert!(page.items.iter().all(|p| p.first_seen.is_some()), "{}", text(&shown));
+    let running = eventually("gated running a recalled revision", || async {
+        let out = vynilctl(&["instance", "explain", "tenant/apps/gated"], &env).await;
+        text(&out).contains("running a recalled revision: 0.1.12 is recalled: leaks memory").then_some(out)
+    })
+    .await;
+    assert_eq!(code(&running), 0, "kept, not blocked: {}", text(&running));
+    let lifted = vynilctl(&["jukebox", "lift-recall", "box", "0.1.12"], &as_operator).await;
+    assert_eq!(code(&lifted), 0, "{}", text(&lifted));
+    assert!(text(&lifted).contains("0.1.12 is no longer recalled"), "{}", text(&lifted));
+    let again = vynilctl(&["jukebox", "lift-recall", "box", "0.1.12"], &as_operator).await;
+    assert_eq!(code(&again), 1, "not recalled any more: {}", text(&again));
+
     // Every documented exit code.
     assert_eq!(code(&vynilctl(&["scan"], &env).await), 2, "usage: a missing argument");
     assert_eq!(code(&vynilctl(&["jukebox", "list"], &[]).await), 2, "usage: no gateway");

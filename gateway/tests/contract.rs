@@ -28,6 +28,8 @@ const MATRIX: &[(&str, &str, Access)] = &[
     ("GET", "/api/v1/jukeboxes/{jukebox}/upgrade-path", Access::Role(Role::Viewer)),
     ("POST", "/api/v1/jukeboxes/{jukebox}/scans", Access::Role(Role::Operator)),
     ("GET", "/api/v1/jukeboxes/{jukebox}/scans/latest", Access::Role(Role::Viewer)),
+    ("POST", "/api/v1/jukeboxes/{jukebox}/recalls", Access::Role(Role::Operator)),
+    ("DELETE", "/api/v1/jukeboxes/{jukebox}/recalls/{tag}", Access::Role(Role::Operator)),
     ("POST", "/api/v1/jukeboxes/{jukebox}/exports", Access::Role(Role::Admin)),
     ("GET", "/api/v1/scans/{scan_id}", Access::Role(Role::Viewer)),
     ("GET", "/api/v1/scans/{scan_id}/events", Access::Role(Role::Viewer)),

@@ -251,3 +251,43 @@ async fn a_revoked_kubernetes_token_ends_its_session_once_its_review_expires() {
     assert!(body["message"].as_str().unwrap().contains("no longer valid: log in again"), "{body}");
     stop.trigger();
 }
+
+/// #44: a tenant with every right on its own instances can see them
+/// explained, but can neither roll back, clear a quarantine, approve an
+/// upgrade, nor recall or un-recall a revision: those are verbs on
+/// JukeBoxes, which only an operator holds.
+#[tokio::test]
+async fn a_tenant_with_every_right_on_its_instances_cannot_make_an_operators_upgrade_decisions() {
+    let api = FakeApiServer::start().await.unwrap();
+    api.create_namespaces(&["vynil-system"]).unwrap();
+    api.add_token("tina-token", "tina", &["tenants"]);
+    for verb in ["get", "list", "watch", "create", "update", "patch", "delete"] {
+        for resource in ["tenantinstances.vynil.solidite.fr", "tenantinstances/status.vynil.solidite.fr"] {
+            api.allow(rule("tina", verb, resource, Some("apps")));
+        }
+    }
+    let (base, stop) = gateway_over(&api).await;
+    let http = reqwest::Client::new();
+    let call = |method: reqwest::Method, path: &str| {
+        http.request(method, format!("{base}{path}"))
+            .bearer_auth("tina-token")
+            .json(&serde_json::json!({"tag": "0.1.0", "reason": "mine", "fingerprint": "0123abcd"}))
+            .send()
+    };
+    use reqwest::Method;
+    let explained = call(Method::GET, "/api/v1/instances/tenant/apps/web/explain").await.unwrap();
+    assert_eq!(explained.status(), StatusCode::SERVICE_UNAVAILABLE, "her own instance: lifecycle is asked");
+    for (method, path) in [
+        (Method::POST, "/api/v1/instances/tenant/apps/web/rollback"),
+        (Method::POST, "/api/v1/instances/tenant/apps/web/clear-quarantine"),
+        (Method::POST, "/api/v1/instances/tenant/apps/web/approve-upgrade"),
+        (Method::POST, "/api/v1/jukeboxes/box/recalls"),
+        (Method::DELETE, "/api/v1/jukeboxes/box/recalls/0.1.0"),
+    ] {
+        let refused = call(method.clone(), path).await.unwrap();
+        assert_eq!(refused.status(), StatusCode::FORBIDDEN, "{method} {path}");
+        let body: serde_json::Value = refused.json().await.unwrap();
+        assert!(body["message"].as_str().unwrap().contains("jukeboxes.vynil.solidite.fr"), "{body}");
+    }
+    stop.trigger();
+}

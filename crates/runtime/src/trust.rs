@@ -157,6 +157,17 @@ pub enum Caller {
     Unauthenticated { peer: Option<SocketAddr> },
 }
 
+impl Caller {
+    /// Who to record as having asked: the authenticated identity, with
+    /// what an unauthenticated caller (local mode) claims beside its address.
+    pub fn recorded(&self, claimed: &str) -> String {
+        match self {
+            Caller::Unauthenticated { .. } if !claimed.is_empty() => format!("{self} (claiming {claimed})"),
+            _ => self.to_string(),
+        }
+    }
+}
+
 impl std::fmt::Display for Caller {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

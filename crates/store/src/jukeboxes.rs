@@ -203,6 +203,21 @@ pub trait ScannerStore: JukeboxStore {
     /// spec names is read with [`ScannerStore::secret`] (upstream's carry no
     /// label).
     async fn requested_secret(&self, name: &str) -> Result<SecretData, StoreError>;
+    /// Replaces JukeBox `name`'s `spec.recalls` if the object is still at
+    /// `expected` (its version when read): `false` when it changed since
+    /// (read it again and retry). JukeBoxes read from files are the user's:
+    /// the local store refuses, saying where to write the recall.
+    async fn set_recalls(
+        &self,
+        name: &str,
+        expected: &StatusVersion,
+        recalls: &[vynil_crds::RecalledRevision],
+    ) -> Result<bool, StoreError> {
+        let _ = (expected, recalls);
+        Err(StoreError::Config(format!(
+            "JukeBox {name} is read from a file, which vynil never edits: add the recall to its spec.recalls there"
+        )))
+    }
     /// Takes JukeBox `name` over from upstream's operator (`crate::takeover`);
     /// nothing to do outside a cluster.
     async fn retire_upstream(&self, _name: &str) -> Result<crate::takeover::Retired, StoreError> {

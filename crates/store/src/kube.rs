@@ -229,6 +229,25 @@ impl ScannerStore for KubeStore {
         }
     }
 
+    async fn set_recalls(
+        &self,
+        name: &str,
+        expected: &StatusVersion,
+        recalls: &[vynil_crds::RecalledRevision],
+    ) -> Result<bool, StoreError> {
+        let patch: json_patch::Patch = serde_json::from_value(json!([
+            {"op": "test", "path": "/metadata/resourceVersion", "value": expected.as_str()},
+            {"op": "add", "path": "/spec/recalls", "value": recalls},
+        ]))
+        .map_err(|e| StoreError::Config(format!("recalls patch: {e}")))?;
+        match self.api.patch(name, &PatchParams::default(), &Patch::Json::<()>(patch)).await {
+            Ok(_) => Ok(true),
+            // Changed since it was read (the test failed, or a conflict).
+            Err(e) if is_status(&e, 422) || is_status(&e, 409) => Ok(false),
+            Err(e) => Err(kube_error("writing a JukeBox's recalls", e)),
+        }
+    }
+
     async fn retire_upstream(&self, name: &str) -> Result<crate::takeover::Retired, StoreError> {
         let cronjobs = Api::namespaced(self.api.clone().into_client(), &self.namespace);
         let jobs = Api::namespaced(self.api.clone().into_client(), &self.namespace);

@@ -91,6 +91,8 @@ pub enum RoleKind {
     Head,
     Waypoint,
     NewestOfType,
+    /// An operator recalled it: never installed or upgraded to (`reason`).
+    Recalled,
 }
 
 /// Why a revision is in the catalog.
@@ -103,6 +105,11 @@ pub struct RevisionRole {
     #[serde(rename = "type")]
     pub package_type: Option<PackageType>,
     pub description: String,
+    /// For `recalled`: why, and whether its instances are moved away.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default)]
+    pub move_away: bool,
 }
 
 /// One package revision.
@@ -126,6 +133,9 @@ pub struct Package {
     #[schema(value_type = Option<Object>)]
     pub options: serde_json::Value,
     pub roles: Vec<RevisionRole>,
+    /// When the scanner first saw its digest (RFC 3339): its age for a minimum release age.
+    #[serde(default)]
+    pub first_seen: Option<String>,
 }
 
 fn json_field(text: &str) -> serde_json::Value {
@@ -155,13 +165,17 @@ impl From<pb::Package> for Package {
                     kind: match pb::RoleKind::try_from(r.kind) {
                         Ok(pb::RoleKind::Waypoint) => RoleKind::Waypoint,
                         Ok(pb::RoleKind::NewestOfType) => RoleKind::NewestOfType,
+                        Ok(pb::RoleKind::Recalled) => RoleKind::Recalled,
                         _ => RoleKind::Head,
                     },
                     minimum: non_empty(r.minimum),
                     package_type: PackageType::from_proto(r.r#type),
                     description: r.description,
+                    reason: non_empty(r.reason),
+                    move_away: r.move_away,
                 })
                 .collect(),
+            first_seen: non_empty(p.first_seen),
         }
     }
 }

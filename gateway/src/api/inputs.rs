@@ -57,6 +57,7 @@ impl Input {
             "name" if in_path => Input::Subdomain,
             "namespace" => Input::Label,
             "scan_id" | "plan_id" => Input::Id,
+            "tag" if in_path => Input::Tag,
             "limit" => Input::Limit { max: DEFAULT_MAX_PAGE_SIZE },
             "page_token" => Input::PageToken,
             _ => return None,

@@ -299,6 +299,13 @@ pub struct Explanation {
     /// When the state is `pending_approval`: what `approve-upgrade` must name.
     pub approval_fingerprint: Option<String>,
     pub approval_options_hash: Option<String>,
+    /// What the JukeBox holds back from the instance: recalled or too young
+    /// revisions newer than `to_tag`, in words ("0.1.10 becomes selectable at …").
+    #[serde(default)]
+    pub withheld: Vec<String>,
+    /// The installed revision is recalled: in words, with what moving away installs.
+    #[serde(default)]
+    pub recalled: Option<String>,
 }
 
 #[utoipa::path(get, path = "/api/v1/instances/{kind}/{namespace}/{name}/explain", tag = "instances",
@@ -329,6 +336,8 @@ pub async fn explain(
         quarantined: e.quarantined.into_iter().map(quarantine).collect(),
         approval_fingerprint: non_empty(e.approval_fingerprint),
         approval_options_hash: non_empty(e.approval_options_hash),
+        withheld: e.withheld,
+        recalled: non_empty(e.recalled),
     }))
 }
 

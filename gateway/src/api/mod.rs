@@ -10,6 +10,7 @@ pub mod hooks;
 pub mod inputs;
 pub mod instances;
 pub mod purge;
+pub mod recalls;
 pub mod scans;
 pub mod session;
 

@@ -132,6 +132,11 @@ impl Client {
         self.json(response).await
     }
 
+    pub async fn delete<T: DeserializeOwned>(&self, path: &str) -> CliResult<T> {
+        let response = self.send(self.request(reqwest::Method::DELETE, path)).await?;
+        self.json(response).await
+    }
+
     /// Server-sent events of `request`, each `(event, data)` handed to
     /// `each` as it arrives, until the stream ends.
     pub async fn events(

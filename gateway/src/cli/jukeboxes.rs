@@ -3,7 +3,7 @@
 use serde_json::json;
 
 use super::{
-    CatalogCommand, Cli, IndexCommand,
+    CatalogCommand, Cli, IndexCommand, JukeboxCommand,
     client::{CliError, CliResult, Exit},
     confirmation, connect,
     output::{Printer, Tone, cell},
@@ -11,6 +11,7 @@ use super::{
 };
 use crate::api::{
     catalog::{CatalogPage, JukeboxList, Package, UpgradePath},
+    recalls::{RecallRequest, Recalls},
     scans::{ExportDone, Scan, ScanStarted, ScanState},
 };
 
@@ -36,6 +37,46 @@ pub(super) async fn list(cli: &Cli, printer: &Printer) -> CliResult<Exit> {
         for skipped in &list.skipped {
             eprintln!("skipped {}: {}", skipped.source, skipped.problem);
         }
+    }
+    Ok(Exit::Ok)
+}
+
+/// `jukebox recall` and `lift-recall`: the JukeBox's recalls as read back.
+pub(super) async fn recall(cli: &Cli, printer: &Printer, command: &JukeboxCommand) -> CliResult<Exit> {
+    let client = connect(cli)?;
+    let (recalls, said): (Recalls, String) = match command {
+        JukeboxCommand::Recall { jukebox, tag, reason, move_away } => {
+            let asked = RecallRequest { tag: tag.clone(), reason: reason.clone(), move_away: *move_away };
+            let path = format!("/api/v1/jukeboxes/{jukebox}/recalls");
+            let then = if *move_away {
+                "its instances move away"
+            } else {
+                "its instances keep it until a newer one"
+            };
+            (client.post(&path, &asked).await?, format!("{tag} is recalled for JukeBox {jukebox}: {then}"))
+        }
+        JukeboxCommand::LiftRecall { jukebox, tag } => {
+            let path = format!("/api/v1/jukeboxes/{jukebox}/recalls/{tag}");
+            (client.delete(&path).await?, format!("{tag} is no longer recalled for JukeBox {jukebox}"))
+        }
+        JukeboxCommand::List => return list(cli, printer).await,
+    };
+    if !printer.structured(&recalls)? {
+        println!("{said}");
+        let rows: Vec<Vec<(String, Tone)>> = recalls
+            .items
+            .iter()
+            .map(|r| {
+                let by = format!("{} {}", r.by.as_deref().unwrap_or("-"), r.at.as_deref().unwrap_or(""));
+                vec![
+                    cell(&r.tag),
+                    cell(&r.reason),
+                    cell(if r.move_away { "yes" } else { "no" }),
+                    cell(by.trim()),
+                ]
+            })
+            .collect();
+        printer.table(&["recalled", "reason", "move away", "by"], &rows);
     }
     Ok(Exit::Ok)
 }
@@ -195,9 +236,15 @@ fn print_catalog(printer: &Printer, items: &[Package]) {
             .iter()
             .map(|p| {
                 let roles: Vec<String> = p.roles.iter().map(|r| r.description.clone()).collect();
-                vec![cell(format!("  {}", p.tag)), cell(type_name(p.package_type)), cell(roles.join(", "))]
+                let seen = p.first_seen.clone().unwrap_or_else(|| "-".into());
+                vec![
+                    cell(format!("  {}", p.tag)),
+                    cell(type_name(p.package_type)),
+                    cell(roles.join(", ")),
+                    cell(seen),
+                ]
             })
             .collect();
-        printer.table(&["  tag", "type", "role"], &rows);
+        printer.table(&["  tag", "type", "role", "first seen"], &rows);
     }
 }

@@ -109,6 +109,20 @@ pub enum Command {
 pub enum JukeboxCommand {
     /// Every JukeBox with its package count and last change.
     List,
+    /// Recalls a revision for the JukeBox's instances: none installs or
+    /// upgrades to it; those running it keep it (or, with --move-away, move
+    /// to the newest selectable revision).
+    Recall {
+        jukebox: String,
+        tag: String,
+        /// Why: shown with the revision in the catalog and in Explain.
+        #[arg(long)]
+        reason: String,
+        #[arg(long)]
+        move_away: bool,
+    },
+    /// Lifts the recall of a revision.
+    LiftRecall { jukebox: String, tag: String },
 }
 
 #[derive(Debug, Subcommand)]
@@ -303,6 +317,7 @@ pub async fn run(cli: Cli) -> CliResult<Exit> {
         Command::Login { name } => login(&cli, name).await,
         Command::Version => version(&cli, printer).await,
         Command::Jukebox(JukeboxCommand::List) => jukeboxes::list(&cli, printer).await,
+        Command::Jukebox(command) => jukeboxes::recall(&cli, printer, command).await,
         Command::Catalog(command) => jukeboxes::catalog(&cli, printer, command).await,
         Command::Scan { jukebox, filter, repository, wait } => {
             jukeboxes::start_scan(&cli, printer, jukebox, filter, repository, *wait).await

@@ -301,7 +301,7 @@ impl Lifecycle for LifecycleService {
                 kind,
                 object: &object,
                 tag: "",
-                caller: named_caller(&caller, &r.caller),
+                caller: caller.recorded(&r.caller),
                 reason: &r.reason,
             };
             operator::approve(context, &asked, &r.fingerprint).await.map_err(|e| e.to_status())
@@ -531,7 +531,7 @@ async fn allow_delete_without_package(
             "the children of {expected} changed since the fingerprint was read (now {fingerprint}): call Explain again, review, and retry; nothing was changed"
         )));
     }
-    let caller = named_caller(caller, &request.caller);
+    let caller = caller.recorded(&request.caller);
     let uid = instance.uid.clone().ok_or_else(|| {
         LifecycleError::Invalid(format!("{expected} has no UID: it is not an object of the API server"))
     })?;
@@ -550,15 +550,6 @@ async fn allow_delete_without_package(
 
 /// Who asks: the authenticated identity; the request's own `caller` field
 /// is a claim, recorded beside an unauthenticated one, never instead of it.
-fn named_caller(caller: &vynil_runtime::Caller, claimed: &str) -> String {
-    match caller {
-        vynil_runtime::Caller::Unauthenticated { .. } if !claimed.is_empty() => {
-            format!("{caller} (claiming {claimed})")
-        }
-        _ => caller.to_string(),
-    }
-}
-
 /// An operator's decision on a failed upgrade (`RollBack`, `ClearQuarantine`).
 async fn operator_decision(
     context: &Context,
@@ -569,7 +560,7 @@ async fn operator_decision(
 ) -> Result<vynil_proto::lifecycle::v1::Quarantine, LifecycleError> {
     let wanted = operator::named(wanted)?;
     let (kind, object) = find(context, &wanted)?;
-    let asked = Asked { kind, object: &object, tag, caller: named_caller(caller, claimed), reason };
+    let asked = Asked { kind, object: &object, tag, caller: caller.recorded(claimed), reason };
     if rollback {
         operator::roll_back(context, &asked).await
     } else {

@@ -5,9 +5,9 @@ use std::{pin::Pin, sync::Arc, time::Duration};
 use futures::Stream;
 use tonic::{Request, Response, Status};
 use vynil_proto::scanner::v1::{
-    ExportIndexRequest, ExportIndexResponse, GetScanRequest, NotifiedScan, NotifyPushRequest,
-    NotifyPushResponse, RepositoryError, ScanRequest, ScanResponse, ScanState, ScanStatus, WatchScanRequest,
-    scanner_server::Scanner as ScannerApi,
+    self as pb, ExportIndexRequest, ExportIndexResponse, GetScanRequest, LiftRecallRequest, NotifiedScan,
+    NotifyPushRequest, NotifyPushResponse, RecallRequest, RecallResponse, RepositoryError, ScanRequest,
+    ScanResponse, ScanState, ScanStatus, WatchScanRequest, scanner_server::Scanner as ScannerApi,
 };
 use vynil_rules::ScanScope;
 
@@ -15,6 +15,7 @@ use vynil_runtime::{Classify, Failure, ToStatus};
 
 use crate::{
     ScannerError,
+    recalls::RecallChange,
     requests::{RecordState, ScanRecord},
     worker::Scanner,
 };
@@ -80,13 +81,32 @@ fn to_proto(record: &ScanRecord) -> ScanStatus {
 #[derive(Debug, Clone)]
 pub struct ScannerService {
     pub scanner: Arc<Scanner>,
-    /// Scan, NotifyPush and ExportIndex are privileged: the service token.
+    /// Scan, NotifyPush, ExportIndex, Recall and LiftRecall are privileged: the service token.
     pub trust: vynil_runtime::Trust,
 }
 
 type StatusStream = Pin<Box<dyn Stream<Item = Result<ScanStatus, Status>> + Send>>;
 
 impl ScannerService {
+    async fn recalls(
+        &self,
+        jukebox: &str,
+        change: &RecallChange,
+    ) -> Result<Response<RecallResponse>, Status> {
+        let recalls = self.scanner.change_recalls(jukebox, change).await?;
+        let recalls = recalls
+            .into_iter()
+            .map(|r| pb::RecalledRevision {
+                tag: r.tag,
+                reason: r.reason,
+                move_away: r.move_away,
+                by: r.by,
+                at: r.at,
+            })
+            .collect();
+        Ok(Response::new(RecallResponse { recalls }))
+    }
+
     async fn record(&self, id: &str) -> Result<ScanRecord, Status> {
         Ok(self.scanner.queue.find(id).await?)
     }
@@ -164,6 +184,29 @@ impl ScannerApi for ScannerService {
             written: done.report.written,
             removed: done.report.removed,
         }))
+    }
+
+    async fn recall(&self, request: Request<RecallRequest>) -> Result<Response<RecallResponse>, Status> {
+        // Every instance of the JukeBox is concerned: the gateway decides who may.
+        let caller = self.trust.privileged(&request, "Recall").map_err(|e| e.to_status())?;
+        let request = request.into_inner();
+        let change = RecallChange::Recall(vynil_crds::RecalledRevision {
+            tag: request.tag,
+            reason: request.reason,
+            move_away: request.move_away,
+            by: caller.recorded(&request.caller),
+            at: vynil_crds::condition::rfc3339_seconds(jiff::Timestamp::now()),
+        });
+        self.recalls(&request.jukebox, &change).await
+    }
+
+    async fn lift_recall(
+        &self,
+        request: Request<LiftRecallRequest>,
+    ) -> Result<Response<RecallResponse>, Status> {
+        self.trust.privileged(&request, "LiftRecall").map_err(|e| e.to_status())?;
+        let request = request.into_inner();
+        self.recalls(&request.jukebox, &RecallChange::Lift(request.tag)).await
     }
 
     async fn get_scan(&self, request: Request<GetScanRequest>) -> Result<Response<ScanStatus>, Status> {

@@ -15,6 +15,7 @@ pub mod export;
 mod grpc;
 mod index;
 mod metrics;
+mod recalls;
 mod requests;
 mod schedule;
 mod triggers;

@@ -553,3 +553,41 @@ async fn an_http_index_source_reads_its_secret_from_the_api_and_says_when_it_is_
     assert_eq!(world.tags("box").await, ["pg:1.0.0"]);
     assert!(server.requests().iter().all(|r| r.status == 200 || r.status == 304), "{:?}", server.requests());
 }
+
+/// When the scanner first saw each revision's digest, in the JukeBox's status.
+async fn first_seen(world: &World, tag: &str) -> (Option<String>, Option<String>) {
+    let jukebox = world.boxes.get("box").await.unwrap();
+    let packages = jukebox.status.map(|s| s.packages).unwrap_or_default();
+    let found = packages.into_iter().find(|p| p.tag == tag);
+    found.map(|p| (p.first_seen, p.digest)).unwrap_or_default()
+}
+
+/// #44 item 3: a revision's first sighting (its age for a minimum release
+/// age) lives in the JukeBox's status, so a restarted scanner (or another
+/// replica) keeps it; a tag re-pushed with a new digest starts again.
+#[tokio::test]
+async fn a_first_sighting_survives_a_scanner_restart_and_a_re_pushed_tag_starts_again() {
+    let world = world().await;
+    world.jukebox("box", &["apps/a"], "0 0 1 1 *", None).await;
+    let first = world.scanner(&[]).await;
+    world.annotate("box", "true").await;
+    world.until("the first scan", &first, no_annotation).await;
+    let (seen, digest) = first_seen(&world, "1.0.0").await;
+    let seen = seen.expect("the scan records when it first saw 1.0.0");
+    drop(first);
+
+    let second = world.scanner(&[]).await;
+    world.annotate("box", "true").await;
+    world.until("a rescan by the restarted scanner", &second, no_annotation).await;
+    assert_eq!(first_seen(&world, "1.0.0").await, (Some(seen.clone()), digest.clone()), "unchanged");
+
+    let repushed = PackageSpec::new("apps", "a", PackageType::Tenant, "1.0.0").feature("upgrade");
+    world.registry.publisher().publish("apps/a", &repushed).await.unwrap();
+    world.annotate("box", "true").await;
+    world.until("the re-pushed tag scanned", &second, no_annotation).await;
+    let (again, new_digest) = first_seen(&world, "1.0.0").await;
+    assert_ne!(new_digest, digest, "the re-push changed the digest");
+    let (before, after): (jiff::Timestamp, jiff::Timestamp) =
+        (seen.parse().unwrap(), again.unwrap().parse().unwrap());
+    assert!(after > before, "a new digest is seen anew: {before} then {after}");
+}
