@@ -126,7 +126,7 @@ async fn the_web_page_in_chromium_logs_in_scans_shows_the_type_change_purges_exp
     assert!(output.status.success() && printed.contains("web e2e: ok"), "{printed}");
     let views =
         ["1-jukeboxes", "2-catalog", "3-purge-plan", "4-purge-report", "5-instances", "6-viewer-plan"];
-    for view in views.into_iter().chain(["7-quarantine", "8-approval"]) {
+    for view in views.into_iter().chain(["7-quarantine", "8-approval", "9-recall"]) {
         let shot = screenshots.join(format!("{view}.png"));
         assert!(std::fs::metadata(&shot).is_ok_and(|m| m.len() > 1000), "{} missing", shot.display());
     }

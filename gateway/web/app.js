@@ -227,15 +227,18 @@ async function catalogView(jukebox) {
   }
   const sections = [...groups].map(([key, revisions]) => {
     const [category, name] = key.split("/");
-    const rows = revisions.map((p) => el("tr", {},
+    const rows = revisions.map((p) => el("tr", { "data-tag": p.tag },
       el("td", {}, p.tag),
       el("td", {}, el("span", { class: `badge type-${p.type}` }, p.type)),
       el("td", {}, p.roles.map((r) => el("span", { class: `badge role-${r.kind}` }, r.description))),
-      el("td", { class: "path" }, (p.digest || "").slice(0, 19))));
+      el("td", {}, when(p.first_seen)),
+      el("td", { class: "path" }, (p.digest || "").slice(0, 19)),
+      el("td", {}, recallButton(jukebox, p))));
     const from = el("input", { placeholder: "installed version", "aria-label": `installed version of ${key}` });
     const kind = el("select", { "aria-label": `type of ${key}` }, ["tenant", "service", "system"].map((t) => el("option", {}, t)));
     const answer = el("p", { class: "upgrade-path" });
     const ask = el("button", {
+      class: "ask-path",
       onclick: async () => {
         try {
           const query = new URLSearchParams({ category, name, type: kind.value });
@@ -251,10 +254,45 @@ async function catalogView(jukebox) {
     }, "Upgrade path");
     return el("section", { class: "package", "data-package": key },
       el("h2", {}, key, " ", el("small", {}, `${revisions[0].registry}/${revisions[0].image}`)),
-      table(["Tag", "Type", "Role", "Digest"], rows),
+      table(["Tag", "Type", "Role", "First seen", "Digest", ""], rows),
       el("div", {}, from, " ", kind, " ", ask, answer));
   });
   show(el("h1", {}, `Catalog of ${jukebox}`), sections.length ? sections : el("p", {}, "No package yet: scan this JukeBox (JukeBoxes, “Scan now”), or check its source."));
+}
+
+// An operator recalls a revision (no instance installs or upgrades to it),
+// saying why, or lifts its recall; the catalog is shown again as read back.
+function recallButton(jukebox, p) {
+  if (!can("operator")) return null;
+  const recalled = p.roles.some((r) => r.kind === "recalled");
+  const out = el("span", { class: "recall-answer" });
+  const button = el("button", {
+    class: recalled ? "lift-recall" : "recall",
+    onclick: async () => {
+      try {
+        if (recalled) {
+          await api("DELETE", `/jukeboxes/${jukebox}/recalls/${encodeURIComponent(p.tag)}`);
+        } else {
+          const reason = window.prompt(`Why recall ${p.tag}? (shown with it, and to the instances running it)`);
+          if (!reason) return;
+          const move_away = window.confirm(`Move the instances running ${p.tag} to the newest selectable revision (older or not)?`);
+          await api("POST", `/jukeboxes/${jukebox}/recalls`, { tag: p.tag, reason, move_away });
+        }
+        // Written and read back in the JukeBox; the catalog follows within moments.
+        out.textContent = recalled ? "recall lifted" : "recalled";
+        for (let tries = 0; tries < 40; tries++) {
+          const now = await everyItem(`/jukeboxes/${jukebox}/catalog`);
+          const same = now.find((q) => q.tag === p.tag && q.registry === p.registry && q.image === p.image);
+          if (!same || same.roles.some((r) => r.kind === "recalled") !== recalled) break;
+          await new Promise((done) => setTimeout(done, 250));
+        }
+        await catalogView(jukebox);
+      } catch (error) {
+        out.replaceChildren(failure(error));
+      }
+    },
+  }, recalled ? `Lift recall of ${p.tag}` : `Recall ${p.tag}…`);
+  return el("span", {}, button, out);
 }
 
 // ---------- purge ----------

@@ -83,7 +83,7 @@ try {
   }
   await page.locator(`${ollama} input`).fill("0.1.8");
   await page.locator(`${ollama} select`).selectOption("tenant");
-  await page.locator(`${ollama} button`).click();
+  await page.locator(`${ollama} button.ask-path`).click();
   await waitForText(page, `${ollama} .upgrade-path`, "0.1.8 → 0.1.9");
   await shot(page, "2-catalog");
 
@@ -177,6 +177,19 @@ try {
   await shot(page, "8-approval");
   await page.locator("#approve-upgrade").click();
   await waitForText(page, "#explanation", "Approved: 0.1.9 → 0.1.11.");
+  // A recall from the catalog page: its reason asked (no move-away), its role shown, then lifted.
+  const answer = (dialog) => (dialog.type() === "prompt" ? dialog.accept("leaks memory") : dialog.dismiss());
+  page.on("dialog", answer);
+  await page.goto(`${BASE_URL}/#/catalog/box`);
+  await page.reload();
+  const recalled = `${ollama} tr[data-tag="0.1.11"]`;
+  await page.locator(`${recalled} button.recall`).click();
+  await waitForText(page, recalled, "recalled: leaks memory");
+  await shot(page, "9-recall");
+  await page.locator(`${recalled} button.lift-recall`).click();
+  await page.locator(`${recalled} button.recall`).waitFor({ timeout: TIMEOUT });
+  check(!(await text(page, recalled)).includes("recalled:"), "the recall lifted");
+  page.off("dialog", answer);
   const viewerInstances = await login(VIEWER_TOKEN);
   await viewerInstances.goto(`${BASE_URL}/#/instances`);
   await viewerInstances.locator("tr[data-instance]").first().waitFor({ timeout: TIMEOUT });
