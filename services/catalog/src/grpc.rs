@@ -242,7 +242,9 @@ impl CatalogApi for CatalogService {
                 &self.catalog.framework,
             )
         };
-        let mut response = ResolveInstallResponse { pull_secret, upgrade_policy, ..Default::default() };
+        let recalled = withheld.iter().filter(|w| w.is_recall()).map(withheld_to_proto).collect();
+        let mut response =
+            ResolveInstallResponse { pull_secret, upgrade_policy, recalled, ..Default::default() };
         match vynil_rules::select_install(&entry.packages, &query) {
             Ok(package) => {
                 let held = vynil_rules::catalog::held_back(&entry.packages, &query, package);

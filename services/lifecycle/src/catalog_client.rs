@@ -70,6 +70,7 @@ impl Catalog {
         let policy = response.upgrade_policy.map(policy_from_proto);
         let held_back = HeldBack {
             newer: response.withheld.into_iter().map(|w| w.description).collect(),
+            recalls: response.recalled.into_iter().map(|w| (w.tag, w.description)).collect(),
             recalled: response.running_recalled.map(|recall| RunningRecalled {
                 description: recall.description,
                 move_away: recall.move_away,

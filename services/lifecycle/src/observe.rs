@@ -46,6 +46,7 @@ pub async fn observe(
     let (init_version, checks) = match &resolution {
         Resolution::Package { package, pull_secret } => {
             let init_version = init_version(instance, package, pull_secret.as_deref(), context).await?;
+            let init_version = held_back.refusing_recalled(init_version);
             let asked = facts::Asked {
                 namespace: &instance.namespace,
                 instance: &instance.object,

@@ -110,6 +110,23 @@ fn item_20_init_from_version_found_sets_the_tag_and_not_found_blocks_without_a_j
     assert_eq!(creates_job(&plan), None);
 }
 
+/// #44 item 2: a recalled revision is never installed, even named by `initFrom.version`.
+#[test]
+fn init_from_version_naming_a_recalled_revision_is_refused_without_a_job() {
+    let mut seen = observed("4.0.0");
+    seen.held_back.recalls = vec![("3.0.0".into(), "3.0.0 is recalled: loses data".into())];
+    let found = InitVersion::Found { tag: "3.0.0".into(), digest: None };
+    seen.init_version = seen.held_back.refusing_recalled(found);
+    let plan = install_plan::plan(&fresh(), &seen);
+    let (kind, ok, message) = condition(&plan).unwrap();
+    assert_eq!((kind, ok), ("InitFrom", false));
+    assert!(message.starts_with("[E_RECALLED] initFrom.version: 3.0.0 is recalled: loses data"), "{message}");
+    assert_eq!(creates_job(&plan), None);
+    let other = InitVersion::Found { tag: "3.1.0".into(), digest: None };
+    seen.init_version = seen.held_back.refusing_recalled(other);
+    assert_eq!(creates_job(&install_plan::plan(&fresh(), &seen)).as_deref(), Some("3.1.0"));
+}
+
 #[test]
 fn item_21_a_missing_crd_blocks_with_upstreams_message_and_retries_in_five_minutes() {
     let mut seen = observed("4.0.0");

@@ -135,8 +135,8 @@ fn checked_options(
 }
 
 /// The tag and digest to install: `initFrom.version` on a first install
-/// when asked (blocked when the registry does not have it), else the
-/// catalog's.
+/// when asked (blocked when the registry does not have it or the JukeBox
+/// recalls it), else the catalog's.
 fn init_version(observed: &Observed, package: &Package) -> Result<(String, Option<String>), Plan> {
     match &observed.init_version {
         InitVersion::NotFound(version) => {
@@ -145,6 +145,15 @@ fn init_version(observed: &Observed, package: &Package) -> Result<(String, Optio
                 &format!("Version {version} introuvable dans le registre OCI"),
             );
             Err(Plan::blocked(Criterion::InitFrom, Some("E_INIT_VERSION_NOT_FOUND"), message, RETRY_SHORT))
+        }
+        InitVersion::Recalled(recall) => {
+            let message = coded_message(
+                "E_RECALLED",
+                &format!(
+                    "initFrom.version: {recall}; name another version, or have an operator lift the recall"
+                ),
+            );
+            Err(Plan::blocked(Criterion::InitFrom, Some("E_RECALLED"), message, REQUEUE))
         }
         InitVersion::Found { tag, digest } => Ok((tag.clone(), digest.clone())),
         InitVersion::NotAsked => Ok((package.tag.clone(), package.digest.clone())),

@@ -65,6 +65,8 @@ pub enum InitVersion {
         digest: Option<String>,
     },
     NotFound(String),
+    /// The version is recalled for the JukeBox: the recall, in words.
+    Recalled(String),
 }
 
 /// What was computed from the selected revision and the cluster.
@@ -126,6 +128,8 @@ pub struct HeldBack {
     pub newer: Vec<String>,
     /// The installed revision is recalled.
     pub recalled: Option<RunningRecalled>,
+    /// Every revision the JukeBox recalls: tag, and the recall in words.
+    pub recalls: Vec<(String, String)>,
 }
 
 /// The installed revision is recalled: in words, whether the recall moves
@@ -138,6 +142,15 @@ pub struct RunningRecalled {
 }
 
 impl HeldBack {
+    /// `initFrom.version` as found, unless the JukeBox recalls that tag.
+    pub fn refusing_recalled(&self, found: InitVersion) -> InitVersion {
+        let recalled = match &found {
+            InitVersion::Found { tag, .. } => self.recalls.iter().find(|(t, _)| t == tag),
+            _ => None,
+        };
+        recalled.map_or(found, |(_, recall)| InitVersion::Recalled(recall.clone()))
+    }
+
     /// Whether installing `tag` moves the instance away from a recalled revision.
     pub fn moves_away_to(&self, tag: &str) -> bool {
         self.recalled.as_ref().is_some_and(|r| r.move_away && r.to.as_deref() == Some(tag))
