@@ -13,7 +13,7 @@ use vynil_rules::{
     },
 };
 
-use super::*;
+use super::{checks::*, *};
 
 /// Decides what to do with `instance` (not being deleted) given `observed`:
 /// a sequence of gates, each of which may answer the plan itself (held,
@@ -83,116 +83,6 @@ fn credited(instance: &Instance, observed: &Observed) -> Result<(), Plan> {
         });
     }
     Ok(())
-}
-
-/// The package the catalog selected, and the pull secret of its JukeBox.
-fn resolved<'a>(
-    instance: &Instance,
-    observed: &'a Observed,
-) -> Result<(&'a Package, &'a Option<String>), Plan> {
-    match &observed.resolution {
-        Resolution::JukeboxMissing => {
-            let message = format!("JukeBox {} is missing", instance.jukebox);
-            let mut plan = Plan::blocked(Criterion::Jukebox, None, message.clone(), REQUEUE);
-            plan.steps.push(event_warning("MissingJukebox", message));
-            Err(plan)
-        }
-        Resolution::NoMatch { reason, .. } => {
-            let message = format!("Package {}/{} is missing: {reason}", instance.category, instance.package);
-            let mut plan = Plan::blocked(Criterion::Package, None, message.clone(), REQUEUE);
-            plan.steps.push(event_warning("MissingPackage", message));
-            Err(plan)
-        }
-        Resolution::Package { package, pull_secret } => Ok((package, pull_secret)),
-    }
-}
-
-/// The options, checked against the package's schema. Upstream passes
-/// options through unchecked: an instance it installed keeps being served,
-/// with a warning (`docs/lifecycle.md`, options); any other is blocked.
-fn checked_options(
-    instance: &Instance,
-    checks: &RevisionChecks,
-) -> Result<(CheckedOptions, Option<Step>), Plan> {
-    match &checks.options {
-        Ok(checked) => Ok((checked.clone(), None)),
-        Err(problem) if instance.upstream_installed() => {
-            let warning = event_warning(
-                "OptionTypeMismatch",
-                format!(
-                    "{problem}; installed by upstream's operator, which does not check option types: the value is passed through as upstream passes it"
-                ),
-            );
-            Ok((CheckedOptions::default(), Some(warning)))
-        }
-        Err(problem) => Err(Plan::blocked(
-            Criterion::Options,
-            Some("E_OPTION_TYPE"),
-            coded_message("E_OPTION_TYPE", &problem.to_string()),
-            REQUEUE,
-        )),
-    }
-}
-
-/// The tag and digest to install: `initFrom.version` on a first install
-/// when asked (blocked when the registry does not have it or the JukeBox
-/// recalls it), else the catalog's.
-fn init_version(observed: &Observed, package: &Package) -> Result<(String, Option<String>), Plan> {
-    match &observed.init_version {
-        InitVersion::NotFound(version) => {
-            let message = coded_message(
-                "E_INIT_VERSION_NOT_FOUND",
-                &format!("Version {version} introuvable dans le registre OCI"),
-            );
-            Err(Plan::blocked(Criterion::InitFrom, Some("E_INIT_VERSION_NOT_FOUND"), message, RETRY_SHORT))
-        }
-        InitVersion::Recalled(recall) => {
-            let message = coded_message(
-                "E_RECALLED",
-                &format!(
-                    "initFrom.version: {recall}; name another version, or have an operator lift the recall"
-                ),
-            );
-            Err(Plan::blocked(Criterion::InitFrom, Some("E_RECALLED"), message, REQUEUE))
-        }
-        InitVersion::Found { tag, digest } => Ok((tag.clone(), digest.clone())),
-        InitVersion::NotAsked => Ok((package.tag.clone(), package.digest.clone())),
-    }
-}
-
-/// The package's requirements hold in this cluster, or it waits for them.
-fn requirements_met(checks: &RevisionChecks) -> Result<(), Plan> {
-    match &checks.unmet {
-        Some(unmet) => {
-            let mut plan =
-                Plan::blocked(Criterion::Requirement, None, unmet.message.clone(), unmet.retry_after);
-            plan.steps.push(event_warning("MissingRequirement", unmet.message.clone()));
-            Err(plan)
-        }
-        None => Ok(()),
-    }
-}
-
-/// `value_script`'s values, within what the delete Job can be given.
-fn controller_values(checks: &RevisionChecks) -> Result<String, Plan> {
-    match &checks.controller_values {
-        Ok(values) if values.len() > MAX_CONTROLLER_VALUES => {
-            let message = coded_message(
-                "E_VALUES_TOO_LARGE",
-                &format!(
-                    "value_script produced {} bytes of controller values, at most {MAX_CONTROLLER_VALUES} are recorded for the delete Job: make the package's value_script smaller",
-                    values.len()
-                ),
-            );
-            Err(Plan::blocked(Criterion::ValueScript, Some("E_VALUES_TOO_LARGE"), message, REQUEUE))
-        }
-        Ok(values) => Ok(values.clone()),
-        Err(why) => {
-            let message =
-                coded_message("E_VALUE_SCRIPT", &format!("the package's value_script failed: {why}"));
-            Err(Plan::blocked(Criterion::ValueScript, Some("E_VALUE_SCRIPT"), message, RETRY_SHORT))
-        }
-    }
 }
 
 /// What the instance should run once every gate passed: the revision with

@@ -29,6 +29,7 @@ use vynil_rules::{
 
 use crate::{instance::Instance, upgrades::UpgradeRecord};
 
+mod checks;
 mod gates;
 pub use gates::plan;
 
