@@ -218,6 +218,7 @@ fn decide(u: &mut Unstructured<'_>, instance: &Instance) -> Result<()> {
         rollback: u.arbitrary()?,
         upgrade_policy: None,
         held_back: Default::default(),
+        fleet: Vec::new(),
     };
     if !instance.deleting {
         check_install(instance, &plan(instance, &observed));

@@ -22,7 +22,9 @@ pub use instance::{
     TenantInstanceSpec, TenantInstanceStatus,
 };
 pub use jukebox::{JukeBox, JukeBoxConditionType, JukeBoxSource, JukeBoxSpec, JukeBoxStatus, Maturity};
-pub use policy::{ApprovalMode, MaintenanceWindow, RecalledRevision, UpgradeFreeze, UpgradePolicy};
+pub use policy::{
+    ApprovalMode, MaintenanceWindow, RecalledRevision, UpgradeFreeze, UpgradePolicy, UpgradeWave,
+};
 
 /// Finalizers, as upstream names them.
 pub mod finalizers {

@@ -28,6 +28,27 @@ pub struct UpgradePolicy {
     /// instance's holds. Named as the issue that asked for it, in both specs.
     #[serde(default, rename = "minimumAge", skip_serializing_if = "Option::is_none")]
     pub minimum_age: Option<String>,
+    /// A JukeBox's only (an instance's are ignored): a new revision reaches
+    /// its instances wave by wave, each wave after the previous one's
+    /// instances run it for their soak time; instances no wave selects come last.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub waves: Vec<UpgradeWave>,
+}
+
+/// One wave of a JukeBox's rollout (`docs/lifecycle.md`, "Waves").
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct UpgradeWave {
+    pub name: String,
+    /// Labels its instances carry, all of them.
+    #[serde(default)]
+    pub selector: std::collections::BTreeMap<String, String>,
+    /// How long its instances run a revision before the next wave starts (`1h`, `0s`).
+    #[serde(default = "no_soak")]
+    pub soak: String,
+}
+
+fn no_soak() -> String {
+    "0s".into()
 }
 
 /// Ours: a revision an operator recalled for a JukeBox's instances
@@ -125,7 +146,9 @@ impl UpgradePolicy {
         match (jukebox, own) {
             (None, None) => None,
             (Some((name, policy)), None) => Some((policy.clone(), format!("JukeBox {name}"))),
-            (None, Some(own)) => Some((own.clone(), "the instance".into())),
+            (None, Some(own)) => {
+                Some((UpgradePolicy { waves: Vec::new(), ..own.clone() }, "the instance".into()))
+            }
             (Some((name, policy)), Some(own)) => {
                 let freezes = policy.freezes.iter().chain(&own.freezes).cloned().collect();
                 let ages = (policy.minimum_age.as_deref(), own.minimum_age.as_deref());
@@ -136,10 +159,19 @@ impl UpgradePolicy {
                     freezes,
                     approval: own.approval,
                     minimum_age,
+                    waves: policy.waves.clone(),
                 };
                 Some((merged, format!("the instance, with JukeBox {name}'s freezes")))
             }
         }
+    }
+
+    /// The waves, checked; the first bad one says what to fix.
+    pub fn waves(&self) -> Result<Vec<vynil_rules::upgrade::waves::Wave>, RulesError> {
+        self.waves
+            .iter()
+            .map(|w| vynil_rules::upgrade::waves::Wave::parse(&w.name, &w.selector, &w.soak))
+            .collect()
     }
 
     /// The windows and freezes, checked; the first bad one says what to fix.
@@ -166,6 +198,11 @@ mod tests {
     fn an_instances_windows_replace_its_jukeboxs_but_the_jukeboxs_freezes_hold() {
         let window =
             |s: &str| MaintenanceWindow { schedule: s.into(), zone: "UTC".into(), duration: "1h".into() };
+        let wave = |name: &str| UpgradeWave {
+            name: name.into(),
+            selector: [("wave".to_string(), name.to_string())].into(),
+            soak: "1h".into(),
+        };
         let freeze = |r: &str| UpgradeFreeze {
             from: "2026-01-01T00:00:00Z".into(),
             until: "2026-02-01T00:00:00Z".into(),
@@ -176,14 +213,19 @@ mod tests {
             freezes: vec![freeze("operator")],
             approval: Some(ApprovalMode::Manual),
             minimum_age: None,
+            waves: vec![wave("canary")],
         };
         let own = UpgradePolicy {
             windows: vec![window("0 3 * * *")],
             freezes: vec![freeze("tenant")],
             approval: Some(ApprovalMode::Automatic),
             minimum_age: None,
+            waves: vec![wave("mine first")],
         };
         let (merged, of) = UpgradePolicy::effective(Some(("box", &jukebox)), Some(&own)).unwrap();
+        assert_eq!(merged.waves, jukebox.waves, "waves are the JukeBox's alone");
+        let (alone, _) = UpgradePolicy::effective(None, Some(&own)).unwrap();
+        assert!(alone.waves.is_empty(), "an instance's waves are ignored");
         assert_eq!(merged.windows, own.windows);
         let reasons: Vec<&str> = merged.freezes.iter().map(|f| f.reason.as_str()).collect();
         assert_eq!(reasons, ["operator", "tenant"]);

@@ -778,3 +778,92 @@ mod windows {
         }
     }
 }
+
+/// Waves (`vynil_rules::upgrade::waves`).
+mod waves {
+    use std::collections::BTreeMap;
+
+    use jiff::{SignedDuration, Timestamp};
+    use proptest::prelude::*;
+    use vynil_rules::upgrade::waves::{Member, Wave, WaveGate, wave_gate, wave_of};
+
+    const TAGS: [&str; 3] = ["0.1.0", "0.2.0", "0.3.0"];
+
+    /// An instance: its wave label (or none), the tag it runs, hours since it
+    /// was installed, whether 0.3.0 is quarantined for it.
+    type Drawn = (Option<u8>, usize, i64, bool);
+
+    fn drawn() -> impl Strategy<Value = Drawn> {
+        (prop::option::of(0u8..3), 0usize..3, 0i64..6, prop::bool::weighted(0.1))
+    }
+
+    fn waves(soaks: &[i64]) -> Vec<Wave> {
+        soaks
+            .iter()
+            .enumerate()
+            .map(|(i, hours)| {
+                let selector = BTreeMap::from([("wave".to_string(), i.to_string())]);
+                Wave { name: format!("w{i}"), selector, soak: SignedDuration::from_hours(*hours) }
+            })
+            .collect()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 2_000, ..ProptestConfig::default() })]
+
+        /// (l) The wave order is a function of labels alone, so the gate does
+        /// not depend on the order instances are listed in; it never opens
+        /// while an instance of an earlier wave does not run the revision or
+        /// failed to upgrade to it; and it is monotone in time.
+        #[test]
+        fn the_wave_gate_follows_labels_alone_and_is_monotone_in_time(
+            soaks in prop::collection::vec(0i64..4, 0..3),
+            fleet in prop::collection::vec(drawn(), 0..8),
+            mine in 0usize..4,
+            shift in 0usize..8,
+            later in 0i64..10,
+        ) {
+            let waves = waves(&soaks);
+            // An instance's wave is one of the listed ones or the rest after them.
+            let mine = mine.min(waves.len());
+            let now: Timestamp = "2026-12-05T12:00:00Z".parse().unwrap();
+            let labels: Vec<BTreeMap<String, String>> = fleet
+                .iter()
+                .map(|(wave, ..)| wave.map(|w| BTreeMap::from([("wave".to_string(), w.to_string())])).unwrap_or_default())
+                .collect();
+            let names: Vec<String> = (0..fleet.len()).map(|i| format!("i{i}")).collect();
+            let failed = ["0.3.0".to_string()];
+            let members: Vec<Member> = fleet
+                .iter()
+                .enumerate()
+                .map(|(i, (_, tag, hours, quarantined))| Member {
+                    name: &names[i],
+                    labels: &labels[i],
+                    installed: Some(TAGS[*tag]),
+                    installed_at: Some(now - SignedDuration::from_hours(*hours)),
+                    quarantined: if *quarantined { &failed } else { &[] },
+                })
+                .collect();
+            let gate = wave_gate(&waves, mine, "0.3.0", &members, now);
+            let mut rotated = members.clone();
+            if !rotated.is_empty() {
+                let by = shift % rotated.len();
+                rotated.rotate_left(by);
+            }
+            prop_assert_eq!(&wave_gate(&waves, mine, "0.3.0", &rotated, now), &gate);
+            let earlier = |m: &Member| wave_of(&waves, m.labels) < mine;
+            let blocking = members.iter().filter(|m| earlier(m)).any(|m| m.installed != Some("0.3.0") || !m.quarantined.is_empty());
+            if blocking {
+                prop_assert_ne!(&gate, &WaveGate::Open);
+            }
+            let after = now + SignedDuration::from_hours(later);
+            if gate == WaveGate::Open {
+                prop_assert_eq!(wave_gate(&waves, mine, "0.3.0", &members, after), WaveGate::Open);
+            }
+            // A soak that ends is over: the gate then opens or waits for a later wave.
+            if let WaveGate::Wait { until: Some(until), .. } = &gate {
+                prop_assert_ne!(&wave_gate(&waves, mine, "0.3.0", &members, *until), &gate);
+            }
+        }
+    }
+}

@@ -423,6 +423,15 @@ fn policy_to_proto(policy: &vynil_crds::UpgradePolicy) -> pb::UpgradePolicy {
             .collect(),
         manual_approval: policy.manual(),
         minimum_age: policy.minimum_age.clone().unwrap_or_default(),
+        waves: policy
+            .waves
+            .iter()
+            .map(|w| pb::UpgradeWave {
+                name: w.name.clone(),
+                selector: w.selector.clone().into_iter().collect(),
+                soak: w.soak.clone(),
+            })
+            .collect(),
     }
 }
 

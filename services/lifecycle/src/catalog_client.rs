@@ -171,6 +171,15 @@ fn policy_from_proto(policy: pb::UpgradePolicy) -> vynil_crds::UpgradePolicy {
             .collect(),
         approval: policy.manual_approval.then_some(vynil_crds::ApprovalMode::Manual),
         minimum_age: Some(policy.minimum_age).filter(|a| !a.is_empty()),
+        waves: policy
+            .waves
+            .into_iter()
+            .map(|w| vynil_crds::UpgradeWave {
+                name: w.name,
+                selector: w.selector.into_iter().collect(),
+                soak: w.soak,
+            })
+            .collect(),
     }
 }
 

@@ -51,7 +51,17 @@ pub fn controller(client: &Client, namespace: &str, kind: InstanceKind) -> Contr
         format!("{}={},{}={}", labels::COMPONENT, labels::AGENT, labels::TYPE, kind.package_type().as_str());
     let records: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
     let of_records = resource.clone();
-    Controller::new_with(instances, watcher::Config::default(), resource.clone())
+    let controller = Controller::new_with(instances.clone(), watcher::Config::default(), resource.clone());
+    let (store, of_peers) = (controller.store(), resource.clone());
+    controller
+        // An instance that moved wakes those of its package on another
+        // revision: a later wave waits for it (`crate::fleet`).
+        .watches_with(
+            instances,
+            resource.clone(),
+            watcher::Config::default(),
+            move |object: DynamicObject| crate::fleet::behind(&store, &object, &of_peers),
+        )
         .watches(jobs, watcher::Config::default().labels(&selector), move |job: Job| {
             let (_, namespace, instance) = job::job_instance(&job)?;
             Some(ObjectRef::new_with(instance, resource.clone()).within(namespace))

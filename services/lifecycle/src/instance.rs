@@ -160,6 +160,14 @@ impl Instance {
         }
     }
 
+    /// Its labels (`metadata.labels`): what a JukeBox's waves select.
+    pub fn labels(&self) -> std::collections::BTreeMap<String, String> {
+        self.object
+            .pointer("/metadata/labels")
+            .and_then(|labels| serde_json::from_value(labels.clone()).ok())
+            .unwrap_or_default()
+    }
+
     /// Its own upgrade policy: `spec.upgradePolicy`, made manual by
     /// `vynil.solidite.fr/upgrade-approval: manual`.
     pub fn own_policy(&self) -> Option<vynil_crds::UpgradePolicy> {

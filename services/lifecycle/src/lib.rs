@@ -22,6 +22,7 @@ mod controller;
 mod executor;
 mod facts;
 mod fanout;
+mod fleet;
 mod grpc;
 pub mod install_plan;
 pub mod instance;

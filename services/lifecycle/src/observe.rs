@@ -43,6 +43,12 @@ pub async fn observe(
     let jukebox_policy = jukebox_policy.as_ref().map(|p| (instance.jukebox.as_str(), p));
     let upgrade_policy = vynil_crds::UpgradePolicy::effective(jukebox_policy, instance.own_policy().as_ref())
         .map(|(policy, of)| PolicyOf { policy, of });
+    let waves = upgrade_policy.as_ref().is_some_and(|p| !p.policy.waves.is_empty());
+    let fleet = if waves && instance.installed_tag().is_some() {
+        crate::fleet::members(instance, context).await?
+    } else {
+        Vec::new()
+    };
     let (init_version, checks) = match &resolution {
         Resolution::Package { package, pull_secret } => {
             let init_version = init_version(instance, package, pull_secret.as_deref(), context).await?;
@@ -89,6 +95,7 @@ pub async fn observe(
         rollback: context.rollback && !instance.rollback_off,
         upgrade_policy,
         held_back,
+        fleet,
     })
 }
 

@@ -986,3 +986,117 @@ async fn a_recalled_or_too_young_revision_is_never_installed_and_a_recall_may_mo
     assert!(!world.tags_run("fresh").contains(&"0.5.0".to_string()));
     world.stop().await;
 }
+
+/// #44 item 6 as a user meets it: with waves on the JukeBox (canary, then the
+/// rest), a new revision reaches the canary first, the rest after the
+/// canary's soak; a canary that fails halts the rest (`[E_WAVE_HALTED]`) and
+/// rolls back; an operator clearing its quarantine resumes the rollout.
+#[tokio::test]
+async fn a_rollout_in_waves_goes_canary_first_and_a_canary_failure_halts_the_rest() {
+    use vynil_proto::lifecycle::v1::ClearQuarantineRequest;
+    let (world, script) = World::start(web_revisions(&["0.2.0"]), &["--max-install-attempts", "1"]).await;
+    let boxes: Api<vynil_crds::JukeBox> = Api::all(world.client.clone());
+    let waves = json!({"spec": {"upgrade_policy": {"waves": [
+        {"name": "canary", "selector": {"wave": "canary"}, "soak": "2s"}]}}});
+    boxes.patch("box", &PatchParams::default(), &Patch::Merge(&waves)).await.unwrap();
+    for (name, labels) in [("canary", json!({"wave": "canary"})), ("rest1", json!({})), ("rest2", json!({}))]
+    {
+        let object = json!({"apiVersion": "vynil.solidite.fr/v1", "kind": "TenantInstance",
+            "metadata": {"name": name, "namespace": APPS, "labels": labels}, "spec": web_spec()});
+        world
+            .instances("TenantInstance")
+            .create(&PostParams::default(), &serde_json::from_value(object).unwrap())
+            .await
+            .unwrap();
+    }
+    let at = |tag: &'static str, names: &'static [&'static str]| {
+        let world = &world;
+        async move {
+            for name in names {
+                if installed_tag(&world.get("TenantInstance", name).await) != Some(tag) {
+                    return None;
+                }
+            }
+            Some(())
+        }
+    };
+    eventually("every instance at 0.2.0 (first installs are not held)", || {
+        at("0.2.0", &["canary", "rest1", "rest2"])
+    })
+    .await;
+
+    // 0.3.0: the canary first, the rest once it has run 0.3.0 for its soak.
+    world.publish(web_revisions(&["0.3.0", "0.2.0"])).await;
+    let grpc = world.grpc().await;
+    let waiting = eventually("the rest waiting for the canary", || async {
+        let listed = grpc.clone().list_instances(ListInstancesRequest::default()).await.ok()?.into_inner();
+        let rest: Vec<_> = listed
+            .instances
+            .into_iter()
+            .filter(|i| i.r#ref.as_ref().is_some_and(|r| r.name.starts_with("rest")))
+            .collect();
+        rest.iter().all(|i| i.state == InstanceState::Waiting as i32).then_some(rest)
+    })
+    .await;
+    assert!(
+        waiting[0].blocking_reason.contains("wave the rest of JukeBox box")
+            && waiting[0].blocking_reason.contains("wave canary runs 0.3.0"),
+        "{}",
+        waiting[0].blocking_reason
+    );
+    eventually("the canary at 0.3.0", || at("0.3.0", &["canary"])).await;
+    eventually("the rest at 0.3.0 after the soak", || at("0.3.0", &["rest1", "rest2"])).await;
+    let canary = world.get("TenantInstance", "canary").await;
+    let canary_at: jiff::Timestamp =
+        canary["status"]["package"]["installedAt"].as_str().unwrap().parse().unwrap();
+    for name in ["rest1", "rest2"] {
+        let rest = world.get("TenantInstance", name).await;
+        let rest_at: jiff::Timestamp =
+            rest["status"]["package"]["installedAt"].as_str().unwrap().parse().unwrap();
+        assert!(
+            rest_at >= canary_at + jiff::SignedDuration::from_secs(2),
+            "{name} at {rest_at}, canary at {canary_at}"
+        );
+    }
+
+    // 0.4.0 fails on the canary, having applied nothing: it rolls back, and the rest halt.
+    *script.lock().unwrap() = Box::new(|job| match job.tag.as_deref() {
+        Some("0.4.0") => AgentOutcome::fail("the 0.4.0 migration exited 1"),
+        _ => AgentOutcome::succeed(),
+    });
+    world.publish(web_revisions(&["0.4.0", "0.3.0", "0.2.0"])).await;
+    let halted = eventually("the rest halted", || async {
+        let listed = grpc.clone().list_instances(ListInstancesRequest::default()).await.ok()?.into_inner();
+        let rest: Vec<_> = listed
+            .instances
+            .into_iter()
+            .filter(|i| i.r#ref.as_ref().is_some_and(|r| r.name.starts_with("rest")))
+            .collect();
+        rest.iter().all(|i| i.blocking_code == "E_WAVE_HALTED").then_some(rest)
+    })
+    .await;
+    assert!(
+        halted[0].blocking_reason.contains("tenant/apps/canary of wave canary failed"),
+        "{}",
+        halted[0].blocking_reason
+    );
+    eventually("the canary rolled back to 0.3.0", || async {
+        (world.tags_run("canary").iter().filter(|t| *t == "0.3.0").count() == 2).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for name in ["rest1", "rest2"] {
+        assert!(!world.tags_run(name).contains(&"0.4.0".to_string()), "{name} never tried 0.4.0");
+    }
+
+    // Fixed, and the quarantine cleared by an operator: the rollout resumes.
+    *script.lock().unwrap() = Box::new(|_| AgentOutcome::succeed());
+    let request = ClearQuarantineRequest {
+        r#ref: Some(tenant(APPS, "canary")),
+        tag: "0.4.0".into(),
+        ..Default::default()
+    };
+    grpc.clone().clear_quarantine(as_gateway(request, "alice")).await.unwrap();
+    eventually("every instance at 0.4.0", || at("0.4.0", &["canary", "rest1", "rest2"])).await;
+    world.stop().await;
+}

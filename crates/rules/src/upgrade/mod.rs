@@ -27,6 +27,7 @@
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
+pub mod waves;
 pub mod window;
 pub mod withheld;
 

@@ -9,6 +9,7 @@ use vynil_rules::{
     tag::is_newer,
     upgrade::{
         self, FailedUpgrade, Quarantined, SeenCondition,
+        waves::{Member, WaveGate, wave_gate, wave_name, wave_of},
         window::{UpgradeGate, upgrade_gate},
     },
 };
@@ -472,6 +473,9 @@ fn upgrade_timing(desired: &Desired, observed: &Observed) -> Option<Plan> {
         }));
         return Some(Plan { steps: Vec::new(), outcome, requeue: REQUEUE });
     }
+    if let Some(plan) = wave_timing(desired, observed, policy, from) {
+        return Some(plan);
+    }
     let (windows, freezes) = match policy.policy.rules() {
         Ok(rules) => rules,
         Err(problem) => {
@@ -492,4 +496,51 @@ fn upgrade_timing(desired: &Desired, observed: &Observed) -> Option<Plan> {
         why: format!("the upgrade {from} → {} waits ({}): {why}", desired.tag, policy.of),
     };
     Some(Plan { steps: Vec::new(), outcome, requeue: wait })
+}
+
+/// An upgrade under a JukeBox's waves waits for the earlier waves to run the
+/// revision for their soak time, and halts when one of their instances
+/// failed to upgrade to it (`vynil_rules::upgrade::waves`).
+fn wave_timing(desired: &Desired, observed: &Observed, policy: &PolicyOf, from: &str) -> Option<Plan> {
+    if policy.policy.waves.is_empty() {
+        return None;
+    }
+    let waves = match policy.policy.waves() {
+        Ok(waves) => waves,
+        Err(problem) => {
+            let message =
+                coded_message("E_UPGRADE_POLICY", &format!("the upgrade policy of {}: {problem}", policy.of));
+            return Some(Plan::blocked(Criterion::Upgrade, Some("E_UPGRADE_POLICY"), message, REQUEUE));
+        }
+    };
+    let mine = wave_of(&waves, &desired.instance.labels());
+    let members: Vec<Member> = observed
+        .fleet
+        .iter()
+        .map(|m| Member {
+            name: &m.name,
+            labels: &m.labels,
+            installed: m.installed.as_deref(),
+            installed_at: m.installed_at,
+            quarantined: &m.quarantined,
+        })
+        .collect();
+    let to = &desired.tag;
+    let step = format!("the upgrade {from} → {to} (wave {} of {})", wave_name(&waves, mine), policy.of);
+    match wave_gate(&waves, mine, to, &members, observed.now) {
+        WaveGate::Open => None,
+        WaveGate::Wait { until, why } => {
+            // Woken by the instances it waits for (`crate::fleet`), or when the soak ends.
+            let wait = until
+                .and_then(|at| std::time::Duration::try_from(at.duration_since(observed.now)).ok())
+                .map_or(REQUEUE, |d| d.clamp(std::time::Duration::from_secs(1), REQUEUE));
+            let until = until.map(vynil_crds::condition::rfc3339_seconds);
+            let outcome = Outcome::Waiting { to: to.clone(), until, why: format!("{step} waits: {why}") };
+            Some(Plan { steps: Vec::new(), outcome, requeue: wait })
+        }
+        WaveGate::Halted { why } => {
+            let message = coded_message("E_WAVE_HALTED", &format!("{step}: {why}"));
+            Some(Plan::blocked(Criterion::Upgrade, Some("E_WAVE_HALTED"), message, REQUEUE))
+        }
+    }
 }

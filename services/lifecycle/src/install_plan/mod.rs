@@ -119,6 +119,22 @@ pub struct Observed {
     pub upgrade_policy: Option<PolicyOf>,
     /// What the JukeBox holds back from the instance (recalled, too young).
     pub held_back: HeldBack,
+    /// The instances of its package, when its JukeBox rolls out in waves
+    /// (empty otherwise).
+    pub fleet: Vec<FleetMember>,
+}
+
+/// Another instance of the same package (or itself), for waves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FleetMember {
+    /// `<kind>/<namespace>/<name>`.
+    pub name: String,
+    pub labels: std::collections::BTreeMap<String, String>,
+    /// The revision recorded as installed (`status.package.tag`).
+    pub installed: Option<String>,
+    pub installed_at: Option<jiff::Timestamp>,
+    /// Revisions quarantined for it after upgrades to them failed.
+    pub quarantined: Vec<String>,
 }
 
 /// What the JukeBox held back from an instance, as the catalog said it.

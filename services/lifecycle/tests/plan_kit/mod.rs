@@ -70,6 +70,7 @@ pub fn observed(tag: &str) -> Observed {
         rollback: true,
         upgrade_policy: None,
         held_back: Default::default(),
+        fleet: Vec::new(),
     }
 }
 

@@ -1,0 +1,85 @@
+//! The other instances of an instance's package, for waves
+//! (`vynil_rules::upgrade::waves`): read from the controller's own watch
+//! cache, with the revisions quarantined for each from the upgrade records.
+//! Read only when the JukeBox's policy has waves. And the watch mapper that
+//! wakes the instances behind one that moved: a canary installing a
+//! revision (or failing to) is what the waves after it wait for.
+
+use kube::{
+    ResourceExt,
+    api::{ApiResource, DynamicObject},
+    runtime::reflector::{ObjectRef, Store},
+};
+
+use crate::{LifecycleError, context::Context, install_plan::FleetMember, instance::Instance};
+
+/// What identifies an instance's package: its JukeBox, category and name.
+fn package_of(object: &DynamicObject) -> Option<(String, String, String)> {
+    let spec = object.data.get("spec")?;
+    let text = |key: &str| spec.get(key).and_then(|v| v.as_str()).map(String::from);
+    Some((text("jukebox")?, text("category")?, text("package")?))
+}
+
+fn installed_tag(object: &DynamicObject) -> Option<&str> {
+    object.data.get("status")?.get("package")?.get("tag")?.as_str()
+}
+
+/// The instances of `instance`'s package in its JukeBox (itself included),
+/// as the waves need them.
+pub async fn members(instance: &Instance, context: &Context) -> Result<Vec<FleetMember>, LifecycleError> {
+    let records = context.upgrades.all().await?;
+    let wanted = (instance.jukebox.clone(), instance.category.clone(), instance.package.clone());
+    let members = context
+        .stores
+        .of(instance.kind)
+        .state()
+        .iter()
+        .filter(|o| o.metadata.deletion_timestamp.is_none() && package_of(o).as_ref() == Some(&wanted))
+        .filter_map(|o| Instance::decode(instance.kind, o).ok())
+        .map(|peer| {
+            let package = peer.status.package.as_ref();
+            let quarantined = peer
+                .uid
+                .as_deref()
+                .and_then(|uid| records.get(uid))
+                .map(|r| r.quarantined_tags())
+                .unwrap_or_default();
+            FleetMember {
+                name: peer.reference(),
+                labels: peer.labels(),
+                installed: package.map(|p| p.tag.clone()),
+                installed_at: package.and_then(|p| p.installed_at.as_deref()).and_then(|t| t.parse().ok()),
+                quarantined,
+            }
+        })
+        .collect();
+    Ok(members)
+}
+
+/// The instances of `object`'s package a wave may hold behind it: while it
+/// has an agent Job in flight (`status.target`: its upgrade may fail and halt
+/// them), every other; else those whose installed revision differs from
+/// its own. None at rest (no Job, every instance on the same revision), so
+/// a fleet that is not rolling out costs nothing.
+pub fn behind(
+    store: &Store<DynamicObject>,
+    object: &DynamicObject,
+    resource: &ApiResource,
+) -> Vec<ObjectRef<DynamicObject>> {
+    let (Some(package), Some(uid)) = (package_of(object), object.uid()) else { return Vec::new() };
+    let tag = installed_tag(object);
+    let moving = object.data.get("status").and_then(|s| s.get("target")).is_some_and(|t| !t.is_null());
+    store
+        .state()
+        .iter()
+        .filter(|peer| peer.uid().as_deref() != Some(uid.as_str()))
+        .filter(|peer| package_of(peer).as_ref() == Some(&package) && (moving || installed_tag(peer) != tag))
+        .map(|peer| {
+            let reference = ObjectRef::new_with(&peer.name_any(), resource.clone());
+            match peer.namespace() {
+                Some(namespace) => reference.within(&namespace),
+                None => reference,
+            }
+        })
+        .collect()
+}
