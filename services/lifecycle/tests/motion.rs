@@ -112,6 +112,44 @@ async fn with_two_replicas_only_the_leader_writes_and_the_other_takes_over() {
     world.stop().await;
 }
 
+/// #44 item 4: an upgrade inside a maintenance window (Europe/Paris, open
+/// every minute for an hour: always open) whose leader stops the moment its
+/// Job exists is followed to its end by the next leader: one Job.
+#[tokio::test]
+async fn a_leader_stopped_inside_a_window_leaves_one_job_for_the_upgrade() {
+    let lease = ["--lease-seconds", "2"];
+    let (mut world, _) = World::start(vec![v("2.5.0", None)], &lease).await;
+    let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
+        kube::Api::namespaced(world.client.clone(), JOBS);
+    eventually("a holds the Lease", || async {
+        let lease = leases.get_opt("vynil-lifecycle").await.unwrap()?.spec?;
+        (lease.holder_identity.as_deref() == Some("a")).then_some(())
+    })
+    .await;
+    let (_b, _stop_b) = world.start_replica("b", &lease).await;
+    let boxes: kube::Api<vynil_crds::JukeBox> = kube::Api::all(world.client.clone());
+    let window = json!({"spec": {"upgrade_policy": {"windows": [
+        {"schedule": "* * * * *", "zone": "Europe/Paris", "duration": "1h"}]}}});
+    boxes.patch("box", &PatchParams::default(), &Patch::Merge(&window)).await.unwrap();
+    world.create("TenantInstance", "web", web_spec(), json!({})).await;
+    wait_installed(&world, "web", "2.5.0").await;
+    world.publish(vec![v("3.5.0", Some("2.0.0")), v("2.5.0", None)]).await;
+    eventually("the upgrade's Job created by a", || async {
+        world.tags_run("web").contains(&"3.5.0".to_string()).then_some(())
+    })
+    .await;
+    world.lifecycle_shutdown.trigger();
+    wait_installed(&world, "web", "3.5.0").await;
+    assert!(
+        writes_by(&world, "b").iter().any(|w| w.contains("web")),
+        "b followed it: {:?}",
+        writes_by(&world, "b")
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(world.tags_run("web"), ["2.5.0", "3.5.0"], "one Job for the upgrade");
+    world.stop().await;
+}
+
 #[tokio::test]
 async fn an_unsynced_replica_answers_unavailable_and_the_purger_plans_with_usage_unknown() {
     let registry = vynil_testkit::RegistryServer::start().await.unwrap();
