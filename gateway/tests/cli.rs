@@ -219,6 +219,21 @@ async fn a_session_of_vynilctl_scans_purges_explains_and_exits_with_the_document
         (gated_runs("0.1.11") == 1).then_some(())
     })
     .await;
+    // An instance whose own policy freezes its upgrades: listed as waiting, with why and until when.
+    let frozen = json!({"apiVersion": "vynil.solidite.fr/v1", "kind": "TenantInstance",
+        "metadata": {"name": "frozen", "namespace": "apps"},
+        "spec": {"jukebox": "box", "category": "think", "package": "ollama", "upgradePolicy": {"freezes": [
+            {"from": "2020-01-01T00:00:00Z", "until": "2099-01-01T00:00:00Z", "reason": "audit season"}]}}});
+    stack
+        .tenant_instances()
+        .create(&PostParams::default(), &serde_json::from_value(frozen).unwrap())
+        .await
+        .unwrap();
+    eventually("frozen installed 0.1.11", || async {
+        let runs = agent.runs();
+        runs.iter().any(|r| r.job.instance_name == "frozen" && r.job.tag.as_deref() == Some("0.1.11")).then_some(())
+    })
+    .await;
     stack.publish("think", "ollama", PackageType::Tenant, "0.1.12").await;
     assert_eq!(code(&vynilctl(&["scan", "box", "--wait"], &env).await), 0);
     let pending = eventually("the upgrade pending approval", || async {
@@ -226,6 +241,17 @@ async fn a_session_of_vynilctl_scans_purges_explains_and_exits_with_the_document
         text(&listed).contains("pending_approval").then_some(listed)
     })
     .await;
+    let waiting = eventually("the frozen upgrade waiting", || async {
+        let listed = vynilctl(&["instance", "list", "--namespace", "apps"], &env).await;
+        text(&listed).contains("waiting").then_some(listed)
+    })
+    .await;
+    assert!(
+        text(&waiting).contains("0.1.11 → 0.1.12") && text(&waiting).contains("frozen until 2099-01-01")
+            && text(&waiting).contains("audit season"),
+        "{}",
+        text(&waiting)
+    );
     assert!(text(&pending).contains("0.1.11 → 0.1.12"), "{}", text(&pending));
     assert_eq!(gated_runs("0.1.12"), 0, "nothing runs before the approval");
     let approved =
