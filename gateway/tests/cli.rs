@@ -231,7 +231,9 @@ async fn a_session_of_vynilctl_scans_purges_explains_and_exits_with_the_document
         .unwrap();
     eventually("frozen installed 0.1.11", || async {
         let runs = agent.runs();
-        runs.iter().any(|r| r.job.instance_name == "frozen" && r.job.tag.as_deref() == Some("0.1.11")).then_some(())
+        runs.iter()
+            .any(|r| r.job.instance_name == "frozen" && r.job.tag.as_deref() == Some("0.1.11"))
+            .then_some(())
     })
     .await;
     stack.publish("think", "ollama", PackageType::Tenant, "0.1.12").await;
@@ -247,7 +249,8 @@ async fn a_session_of_vynilctl_scans_purges_explains_and_exits_with_the_document
     })
     .await;
     assert!(
-        text(&waiting).contains("0.1.11 → 0.1.12") && text(&waiting).contains("frozen until 2099-01-01")
+        text(&waiting).contains("0.1.11 → 0.1.12")
+            && text(&waiting).contains("frozen until 2099-01-01")
             && text(&waiting).contains("audit season"),
         "{}",
         text(&waiting)

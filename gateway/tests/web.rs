@@ -64,11 +64,18 @@ async fn the_web_page_in_chromium_logs_in_scans_shows_the_type_change_purges_exp
             "spec": {"jukebox": "box", "category": "think", "package": package}})
     };
     let instances = stack.tenant_instances();
-    for (name, package) in [("ollama", "ollama"), ("broken", "nothere"), ("gated", "ollama")] {
+    for (name, package) in
+        [("ollama", "ollama"), ("broken", "nothere"), ("gated", "ollama"), ("frozen", "ollama")]
+    {
         let mut object = instance(name, package);
         if name == "gated" {
             // Its upgrades wait for an operator's approval (the page's last part).
             object["metadata"]["annotations"] = json!({"vynil.solidite.fr/upgrade-approval": "manual"});
+        }
+        if name == "frozen" {
+            // Its own policy freezes its upgrades: it waits, saying why and until when.
+            object["spec"]["upgradePolicy"] = json!({"freezes": [
+                {"from": "2020-01-01T00:00:00Z", "until": "2099-01-01T00:00:00Z", "reason": "audit season"}]});
         }
         instances.create(&PostParams::default(), &serde_json::from_value(object).unwrap()).await.unwrap();
     }

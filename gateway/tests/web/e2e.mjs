@@ -115,7 +115,7 @@ try {
     await page.locator("button.more").click();
     await page.waitForFunction((n) => document.querySelectorAll("tr[data-instance]").length > n, rows, { timeout: TIMEOUT });
   }
-  check((await page.locator("tr[data-instance]").count()) === 3, "every instance, each once, over three pages");
+  check((await page.locator("tr[data-instance]").count()) === 4, "every instance, each once, over four pages");
   await waitForText(page, 'tr[data-instance="tenant/apps/broken"]', "blocked");
   await page.locator('tr[data-instance="tenant/apps/broken"] button.explain').click();
   await waitForText(page, "#explanation", "Blocked by");
@@ -177,6 +177,19 @@ try {
   await shot(page, "8-approval");
   await page.locator("#approve-upgrade").click();
   await waitForText(page, "#explanation", "Approved: 0.1.9 → 0.1.11.");
+  // A pending upgrade's reason and next time: frozen waits until its freeze ends.
+  await page.goto(`${BASE_URL}/#/instances`);
+  await page.reload();
+  const frozen = 'tr[data-instance="tenant/apps/frozen"]';
+  await page.locator("tr[data-instance]").first().waitFor({ timeout: TIMEOUT });
+  for (let pages = 1; (await page.locator(frozen).count()) === 0; pages++) {
+    check(pages < 10, "frozen never listed");
+    const rows = await page.locator("tr[data-instance]").count();
+    await page.locator("button.more").click();
+    await page.waitForFunction((n) => document.querySelectorAll("tr[data-instance]").length > n, rows, { timeout: TIMEOUT });
+  }
+  const waits = await text(page, frozen);
+  check(waits.includes("waiting") && waits.includes("0.1.9 → 0.1.11") && waits.includes("frozen until 2099-01-01") && waits.includes("audit season"), `the waiting upgrade: ${waits}`);
   // A recall from the catalog page: its reason asked (no move-away), its role shown, then lifted.
   const answer = (dialog) => (dialog.type() === "prompt" ? dialog.accept("leaks memory") : dialog.dismiss());
   page.on("dialog", answer);
