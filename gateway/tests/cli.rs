@@ -295,6 +295,12 @@ async fn a_session_of_vynilctl_scans_purges_explains_and_exits_with_the_document
     })
     .await;
     assert_eq!(code(&running), 0, "kept, not blocked: {}", text(&running));
+    let path =
+        vynilctl(&["catalog", "path", "box", "think/ollama", "--type", "tenant", "--from", "0.1.11"], &env)
+            .await;
+    // 0.1.11 has left the catalog's view and 0.1.12 is recalled: no step.
+    assert_eq!(code(&path), 3, "{}", text(&path));
+    assert!(text(&path).contains("0.1.12 is recalled: leaks memory (withheld)"), "{}", text(&path));
     let lifted = vynilctl(&["jukebox", "lift-recall", "box", "0.1.12"], &as_operator).await;
     assert_eq!(code(&lifted), 0, "{}", text(&lifted));
     assert!(text(&lifted).contains("0.1.12 is no longer recalled"), "{}", text(&lifted));

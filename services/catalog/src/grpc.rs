@@ -367,8 +367,11 @@ impl CatalogApi for CatalogService {
             .catalog
             .entry(&request.jukebox)?
             .ok_or_else(|| Status::not_found(format!("no JukeBox {:?} in the catalog", request.jukebox)))?;
+        // The path lifecycle would take: never through a recalled or too young revision.
+        let withheld = withheld_of(&entry, "").map_err(|e| Status::failed_precondition(e.reason))?;
         let query = InstallQuery {
             installed_tag: Some(request.from_tag.as_str()).filter(|t| !t.is_empty()),
+            withheld: &withheld,
             ..InstallQuery::of(
                 &request.jukebox,
                 &request.category,

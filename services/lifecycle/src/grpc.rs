@@ -82,14 +82,12 @@ fn kinds(filter: i32) -> Result<Vec<InstanceKind>, Status> {
     }
 }
 
-/// What a waiting upgrade waits for, as `blocked_by` says it.
-const WAITING_FOR: &str = "upgrade_window";
 const APPROVAL: &str = "approval";
 
 /// What an upgrade that waits waits for (as `blocked_by` says it), and why.
 fn waiting(outcome: &Outcome) -> Option<(&'static str, &str)> {
     match outcome {
-        Outcome::Waiting { why, .. } => Some((WAITING_FOR, why)),
+        Outcome::Waiting { why, on, .. } => Some((on.as_str(), why)),
         Outcome::PendingApproval(step) => Some((APPROVAL, &step.why)),
         _ => None,
     }
@@ -479,9 +477,9 @@ fn explain_outcome(response: &mut ExplainResponse, decision: &install_plan::Plan
             response.to_tag = to.clone();
             format!("would install {to} once an agent Job slot is free (--max-running-jobs)")
         }
-        Outcome::Waiting { to, why, .. } => {
+        Outcome::Waiting { to, why, on, .. } => {
             response.to_tag = to.clone();
-            (response.blocked_by, response.blocking_reason) = (WAITING_FOR.into(), why.clone());
+            (response.blocked_by, response.blocking_reason) = (on.as_str().into(), why.clone());
             why.clone()
         }
         Outcome::PendingApproval(step) => {

@@ -127,6 +127,29 @@ fn init_from_version_naming_a_recalled_revision_is_refused_without_a_job() {
     assert_eq!(creates_job(&install_plan::plan(&fresh(), &seen)).as_deref(), Some("3.1.0"));
 }
 
+/// #44 items 2 and 3: an installed instance whose newer revisions are all
+/// recalled or too young, its own gone from the catalog, stays where it is,
+/// waiting and saying why; a first install with nothing selectable is blocked.
+#[test]
+fn nothing_selectable_yet_keeps_an_installed_instance_waiting_and_blocks_a_first_install() {
+    let mut seen = observed("4.0.0");
+    let reason = "no tenant revision of apps/web is selectable yet: 4.0.0 becomes selectable at 2026-12-08T00:00:00Z (minimum age 72h)";
+    seen.resolution = Resolution::NoMatch { excluded_by: "withheld".into(), reason: reason.into() };
+    let fingerprint = fingerprint_of(&install_plan::plan(&fresh(), &observed("3.0.0")));
+    let on_300 = instance(json!({}), Value::Null, installed("3.0.0", &fingerprint));
+    let plan = install_plan::plan(&on_300, &seen);
+    assert!(plan.steps.is_empty(), "no Job, no condition: {:?}", plan.steps);
+    match &plan.outcome {
+        Outcome::Waiting { to, why, on, .. } => {
+            assert_eq!((to.as_str(), *on), ("3.0.0", install_plan::WaitFor::Withheld));
+            assert_eq!(why, &format!("staying at 3.0.0: {reason}"));
+        }
+        other => panic!("{other:?}"),
+    }
+    let first = install_plan::plan(&fresh(), &seen);
+    assert!(matches!(first.outcome, Outcome::Blocked(_)) && creates_job(&first).is_none(), "{first:?}");
+}
+
 #[test]
 fn item_21_a_missing_crd_blocks_with_upstreams_message_and_retries_in_five_minutes() {
     let mut seen = observed("4.0.0");

@@ -17,6 +17,18 @@ pub(super) fn resolved<'a>(
             plan.steps.push(event_warning("MissingJukebox", message));
             Err(plan)
         }
+        // Nothing newer may be installed yet, and the installed revision has
+        // left the catalog: the instance stays where it is (no Job, no
+        // condition), waiting, saying why.
+        Resolution::NoMatch { excluded_by, reason }
+            if excluded_by == vynil_rules::selection::Exclusion::Withheld.as_str()
+                && instance.installed_tag().is_some() =>
+        {
+            let installed = instance.installed_tag().unwrap_or_default().to_string();
+            let why = format!("staying at {installed}: {reason}");
+            let outcome = Outcome::Waiting { to: installed, until: None, why, on: WaitFor::Withheld };
+            Err(Plan { steps: Vec::new(), outcome, requeue: REQUEUE })
+        }
         Resolution::NoMatch { reason, .. } => {
             let message = format!("Package {}/{} is missing: {reason}", instance.category, instance.package);
             let mut plan = Plan::blocked(Criterion::Package, None, message.clone(), REQUEUE);

@@ -494,6 +494,7 @@ fn upgrade_timing(desired: &Desired, observed: &Observed) -> Option<Plan> {
         to: desired.tag.clone(),
         until: until.map(vynil_crds::condition::rfc3339_seconds),
         why: format!("the upgrade {from} → {} waits ({}): {why}", desired.tag, policy.of),
+        on: WaitFor::Window,
     };
     Some(Plan { steps: Vec::new(), outcome, requeue: wait })
 }
@@ -535,7 +536,8 @@ fn wave_timing(desired: &Desired, observed: &Observed, policy: &PolicyOf, from: 
                 .and_then(|at| std::time::Duration::try_from(at.duration_since(observed.now)).ok())
                 .map_or(REQUEUE, |d| d.clamp(std::time::Duration::from_secs(1), REQUEUE));
             let until = until.map(vynil_crds::condition::rfc3339_seconds);
-            let outcome = Outcome::Waiting { to: to.clone(), until, why: format!("{step} waits: {why}") };
+            let why = format!("{step} waits: {why}");
+            let outcome = Outcome::Waiting { to: to.clone(), until, why, on: WaitFor::Wave };
             Some(Plan { steps: Vec::new(), outcome, requeue: wait })
         }
         WaveGate::Halted { why } => {

@@ -31,7 +31,10 @@ use crate::{instance::Instance, upgrades::UpgradeRecord};
 
 mod checks;
 mod gates;
+mod policy;
+
 pub use gates::plan;
+pub use policy::{FleetMember, HeldBack, PolicyOf, RunningRecalled, WaitFor};
 
 /// How long a healthy instance waits before its next check.
 pub const REQUEUE: Duration = RETRY_LONG;
@@ -122,63 +125,6 @@ pub struct Observed {
     /// The instances of its package, when its JukeBox rolls out in waves
     /// (empty otherwise).
     pub fleet: Vec<FleetMember>,
-}
-
-/// Another instance of the same package (or itself), for waves.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FleetMember {
-    /// `<kind>/<namespace>/<name>`.
-    pub name: String,
-    pub labels: std::collections::BTreeMap<String, String>,
-    /// The revision recorded as installed (`status.package.tag`).
-    pub installed: Option<String>,
-    pub installed_at: Option<jiff::Timestamp>,
-    /// Revisions quarantined for it after upgrades to them failed.
-    pub quarantined: Vec<String>,
-}
-
-/// What the JukeBox held back from an instance, as the catalog said it.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct HeldBack {
-    /// Recalled or too young revisions newer than the one selected, in
-    /// words ("0.1.10 becomes selectable at …"), newest first.
-    pub newer: Vec<String>,
-    /// The installed revision is recalled.
-    pub recalled: Option<RunningRecalled>,
-    /// Every revision the JukeBox recalls: tag, and the recall in words.
-    pub recalls: Vec<(String, String)>,
-}
-
-/// The installed revision is recalled: in words, whether the recall moves
-/// its instances away, and the revision moving away installs.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RunningRecalled {
-    pub description: String,
-    pub move_away: bool,
-    pub to: Option<String>,
-}
-
-impl HeldBack {
-    /// `initFrom.version` as found, unless the JukeBox recalls that tag.
-    pub fn refusing_recalled(&self, found: InitVersion) -> InitVersion {
-        let recalled = match &found {
-            InitVersion::Found { tag, .. } => self.recalls.iter().find(|(t, _)| t == tag),
-            _ => None,
-        };
-        recalled.map_or(found, |(_, recall)| InitVersion::Recalled(recall.clone()))
-    }
-
-    /// Whether installing `tag` moves the instance away from a recalled revision.
-    pub fn moves_away_to(&self, tag: &str) -> bool {
-        self.recalled.as_ref().is_some_and(|r| r.move_away && r.to.as_deref() == Some(tag))
-    }
-}
-
-/// An upgrade policy as written, and whose it is ("JukeBox box", "the instance").
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PolicyOf {
-    pub policy: vynil_crds::UpgradePolicy,
-    pub of: String,
 }
 
 /// Upstream's re-runs that the fingerprint alone does not make, each opt-in.
@@ -364,12 +310,13 @@ pub enum Outcome {
     Queued {
         to: String,
     },
-    /// An upgrade to `to` waits for a maintenance window or the end of a
-    /// freeze: not before `until` (RFC 3339; none: no window opens again).
+    /// An upgrade to `to` waits (`on`): not before `until` (RFC 3339; none:
+    /// no known time).
     Waiting {
         to: String,
         until: Option<String>,
         why: String,
+        on: WaitFor,
     },
     /// An upgrade waits for an operator's approval of exactly this step.
     PendingApproval(Box<PendingStep>),

@@ -42,7 +42,7 @@ fn an_upgrade_outside_its_window_waits_for_the_next_opening_and_starts_inside_it
         install_plan::plan(&on_020(), &upgrade_at("0.3.0", "2026-12-04T12:00:00Z", saturday_nights(vec![])));
     assert!(creates_job(&plan).is_none() && plan.steps.is_empty(), "{plan:?}");
     match &plan.outcome {
-        Outcome::Waiting { to, until, why } => {
+        Outcome::Waiting { to, until, why, .. } => {
             assert_eq!((to.as_str(), until.as_deref()), ("0.3.0", Some("2026-12-05T01:00:00Z")));
             assert!(
                 why.contains("0.2.0 → 0.3.0")
