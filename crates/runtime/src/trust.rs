@@ -158,8 +158,9 @@ pub enum Caller {
 }
 
 impl Caller {
-    /// Who to record as having asked: the authenticated identity, with
-    /// what an unauthenticated caller (local mode) claims beside its address.
+    /// Who to record as having asked: the authenticated identity; a
+    /// request's own `caller` field is a claim, recorded beside an
+    /// unauthenticated caller's address (local mode), never instead of it.
     pub fn recorded(&self, claimed: &str) -> String {
         match self {
             Caller::Unauthenticated { .. } if !claimed.is_empty() => format!("{self} (claiming {claimed})"),

@@ -546,8 +546,6 @@ async fn allow_delete_without_package(
     Ok(AllowDeleteWithoutPackageResponse { annotated: true })
 }
 
-/// Who asks: the authenticated identity; the request's own `caller` field
-/// is a claim, recorded beside an unauthenticated one, never instead of it.
 /// An operator's decision on a failed upgrade (`RollBack`, `ClearQuarantine`).
 async fn operator_decision(
     context: &Context,

@@ -31,6 +31,22 @@ pub mod waves;
 pub mod window;
 pub mod withheld;
 
+/// A duration of zero or more as a policy writes it (`72h`, `90m`, `1h 30m`,
+/// `0s`); `field` and `hint` say what to fix when it is not one.
+fn non_negative(
+    field: &'static str,
+    text: &str,
+    hint: &'static str,
+) -> Result<jiff::SignedDuration, crate::RulesError> {
+    let parsed = text.trim().parse::<jiff::SignedDuration>().ok().filter(|d| !d.is_negative());
+    parsed.ok_or_else(|| crate::RulesError::UpgradePolicy {
+        field,
+        value: text.to_string(),
+        problem: "not a duration of zero or more".into(),
+        hint,
+    })
+}
+
 /// `vynil.solidite.fr/rollback: "false"` on an instance: a failed upgrade
 /// neither quarantines nor rolls back (it stays failed, as upstream's).
 pub const ROLLBACK_ANNOTATION: &str = "vynil.solidite.fr/rollback";

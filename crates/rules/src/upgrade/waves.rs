@@ -34,13 +34,7 @@ pub struct Wave {
 impl Wave {
     /// `soak` as `1h`, `30m`, `0s`.
     pub fn parse(name: &str, selector: &BTreeMap<String, String>, soak: &str) -> Result<Self, RulesError> {
-        let parsed = soak.trim().parse::<SignedDuration>().ok().filter(|d| !d.is_negative());
-        let soak = parsed.ok_or_else(|| RulesError::UpgradePolicy {
-            field: "wave soak",
-            value: soak.to_string(),
-            problem: "not a duration of zero or more".into(),
-            hint: "give it as 1h, 30m or 0s",
-        })?;
+        let soak = super::non_negative("wave soak", soak, "give it as 1h, 30m or 0s")?;
         Ok(Wave { name: name.to_string(), selector: selector.clone(), soak })
     }
 

@@ -77,14 +77,7 @@ fn human(duration: SignedDuration) -> String {
 
 /// A minimum release age as written (`72h`, `90m`, `1h 30m`; `0s` for none).
 pub fn parse_minimum_age(text: &str) -> Result<SignedDuration, RulesError> {
-    text.trim().parse::<SignedDuration>().ok().filter(|d| !d.is_negative()).ok_or_else(|| {
-        RulesError::UpgradePolicy {
-            field: "minimum age",
-            value: text.to_string(),
-            problem: "not a duration of zero or more".into(),
-            hint: "give it as 72h, 90m or 1h 30m",
-        }
-    })
+    super::non_negative("minimum age", text, "give it as 72h, 90m or 1h 30m")
 }
 
 /// Which of two minimum ages holds (a JukeBox's and an instance's): the
