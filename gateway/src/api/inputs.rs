@@ -141,6 +141,7 @@ const BODIES: &[(&str, &str)] = &[
     ("ExecuteRequest", r#"{"properties": {"confirm": {"minLength": 1}}}"#),
     ("ExportRequest", r#"{"properties": {"destination": {"minLength": 1}}}"#),
     ("UpgradeDecision", r#"{"properties": {"tag": "TAG"}}"#),
+    ("RecallRequest", r#"{"properties": {"tag": "TAG", "reason": {"minLength": 1, "pattern": "\\S"}}}"#),
     ("ApproveRequest", r#"{"properties": {"fingerprint": {"minLength": 1}}}"#),
     (
         "ScanRequest",
