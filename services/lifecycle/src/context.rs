@@ -196,4 +196,26 @@ impl Context {
             tracing::warn!(%error, reason, "cannot publish the Event");
         }
     }
+
+    /// A Warning Event regarding JukeBox `jukebox` (cluster-scoped: it lands
+    /// where the API server puts such Events, `kubectl describe jukebox` shows it).
+    pub(crate) async fn publish_on_jukebox(&self, jukebox: &str, reason: &str, note: String) {
+        use kube::Resource;
+        let event = KubeEvent {
+            type_: EventType::Warning,
+            reason: reason.into(),
+            note: Some(note.chars().take(1023).collect()),
+            action: "Reconcile".into(),
+            secondary: None,
+        };
+        let reference = k8s_openapi::api::core::v1::ObjectReference {
+            api_version: Some(vynil_crds::JukeBox::api_version(&()).into_owned()),
+            kind: Some(vynil_crds::JukeBox::kind(&()).into_owned()),
+            name: Some(jukebox.to_string()),
+            ..Default::default()
+        };
+        if let Err(error) = self.recorder.publish(&event, &reference).await {
+            tracing::warn!(%error, %jukebox, reason, "cannot publish the Event on the JukeBox");
+        }
+    }
 }

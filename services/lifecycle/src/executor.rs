@@ -61,6 +61,9 @@ pub(crate) async fn execute(
             Step::Event { warning, reason, note } => {
                 context.publish(object, instance.kind, warning, reason, note).await;
             }
+            Step::JukeboxWarning { reason, note } => {
+                context.publish_on_jukebox(&instance.jukebox, reason, note).await;
+            }
             Step::RemoveForceReinstall => resource_version = remove_force_reinstall(&api, instance).await?,
             Step::DeleteJob => delete_job(job_name, context).await?,
             Step::RecordTarget(mut target) => {

@@ -1080,6 +1080,17 @@ async fn a_rollout_in_waves_goes_canary_first_and_a_canary_failure_halts_the_res
         "{}",
         halted[0].blocking_reason
     );
+    let on_the_jukebox = || {
+        world.api.objects("events.k8s.io", "events").into_iter().find(|e| {
+            e["reason"] == "WaveHalted"
+                && e["regarding"]["kind"] == "JukeBox"
+                && e["regarding"]["name"] == "box"
+                && e["note"]
+                    .as_str()
+                    .is_some_and(|n| n.starts_with("[E_WAVE_HALTED]") && n.contains("canary"))
+        })
+    };
+    eventually("the halt told on the JukeBox", || async { on_the_jukebox() }).await;
     eventually("the canary rolled back to 0.3.0", || async {
         (world.tags_run("canary").iter().filter(|t| *t == "0.3.0").count() == 2).then_some(())
     })

@@ -542,7 +542,10 @@ fn wave_timing(desired: &Desired, observed: &Observed, policy: &PolicyOf, from: 
         }
         WaveGate::Halted { why } => {
             let message = coded_message("E_WAVE_HALTED", &format!("{step}: {why}"));
-            Some(Plan::blocked(Criterion::Upgrade, Some("E_WAVE_HALTED"), message, REQUEUE))
+            let mut plan = Plan::blocked(Criterion::Upgrade, Some("E_WAVE_HALTED"), message, REQUEUE);
+            let note = coded_message("E_WAVE_HALTED", &why);
+            plan.steps.push(Step::JukeboxWarning { reason: "WaveHalted", note });
+            Some(plan)
         }
     }
 }

@@ -228,6 +228,12 @@ pub enum Step {
         reason: &'static str,
         note: String,
     },
+    /// A Warning Event regarding the instance's JukeBox (a halted rollout
+    /// is the JukeBox's news; its conditions are the scanner's to write).
+    JukeboxWarning {
+        reason: &'static str,
+        note: String,
+    },
     RemoveForceReinstall,
     /// Delete the agent Job and wait until it is gone.
     DeleteJob,
@@ -261,6 +267,9 @@ impl Step {
             }
             Step::Event { warning, reason, note } => {
                 format!("record a{} event {reason}: {note}", if *warning { " Warning" } else { "n" })
+            }
+            Step::JukeboxWarning { reason, note } => {
+                format!("record a Warning event {reason} on the JukeBox: {note}")
             }
             Step::RemoveForceReinstall => "remove the vynil.solidite.fr/force-reinstall annotation".into(),
             Step::DeleteJob => "delete the instance's Job and wait until it is gone".into(),
