@@ -82,14 +82,11 @@ pub(crate) async fn execute(
             Step::CreateReaperJob { fingerprint } => {
                 create_reaper_job(instance, job_name, &fingerprint, context).await?
             }
+            Step::RecordRollout(done) => {
+                context.upgrades.installed(uid_of(instance)?, &instance.reference(), &done).await?
+            }
             Step::Quarantine(entry) => {
-                let uid = instance.uid.as_deref().ok_or_else(|| {
-                    LifecycleError::Invalid(format!(
-                        "{} has no UID: nothing can be recorded for it",
-                        instance.reference()
-                    ))
-                })?;
-                context.upgrades.quarantine(uid, &instance.reference(), &entry).await?
+                context.upgrades.quarantine(uid_of(instance)?, &instance.reference(), &entry).await?
             }
             Step::RecordInstalled(package) => {
                 let fields = json!({"package": package, "target": null});
@@ -278,4 +275,14 @@ pub(crate) async fn create_agent_job(
     )
     .map_err(|e| LifecycleError::Invalid(format!("rendering the agent Job: {e}")))?;
     create_job(job_name, &rendered, &request.fingerprint, context).await
+}
+
+/// The instance's UID, under which lifecycle records what tenants may not write.
+fn uid_of(instance: &Instance) -> Result<&str, LifecycleError> {
+    instance.uid.as_deref().ok_or_else(|| {
+        LifecycleError::Invalid(format!(
+            "{} has no UID: nothing can be recorded for it",
+            instance.reference()
+        ))
+    })
 }

@@ -37,19 +37,15 @@ pub async fn members(instance: &Instance, context: &Context) -> Result<Vec<Fleet
         .filter(|o| o.metadata.deletion_timestamp.is_none() && package_of(o).as_ref() == Some(&wanted))
         .filter_map(|o| Instance::decode(instance.kind, o).ok())
         .map(|peer| {
-            let package = peer.status.package.as_ref();
-            let quarantined = peer
-                .uid
-                .as_deref()
-                .and_then(|uid| records.get(uid))
-                .map(|r| r.quarantined_tags())
-                .unwrap_or_default();
+            // What lifecycle recorded where no tenant writes (a status is the tenant's).
+            let record = peer.uid.as_deref().and_then(|uid| records.get(uid));
+            let installed = record.and_then(|r| r.installed.as_ref());
             FleetMember {
                 name: peer.reference(),
                 labels: peer.labels(),
-                installed: package.map(|p| p.tag.clone()),
-                installed_at: package.and_then(|p| p.installed_at.as_deref()).and_then(|t| t.parse().ok()),
-                quarantined,
+                installed: installed.map(|i| i.tag.clone()),
+                installed_at: installed.and_then(|i| i.at.parse().ok()),
+                quarantined: record.map(|r| r.quarantined_tags()).unwrap_or_default(),
             }
         })
         .collect();

@@ -52,11 +52,21 @@ pub struct Approval {
     pub at: String,
 }
 
+/// The revision lifecycle last credited as installed, recorded under waves:
+/// the later waves of a rollout read it here, not in the status.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Installed {
+    pub tag: String,
+    /// RFC 3339.
+    pub at: String,
+}
+
 /// An instance's upgrade record, as read.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct UpgradeRecord {
     pub quarantined: Vec<Quarantined>,
     pub approvals: Vec<Approval>,
+    pub installed: Option<Installed>,
     read: Option<Record>,
 }
 
@@ -140,12 +150,13 @@ impl Upgrades {
         let namespace = self.records.namespace();
         let quarantined = field(&read, "quarantine", name, namespace)?;
         let approvals = field(&read, "approvals", name, namespace)?;
-        Ok(UpgradeRecord { quarantined, approvals, read: Some(read) })
+        let installed = field(&read, "installed", name, namespace)?.into_iter().next();
+        Ok(UpgradeRecord { quarantined, approvals, installed, read: Some(read) })
     }
 
-    /// Writes `quarantined` and `approvals` as the record of the instance
-    /// `uid` (`instance` names it for a reader), over the version `record`
-    /// was read at; nothing left removes it.
+    /// Writes `quarantined` and `approvals` (and the install the record
+    /// holds) as the record of the instance `uid` (`instance` names it for a
+    /// reader), over the version `record` was read at; nothing left removes it.
     async fn write(
         &self,
         (uid, instance): (&str, &str),
@@ -154,7 +165,7 @@ impl Upgrades {
         approvals: &[Approval],
     ) -> Result<(), LifecycleError> {
         let name = name_of(uid);
-        if quarantined.is_empty() && approvals.is_empty() {
+        if quarantined.is_empty() && approvals.is_empty() && record.installed.is_none() {
             return self.records.forget(&name).await;
         }
         let encode = |value: serde_json::Result<String>| {
@@ -165,6 +176,10 @@ impl Upgrades {
             ("instance".to_string(), instance.to_string()),
             ("quarantine".to_string(), encode(serde_json::to_string(quarantined))?),
             ("approvals".to_string(), encode(serde_json::to_string(approvals))?),
+            (
+                "installed".to_string(),
+                encode(serde_json::to_string(&record.installed.iter().collect::<Vec<_>>()))?,
+            ),
         ]);
         self.records.write(&name, data, record.read.as_ref()).await
     }
@@ -215,6 +230,22 @@ impl Upgrades {
             .collect();
         self.write((uid, instance), &record, &quarantined, &record.approvals).await?;
         Ok(found)
+    }
+
+    /// Records `installed` as the revision lifecycle credited (under waves).
+    pub async fn installed(
+        &self,
+        uid: &str,
+        instance: &str,
+        installed: &Installed,
+    ) -> Result<(), LifecycleError> {
+        let mut record = self.read(uid).await?;
+        if record.installed.as_ref() == Some(installed) {
+            return Ok(());
+        }
+        let (quarantined, approvals) = (record.quarantined.clone(), record.approvals.clone());
+        record.installed = Some(installed.clone());
+        self.write((uid, instance), &record, &quarantined, &approvals).await
     }
 
     /// Removes the record of `uid` once its instance is gone.

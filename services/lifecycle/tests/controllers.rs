@@ -1045,10 +1045,14 @@ async fn a_rollout_in_waves_goes_canary_first_and_a_canary_failure_halts_the_res
         waiting[0].blocking_reason
     );
     eventually("the canary at 0.3.0", || at("0.3.0", &["canary"])).await;
-    eventually("the rest at 0.3.0 after the soak", || at("0.3.0", &["rest1", "rest2"])).await;
     let canary = world.get("TenantInstance", "canary").await;
     let canary_at: jiff::Timestamp =
         canary["status"]["package"]["installedAt"].as_str().unwrap().parse().unwrap();
+    // The canary's tenant forges its install time to skip the soak: the waves read lifecycle's record.
+    world
+        .patch_status("TenantInstance", "canary", json!({"package": {"installedAt": "2020-01-01T00:00:00Z"}}))
+        .await;
+    eventually("the rest at 0.3.0 after the soak", || at("0.3.0", &["rest1", "rest2"])).await;
     for name in ["rest1", "rest2"] {
         let rest = world.get("TenantInstance", name).await;
         let rest_at: jiff::Timestamp =

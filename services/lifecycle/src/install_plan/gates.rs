@@ -20,9 +20,19 @@ use super::{checks::*, *};
 /// a sequence of gates, each of which may answer the plan itself (held,
 /// credited, blocked), then what the desired revision asks of the Job.
 pub fn plan(instance: &Instance, observed: &Observed) -> Plan {
-    match gated(instance, observed) {
-        Ok(plan) | Err(plan) => plan,
+    let (Ok(mut plan) | Err(mut plan)) = gated(instance, observed);
+    // Under waves, later waves read what is installed where no tenant
+    // writes; recorded before the status, whose change wakes them.
+    let waves = observed.upgrade_policy.as_ref().is_some_and(|p| !p.policy.waves.is_empty());
+    let at = plan.steps.iter().position(|s| matches!(s, Step::RecordInstalled(_)));
+    if let Some((i, Step::RecordInstalled(p))) = at.filter(|_| waves).map(|i| (i, &plan.steps[i]))
+        && let Some(installed_at) = p.installed_at.clone()
+    {
+        let rollout =
+            Step::RecordRollout(crate::upgrades::Installed { tag: p.tag.clone(), at: installed_at });
+        plan.steps.insert(i, rollout);
     }
+    plan
 }
 
 /// The gates in order; `Err` is a gate's own answer.

@@ -228,6 +228,10 @@ pub enum Step {
         reason: &'static str,
         note: String,
     },
+    /// Record in the instance's upgrade record (never its status, which its
+    /// tenant may write) that `tag` was installed at `at`: what the later
+    /// waves of a rollout read.
+    RecordRollout(crate::upgrades::Installed),
     /// A Warning Event regarding the instance's JukeBox (a halted rollout
     /// is the JukeBox's news; its conditions are the scanner's to write).
     JukeboxWarning {
@@ -270,6 +274,9 @@ impl Step {
             }
             Step::JukeboxWarning { reason, note } => {
                 format!("record a Warning event {reason} on the JukeBox: {note}")
+            }
+            Step::RecordRollout(done) => {
+                format!("record in the upgrade record: {} installed at {}", done.tag, done.at)
             }
             Step::RemoveForceReinstall => "remove the vynil.solidite.fr/force-reinstall annotation".into(),
             Step::DeleteJob => "delete the instance's Job and wait until it is gone".into(),
