@@ -3,7 +3,11 @@
 
 use crate::catalog::v1::{self as pb, PackageType as ProtoType};
 use tonic::Status;
-use vynil_rules::{Package, PackageContent, PackageMeta, PackageType, Requirement, package::Recommandation};
+use vynil_rules::{
+    Package, PackageContent, PackageMeta, PackageType, Requirement,
+    package::Recommandation,
+    signature::{Verdict, VerifyMode},
+};
 
 /// A wire package type; unspecified or unknown is `INVALID_ARGUMENT`.
 pub fn package_type(value: i32) -> Result<PackageType, Status> {
@@ -49,6 +53,63 @@ pub fn package_to_proto(p: &Package) -> pb::Package {
         digest: p.digest.clone().unwrap_or_default(),
         roles: Vec::new(),
         first_seen: p.first_seen.clone().unwrap_or_default(),
+        signature: p.signature.as_ref().map(signature_to_proto),
+    }
+}
+
+/// A signature verdict on the wire.
+pub fn signature_to_proto(verdict: &Verdict) -> pb::Signature {
+    use pb::SignatureVerdict as V;
+    let mut out = pb::Signature { description: verdict.describe(), ..pb::Signature::default() };
+    let kind = match verdict {
+        Verdict::Verified { key, reference } => {
+            (out.key, out.reference) = (key.clone(), reference.clone());
+            V::Verified
+        }
+        Verdict::Unsigned => V::Unsigned,
+        Verdict::UntrustedKey => V::UntrustedKey,
+        Verdict::DigestMismatch { signed } => {
+            out.signed_digest = signed.clone();
+            V::DigestMismatch
+        }
+        Verdict::Malformed { problem } => {
+            out.problem = problem.clone();
+            V::Malformed
+        }
+    };
+    out.verdict = kind as i32;
+    out
+}
+
+/// A signature verdict from the wire (`None`: an unknown verdict, which no
+/// policy counts as verified).
+pub fn signature_from_proto(s: &pb::Signature) -> Option<Verdict> {
+    use pb::SignatureVerdict as V;
+    Some(match V::try_from(s.verdict).ok()? {
+        V::Verified => Verdict::Verified { key: s.key.clone(), reference: s.reference.clone() },
+        V::Unsigned => Verdict::Unsigned,
+        V::UntrustedKey => Verdict::UntrustedKey,
+        V::DigestMismatch => Verdict::DigestMismatch { signed: s.signed_digest.clone() },
+        V::Malformed => Verdict::Malformed { problem: s.problem.clone() },
+        V::Unspecified => return None,
+    })
+}
+
+/// A JukeBox's signature policy mode on the wire.
+pub fn verify_mode_to_proto(mode: Option<VerifyMode>) -> pb::VerifyMode {
+    match mode {
+        None => pb::VerifyMode::None,
+        Some(VerifyMode::Enforce) => pb::VerifyMode::Enforce,
+        Some(VerifyMode::Warn) => pb::VerifyMode::Warn,
+    }
+}
+
+/// ... and from it (an unknown value is enforced: the safe reading).
+pub fn verify_mode_from_proto(mode: i32) -> Option<VerifyMode> {
+    match pb::VerifyMode::try_from(mode) {
+        Ok(pb::VerifyMode::None) => None,
+        Ok(pb::VerifyMode::Warn) => Some(VerifyMode::Warn),
+        Ok(pb::VerifyMode::Enforce) | Err(_) => Some(VerifyMode::Enforce),
     }
 }
 
@@ -93,6 +154,7 @@ pub fn package_from_proto(p: &pb::Package) -> Result<Package, Status> {
     };
     let mut package = Package::new(&p.registry, &p.image, &p.tag, content).with_digest(&p.digest);
     package.first_seen = optional(&p.first_seen);
+    package.signature = p.signature.as_ref().map(|s| signature_from_proto(s).unwrap_or(Verdict::Unsigned));
     Ok(package)
 }
 

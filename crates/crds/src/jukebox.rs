@@ -131,11 +131,68 @@ pub struct JukeBoxSpec {
     /// Ours: revisions recalled for its instances (set with `vynilctl jukebox recall`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub recalls: Vec<crate::RecalledRevision>,
+    /// Ours: the signature policy of its revisions (`docs/scanner.md`, "Signatures").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verify: Option<VerifyPolicy>,
+}
+
+/// Ours: which signatures make a revision trusted, and what becomes of one
+/// that is not (`vynil_rules::signature`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct VerifyPolicy {
+    /// `enforce`: an unverified revision is never offered or installed;
+    /// `warn`: offered, marked.
+    pub mode: VerifyMode,
+    /// Trusted public keys, inline.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub keys: Vec<TrustedKey>,
+    /// A Secret in the control plane's namespace whose every data item is a
+    /// trusted public key (PEM), named by its item's key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keys_secret: Option<String>,
+}
+
+impl VerifyPolicy {
+    pub fn mode(&self) -> vynil_rules::signature::VerifyMode {
+        self.mode.rules()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum VerifyMode {
+    Enforce,
+    Warn,
+}
+
+impl VerifyMode {
+    /// The same, as the rules name it.
+    pub fn rules(self) -> vynil_rules::signature::VerifyMode {
+        match self {
+            VerifyMode::Enforce => vynil_rules::signature::VerifyMode::Enforce,
+            VerifyMode::Warn => vynil_rules::signature::VerifyMode::Warn,
+        }
+    }
+}
+
+/// One trusted public key: ECDSA P-256 (cosign's default) or Ed25519, PEM.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct TrustedKey {
+    /// What verdicts call it ("verified by <name>").
+    #[serde(default)]
+    pub name: String,
+    /// `-----BEGIN PUBLIC KEY-----…` (a `cosign.pub`).
+    pub public_key: String,
 }
 
 impl JukeBoxSpec {
     pub fn channel(&self) -> Channel {
         self.maturity.map(Channel::from).unwrap_or_default()
+    }
+
+    /// The signature policy's mode, when it has one.
+    pub fn verify_mode(&self) -> Option<vynil_rules::signature::VerifyMode> {
+        self.verify.as_ref().map(VerifyPolicy::mode)
     }
 }
 

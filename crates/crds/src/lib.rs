@@ -21,7 +21,10 @@ pub use instance::{
     SystemInstance, SystemInstanceSpec, SystemInstanceStatus, TenantConditionType, TenantInstance,
     TenantInstanceSpec, TenantInstanceStatus,
 };
-pub use jukebox::{JukeBox, JukeBoxConditionType, JukeBoxSource, JukeBoxSpec, JukeBoxStatus, Maturity};
+pub use jukebox::{
+    JukeBox, JukeBoxConditionType, JukeBoxSource, JukeBoxSpec, JukeBoxStatus, Maturity, TrustedKey, VerifyMode,
+    VerifyPolicy,
+};
 pub use policy::{
     ApprovalMode, MaintenanceWindow, RecalledRevision, UpgradeFreeze, UpgradePolicy, UpgradeWave,
 };

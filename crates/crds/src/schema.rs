@@ -41,6 +41,7 @@ pub fn packages(_: &mut SchemaGenerator) -> Schema {
                 "tag": string(),
                 "digest": nullable_string(),
                 "first_seen": nullable_string(),
+                "signature": {"type": "object", "nullable": true, "x-kubernetes-preserve-unknown-fields": true},
                 "metadata": {
                     "type": "object",
                     "required": ["name", "category", "description", "type", "features"],

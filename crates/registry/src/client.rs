@@ -110,7 +110,11 @@ impl RegistryClient {
         &self.transport
     }
 
-    fn request(
+    pub(crate) fn cache(&self) -> &dyn MetadataCache {
+        &*self.cache
+    }
+
+    pub(crate) fn request(
         &self,
         kind: &'static str,
         what: String,
@@ -256,7 +260,7 @@ impl RegistryClient {
 
     /// The bytes of the manifest `reference` names, its media type and the
     /// digest the server says it has; `None` when absent.
-    async fn fetch_manifest(
+    pub(crate) async fn fetch_manifest(
         &self,
         repo: &RepositoryRef,
         reference: &str,
@@ -524,7 +528,7 @@ fn manifest_path(repo: &RepositoryRef, reference: &str) -> String {
 }
 
 /// Maps a non-success status to a typed error (404 → `NotFound`).
-fn check_status(response: &Response, what: &str) -> Result<()> {
+pub(crate) fn check_status(response: &Response, what: &str) -> Result<()> {
     if response.status.is_success() {
         return Ok(());
     }

@@ -77,6 +77,35 @@ pub fn manifest(body: &[u8]) -> Result<ManifestBody, String> {
     })
 }
 
+/// One layer of a cosign `.sig` manifest: its blob's digest and size, and
+/// its signature annotation (`None`: it has none).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SignatureLayer {
+    pub digest: String,
+    pub size: i64,
+    pub signature: Option<String>,
+}
+
+/// The simple-signing layers of a cosign `.sig` manifest (other layers are
+/// not signatures of the image and are skipped).
+pub fn signature_layers(body: &[u8]) -> Result<Vec<SignatureLayer>, String> {
+    use vynil_rules::signature::{SIGNATURE_ANNOTATION, SIMPLE_SIGNING_MEDIA_TYPE};
+    match serde_json::from_slice::<OciManifest>(body) {
+        Ok(OciManifest::Image(image)) => Ok(image
+            .layers
+            .into_iter()
+            .filter(|l| l.media_type == SIMPLE_SIGNING_MEDIA_TYPE)
+            .map(|l| SignatureLayer {
+                signature: l.annotations.and_then(|a| a.get(SIGNATURE_ANNOTATION).cloned()),
+                digest: l.digest,
+                size: l.size,
+            })
+            .collect()),
+        Ok(OciManifest::ImageIndex(_)) => Err("a signature is an image manifest, not an index".into()),
+        Err(e) => Err(format!("not an OCI manifest: {e}")),
+    }
+}
+
 /// One entry of a referrers index: `(digest, artifact type or media type)`.
 pub fn referrers(body: &[u8]) -> Option<Vec<(String, String)>> {
     match serde_json::from_slice::<OciManifest>(body) {

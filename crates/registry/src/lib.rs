@@ -9,7 +9,8 @@
 //!
 //! - [`RegistryClient`]: tags, digests by `HEAD`, manifests and their Vynil
 //!   metadata (cached **by digest**: an unchanged tag is never read twice, a
-//!   re-pointed one is), artifacts, verified deletes.
+//!   re-pointed one is), artifacts, verified deletes, and cosign signature
+//!   verdicts (`signatures`).
 //! - [`sources`]: repository enumeration for `list`, `harbor` and `gitlab`
 //!   JukeBox sources.
 //! - [`Credentials`]: anonymous, basic, or from a `kubernetes.io/dockerconfigjson`
@@ -23,6 +24,7 @@ pub mod decode;
 pub mod layout;
 mod metadata;
 mod reference;
+mod signatures;
 pub mod sources;
 mod transport;
 
@@ -31,6 +33,7 @@ pub use client::{Artifact, DeletionOutcome, Manifest, RegistryClient, TaggedMani
 pub use counters::{RequestCounters, RequestLabels};
 pub use metadata::{InMemoryMetadataCache, ManifestMetadata, MetadataCache};
 pub use reference::RepositoryRef;
+pub use signatures::signature_tag;
 pub use transport::TransportConfig;
 
 /// What can go wrong talking to a registry. Each message names the registry

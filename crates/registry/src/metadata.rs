@@ -8,6 +8,7 @@
 use std::sync::Arc;
 
 pub use vynil_rules::ManifestMetadata;
+use vynil_rules::signature::Evidence;
 
 #[async_trait::async_trait]
 pub trait MetadataCache: Send + Sync + std::fmt::Debug {
@@ -18,6 +19,9 @@ pub trait MetadataCache: Send + Sync + std::fmt::Debug {
     /// re-pointed); one never seen is read with a single GET.
     async fn tag_digest(&self, reference: &str) -> Option<String>;
     async fn put_tag_digest(&self, reference: &str, digest: &str);
+    /// What the cosign signature manifest `digest` holds (immutable too).
+    async fn evidence(&self, digest: &str) -> Option<Evidence>;
+    async fn put_evidence(&self, digest: &str, evidence: &Evidence);
 }
 
 /// A process-local cache, bounded: at most about `capacity` metadata entries
@@ -29,6 +33,7 @@ pub trait MetadataCache: Send + Sync + std::fmt::Debug {
 pub struct InMemoryMetadataCache {
     entries: Arc<quick_cache::sync::Cache<String, ManifestMetadata>>,
     tags: Arc<quick_cache::sync::Cache<String, String>>,
+    evidence: Arc<quick_cache::sync::Cache<String, Evidence>>,
 }
 
 impl InMemoryMetadataCache {
@@ -41,6 +46,7 @@ impl InMemoryMetadataCache {
         Self {
             entries: Arc::new(quick_cache::sync::Cache::new(capacity)),
             tags: Arc::new(quick_cache::sync::Cache::new(capacity)),
+            evidence: Arc::new(quick_cache::sync::Cache::new(capacity)),
         }
     }
 
@@ -72,6 +78,14 @@ impl MetadataCache for InMemoryMetadataCache {
 
     async fn put_tag_digest(&self, reference: &str, digest: &str) {
         self.tags.insert(reference.to_string(), digest.to_string());
+    }
+
+    async fn evidence(&self, digest: &str) -> Option<Evidence> {
+        self.evidence.get(digest)
+    }
+
+    async fn put_evidence(&self, digest: &str, evidence: &Evidence) {
+        self.evidence.insert(digest.to_string(), evidence.clone());
     }
 }
 

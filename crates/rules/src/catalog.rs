@@ -22,6 +22,7 @@ use crate::{
     package::{Package, PackageType},
     selection::{InstallQuery, NoMatch, select_install},
     tag::Tag,
+    signature::{Verdict, VerifyMode},
     upgrade::withheld::{Withheld, Withholding},
     view::{Role, Versions, Viewer, view_of_versions},
 };
@@ -37,6 +38,9 @@ pub enum CatalogRole {
     NewestOfType(PackageType),
     /// An operator recalled it ([`crate::upgrade::withheld`]).
     Recalled { reason: String, move_away: bool },
+    /// It fails the JukeBox's signature policy ([`crate::signature`]):
+    /// never selected under `enforce`, marked under `warn`.
+    Unverified { verdict: Verdict, enforced: bool },
 }
 
 impl CatalogRole {
@@ -49,6 +53,8 @@ impl CatalogRole {
             CatalogRole::NewestOfType(t) => format!("newest {t} revision"),
             CatalogRole::Recalled { reason, .. } if reason.is_empty() => "recalled".into(),
             CatalogRole::Recalled { reason, .. } => format!("recalled: {reason}"),
+            CatalogRole::Unverified { verdict, enforced: true } => format!("refused: {}", verdict.describe()),
+            CatalogRole::Unverified { verdict, enforced: false } => format!("unverified: {}", verdict.describe()),
         }
     }
 }
@@ -87,6 +93,34 @@ pub fn roles(packages: &[Package], viewer: &Viewer) -> Vec<Vec<CatalogRole>> {
                 }
                 out[i] = found;
             }
+        }
+    }
+    out
+}
+
+/// The roles of each of `packages` (same order) under the signature policy
+/// `verify`: under `enforce`, the roles are those of the verified revisions
+/// alone (an unverified one is no head), and each revision failing the
+/// policy has the role [`CatalogRole::Unverified`].
+pub fn roles_under(packages: &[Package], viewer: &Viewer, verify: Option<VerifyMode>) -> Vec<Vec<CatalogRole>> {
+    let Some(mode) = verify else { return roles(packages, viewer) };
+    let verdict = |p: &Package| p.signature.clone().unwrap_or(Verdict::Unsigned);
+    let enforced = mode == VerifyMode::Enforce;
+    let mut out = if enforced {
+        let kept: Vec<usize> = (0..packages.len()).filter(|&i| verdict(&packages[i]).is_verified()).collect();
+        let subset: Vec<Package> = kept.iter().map(|&i| packages[i].clone()).collect();
+        let mut out = vec![Vec::new(); packages.len()];
+        for (roles, i) in roles(&subset, viewer).into_iter().zip(kept) {
+            out[i] = roles;
+        }
+        out
+    } else {
+        roles(packages, viewer)
+    };
+    for (package, roles) in packages.iter().zip(out.iter_mut()) {
+        let verdict = verdict(package);
+        if !verdict.is_verified() {
+            roles.push(CatalogRole::Unverified { verdict, enforced });
         }
     }
     out
@@ -179,7 +213,7 @@ pub fn held_back(packages: &[Package], query: &InstallQuery, selected: &Package)
                 (Some(tag), Some(floor)) => tag > floor,
                 _ => false,
             };
-            let held = query.withheld.iter().find(|w| w.tag == p.tag);
+            let held = query.withheld.iter().find(|w| w.holds(p));
             held.filter(|_| above).map(|w| (tag, w.clone()))
         })
         .collect();
@@ -236,6 +270,32 @@ mod tests {
             ]
         );
         assert_eq!(roles[2], vec![CatalogRole::Waypoint { minimum: None }]);
+    }
+
+    #[test]
+    fn under_enforce_an_unverified_revision_is_no_head_and_says_why() {
+        let signed = |mut p: Package, ok: bool| {
+            p.signature = Some(match ok {
+                true => Verdict::Verified { key: "release".into(), reference: "r.example/think/ollama".into() },
+                false => Verdict::UntrustedKey,
+            });
+            p
+        };
+        let packages = vec![
+            signed(package("3.0.0", "tenant", None), false),
+            signed(package("2.0.0", "tenant", None), true),
+            package("1.5.0", "tenant", None),
+        ];
+        let enforced = roles_under(&packages, &viewer(), Some(VerifyMode::Enforce));
+        let refused = CatalogRole::Unverified { verdict: Verdict::UntrustedKey, enforced: true };
+        assert_eq!(enforced[0], vec![refused.clone()]);
+        assert_eq!(enforced[1], vec![CatalogRole::Head, CatalogRole::NewestOfType(PackageType::Tenant)]);
+        assert_eq!(refused.describe(), "refused: signed by an untrusted key");
+        assert!(matches!(&enforced[2][..], [CatalogRole::Unverified { verdict: Verdict::Unsigned, .. }]));
+        let warned = roles_under(&packages, &viewer(), Some(VerifyMode::Warn));
+        assert_eq!(warned[0][0], CatalogRole::Head, "warn only marks");
+        assert!(warned[0].contains(&CatalogRole::Unverified { verdict: Verdict::UntrustedKey, enforced: false }));
+        assert_eq!(roles_under(&packages, &viewer(), None), roles(&packages, &viewer()));
     }
 
     #[test]

@@ -36,6 +36,7 @@
 //! - [`catalog`]: each revision's roles and the upgrade path, for the surfaces.
 //! - [`install`]: the options check and hash, requirements and
 //!   recommendations against cluster facts, and the re-run fingerprint.
+//! - [`signature`]: cosign signatures against a JukeBox's trusted keys.
 //! - [`upgrade`]: a failed upgrade's quarantine and whether it rolls back on
 //!   its own.
 
@@ -50,6 +51,7 @@ pub mod repository;
 pub mod retention;
 pub mod scan;
 pub mod selection;
+pub mod signature;
 pub mod tag;
 pub mod upgrade;
 pub mod view;
@@ -88,6 +90,8 @@ pub enum RulesError {
     ChannelNotScanned { asked: Channel, scanned: Channel },
     #[error("upgrade {field} {value:?} is invalid: {problem}; {hint}")]
     UpgradePolicy { field: &'static str, value: String, problem: String, hint: &'static str },
+    #[error("trusted signing key {name:?}: {problem}")]
+    SigningKey { name: String, problem: String },
 }
 
 impl vynil_failure::Classify for RulesError {
@@ -97,7 +101,8 @@ impl vynil_failure::Classify for RulesError {
             RulesError::ScanFilter { .. }
             | RulesError::Pattern { .. }
             | RulesError::ChannelNotScanned { .. }
-            | RulesError::UpgradePolicy { .. } => Failure::BadInput,
+            | RulesError::UpgradePolicy { .. }
+            | RulesError::SigningKey { .. } => Failure::BadInput,
             // A package's published annotations, or metadata the registry did not give.
             RulesError::Annotation { .. } => Failure::Refused,
             RulesError::UnreadableMetadata(_) => Failure::Transient,

@@ -145,6 +145,10 @@ pub struct Package {
     /// for a minimum release age ([`crate::upgrade::withheld`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_seen: Option<String>,
+    /// Ours: the signature verdict under the JukeBox's `spec.verify`
+    /// ([`crate::signature`]), decided by the scanner; `None` without a policy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signature: Option<crate::signature::Verdict>,
     #[serde(flatten)]
     pub content: PackageContent,
 }
@@ -202,6 +206,7 @@ impl Package {
             tag: tag.into(),
             digest: None,
             first_seen: None,
+            signature: None,
             content,
         }
     }

@@ -256,7 +256,7 @@ fn not_withheld<'p>(
         query
             .withheld
             .iter()
-            .find(|w| w.tag == p.tag && !(installed == Some(w.tag.as_str()) && w.keeps_installed()))
+            .find(|w| w.holds(p) && !(installed == Some(w.tag.as_str()) && w.keeps_installed()))
     };
     let kept: Vec<&Package> = allowed.iter().copied().filter(|p| held(p).is_none()).collect();
     if kept.is_empty() {

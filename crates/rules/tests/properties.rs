@@ -512,21 +512,24 @@ proptest! {
         }
     }
 
-    /// (l) A recalled or too young revision is never selected — but the
-    /// installed one, which a recall without move-away or its age lets an
-    /// instance keep — and withholding is the only difference it makes:
+    /// (l) A recalled, too young or (under `enforce`) unverified revision is
+    /// never selected — but the installed one, which a recall without
+    /// move-away, its age or its signature lets an instance keep — and withholding is the only difference it makes:
     /// selecting with revisions withheld is selecting from the catalog
     /// without them (but for why nothing matched).
     #[test]
-    fn a_recalled_or_too_young_revision_is_never_selected(
+    fn a_recalled_too_young_or_unverified_revision_is_never_selected(
         case in case(),
         from in prop::option::of(0usize..14),
         recall in prop::collection::vec((0usize..14, any::<bool>()), 0..4),
         ages in prop::collection::vec(prop::option::of(0i64..200), 14),
         minimum in prop::option::of(0i64..150),
+        verified in prop::collection::vec(prop::option::of(any::<bool>()), 14),
+        enforce in any::<bool>(),
         kind in kind_name(),
     ) {
-        use vynil_rules::upgrade::withheld::{Recall, withheld};
+        use vynil_rules::signature::{Verdict, VerifyMode};
+        use vynil_rules::upgrade::withheld::{Holds, Recall, withheld};
         let now: jiff::Timestamp = "2026-06-01T00:00:00Z".parse().unwrap();
         let fw = framework("0.8.0");
         let contents = contents(&case);
@@ -537,6 +540,10 @@ proptest! {
             .map(|(i, tag)| {
                 let mut p = Package::new("reg", "r/x", tag, contents[tag].clone());
                 p.first_seen = ages[i].map(|h| (now - jiff::SignedDuration::from_hours(h)).to_string());
+                p.signature = verified[i].map(|ok| match ok {
+                    true => Verdict::Verified { key: "k".into(), reference: "reg/r/x".into() },
+                    false => Verdict::UntrustedKey,
+                });
                 p
             })
             .collect();
@@ -545,7 +552,18 @@ proptest! {
             .filter_map(|(i, away)| stored.get(*i).map(|p| (p, away)))
             .map(|(p, away)| Recall { tag: p.tag.clone(), reason: "bad".into(), move_away: *away })
             .collect();
-        let held = withheld(&stored, &recalls, minimum.map(jiff::SignedDuration::from_hours), now);
+        let holds = Holds {
+            recalls: &recalls,
+            minimum_age: minimum.map(jiff::SignedDuration::from_hours),
+            verify: enforce.then_some(VerifyMode::Enforce),
+        };
+        let held = withheld(&stored, holds, now);
+        if enforce {
+            let unverified = stored.iter().filter(|p| !p.signature.as_ref().is_some_and(Verdict::is_verified));
+            for p in unverified {
+                prop_assert!(held.iter().any(|w| w.holds(p)), "{} is not verified", p.tag);
+            }
+        }
         let installed = from.and_then(|i| case.tags.get(i)).map(|t| t.name.as_str());
         let query = InstallQuery {
             installed_tag: installed,
@@ -554,9 +572,9 @@ proptest! {
         };
         let kept = |p: &Package| {
             installed == Some(p.tag.as_str())
-                && held.iter().filter(|w| w.tag == p.tag).all(|w| w.keeps_installed())
+                && held.iter().filter(|w| w.holds(p)).all(|w| w.keeps_installed())
         };
-        let withheld_tag = |p: &Package| held.iter().any(|w| w.tag == p.tag) && !kept(p);
+        let withheld_tag = |p: &Package| held.iter().any(|w| w.holds(p)) && !kept(p);
         let without: Vec<Package> = stored.iter().filter(|p| !withheld_tag(p)).cloned().collect();
         let plain = InstallQuery { withheld: &[], ..query.clone() };
         match (select_install(&stored, &query), select_install(&without, &plain)) {
@@ -863,6 +881,95 @@ mod waves {
             // A soak that ends is over: the gate then opens or waits for a later wave.
             if let WaveGate::Wait { until: Some(until), .. } = &gate {
                 prop_assert_ne!(&wave_gate(&waves, mine, "0.3.0", &members, *until), &gate);
+            }
+        }
+    }
+}
+
+/// Signatures (`vynil_rules::signature`).
+mod signatures {
+    use base64::Engine as _;
+    use p256::ecdsa::{SigningKey, signature::Signer as _};
+    use p256::pkcs8::EncodePublicKey as _;
+    use proptest::prelude::*;
+    use vynil_rules::signature::{Evidence, Keyring, SignedPayload, Verdict, simple_signing_payload, verify};
+
+    fn config() -> ProptestConfig {
+        let cases: u32 = std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(10_000);
+        // Each case signs and verifies (ECDSA): a hundredth of the others' cases.
+        ProptestConfig { cases: (cases / 100).max(16), ..ProptestConfig::default() }
+    }
+
+    fn key(seed: u8) -> SigningKey {
+        SigningKey::from_slice(&[seed.max(1); 32]).unwrap()
+    }
+
+    fn pem(key: &SigningKey) -> String {
+        key.verifying_key().to_public_key_pem(Default::default()).unwrap()
+    }
+
+    fn digest(n: u8) -> String {
+        format!("sha256:{}", hex::encode([n; 32]))
+    }
+
+    proptest! {
+        #![proptest_config(config())]
+
+        /// (m) A revision is verified exactly when some layer is a trusted
+        /// key's signature of a payload naming its digest; flipping any byte
+        /// of a payload or a signature never makes it verified, and the order
+        /// of the layers changes nothing.
+        #[test]
+        fn only_an_intact_trusted_signature_of_the_digest_verifies(
+            layers in prop::collection::vec((1u8..4, 0u8..3), 0..4),
+            trusted in prop::collection::btree_set(1u8..4, 0..3),
+            subject in 0u8..3,
+            flip in prop::option::of((any::<prop::sample::Index>(), any::<bool>(), 1u8..=255)),
+        ) {
+            let evidence = Evidence {
+                layers: layers
+                    .iter()
+                    .map(|(signer, named)| {
+                        let payload = simple_signing_payload("reg/r/x", &digest(*named));
+                        let signature: p256::ecdsa::Signature = key(*signer).sign(&payload);
+                        SignedPayload {
+                            payload,
+                            signature: base64::engine::general_purpose::STANDARD.encode(signature.to_der()),
+                        }
+                    })
+                    .collect(),
+                problems: vec![],
+            };
+            let pems: Vec<(String, String)> = trusted.iter().map(|k| (format!("k{k}"), pem(&key(*k)))).collect();
+            let keys = Keyring::parse(pems.iter().map(|(n, p)| (n.as_str(), p.as_str()))).unwrap();
+            let expected = layers.iter().any(|(signer, named)| trusted.contains(signer) && *named == subject);
+            let verdict = verify(&digest(subject), Some(&evidence), &keys);
+            prop_assert_eq!(verdict.is_verified(), expected, "{:?}", verdict);
+            let mut reversed = evidence.clone();
+            reversed.layers.reverse();
+            prop_assert_eq!(verify(&digest(subject), Some(&reversed), &keys).is_verified(), expected);
+            if let (Some((at, in_payload, xor)), false) = (flip, evidence.layers.is_empty()) {
+                let mut changed = evidence.clone();
+                let layer = &mut changed.layers[at.index(evidence.layers.len())];
+                if in_payload {
+                    let i = at.index(layer.payload.len());
+                    layer.payload[i] ^= xor;
+                } else {
+                    let mut bytes = base64::engine::general_purpose::STANDARD.decode(&layer.signature).unwrap();
+                    let i = at.index(bytes.len());
+                    bytes[i] ^= xor;
+                    layer.signature = base64::engine::general_purpose::STANDARD.encode(bytes);
+                }
+                let others_verify = changed.layers.iter().any(|l| {
+                    verify(&digest(subject), Some(&Evidence { layers: vec![l.clone()], problems: vec![] }), &keys)
+                        .is_verified()
+                });
+                let verdict = verify(&digest(subject), Some(&changed), &keys);
+                prop_assert_eq!(verdict.is_verified(), others_verify, "{:?}", verdict);
+                // The changed layer alone never verifies.
+                let alone = Evidence { layers: vec![changed.layers[at.index(evidence.layers.len())].clone()], problems: vec![] };
+                let alone = verify(&digest(subject), Some(&alone), &keys);
+                prop_assert!(!matches!(alone, Verdict::Verified { .. }), "{:?}", alone);
             }
         }
     }

@@ -3,9 +3,11 @@
 
 use redis::AsyncCommands;
 use vynil_registry::{ManifestMetadata, MetadataCache};
+use vynil_rules::signature::Evidence;
 
 const PREFIX: &str = "vynil:v1:manifest-metadata";
 const TAG_PREFIX: &str = "vynil:v1:tag-digest";
+const EVIDENCE_PREFIX: &str = "vynil:v1:signature-evidence";
 const TTL_SECONDS: u64 = 90 * 24 * 3600;
 
 #[derive(Clone)]
@@ -57,6 +59,23 @@ impl MetadataCache for RedisMetadataCache {
         let result: Result<(), _> = c.set_ex(format!("{TAG_PREFIX}:{reference}"), digest, TTL_SECONDS).await;
         if let Err(error) = result {
             tracing::warn!(%error, "cannot remember a tag's digest");
+        }
+    }
+
+    async fn evidence(&self, digest: &str) -> Option<Evidence> {
+        let mut c = self.connection.clone();
+        // An outage is a miss: the signature is read from the registry.
+        let text: Option<String> = c.get(format!("{EVIDENCE_PREFIX}:{digest}")).await.ok()?;
+        serde_json::from_str(&text?).ok()
+    }
+
+    async fn put_evidence(&self, digest: &str, evidence: &Evidence) {
+        let mut c = self.connection.clone();
+        if let Ok(body) = serde_json::to_string(evidence) {
+            let result: Result<(), _> = c.set_ex(format!("{EVIDENCE_PREFIX}:{digest}"), body, TTL_SECONDS).await;
+            if let Err(error) = result {
+                tracing::warn!(%error, "cannot cache a signature's evidence");
+            }
         }
     }
 }

@@ -47,6 +47,9 @@ pub struct Entry {
     /// Revisions recalled for its instances (`spec.recalls`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub recalls: Vec<vynil_crds::RecalledRevision>,
+    /// Its signature policy's mode (`spec.verify.mode`): the verdicts are in the packages.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verify: Option<vynil_crds::VerifyMode>,
     pub hash: String,
 }
 
@@ -67,11 +70,17 @@ pub fn origins_of(source: Option<&vynil_crds::JukeBoxSource>) -> vynil_rules::se
 }
 
 impl Entry {
+    /// Its signature policy's mode, as the rules read it.
+    pub fn verify_mode(&self) -> Option<vynil_rules::signature::VerifyMode> {
+        self.verify.map(vynil_crds::VerifyMode::rules)
+    }
+
     /// The entry of JukeBox `jukebox` whose `spec` and `status` are these.
     pub fn from_status(jukebox: &str, spec: &vynil_crds::JukeBoxSpec, status: &JukeBoxStatus) -> Self {
         let (pull_secret, channel) = (spec.pull_secret.clone(), spec.channel());
         let (origins, upgrade_policy) = (origins_of(spec.source.as_ref()), spec.upgrade_policy.clone());
         let recalls = spec.recalls.clone();
+        let verify = spec.verify.as_ref().map(|v| v.mode);
         let last_change_time = status
             .conditions
             .iter()
@@ -84,7 +93,8 @@ impl Entry {
             channel,
             origins,
             upgrade_policy,
-            recalls
+            recalls,
+            verify
         ]);
         let hash = format!("sha256:{}", hex::encode(Sha256::digest(content.to_string().as_bytes())));
         Self {
@@ -97,6 +107,7 @@ impl Entry {
             origins,
             upgrade_policy,
             recalls,
+            verify,
             hash,
         }
     }
@@ -304,6 +315,7 @@ mod tests {
             schedule: "0 * * * *".into(),
             upgrade_policy: None,
             recalls: Vec::new(),
+            verify: None,
         };
         let a = Entry::from_status("box", &spec(list), &status);
         let b = Entry::from_status("box", &spec(gitlab), &status);
@@ -344,6 +356,7 @@ mod tests {
             schedule: "0 * * * *".into(),
             upgrade_policy: None,
             recalls: Vec::new(),
+            verify: None,
         };
         let empty = Entry::from_status("box", &spec, &JukeBoxStatus::default());
         spec.pull_secret = Some("pull".into());

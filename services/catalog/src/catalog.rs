@@ -46,7 +46,7 @@ impl Served {
     fn new(entry: Entry, framework: &semver::Version) -> Self {
         let viewer = Viewer { channel: entry.channel, framework: framework.clone() };
         let roles = vynil_rules::catalog::with_recalls(
-            vynil_rules::catalog::roles(&entry.packages, &viewer),
+            vynil_rules::catalog::roles_under(&entry.packages, &viewer, entry.verify_mode()),
             &entry.packages,
             &vynil_crds::RecalledRevision::rules(&entry.recalls),
         );

@@ -2,7 +2,7 @@
 //! the in-process snapshot. Errors become `Status` codes here only.
 
 use std::{pin::Pin, sync::Arc};
-use vynil_proto::convert::{package_to_proto, package_type, proto_type};
+use vynil_proto::convert::{package_to_proto, package_type, proto_type, signature_to_proto, verify_mode_to_proto};
 use vynil_runtime::{Classify, Failure, Shutdown, ToStatus};
 
 use futures::{Stream, StreamExt};
@@ -45,10 +45,12 @@ fn role_to_proto(role: &CatalogRole) -> pb::RevisionRole {
         }
         CatalogRole::NewestOfType(t) => (pb::RoleKind::NewestOfType, String::new(), Some(*t)),
         CatalogRole::Recalled { .. } => (pb::RoleKind::Recalled, String::new(), None),
+        CatalogRole::Unverified { .. } => (pb::RoleKind::Unverified, String::new(), None),
     };
-    let (reason, move_away) = match role {
-        CatalogRole::Recalled { reason, move_away } => (reason.clone(), *move_away),
-        _ => (String::new(), false),
+    let (reason, move_away, enforced) = match role {
+        CatalogRole::Recalled { reason, move_away } => (reason.clone(), *move_away, false),
+        CatalogRole::Unverified { verdict, enforced } => (verdict.describe(), false, *enforced),
+        _ => (String::new(), false, false),
     };
     pb::RevisionRole {
         kind: kind as i32,
@@ -57,6 +59,7 @@ fn role_to_proto(role: &CatalogRole) -> pb::RevisionRole {
         description: role.describe(),
         reason,
         move_away,
+        enforced,
     }
 }
 
@@ -68,6 +71,9 @@ fn withheld_to_proto(withheld: &Withheld) -> pb::WithheldRevision {
         }
         Withholding::TooYoung { selectable_at, .. } => {
             (pb::Withholding::TooYoung, String::new(), false, selectable_at.to_string())
+        }
+        Withholding::Unverified { verdict } => {
+            (pb::Withholding::Unverified, verdict.describe(), false, String::new())
         }
     };
     pb::WithheldRevision {
@@ -243,8 +249,13 @@ impl CatalogApi for CatalogService {
             )
         };
         let recalled = withheld.iter().filter(|w| w.is_recall()).map(withheld_to_proto).collect();
-        let mut response =
-            ResolveInstallResponse { pull_secret, upgrade_policy, recalled, ..Default::default() };
+        let mut response = ResolveInstallResponse {
+            pull_secret,
+            upgrade_policy,
+            recalled,
+            verify_mode: verify_mode_to_proto(entry.verify_mode()) as i32,
+            ..Default::default()
+        };
         match vynil_rules::select_install(&entry.packages, &query) {
             Ok(package) => {
                 let held = vynil_rules::catalog::held_back(&entry.packages, &query, package);
@@ -307,8 +318,17 @@ impl CatalogApi for CatalogService {
             has_children: request.children > 0,
             delete_without_package: request.delete_without_package_allowed,
         };
+        let listed = |r: &vynil_rules::selection::RecordedRevision| {
+            let entry = entry.as_ref().ok()?.as_ref()?;
+            let same = |p: &&vynil_rules::Package| {
+                (p.registry.as_str(), p.image.as_str(), p.tag.as_str()) == (&r.registry, &r.image, &r.tag)
+                    && p.digest.as_deref() == Some(r.digest.as_str())
+            };
+            entry.packages.iter().find(same)?.signature.as_ref().map(signature_to_proto)
+        };
         let decision = match vynil_rules::select_cleanup(&query) {
             CleanupDecision::UseRecorded(r) => Decision::UsePackage(pb::Package {
+                signature: listed(&r),
                 registry: r.registry,
                 image: r.image,
                 tag: r.tag,
@@ -329,11 +349,12 @@ impl CatalogApi for CatalogService {
             CleanupDecision::NothingToDelete => Decision::NothingToDelete(pb::NothingToDelete {}),
             CleanupDecision::Retry { why } => return Err(Status::unavailable(why)),
         };
-        let pull_secret = match &entry {
-            Ok(Some(entry)) => entry.pull_secret.clone().unwrap_or_default(),
-            _ => String::new(),
+        let (pull_secret, verify_mode) = match &entry {
+            Ok(Some(entry)) => (entry.pull_secret.clone().unwrap_or_default(), entry.verify_mode()),
+            _ => (String::new(), None),
         };
-        Ok(Response::new(ResolveCleanupResponse { decision: Some(decision), pull_secret }))
+        let verify_mode = verify_mode_to_proto(verify_mode) as i32;
+        Ok(Response::new(ResolveCleanupResponse { decision: Some(decision), pull_secret, verify_mode }))
     }
 
     async fn watch_catalog(
@@ -393,14 +414,15 @@ impl CatalogApi for CatalogService {
 /// `own_age` (as written; empty: none), now. A minimum age that does not
 /// parse holds everything back, saying what to fix.
 fn withheld_of(entry: &vynil_store::package_cache::Entry, own_age: &str) -> Result<Vec<Withheld>, NoMatch> {
-    use vynil_rules::upgrade::withheld::{parse_minimum_age, stricter_age, withheld};
+    use vynil_rules::upgrade::withheld::{Holds, parse_minimum_age, stricter_age, withheld};
     let jukebox_age = entry.upgrade_policy.as_ref().and_then(|p| p.minimum_age.as_deref());
     let age = stricter_age(jukebox_age, Some(own_age).filter(|a| !a.is_empty()))
         .map(parse_minimum_age)
         .transpose()
         .map_err(|e| NoMatch { excluded_by: "upgrade policy".into(), reason: e.to_string() })?;
     let recalls = vynil_crds::RecalledRevision::rules(&entry.recalls);
-    Ok(withheld(&entry.packages, &recalls, age, jiff::Timestamp::now()))
+    let holds = Holds { recalls: &recalls, minimum_age: age, verify: entry.verify_mode() };
+    Ok(withheld(&entry.packages, holds, jiff::Timestamp::now()))
 }
 
 /// A JukeBox's upgrade policy as written (lifecycle checks it).

@@ -12,6 +12,11 @@
 //!   (a catalog written before it was recorded, a time lost) counts as seen
 //!   now: the age restarts, the safe direction. The installed revision is
 //!   never held back for its age.
+//! - **Unverified**: under a JukeBox's `enforce` signature policy, a revision
+//!   whose signature verdict ([`crate::signature`], recorded by the scanner)
+//!   is not "verified". An instance running one keeps it (a downgrade is no
+//!   package's promise, and its uninstall must run) but is never moved to
+//!   another one.
 //!
 //! [`crate::selection::select_install`] applies them;
 //! [`crate::catalog::held_back`] says what they kept from an instance, for
@@ -19,7 +24,11 @@
 
 use jiff::{SignedDuration, Timestamp};
 
-use crate::{RulesError, package::Package};
+use crate::{
+    RulesError,
+    package::Package,
+    signature::{Verdict, VerifyMode},
+};
 
 /// An operator's recall of one revision (a tag) of a JukeBox.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,14 +44,17 @@ pub struct Recall {
 pub enum Withholding {
     Recalled { reason: String, move_away: bool },
     TooYoung { selectable_at: Timestamp, minimum_age: SignedDuration },
+    Unverified { verdict: Verdict },
 }
 
-/// One revision held back, by tag (of any package of the JukeBox: a recall
-/// names a tag, and selection compares tags of one package).
+/// One revision held back, by tag: of any package of the JukeBox (a recall
+/// names a tag), or of one repository (`registry`, `image`) when the reason
+/// is the revision's own (its age, its signature).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Withheld {
     pub tag: String,
     pub why: Withholding,
+    pub repository: Option<(String, String)>,
 }
 
 impl Withheld {
@@ -56,7 +68,16 @@ impl Withheld {
                 self.tag,
                 human(*minimum_age)
             ),
+            Withholding::Unverified { verdict } => {
+                format!("[E_UNVERIFIED] {}: {}", self.tag, verdict.describe())
+            }
         }
+    }
+
+    /// Whether this holds `package` back.
+    pub fn holds(&self, package: &Package) -> bool {
+        self.tag == package.tag
+            && self.repository.as_ref().is_none_or(|(r, i)| *r == package.registry && *i == package.image)
     }
 
     /// Whether an instance running this revision keeps it: always, but for
@@ -94,22 +115,41 @@ pub fn stricter_age<'a>(a: Option<&'a str>, b: Option<&'a str>) -> Option<&'a st
     }
 }
 
-/// The revisions of `packages` held back: each recalled tag, and each
-/// revision first seen less than `minimum_age` before `now`.
-pub fn withheld(
-    packages: &[Package],
-    recalls: &[Recall],
-    minimum_age: Option<SignedDuration>,
-    now: Timestamp,
-) -> Vec<Withheld> {
-    let mut out: Vec<Withheld> = recalls
+/// What a JukeBox holds back from every instance.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Holds<'a> {
+    pub recalls: &'a [Recall],
+    pub minimum_age: Option<SignedDuration>,
+    pub verify: Option<VerifyMode>,
+}
+
+/// The revisions of `packages` held back: each recalled tag, each revision
+/// first seen less than `minimum_age` before `now`, and under an enforced
+/// signature policy each revision not verified (one without a verdict was
+/// never checked: it is not verified).
+pub fn withheld(packages: &[Package], holds: Holds, now: Timestamp) -> Vec<Withheld> {
+    let mut out: Vec<Withheld> = holds
+        .recalls
         .iter()
         .map(|r| Withheld {
             tag: r.tag.clone(),
             why: Withholding::Recalled { reason: r.reason.clone(), move_away: r.move_away },
+            repository: None,
         })
         .collect();
-    let Some(minimum_age) = minimum_age.filter(|a| a.is_positive()) else {
+    if holds.verify == Some(VerifyMode::Enforce) {
+        for package in packages {
+            let verdict = package.signature.clone().unwrap_or(Verdict::Unsigned);
+            if !verdict.is_verified() {
+                out.push(Withheld {
+                    tag: package.tag.clone(),
+                    why: Withholding::Unverified { verdict },
+                    repository: Some((package.registry.clone(), package.image.clone())),
+                });
+            }
+        }
+    }
+    let Some(minimum_age) = holds.minimum_age.filter(|a| a.is_positive()) else {
         return out;
     };
     for package in packages {
@@ -117,10 +157,11 @@ pub fn withheld(
         // Unknown, or in the future (a clock ahead): seen now.
         let seen = seen.filter(|s| *s <= now).unwrap_or(now);
         let Ok(selectable_at) = seen.checked_add(minimum_age) else { continue };
-        if selectable_at > now && !out.iter().any(|w| w.tag == package.tag) {
+        if selectable_at > now && !out.iter().any(|w| w.holds(package)) {
             out.push(Withheld {
                 tag: package.tag.clone(),
                 why: Withholding::TooYoung { selectable_at, minimum_age },
+                repository: Some((package.registry.clone(), package.image.clone())),
             });
         }
     }
@@ -148,7 +189,7 @@ mod tests {
             seen("0.4.0", Some("2027-01-01T00:00:00Z")),
         ];
         let age = parse_minimum_age("72h").unwrap();
-        let held = withheld(&packages, &[], Some(age), now);
+        let held = withheld(&packages, Holds { minimum_age: Some(age), ..Holds::default() }, now);
         let at = |tag: &str| {
             held.iter().find(|w| w.tag == tag).map(|w| match w.why {
                 Withholding::TooYoung { selectable_at, .. } => selectable_at.to_string(),
@@ -159,7 +200,10 @@ mod tests {
         assert_eq!(at("0.2.0").as_deref(), Some("2026-03-12T12:00:00Z"));
         assert_eq!(at("0.3.0").as_deref(), Some("2026-03-13T12:00:00Z"), "unknown counts as now");
         assert_eq!(at("0.4.0").as_deref(), Some("2026-03-13T12:00:00Z"), "a future sighting counts as now");
-        assert!(withheld(&packages, &[], Some(SignedDuration::ZERO), now).is_empty());
+        assert!(
+            withheld(&packages, Holds { minimum_age: Some(SignedDuration::ZERO), ..Holds::default() }, now)
+                .is_empty()
+        );
         assert!(held[0].describe().contains("becomes selectable at 2026-03-12T12:00:00Z (minimum age 72h)"));
     }
 

@@ -1,0 +1,454 @@
+//! Signature policy: whether a revision carries a cosign signature by a
+//! trusted key, decided from bytes alone.
+//!
+//! cosign's key-based signatures live beside the image, under the tag
+//! `sha256-<digest>.sig`: an OCI manifest whose layers of type
+//! [`SIMPLE_SIGNING_MEDIA_TYPE`] each hold a payload (the "simple signing"
+//! JSON naming the signed manifest digest) and, in the layer's annotation
+//! [`SIGNATURE_ANNOTATION`], the base64 signature of that payload. Reading
+//! them is the registry client's job; this module decides, given the bytes
+//! ([`Evidence`]) and the trusted keys ([`Keyring`]), one [`Verdict`]:
+//! verified by a named key, unsigned, signed by no trusted key, a trusted
+//! signature of another digest (a copied signature), or malformed.
+//!
+//! A signature proves the **payload**; the payload names the digest. So a
+//! layer counts only when a trusted key verifies its exact payload bytes and
+//! that payload's `critical.image.docker-manifest-digest` is the revision's
+//! digest. A changed payload no longer verifies: it reads as signed by an
+//! untrusted key, which is all a verifier can know of it.
+//!
+//! Crates: RustCrypto's `p256` (ECDSA P-256 with SHA-256 and DER-encoded
+//! signatures: what `cosign generate-key-pair` and `cosign sign --key`
+//! produce) and `ed25519-dalek` (Ed25519 over the raw payload, as cosign and
+//! sigstore-rs verify it), both reading SPKI PEM public keys. Not sigstore-rs:
+//! it fetches through its own OCI client on tokio, and the rules stay pure;
+//! the scanner already holds the manifest and blob bytes. The payload is
+//! parsed here with serde. Sigstore bundles attached through the OCI
+//! referrers API (keyless signing) are not read yet.
+
+use base64::Engine as _;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest as _, Sha256};
+
+use crate::RulesError;
+
+/// Media type of a cosign signature layer.
+pub const SIMPLE_SIGNING_MEDIA_TYPE: &str = "application/vnd.dev.cosign.simplesigning.v1+json";
+/// Annotation of a signature layer holding the base64 signature.
+pub const SIGNATURE_ANNOTATION: &str = "dev.cosignproject.cosign/signature";
+/// `critical.type` of a container image signature payload.
+pub const SIMPLE_SIGNING_TYPE: &str = "cosign container image signature";
+
+/// What a JukeBox does with a revision that is not verified.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum VerifyMode {
+    /// Never offered, installed or upgraded to.
+    Enforce,
+    /// Offered, marked.
+    Warn,
+}
+
+#[derive(Debug, Clone)]
+enum PublicKey {
+    P256(p256::ecdsa::VerifyingKey),
+    Ed25519(ed25519_dalek::VerifyingKey),
+}
+
+/// One trusted public key.
+#[derive(Debug, Clone)]
+pub struct TrustedKey {
+    name: String,
+    /// `sha256:<hex>` of the key's DER SubjectPublicKeyInfo.
+    fingerprint: String,
+    key: PublicKey,
+}
+
+impl TrustedKey {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn fingerprint(&self) -> &str {
+        &self.fingerprint
+    }
+
+    /// Whether this key verifies `signature` over `payload`; `None` when the
+    /// bytes are no signature of this key's kind.
+    fn verifies(&self, payload: &[u8], signature: &[u8]) -> Option<bool> {
+        match &self.key {
+            PublicKey::P256(key) => {
+                use p256::ecdsa::signature::Verifier as _;
+                let signature = p256::ecdsa::Signature::from_der(signature).ok()?;
+                Some(key.verify(payload, &signature).is_ok())
+            }
+            PublicKey::Ed25519(key) => {
+                let signature = ed25519_dalek::Signature::from_slice(signature).ok()?;
+                Some(key.verify_strict(payload, &signature).is_ok())
+            }
+        }
+    }
+}
+
+/// The keys a JukeBox trusts.
+#[derive(Debug, Clone, Default)]
+pub struct Keyring {
+    keys: Vec<TrustedKey>,
+}
+
+impl Keyring {
+    /// The keys `(name, PEM)`; each must be an ECDSA P-256 or Ed25519 public
+    /// key (`-----BEGIN PUBLIC KEY-----`, as `cosign.pub`). The error names
+    /// the key that is not.
+    pub fn parse<'a>(keys: impl IntoIterator<Item = (&'a str, &'a str)>) -> Result<Self, RulesError> {
+        let mut out = Vec::new();
+        for (name, pem) in keys {
+            let (key, der) = read_public_key(pem.trim()).map_err(|problem| RulesError::SigningKey {
+                name: name.to_string(),
+                problem,
+            })?;
+            let fingerprint = format!("sha256:{}", hex::encode(Sha256::digest(&der)));
+            let name = if name.trim().is_empty() { fingerprint[..19].to_string() } else { name.to_string() };
+            out.push(TrustedKey { name, fingerprint, key });
+        }
+        Ok(Self { keys: out })
+    }
+
+    pub fn keys(&self) -> &[TrustedKey] {
+        &self.keys
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    /// What identifies this set of keys: a verdict reached with another
+    /// fingerprint is decided again. Names count (a verdict names its key).
+    pub fn fingerprint(&self) -> String {
+        let mut entries: Vec<String> =
+            self.keys.iter().map(|k| format!("{}={}", k.name, k.fingerprint)).collect();
+        entries.sort();
+        hex::encode(Sha256::digest(entries.join("\n").as_bytes()))
+    }
+}
+
+fn read_public_key(pem: &str) -> Result<(PublicKey, Vec<u8>), String> {
+    use ed25519_dalek::pkcs8::{DecodePublicKey as _, EncodePublicKey as _};
+    if let Ok(key) = p256::ecdsa::VerifyingKey::from_public_key_pem(pem) {
+        let der = p256::PublicKey::from(&key).to_public_key_der().map_err(|e| e.to_string())?;
+        return Ok((PublicKey::P256(key), der.as_bytes().to_vec()));
+    }
+    match ed25519_dalek::VerifyingKey::from_public_key_pem(pem) {
+        Ok(key) => {
+            let der = key.to_public_key_der().map_err(|e| e.to_string())?;
+            Ok((PublicKey::Ed25519(key), der.as_bytes().to_vec()))
+        }
+        Err(e) => Err(format!(
+            "not a PEM public key of ECDSA P-256 or Ed25519 ({e}); give the content of a cosign.pub \
+             (-----BEGIN PUBLIC KEY-----)"
+        )),
+    }
+}
+
+/// One signature layer of a `.sig` manifest: its payload bytes and the
+/// signature annotation as written (base64).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SignedPayload {
+    #[serde(with = "base64_bytes")]
+    pub payload: Vec<u8>,
+    pub signature: String,
+}
+
+/// What a revision's `.sig` manifest holds, as read: its signature layers,
+/// and what could not be read of it (a layer without a signature, a blob
+/// whose bytes do not match its digest).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Evidence {
+    pub layers: Vec<SignedPayload>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub problems: Vec<String>,
+}
+
+/// The decision on one revision's signatures.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(tag = "verdict", rename_all = "camelCase")]
+pub enum Verdict {
+    /// A trusted key signed a payload naming this digest; `reference` is the
+    /// payload's `critical.identity.docker-reference`.
+    Verified { key: String, reference: String },
+    /// No signature (no `.sig` tag, or no signature layer in it).
+    Unsigned,
+    /// Signatures that no trusted key verifies (another key, or a payload
+    /// changed after signing).
+    UntrustedKey,
+    /// A trusted key's signature of another digest (a signature copied from
+    /// another revision).
+    DigestMismatch { signed: String },
+    /// Not a readable cosign signature.
+    Malformed { problem: String },
+}
+
+impl Verdict {
+    pub fn is_verified(&self) -> bool {
+        matches!(self, Verdict::Verified { .. })
+    }
+
+    /// "verified by release-2026", "signed by an untrusted key", ….
+    pub fn describe(&self) -> String {
+        match self {
+            Verdict::Verified { key, .. } => format!("verified by {key}"),
+            Verdict::Unsigned => "unsigned".into(),
+            Verdict::UntrustedKey => "signed by an untrusted key".into(),
+            Verdict::DigestMismatch { signed } => format!("its signature is of another digest ({signed})"),
+            Verdict::Malformed { problem } => format!("malformed signature: {problem}"),
+        }
+    }
+
+    /// Whether `mode` lets a revision with this verdict be installed.
+    pub fn allows(&self, mode: Option<VerifyMode>) -> bool {
+        mode != Some(VerifyMode::Enforce) || self.is_verified()
+    }
+
+    /// Preference when a revision has several signatures: the best one decides.
+    fn rank(&self) -> u8 {
+        match self {
+            Verdict::Verified { .. } => 5,
+            Verdict::DigestMismatch { .. } => 4,
+            Verdict::UntrustedKey => 3,
+            Verdict::Malformed { .. } => 2,
+            Verdict::Unsigned => 1,
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct SimpleSigning {
+    critical: Critical,
+}
+
+#[derive(Deserialize)]
+struct Critical {
+    identity: Identity,
+    image: Image,
+    #[serde(rename = "type")]
+    kind: String,
+}
+
+#[derive(Deserialize)]
+struct Identity {
+    #[serde(rename = "docker-reference")]
+    docker_reference: String,
+}
+
+#[derive(Deserialize)]
+struct Image {
+    #[serde(rename = "docker-manifest-digest")]
+    docker_manifest_digest: String,
+}
+
+/// The verdict on the revision at `subject_digest`, whose `.sig` manifest
+/// held `evidence` (`None`: it has none).
+pub fn verify(subject_digest: &str, evidence: Option<&Evidence>, keys: &Keyring) -> Verdict {
+    let Some(evidence) = evidence else { return Verdict::Unsigned };
+    let mut best = match evidence.problems.first() {
+        Some(problem) => Verdict::Malformed { problem: problem.clone() },
+        None => Verdict::Unsigned,
+    };
+    for layer in &evidence.layers {
+        let verdict = verify_layer(subject_digest, layer, keys);
+        if verdict.is_verified() {
+            return verdict;
+        }
+        if verdict.rank() > best.rank() {
+            best = verdict;
+        }
+    }
+    best
+}
+
+fn verify_layer(subject_digest: &str, layer: &SignedPayload, keys: &Keyring) -> Verdict {
+    let signature = match base64::engine::general_purpose::STANDARD.decode(layer.signature.trim()) {
+        Ok(bytes) if !bytes.is_empty() => bytes,
+        _ => return Verdict::Malformed { problem: "the signature annotation is not base64".into() },
+    };
+    let mut readable = false;
+    for key in &keys.keys {
+        match key.verifies(&layer.payload, &signature) {
+            Some(true) => return signed_by(key, subject_digest, &layer.payload),
+            Some(false) => readable = true,
+            None => {}
+        }
+    }
+    if readable || (keys.is_empty() && looks_like_signature(&signature)) {
+        Verdict::UntrustedKey
+    } else {
+        Verdict::Malformed {
+            problem: format!("{} bytes that are no ECDSA (DER) nor Ed25519 signature", signature.len()),
+        }
+    }
+}
+
+/// Without keys to try, whether the bytes have a signature's shape.
+fn looks_like_signature(bytes: &[u8]) -> bool {
+    p256::ecdsa::Signature::from_der(bytes).is_ok() || bytes.len() == ed25519_dalek::SIGNATURE_LENGTH
+}
+
+/// A payload `key` verified: what it names.
+fn signed_by(key: &TrustedKey, subject_digest: &str, payload: &[u8]) -> Verdict {
+    let parsed: SimpleSigning = match serde_json::from_slice(payload) {
+        Ok(parsed) => parsed,
+        Err(e) => {
+            return Verdict::Malformed { problem: format!("the signed payload is not cosign simple signing: {e}") };
+        }
+    };
+    if parsed.critical.kind != SIMPLE_SIGNING_TYPE {
+        return Verdict::Malformed {
+            problem: format!("the signed payload's type is {:?}, not {SIMPLE_SIGNING_TYPE:?}", parsed.critical.kind),
+        };
+    }
+    let signed = parsed.critical.image.docker_manifest_digest;
+    if signed != subject_digest {
+        return Verdict::DigestMismatch { signed };
+    }
+    Verdict::Verified { key: key.name.clone(), reference: parsed.critical.identity.docker_reference }
+}
+
+/// The simple-signing payload cosign writes for `digest` pushed as
+/// `reference` (`registry/repository`), byte for byte: what a signer signs.
+pub fn simple_signing_payload(reference: &str, digest: &str) -> Vec<u8> {
+    let value = serde_json::json!({
+        "critical": {
+            "identity": {"docker-reference": reference},
+            "image": {"docker-manifest-digest": digest},
+            "type": SIMPLE_SIGNING_TYPE,
+        },
+        "optional": null,
+    });
+    // serde_json's maps are ordered by key: the same bytes as cosign's.
+    serde_json::to_vec(&value).unwrap_or_default()
+}
+
+mod base64_bytes {
+    use base64::Engine as _;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(bytes: &[u8], serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&base64::engine::general_purpose::STANDARD.encode(bytes))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<u8>, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        base64::engine::general_purpose::STANDARD.decode(text).map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// sigstore-rs' own test vector: a signature `cosign sign --key` made of
+    /// busybox (sigstore/sigstore-rs, `src/cosign/signature_layers.rs`,
+    /// `build_correct_signature_layer_without_bundle`; the same vector is in
+    /// `verification_constraint/public_key_verifier.rs`' tests). Its payload
+    /// is `serde_json::to_vec` of the JSON written there.
+    const COSIGN_PUBLIC_KEY: &str = "-----BEGIN PUBLIC KEY-----
+MFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAENptdY/l3nB0yqkXLBWkZWQwo6+cu
+OSWS1X9vPavpiQOoTTGC0xX57OojUadxF1cdQmrsiReWg2Wn4FneJfa8xw==
+-----END PUBLIC KEY-----";
+    const COSIGN_SIGNATURE: &str =
+        "MEUCIQD6q/COgzOyW0YH1Dk+CCYSt4uAhm3FDHUwvPI55zwnlwIgE0ZK58ZOWpZw8YVmBapJhBqCfdPekIknimuO0xH8Jh8=";
+    const COSIGN_DIGEST: &str = "sha256:f3cfc9d0dbf931d3db4685ec659b7ac68e2a578219da4aae65427886e649b06b";
+    const COSIGN_REFERENCE: &str = "registry-testing.svc.lan/busybox";
+    /// The other key of the same tests ("is_signed_by_key_fails_when_signature_is_not_valid").
+    const OTHER_PUBLIC_KEY: &str = "-----BEGIN PUBLIC KEY-----
+MFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAETJP9cqpUQsn2ggmJniWGjHdlsHzD
+JsB89BPhZYch0U0hKANx5TY+ncrm0s8bfJxxHoenAEFhwhuXeb4PqIrtoQ==
+-----END PUBLIC KEY-----";
+
+    fn cosign_evidence() -> Evidence {
+        Evidence {
+            layers: vec![SignedPayload {
+                payload: simple_signing_payload(COSIGN_REFERENCE, COSIGN_DIGEST),
+                signature: COSIGN_SIGNATURE.into(),
+            }],
+            problems: vec![],
+        }
+    }
+
+    #[test]
+    fn a_signature_made_by_cosign_verifies_with_its_key_and_no_other() {
+        let trusted = Keyring::parse([("cosign", COSIGN_PUBLIC_KEY)]).unwrap();
+        assert_eq!(
+            verify(COSIGN_DIGEST, Some(&cosign_evidence()), &trusted),
+            Verdict::Verified { key: "cosign".into(), reference: COSIGN_REFERENCE.into() }
+        );
+        let other = Keyring::parse([("other", OTHER_PUBLIC_KEY)]).unwrap();
+        assert_eq!(verify(COSIGN_DIGEST, Some(&cosign_evidence()), &other), Verdict::UntrustedKey);
+        let both = Keyring::parse([("other", OTHER_PUBLIC_KEY), ("cosign", COSIGN_PUBLIC_KEY)]).unwrap();
+        assert!(verify(COSIGN_DIGEST, Some(&cosign_evidence()), &both).is_verified());
+    }
+
+    #[test]
+    fn a_trusted_signature_counts_only_for_the_digest_its_payload_names() {
+        let trusted = Keyring::parse([("cosign", COSIGN_PUBLIC_KEY)]).unwrap();
+        let elsewhere = format!("sha256:{}", "0".repeat(64));
+        assert_eq!(
+            verify(&elsewhere, Some(&cosign_evidence()), &trusted),
+            Verdict::DigestMismatch { signed: COSIGN_DIGEST.into() }
+        );
+    }
+
+    #[test]
+    fn a_changed_payload_or_a_truncated_signature_is_refused() {
+        let trusted = Keyring::parse([("cosign", COSIGN_PUBLIC_KEY)]).unwrap();
+        let mut tampered = cosign_evidence();
+        tampered.layers[0].payload = simple_signing_payload("registry-testing.svc.lan/other", COSIGN_DIGEST);
+        assert_eq!(verify(COSIGN_DIGEST, Some(&tampered), &trusted), Verdict::UntrustedKey);
+        let mut truncated = cosign_evidence();
+        truncated.layers[0].signature = COSIGN_SIGNATURE[..40].into();
+        assert!(
+            matches!(verify(COSIGN_DIGEST, Some(&truncated), &trusted), Verdict::Malformed { .. }),
+            "a truncated signature is no signature"
+        );
+        assert_eq!(verify(COSIGN_DIGEST, None, &trusted), Verdict::Unsigned);
+        assert_eq!(verify(COSIGN_DIGEST, Some(&Evidence::default()), &trusted), Verdict::Unsigned);
+    }
+
+    #[test]
+    fn a_key_that_is_not_a_public_key_is_named() {
+        let error = Keyring::parse([("release", "-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----")])
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("\"release\"") && error.contains("cosign.pub"), "{error}");
+    }
+
+    #[test]
+    fn an_ed25519_key_verifies_the_raw_payload() {
+        use ed25519_dalek::{Signer as _, pkcs8::EncodePublicKey as _};
+        let signing = ed25519_dalek::SigningKey::from_bytes(&[7u8; 32]);
+        let pem = signing.verifying_key().to_public_key_pem(Default::default()).unwrap();
+        let payload = simple_signing_payload("r/x", COSIGN_DIGEST);
+        let signature = base64::engine::general_purpose::STANDARD.encode(signing.sign(&payload).to_bytes());
+        let evidence = Evidence { layers: vec![SignedPayload { payload, signature }], problems: vec![] };
+        let keys = Keyring::parse([("ed", pem.as_str())]).unwrap();
+        assert_eq!(
+            verify(COSIGN_DIGEST, Some(&evidence), &keys),
+            Verdict::Verified { key: "ed".into(), reference: "r/x".into() }
+        );
+    }
+
+    #[test]
+    fn the_fingerprint_changes_with_the_keys() {
+        let one = Keyring::parse([("cosign", COSIGN_PUBLIC_KEY)]).unwrap();
+        let two = Keyring::parse([("cosign", COSIGN_PUBLIC_KEY), ("other", OTHER_PUBLIC_KEY)]).unwrap();
+        let swapped = Keyring::parse([("other", OTHER_PUBLIC_KEY), ("cosign", COSIGN_PUBLIC_KEY)]).unwrap();
+        assert_ne!(one.fingerprint(), two.fingerprint());
+        assert_eq!(two.fingerprint(), swapped.fingerprint(), "order does not matter");
+    }
+
+    #[test]
+    fn evidence_round_trips_through_json() {
+        let evidence = cosign_evidence();
+        let text = serde_json::to_string(&evidence).unwrap();
+        assert_eq!(serde_json::from_str::<Evidence>(&text).unwrap(), evidence);
+    }
+}
