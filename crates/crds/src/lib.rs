@@ -22,8 +22,8 @@ pub use instance::{
     TenantInstanceSpec, TenantInstanceStatus,
 };
 pub use jukebox::{
-    JukeBox, JukeBoxConditionType, JukeBoxSource, JukeBoxSpec, JukeBoxStatus, Maturity, TrustedKey, VerifyMode,
-    VerifyPolicy,
+    JukeBox, JukeBoxConditionType, JukeBoxSource, JukeBoxSpec, JukeBoxStatus, Maturity, TrustedKey,
+    VerifyMode, VerifyPolicy,
 };
 pub use policy::{
     ApprovalMode, MaintenanceWindow, RecalledRevision, UpgradeFreeze, UpgradePolicy, UpgradeWave,

@@ -20,10 +20,7 @@ use vynil_rules::{
 };
 
 use crate::{
-    RegistryClient, RegistryError, RepositoryRef, Result,
-    client::check_status,
-    decode,
-    layout::Layout,
+    RegistryClient, RegistryError, RepositoryRef, Result, client::check_status, decode, layout::Layout,
 };
 
 /// At most this many signature layers are read of one `.sig` manifest.
@@ -93,7 +90,9 @@ impl RegistryClient {
                 continue;
             };
             if !(0..=MAX_PAYLOAD_BYTES as i64).contains(&layer.size) {
-                evidence.problems.push(format!("layer {} is {} bytes, not a payload", layer.digest, layer.size));
+                evidence
+                    .problems
+                    .push(format!("layer {} is {} bytes, not a payload", layer.digest, layer.size));
                 continue;
             }
             match self.blob(repo, &layer.digest).await? {
@@ -114,7 +113,8 @@ impl RegistryClient {
                 .await
                 .map_err(|e| RegistryError::Layout { what: what.clone(), problem: e.to_string() })??
         } else {
-            let mut request = self.request("get_blob", what.clone(), repo, Method::GET, &blob_path(repo, digest));
+            let mut request =
+                self.request("get_blob", what.clone(), repo, Method::GET, &blob_path(repo, digest));
             request.accept = &["*/*"];
             request.max_body = MAX_PAYLOAD_BYTES;
             let response = self.transport().send(&request).await?;

@@ -21,8 +21,8 @@ use semver::Version;
 use crate::{
     package::{Package, PackageType},
     selection::{InstallQuery, NoMatch, select_install},
-    tag::Tag,
     signature::{Verdict, VerifyMode},
+    tag::Tag,
     upgrade::withheld::{Withheld, Withholding},
     view::{Role, Versions, Viewer, view_of_versions},
 };
@@ -54,7 +54,9 @@ impl CatalogRole {
             CatalogRole::Recalled { reason, .. } if reason.is_empty() => "recalled".into(),
             CatalogRole::Recalled { reason, .. } => format!("recalled: {reason}"),
             CatalogRole::Unverified { verdict, enforced: true } => format!("refused: {}", verdict.describe()),
-            CatalogRole::Unverified { verdict, enforced: false } => format!("unverified: {}", verdict.describe()),
+            CatalogRole::Unverified { verdict, enforced: false } => {
+                format!("unverified: {}", verdict.describe())
+            }
         }
     }
 }
@@ -102,7 +104,11 @@ pub fn roles(packages: &[Package], viewer: &Viewer) -> Vec<Vec<CatalogRole>> {
 /// `verify`: under `enforce`, the roles are those of the verified revisions
 /// alone (an unverified one is no head), and each revision failing the
 /// policy has the role [`CatalogRole::Unverified`].
-pub fn roles_under(packages: &[Package], viewer: &Viewer, verify: Option<VerifyMode>) -> Vec<Vec<CatalogRole>> {
+pub fn roles_under(
+    packages: &[Package],
+    viewer: &Viewer,
+    verify: Option<VerifyMode>,
+) -> Vec<Vec<CatalogRole>> {
     let Some(mode) = verify else { return roles(packages, viewer) };
     let verdict = |p: &Package| p.signature.clone().unwrap_or(Verdict::Unsigned);
     let enforced = mode == VerifyMode::Enforce;
@@ -276,7 +282,9 @@ mod tests {
     fn under_enforce_an_unverified_revision_is_no_head_and_says_why() {
         let signed = |mut p: Package, ok: bool| {
             p.signature = Some(match ok {
-                true => Verdict::Verified { key: "release".into(), reference: "r.example/think/ollama".into() },
+                true => {
+                    Verdict::Verified { key: "release".into(), reference: "r.example/think/ollama".into() }
+                }
                 false => Verdict::UntrustedKey,
             });
             p
@@ -294,7 +302,9 @@ mod tests {
         assert!(matches!(&enforced[2][..], [CatalogRole::Unverified { verdict: Verdict::Unsigned, .. }]));
         let warned = roles_under(&packages, &viewer(), Some(VerifyMode::Warn));
         assert_eq!(warned[0][0], CatalogRole::Head, "warn only marks");
-        assert!(warned[0].contains(&CatalogRole::Unverified { verdict: Verdict::UntrustedKey, enforced: false }));
+        assert!(
+            warned[0].contains(&CatalogRole::Unverified { verdict: Verdict::UntrustedKey, enforced: false })
+        );
         assert_eq!(roles_under(&packages, &viewer(), None), roles(&packages, &viewer()));
     }
 

@@ -102,10 +102,8 @@ impl Keyring {
     pub fn parse<'a>(keys: impl IntoIterator<Item = (&'a str, &'a str)>) -> Result<Self, RulesError> {
         let mut out = Vec::new();
         for (name, pem) in keys {
-            let (key, der) = read_public_key(pem.trim()).map_err(|problem| RulesError::SigningKey {
-                name: name.to_string(),
-                problem,
-            })?;
+            let (key, der) = read_public_key(pem.trim())
+                .map_err(|problem| RulesError::SigningKey { name: name.to_string(), problem })?;
             let fingerprint = format!("sha256:{}", hex::encode(Sha256::digest(&der)));
             let name = if name.trim().is_empty() { fingerprint[..19].to_string() } else { name.to_string() };
             out.push(TrustedKey { name, fingerprint, key });
@@ -297,12 +295,17 @@ fn signed_by(key: &TrustedKey, subject_digest: &str, payload: &[u8]) -> Verdict 
     let parsed: SimpleSigning = match serde_json::from_slice(payload) {
         Ok(parsed) => parsed,
         Err(e) => {
-            return Verdict::Malformed { problem: format!("the signed payload is not cosign simple signing: {e}") };
+            return Verdict::Malformed {
+                problem: format!("the signed payload is not cosign simple signing: {e}"),
+            };
         }
     };
     if parsed.critical.kind != SIMPLE_SIGNING_TYPE {
         return Verdict::Malformed {
-            problem: format!("the signed payload's type is {:?}, not {SIMPLE_SIGNING_TYPE:?}", parsed.critical.kind),
+            problem: format!(
+                "the signed payload's type is {:?}, not {SIMPLE_SIGNING_TYPE:?}",
+                parsed.critical.kind
+            ),
         };
     }
     let signed = parsed.critical.image.docker_manifest_digest;
@@ -415,9 +418,10 @@ JsB89BPhZYch0U0hKANx5TY+ncrm0s8bfJxxHoenAEFhwhuXeb4PqIrtoQ==
 
     #[test]
     fn a_key_that_is_not_a_public_key_is_named() {
-        let error = Keyring::parse([("release", "-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----")])
-            .unwrap_err()
-            .to_string();
+        let error =
+            Keyring::parse([("release", "-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----")])
+                .unwrap_err()
+                .to_string();
         assert!(error.contains("\"release\"") && error.contains("cosign.pub"), "{error}");
     }
 

@@ -344,6 +344,19 @@ impl<'v> ViewBuilder<'v> {
         self.skip_to_admitted();
     }
 
+    /// [`ViewBuilder::next_needed`] is not part of this view: the descent
+    /// goes on as if it were not listed (a revision a policy refuses, such
+    /// as an unverified one under an enforced signature policy, is no reason
+    /// to end the waypoints as a tag without a package is).
+    pub fn skip(&mut self) {
+        if self.next_needed().is_none() {
+            return;
+        }
+        self.lookups += 1;
+        self.position += 1;
+        self.skip_to_admitted();
+    }
+
     fn waypoint_step(&mut self, at: usize, content: &impl Revision) {
         if !content.runs_on(&self.viewer.framework) {
             return;

@@ -11,7 +11,8 @@ use proptest::prelude::*;
 use semver::Version;
 use vynil_rules::{
     Channel, InstallQuery, KnownRevisions, Package, PackageContent, PackageType, RetentionConfig,
-    RetentionPlan, ScanFilter, Tag, Versions, Viewer, compute_view, merge_packages, plan_retention,
+    RetentionPlan, ScanFilter, Tag, Versions, ViewBuilder, Viewer, compute_view, merge_packages,
+    plan_retention,
     retention::{
         Decision, InstalledRevision, KeepReason, ManifestMetadata, RepositoryTag, RevisionUse, Usage,
     },
@@ -404,6 +405,37 @@ proptest! {
                 );
             }
         }
+    }
+
+    /// (n) A skipped revision (one a policy refuses) is as if it were not
+    /// listed: the descent skipping some tags gives the view of the tags
+    /// without them, so the scanner's view under an enforced signature
+    /// policy is the one the catalog computes over the verified revisions.
+    #[test]
+    fn a_skipped_revision_is_as_if_it_were_not_listed(
+        case in case(),
+        refused in prop::collection::btree_set(0usize..14, 0..5),
+        channel in 0usize..3,
+    ) {
+        let fw = framework("0.8.0");
+        let viewer = Viewer { channel: Channel::ALL[channel], framework: fw.clone() };
+        let contents = contents(&case);
+        let refused: BTreeSet<&str> = refused.iter().filter_map(|i| case.tags.get(*i)).map(|t| t.name.as_str()).collect();
+        let versions = Versions::parse(case.tags.iter().map(|t| t.name.as_str()));
+        let mut builder = ViewBuilder::new(&versions, viewer.clone(), true);
+        while let Some(tag) = builder.next_needed() {
+            if refused.contains(tag.as_str()) {
+                builder.skip();
+            } else {
+                builder.provide(contents.get(tag.as_str()));
+            }
+        }
+        let skipped = builder.finish();
+        let kept = case.tags.iter().map(|t| t.name.as_str()).filter(|t| !refused.contains(t));
+        let without = compute_view(kept, &viewer, true, |tag| contents.get(tag.as_str()));
+        prop_assert_eq!(skipped.tags(), without.tags());
+        let roles = |v: &vynil_rules::View| v.entries.iter().map(|e| format!("{:?}", e.role)).collect::<Vec<_>>();
+        prop_assert_eq!(roles(&skipped), roles(&without));
     }
 
     /// (h) The upgrade path is install selection applied again and again:

@@ -72,7 +72,8 @@ impl MetadataCache for RedisMetadataCache {
     async fn put_evidence(&self, digest: &str, evidence: &Evidence) {
         let mut c = self.connection.clone();
         if let Ok(body) = serde_json::to_string(evidence) {
-            let result: Result<(), _> = c.set_ex(format!("{EVIDENCE_PREFIX}:{digest}"), body, TTL_SECONDS).await;
+            let result: Result<(), _> =
+                c.set_ex(format!("{EVIDENCE_PREFIX}:{digest}"), body, TTL_SECONDS).await;
             if let Err(error) = result {
                 tracing::warn!(%error, "cannot cache a signature's evidence");
             }

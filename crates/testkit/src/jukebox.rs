@@ -18,6 +18,7 @@ pub struct JukeboxBuilder {
     schedule: String,
     maturity: Option<String>,
     pull_secret: Option<String>,
+    verify: Option<Value>,
 }
 
 impl JukeboxBuilder {
@@ -28,6 +29,7 @@ impl JukeboxBuilder {
             schedule: "0 * * * *".into(),
             maturity: None,
             pull_secret: None,
+            verify: None,
         }
     }
 
@@ -59,6 +61,15 @@ impl JukeboxBuilder {
         self
     }
 
+    /// A signature policy: `mode` (`enforce`, `warn`) and the trusted keys
+    /// `(name, PEM)`.
+    pub fn verify(mut self, mode: &str, keys: &[(&str, &str)]) -> Self {
+        let keys: Vec<Value> =
+            keys.iter().map(|(name, pem)| json!({"name": name, "public_key": pem})).collect();
+        self.verify = Some(json!({"mode": mode, "keys": keys}));
+        self
+    }
+
     /// The object, as the API server and `serde_json` take it.
     pub fn json(&self) -> Value {
         let mut spec = json!({"schedule": self.schedule});
@@ -70,6 +81,9 @@ impl JukeboxBuilder {
         }
         if let Some(secret) = &self.pull_secret {
             spec["pull_secret"] = json!(secret);
+        }
+        if let Some(verify) = &self.verify {
+            spec["verify"] = verify.clone();
         }
         json!({"apiVersion": "vynil.solidite.fr/v1", "kind": "JukeBox", "metadata": {"name": self.name}, "spec": spec})
     }

@@ -33,6 +33,7 @@ mod redis_server;
 mod registry_server;
 mod s3_server;
 mod service_process;
+mod signing;
 pub mod upstream;
 mod wait;
 
@@ -49,6 +50,7 @@ pub use redis_server::{Persistence, RedisServer};
 pub use registry_server::{RegistryOptions, RegistryServer};
 pub use s3_server::S3Server;
 pub use service_process::{Readiness, ServiceProcess, ServingStatus};
+pub use signing::{SignatureLayer, Signer};
 pub use wait::{channel, eventually};
 
 /// What can go wrong while starting or driving test infrastructure.

@@ -170,6 +170,41 @@ impl Publisher {
         self.push_manifest(repository, &tag, &manifest).await?;
         Ok(tag)
     }
+
+    /// cosign's `.sig` manifest of `subject` with these layers (payload
+    /// blobs pushed first), as `cosign sign` writes it; returns its digest.
+    pub async fn sign(
+        &self,
+        repository: &str,
+        subject: &str,
+        layers: &[crate::SignatureLayer],
+    ) -> Result<String> {
+        let (config, _) = self.ensure_blobs(repository).await?;
+        let reference = self.reference(repository, "signature");
+        let mut descriptors = Vec::new();
+        for layer in layers {
+            let digest = sha256_digest(&layer.payload);
+            self.client.push_blob(&reference, layer.payload.clone(), &digest).await?;
+            descriptors.push(json!({
+                "mediaType": COSIGN_LAYER,
+                "digest": digest,
+                "size": layer.payload.len(),
+                "annotations": {"dev.cosignproject.cosign/signature": layer.signature},
+            }));
+        }
+        let manifest = canonical(json!({
+            "schemaVersion": 2,
+            "mediaType": OCI_MANIFEST,
+            "config": config,
+            "layers": descriptors,
+        }));
+        self.push_manifest(
+            repository,
+            &ArtifactKind::Signature.tag_for(subject),
+            manifest.to_string().as_bytes(),
+        )
+        .await
+    }
 }
 
 /// The config and layer blobs every revision of `repository` shares.

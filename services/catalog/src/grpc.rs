@@ -2,7 +2,9 @@
 //! the in-process snapshot. Errors become `Status` codes here only.
 
 use std::{pin::Pin, sync::Arc};
-use vynil_proto::convert::{package_to_proto, package_type, proto_type, signature_to_proto, verify_mode_to_proto};
+use vynil_proto::convert::{
+    package_to_proto, package_type, proto_type, signature_to_proto, verify_mode_to_proto,
+};
 use vynil_runtime::{Classify, Failure, Shutdown, ToStatus};
 
 use futures::{Stream, StreamExt};

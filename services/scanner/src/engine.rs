@@ -3,7 +3,10 @@
 //! (waypoints + type-aware), the partial filter, the merge. This module only
 //! reads the registry and reports progress.
 
-use std::{collections::HashMap, sync::Arc};
+use std::{
+    collections::{HashMap, HashSet},
+    sync::Arc,
+};
 
 use futures::StreamExt;
 use tokio_util::task::AbortOnDropHandle;
@@ -17,7 +20,10 @@ use vynil_rules::{
     scan::{Repository, RepositoryOutcome},
 };
 
+use vynil_rules::signature::Verdict;
 use vynil_store::{JukeboxRecord, source_of};
+
+use crate::signatures::Verification;
 
 /// Counters of one scan, reported as progress.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -75,6 +81,7 @@ pub async fn scan(
     settings: &EngineSettings,
     record: &JukeboxRecord,
     scope: &ScanScope,
+    verification: Option<&Verification>,
     on_progress: &(dyn Fn(&Progress) + Send + Sync),
 ) -> ScanOutput {
     let known = record.status.as_ref().map(|s| s.packages.clone()).unwrap_or_default();
@@ -129,7 +136,8 @@ pub async fn scan(
         .map(|repo| {
             let (viewer, progress) = (viewer.clone(), progress.clone());
             async move {
-                let outcome = scan_repository(client, settings, &repo, &viewer, progress.clone()).await;
+                let outcome =
+                    scan_repository(client, settings, &repo, &viewer, verification, progress.clone()).await;
                 let snapshot = {
                     let mut p = progress.lock().unwrap_or_else(|e| e.into_inner());
                     p.repositories_done += 1;
@@ -247,17 +255,32 @@ fn apply(
     }
 }
 
+/// Unverified revisions an enforced policy keeps out of a repository's view
+/// but records (newest first, at most this many), so the catalog can say why
+/// they are not offered.
+const MAX_REFUSED: usize = 10;
+
+/// What the descent was told of one tag: its manifest, and under an
+/// enforced signature policy the verdict on a package revision.
+type Read = Option<(TaggedManifest, Option<Verdict>)>;
+
 /// The view of one repository, reading the manifests the descent needs, up
 /// to `settings.read_ahead` of them at once: the descent asks one tag at a
 /// time, but the next tags it may ask are known (`ViewBuilder::upcoming`),
 /// so they are read while it decides. A first scan then costs about its
 /// manifest reads divided by the window, and extra reads are bounded by it.
+///
+/// Under a signature policy each revision kept carries its verdict; under
+/// `enforce` the descent skips an unverified revision (the view is that of
+/// the verified revisions, as the catalog's roles compute it) and the newest
+/// of them are recorded beside it ([`MAX_REFUSED`]).
 #[tracing::instrument(skip_all, fields(repository = %repo))]
 async fn scan_repository(
     client: &RegistryClient,
     settings: &EngineSettings,
     repo: &RepositoryRef,
     viewer: &Viewer,
+    verification: Option<&Verification>,
     progress: Arc<std::sync::Mutex<Progress>>,
 ) -> Result<Vec<Package>, String> {
     let tags =
@@ -270,13 +293,17 @@ async fn scan_repository(
     if let Ok(mut p) = progress.lock() {
         p.tags_seen += tags.len() as u64;
     }
+    let signed: Arc<HashSet<String>> =
+        Arc::new(tags.iter().filter(|t| t.ends_with(".sig")).cloned().collect());
     let versions = Versions::parse(tags.iter().map(String::as_str));
     let mut builder = ViewBuilder::new(&versions, viewer.clone(), true);
     let mut contents = Vec::new();
-    let mut ahead: HashMap<String, AbortOnDropHandle<Result<Option<TaggedManifest>, String>>> =
-        HashMap::new();
+    let mut refused: Vec<Package> = Vec::new();
+    let mut ahead: HashMap<String, AbortOnDropHandle<Result<Read, String>>> = HashMap::new();
+    let enforced = verification.filter(|v| v.enforced()).map(|v| v.keys.clone());
     let read = |tag: String| {
         let (client, repo, progress) = (client.clone(), repo.clone(), progress.clone());
+        let (enforced, signed) = (enforced.clone(), signed.clone());
         let task = async move {
             let found = client.tag_metadata(&repo, &tag).await.map_err(|e| e.to_string())?;
             if found.as_ref().is_some_and(|f| f.manifest_read)
@@ -284,7 +311,14 @@ async fn scan_repository(
             {
                 p.manifests_read += 1;
             }
-            Ok(found)
+            let Some(found) = found else { return Ok(None) };
+            let verdict = match (&found.metadata, enforced) {
+                (ManifestMetadata::Vynil(_), Some(keys)) => {
+                    Some(verdict_of(&client, &repo, &found.digest, &keys, &signed).await?)
+                }
+                _ => None,
+            };
+            Ok(Some((found, verdict)))
         };
         AbortOnDropHandle::new(tokio::spawn(task.instrument(tracing::Span::current())))
     };
@@ -296,13 +330,20 @@ async fn scan_repository(
         }
         let task = ahead.remove(tag.as_str()).unwrap_or_else(|| read(tag.as_str().to_string()));
         let found = task.await.map_err(|e| format!("tag {tag}: the read was lost: {e}"))??;
-        match found.map(|f| (f.metadata, f.digest)) {
-            Some((ManifestMetadata::Vynil(content), digest)) => {
-                builder.provide(Some(content.as_ref()));
-                contents.push((tag.as_str().to_string(), digest, *content));
+        match found.map(|(f, verdict)| (f.metadata, f.digest, verdict)) {
+            Some((ManifestMetadata::Vynil(content), digest, Some(verdict))) if !verdict.is_verified() => {
+                builder.skip();
+                if refused.len() < MAX_REFUSED {
+                    let package = Package::new(&repo.registry, &repo.repository, tag.as_str(), *content);
+                    refused.push(Package { signature: Some(verdict), ..package.with_digest(&digest) });
+                }
             }
-            Some((ManifestMetadata::Malformed(why), _)) => return Err(format!("tag {tag}: {why}")),
-            Some((ManifestMetadata::NotVynil, _)) | None => {
+            Some((ManifestMetadata::Vynil(content), digest, verdict)) => {
+                builder.provide(Some(content.as_ref()));
+                contents.push((tag.as_str().to_string(), digest, *content, verdict));
+            }
+            Some((ManifestMetadata::Malformed(why), _, _)) => return Err(format!("tag {tag}: {why}")),
+            Some((ManifestMetadata::NotVynil, _, _)) | None => {
                 builder.provide(None::<&vynil_rules::PackageContent>)
             }
         }
@@ -313,13 +354,35 @@ async fn scan_repository(
         let _ = task.await;
     }
     let view = builder.finish();
-    Ok(view
-        .entries
-        .iter()
-        .filter_map(|entry| {
-            let (_, digest, content) = contents.iter().find(|(t, _, _)| t == entry.tag.as_str())?;
-            let package = Package::new(&repo.registry, &repo.repository, entry.tag.as_str(), content.clone());
-            Some(package.with_digest(digest))
-        })
-        .collect())
+    let mut packages = Vec::new();
+    for entry in &view.entries {
+        let Some((_, digest, content, verdict)) = contents.iter().find(|(t, ..)| t == entry.tag.as_str())
+        else {
+            continue;
+        };
+        let package = Package::new(&repo.registry, &repo.repository, entry.tag.as_str(), content.clone());
+        let signature = match (verdict, verification) {
+            (Some(verdict), _) => Some(verdict.clone()),
+            (None, Some(v)) => Some(verdict_of(client, repo, digest, &v.keys, &signed).await?),
+            (None, None) => None,
+        };
+        packages.push(Package { signature, ..package.with_digest(digest) });
+    }
+    packages.extend(refused);
+    Ok(packages)
+}
+
+/// The verdict on the revision at `digest` (`signed`: the `.sig` tags listed).
+async fn verdict_of(
+    client: &RegistryClient,
+    repo: &RepositoryRef,
+    digest: &str,
+    keys: &vynil_rules::signature::Keyring,
+    signed: &HashSet<String>,
+) -> Result<Verdict, String> {
+    let listed = vynil_registry::signature_tag(digest).is_some_and(|tag| signed.contains(&tag));
+    client
+        .signature_verdict(repo, digest, keys, listed)
+        .await
+        .map_err(|e| format!("the signature of {repo}@{digest}: {e}"))
 }

@@ -18,6 +18,7 @@ mod metrics;
 mod recalls;
 mod requests;
 mod schedule;
+mod signatures;
 mod triggers;
 mod worker;
 

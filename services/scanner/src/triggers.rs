@@ -50,6 +50,8 @@ pub struct Triggers {
     served: HashMap<String, String>,
     /// JukeBoxes taken over from upstream's operator by this replica.
     taken_over: std::collections::HashSet<String>,
+    /// The signature policy last seen, per JukeBox.
+    policies: HashMap<String, Option<vynil_crds::VerifyPolicy>>,
 }
 
 impl Drop for Triggers {
@@ -70,6 +72,7 @@ impl Triggers {
             schedules: HashMap::new(),
             served: HashMap::new(),
             taken_over: Default::default(),
+            policies: HashMap::new(),
             shutdown,
         }
     }
@@ -126,12 +129,27 @@ impl Triggers {
         }
         self.served.remove(name);
         self.taken_over.remove(name);
+        self.policies.remove(name);
     }
 
     async fn observe_record(&mut self, record: JukeboxRecord) {
         self.take_over(&record).await;
         self.follow_schedule(&record).await;
         self.follow_force_scan(&record).await;
+        self.follow_verify(&record).await;
+    }
+
+    /// A changed signature policy (mode, keys, keys' Secret) asks for a full
+    /// scan: the verdicts in the status are the old keys'. The evidence is
+    /// cached, so it costs no signature read.
+    async fn follow_verify(&mut self, record: &JukeboxRecord) {
+        let policy = record.spec.verify.clone();
+        let Some(previous) = self.policies.insert(record.name.clone(), policy.clone()) else { return };
+        if previous != policy
+            && let Err(error) = self.scanner.request(&record.name, ScanScope::Full).await
+        {
+            tracing::warn!(jukebox = %record.name, %error, "cannot ask for the scan a new signature policy needs");
+        }
     }
 
     /// Once per JukeBox (and again when it is deleted with upstream's

@@ -20,6 +20,7 @@ use crate::{
     metrics::{Cause, Jukebox, Outcome, ScannerMetrics, cause},
     requests::{RecordState, RequestQueue, ScanItem, ScanRecord},
     schedule,
+    signatures::policy_of,
 };
 
 const WRITE_ATTEMPTS: usize = 8;
@@ -302,9 +303,12 @@ impl Scanner {
                 Ok(reader) => crate::index::scan(&reader, &self.settings, record, scope, &on_progress).await,
                 Err(why) => ScanOutput::SourceFailed(why),
             },
-            None => match self.client_for(record).await {
-                Ok(client) => engine::scan(&client, &self.settings, record, scope, &on_progress).await,
-                Err(why) => ScanOutput::SourceFailed(why),
+            None => match (self.client_for(record).await, policy_of(record, &*self.store).await) {
+                (Ok(client), Ok(verification)) => {
+                    let verification = verification.as_ref();
+                    engine::scan(&client, &self.settings, record, scope, verification, &on_progress).await
+                }
+                (Err(why), _) | (_, Err(why)) => ScanOutput::SourceFailed(why),
             },
         };
         drop(on_progress);

@@ -1,0 +1,47 @@
+//! A JukeBox's signature policy as the scanner applies it (`spec.verify`,
+//! `docs/scanner.md` "Signatures"): its trusted keys, inline and from the
+//! Secret it names (read afresh at each scan, as pull secrets, so a rotated
+//! key counts at once). The verdicts are the rules' and the registry
+//! client's (`vynil_registry`'s `signature_verdict`); the engine records
+//! them on each revision.
+
+use std::sync::Arc;
+
+use vynil_crds::coded_message;
+use vynil_rules::signature::{Keyring, VerifyMode};
+use vynil_store::{JukeboxRecord, ScannerStore};
+
+/// A JukeBox's signature policy, its keys read.
+#[derive(Debug, Clone)]
+pub struct Verification {
+    pub mode: VerifyMode,
+    pub keys: Arc<Keyring>,
+}
+
+impl Verification {
+    pub fn enforced(&self) -> bool {
+        self.mode == VerifyMode::Enforce
+    }
+}
+
+/// The signature policy of `record`; `None` without one. Keys that cannot
+/// be read fail the scan (the catalog is kept), saying which and why.
+pub async fn policy_of(
+    record: &JukeboxRecord,
+    store: &dyn ScannerStore,
+) -> Result<Option<Verification>, String> {
+    let Some(policy) = &record.spec.verify else { return Ok(None) };
+    let mut pems: Vec<(String, String)> =
+        policy.keys.iter().map(|k| (k.name.clone(), k.public_key.clone())).collect();
+    if let Some(secret) = policy.keys_secret.as_deref().filter(|s| !s.is_empty()) {
+        let data = store.secret(secret).await.map_err(|e| {
+            coded_message("E_VERIFY_KEYS", &format!("the trusted keys' Secret {secret:?}: {e}"))
+        })?;
+        pems.extend(
+            data.into_iter().map(|(name, bytes)| (name, String::from_utf8_lossy(&bytes).into_owned())),
+        );
+    }
+    let keys = Keyring::parse(pems.iter().map(|(n, p)| (n.as_str(), p.as_str())))
+        .map_err(|e| coded_message("E_VERIFY_KEYS", &e.to_string()))?;
+    Ok(Some(Verification { mode: policy.mode(), keys: Arc::new(keys) }))
+}

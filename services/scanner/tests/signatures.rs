@@ -1,0 +1,227 @@
+//! Signature policy against a real registry (behind the counting front) and
+//! a real Redis: each kind of signature gets its verdict, `enforce` keeps
+//! every unverified revision out of the view, a rescan reads nothing again,
+//! and keys rotate without re-reading a manifest.
+
+#![allow(clippy::unwrap_used, clippy::panic)]
+
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
+
+use axum::http::Method;
+use clap::Parser;
+use vynil_rules::{
+    InstallQuery, Package, PackageType as RulesType, Viewer,
+    catalog::{CatalogRole, roles_under},
+    select_install,
+    signature::{Verdict, VerifyMode},
+    upgrade::withheld::{Holds, withheld},
+};
+use vynil_scanner::{Config, RecordState, Scanner};
+use vynil_testkit::{
+    HttpFront, JukeboxBuilder, PackageSpec, PackageType, RedisServer, RegistryServer, SignatureLayer, Signer,
+};
+
+const REPOSITORY: &str = "sec/app";
+
+struct Harness {
+    registry: RegistryServer,
+    front: HttpFront,
+    _redis: RedisServer,
+    dir: tempfile::TempDir,
+    scanner: Arc<Scanner>,
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+impl Harness {
+    async fn start(registry: RegistryServer) -> Self {
+        let front = HttpFront::start(&registry.base_url()).await.unwrap();
+        let redis = RedisServer::start().await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let config = Config::parse_from([
+            "vynil-scanner",
+            "--jukebox-dir",
+            dir.path().to_str().unwrap(),
+            "--redis-url",
+            &redis.url(),
+            "--insecure-registry",
+            &front.host(),
+            "--vynil-version",
+            "0.8.0",
+            "--poll-milliseconds",
+            "50",
+        ]);
+        let scanner = vynil_scanner::build(&config).await.unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(scanner.clone().work(async move {
+            let _ = stopped.await;
+        }));
+        Self { registry, front, _redis: redis, dir, scanner, _stop: stop }
+    }
+
+    /// The JukeBox's file, with this signature policy.
+    fn write_jukebox(&self, mode: &str, keys: &[(&str, &Signer)]) {
+        let pems: Vec<(&str, String)> = keys.iter().map(|(n, s)| (*n, s.public_pem())).collect();
+        let pems: Vec<(&str, &str)> = pems.iter().map(|(n, p)| (*n, p.as_str())).collect();
+        JukeboxBuilder::new("box")
+            .list([format!("{}/{REPOSITORY}", self.front.host())])
+            .verify(mode, &pems)
+            .write_to(self.dir.path())
+            .unwrap();
+    }
+
+    async fn scan(&self) {
+        let (id, _) = self.scanner.request("box", vynil_rules::ScanScope::Full).await.unwrap();
+        for _ in 0..2400 {
+            let record = self.scanner.queue.record(&id).await.unwrap().unwrap();
+            if record.is_final() {
+                assert_eq!(record.state, RecordState::Succeeded, "{record:?}");
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("scan {id} did not finish");
+    }
+
+    async fn packages(&self) -> Vec<Package> {
+        self.scanner.store.get("box").await.unwrap().unwrap().status.unwrap().packages
+    }
+
+    async fn verdicts(&self) -> BTreeMap<String, Verdict> {
+        self.packages().await.into_iter().map(|p| (p.tag.clone(), p.signature.unwrap())).collect()
+    }
+
+    /// GETs of manifests and blobs since the last reset.
+    fn gets(&self) -> usize {
+        self.front.count(&Method::GET, "/manifests/") + self.front.count(&Method::GET, "/blobs/")
+    }
+}
+
+/// Six revisions, each a waypoint (each needs the one before), so every one
+/// is in the view: signed by the trusted key, by another key, unsigned, a
+/// trusted signature copied from 0.1.0, a trusted signature whose payload
+/// was changed afterwards, a trusted signature cut short.
+async fn six_revisions(trusted: &Signer, other: &Signer) -> (RegistryServer, BTreeMap<&'static str, String>) {
+    let registry = RegistryServer::start().await.unwrap();
+    let p = registry.publisher();
+    let reference = format!("{}/{REPOSITORY}", registry.host());
+    let tags = ["0.1.0", "0.2.0", "0.3.0", "0.4.0", "0.5.0", "0.6.0"];
+    let mut digests = BTreeMap::new();
+    for (i, tag) in tags.iter().enumerate() {
+        let mut spec = PackageSpec::new("sec", "app", PackageType::Tenant, tag);
+        if i > 0 {
+            spec = spec.min(tags[i - 1]);
+        }
+        digests.insert(*tag, p.publish(REPOSITORY, &spec).await.unwrap());
+    }
+    let sign = |signer: &Signer, digest: &str| SignatureLayer::by(signer, &reference, digest);
+    p.sign(REPOSITORY, &digests["0.1.0"], &[sign(trusted, &digests["0.1.0"])]).await.unwrap();
+    p.sign(REPOSITORY, &digests["0.2.0"], &[sign(other, &digests["0.2.0"])]).await.unwrap();
+    p.sign(REPOSITORY, &digests["0.4.0"], &[sign(trusted, &digests["0.1.0"])]).await.unwrap();
+    let mut tampered = sign(trusted, &digests["0.5.0"]);
+    tampered.payload = vynil_rules::signature::simple_signing_payload("evil.example/app", &digests["0.5.0"]);
+    p.sign(REPOSITORY, &digests["0.5.0"], &[tampered]).await.unwrap();
+    let mut truncated = sign(trusted, &digests["0.6.0"]);
+    truncated.signature.truncate(24);
+    p.sign(REPOSITORY, &digests["0.6.0"], &[truncated]).await.unwrap();
+    (registry, digests)
+}
+
+fn verified(key: &str, registry: &RegistryServer) -> Verdict {
+    Verdict::Verified { key: key.into(), reference: format!("{}/{REPOSITORY}", registry.host()) }
+}
+
+/// What the catalog offers of `packages` under `mode`: selection with the
+/// JukeBox's holds (as the catalog service computes them).
+fn offered(packages: &[Package], mode: VerifyMode) -> Result<String, String> {
+    let framework = semver::Version::new(0, 8, 0);
+    let held = withheld(packages, Holds { verify: Some(mode), ..Holds::default() }, jiff::Timestamp::now());
+    let query = InstallQuery {
+        withheld: &held,
+        ..InstallQuery::of("box", "sec", "app", RulesType::Tenant, &framework)
+    };
+    select_install(packages, &query).map(|p| p.tag.clone()).map_err(|e| e.reason)
+}
+
+#[tokio::test]
+async fn each_signature_gets_its_verdict_and_enforce_offers_only_the_verified_revision() {
+    let (trusted, other) = (Signer::from_label("release"), Signer::from_label("someone else"));
+    let (registry, digests) = six_revisions(&trusted, &other).await;
+    let h = Harness::start(registry).await;
+
+    h.write_jukebox("enforce", &[("release", &trusted)]);
+    h.scan().await;
+    let expected = BTreeMap::from([
+        ("0.1.0".to_string(), verified("release", &h.registry)),
+        ("0.2.0".into(), Verdict::UntrustedKey),
+        ("0.3.0".into(), Verdict::Unsigned),
+        ("0.4.0".into(), Verdict::DigestMismatch { signed: digests["0.1.0"].clone() }),
+        ("0.5.0".into(), Verdict::UntrustedKey),
+    ]);
+    let verdicts = h.verdicts().await;
+    assert!(matches!(verdicts.get("0.6.0"), Some(Verdict::Malformed { .. })), "{verdicts:?}");
+    assert_eq!(verdicts.into_iter().filter(|(t, _)| t != "0.6.0").collect::<BTreeMap<_, _>>(), expected);
+    let packages = h.packages().await;
+    assert_eq!(offered(&packages, VerifyMode::Enforce), Ok("0.1.0".into()), "only the verified revision");
+    let viewer = Viewer { channel: Default::default(), framework: semver::Version::new(0, 8, 0) };
+    let roles = roles_under(&packages, &viewer, Some(VerifyMode::Enforce));
+    let head = packages.iter().zip(&roles).find(|(_, r)| r.contains(&CatalogRole::Head)).unwrap().0;
+    assert_eq!(head.tag, "0.1.0", "the head is the newest verified revision");
+
+    h.write_jukebox("warn", &[("release", &trusted)]);
+    h.scan().await;
+    let packages = h.packages().await;
+    assert_eq!(packages.len(), 6, "warn: every revision is in the view");
+    assert_eq!(offered(&packages, VerifyMode::Warn), Ok("0.6.0".into()), "warn offers the newest");
+    let roles = roles_under(&packages, &viewer, Some(VerifyMode::Warn));
+    let marked =
+        roles.iter().filter(|r| r.iter().any(|r| matches!(r, CatalogRole::Unverified { .. }))).count();
+    assert_eq!(marked, 5, "every revision but 0.1.0 is marked");
+}
+
+#[tokio::test]
+async fn a_rescan_reads_nothing_again_and_keys_rotate_without_reading_a_manifest() {
+    let (trusted, second) = (Signer::from_label("release"), Signer::from_label("release 2027"));
+    let (registry, digests) = six_revisions(&trusted, &second).await;
+    let h = Harness::start(registry).await;
+    h.write_jukebox("enforce", &[("release", &trusted)]);
+    h.scan().await;
+    let before = h.verdicts().await;
+
+    h.front.reset_counts();
+    h.scan().await;
+    assert_eq!(h.gets(), 0, "an unchanged signed registry: no GET");
+    assert_eq!(h.verdicts().await, before, "verdicts unchanged");
+
+    // The revision 0.2.0 was signed by the second key: trusting it verifies
+    // it from the evidence already read.
+    h.write_jukebox("enforce", &[("release", &trusted), ("release-2027", &second)]);
+    h.front.reset_counts();
+    h.scan().await;
+    assert_eq!(h.gets(), 0, "a new key reads no manifest again");
+    let verdicts = h.verdicts().await;
+    assert_eq!(verdicts["0.2.0"], verified("release-2027", &h.registry));
+    assert_eq!(offered(&h.packages().await, VerifyMode::Enforce), Ok("0.2.0".into()));
+
+    // The first key removed: what it alone signed is no longer verified.
+    h.write_jukebox("enforce", &[("release-2027", &second)]);
+    h.scan().await;
+    let verdicts = h.verdicts().await;
+    assert_eq!(verdicts["0.2.0"], verified("release-2027", &h.registry));
+    assert_eq!(verdicts["0.1.0"], Verdict::UntrustedKey, "{verdicts:?}");
+
+    // A signature deleted in the registry: the revision is unsigned at the next scan.
+    let sig = vynil_registry::signature_tag(&digests["0.2.0"]).unwrap();
+    let url = format!("{}/v2/{REPOSITORY}/manifests/", h.registry.base_url());
+    let http = reqwest::Client::new();
+    let head = http
+        .head(format!("{url}{sig}"))
+        .header("accept", "application/vnd.oci.image.manifest.v1+json")
+        .send()
+        .await
+        .unwrap();
+    let sig_digest = head.headers()["docker-content-digest"].to_str().unwrap().to_string();
+    let deleted = http.delete(format!("{url}{sig_digest}")).send().await.unwrap();
+    assert!(deleted.status().is_success(), "{deleted:?}");
+    h.scan().await;
+    assert_eq!(h.verdicts().await["0.2.0"], Verdict::Unsigned);
+}
