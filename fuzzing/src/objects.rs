@@ -237,7 +237,7 @@ fn decide(u: &mut Unstructured<'_>, instance: &Instance) -> Result<()> {
         2 => Hatch::Void(text(u)?),
         _ => Hatch::Confirmed,
     };
-    let observed = CleanupObserved { answer, hatch, job, report: None, now, max_attempts };
+    let observed = CleanupObserved { answer, unverified: None, hatch, job, report: None, now, max_attempts };
     check_cleanup(&observed, &cleanup(instance, &observed));
     Ok(())
 }

@@ -156,6 +156,23 @@ impl VerifyPolicy {
     pub fn mode(&self) -> vynil_rules::signature::VerifyMode {
         self.mode.rules()
     }
+
+    /// Its trusted keys: the inline ones, and each data item of the keys'
+    /// Secret (`secret`, read by the caller), named by its key.
+    pub fn keyring(
+        &self,
+        secret: Option<&std::collections::BTreeMap<String, Vec<u8>>>,
+    ) -> Result<vynil_rules::signature::Keyring, vynil_rules::RulesError> {
+        let mut pems: Vec<(String, String)> =
+            self.keys.iter().map(|k| (k.name.clone(), k.public_key.clone())).collect();
+        pems.extend(
+            secret
+                .into_iter()
+                .flatten()
+                .map(|(name, bytes)| (name.clone(), String::from_utf8_lossy(bytes).into_owned())),
+        );
+        vynil_rules::signature::Keyring::parse(pems.iter().map(|(n, p)| (n.as_str(), p.as_str())))
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

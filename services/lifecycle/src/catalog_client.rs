@@ -9,8 +9,8 @@ use vynil_proto::catalog::v1::{
     ResolveCleanupRequest, ResolveInstallRequest, catalog_client::CatalogClient,
     resolve_cleanup_response::Decision, resolve_install_response::Outcome,
 };
-use vynil_proto::convert::{package_from_proto, proto_type};
-use vynil_rules::{Tag, selection::RecordedCheck};
+use vynil_proto::convert::{package_from_proto, proto_type, signature_from_proto, verify_mode_from_proto};
+use vynil_rules::{Tag, selection::RecordedCheck, signature::Verdict};
 use vynil_runtime::{TracedChannel, traced};
 
 use crate::{
@@ -76,6 +76,7 @@ impl Catalog {
                 move_away: recall.move_away,
                 to: Some(response.move_away_to).filter(|t| !t.is_empty()),
             }),
+            verify: verify_mode_from_proto(response.verify_mode),
         };
         let resolution = match response.outcome {
             Some(Outcome::Package(package)) => {
@@ -129,18 +130,17 @@ impl Catalog {
     }
 
     /// The digest of `tag` of the instance's package when the catalog lists
-    /// it (`Some(None)`: listed without a digest), `None` when not listed.
+    /// it (`None` inside: listed without a digest), with its signature
+    /// verdict when the JukeBox has a policy; `None` when not listed.
     pub async fn find_tag(
         &self,
         instance: &Instance,
         tag: &str,
-    ) -> Result<Option<Option<String>>, LifecycleError> {
-        Ok(self
-            .revisions(instance, true)
-            .await?
-            .into_iter()
-            .find(|p| p.tag == tag)
-            .map(|p| Some(p.digest).filter(|d| !d.is_empty())))
+    ) -> Result<Option<(Option<String>, Option<Verdict>)>, LifecycleError> {
+        Ok(self.revisions(instance, true).await?.into_iter().find(|p| p.tag == tag).map(|p| {
+            let verdict = p.signature.as_ref().map(|s| signature_from_proto(s).unwrap_or(Verdict::Unsigned));
+            (Some(p.digest).filter(|d| !d.is_empty()), verdict)
+        }))
     }
 }
 
@@ -191,6 +191,8 @@ pub enum Cleanup {
     UsePackage {
         package: Box<pb::Package>,
         pull_secret: Option<String>,
+        /// Under a signature policy, the revision is not verified: why, in words.
+        unverified: Option<String>,
     },
     Gone {
         code: String,
@@ -244,9 +246,16 @@ impl Catalog {
         };
         let response = self.client.clone().resolve_cleanup(request).await.map_err(unavailable)?.into_inner();
         let pull_secret = Some(response.pull_secret).filter(|s| !s.is_empty());
+        let policy = verify_mode_from_proto(response.verify_mode);
         Ok(match response.decision {
             Some(Decision::UsePackage(package)) => {
-                Cleanup::UsePackage { package: Box::new(package), pull_secret }
+                let verdict = package.signature.as_ref().and_then(signature_from_proto);
+                let unverified = policy.and_then(|_| match verdict {
+                    Some(verdict) if verdict.is_verified() => None,
+                    Some(verdict) => Some(verdict.describe()),
+                    None => Some("its signature was not checked (the catalog does not list it)".to_string()),
+                });
+                Cleanup::UsePackage { package: Box::new(package), pull_secret, unverified }
             }
             Some(Decision::Gone(gone)) => Cleanup::Gone { code: gone.code, message: gone.message },
             Some(Decision::DeleteWithoutPackage(d)) => Cleanup::WithoutPackage { warning: d.warning },

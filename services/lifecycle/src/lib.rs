@@ -34,6 +34,7 @@ mod operator;
 pub mod reaper;
 mod records;
 mod script;
+mod signatures;
 pub mod takeover;
 pub mod uninstall_plan;
 pub mod upgrades;

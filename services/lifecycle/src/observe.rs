@@ -51,7 +51,8 @@ pub async fn observe(
     };
     let (init_version, checks) = match &resolution {
         Resolution::Package { package, pull_secret } => {
-            let init_version = init_version(instance, package, pull_secret.as_deref(), context).await?;
+            let init_version =
+                init_version(instance, package, pull_secret.as_deref(), held_back.verify, context).await?;
             let init_version = held_back.refusing_recalled(init_version);
             let asked = facts::Asked {
                 namespace: &instance.namespace,
@@ -127,7 +128,7 @@ async fn resolve(instance: &Instance, context: &Context) -> Result<Resolved, Lif
     let Answer { mut resolution, jukebox_policy, held_back } =
         context.catalog.resolve(instance, &quarantined, back_to).await?;
     if let (Some(from), Resolution::NoMatch { .. }) = (back_to, &resolution)
-        && let Some(recorded) = recorded_rollback(instance, from, context).await?
+        && let Some(recorded) = recorded_rollback(instance, from, held_back.verify, context).await?
     {
         resolution = recorded;
     }
@@ -140,10 +141,11 @@ async fn resolve(instance: &Instance, context: &Context) -> Result<Resolved, Lif
 /// recorded revision, trusted only as a cleanup trusts it — its tag still
 /// at the recorded digest, from a source of the instance's JukeBox (the
 /// catalog's `ResolveCleanup` decides) — with its content read from the
-/// registry. `None`: it cannot be used (the plan says the catalog's why).
+/// registry, and under a signature policy its verdict. `None`: it cannot be used (the plan says the catalog's why).
 async fn recorded_rollback(
     instance: &Instance,
     from: &str,
+    verify: Option<vynil_rules::signature::VerifyMode>,
     context: &Context,
 ) -> Result<Option<Resolution>, LifecycleError> {
     let Some(recorded) = instance.status.package.as_ref().filter(|p| p.tag == from) else {
@@ -160,7 +162,7 @@ async fn recorded_rollback(
     }
     let answer =
         context.catalog.resolve_cleanup(instance, Some(RecordedCheck::Resolves), true, false).await?;
-    let Cleanup::UsePackage { package, pull_secret } = answer else {
+    let Cleanup::UsePackage { package, pull_secret, .. } = answer else {
         return Ok(None);
     };
     if (package.registry.as_str(), package.image.as_str(), package.tag.as_str())
@@ -181,18 +183,25 @@ async fn recorded_rollback(
     let vynil_rules::ManifestMetadata::Vynil(content) = found.metadata else {
         return Ok(None);
     };
-    let package = vynil_rules::Package::new(&recorded.registry, &recorded.image, from, *content)
+    let mut package = vynil_rules::Package::new(&recorded.registry, &recorded.image, from, *content)
         .with_digest(&found.digest);
+    if verify.is_some() {
+        // Judged as the catalog's revisions are (the planner refuses an unverified one).
+        package.signature =
+            crate::signatures::read(instance, &repo, &found.digest, pull_secret.as_deref(), context).await?;
+    }
     Ok(Some(Resolution::Package { package: Box::new(package), pull_secret }))
 }
 
 /// `initFrom.version` on a first install: the catalog's entry, else the
 /// registry (a HEAD with the JukeBox's pull secret). An unreachable registry
-/// is an error to retry, never "not found".
+/// is an error to retry, never "not found". Under an enforced signature
+/// policy (`verify`), an unverified version is refused (`crate::signatures`).
 pub(crate) async fn init_version(
     instance: &Instance,
     package: &vynil_rules::Package,
     pull_secret: Option<&str>,
+    verify: Option<vynil_rules::signature::VerifyMode>,
     context: &Context,
 ) -> Result<InitVersion, LifecycleError> {
     let Some(version) = instance.init_from.as_ref().and_then(|i| i.version.clone()) else {
@@ -201,19 +210,25 @@ pub(crate) async fn init_version(
     if instance.installed_tag().is_some() {
         return Ok(InitVersion::NotAsked);
     }
-    if let Some(digest) = context.catalog.find_tag(instance, &version).await? {
-        return Ok(InitVersion::Found { tag: version, digest });
-    }
-    let client = registry_for(pull_secret, context).await?;
     let repo = RepositoryRef::new(&package.registry, &package.image)
         .map_err(|e| LifecycleError::Invalid(e.to_string()))?;
-    match client.head_digest(&repo, &version).await {
-        Ok(Some(digest)) => Ok(InitVersion::Found { tag: version, digest: Some(digest) }),
-        Ok(None) => Ok(InitVersion::NotFound(version)),
-        Err(e) => {
-            Err(LifecycleError::Unavailable(format!("registry, looking for initFrom.version {version}: {e}")))
+    let (found, verdict) = match context.catalog.find_tag(instance, &version).await? {
+        Some((digest, verdict)) => (InitVersion::Found { tag: version, digest }, verdict),
+        None => {
+            let client = registry_for(pull_secret, context).await?;
+            match client.head_digest(&repo, &version).await {
+                Ok(Some(digest)) => (InitVersion::Found { tag: version, digest: Some(digest) }, None),
+                Ok(None) => return Ok(InitVersion::NotFound(version)),
+                Err(e) => {
+                    return Err(LifecycleError::Unavailable(format!(
+                        "registry, looking for initFrom.version {version}: {e}"
+                    )));
+                }
+            }
         }
-    }
+    };
+    crate::signatures::refusing_unverified(found, verdict, verify, instance, (&repo, pull_secret), context)
+        .await
 }
 
 /// The registry client with the credentials of the pull secret `name` (read
@@ -360,6 +375,7 @@ pub async fn observe_cleanup(
             report: None,
             now: jiff::Timestamp::now(),
             max_attempts: context.max_attempts,
+            unverified: None,
         });
     }
     let check = match &instance.status.package {
@@ -368,6 +384,7 @@ pub async fn observe_cleanup(
     };
     let hatch = hatch(instance, context).await?;
     let confirmed = hatch == Hatch::Confirmed;
+    let mut unverified = None;
     let answer = match context
         .catalog
         .resolve_cleanup(instance, check, instance.status.have_child, confirmed)
@@ -378,7 +395,17 @@ pub async fn observe_cleanup(
             CleanupAnswer::Gone { what: uninstall_plan::Gone::from_code(&code), message }
         }
         Cleanup::WithoutPackage { warning } => CleanupAnswer::WithoutPackage { warning },
-        Cleanup::UsePackage { package, pull_secret } => {
+        Cleanup::UsePackage { package, pull_secret, unverified: why } => {
+            unverified = why.map(|why| {
+                vynil_crds::coded_message(
+                    "E_UNVERIFIED",
+                    &format!(
+                        "deleting with {}:{}, which the JukeBox's signature policy does not verify ({why}); \
+                         its delete Job runs anyway, so that the instance can be removed",
+                        package.image, package.tag
+                    ),
+                )
+            });
             CleanupAnswer::Revision(Box::new(delete_request(instance, &package, pull_secret, context)))
         }
     };
@@ -390,6 +417,7 @@ pub async fn observe_cleanup(
     let report = if reaped { reaper_report(&slot.name, context).await } else { None };
     Ok(CleanupObserved {
         answer,
+        unverified,
         hatch,
         job,
         report,

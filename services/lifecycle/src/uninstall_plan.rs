@@ -119,6 +119,9 @@ impl Hatch {
 #[derive(Debug, Clone, PartialEq)]
 pub struct CleanupObserved {
     pub answer: CleanupAnswer,
+    /// The revision the delete hooks run from fails the JukeBox's signature
+    /// policy: the Warning Event's note (the Job runs anyway).
+    pub unverified: Option<String>,
     /// The escape hatch, as the annotation and the confirmations say.
     pub hatch: Hatch,
     /// The instance's Job; its fingerprint is read only from a delete Job.
@@ -242,6 +245,9 @@ fn with_hooks(instance: &Instance, observed: &CleanupObserved, request: &JobRequ
             None => AgentTarget { revision: revision.clone(), ..AgentTarget::default() },
         };
         steps.push(Step::RecordTarget(target));
+        if let Some(note) = &observed.unverified {
+            steps.push(Step::Event { warning: true, reason: "UnverifiedRevision", note: note.clone() });
+        }
         steps.push(Step::CreateDeleteJob(Box::new(request.clone())));
         steps.push(deleting(format!("delete Job running the hooks of {}:{}", request.image, request.tag)));
         steps.push(Step::Event {

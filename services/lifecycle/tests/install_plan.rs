@@ -127,6 +127,51 @@ fn init_from_version_naming_a_recalled_revision_is_refused_without_a_job() {
     assert_eq!(creates_job(&install_plan::plan(&fresh(), &seen)).as_deref(), Some("3.1.0"));
 }
 
+/// #50: under an enforced signature policy no install Job runs for an
+/// unverified revision, named by `initFrom.version` or the catalog's own
+/// (an instance keeps the revision it runs), and the block says why with the
+/// same code.
+#[test]
+fn an_enforced_signature_policy_refuses_an_unverified_revision_without_a_job() {
+    use vynil_rules::signature::{Verdict, VerifyMode};
+    let mut seen = observed("4.0.0");
+    seen.held_back.verify = Some(VerifyMode::Enforce);
+    seen.init_version =
+        InitVersion::Unverified { tag: "3.0.0".into(), verdict: "signed by an untrusted key".into() };
+    let plan = install_plan::plan(&fresh(), &seen);
+    let (kind, ok, message) = condition(&plan).unwrap();
+    assert_eq!((kind, ok), ("InitFrom", false));
+    assert!(
+        message.starts_with("[E_UNVERIFIED] initFrom.version 3.0.0: signed by an untrusted key"),
+        "{message}"
+    );
+    assert_eq!(creates_job(&plan), None);
+
+    seen.init_version = InitVersion::NotAsked;
+    let unsigned = plan_for_signature(&mut seen, None);
+    let (kind, ok, message) = condition(&unsigned).unwrap();
+    assert_eq!((kind, ok), ("AgentStarted", false));
+    assert!(message.starts_with("[E_UNVERIFIED] 4.0.0: unsigned"), "{message}");
+    assert_eq!(creates_job(&unsigned), None);
+    let verified = Verdict::Verified { key: "release".into(), reference: "r/x".into() };
+    assert_eq!(creates_job(&plan_for_signature(&mut seen, Some(verified))).as_deref(), Some("4.0.0"));
+    seen.held_back.verify = Some(VerifyMode::Warn);
+    assert_eq!(
+        creates_job(&plan_for_signature(&mut seen, Some(Verdict::UntrustedKey))).as_deref(),
+        Some("4.0.0")
+    );
+}
+
+fn plan_for_signature(
+    seen: &mut install_plan::Observed,
+    verdict: Option<vynil_rules::signature::Verdict>,
+) -> install_plan::Plan {
+    if let Resolution::Package { package, .. } = &mut seen.resolution {
+        package.signature = verdict;
+    }
+    install_plan::plan(&fresh(), seen)
+}
+
 /// #44 items 2 and 3: an installed instance whose newer revisions are all
 /// recalled or too young, its own gone from the catalog, stays where it is,
 /// waiting and saying why; a first install with nothing selectable is blocked.
@@ -431,6 +476,7 @@ fn upstreams_control_plane_being_deleted_keeps_its_finalizer_and_runs_no_job() {
     for answer in [CleanupAnswer::NothingToDelete, CleanupAnswer::WithoutPackage { warning: "w".into() }] {
         let seen = CleanupObserved {
             answer,
+            unverified: None,
             hatch: Default::default(),
             job: None,
             report: None,

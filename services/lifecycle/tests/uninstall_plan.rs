@@ -49,6 +49,7 @@ fn request(tag: &str) -> JobRequest {
 fn observed(answer: CleanupAnswer) -> CleanupObserved {
     CleanupObserved {
         answer,
+        unverified: None,
         hatch: Hatch::NotAsked,
         job: None,
         report: None,
@@ -99,6 +100,20 @@ fn item_23_a_delete_job_runs_the_chosen_revision_and_the_finalizer_goes_when_it_
     seen.job = job("delete-0.1.8", JobState::Succeeded);
     let plan = cleanup(&instance, &seen);
     assert_eq!((plan.steps.as_slice(), &plan.outcome), (&[Step::DeleteJob][..], &Outcome::Released));
+}
+
+#[test]
+fn an_unverified_revision_still_runs_its_delete_job_with_a_warning() {
+    let instance = deleting(json!({}), with_children());
+    let mut seen = observed(CleanupAnswer::Revision(Box::new(request("0.1.8"))));
+    seen.unverified = Some("[E_UNVERIFIED] deleting with 0.1.8 (signed by an untrusted key)".into());
+    let plan = cleanup(&instance, &seen);
+    let warned = plan.steps.iter().position(|s| {
+        matches!(s, Step::Event { warning: true, reason: "UnverifiedRevision", note } if note.contains("untrusted"))
+    });
+    let created = plan.steps.iter().position(|s| matches!(s, Step::CreateDeleteJob(r) if r.tag == "0.1.8"));
+    assert!(warned.is_some() && created.is_some(), "{plan:?}");
+    assert!(matches!(plan.outcome, Outcome::Deleting { .. }));
 }
 
 #[test]

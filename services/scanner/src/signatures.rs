@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use vynil_crds::coded_message;
 use vynil_rules::signature::{Keyring, VerifyMode};
+
 use vynil_store::{JukeboxRecord, ScannerStore};
 
 /// A JukeBox's signature policy, its keys read.
@@ -31,17 +32,12 @@ pub async fn policy_of(
     store: &dyn ScannerStore,
 ) -> Result<Option<Verification>, String> {
     let Some(policy) = &record.spec.verify else { return Ok(None) };
-    let mut pems: Vec<(String, String)> =
-        policy.keys.iter().map(|k| (k.name.clone(), k.public_key.clone())).collect();
-    if let Some(secret) = policy.keys_secret.as_deref().filter(|s| !s.is_empty()) {
-        let data = store.secret(secret).await.map_err(|e| {
+    let secret = match policy.keys_secret.as_deref().filter(|s| !s.is_empty()) {
+        Some(secret) => Some(store.secret(secret).await.map_err(|e| {
             coded_message("E_VERIFY_KEYS", &format!("the trusted keys' Secret {secret:?}: {e}"))
-        })?;
-        pems.extend(
-            data.into_iter().map(|(name, bytes)| (name, String::from_utf8_lossy(&bytes).into_owned())),
-        );
-    }
-    let keys = Keyring::parse(pems.iter().map(|(n, p)| (n.as_str(), p.as_str())))
-        .map_err(|e| coded_message("E_VERIFY_KEYS", &e.to_string()))?;
+        })?),
+        None => None,
+    };
+    let keys = policy.keyring(secret.as_ref()).map_err(|e| coded_message("E_VERIFY_KEYS", &e.to_string()))?;
     Ok(Some(Verification { mode: policy.mode(), keys: Arc::new(keys) }))
 }

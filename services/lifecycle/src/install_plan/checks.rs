@@ -67,8 +67,8 @@ pub(super) fn checked_options(
 }
 
 /// The tag and digest to install: `initFrom.version` on a first install
-/// when asked (blocked when the registry does not have it or the JukeBox
-/// recalls it), else the catalog's.
+/// when asked (blocked when the registry does not have it, the JukeBox
+/// recalls it or its enforced signature policy refuses it), else the catalog's.
 pub(super) fn init_version(observed: &Observed, package: &Package) -> Result<(String, Option<String>), Plan> {
     match &observed.init_version {
         InitVersion::NotFound(version) => {
@@ -87,9 +87,41 @@ pub(super) fn init_version(observed: &Observed, package: &Package) -> Result<(St
             );
             Err(Plan::blocked(Criterion::InitFrom, Some("E_RECALLED"), message, REQUEUE))
         }
+        InitVersion::Unverified { tag, verdict } => {
+            let message = coded_message(
+                "E_UNVERIFIED",
+                &format!(
+                    "initFrom.version {tag}: {verdict}; the JukeBox enforces its signature policy: name a \
+                     verified version, or have {tag} signed by a key the JukeBox trusts"
+                ),
+            );
+            Err(Plan::blocked(Criterion::InitFrom, Some("E_UNVERIFIED"), message, REQUEUE))
+        }
         InitVersion::Found { tag, digest } => Ok((tag.clone(), digest.clone())),
         InitVersion::NotAsked => Ok((package.tag.clone(), package.digest.clone())),
     }
+}
+
+/// Under an enforced signature policy, the catalog's revision `tag` is
+/// verified: selection offers no other, but an instance keeps the revision it
+/// runs, and a re-run or a rollback is an install Job too.
+pub(super) fn verified(observed: &Observed, package: &Package, tag: &str) -> Result<(), Plan> {
+    use vynil_rules::signature::{Verdict, VerifyMode};
+    if observed.held_back.verify != Some(VerifyMode::Enforce) || package.tag != tag {
+        return Ok(());
+    }
+    let verdict = package.signature.clone().unwrap_or(Verdict::Unsigned);
+    if verdict.is_verified() {
+        return Ok(());
+    }
+    let message = coded_message(
+        "E_UNVERIFIED",
+        &format!(
+            "{tag}: {}; the JukeBox enforces its signature policy, so no install or upgrade Job runs for it",
+            verdict.describe()
+        ),
+    );
+    Err(Plan::blocked(Criterion::Signature, Some("E_UNVERIFIED"), message, REQUEUE))
 }
 
 /// The package's requirements hold in this cluster, or it waits for them.

@@ -52,6 +52,7 @@ fn gated(instance: &Instance, observed: &Observed) -> Result<Plan, Plan> {
     };
     let (checked, mistyped) = checked_options(instance, checks)?;
     let (tag, digest) = init_version(observed, package)?;
+    verified(observed, package, &tag)?;
     requirements_met(checks)?;
     let controller_values = controller_values(checks)?;
     let desired =

@@ -71,6 +71,12 @@ pub enum InitVersion {
     NotFound(String),
     /// The version is recalled for the JukeBox: the recall, in words.
     Recalled(String),
+    /// The JukeBox enforces a signature policy this version fails: the
+    /// verdict, in words ("signed by an untrusted key").
+    Unverified {
+        tag: String,
+        verdict: String,
+    },
 }
 
 /// What was computed from the selected revision and the cluster.
@@ -195,6 +201,8 @@ pub enum Criterion {
     ControlPlane,
     /// An upgrade failed and was quarantined: an operator decides.
     Upgrade,
+    /// The JukeBox's enforced signature policy refuses the revision.
+    Signature,
 }
 
 impl Criterion {
@@ -210,6 +218,7 @@ impl Criterion {
             Criterion::Agent => "agent",
             Criterion::ControlPlane => "control_plane",
             Criterion::Upgrade => "upgrade",
+            Criterion::Signature => "signature",
         }
     }
 }

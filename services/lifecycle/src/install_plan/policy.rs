@@ -58,6 +58,8 @@ pub struct HeldBack {
     pub recalled: Option<RunningRecalled>,
     /// Every revision the JukeBox recalls: tag, and the recall in words.
     pub recalls: Vec<(String, String)>,
+    /// The JukeBox's signature policy (`initFrom.version` is checked against it).
+    pub verify: Option<vynil_rules::signature::VerifyMode>,
 }
 
 /// The installed revision is recalled: in words, whether the recall moves
