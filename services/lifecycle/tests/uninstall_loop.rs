@@ -412,3 +412,106 @@ async fn a_deleting_condition_left_by_the_previous_release_is_removed_and_the_st
     assert_eq!(runs.last().map(|r| r.job.action.as_str()), Some("delete"));
     world.stop().await;
 }
+
+/// #50 as an admin meets it, with a real registry holding real signatures
+/// and the JukeBox's status as the scanner writes it (the scanner's own
+/// tests check how it judges them): under `enforce` only the verified
+/// revision is installed, `initFrom.version` naming an unverified one is
+/// refused (from the catalog's verdict, or judged here when the catalog
+/// does not list it), and once the key is removed the instance still
+/// uninstalls: its delete Job runs, with a Warning Event.
+#[tokio::test]
+async fn under_enforce_only_the_verified_revision_installs_and_a_removed_key_never_blocks_an_uninstall() {
+    use vynil_testkit::{SignatureLayer, Signer};
+    let registry = RegistryServer::start().await.unwrap();
+    let (host, publisher) = (registry.host(), registry.publisher());
+    let release = Signer::from_label("release");
+    let reference = format!("{host}/apps/web");
+    let mut packages = Vec::new();
+    let mut digests = Vec::new();
+    for tag in ["0.0.9", "0.1.0", "0.2.0", "0.3.0"] {
+        let spec = PackageSpec::new("apps", "web", PackageType::Tenant, tag);
+        let digest = publisher.publish("apps/web", &spec).await.unwrap();
+        let mut p = package(&host, "apps", "web", "tenant", tag, json!([]));
+        p["digest"] = json!(digest);
+        packages.push(p);
+        digests.push(digest);
+    }
+    // 0.0.9 (not in the catalog) is signed by another key; 0.1.0 by the trusted one.
+    let other = Signer::from_label("someone else");
+    publisher
+        .sign("apps/web", &digests[0], &[SignatureLayer::by(&other, &reference, &digests[0])])
+        .await
+        .unwrap();
+    publisher
+        .sign("apps/web", &digests[1], &[SignatureLayer::by(&release, &reference, &digests[1])])
+        .await
+        .unwrap();
+    let mut catalog: Vec<Value> = packages.split_off(1);
+    catalog[0]["signature"] = json!({"verdict": "verified", "key": "release", "reference": reference});
+    catalog[1]["signature"] = json!({"verdict": "untrustedKey"});
+    catalog[2]["signature"] = json!({"verdict": "unsigned"});
+    let leaked: &'static str = Box::leak(host.clone().into_boxed_str());
+    // The policy first, then the revisions (the catalog follows them in that
+    // order): no instance sees them without it.
+    let (world, script) = World::start(vec![], &["--insecure-registry", leaked]).await;
+    *script.lock().unwrap() = Box::new(installs_with_children);
+    let boxes: Api<JukeBox> = Api::all(world.client.clone());
+    let source = json!({"list": [reference]});
+    let policy =
+        |keys: Value| json!({"spec": {"source": source, "verify": {"mode": "enforce", "keys": keys}}});
+    let trusted = json!([{"name": "release", "public_key": release.public_pem()}]);
+    boxes.patch("box", &Default::default(), &kube::api::Patch::Merge(&policy(trusted))).await.unwrap();
+    world.publish(catalog.clone()).await;
+    let mut grpc = world.grpc().await;
+
+    world.create("TenantInstance", "web", web_spec(), json!({})).await;
+    installed(&world, "web", "0.1.0").await;
+    let explained =
+        grpc.explain(ExplainRequest { r#ref: Some(tenant(APPS, "web")) }).await.unwrap().into_inner();
+    assert_eq!(
+        explained.withheld,
+        ["[E_UNVERIFIED] 0.3.0: unsigned", "[E_UNVERIFIED] 0.2.0: signed by an untrusted key"],
+        "{}",
+        explained.summary
+    );
+    for (name, version, verdict) in
+        [("pinned", "0.2.0", "signed by an untrusted key"), ("older", "0.0.9", "signed by an untrusted key")]
+    {
+        let mut spec = web_spec();
+        spec["initFrom"] = json!({"snapshot": "abc", "version": version});
+        world.create("TenantInstance", name, spec, json!({})).await;
+        let blocked = eventually("the InitFrom condition", || async {
+            condition(&world.get("TenantInstance", name).await, "InitFrom").cloned()
+        })
+        .await;
+        let message = blocked["message"].as_str().unwrap();
+        assert!(
+            message.starts_with(&format!("[E_UNVERIFIED] initFrom.version {version}: {verdict}")),
+            "{message}"
+        );
+        assert!(world.tags_run(name).is_empty(), "{name}: no Job");
+    }
+
+    // The key removed (the scanner then judges 0.1.0 untrusted): the uninstall still runs.
+    boxes.patch("box", &Default::default(), &kube::api::Patch::Merge(&policy(json!([])))).await.unwrap();
+    catalog[0]["signature"] = json!({"verdict": "untrustedKey"});
+    world.publish(catalog).await;
+    delete(&world, "web").await;
+    gone(&world, "web").await;
+    let runs: Vec<(String, Option<String>)> = world
+        .agent
+        .runs()
+        .into_iter()
+        .filter(|r| r.job.instance_name == "web")
+        .map(|r| (r.job.action, r.job.tag))
+        .collect();
+    assert_eq!(runs, [("install".into(), Some("0.1.0".into())), ("delete".into(), Some("0.1.0".into()))]);
+    let warned = world.api.objects("events.k8s.io", "events").into_iter().any(|e| {
+        e["reason"] == "UnverifiedRevision"
+            && e["regarding"]["name"] == "web"
+            && e["note"].as_str().is_some_and(|n| n.starts_with("[E_UNVERIFIED]") && n.contains("untrusted"))
+    });
+    assert!(warned, "a Warning Event says the delete ran an unverified revision");
+    world.stop().await;
+}
