@@ -232,6 +232,7 @@ async function catalogView(jukebox) {
       el("td", {}, el("span", { class: `badge type-${p.type}` }, p.type)),
       el("td", {}, p.roles.map((r) => el("span", { class: `badge role-${r.kind}` }, r.description))),
       el("td", {}, when(p.first_seen)),
+      el("td", {}, p.signature ? el("span", { class: `badge signature-${p.signature.verdict}`, title: p.signature.reference || "" }, p.signature.description) : "-"),
       el("td", { class: "path" }, (p.digest || "").slice(0, 19)),
       el("td", {}, recallButton(jukebox, p))));
     const from = el("input", { placeholder: "installed version", "aria-label": `installed version of ${key}` });
@@ -254,7 +255,7 @@ async function catalogView(jukebox) {
     }, "Upgrade path");
     return el("section", { class: "package", "data-package": key },
       el("h2", {}, key, " ", el("small", {}, `${revisions[0].registry}/${revisions[0].image}`)),
-      table(["Tag", "Type", "Role", "First seen", "Digest", ""], rows),
+      table(["Tag", "Type", "Role", "First seen", "Signature", "Digest", ""], rows),
       el("div", {}, from, " ", kind, " ", ask, answer));
   });
   show(el("h1", {}, `Catalog of ${jukebox}`), sections.length ? sections : el("p", {}, "No package yet: scan this JukeBox (JukeBoxes, “Scan now”), or check its source."));

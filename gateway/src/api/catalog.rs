@@ -93,6 +93,48 @@ pub enum RoleKind {
     NewestOfType,
     /// An operator recalled it: never installed or upgraded to (`reason`).
     Recalled,
+    /// It fails the JukeBox's signature policy (`reason`: the verdict):
+    /// never installed or upgraded to when `enforced`, marked otherwise.
+    Unverified,
+}
+
+/// A revision's signature verdict under its JukeBox's `spec.verify`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SignatureVerdict {
+    Verified,
+    Unsigned,
+    UntrustedKey,
+    DigestMismatch,
+    Malformed,
+}
+
+/// What the scanner found of a revision's cosign signature.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Signature {
+    pub verdict: SignatureVerdict,
+    /// `verified`: the trusted key that signed it, and the signed payload's
+    /// `docker-reference`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reference: Option<String>,
+    /// In words: "verified by release", "signed by an untrusted key".
+    pub description: String,
+}
+
+impl Signature {
+    fn from_proto(s: pb::Signature) -> Option<Self> {
+        let verdict = match pb::SignatureVerdict::try_from(s.verdict).ok()? {
+            pb::SignatureVerdict::Verified => SignatureVerdict::Verified,
+            pb::SignatureVerdict::Unsigned => SignatureVerdict::Unsigned,
+            pb::SignatureVerdict::UntrustedKey => SignatureVerdict::UntrustedKey,
+            pb::SignatureVerdict::DigestMismatch => SignatureVerdict::DigestMismatch,
+            pb::SignatureVerdict::Malformed => SignatureVerdict::Malformed,
+            pb::SignatureVerdict::Unspecified => return None,
+        };
+        Some(Self { verdict, key: non_empty(s.key), reference: non_empty(s.reference), description: s.description })
+    }
 }
 
 /// Why a revision is in the catalog.
@@ -110,6 +152,9 @@ pub struct RevisionRole {
     pub reason: Option<String>,
     #[serde(default)]
     pub move_away: bool,
+    /// For `unverified`: the policy is enforced (the revision is not offered).
+    #[serde(default)]
+    pub enforced: bool,
 }
 
 /// One package revision.
@@ -136,6 +181,9 @@ pub struct Package {
     /// When the scanner first saw its digest (RFC 3339): its age for a minimum release age.
     #[serde(default)]
     pub first_seen: Option<String>,
+    /// Its signature verdict, when the JukeBox has a signature policy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signature: Option<Signature>,
 }
 
 fn json_field(text: &str) -> serde_json::Value {
@@ -166,6 +214,7 @@ impl From<pb::Package> for Package {
                         Ok(pb::RoleKind::Waypoint) => RoleKind::Waypoint,
                         Ok(pb::RoleKind::NewestOfType) => RoleKind::NewestOfType,
                         Ok(pb::RoleKind::Recalled) => RoleKind::Recalled,
+                        Ok(pb::RoleKind::Unverified) => RoleKind::Unverified,
                         _ => RoleKind::Head,
                     },
                     minimum: non_empty(r.minimum),
@@ -173,9 +222,11 @@ impl From<pb::Package> for Package {
                     description: r.description,
                     reason: non_empty(r.reason),
                     move_away: r.move_away,
+                    enforced: r.enforced,
                 })
                 .collect(),
             first_seen: non_empty(p.first_seen),
+            signature: p.signature.and_then(Signature::from_proto),
         }
     }
 }

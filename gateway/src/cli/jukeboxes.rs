@@ -237,14 +237,16 @@ fn print_catalog(printer: &Printer, items: &[Package]) {
             .map(|p| {
                 let roles: Vec<String> = p.roles.iter().map(|r| r.description.clone()).collect();
                 let seen = p.first_seen.clone().unwrap_or_else(|| "-".into());
+                let signature = p.signature.as_ref().map_or("-".to_string(), |s| s.description.clone());
                 vec![
                     cell(format!("  {}", p.tag)),
                     cell(type_name(p.package_type)),
                     cell(roles.join(", ")),
                     cell(seen),
+                    cell(signature),
                 ]
             })
             .collect();
-        printer.table(&["  tag", "type", "role", "first seen"], &rows);
+        printer.table(&["  tag", "type", "role", "first seen", "signature"], &rows);
     }
 }
