@@ -12,6 +12,7 @@ mod memory;
 mod planning;
 mod report;
 mod scan;
+mod signed;
 mod uninstall;
 
 use clap::Parser;
@@ -20,7 +21,7 @@ use report::Report;
 #[derive(Debug, Parser)]
 #[command(name = "vynil-bench", about = "Every performance figure beside its baseline, in one run")]
 struct Args {
-    /// Only these figures (P1, P2, P3…); all by default.
+    /// Only these figures (P1, P2, P2v, P3…); all by default.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Tags of P2's large repository.
@@ -42,6 +43,9 @@ async fn main() -> anyhow::Result<()> {
     }
     if wanted("P2") {
         report.add(scan::scan_cost(args.tags).await);
+    }
+    if wanted("P2v") {
+        report.add(signed::scan_cost(args.tags).await);
     }
     if wanted("P3") {
         report.add(planning::planning());

@@ -81,7 +81,7 @@ pub fn resident_mib(pid: u32, field: &str) -> anyhow::Result<f64> {
     Ok(kib / 1024.0)
 }
 
-async fn scan_once(client: &mut ScannerClient<tonic::transport::Channel>) -> anyhow::Result<Duration> {
+pub async fn scan_once(client: &mut ScannerClient<tonic::transport::Channel>) -> anyhow::Result<Duration> {
     let start = Instant::now();
     let id =
         client.scan(ScanRequest { jukebox: "box".into(), ..Default::default() }).await?.into_inner().scan_id;
