@@ -13,7 +13,8 @@ use futures::StreamExt;
 use reqwest::Method;
 use vynil_proto::scanner::v1::scanner_client::ScannerClient;
 use vynil_testkit::{
-    HttpFront, JukeboxBuilder, PackageSpec, PackageType, RegistryServer, ServiceProcess, SignatureLayer, Signer,
+    HttpFront, JukeboxBuilder, PackageSpec, PackageType, RegistryServer, ServiceProcess, SignatureLayer,
+    Signer,
 };
 
 use crate::report::{Figure, Row};
@@ -43,7 +44,8 @@ async fn registry(tags: usize) -> anyhow::Result<RegistryServer> {
         let (signer, reference) = (signer(), format!("{}/{REPOSITORY}", registry.host()));
         let signed: Vec<vynil_testkit::Result<String>> = futures::stream::iter(digests)
             .map(|digest| {
-                let (publisher, layer) = (publisher.clone(), SignatureLayer::by(&signer, &reference, &digest));
+                let (publisher, layer) =
+                    (publisher.clone(), SignatureLayer::by(&signer, &reference, &digest));
                 async move { publisher.sign(REPOSITORY, &digest, &[layer]).await }
             })
             .buffer_unordered(16)
@@ -91,7 +93,8 @@ async fn scans(registry: &RegistryServer, tags: usize, verify: Option<&str>) -> 
     ];
     let scanner = ServiceProcess::start(&sibling("vynil-scanner")?, &args).await?;
     let mut client = ScannerClient::new(scanner.channel().await?);
-    let gets = |front: &HttpFront| front.count(&Method::GET, "/manifests/") + front.count(&Method::GET, "/blobs/");
+    let gets =
+        |front: &HttpFront| front.count(&Method::GET, "/manifests/") + front.count(&Method::GET, "/blobs/");
     front.reset_counts();
     let first = scan_once(&mut client).await?;
     let first_gets = gets(&front);

@@ -407,6 +407,25 @@ proptest! {
         }
     }
 
+    /// (o) A purge never leaves a kept revision without its signature (nor
+    /// any other artifact): each `sha256-<digest>.sig|att|sbom` whose subject
+    /// is the digest of a kept tag is kept, so a verified revision the plan
+    /// keeps stays verified after the purge.
+    #[test]
+    fn every_artifact_of_a_kept_digest_is_kept(case in case()) {
+        let plan = plan(&case);
+        let kept = kept_tags(&plan);
+        let kept_digests: BTreeSet<&str> =
+            case.tags.iter().filter(|t| kept.contains(t.name.as_str())).map(|t| t.digest.as_str()).collect();
+        for tag in &case.tags {
+            if let Some(artifact) = vynil_rules::ArtifactTag::parse(&tag.name)
+                && kept_digests.contains(artifact.subject.as_str())
+            {
+                prop_assert!(kept.contains(tag.name.as_str()), "{} of the kept {} is deleted", tag.name, artifact.subject);
+            }
+        }
+    }
+
     /// (n) A skipped revision (one a policy refuses) is as if it were not
     /// listed: the descent skipping some tags gives the view of the tags
     /// without them, so the scanner's view under an enforced signature

@@ -133,7 +133,12 @@ impl Signature {
             pb::SignatureVerdict::Malformed => SignatureVerdict::Malformed,
             pb::SignatureVerdict::Unspecified => return None,
         };
-        Some(Self { verdict, key: non_empty(s.key), reference: non_empty(s.reference), description: s.description })
+        Some(Self {
+            verdict,
+            key: non_empty(s.key),
+            reference: non_empty(s.reference),
+            description: s.description,
+        })
     }
 }
 
