@@ -2,11 +2,11 @@
 //! and judged by the rules ([`vynil_rules::signature`]).
 //!
 //! What a scan pays: nothing for a revision without a `.sig` tag in the
-//! listing (unsigned), nothing for one whose cached evidence a trusted key
-//! verifies (the signed content cannot change; a deleted signature shows
+//! listing (unsigned); for a `.sig` tag never seen, a GET of its manifest
+//! and one of each payload; nothing for one whose cached evidence a trusted
+//! key verifies (the signed content cannot change; a deleted signature shows
 //! in the listing), a HEAD otherwise (the signature may have been replaced
-//! since: another key's, a fixed one), and GETs only for a signature
-//! manifest never read (its layers' payloads). Evidence is cached by the
+//! since: another key's, a fixed one), and GETs only when it moved. Evidence is cached by the
 //! signature manifest's digest, in the metadata cache (memory, or Redis
 //! shared by the replicas), so a changed key set is judged again without a
 //! GET.
@@ -42,9 +42,17 @@ impl RegistryClient {
             return Ok(Verdict::Unsigned);
         };
         let reference = format!("{repo}:{tag}");
-        if let Some(known) = self.cache().tag_digest(&reference).await
-            && let Some(evidence) = self.cache().evidence(&known).await
-        {
+        let known = self.cache().tag_digest(&reference).await;
+        let Some(known) = known else {
+            // Never seen: one GET of the manifest by tag, its digest the body's.
+            let Some((digest, evidence)) = self.read_evidence(repo, &tag).await? else {
+                return Ok(Verdict::Unsigned);
+            };
+            self.cache().put_evidence(&digest, &evidence).await;
+            self.cache().put_tag_digest(&reference, &digest).await;
+            return Ok(verify(subject_digest, Some(&evidence), keys));
+        };
+        if let Some(evidence) = self.cache().evidence(&known).await {
             let verdict = verify(subject_digest, Some(&evidence), keys);
             if verdict.is_verified() {
                 return Ok(verdict);
@@ -55,33 +63,42 @@ impl RegistryClient {
         };
         let evidence = match self.cache().evidence(&digest).await {
             Some(evidence) => evidence,
-            None => {
-                let evidence = self.read_evidence(repo, &digest).await?;
-                self.cache().put_evidence(&digest, &evidence).await;
-                evidence
-            }
+            None => match self.read_evidence(repo, &digest).await? {
+                Some((_, evidence)) => {
+                    self.cache().put_evidence(&digest, &evidence).await;
+                    evidence
+                }
+                None => return Ok(Verdict::Unsigned),
+            },
         };
         self.cache().put_tag_digest(&reference, &digest).await;
         Ok(verify(subject_digest, Some(&evidence), keys))
     }
 
-    /// The signature layers of the `.sig` manifest `digest`, with their
-    /// payloads (each checked against its digest).
-    async fn read_evidence(&self, repo: &RepositoryRef, digest: &str) -> Result<Evidence> {
-        let what = format!("signature manifest {repo}@{digest}");
-        let Some((body, _, _)) = self.fetch_manifest(repo, digest, &what).await? else {
-            return Ok(Evidence::default());
+    /// The `.sig` manifest `reference` (its tag, or its digest) names: its
+    /// digest (the body's, checked against the one asked or served) and its
+    /// signature layers with their payloads (each checked against its
+    /// digest); `None` when absent.
+    async fn read_evidence(
+        &self,
+        repo: &RepositoryRef,
+        reference: &str,
+    ) -> Result<Option<(String, Evidence)>> {
+        let what = format!("signature manifest {repo}:{reference}");
+        let Some((body, _, served)) = self.fetch_manifest(repo, reference, &what).await? else {
+            return Ok(None);
         };
-        let hashed = format!("sha256:{}", hex::encode(Sha256::digest(&body)));
-        if hashed != digest {
+        let digest = format!("sha256:{}", hex::encode(Sha256::digest(&body)));
+        let expected = if reference.starts_with("sha256:") { Some(reference) } else { served.as_deref() };
+        if let Some(expected) = expected.filter(|d| d.starts_with("sha256:") && *d != digest) {
             return Err(RegistryError::InvalidBody {
                 what,
-                problem: format!("content does not match its digest (got {hashed}): truncated or corrupt"),
+                problem: format!("content hashes to {digest}, not {expected}: truncated or corrupt"),
             });
         }
         let layers = match decode::signature_layers(&body) {
             Ok(layers) => layers,
-            Err(problem) => return Ok(Evidence { layers: vec![], problems: vec![problem] }),
+            Err(problem) => return Ok(Some((digest, Evidence { layers: vec![], problems: vec![problem] }))),
         };
         let mut evidence = Evidence::default();
         for layer in layers.into_iter().take(MAX_LAYERS) {
@@ -100,7 +117,7 @@ impl RegistryClient {
                 None => evidence.problems.push(format!("the payload {} is missing", layer.digest)),
             }
         }
-        Ok(evidence)
+        Ok(Some((digest, evidence)))
     }
 
     /// The blob `digest` of `repo` (at most [`MAX_PAYLOAD_BYTES`]), checked

@@ -29,23 +29,35 @@ impl RedisMetadataCache {
     }
 }
 
-#[async_trait::async_trait]
-impl MetadataCache for RedisMetadataCache {
-    async fn get(&self, digest: &str) -> Option<ManifestMetadata> {
+impl RedisMetadataCache {
+    /// The JSON value at `key`; any failure (an outage, a value that does not decode) is a miss.
+    async fn get_json<T: serde::de::DeserializeOwned>(&self, key: String) -> Option<T> {
         let mut c = self.connection.clone();
-        // A Redis outage is a cache miss: the manifest is read from the registry.
-        let text: Option<String> = c.get(format!("{PREFIX}:{digest}")).await.ok()?;
+        let text: Option<String> = c.get(key).await.ok()?;
         serde_json::from_str(&text?).ok()
     }
 
-    async fn put(&self, digest: &str, metadata: &ManifestMetadata) {
+    /// Stores `value` at `key` for the cache's lifetime; a failure is logged (the next read misses).
+    async fn put_json<T: serde::Serialize>(&self, key: String, value: &T, what: &str) {
         let mut c = self.connection.clone();
-        if let Ok(body) = serde_json::to_string(metadata) {
-            let result: Result<(), _> = c.set_ex(format!("{PREFIX}:{digest}"), body, TTL_SECONDS).await;
+        if let Ok(body) = serde_json::to_string(value) {
+            let result: Result<(), _> = c.set_ex(key, body, TTL_SECONDS).await;
             if let Err(error) = result {
-                tracing::warn!(%error, "cannot cache manifest metadata");
+                tracing::warn!(%error, "cannot cache {what}");
             }
         }
+    }
+}
+
+#[async_trait::async_trait]
+impl MetadataCache for RedisMetadataCache {
+    async fn get(&self, digest: &str) -> Option<ManifestMetadata> {
+        // A Redis outage is a cache miss: the manifest is read from the registry.
+        self.get_json(format!("{PREFIX}:{digest}")).await
+    }
+
+    async fn put(&self, digest: &str, metadata: &ManifestMetadata) {
+        self.put_json(format!("{PREFIX}:{digest}"), metadata, "manifest metadata").await
     }
 
     async fn tag_digest(&self, reference: &str) -> Option<String> {
@@ -63,21 +75,12 @@ impl MetadataCache for RedisMetadataCache {
     }
 
     async fn evidence(&self, digest: &str) -> Option<Evidence> {
-        let mut c = self.connection.clone();
         // An outage is a miss: the signature is read from the registry.
-        let text: Option<String> = c.get(format!("{EVIDENCE_PREFIX}:{digest}")).await.ok()?;
-        serde_json::from_str(&text?).ok()
+        self.get_json(format!("{EVIDENCE_PREFIX}:{digest}")).await
     }
 
     async fn put_evidence(&self, digest: &str, evidence: &Evidence) {
-        let mut c = self.connection.clone();
-        if let Ok(body) = serde_json::to_string(evidence) {
-            let result: Result<(), _> =
-                c.set_ex(format!("{EVIDENCE_PREFIX}:{digest}"), body, TTL_SECONDS).await;
-            if let Err(error) = result {
-                tracing::warn!(%error, "cannot cache a signature's evidence");
-            }
-        }
+        self.put_json(format!("{EVIDENCE_PREFIX}:{digest}"), evidence, "a signature's evidence").await
     }
 }
 
