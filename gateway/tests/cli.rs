@@ -348,3 +348,48 @@ async fn a_session_of_vynilctl_scans_purges_explains_and_exits_with_the_document
     gw.stop.trigger();
     stack.stop().await;
 }
+
+/// #50 as an operator reads it: `vynilctl catalog show` has a signature
+/// column, and the API answers each revision's verdict; under `warn` every
+/// revision is offered, the unverified ones marked.
+#[tokio::test]
+async fn the_catalog_shows_each_revisions_signature_verdict() {
+    use vynil_gateway::api::catalog::SignatureVerdict;
+    use vynil_testkit::{SignatureLayer, Signer};
+    let stack = Stack::start("sec/app").await;
+    let release = Signer::from_label("release");
+    let signed = stack.publish("sec", "app", PackageType::Tenant, "0.1.0").await;
+    let reference = format!("{}/sec/app", stack.registry.host());
+    let layer = SignatureLayer::by(&release, &reference, &signed);
+    stack.registry.publisher().sign("sec/app", &signed, &[layer]).await.unwrap();
+    let unsigned = PackageType::Tenant;
+    let spec = vynil_testkit::PackageSpec::new("sec", "app", unsigned, "0.2.0").min("0.1.0");
+    stack.registry.publisher().publish("sec/app", &spec).await.unwrap();
+    let policy = json!({"spec": {"verify": {"mode": "warn", "keys": [
+        {"name": "release", "public_key": release.public_pem()}]}}});
+    stack.boxes.patch("box", &Default::default(), &kube::api::Patch::Merge(&policy)).await.unwrap();
+    stack.scan_until(&["0.2.0", "0.1.0"]).await;
+    let gw = TestGateway::start(&stack).await;
+    let admin = token(Role::Admin);
+    let env = [("VYNIL_URL", gw.url.as_str()), ("VYNIL_TOKEN", admin.as_str())];
+
+    let page = eventually("the verdicts in the catalog", || async {
+        let shown = vynilctl(&["catalog", "show", "box", "-o", "json"], &env).await;
+        let page: CatalogPage = serde_json::from_slice(&shown.stdout).ok()?;
+        page.items.iter().all(|p| p.signature.is_some()).then_some(page)
+    })
+    .await;
+    let verdict =
+        |tag: &str| page.items.iter().find(|p| p.tag == tag).and_then(|p| p.signature.clone()).unwrap();
+    assert_eq!(verdict("0.1.0").verdict, SignatureVerdict::Verified);
+    assert_eq!(verdict("0.1.0").key.as_deref(), Some("release"));
+    assert_eq!(verdict("0.2.0").verdict, SignatureVerdict::Unsigned);
+    let marked = page.items.iter().find(|p| p.tag == "0.2.0").unwrap();
+    assert!(
+        marked.roles.iter().any(|r| r.description == "unverified: unsigned" && !r.enforced),
+        "{marked:?}"
+    );
+    let table = text(&vynilctl(&["catalog", "show", "box"], &env).await);
+    assert!(table.contains("SIGNATURE") && table.contains("verified by release"), "{table}");
+    assert!(table.contains("unsigned"), "{table}");
+}
