@@ -18,7 +18,7 @@ mod common;
 
 use common::{TestGateway, token};
 use vynil_testkit::{
-    PackageType,
+    PackageType, SignatureLayer, Signer,
     kube_api::{AgentOutcome, FakeAgent},
 };
 
@@ -55,8 +55,17 @@ async fn the_web_page_in_chromium_logs_in_scans_shows_the_type_change_purges_exp
     for (tag, kind) in
         [("0.1.8", PackageType::Tenant), ("0.1.9", PackageType::Tenant), ("0.1.10", PackageType::Service)]
     {
-        stack.publish("think", "ollama", kind, tag).await;
+        let digest = stack.publish("think", "ollama", kind, tag).await;
+        if tag == "0.1.9" {
+            // Signed by the key the JukeBox trusts (#50): a badge says so on the catalog page.
+            let reference = format!("{}/think/ollama", stack.registry.host());
+            let layer = SignatureLayer::by(&Signer::from_label("release"), &reference, &digest);
+            stack.registry.publisher().sign("think/ollama", &digest, &[layer]).await.unwrap();
+        }
     }
+    let policy = json!({"spec": {"verify": {"mode": "warn", "keys": [
+        {"name": "release", "public_key": Signer::from_label("release").public_pem()}]}}});
+    stack.boxes.patch("box", &Default::default(), &kube::api::Patch::Merge(&policy)).await.unwrap();
     stack.scan_until(&["0.1.10", "0.1.9"]).await;
     let instance = |name: &str, package: &str| {
         json!({"apiVersion": "vynil.solidite.fr/v1", "kind": "TenantInstance",
@@ -148,9 +157,11 @@ async fn the_web_page_in_chromium_logs_in_scans_shows_the_type_change_purges_exp
     let mut tags: Vec<&str> =
         listed["tags"].as_array().unwrap().iter().map(|t| t.as_str().unwrap()).collect();
     tags.sort();
+    // The kept 0.1.9 keeps its signature.
+    let signature = tags.iter().find(|t| t.ends_with(".sig")).copied().unwrap_or("no signature left");
     assert_eq!(
         tags,
-        ["0.1.10", "0.1.11", "0.1.9"],
+        ["0.1.10", "0.1.11", "0.1.9", signature],
         "0.1.8 deleted through the page, the installed 0.1.9 kept"
     );
     stop.trigger();

@@ -81,6 +81,10 @@ try {
   for (const wanted of ["0.1.10", "service", "head", "0.1.9", "tenant", "newest tenant revision"]) {
     check(shown.includes(wanted), `the catalog shows ${wanted}: ${shown}`);
   }
+  // Signatures (#50, the JukeBox's policy is `warn`): a badge with each verdict.
+  const badge = async (tag, verdict) => text(page, `${ollama} tr[data-tag="${tag}"] .signature-${verdict}`);
+  check((await badge("0.1.9", "verified")) === "verified by release", "0.1.9 verified by the trusted key");
+  check((await badge("0.1.10", "unsigned")) === "unsigned", "0.1.10 marked unsigned");
   await page.locator(`${ollama} input`).fill("0.1.8");
   await page.locator(`${ollama} select`).selectOption("tenant");
   await page.locator(`${ollama} button.ask-path`).click();
