@@ -320,17 +320,9 @@ impl CatalogApi for CatalogService {
             has_children: request.children > 0,
             delete_without_package: request.delete_without_package_allowed,
         };
-        let listed = |r: &vynil_rules::selection::RecordedRevision| {
-            let entry = entry.as_ref().ok()?.as_ref()?;
-            let same = |p: &&vynil_rules::Package| {
-                (p.registry.as_str(), p.image.as_str(), p.tag.as_str()) == (&r.registry, &r.image, &r.tag)
-                    && p.digest.as_deref() == Some(r.digest.as_str())
-            };
-            entry.packages.iter().find(same)?.signature.as_ref().map(signature_to_proto)
-        };
         let decision = match vynil_rules::select_cleanup(&query) {
             CleanupDecision::UseRecorded(r) => Decision::UsePackage(pb::Package {
-                signature: listed(&r),
+                signature: entry.as_ref().ok().and_then(|e| listed_signature(e.as_deref()?, &r)),
                 registry: r.registry,
                 image: r.image,
                 tag: r.tag,
@@ -410,6 +402,19 @@ impl CatalogApi for CatalogService {
             blocked: path.blocked.map(no_match_to_proto),
         }))
     }
+}
+
+/// The signature verdict `entry` lists for the recorded revision `r` (same
+/// repository, tag and digest), when it lists it.
+fn listed_signature(
+    entry: &vynil_store::package_cache::Entry,
+    r: &vynil_rules::selection::RecordedRevision,
+) -> Option<pb::Signature> {
+    let same = |p: &&vynil_rules::Package| {
+        (p.registry.as_str(), p.image.as_str(), p.tag.as_str()) == (&r.registry, &r.image, &r.tag)
+            && p.digest.as_deref() == Some(r.digest.as_str())
+    };
+    entry.packages.iter().find(same)?.signature.as_ref().map(signature_to_proto)
 }
 
 /// What `entry` holds back from an instance whose own minimum age is

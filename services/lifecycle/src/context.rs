@@ -91,6 +91,30 @@ pub struct Settings {
 }
 
 impl Context {
+    /// The registry client with the credentials of the pull secret `name`
+    /// (read afresh: a rotated secret counts at once).
+    pub(crate) async fn registry_for(
+        &self,
+        pull_secret: Option<&str>,
+    ) -> Result<RegistryClient, LifecycleError> {
+        let Some(name) = pull_secret else {
+            return Ok(self.registry.clone());
+        };
+        let secret = self
+            .secrets
+            .get_opt(name)
+            .await
+            .map_err(LifecycleError::kube(format!("reading the pull secret {name}")))?;
+        let document =
+            secret.and_then(|s| s.data).and_then(|d| d.get(".dockerconfigjson").map(|b| b.0.clone()));
+        let Some(document) = document else {
+            return Ok(self.registry.clone());
+        };
+        let credentials = vynil_registry::CredentialStore::from_dockerconfigjson(&document)
+            .map_err(|e| LifecycleError::Invalid(format!("pull secret {name}: {e}")))?;
+        self.registry.with_credentials(&credentials).map_err(|e| LifecycleError::Invalid(e.to_string()))
+    }
+
     pub fn new(client: Client, stores: Stores, metrics: LifecycleMetrics, settings: Settings) -> Self {
         Self {
             jobs: Api::namespaced(client.clone(), &settings.namespace),

@@ -8,7 +8,7 @@ use k8s_openapi::api::batch::v1::Job;
 use kube::{ResourceExt, api::ListParams};
 use vynil_crds::labels;
 use vynil_proto::catalog::v1 as pb;
-use vynil_registry::{CredentialStore, RegistryClient, RepositoryRef};
+use vynil_registry::RepositoryRef;
 use vynil_rules::{install, selection::RecordedCheck};
 
 use crate::{
@@ -172,7 +172,7 @@ async fn recorded_rollback(
     }
     let repo = RepositoryRef::new(&recorded.registry, &recorded.image)
         .map_err(|e| LifecycleError::Invalid(e.to_string()))?;
-    let client = registry_for(pull_secret.as_deref(), context).await?;
+    let client = context.registry_for(pull_secret.as_deref()).await?;
     let found = client
         .tag_metadata(&repo, from)
         .await
@@ -215,7 +215,7 @@ pub(crate) async fn init_version(
     let (found, verdict) = match context.catalog.find_tag(instance, &version).await? {
         Some((digest, verdict)) => (InitVersion::Found { tag: version, digest }, verdict),
         None => {
-            let client = registry_for(pull_secret, context).await?;
+            let client = context.registry_for(pull_secret).await?;
             match client.head_digest(&repo, &version).await {
                 Ok(Some(digest)) => (InitVersion::Found { tag: version, digest: Some(digest) }, None),
                 Ok(None) => return Ok(InitVersion::NotFound(version)),
@@ -229,29 +229,6 @@ pub(crate) async fn init_version(
     };
     crate::signatures::refusing_unverified(found, verdict, verify, instance, (&repo, pull_secret), context)
         .await
-}
-
-/// The registry client with the credentials of the pull secret `name` (read
-/// afresh: a rotated secret counts at once).
-pub(crate) async fn registry_for(
-    pull_secret: Option<&str>,
-    context: &Context,
-) -> Result<RegistryClient, LifecycleError> {
-    let Some(name) = pull_secret else {
-        return Ok(context.registry.clone());
-    };
-    let secret = context
-        .secrets
-        .get_opt(name)
-        .await
-        .map_err(LifecycleError::kube(format!("reading the pull secret {name}")))?;
-    let document = secret.and_then(|s| s.data).and_then(|d| d.get(".dockerconfigjson").map(|b| b.0.clone()));
-    let Some(document) = document else {
-        return Ok(context.registry.clone());
-    };
-    let credentials = CredentialStore::from_dockerconfigjson(&document)
-        .map_err(|e| LifecycleError::Invalid(format!("pull secret {name}: {e}")))?;
-    context.registry.with_credentials(&credentials).map_err(|e| LifecycleError::Invalid(e.to_string()))
 }
 
 /// The agent Job of an instance: its name, and the Job found under it.
@@ -349,7 +326,7 @@ pub(crate) async fn check_recorded(
     let Ok(repo) = RepositoryRef::new(&recorded.registry, &recorded.image) else {
         return RecordedCheck::Gone;
     };
-    let client = match registry_for(recorded.pull_secret.as_deref(), context).await {
+    let client = match context.registry_for(recorded.pull_secret.as_deref()).await {
         Ok(client) => client,
         Err(e) => return RecordedCheck::Unknown(e.to_string()),
     };

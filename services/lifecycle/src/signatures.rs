@@ -72,7 +72,7 @@ pub(crate) async fn read(
     let keys = policy
         .keyring(secret.as_ref())
         .map_err(|e| LifecycleError::Invalid(vynil_crds::coded_message("E_VERIFY_KEYS", &e.to_string())))?;
-    let client = crate::observe::registry_for(pull_secret, context).await?;
+    let client = context.registry_for(pull_secret).await?;
     let verdict = client.signature_verdict(repo, digest, &keys, true).await.map_err(|e| {
         LifecycleError::Unavailable(format!("registry, reading the signature of {repo}@{digest}: {e}"))
     })?;

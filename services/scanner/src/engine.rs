@@ -20,7 +20,7 @@ use vynil_rules::{
     scan::{Repository, RepositoryOutcome},
 };
 
-use vynil_rules::signature::Verdict;
+use vynil_rules::signature::{Keyring, Verdict};
 use vynil_store::{JukeboxRecord, source_of};
 
 use crate::signatures::Verification;
@@ -132,20 +132,14 @@ pub async fn scan(
         ..Progress::default()
     }));
     on_progress(&progress.lock().map(|p| p.clone()).unwrap_or_default());
+    let viewer = &viewer;
     let outcomes: Vec<(Repository, RepositoryOutcome)> = futures::stream::iter(repositories)
         .map(|repo| {
-            let (viewer, progress) = (viewer.clone(), progress.clone());
+            let progress = progress.clone();
             async move {
                 let outcome =
-                    scan_repository(client, settings, &repo, &viewer, verification, progress.clone()).await;
-                let snapshot = {
-                    let mut p = progress.lock().unwrap_or_else(|e| e.into_inner());
-                    p.repositories_done += 1;
-                    if let Err(why) = &outcome {
-                        p.errors.push((repo.to_string(), why.clone()));
-                    }
-                    p.clone()
-                };
+                    scan_repository(client, settings, &repo, viewer, verification, progress.clone()).await;
+                let snapshot = repository_done(&progress, &repo, &outcome);
                 on_progress(&snapshot);
                 let key = (repo.registry.clone(), repo.repository.clone());
                 (key, outcome.map_or(RepositoryOutcome::Failed, RepositoryOutcome::Scanned))
@@ -156,6 +150,20 @@ pub async fn scan(
         .await;
     let errors = progress.lock().map(|p| p.errors.clone()).unwrap_or_default();
     ScanOutput::Scanned { outcomes, errors }
+}
+
+/// `repo` counted done in `progress`, with its error: the progress to report.
+fn repository_done(
+    progress: &std::sync::Mutex<Progress>,
+    repo: &RepositoryRef,
+    outcome: &Result<Vec<Package>, String>,
+) -> Progress {
+    let mut p = progress.lock().unwrap_or_else(|e| e.into_inner());
+    p.repositories_done += 1;
+    if let Err(why) = outcome {
+        p.errors.push((repo.to_string(), why.clone()));
+    }
+    p.clone()
 }
 
 /// The status after `output`, merged into `previous`; `None` when nothing
@@ -300,28 +308,8 @@ async fn scan_repository(
     let mut contents = Vec::new();
     let mut refused: Vec<Package> = Vec::new();
     let mut ahead: HashMap<String, AbortOnDropHandle<Result<Read, String>>> = HashMap::new();
-    let enforced = verification.filter(|v| v.enforced()).map(|v| v.keys.clone());
-    let read = |tag: String| {
-        let (client, repo, progress) = (client.clone(), repo.clone(), progress.clone());
-        let (enforced, signed) = (enforced.clone(), signed.clone());
-        let task = async move {
-            let found = client.tag_metadata(&repo, &tag).await.map_err(|e| e.to_string())?;
-            if found.as_ref().is_some_and(|f| f.manifest_read)
-                && let Ok(mut p) = progress.lock()
-            {
-                p.manifests_read += 1;
-            }
-            let Some(found) = found else { return Ok(None) };
-            let verdict = match (&found.metadata, enforced) {
-                (ManifestMetadata::Vynil(_), Some(keys)) => {
-                    Some(verdict_of(&client, &repo, &found.digest, &keys, &signed).await?)
-                }
-                _ => None,
-            };
-            Ok(Some((found, verdict)))
-        };
-        AbortOnDropHandle::new(tokio::spawn(task.instrument(tracing::Span::current())))
-    };
+    let enforced = verification.filter(|v| v.enforced()).map(|v| (v.keys.clone(), signed.clone()));
+    let read = |tag: String| spawn_read(client, repo, tag, progress.clone(), enforced.clone());
     while let Some(tag) = builder.next_needed() {
         for next in builder.upcoming(settings.read_ahead.max(1)) {
             if !ahead.contains_key(next.as_str()) {
@@ -372,12 +360,42 @@ async fn scan_repository(
     Ok(packages)
 }
 
+/// One tag's read, spawned: its manifest (through the metadata cache,
+/// counted when read) and, under an enforced signature policy (its keys and
+/// the `.sig` tags listed), the verdict on a package revision.
+fn spawn_read(
+    client: &RegistryClient,
+    repo: &RepositoryRef,
+    tag: String,
+    progress: Arc<std::sync::Mutex<Progress>>,
+    enforced: Option<(Arc<Keyring>, Arc<HashSet<String>>)>,
+) -> AbortOnDropHandle<Result<Read, String>> {
+    let (client, repo) = (client.clone(), repo.clone());
+    let task = async move {
+        let found = client.tag_metadata(&repo, &tag).await.map_err(|e| e.to_string())?;
+        if found.as_ref().is_some_and(|f| f.manifest_read)
+            && let Ok(mut p) = progress.lock()
+        {
+            p.manifests_read += 1;
+        }
+        let Some(found) = found else { return Ok(None) };
+        let verdict = match (&found.metadata, enforced) {
+            (ManifestMetadata::Vynil(_), Some((keys, signed))) => {
+                Some(verdict_of(&client, &repo, &found.digest, &keys, &signed).await?)
+            }
+            _ => None,
+        };
+        Ok(Some((found, verdict)))
+    };
+    AbortOnDropHandle::new(tokio::spawn(task.instrument(tracing::Span::current())))
+}
+
 /// The verdict on the revision at `digest` (`signed`: the `.sig` tags listed).
 async fn verdict_of(
     client: &RegistryClient,
     repo: &RepositoryRef,
     digest: &str,
-    keys: &vynil_rules::signature::Keyring,
+    keys: &Keyring,
     signed: &HashSet<String>,
 ) -> Result<Verdict, String> {
     let listed = vynil_registry::signature_tag(digest).is_some_and(|tag| signed.contains(&tag));
