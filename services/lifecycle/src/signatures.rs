@@ -39,7 +39,7 @@ pub(crate) async fn refusing_unverified(
     if verdict.is_verified() {
         return Ok(found);
     }
-    Ok(InitVersion::Unverified { tag: tag.clone(), verdict: verdict.describe() })
+    Ok(InitVersion::Unverified { tag: tag.clone(), verdict })
 }
 
 /// The verdict on `repo@digest` under the JukeBox's keys; `None` when the

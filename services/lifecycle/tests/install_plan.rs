@@ -136,8 +136,7 @@ fn an_enforced_signature_policy_refuses_an_unverified_revision_without_a_job() {
     use vynil_rules::signature::{Verdict, VerifyMode};
     let mut seen = observed("4.0.0");
     seen.held_back.verify = Some(VerifyMode::Enforce);
-    seen.init_version =
-        InitVersion::Unverified { tag: "3.0.0".into(), verdict: "signed by an untrusted key".into() };
+    seen.init_version = InitVersion::Unverified { tag: "3.0.0".into(), verdict: Verdict::UntrustedKey };
     let plan = install_plan::plan(&fresh(), &seen);
     let (kind, ok, message) = condition(&plan).unwrap();
     assert_eq!((kind, ok), ("InitFrom", false));

@@ -91,8 +91,9 @@ pub(super) fn init_version(observed: &Observed, package: &Package) -> Result<(St
             let message = coded_message(
                 "E_UNVERIFIED",
                 &format!(
-                    "initFrom.version {tag}: {verdict}; the JukeBox enforces its signature policy: name a \
-                     verified version, or have {tag} signed by a key the JukeBox trusts"
+                    "initFrom.version {tag}: {}; the JukeBox enforces its signature policy: name a \
+                     verified version, or have {tag} signed by a key the JukeBox trusts",
+                    verdict.describe()
                 ),
             );
             Err(Plan::blocked(Criterion::InitFrom, Some("E_UNVERIFIED"), message, REQUEUE))

@@ -71,11 +71,10 @@ pub enum InitVersion {
     NotFound(String),
     /// The version is recalled for the JukeBox: the recall, in words.
     Recalled(String),
-    /// The JukeBox enforces a signature policy this version fails: the
-    /// verdict, in words ("signed by an untrusted key").
+    /// The JukeBox enforces a signature policy this version fails: its verdict.
     Unverified {
         tag: String,
-        verdict: String,
+        verdict: vynil_rules::signature::Verdict,
     },
 }
 
