@@ -17,18 +17,19 @@ stage() {
 
 install_system_packages() {
   # binary -> Debian package
+  # redis-sentinel: Redis failovers (e2e/tests/failover.rs);
   # chromium + node/npm: the web page's browser tests (gateway/tests/web.rs);
   # kubectl: rendering deploy/ (e2e/tests/deploy.rs); unshare and ip: a
   # network namespace of a test's own (gateway/tests/tracing.rs), and the
   # mount namespace of each Job container the fake API server runs; curl:
   # a container's in-cluster call (crates/testkit/tests/job_runner.rs).
-  local -A wanted=([redis-server]=redis-server [docker-registry]=docker-registry [chromium]=chromium [node]=nodejs [npm]=npm [kubectl]=kubernetes-client [unshare]=util-linux [ip]=iproute2 [curl]=curl)
+  local -A wanted=([redis-server]=redis-server [redis-sentinel]=redis-sentinel [docker-registry]=docker-registry [chromium]=chromium [node]=nodejs [npm]=npm [kubectl]=kubernetes-client [unshare]=util-linux [ip]=iproute2 [curl]=curl)
   local missing=()
   for binary in "${!wanted[@]}"; do
     command -v "$binary" >/dev/null 2>&1 || missing+=("${wanted[$binary]}")
   done
   if [ ${#missing[@]} -eq 0 ]; then
-    echo "redis-server, docker-registry, chromium and node already installed"
+    echo "redis-server, redis-sentinel, docker-registry, chromium and node already installed"
     return 0
   fi
   local sudo=()

@@ -18,8 +18,8 @@ use std::{path::PathBuf, time::Duration};
 use kube::{Api, api::PostParams};
 use vynil_crds::JukeBox;
 use vynil_testkit::{
-    HttpFront, JukeboxBuilder, Persistence, Readiness, RedisServer, RegistryServer, ServiceProcess,
-    kube_api::FakeApiServer,
+    HttpFront, JukeboxBuilder, Persistence, Readiness, RedisSentinels, RedisServer, RegistryServer,
+    ServiceProcess, kube_api::FakeApiServer,
 };
 
 use crate::CONTROL_PLANE_NAMESPACE;
@@ -35,6 +35,9 @@ pub struct Shape {
     /// every service needs a replica (the others may have none).
     pub gateways: usize,
     pub persistence: Persistence,
+    /// Redis in Sentinel mode (a primary, two replicas, three sentinels,
+    /// without persistence) instead of one server.
+    pub sentinel: bool,
     /// The scan lease and the purger's execution lease (seconds).
     pub lease_seconds: u64,
 }
@@ -50,6 +53,7 @@ impl Default for Shape {
             lifecycles: 2,
             gateways: 2,
             persistence: Persistence::AppendOnly,
+            sentinel: false,
             lease_seconds: 3,
         }
     }
@@ -60,7 +64,7 @@ pub struct Fleet {
     pub registry: RegistryServer,
     /// In front of the registry: what every service reaches, and counts.
     pub front: HttpFront,
-    pub redis: RedisServer,
+    pub redis: SharedRedis,
     pub api: FakeApiServer,
     pub boxes: Api<JukeBox>,
     pub catalogs: Vec<ServiceProcess>,
@@ -77,6 +81,47 @@ impl std::fmt::Debug for Fleet {
     }
 }
 
+/// The Redis every replica shares.
+#[derive(Debug)]
+pub enum SharedRedis {
+    Single(RedisServer),
+    Sentinel(RedisSentinels),
+}
+
+impl SharedRedis {
+    /// The single server (a test of restarts).
+    pub fn single(&mut self) -> &mut RedisServer {
+        match self {
+            SharedRedis::Single(server) => server,
+            SharedRedis::Sentinel(_) => panic!("this fleet's Redis is in Sentinel mode"),
+        }
+    }
+
+    /// The Sentinel set (a test of failovers).
+    pub fn sentinels(&mut self) -> &mut RedisSentinels {
+        match self {
+            SharedRedis::Sentinel(set) => set,
+            SharedRedis::Single(_) => panic!("this fleet's Redis is a single server"),
+        }
+    }
+
+    /// The URL of the primary now.
+    pub async fn primary_url(&self) -> String {
+        match self {
+            SharedRedis::Single(server) => server.url(),
+            SharedRedis::Sentinel(set) => RedisSentinels::url(set.primary().await.unwrap()),
+        }
+    }
+
+    /// The flags that point a service at it.
+    fn flags(&self) -> Vec<String> {
+        match self {
+            SharedRedis::Single(server) => vec!["--redis-url".into(), server.url()],
+            SharedRedis::Sentinel(set) => set.service_args(),
+        }
+    }
+}
+
 /// Service binary `name` (its package has the same name), never stale.
 pub fn binary(name: &str) -> PathBuf {
     vynil_testkit::workspace_binary(name, name).unwrap()
@@ -89,7 +134,11 @@ impl Fleet {
     pub async fn start(shape: &Shape, repositories: &[&str], tokens_yaml: &str) -> Self {
         let registry = RegistryServer::start().await.unwrap();
         let front = HttpFront::start(&registry.base_url()).await.unwrap();
-        let redis = RedisServer::start_with(shape.persistence).await.unwrap();
+        let redis = if shape.sentinel {
+            SharedRedis::Sentinel(RedisSentinels::start(2).await.unwrap())
+        } else {
+            SharedRedis::Single(RedisServer::start_with(shape.persistence).await.unwrap())
+        };
         let api = FakeApiServer::start().await.unwrap();
         api.create_namespaces(&["vynil-system", "apps"]).unwrap();
         let boxes: Api<JukeBox> = Api::all(api.client().unwrap());
@@ -193,18 +242,12 @@ impl Fleet {
     /// service token.
     fn cluster_flags(&self) -> Vec<String> {
         let token = self.dir.path().join("service-token").display().to_string();
-        [
-            "--kubernetes",
-            "--redis-url",
-            &self.redis.url(),
-            "--insecure-registry",
-            &self.front.host(),
-            "--service-token-file",
-            &token,
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect()
+        let mut flags: Vec<String> = ["--kubernetes", "--insecure-registry", &self.front.host(), "--service-token-file", &token]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        flags.extend(self.redis.flags());
+        flags
     }
 
     /// The base URL of gateway `index`.
@@ -220,7 +263,7 @@ impl Fleet {
 
     /// The replica (by pod name) holding the scan lease of JukeBox `box`, if any.
     pub async fn scan_lease_holder(&self) -> Option<String> {
-        let client = redis::Client::open(self.redis.url()).ok()?;
+        let client = redis::Client::open(self.redis.primary_url().await).ok()?;
         let mut connection = client.get_multiplexed_async_connection().await.ok()?;
         let token: Option<String> =
             redis::cmd("GET").arg("vynil:v1:scanner:lease:box").query_async(&mut connection).await.ok()?;
@@ -229,7 +272,7 @@ impl Fleet {
 
     /// How long the scan lease of JukeBox `box` has left (Redis's PTTL), if held.
     pub async fn scan_lease_remaining(&self) -> Option<Duration> {
-        let client = redis::Client::open(self.redis.url()).ok()?;
+        let client = redis::Client::open(self.redis.primary_url().await).ok()?;
         let mut connection = client.get_multiplexed_async_connection().await.ok()?;
         let left: i64 =
             redis::cmd("PTTL").arg("vynil:v1:scanner:lease:box").query_async(&mut connection).await.ok()?;

@@ -473,7 +473,7 @@ async fn every_service_recovered(fleet: &Fleet, tag: &str) {
 #[tokio::test]
 async fn a_redis_restarted_with_its_append_only_file_keeps_every_request_and_plan() {
     let (mut fleet, plan, scans) = mid_scan_with_a_plan(Persistence::AppendOnly).await;
-    fleet.redis.restart().await.unwrap();
+    fleet.redis.single().restart().await.unwrap();
     let gateway = Gateway::of(&fleet, 1);
     for id in &scans {
         let scan = gateway.finished(id).await;
@@ -495,7 +495,7 @@ async fn a_redis_restarted_empty_reports_each_lost_request_and_plan_as_lost() {
     let follow = gateway.http.get(format!("{}/api/v1/scans/{}/events", gateway.base, scans[1]));
     let following = tokio::spawn(follow.bearer_auth(token(Role::Viewer)).send());
     tokio::time::sleep(Duration::from_millis(300)).await;
-    fleet.redis.restart().await.unwrap();
+    fleet.redis.single().restart().await.unwrap();
     for id in &scans {
         let (status, body) = eventually(&format!("scan {id} reported lost"), || async {
             let answer = gateway.read(&format!("/api/v1/scans/{id}")).await;
@@ -571,7 +571,7 @@ async fn a_redis_restarted_mid_execute_deletes_nothing_twice_and_the_execution_c
         fleet.front.seen().iter().any(|s| s.method == Method::DELETE).then_some(())
     })
     .await;
-    fleet.redis.restart().await.unwrap();
+    fleet.redis.single().restart().await.unwrap();
     let first = first.await.unwrap();
     // What the first execution reported deleted is gone, whatever else it said.
     if let Ok(events) = &first {

@@ -23,8 +23,29 @@ pub struct StoreConfig {
     #[arg(long, env = "VYNIL_JUKEBOX_DIR", default_value = "jukeboxes")]
     pub jukebox_dir: std::path::PathBuf,
     /// Redis shared by replicas; state stays in process memory when absent.
+    /// With `--redis-sentinels`, only its user, password and database count
+    /// (the primary's address comes from the sentinels).
     #[arg(long, env = "REDIS_URL")]
     pub redis_url: Option<String>,
+    /// Sentinels (`host:port,…`) that name the Redis primary and follow it
+    /// across failovers, instead of one address.
+    #[arg(long = "redis-sentinels", env = "REDIS_SENTINELS", value_delimiter = ',')]
+    pub redis_sentinels: Vec<String>,
+    /// The primary's name in the sentinels' configuration.
+    #[arg(long, env = "REDIS_MASTER_NAME", default_value = "mymaster")]
+    pub redis_master_name: String,
+    /// The sentinels' own password, when they require one.
+    #[arg(long, env = "REDIS_SENTINEL_PASSWORD")]
+    pub redis_sentinel_password: Option<String>,
+    /// Replicas that must have a lease or a fenced write before the work it
+    /// guards starts (`WAIT`): 1 with sentinels, 0 without (a managed Redis
+    /// with replicas behind one address may ask for 1).
+    #[arg(long, env = "REDIS_WAIT_REPLICAS")]
+    pub redis_wait_replicas: Option<u32>,
+    /// How long a fenced write waits for those replicas before the work is
+    /// refused (and retried).
+    #[arg(long, env = "REDIS_WAIT_TIMEOUT_MS", default_value_t = 1000)]
+    pub redis_wait_timeout_ms: u64,
     /// The framework version consumers run (scanner, catalog and purger agree on it).
     #[arg(long, env = "VYNIL_VERSION", default_value = DEFAULT_VYNIL_VERSION)]
     pub vynil_version: semver::Version,
@@ -90,6 +111,22 @@ impl StoreConfig {
         }
     }
 
+    /// The shared Redis these flags name, if any: the sentinels' primary, or
+    /// the one at `--redis-url`.
+    pub fn redis(&self) -> Option<crate::RedisTarget> {
+        let sentinels: Vec<String> =
+            self.redis_sentinels.iter().map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect();
+        let target = if sentinels.is_empty() {
+            crate::RedisTarget::url(self.redis_url.clone()?)
+        } else {
+            crate::RedisTarget::sentinel(sentinels, &self.redis_master_name, self.redis_url.clone())
+                .with_sentinel_password(self.redis_sentinel_password.clone())
+        };
+        let replicas = self.redis_wait_replicas.unwrap_or(target.replication().replicas);
+        let timeout = std::time::Duration::from_millis(self.redis_wait_timeout_ms);
+        Some(target.with_replication(crate::primary::Replication { replicas, timeout }))
+    }
+
     /// What a cluster-provided script may do, as these flags say.
     pub fn scripts(&self) -> ScriptLimits {
         ScriptLimits::new(self.max_script_operations)
@@ -101,7 +138,7 @@ impl StoreConfig {
         StoreSettings::from_flags(
             self.kubernetes,
             &self.jukebox_dir,
-            self.redis_url.as_deref(),
+            self.redis(),
             user_agent,
             self.pod_name.as_deref(),
         )

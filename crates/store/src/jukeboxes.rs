@@ -271,7 +271,7 @@ impl StatusBackend for MemoryBackend {
 }
 
 struct RedisBackend {
-    connection: redis::aio::ConnectionManager,
+    connection: crate::RedisConnection,
 }
 
 impl std::fmt::Debug for RedisBackend {
@@ -341,12 +341,11 @@ impl LocalStore {
     }
 
     /// Status in Redis; changes from every replica are relayed to subscribers.
-    pub async fn with_redis(directory: PathBuf, url: &str) -> Result<Self, StoreError> {
-        let client = redis::Client::open(url).map_err(redis_error)?;
-        let connection = redis::aio::ConnectionManager::new(client.clone()).await.map_err(redis_error)?;
+    pub async fn with_redis(directory: PathBuf, target: &crate::RedisTarget) -> Result<Self, StoreError> {
+        let connection = target.connect().await?;
         let (changes, _) = broadcast::channel(1024);
         let relay = changes.clone();
-        let mut messages = crate::pubsub::follow(client, CHANGES_CHANNEL).await.map_err(redis_error)?;
+        let mut messages = crate::pubsub::follow(target.clone(), CHANGES_CHANNEL).await?;
         tokio::spawn(async move {
             while let Some(message) = messages.recv().await {
                 // After an outage, changes made meanwhile are repaired by

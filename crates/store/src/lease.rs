@@ -12,6 +12,13 @@
 //! Redis-side writes name the lease in the same script ([`Fence`]), so they
 //! are conditional on the token atomically.
 //!
+//! With replicas ([`crate::primary`]), an acquisition, a renewal and a
+//! fenced write count only once the replicas the connection waits for have
+//! them (`WAIT`): a lease a failover could lose is never held, so two
+//! workers never both start under it. What a failover can still lose is a
+//! write made after that (a renewal that failed to replicate shortens the
+//! lease on the new primary, and the next [`Lease::check`] there says so).
+//!
 //! What remains is the window between the check and the write reaching its
 //! server, bounded by that request's timeouts, which must stay shorter than
 //! the lease: a JukeBox status write reaches the API server within the
@@ -51,7 +58,7 @@ pub trait LeaseStore: Send + Sync + std::fmt::Debug {
 /// Leases in Redis, under `<prefix>:<name>`.
 #[derive(Clone)]
 pub struct RedisLeases {
-    connection: redis::aio::ConnectionManager,
+    connection: crate::RedisConnection,
     prefix: String,
 }
 
@@ -62,21 +69,16 @@ impl std::fmt::Debug for RedisLeases {
 }
 
 impl RedisLeases {
-    pub fn new(connection: redis::aio::ConnectionManager, prefix: &str) -> Self {
+    pub fn new(connection: crate::RedisConnection, prefix: &str) -> Self {
         Self { connection, prefix: prefix.to_string() }
     }
 
-    /// `script(KEYS[1] = the lease, ARGV = token, ttl in ms)`, answering 1 or 0.
+    /// `script(KEYS[1] = the lease, ARGV = token, ttl in ms)`, answering 1
+    /// or 0, once the replicas the connection waits for have it.
     async fn run(&self, script: &str, name: &str, token: &str, ttl: Duration) -> Result<bool, StoreError> {
-        let mut c = self.connection.clone();
-        let script = redis::Script::new(script);
-        let answer: i64 = script
-            .key(self.key(name))
-            .arg(token)
-            .arg(millis(ttl))
-            .invoke_async(&mut c)
-            .await
-            .map_err(redis_error)?;
+        let mut pipeline = redis::pipe();
+        pipeline.cmd("EVAL").arg(script).arg(1).arg(self.key(name)).arg(token).arg(millis(ttl));
+        let answer: i64 = self.connection.replicated(pipeline).await?;
         Ok(answer == 1)
     }
 }
@@ -108,7 +110,13 @@ fn millis(ttl: Duration) -> u64 {
 #[async_trait::async_trait]
 impl LeaseStore for RedisLeases {
     async fn acquire(&self, name: &str, token: &str, ttl: Duration) -> Result<bool, StoreError> {
-        self.run(ACQUIRE, name, token, ttl).await
+        let acquired = self.run(ACQUIRE, name, token, ttl).await;
+        if acquired.is_err() {
+            // Not replicated in time (or unknown): not held, and not left
+            // to block the others until it expires.
+            let _ = self.release(name, token).await;
+        }
+        acquired
     }
 
     async fn renew(&self, name: &str, token: &str, ttl: Duration) -> Result<bool, StoreError> {
@@ -320,24 +328,30 @@ impl Fence {
 /// token. The body's own keys start at `KEYS[2]` and its arguments at
 /// `ARGV[2]`; it returns 1.
 pub async fn run_fenced(
-    connection: &redis::aio::ConnectionManager,
+    connection: &crate::RedisConnection,
     fence: Option<&Fence>,
     body: &str,
     keys: &[&str],
     args: &[&str],
 ) -> Result<bool, StoreError> {
     let guard = if fence.is_some() { Fence::GUARD } else { "" };
-    let script = redis::Script::new(&format!("{guard}{body}"));
-    let mut invocation = script.prepare_invoke();
-    invocation.key(fence.map_or("", |f| f.key.as_str())).arg(fence.map_or("", |f| f.token.as_str()));
+    let mut pipeline = redis::pipe();
+    let eval = pipeline.cmd("EVAL").arg(format!("{guard}{body}")).arg(keys.len() + 1);
+    eval.arg(fence.map_or("", |f| f.key.as_str()));
     for key in keys {
-        invocation.key(*key);
+        eval.arg(*key);
     }
+    eval.arg(fence.map_or("", |f| f.token.as_str()));
     for arg in args {
-        invocation.arg(*arg);
+        eval.arg(*arg);
     }
-    let mut c = connection.clone();
-    let written: i64 = invocation.invoke_async(&mut c).await.map_err(redis_error)?;
+    let written: i64 = if fence.is_some() {
+        connection.replicated(pipeline).await?
+    } else {
+        let mut c = connection.clone();
+        let (written,): (i64,) = pipeline.query_async(&mut c).await.map_err(redis_error)?;
+        written
+    };
     Ok(written == 1)
 }
 

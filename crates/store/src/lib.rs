@@ -15,7 +15,9 @@
 //!   scanner replicas (the registry client's `MetadataCache`).
 //! - [`lease`]: fenced leases (one worker per JukeBox or repository across
 //!   replicas), shared by the scanner and the purger.
-//! - [`pubsub`]: following a Redis channel across outages.
+//! - [`primary`]: the Redis primary, one URL or named by Sentinel, followed
+//!   across failovers, with the replication wait fenced writes need.
+//! - [`pubsub`]: following a Redis channel across outages (and failovers).
 //! - [`epoch`]: which life of the shared state an id was made in, so a record
 //!   lost with a Redis restarted without persistence is reported lost.
 //! - [`StoreConfig`] and [`open`]: the flags, and the store they ask for, so
@@ -30,10 +32,12 @@ mod kube;
 pub mod lease;
 pub mod metadata_cache;
 pub mod package_cache;
+pub mod primary;
 pub mod pubsub;
 pub mod takeover;
 
 pub use config::{DEFAULT_VYNIL_VERSION, StoreConfig};
+pub use primary::{RedisConnection, RedisTarget};
 pub use jukeboxes::{
     CHANGES_CHANNEL, JukeboxEvent, JukeboxRecord, JukeboxStore, LocalStore, RPC_CREDENTIALS_LABEL,
     ScannerStore, SecretData, SkippedSource, StatusVersion, StoreChange,
@@ -75,23 +79,23 @@ pub enum StoreSettings {
     /// `user_agent`, so the API server's audit log names the service.
     Kubernetes { user_agent: String, pod_name: Option<String> },
     /// YAML files in a directory; status in Redis when a URL is given, else in memory.
-    Local { directory: std::path::PathBuf, redis_url: Option<String> },
+    Local { directory: std::path::PathBuf, redis: Option<RedisTarget> },
 }
 
 impl StoreSettings {
-    /// From the shared flags `--kubernetes`, `--jukebox-dir`, `--redis-url`
+    /// From the shared flags `--kubernetes`, `--jukebox-dir`, the Redis ones
     /// and `--pod-name`, for the service `user_agent` (`vynil-scanner/0.1.0`).
     pub fn from_flags(
         kubernetes: bool,
         directory: &std::path::Path,
-        redis_url: Option<&str>,
+        redis: Option<RedisTarget>,
         user_agent: &str,
         pod_name: Option<&str>,
     ) -> Self {
         if kubernetes {
             Self::Kubernetes { user_agent: user_agent.to_string(), pod_name: pod_name.map(str::to_string) }
         } else {
-            Self::Local { directory: directory.to_path_buf(), redis_url: redis_url.map(str::to_string) }
+            Self::Local { directory: directory.to_path_buf(), redis }
         }
     }
 }
@@ -104,10 +108,10 @@ pub async fn open(settings: &StoreSettings) -> Result<std::sync::Arc<dyn Scanner
             let service = user_agent.split('/').next().unwrap_or("vynil");
             std::sync::Arc::new(KubeStore::reporting_as(client, service, pod_name.clone()))
         }
-        StoreSettings::Local { directory, redis_url: Some(url) } => {
-            std::sync::Arc::new(LocalStore::with_redis(directory.clone(), url).await?)
+        StoreSettings::Local { directory, redis: Some(target) } => {
+            std::sync::Arc::new(LocalStore::with_redis(directory.clone(), target).await?)
         }
-        StoreSettings::Local { directory, redis_url: None } => {
+        StoreSettings::Local { directory, redis: None } => {
             std::sync::Arc::new(LocalStore::in_memory(directory.clone()))
         }
     })

@@ -12,7 +12,7 @@ const TTL_SECONDS: u64 = 90 * 24 * 3600;
 
 #[derive(Clone)]
 pub struct RedisMetadataCache {
-    connection: redis::aio::ConnectionManager,
+    connection: crate::RedisConnection,
 }
 
 impl std::fmt::Debug for RedisMetadataCache {
@@ -22,10 +22,8 @@ impl std::fmt::Debug for RedisMetadataCache {
 }
 
 impl RedisMetadataCache {
-    pub async fn connect(url: &str) -> Result<Self, crate::StoreError> {
-        let client = redis::Client::open(url).map_err(crate::redis_error)?;
-        let connection = redis::aio::ConnectionManager::new(client).await.map_err(crate::redis_error)?;
-        Ok(Self { connection })
+    pub async fn connect(target: &crate::RedisTarget) -> Result<Self, crate::StoreError> {
+        Ok(Self { connection: target.connect().await? })
     }
 }
 

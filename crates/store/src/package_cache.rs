@@ -9,6 +9,7 @@
 //! Redis outage leaves reads working (degraded, not down). Keys carry a schema
 //! version so a later layout can live beside this one during an upgrade.
 
+pub use crate::pubsub::Message;
 use std::{collections::HashMap, sync::Mutex};
 
 use redis::AsyncCommands;
@@ -122,15 +123,16 @@ pub trait PackageCache: Send + Sync + std::fmt::Debug {
     async fn remove(&self, jukebox: &str) -> Result<bool, StoreError>;
     async fn get(&self, jukebox: &str) -> Result<Option<Entry>, StoreError>;
     async fn all(&self) -> Result<HashMap<String, Entry>, StoreError>;
-    /// Names of entries written by anyone (other replicas included); nothing
-    /// for a cache no one else writes.
-    fn invalidations(&self) -> mpsc::Receiver<String>;
+    /// Names of entries written by anyone (other replicas included), and
+    /// [`Message::Resumed`] when some may have been missed (an outage, a
+    /// failover); nothing for a cache no one else writes.
+    fn invalidations(&self) -> mpsc::Receiver<Message>;
 }
 
-/// The cache `redis_url` names: Redis when given, else process memory.
-pub async fn open(redis_url: Option<&str>) -> Result<std::sync::Arc<dyn PackageCache>, StoreError> {
-    Ok(match redis_url {
-        Some(url) => std::sync::Arc::new(RedisCache::connect(url).await?),
+/// The cache `redis` names: Redis when given, else process memory.
+pub async fn open(redis: Option<&crate::RedisTarget>) -> Result<std::sync::Arc<dyn PackageCache>, StoreError> {
+    Ok(match redis {
+        Some(target) => std::sync::Arc::new(RedisCache::connect(target).await?),
         None => std::sync::Arc::new(MemoryCache::default()),
     })
 }
@@ -140,7 +142,7 @@ pub async fn open(redis_url: Option<&str>) -> Result<std::sync::Arc<dyn PackageC
 pub struct MemoryCache {
     entries: Mutex<HashMap<String, Entry>>,
     /// Kept so `invalidations` receivers stay open (and silent).
-    silent: Mutex<Vec<mpsc::Sender<String>>>,
+    silent: Mutex<Vec<mpsc::Sender<Message>>>,
 }
 
 #[async_trait::async_trait]
@@ -166,7 +168,7 @@ impl PackageCache for MemoryCache {
         Ok(self.entries.lock().unwrap_or_else(|p| p.into_inner()).clone())
     }
 
-    fn invalidations(&self) -> mpsc::Receiver<String> {
+    fn invalidations(&self) -> mpsc::Receiver<Message> {
         let (sender, receiver) = mpsc::channel(1);
         self.silent.lock().unwrap_or_else(|p| p.into_inner()).push(sender);
         receiver
@@ -190,8 +192,7 @@ return existed";
 /// The shared cache in Redis.
 #[derive(Clone)]
 pub struct RedisCache {
-    client: redis::Client,
-    connection: redis::aio::ConnectionManager,
+    connection: crate::RedisConnection,
 }
 
 impl std::fmt::Debug for RedisCache {
@@ -201,10 +202,8 @@ impl std::fmt::Debug for RedisCache {
 }
 
 impl RedisCache {
-    pub async fn connect(url: &str) -> Result<Self, StoreError> {
-        let client = redis::Client::open(url).map_err(redis_error)?;
-        let connection = redis::aio::ConnectionManager::new(client.clone()).await.map_err(redis_error)?;
-        Ok(Self { client, connection })
+    pub async fn connect(target: &crate::RedisTarget) -> Result<Self, StoreError> {
+        Ok(Self { connection: target.connect().await? })
     }
 }
 
@@ -264,16 +263,20 @@ impl PackageCache for RedisCache {
     }
 
     /// Cache writes announced on pub/sub, resubscribing after an outage.
-    fn invalidations(&self) -> mpsc::Receiver<String> {
+    fn invalidations(&self) -> mpsc::Receiver<Message> {
         let (sender, receiver) = mpsc::channel(1024);
-        let client = self.client.clone();
+        let target = self.connection.target().clone();
         tokio::spawn(async move {
             loop {
-                if let Ok(mut messages) = crate::pubsub::follow(client.clone(), CHANGES).await {
+                if let Ok(mut messages) = crate::pubsub::follow(target.clone(), CHANGES).await {
                     while let Some(message) = messages.recv().await {
-                        let crate::pubsub::Message::Payload(payload) = message else { continue };
-                        let name = payload.split(' ').next().unwrap_or_default().to_string();
-                        if sender.send(name).await.is_err() {
+                        let message = match message {
+                            Message::Payload(payload) => {
+                                Message::Payload(payload.split(' ').next().unwrap_or_default().to_string())
+                            }
+                            Message::Resumed => Message::Resumed,
+                        };
+                        if sender.send(message).await.is_err() {
                             return;
                         }
                     }

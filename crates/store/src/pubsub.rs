@@ -1,7 +1,7 @@
 //! Following a Redis pub/sub channel across outages: one loop, used by the
 //! status-change relay, the catalog's invalidations and the scanner's
 //! wake-ups. A subscription lost with its connection is made again once
-//! Redis answers; what was published meanwhile is gone, so the follower is
+//! Redis answers (on the primary the sentinels name then, after a failover); what was published meanwhile is gone, so the follower is
 //! told ([`Message::Resumed`]) and repairs by re-reading.
 
 use std::time::Duration;
@@ -23,11 +23,11 @@ const RETRY: Duration = Duration::from_millis(250);
 /// returns, so nothing published afterwards is missed) and follows it until
 /// the receiver is dropped.
 pub async fn follow(
-    client: redis::Client,
+    target: crate::RedisTarget,
     channel: &'static str,
-) -> Result<mpsc::Receiver<Message>, redis::RedisError> {
-    let mut first = client.get_async_pubsub().await?;
-    first.subscribe(channel).await?;
+) -> Result<mpsc::Receiver<Message>, crate::StoreError> {
+    let mut first = target.client().await?.get_async_pubsub().await.map_err(crate::redis_error)?;
+    first.subscribe(channel).await.map_err(crate::redis_error)?;
     let (sender, receiver) = mpsc::channel(1024);
     tokio::spawn(async move {
         use futures::StreamExt;
@@ -46,7 +46,11 @@ pub async fn follow(
                 return;
             }
             tokio::time::sleep(RETRY).await;
-            if let Ok(mut again) = client.get_async_pubsub().await
+            let again = match target.client().await {
+                Ok(client) => client.get_async_pubsub().await.ok(),
+                Err(_) => None,
+            };
+            if let Some(mut again) = again
                 && again.subscribe(channel).await.is_ok()
             {
                 tracing::info!(channel, "pub/sub subscription resumed");

@@ -16,7 +16,7 @@ use tokio::sync::broadcast;
 use vynil_rules::{Viewer, catalog::CatalogRole};
 use vynil_store::{JukeboxRecord, JukeboxStore, StoreChange};
 
-use vynil_store::package_cache::{Entry, PackageCache};
+use vynil_store::package_cache::{Entry, Message, PackageCache};
 
 use crate::CatalogError;
 
@@ -82,13 +82,13 @@ pub struct Catalog {
 }
 
 impl Catalog {
-    /// The catalog with the cache `redis_url` names (memory without one).
+    /// The catalog with the cache `redis` names (memory without one).
     pub async fn new(
         store: Arc<dyn JukeboxStore>,
-        redis_url: Option<&str>,
+        redis: Option<&vynil_store::RedisTarget>,
         framework: semver::Version,
     ) -> Result<Self, CatalogError> {
-        Ok(Self::with_cache(store, vynil_store::package_cache::open(redis_url).await?, framework))
+        Ok(Self::with_cache(store, vynil_store::package_cache::open(redis).await?, framework))
     }
 
     pub fn with_cache(
@@ -300,7 +300,12 @@ impl Catalog {
                     Err(broadcast::error::RecvError::Lagged(_)) => self.resync_due.store(true, Ordering::Release),
                     Err(broadcast::error::RecvError::Closed) => return,
                 },
-                Some(name) = invalidations.recv() => self.reload(&name).await,
+                Some(message) = invalidations.recv() => match message {
+                    Message::Payload(name) => self.reload(&name).await,
+                    // Resubscribed (an outage, a failover): what other
+                    // replicas wrote meanwhile is read again, once.
+                    Message::Resumed => self.resync_due.store(true, Ordering::Release),
+                },
                 _ = tokio::time::sleep(resync_every) => self.resync_due.store(true, Ordering::Release),
             }
         }

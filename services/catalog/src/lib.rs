@@ -63,7 +63,7 @@ pub async fn build_with_store(
     store: Arc<dyn JukeboxStore>,
 ) -> Result<Arc<Catalog>, CatalogError> {
     let catalog = Arc::new(
-        Catalog::new(store, config.store.redis_url.as_deref(), config.store.vynil_version.clone()).await?,
+        Catalog::new(store, config.store.redis().as_ref(), config.store.vynil_version.clone()).await?,
     );
     if let Err(error) = catalog.resync().await {
         tracing::warn!(%error, "initial catalog load failed; retrying in the background");

@@ -43,7 +43,7 @@ async fn replica(world: &World) -> Arc<Catalog> {
     let token = world.api.service_account_token("vynil-system", "vynil-catalog");
     let store = Arc::new(KubeStore::new(world.api.client_as(&token).unwrap()));
     let catalog =
-        Arc::new(Catalog::new(store, Some(&world.redis.url()), semver::Version::new(0, 8, 0)).await.unwrap());
+        Arc::new(Catalog::new(store, Some(&vynil_store::RedisTarget::url(world.redis.url())), semver::Version::new(0, 8, 0)).await.unwrap());
     catalog.resync().await.unwrap();
     tokio::spawn(catalog.clone().follow(Duration::from_secs(3600)));
     catalog

@@ -206,7 +206,7 @@ fn decode<T: for<'de> Deserialize<'de>>(text: &str) -> Result<T, PurgerError> {
 /// The Redis store.
 #[derive(Clone)]
 pub struct RedisStore {
-    connection: redis::aio::ConnectionManager,
+    connection: vynil_store::RedisConnection,
     leases: Arc<RedisLeases>,
 }
 
@@ -217,9 +217,8 @@ impl std::fmt::Debug for RedisStore {
 }
 
 impl RedisStore {
-    pub async fn connect(url: &str) -> Result<Self, PurgerError> {
-        let client = redis::Client::open(url).map_err(redis_error)?;
-        let connection = redis::aio::ConnectionManager::new(client).await.map_err(redis_error)?;
+    pub async fn connect(target: &vynil_store::RedisTarget) -> Result<Self, PurgerError> {
+        let connection = target.connect().await?;
         let leases = Arc::new(RedisLeases::new(connection.clone(), &format!("{PREFIX}:lease")));
         Ok(Self { connection, leases })
     }

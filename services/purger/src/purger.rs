@@ -77,8 +77,8 @@ impl Purger {
             ..config.store.transport()
         };
         let client = RegistryClient::new(transport, credentials, Arc::new(InMemoryMetadataCache::default()))?;
-        let store: Arc<dyn PlanStore> = match &config.store.redis_url {
-            Some(url) => Arc::new(RedisStore::connect(url).await?),
+        let store: Arc<dyn PlanStore> = match &config.store.redis() {
+            Some(target) => Arc::new(RedisStore::connect(target).await?),
             None => Arc::new(MemoryStore::default()),
         };
         let (metrics, exported_metrics) = metrics::PurgerMetrics::register(&client.counters());

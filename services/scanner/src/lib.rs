@@ -108,11 +108,11 @@ pub async fn build_with_store(
     store: Arc<dyn ScannerStore>,
 ) -> Result<Arc<Scanner>, ScannerError> {
     let (queue, cache, index_cache): (Arc<dyn RequestQueue>, Arc<dyn MetadataCache>, _) =
-        match &config.store.redis_url {
-            Some(url) => {
-                let cache = Arc::new(vynil_store::metadata_cache::RedisMetadataCache::connect(url).await?);
+        match &config.store.redis() {
+            Some(target) => {
+                let cache = Arc::new(vynil_store::metadata_cache::RedisMetadataCache::connect(target).await?);
                 let index_cache = vynil_index::ConditionalCache::new(cache.clone());
-                (Arc::new(RedisQueue::connect(url).await?), cache, index_cache)
+                (Arc::new(RedisQueue::connect(target).await?), cache, index_cache)
             }
             None => (
                 Arc::new(MemoryQueue::default()),

@@ -5,6 +5,7 @@ use std::{sync::Arc, time::Duration};
 
 use vynil_rules::ScanScope;
 use vynil_store::{
+    RedisConnection, RedisTarget,
     epoch::Epoch,
     lease::{Fence, LeaseStore, RedisLeases, run_fenced},
 };
@@ -17,8 +18,7 @@ use crate::ScannerError;
 /// The queue shared by replicas through Redis (atomic Lua scripts).
 #[derive(Clone)]
 pub struct RedisQueue {
-    client: redis::Client,
-    connection: redis::aio::ConnectionManager,
+    connection: RedisConnection,
     leases: Arc<RedisLeases>,
 }
 
@@ -80,11 +80,10 @@ if ARGV[5] == '1' then redis.call('SET', KEYS[3], ARGV[4], 'EX', ARGV[3]) end
 return 1";
 
 impl RedisQueue {
-    pub async fn connect(url: &str) -> Result<Self, ScannerError> {
-        let client = redis::Client::open(url).map_err(redis_error)?;
-        let connection = redis::aio::ConnectionManager::new(client.clone()).await.map_err(redis_error)?;
+    pub async fn connect(target: &RedisTarget) -> Result<Self, ScannerError> {
+        let connection = target.connect().await?;
         let leases = Arc::new(RedisLeases::new(connection.clone(), &format!("{PREFIX}:lease")));
-        Ok(Self { client, connection, leases })
+        Ok(Self { connection, leases })
     }
 }
 
@@ -102,7 +101,7 @@ impl RequestQueue for RedisQueue {
     }
 
     async fn wakeups(&self) -> Option<tokio::sync::mpsc::Receiver<vynil_store::pubsub::Message>> {
-        match vynil_store::pubsub::follow(self.client.clone(), WAKE_CHANNEL).await {
+        match vynil_store::pubsub::follow(self.connection.target().clone(), WAKE_CHANNEL).await {
             Ok(messages) => Some(messages),
             Err(error) => {
                 tracing::warn!(%error, "cannot follow scan requests on pub/sub; polling only");
@@ -131,18 +130,19 @@ impl RequestQueue for RedisQueue {
         holder: &str,
         lease: Duration,
     ) -> Result<Option<Vec<ScanItem>>, ScannerError> {
-        let mut c = self.connection.clone();
-        let claimed: Option<Vec<String>> = redis::Script::new(CLAIM)
-            .key(key("lease", jukebox))
-            .key(key("pending", jukebox))
-            .key(key("running", jukebox))
-            .key(format!("{PREFIX}:with-work"))
-            .arg(holder)
-            .arg(lease.as_millis() as u64)
-            .arg(jukebox)
-            .invoke_async(&mut c)
-            .await
-            .map_err(redis_error)?;
+        // The claim takes the lease: it counts once the replicas have it
+        // (`vynil_store::primary`), else it is given back and retried.
+        let mut pipeline = redis::pipe();
+        pipeline.cmd("EVAL").arg(CLAIM).arg(4);
+        pipeline.arg(key("lease", jukebox)).arg(key("pending", jukebox)).arg(key("running", jukebox));
+        pipeline.arg(format!("{PREFIX}:with-work")).arg(holder).arg(lease.as_millis() as u64).arg(jukebox);
+        let claimed: Option<Vec<String>> = match self.connection.replicated(pipeline).await {
+            Ok(claimed) => claimed,
+            Err(error) => {
+                let _ = self.leases.release(jukebox, holder).await;
+                return Err(error.into());
+            }
+        };
         Ok(claimed.map(|flat| flat.chunks(2).filter_map(|pair| item(pair.first()?, pair.get(1)?)).collect()))
     }
 
