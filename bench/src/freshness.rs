@@ -73,7 +73,14 @@ async fn measure_cluster() -> anyhow::Result<Vec<Row>> {
     let mut replicas = Vec::new();
     for _ in 0..3 {
         let store = Arc::new(vynil_store::KubeStore::new(api.client()?));
-        let catalog = Arc::new(Catalog::new(store, Some(&vynil_store::RedisTarget::url(redis.url())), semver::Version::new(0, 8, 0)).await?);
+        let catalog = Arc::new(
+            Catalog::new(
+                store,
+                Some(&vynil_store::RedisTarget::url(redis.url())),
+                semver::Version::new(0, 8, 0),
+            )
+            .await?,
+        );
         catalog.resync().await?;
         tokio::spawn(catalog.clone().follow(Duration::from_secs(3600)));
         replicas.push(catalog);
@@ -99,11 +106,22 @@ async fn measure() -> anyhow::Result<Vec<Row>> {
     let redis = RedisServer::start().await?;
     let dir = tempfile::tempdir()?;
     vynil_testkit::JukeboxBuilder::new("box").write_to(dir.path())?;
-    let writer = LocalStore::with_redis(dir.path().to_path_buf(), &vynil_store::RedisTarget::url(redis.url())).await?;
+    let writer =
+        LocalStore::with_redis(dir.path().to_path_buf(), &vynil_store::RedisTarget::url(redis.url())).await?;
     let mut replicas = Vec::new();
     for _ in 0..3 {
-        let store = Arc::new(LocalStore::with_redis(dir.path().to_path_buf(), &vynil_store::RedisTarget::url(redis.url())).await?);
-        let catalog = Arc::new(Catalog::new(store, Some(&vynil_store::RedisTarget::url(redis.url())), semver::Version::new(0, 8, 0)).await?);
+        let store = Arc::new(
+            LocalStore::with_redis(dir.path().to_path_buf(), &vynil_store::RedisTarget::url(redis.url()))
+                .await?,
+        );
+        let catalog = Arc::new(
+            Catalog::new(
+                store,
+                Some(&vynil_store::RedisTarget::url(redis.url())),
+                semver::Version::new(0, 8, 0),
+            )
+            .await?,
+        );
         catalog.resync().await?;
         tokio::spawn(catalog.clone().follow(Duration::from_secs(3600)));
         replicas.push(catalog);

@@ -148,7 +148,8 @@ async fn measure() -> anyhow::Result<(Vec<Row>, Vec<Row>)> {
     std::fs::create_dir_all(&jukeboxes)?;
     vynil_testkit::JukeboxBuilder::new("box").write_to(&jukeboxes)?;
     std::fs::write(dir.path().join("service-token"), "bench-service-token\n")?;
-    let writer = LocalStore::with_redis(jukeboxes.clone(), &vynil_store::RedisTarget::url(redis.url())).await?;
+    let writer =
+        LocalStore::with_redis(jukeboxes.clone(), &vynil_store::RedisTarget::url(redis.url())).await?;
     let packages: Vec<Package> = (0..PACKAGES)
         .map(|i| {
             let name = format!("pkg{i}");

@@ -242,10 +242,11 @@ impl Fleet {
     /// service token.
     fn cluster_flags(&self) -> Vec<String> {
         let token = self.dir.path().join("service-token").display().to_string();
-        let mut flags: Vec<String> = ["--kubernetes", "--insecure-registry", &self.front.host(), "--service-token-file", &token]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+        let mut flags: Vec<String> =
+            ["--kubernetes", "--insecure-registry", &self.front.host(), "--service-token-file", &token]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
         flags.extend(self.redis.flags());
         flags
     }

@@ -66,7 +66,8 @@ impl Epoch {
     /// has none, and anew after a failover (see the module documentation).
     pub async fn of_redis(connection: &crate::RedisConnection) -> Result<Self, StoreError> {
         let mut c = connection.clone();
-        let info: String = redis::cmd("INFO").arg("replication").query_async(&mut c).await.map_err(redis_error)?;
+        let info: String =
+            redis::cmd("INFO").arg("replication").query_async(&mut c).await.map_err(redis_error)?;
         let primary = Replication::parse(&info);
         let text: String = redis::Script::new(CURRENT)
             .key(KEY)

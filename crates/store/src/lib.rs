@@ -37,12 +37,12 @@ pub mod pubsub;
 pub mod takeover;
 
 pub use config::{DEFAULT_VYNIL_VERSION, StoreConfig};
-pub use primary::{RedisConnection, RedisTarget};
 pub use jukeboxes::{
     CHANGES_CHANNEL, JukeboxEvent, JukeboxRecord, JukeboxStore, LocalStore, RPC_CREDENTIALS_LABEL,
     ScannerStore, SecretData, SkippedSource, StatusVersion, StoreChange,
 };
 pub use kube::KubeStore;
+pub use primary::{RedisConnection, RedisTarget};
 use vynil_crds::{JukeBoxSource, JukeBoxSpec};
 use vynil_registry::sources::Source;
 

@@ -130,7 +130,9 @@ pub trait PackageCache: Send + Sync + std::fmt::Debug {
 }
 
 /// The cache `redis` names: Redis when given, else process memory.
-pub async fn open(redis: Option<&crate::RedisTarget>) -> Result<std::sync::Arc<dyn PackageCache>, StoreError> {
+pub async fn open(
+    redis: Option<&crate::RedisTarget>,
+) -> Result<std::sync::Arc<dyn PackageCache>, StoreError> {
     Ok(match redis {
         Some(target) => std::sync::Arc::new(RedisCache::connect(target).await?),
         None => std::sync::Arc::new(MemoryCache::default()),

@@ -59,7 +59,12 @@ pub struct RedisTarget {
 #[derive(Clone, PartialEq, Eq)]
 enum Endpoint {
     Url(String),
-    Sentinel { sentinels: Vec<String>, master: String, node: Option<String>, sentinel_password: Option<String> },
+    Sentinel {
+        sentinels: Vec<String>,
+        master: String,
+        node: Option<String>,
+        sentinel_password: Option<String>,
+    },
 }
 
 impl std::fmt::Debug for RedisTarget {
@@ -292,7 +297,10 @@ impl RedisConnection {
     /// asks for have them, else `Unavailable` (the writes may be lost in a
     /// failover; nothing they guard may start). A pipeline of one command
     /// answers that command's value.
-    pub async fn replicated<T: redis::FromRedisValue>(&self, mut pipeline: Pipeline) -> Result<T, StoreError> {
+    pub async fn replicated<T: redis::FromRedisValue>(
+        &self,
+        mut pipeline: Pipeline,
+    ) -> Result<T, StoreError> {
         let Replication { replicas, timeout } = self.shared.target.replication;
         let millis = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX).max(1);
         if replicas > 0 {
@@ -315,7 +323,8 @@ impl RedisConnection {
                  retry when the replicas are back"
             )));
         }
-        let answers = if answers.len() == 1 { answers.pop().unwrap_or(Value::Nil) } else { Value::Array(answers) };
+        let answers =
+            if answers.len() == 1 { answers.pop().unwrap_or(Value::Nil) } else { Value::Array(answers) };
         redis::from_redis_value(answers).map_err(|e| redis_error(e.into()))
     }
 }

@@ -67,7 +67,10 @@ async fn a_connection_follows_the_promoted_primary_and_what_it_lost_is_reported_
     let before = Epoch::of_redis(&connection).await.unwrap();
     write_until_accepted(&connection, "kept", "replicated").await;
     // Replicated: the WAIT through our replication path answers.
-    let _: () = connection.replicated(redis::pipe().cmd("SET").arg("kept").arg("replicated").to_owned()).await.unwrap();
+    let _: () = connection
+        .replicated(redis::pipe().cmd("SET").arg("kept").arg("replicated").to_owned())
+        .await
+        .unwrap();
 
     // A record made now is acknowledged by the primary alone.
     let replicas = set.cut_off_replicas(set.primary().await.unwrap()).await.unwrap();

@@ -46,7 +46,16 @@ impl RedisSentinels {
         for index in 0..=replicas {
             let port = free_port()?;
             let mut command = Command::new(&server);
-            command.args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]);
+            command.args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ]);
             command.args(["--protected-mode", "no"]);
             if let Some(primary) = nodes.first().map(|n: &Node| n.port) {
                 command.args(["--replicaof", "127.0.0.1", &primary.to_string()]);
@@ -99,7 +108,8 @@ impl RedisSentinels {
             let mut known = true;
             for (port, _) in &self.sentinels {
                 let seen_replicas = sentinel_list(*port, "REPLICAS").await.unwrap_or_default();
-                let in_sync = seen_replicas.iter().filter(|r| r.get("master-link-status").is_some_and(|s| s == "ok"));
+                let in_sync =
+                    seen_replicas.iter().filter(|r| r.get("master-link-status").is_some_and(|s| s == "ok"));
                 let peers = sentinel_list(*port, "SENTINELS").await.unwrap_or_default();
                 known &= in_sync.count() == replicas && peers.len() == self.sentinels.len() - 1;
             }
@@ -182,7 +192,8 @@ impl RedisSentinels {
         for port in &replicas {
             self.freeze(*port)?;
         }
-        let mut c = connection(primary).await.ok_or_else(|| TestkitError::Fixture("primary unreachable".into()))?;
+        let mut c =
+            connection(primary).await.ok_or_else(|| TestkitError::Fixture("primary unreachable".into()))?;
         redis::cmd("CLIENT")
             .arg("KILL")
             .arg("TYPE")
@@ -224,7 +235,8 @@ impl RedisSentinels {
     /// `SENTINEL FAILOVER`: a failover without a failure (the old primary becomes a replica).
     pub async fn force_failover(&self) -> Result<()> {
         let (port, _) = &self.sentinels[0];
-        let mut c = connection(*port).await.ok_or_else(|| TestkitError::Fixture("sentinel unreachable".into()))?;
+        let mut c =
+            connection(*port).await.ok_or_else(|| TestkitError::Fixture("sentinel unreachable".into()))?;
         redis::cmd("SENTINEL")
             .arg("FAILOVER")
             .arg(MASTER_NAME)
@@ -260,7 +272,10 @@ async fn answers(port: u16, command: &str) -> bool {
 pub async fn role(port: u16) -> Option<String> {
     let mut c = connection(port).await?;
     let answer: Vec<redis::Value> =
-        tokio::time::timeout(Duration::from_secs(1), redis::cmd("ROLE").query_async(&mut c)).await.ok()?.ok()?;
+        tokio::time::timeout(Duration::from_secs(1), redis::cmd("ROLE").query_async(&mut c))
+            .await
+            .ok()?
+            .ok()?;
     redis::from_redis_value(answer.first()?.clone()).ok()
 }
 
@@ -283,7 +298,9 @@ async fn sentinel_list(sentinel: u16, what: &str) -> Option<Vec<std::collections
     Some(
         entries
             .into_iter()
-            .map(|fields| fields.chunks(2).filter_map(|p| Some((p.first()?.clone(), p.get(1)?.clone()))).collect())
+            .map(|fields| {
+                fields.chunks(2).filter_map(|p| Some((p.first()?.clone(), p.get(1)?.clone()))).collect()
+            })
             .collect(),
     )
 }

@@ -42,8 +42,15 @@ async fn replica(world: &World) -> Arc<Catalog> {
     // The catalog under its deployed grants, on its ServiceAccount's token.
     let token = world.api.service_account_token("vynil-system", "vynil-catalog");
     let store = Arc::new(KubeStore::new(world.api.client_as(&token).unwrap()));
-    let catalog =
-        Arc::new(Catalog::new(store, Some(&vynil_store::RedisTarget::url(world.redis.url())), semver::Version::new(0, 8, 0)).await.unwrap());
+    let catalog = Arc::new(
+        Catalog::new(
+            store,
+            Some(&vynil_store::RedisTarget::url(world.redis.url())),
+            semver::Version::new(0, 8, 0),
+        )
+        .await
+        .unwrap(),
+    );
     catalog.resync().await.unwrap();
     tokio::spawn(catalog.clone().follow(Duration::from_secs(3600)));
     catalog

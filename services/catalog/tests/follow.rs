@@ -44,15 +44,31 @@ async fn world(names: &[&str]) -> World {
     for name in names {
         JukeboxBuilder::new(name).write_to(dir.path()).unwrap();
     }
-    let writer = LocalStore::with_redis(dir.path().to_path_buf(), &vynil_store::RedisTarget::url(redis.url())).await.unwrap();
+    let writer =
+        LocalStore::with_redis(dir.path().to_path_buf(), &vynil_store::RedisTarget::url(redis.url()))
+            .await
+            .unwrap();
     World { redis, dir, writer }
 }
 
 async fn replica(world: &World) -> Arc<Catalog> {
-    let store =
-        Arc::new(LocalStore::with_redis(world.dir.path().to_path_buf(), &vynil_store::RedisTarget::url(world.redis.url())).await.unwrap());
-    let catalog =
-        Arc::new(Catalog::new(store, Some(&vynil_store::RedisTarget::url(world.redis.url())), semver::Version::new(0, 8, 0)).await.unwrap());
+    let store = Arc::new(
+        LocalStore::with_redis(
+            world.dir.path().to_path_buf(),
+            &vynil_store::RedisTarget::url(world.redis.url()),
+        )
+        .await
+        .unwrap(),
+    );
+    let catalog = Arc::new(
+        Catalog::new(
+            store,
+            Some(&vynil_store::RedisTarget::url(world.redis.url())),
+            semver::Version::new(0, 8, 0),
+        )
+        .await
+        .unwrap(),
+    );
     catalog.resync().await.unwrap();
     tokio::spawn(catalog.clone().follow(Duration::from_secs(3600)));
     catalog

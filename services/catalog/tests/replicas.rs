@@ -20,7 +20,10 @@ async fn three_catalog_processes_serve_the_new_catalog_after_a_status_change() {
     let redis = RedisServer::start().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     vynil_testkit::JukeboxBuilder::new("box").write_to(dir.path()).unwrap();
-    let writer = LocalStore::with_redis(dir.path().to_path_buf(), &vynil_store::RedisTarget::url(redis.url())).await.unwrap();
+    let writer =
+        LocalStore::with_redis(dir.path().to_path_buf(), &vynil_store::RedisTarget::url(redis.url()))
+            .await
+            .unwrap();
     writer
         .write_status(
             "box",
