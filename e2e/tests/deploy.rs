@@ -146,7 +146,7 @@ fn the_base_and_every_overlay_render_into_valid_locked_down_objects() {
         .map(|doc| serde_json::to_value(serde_yaml_ng::Value::deserialize(doc).unwrap()).unwrap())
         .filter(|v| !v.is_null())
         .collect();
-    for dir in ["base", "overlays/single", "overlays/ha", "overlays/namespaced-agent"] {
+    for dir in ["base", "overlays/single", "overlays/ha", "overlays/namespaced-agent", "overlays/redis-sentinel"] {
         let objects = render(dir);
         let mut deployments = BTreeMap::new();
         for object in &objects {
@@ -194,7 +194,7 @@ fn the_base_and_every_overlay_render_into_valid_locked_down_objects() {
                 "vynil-scanner"
             ])
         );
-        if dir == "overlays/ha" {
+        if dir == "overlays/ha" || dir == "overlays/redis-sentinel" {
             let expected = BTreeMap::from([
                 ("vynil-catalog".to_string(), 3),
                 ("vynil-gateway".to_string(), 2),
@@ -208,7 +208,11 @@ fn the_base_and_every_overlay_render_into_valid_locked_down_objects() {
                 .filter(|o| o["kind"] == "PodDisruptionBudget")
                 .filter_map(|o| name_label(&o["spec"]["selector"]))
                 .collect();
-            assert_eq!(budgets, deployments.keys().cloned().collect::<BTreeSet<_>>(), "a budget per service");
+            let mut budgeted: BTreeSet<String> = deployments.keys().cloned().collect();
+            if dir == "overlays/redis-sentinel" {
+                budgeted.extend(["vynil-redis".to_string(), "vynil-redis-sentinel".to_string()]);
+            }
+            assert_eq!(budgets, budgeted, "{dir}: a budget per service");
         } else {
             assert!(deployments.values().all(|r| *r == 1), "{dir}: {deployments:?}");
         }
@@ -253,7 +257,7 @@ fn no_network_policy_selects_a_pod_that_is_not_ours() {
     .collect();
     let mut policies: Vec<(String, Value)> =
         observability.into_iter().map(|p| ("observability".into(), p)).collect();
-    for dir in ["base", "overlays/single", "overlays/ha"] {
+    for dir in ["base", "overlays/single", "overlays/ha", "overlays/redis-sentinel"] {
         policies.extend(
             render(dir).into_iter().filter(|o| o["kind"] == "NetworkPolicy").map(|p| (dir.to_string(), p)),
         );
@@ -424,7 +428,7 @@ fn egress_design() -> BTreeSet<(String, String, i64)> {
 /// cookies `Secure`, so a browser never sends them over plain HTTP.
 #[test]
 fn the_deployed_gateway_sends_its_session_cookies_only_over_tls() {
-    for dir in ["base", "overlays/single", "overlays/ha", "overlays/namespaced-agent"] {
+    for dir in ["base", "overlays/single", "overlays/ha", "overlays/namespaced-agent", "overlays/redis-sentinel"] {
         let gateway = render(dir)
             .into_iter()
             .find(|o| o["kind"] == "Deployment" && o["metadata"]["name"] == "vynil-gateway")
@@ -775,4 +779,81 @@ async fn the_namespaced_agent_reads_no_control_plane_secret_and_writes_nothing_o
     );
     let base = world("overlays/single").await;
     assert_eq!(reaches(&base).await, (true, true, true, true, true), "the base's agent is cluster-admin");
+}
+
+/// #46: `overlays/redis-sentinel` runs three Redis pods and three sentinels,
+/// one per node, each set with a budget that keeps a quorum and a replica;
+/// every Redis user of the services names the three sentinels by the names
+/// their StatefulSet gives them, and the primary by the name the sentinels
+/// monitor; the services' flags parse those settings into a Sentinel target.
+#[test]
+fn the_sentinel_overlay_points_every_redis_user_at_three_sentinels_that_keep_a_quorum() {
+    let objects = render("overlays/redis-sentinel");
+    let find = |kind: &str, name: &str| {
+        objects
+            .iter()
+            .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("no {kind} {name}"))
+            .clone()
+    };
+    let mut sentinel_pods = Vec::new();
+    for name in ["vynil-redis", "vynil-redis-sentinel"] {
+        let set = find("StatefulSet", name);
+        let replicas = set["spec"]["replicas"].as_i64().unwrap();
+        assert_eq!(replicas, 3, "{name}");
+        let spread = &set["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+            ["requiredDuringSchedulingIgnoredDuringExecution"][0];
+        assert_eq!(spread["topologyKey"], "kubernetes.io/hostname", "{name}: one pod per node");
+        assert_eq!(name_label(&spread["labelSelector"]).as_deref(), Some(name), "{name}");
+        assert_eq!(find("PodDisruptionBudget", name)["spec"]["minAvailable"], 2, "{name}");
+        let headless = set["spec"]["serviceName"].as_str().unwrap().to_string();
+        assert_eq!(find("Service", &headless)["spec"]["clusterIP"], "None", "{name}: pod names need a headless Service");
+        if name == "vynil-redis-sentinel" {
+            sentinel_pods = (0..replicas).map(|i| format!("{name}-{i}.{headless}:26379")).collect();
+        }
+    }
+    let script = find("StatefulSet", "vynil-redis-sentinel")["spec"]["template"]["spec"]["containers"][0]["args"][0]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let monitored = script
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("sentinel monitor "))
+        .and_then(|l| l.split_whitespace().next())
+        .expect("the sentinels monitor a primary")
+        .to_string();
+    for service in ["vynil-catalog", "vynil-scanner", "vynil-purger"] {
+        let deployment = find("Deployment", service);
+        let env: BTreeMap<String, Value> = deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| (e["name"].as_str().unwrap().to_string(), e.clone()))
+            .collect();
+        let value = |name: &str| env[name]["value"].as_str().unwrap_or_else(|| panic!("{service}: {name}")).to_string();
+        assert_eq!(value("REDIS_SENTINELS").split(',').collect::<Vec<_>>(), sentinel_pods, "{service}");
+        assert_eq!(value("REDIS_MASTER_NAME"), monitored, "{service}");
+        let password = serde_json::json!({"secretKeyRef": {"name": "vynil-redis", "key": "password"}});
+        assert_eq!(env["REDIS_SENTINEL_PASSWORD"]["valueFrom"], password, "{service}");
+        // What the service makes of them: its own flags, parsed.
+        #[derive(clap::Parser)]
+        struct Flags {
+            #[command(flatten)]
+            store: vynil_store::StoreConfig,
+        }
+        let flags = <Flags as clap::Parser>::try_parse_from([
+            "service".to_string(),
+            "--redis-url".into(),
+            "redis://:secret@vynil-redis:6379".into(),
+            "--redis-sentinels".into(),
+            value("REDIS_SENTINELS"),
+            "--redis-master-name".into(),
+            value("REDIS_MASTER_NAME"),
+        ])
+        .unwrap();
+        let target = flags.store.redis().unwrap();
+        assert_eq!(target.replication().replicas, 1, "{service}: waits for one replica");
+        assert!(target.describe().contains(&format!("the primary {monitored:?}")), "{}", target.describe());
+        assert!(!format!("{target:?}").contains("secret"), "the password is never printed");
+    }
 }
