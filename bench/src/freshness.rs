@@ -1,6 +1,9 @@
 //! P1: status change → all 3 catalog replicas fresh, p50/p99 over 200
 //! changes. Local mode: on one real Redis, beside a bare Redis pub/sub round
-//! trip. Cluster mode: the replicas follow the fake Kubernetes API server's
+//! trip; then on Redis in Sentinel mode (a primary, two replicas, three
+//! sentinels: what the services follow across failovers), beside the same on
+//! one Redis, and a failover: the primary killed → a status change fresh on
+//! every replica again, beside the sentinels' own promotion. Cluster mode: the replicas follow the fake Kubernetes API server's
 //! watch (and share one Redis), beside the fake's own watch delivery to a
 //! bare kube watcher. Each baseline is measured in the same run.
 
@@ -13,8 +16,8 @@ use futures::StreamExt;
 use vynil_catalog::Catalog;
 use vynil_crds::JukeBoxStatus;
 use vynil_rules::{Package, PackageContent, PackageType};
-use vynil_store::{JukeboxStore, LocalStore};
-use vynil_testkit::RedisServer;
+use vynil_store::{JukeboxStore, LocalStore, RedisTarget};
+use vynil_testkit::{RedisSentinels, RedisServer, sentinel::MASTER_NAME};
 
 use crate::report::{Figure, Row};
 
@@ -30,8 +33,21 @@ pub fn percentiles(mut samples: Vec<Duration>) -> (Duration, Duration) {
     (at(0.50), at(0.99))
 }
 
-pub async fn local() -> Figure {
-    Figure::from_result("P1", "cache freshness, local mode (3 catalogs)", measure().await)
+/// P1 in local mode on one Redis, and on Redis in Sentinel mode beside it.
+pub async fn local() -> [Figure; 2] {
+    let single = measure().await;
+    let with_sentinel = match &single {
+        Ok((_, fresh)) => measure_sentinel(fresh.clone()).await,
+        Err(error) => Err(anyhow::anyhow!("needs the single-Redis figure, which failed: {error}")),
+    };
+    [
+        Figure::from_result("P1", "cache freshness, local mode (3 catalogs)", single.map(|(rows, _)| rows)),
+        Figure::from_result(
+            "P1s",
+            "cache freshness, local mode, Redis with Sentinel (3 catalogs)",
+            with_sentinel,
+        ),
+    ]
 }
 
 pub async fn cluster() -> Figure {
@@ -102,30 +118,94 @@ async fn measure_cluster() -> anyhow::Result<Vec<Row>> {
     Ok(rows(fresh, bare, "the fake API server's watch delivery"))
 }
 
-async fn measure() -> anyhow::Result<Vec<Row>> {
-    let redis = RedisServer::start().await?;
-    let dir = tempfile::tempdir()?;
-    vynil_testkit::JukeboxBuilder::new("box").write_to(dir.path())?;
-    let writer =
-        LocalStore::with_redis(dir.path().to_path_buf(), &vynil_store::RedisTarget::url(redis.url())).await?;
+/// A writer and 3 catalog replicas, each with its own connections to `target`.
+async fn replicas_on(
+    target: &RedisTarget,
+    dir: &std::path::Path,
+) -> anyhow::Result<(LocalStore, Vec<Arc<Catalog>>)> {
+    let writer = LocalStore::with_redis(dir.to_path_buf(), target).await?;
     let mut replicas = Vec::new();
     for _ in 0..3 {
-        let store = Arc::new(
-            LocalStore::with_redis(dir.path().to_path_buf(), &vynil_store::RedisTarget::url(redis.url()))
-                .await?,
-        );
-        let catalog = Arc::new(
-            Catalog::new(
-                store,
-                Some(&vynil_store::RedisTarget::url(redis.url())),
-                semver::Version::new(0, 8, 0),
-            )
-            .await?,
-        );
+        let store = Arc::new(LocalStore::with_redis(dir.to_path_buf(), target).await?);
+        let catalog = Arc::new(Catalog::new(store, Some(target), semver::Version::new(0, 8, 0)).await?);
         catalog.resync().await?;
         tokio::spawn(catalog.clone().follow(Duration::from_secs(3600)));
         replicas.push(catalog);
     }
+    Ok((writer, replicas))
+}
+
+/// One status change written (retried until a primary takes it), until
+/// every replica has it: the time from its first write.
+async fn change(writer: &LocalStore, replicas: &[Arc<Catalog>], i: usize) -> anyhow::Result<Duration> {
+    let mut receivers: Vec<_> = replicas.iter().map(|r| r.subscribe()).collect();
+    let status = JukeBoxStatus { packages: vec![package(&format!("1.0.{i}"))], ..Default::default() };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut start = None;
+    loop {
+        let written = match writer.get("box").await {
+            Ok(record) => {
+                let version = record.map(|r| r.status_version).unwrap_or_default();
+                start.get_or_insert_with(Instant::now);
+                writer.write_status("box", &version, &status).await.map(|_| ())
+            }
+            Err(error) => Err(error),
+        };
+        match written {
+            Ok(()) => break,
+            Err(error) if Instant::now() > deadline => {
+                anyhow::bail!("no status write accepted in 60 s: {error}")
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
+    for receiver in &mut receivers {
+        tokio::time::timeout(Duration::from_secs(60), receiver.recv())
+            .await
+            .map_err(|_| anyhow::anyhow!("a replica was not fresh 60 s after a status change"))??;
+    }
+    Ok(start.map(|s| s.elapsed()).unwrap_or_default())
+}
+
+/// 200 changes timed on `writer` and `replicas`.
+async fn changes(writer: &LocalStore, replicas: &[Arc<Catalog>]) -> anyhow::Result<Vec<Duration>> {
+    let mut fresh = Vec::new();
+    for i in 0..CHANGES {
+        fresh.push(change(writer, replicas, i).await?);
+    }
+    Ok(fresh)
+}
+
+/// P1 on Redis with Sentinel, beside `single` (the same on one Redis), then a failover.
+async fn measure_sentinel(single: Vec<Duration>) -> anyhow::Result<Vec<Row>> {
+    let mut set = RedisSentinels::start(2).await?;
+    let dir = tempfile::tempdir()?;
+    vynil_testkit::JukeboxBuilder::new("box").write_to(dir.path())?;
+    let target = RedisTarget::sentinel(set.sentinels(), MASTER_NAME, None);
+    let (writer, replicas) = replicas_on(&target, dir.path()).await?;
+    let fresh = changes(&writer, &replicas).await?;
+    let mut rows = rows(fresh, single, "the same on one Redis");
+    let old = set.primary().await?;
+    let killed = Instant::now();
+    set.kill(old)?;
+    let (promoted, followed) = tokio::join!(
+        async { set.failed_over_from(old, Duration::from_secs(60)).await.map(|_| killed.elapsed()) },
+        async { change(&writer, &replicas, CHANGES).await.map(|_| killed.elapsed()) },
+    );
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    rows.push(
+        Row::new("primary killed -> a status change fresh on every replica", ms(followed?), "ms")
+            .against("primary killed -> a replica promoted by the sentinels", ms(promoted?)),
+    );
+    Ok(rows)
+}
+
+/// P1 on one Redis: its rows, and the samples the Sentinel figure compares with.
+async fn measure() -> anyhow::Result<(Vec<Row>, Vec<Duration>)> {
+    let redis = RedisServer::start().await?;
+    let dir = tempfile::tempdir()?;
+    vynil_testkit::JukeboxBuilder::new("box").write_to(dir.path())?;
+    let (writer, replicas) = replicas_on(&RedisTarget::url(redis.url()), dir.path()).await?;
 
     // Bare pub/sub round trip on the same Redis.
     let client = redis::Client::open(redis.url())?;
@@ -141,25 +221,8 @@ async fn measure() -> anyhow::Result<Vec<Row>> {
         bare.push(start.elapsed());
     }
 
-    let mut fresh = Vec::new();
-    for i in 0..CHANGES {
-        let mut receivers: Vec<_> = replicas.iter().map(|r| r.subscribe()).collect();
-        let version = writer.get("box").await?.map(|r| r.status_version).unwrap_or_default();
-        let start = Instant::now();
-        writer
-            .write_status(
-                "box",
-                &version,
-                &JukeBoxStatus { packages: vec![package(&format!("1.0.{i}"))], ..Default::default() },
-            )
-            .await?;
-        for receiver in &mut receivers {
-            receiver.recv().await?;
-        }
-        fresh.push(start.elapsed());
-    }
-
-    Ok(rows(fresh, bare, "bare pub/sub round trip"))
+    let fresh = changes(&writer, &replicas).await?;
+    Ok((rows(fresh.clone(), bare, "bare pub/sub round trip"), fresh))
 }
 
 /// The fake API server's own watch delivery: each of `patches` applied to

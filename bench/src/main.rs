@@ -38,7 +38,9 @@ async fn main() -> anyhow::Result<()> {
     let wanted = |id: &str| args.only.is_empty() || args.only.iter().any(|o| o.eq_ignore_ascii_case(id));
     let mut report = Report::new();
     if wanted("P1") {
-        report.add(freshness::local().await);
+        for figure in freshness::local().await {
+            report.add(figure);
+        }
         report.add(freshness::cluster().await);
     }
     if wanted("P2") {

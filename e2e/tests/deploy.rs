@@ -146,7 +146,9 @@ fn the_base_and_every_overlay_render_into_valid_locked_down_objects() {
         .map(|doc| serde_json::to_value(serde_yaml_ng::Value::deserialize(doc).unwrap()).unwrap())
         .filter(|v| !v.is_null())
         .collect();
-    for dir in ["base", "overlays/single", "overlays/ha", "overlays/namespaced-agent", "overlays/redis-sentinel"] {
+    for dir in
+        ["base", "overlays/single", "overlays/ha", "overlays/namespaced-agent", "overlays/redis-sentinel"]
+    {
         let objects = render(dir);
         let mut deployments = BTreeMap::new();
         for object in &objects {
@@ -428,7 +430,9 @@ fn egress_design() -> BTreeSet<(String, String, i64)> {
 /// cookies `Secure`, so a browser never sends them over plain HTTP.
 #[test]
 fn the_deployed_gateway_sends_its_session_cookies_only_over_tls() {
-    for dir in ["base", "overlays/single", "overlays/ha", "overlays/namespaced-agent", "overlays/redis-sentinel"] {
+    for dir in
+        ["base", "overlays/single", "overlays/ha", "overlays/namespaced-agent", "overlays/redis-sentinel"]
+    {
         let gateway = render(dir)
             .into_iter()
             .find(|o| o["kind"] == "Deployment" && o["metadata"]["name"] == "vynil-gateway")
@@ -801,21 +805,26 @@ fn the_sentinel_overlay_points_every_redis_user_at_three_sentinels_that_keep_a_q
         let set = find("StatefulSet", name);
         let replicas = set["spec"]["replicas"].as_i64().unwrap();
         assert_eq!(replicas, 3, "{name}");
-        let spread = &set["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
-            ["requiredDuringSchedulingIgnoredDuringExecution"][0];
+        let spread = &set["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            [0];
         assert_eq!(spread["topologyKey"], "kubernetes.io/hostname", "{name}: one pod per node");
         assert_eq!(name_label(&spread["labelSelector"]).as_deref(), Some(name), "{name}");
         assert_eq!(find("PodDisruptionBudget", name)["spec"]["minAvailable"], 2, "{name}");
         let headless = set["spec"]["serviceName"].as_str().unwrap().to_string();
-        assert_eq!(find("Service", &headless)["spec"]["clusterIP"], "None", "{name}: pod names need a headless Service");
+        assert_eq!(
+            find("Service", &headless)["spec"]["clusterIP"],
+            "None",
+            "{name}: pod names need a headless Service"
+        );
         if name == "vynil-redis-sentinel" {
             sentinel_pods = (0..replicas).map(|i| format!("{name}-{i}.{headless}:26379")).collect();
         }
     }
-    let script = find("StatefulSet", "vynil-redis-sentinel")["spec"]["template"]["spec"]["containers"][0]["args"][0]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let script =
+        find("StatefulSet", "vynil-redis-sentinel")["spec"]["template"]["spec"]["containers"][0]["args"][0]
+            .as_str()
+            .unwrap()
+            .to_string();
     let monitored = script
         .lines()
         .find_map(|l| l.trim().strip_prefix("sentinel monitor "))
@@ -830,7 +839,9 @@ fn the_sentinel_overlay_points_every_redis_user_at_three_sentinels_that_keep_a_q
             .iter()
             .map(|e| (e["name"].as_str().unwrap().to_string(), e.clone()))
             .collect();
-        let value = |name: &str| env[name]["value"].as_str().unwrap_or_else(|| panic!("{service}: {name}")).to_string();
+        let value = |name: &str| {
+            env[name]["value"].as_str().unwrap_or_else(|| panic!("{service}: {name}")).to_string()
+        };
         assert_eq!(value("REDIS_SENTINELS").split(',').collect::<Vec<_>>(), sentinel_pods, "{service}");
         assert_eq!(value("REDIS_MASTER_NAME"), monitored, "{service}");
         let password = serde_json::json!({"secretKeyRef": {"name": "vynil-redis", "key": "password"}});

@@ -177,10 +177,13 @@ impl RedisTarget {
     async fn manager(&self, client: redis::Client) -> Result<ConnectionManager, StoreError> {
         // The replication wait answers within its timeout: room for it.
         let response = Duration::from_millis(500) + self.replication.timeout;
-        let config = ConnectionManagerConfig::new()
-            .set_response_timeout(Some(response))
-            .set_connection_timeout(Some(Duration::from_secs(1)))
-            .set_number_of_retries(2);
+        let mut config = ConnectionManagerConfig::new().set_response_timeout(Some(response));
+        if let Endpoint::Sentinel { .. } = self.endpoint {
+            // A primary that does not answer may be gone for good: fail
+            // fast, so the next command asks the sentinels, rather than
+            // retrying the old address with backoff.
+            config = config.set_connection_timeout(Some(Duration::from_millis(500))).set_number_of_retries(0);
+        }
         ConnectionManager::new_with_config(client, config).await.map_err(redis_error)
     }
 }

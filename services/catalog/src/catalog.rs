@@ -279,8 +279,14 @@ impl Catalog {
                 if let Err(error) = self.resync().await {
                     tracing::warn!(%error, retry_in = ?retry, "catalog resync failed; serving the last snapshot");
                     self.set_degraded(true);
-                    tokio::time::sleep(retry).await;
-                    retry = (retry * 2).min(LAST_RETRY);
+                    // Back off, unless a subscription resumes meanwhile
+                    // (Redis is back, or a failover was followed): then at once.
+                    let resumed = tokio::select! {
+                        () = tokio::time::sleep(retry) => false,
+                        Some(Message::Resumed) = invalidations.recv() => true,
+                        Ok(StoreChange::Resync) = store_changes.recv() => true,
+                    };
+                    retry = if resumed { FIRST_RETRY } else { (retry * 2).min(LAST_RETRY) };
                     continue;
                 }
                 retry = FIRST_RETRY;
