@@ -667,6 +667,17 @@ async fn a_redis_primary_killed_mid_scan_is_followed_by_every_service_and_loses_
     let old = set.primary().await.unwrap();
     set.kill(old).unwrap();
     let killed_at = Instant::now();
+    // Ready still (they retry), and saying their primary does not answer.
+    let readyz = format!("{}/readyz", fleet.gateway(0));
+    let ready = || async { reqwest::get(&readyz).await.unwrap().json::<Value>().await.unwrap() };
+    eventually("the gateway's /readyz to say the scanner's primary does not answer", || async {
+        let ready = ready().await;
+        let scanner = ready["services"]["scanner"].as_str().unwrap_or_default().to_string();
+        (ready["ready"] == true && scanner.starts_with("ready; its Redis primary does not answer"))
+            .then_some(())
+    })
+    .await;
+    let set = fleet.redis.sentinels();
     let new = set.failed_over_from(old, Duration::from_secs(60)).await.unwrap();
     println!("primary :{old} killed -> the sentinels promoted :{new} after {:?}", killed_at.elapsed());
 
@@ -698,6 +709,10 @@ async fn a_redis_primary_killed_mid_scan_is_followed_by_every_service_and_loses_
     // primary (an ordering check; the time it took is printed).
     every_service_recovered(&fleet, "1.2.0").await;
     println!("a new push scanned and served by every catalog {:?} after the kill", killed_at.elapsed());
+    let ready = ready().await;
+    for service in ["catalog", "scanner", "purger"] {
+        assert_eq!(ready["services"][service], "ready", "{ready}");
+    }
     let id = Gateway::of(&fleet, 0).scan().await;
     Gateway::of(&fleet, 0).finished(&id).await;
     assert!(

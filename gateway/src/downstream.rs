@@ -136,8 +136,10 @@ impl Downstreams {
         request
     }
 
-    /// Each configured service's readiness: `Err` says why it is not ready.
-    pub async fn readiness(&self) -> Vec<(Service, Result<(), String>)> {
+    /// Each configured service's readiness: `Err` says why it is not ready;
+    /// `Ok` may carry a note (its Redis primary does not answer: it stays
+    /// ready, retries and follows the sentinels).
+    pub async fn readiness(&self) -> Vec<(Service, Result<Option<String>, String>)> {
         let checks = self.channels.iter().map(|(service, channel)| async move {
             let Some((url, channel)) = channel else {
                 return (*service, Err("not configured".to_string()));
@@ -146,7 +148,18 @@ impl Downstreams {
             let request = HealthCheckRequest { service: service.grpc_name().into() };
             let answer = tokio::time::timeout(CONNECT_TIMEOUT * 2, health.check(request)).await;
             let verdict = match answer {
-                Ok(Ok(r)) if r.get_ref().status() == ServingStatus::Serving => Ok(()),
+                Ok(Ok(r)) if r.get_ref().status() == ServingStatus::Serving => {
+                    // A service without Redis does not know the component (NOT_FOUND).
+                    let primary = HealthCheckRequest { service: vynil_runtime::REDIS_PRIMARY_HEALTH.into() };
+                    let redis = tokio::time::timeout(CONNECT_TIMEOUT, health.check(primary)).await;
+                    Ok(match redis {
+                        Ok(Ok(r)) if r.get_ref().status() == ServingStatus::NotServing => Some(
+                            "its Redis primary does not answer (it retries, and follows the sentinels)"
+                                .to_string(),
+                        ),
+                        _ => None,
+                    })
+                }
                 Ok(Ok(r)) => Err(format!("{url} reports {:?}", r.get_ref().status())),
                 Ok(Err(status)) => Err(format!("{url}: {}", status.message())),
                 Err(_) => Err(format!("{url}: no answer within {:?}", CONNECT_TIMEOUT * 2)),

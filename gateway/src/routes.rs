@@ -417,7 +417,8 @@ pub async fn readyz(State(app): State<App>) -> Response {
     let mut services = serde_json::Map::new();
     for (service, verdict) in checks {
         let text = match verdict {
-            Ok(()) => "ready".to_string(),
+            Ok(None) => "ready".to_string(),
+            Ok(Some(note)) => format!("ready; {note}"),
             Err(why) if why == "not configured" => why,
             Err(why) => {
                 ready = false;

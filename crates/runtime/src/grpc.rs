@@ -9,6 +9,12 @@ use tonic_health::{ServingStatus, server::HealthReporter};
 
 use crate::RuntimeError;
 
+/// The `grpc.health.v1` name under which a service using Redis reports its
+/// primary (`vynil_store::primary`): SERVING while it answers, NOT_SERVING
+/// while it does not (the service itself stays SERVING: it retries, and
+/// follows the sentinels). The gateway's `/readyz` shows it.
+pub const REDIS_PRIMARY_HEALTH: &str = "vynil.store.v1.Redis/primary";
+
 /// A service to serve, with the gRPC name its health is reported under.
 pub struct ServedService {
     /// Fully qualified gRPC service name, e.g. `vynil.catalog.v1.Catalog`.
@@ -83,6 +89,15 @@ impl GrpcServer {
     /// and the service names, what readiness probes ask) stays SERVING.
     pub fn with_component(mut self, name: &'static str, healthy: tokio::sync::watch::Receiver<bool>) -> Self {
         self.components.push((name, healthy));
+        self
+    }
+
+    /// [`GrpcServer::with_component`] for each of `components`.
+    pub fn with_components(
+        mut self,
+        components: impl IntoIterator<Item = (&'static str, tokio::sync::watch::Receiver<bool>)>,
+    ) -> Self {
+        self.components.extend(components);
         self
     }
 

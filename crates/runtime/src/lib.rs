@@ -18,7 +18,7 @@ mod telemetry;
 pub mod trust;
 
 pub use errors::{Classify, Failure, ToStatus, code};
-pub use grpc::{GrpcServer, ServedService};
+pub use grpc::{GrpcServer, REDIS_PRIMARY_HEALTH, ServedService};
 pub use shutdown::Shutdown;
 pub use signal::termination_signal;
 pub use telemetry::{

@@ -127,6 +127,12 @@ impl StoreConfig {
         Some(target.with_replication(crate::primary::Replication { replicas, timeout }))
     }
 
+    /// The health component of the Redis primary
+    /// (`vynil_runtime::REDIS_PRIMARY_HEALTH`), when these flags name a Redis.
+    pub fn redis_health(&self) -> Option<(&'static str, tokio::sync::watch::Receiver<bool>)> {
+        self.redis().map(|_| (vynil_runtime::REDIS_PRIMARY_HEALTH, crate::primary::reachable()))
+    }
+
     /// What a cluster-provided script may do, as these flags say.
     pub fn scripts(&self) -> ScriptLimits {
         ScriptLimits::new(self.max_script_operations)

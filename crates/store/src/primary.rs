@@ -164,6 +164,7 @@ impl RedisTarget {
         let client = self.client().await?;
         let address = client.get_connection_info().addr().to_string();
         let manager = self.manager(client).await?;
+        tracing::info!(primary = %address, target = %self.describe(), "connected to the Redis primary");
         Ok(RedisConnection {
             shared: Arc::new(Shared {
                 target: self.clone(),
@@ -188,7 +189,17 @@ impl RedisTarget {
     }
 }
 
-/// What a connection says about its primary (`/metrics`, logs, health).
+/// This process's view of its primary (`vynil_runtime::REDIS_PRIMARY_HEALTH`):
+/// whether the last command on any of its connections was answered.
+static REACHABLE: std::sync::LazyLock<tokio::sync::watch::Sender<bool>> =
+    std::sync::LazyLock::new(|| tokio::sync::watch::Sender::new(true));
+
+/// Whether this process's Redis primary answers.
+pub fn reachable() -> tokio::sync::watch::Receiver<bool> {
+    REACHABLE.subscribe()
+}
+
+/// What a connection says about its primary (logs, tests).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PrimaryStatus {
     /// `host:port` of the primary in use.
@@ -249,6 +260,7 @@ impl RedisConnection {
     fn answered(&self, reachable: bool) {
         let mut current = self.shared.current.write().unwrap_or_else(|p| p.into_inner());
         current.reachable = reachable;
+        REACHABLE.send_if_modified(|now| std::mem::replace(now, reachable) != reachable);
     }
 
     /// After `error`: asks the sentinels for the primary and moves there

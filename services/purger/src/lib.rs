@@ -122,7 +122,8 @@ async fn serve(
     let trust = vynil_runtime::Trust::from_config(&config.shared.trust, server.local_addr()?)
         .map_err(|e| PurgerError::Config(e.to_string()))?;
     let purger = Arc::new(purger);
-    let server = server.with_metrics(purger.exported_metrics.clone());
+    let server =
+        server.with_metrics(purger.exported_metrics.clone()).with_components(config.store.redis_health());
     let drain = Shutdown::new();
     let scheduler = tokio::spawn(schedule::run_all(purger.clone(), drain.clone()));
     let service = ServedService::new(
