@@ -239,10 +239,7 @@ async fn replicas_share_one_scan_one_execution_and_every_catalog_follows() {
     for refused in [&first, &second].into_iter().filter_map(|outcome| outcome.as_ref().err()) {
         assert_eq!((refused.0, &refused.1["code"]), (409, &json!("CONFLICT")), "{refused:?}");
     }
-    let mut deletes: BTreeMap<String, usize> = BTreeMap::new();
-    for seen in fleet.front.seen().iter().filter(|s| s.method == Method::DELETE) {
-        *deletes.entry(seen.path.clone()).or_default() += 1;
-    }
+    let deletes = deletes(&fleet);
     assert_eq!(deletes.len(), 3, "one DELETE per doomed digest: {deletes:?}");
     assert!(deletes.values().all(|n| *n == 1), "a digest deleted twice: {deletes:?}");
     let report_path = format!("/api/v1/purge/plans/{}/report", plan["plan_id"].as_str().unwrap());
@@ -568,11 +565,10 @@ async fn a_redis_primary_killed_mid_execute_deletes_nothing_twice_and_the_execut
     mid_execute(&Shape { sentinel: true, ..Shape::default() }, RedisFault::KillPrimary).await;
 }
 
-/// A plan deleting three tags, executed with slow DELETE answers, `fault`
-/// striking after the first DELETE: what was reported deleted is gone, the
-/// plan executed again converges, and no digest is deleted twice.
-async fn mid_execute(shape: &Shape, fault: RedisFault) {
-    let mut fleet = Fleet::start(shape, &["apps/web"], &tokens_yaml()).await;
+/// A fleet whose JukeBox has four revisions of one package, scanned, and a
+/// plan deleting three of them.
+async fn with_a_plan_of_three(shape: &Shape) -> (Fleet, Value) {
+    let fleet = Fleet::start(shape, &["apps/web"], &tokens_yaml()).await;
     for tag in ["1.0.0", "1.1.0", "2.0.0", "2.1.0"] {
         fleet.publish("web", tag).await;
     }
@@ -584,6 +580,35 @@ async fn mid_execute(shape: &Shape, fault: RedisFault) {
         .call(Method::POST, "/api/v1/purge/plans", Role::Operator, Some(json!({"jukebox": "box"})))
         .await;
     assert_eq!(status, 201, "{plan}");
+    (fleet, plan)
+}
+
+/// Executes `plan` through gateway 1 until it streams its report.
+async fn executed_again(fleet: &Fleet, plan: &Value) -> Vec<(String, Value)> {
+    let again = Gateway::of(fleet, 1);
+    eventually("the plan executed again to its report", || async {
+        match again.execute(plan).await {
+            Ok(events) if events.iter().any(|(name, _)| name == "report") => Some(events),
+            _ => None,
+        }
+    })
+    .await
+}
+
+/// How many DELETEs of each digest reached the registry.
+fn deletes(fleet: &Fleet) -> BTreeMap<String, usize> {
+    let mut deletes: BTreeMap<String, usize> = BTreeMap::new();
+    for seen in fleet.front.seen().iter().filter(|s| s.method == Method::DELETE) {
+        *deletes.entry(seen.path.clone()).or_default() += 1;
+    }
+    deletes
+}
+
+/// A plan deleting three tags, executed with slow DELETE answers, `fault`
+/// striking after the first DELETE: what was reported deleted is gone, the
+/// plan executed again converges, and no digest is deleted twice.
+async fn mid_execute(shape: &Shape, fault: RedisFault) {
+    let (mut fleet, plan) = with_a_plan_of_three(shape).await;
     let doomed: Vec<String> = plan["entries"]
         .as_array()
         .unwrap()
@@ -625,24 +650,14 @@ async fn mid_execute(shape: &Shape, fault: RedisFault) {
     // Executing the same plan again converges: every doomed tag gone, every
     // kept one present, no digest deleted twice.
     fleet.front.clear_faults();
-    let again = Gateway::of(&fleet, 1);
-    let events = eventually("the plan executed again to its report", || async {
-        match again.execute(&plan).await {
-            Ok(events) if events.iter().any(|(name, _)| name == "report") => Some(events),
-            _ => None,
-        }
-    })
-    .await;
+    let events = executed_again(&fleet, &plan).await;
     let names = |events: &[(String, Value)]| events.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();
     println!("first execution: {:?}; second: {:?}", first.as_ref().map(|e| names(e)), names(&events));
     for tag in &doomed {
         assert!(!present(&fleet, tag).await, "{tag} still present after executing again");
     }
     assert!(present(&fleet, "2.1.0").await, "the head is kept");
-    let mut deletes: BTreeMap<String, usize> = BTreeMap::new();
-    for seen in fleet.front.seen().iter().filter(|s| s.method == Method::DELETE) {
-        *deletes.entry(seen.path.clone()).or_default() += 1;
-    }
+    let deletes = deletes(&fleet);
     assert!(deletes.values().all(|n| *n == 1), "a digest deleted twice: {deletes:?}");
 }
 
@@ -746,19 +761,7 @@ async fn a_redis_primary_killed_mid_scan_is_followed_by_every_service_and_loses_
 /// failover loses, and purger-1 deletes the same digests again.
 #[tokio::test]
 async fn a_purge_lease_no_replica_has_is_not_held_and_nothing_is_deleted_twice() {
-    let shape = Shape { sentinel: true, ..Shape::default() };
-    let mut fleet = Fleet::start(&shape, &["apps/web"], &tokens_yaml()).await;
-    for tag in ["1.0.0", "1.1.0", "2.0.0", "2.1.0"] {
-        fleet.publish("web", tag).await;
-    }
-    let gateway = Gateway::of(&fleet, 0);
-    let id = gateway.scan().await;
-    gateway.finished(&id).await;
-    every_catalog_serves(&fleet, &["apps/web:2.1.0"]).await;
-    let (status, plan) = gateway
-        .call(Method::POST, "/api/v1/purge/plans", Role::Operator, Some(json!({"jukebox": "box"})))
-        .await;
-    assert_eq!(status, 201, "{plan}");
+    let (mut fleet, plan) = with_a_plan_of_three(&Shape { sentinel: true, ..Shape::default() }).await;
 
     fleet.front.reset_counts();
     let slow = FaultAction::DelayAnswer(Duration::from_millis(700));
@@ -781,19 +784,9 @@ async fn a_purge_lease_no_replica_has_is_not_held_and_nothing_is_deleted_twice()
     assert_eq!(refused.0, 503, "{refused:?}");
 
     fleet.front.clear_faults();
-    let again = Gateway::of(&fleet, 1);
-    eventually("purger-1 executes the plan to its report", || async {
-        match again.execute(&plan).await {
-            Ok(events) if events.iter().any(|(name, _)| name == "report") => Some(events),
-            _ => None,
-        }
-    })
-    .await;
+    executed_again(&fleet, &plan).await;
     assert!(present(&fleet, "2.1.0").await, "the head is kept");
-    let mut deletes: BTreeMap<String, usize> = BTreeMap::new();
-    for seen in fleet.front.seen().iter().filter(|s| s.method == Method::DELETE) {
-        *deletes.entry(seen.path.clone()).or_default() += 1;
-    }
+    let deletes = deletes(&fleet);
     assert_eq!(deletes.len(), 3, "{deletes:?}");
     assert!(deletes.values().all(|n| *n == 1), "a digest deleted twice: {deletes:?}");
 }

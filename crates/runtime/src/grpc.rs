@@ -92,12 +92,10 @@ impl GrpcServer {
         self
     }
 
-    /// [`GrpcServer::with_component`] for each of `components`.
-    pub fn with_components(
-        mut self,
-        components: impl IntoIterator<Item = (&'static str, tokio::sync::watch::Receiver<bool>)>,
-    ) -> Self {
-        self.components.extend(components);
+    /// Reports the Redis primary under [`REDIS_PRIMARY_HEALTH`], when the
+    /// service uses one (`reachable`: whether it answers).
+    pub fn with_redis_primary(mut self, reachable: Option<tokio::sync::watch::Receiver<bool>>) -> Self {
+        self.components.extend(reachable.map(|r| (REDIS_PRIMARY_HEALTH, r)));
         self
     }
 

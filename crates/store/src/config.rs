@@ -127,10 +127,10 @@ impl StoreConfig {
         Some(target.with_replication(crate::primary::Replication { replicas, timeout }))
     }
 
-    /// The health component of the Redis primary
-    /// (`vynil_runtime::REDIS_PRIMARY_HEALTH`), when these flags name a Redis.
-    pub fn redis_health(&self) -> Option<(&'static str, tokio::sync::watch::Receiver<bool>)> {
-        self.redis().map(|_| (vynil_runtime::REDIS_PRIMARY_HEALTH, crate::primary::reachable()))
+    /// Whether the Redis primary answers ([`crate::primary::reachable`]),
+    /// when these flags name a Redis: what the service's health reports.
+    pub fn redis_health(&self) -> Option<tokio::sync::watch::Receiver<bool>> {
+        self.redis().map(|_| crate::primary::reachable())
     }
 
     /// What a cluster-provided script may do, as these flags say.

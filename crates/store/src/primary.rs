@@ -189,8 +189,8 @@ impl RedisTarget {
     }
 }
 
-/// This process's view of its primary (`vynil_runtime::REDIS_PRIMARY_HEALTH`):
-/// whether the last command on any of its connections was answered.
+/// This process's view of its primary (what its health reports): whether
+/// the last command on any of its connections was answered.
 static REACHABLE: std::sync::LazyLock<tokio::sync::watch::Sender<bool>> =
     std::sync::LazyLock::new(|| tokio::sync::watch::Sender::new(true));
 

@@ -97,7 +97,12 @@ impl RedisServer {
 }
 
 /// `redis-server` on `port`, loopback only, with `persistence`.
-fn command(binary: &std::path::Path, port: u16, dir: &std::path::Path, persistence: Persistence) -> Command {
+pub(crate) fn command(
+    binary: &std::path::Path,
+    port: u16,
+    dir: &std::path::Path,
+    persistence: Persistence,
+) -> Command {
     let mut command = Command::new(binary);
     command.args([
         "--port",

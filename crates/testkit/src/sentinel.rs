@@ -9,7 +9,7 @@ use std::{process::Command, time::Duration};
 use nix::sys::signal::Signal;
 
 use crate::{
-    Result, TestkitError, io,
+    Persistence, Result, TestkitError, io,
     process::{Supervised, find_binary, free_port},
 };
 
@@ -45,24 +45,12 @@ impl RedisSentinels {
         let mut nodes = Vec::new();
         for index in 0..=replicas {
             let port = free_port()?;
-            let mut command = Command::new(&server);
-            command.args([
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ]);
-            command.args(["--protected-mode", "no"]);
+            let node_dir = dir.path().join(format!("node-{index}"));
+            std::fs::create_dir_all(&node_dir).map_err(io("creating a node directory"))?;
+            let mut command = crate::redis_server::command(&server, port, &node_dir, Persistence::Off);
             if let Some(primary) = nodes.first().map(|n: &Node| n.port) {
                 command.args(["--replicaof", "127.0.0.1", &primary.to_string()]);
             }
-            let node_dir = dir.path().join(format!("node-{index}"));
-            std::fs::create_dir_all(&node_dir).map_err(io("creating a node directory"))?;
-            command.arg("--dir").arg(&node_dir);
             let mut process = Supervised::spawn(
                 format!("redis-server :{port}"),
                 command,

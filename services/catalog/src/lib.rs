@@ -108,7 +108,7 @@ pub async fn run_with_store(
     let server = server
         .with_metrics(catalog.metrics.register())
         .with_component(catalog::CACHE_HEALTH, catalog.cache_health())
-        .with_components(config.store.redis_health());
+        .with_redis_primary(config.store.redis_health());
     let service = CatalogServer::new(CatalogService::new(catalog, drain.clone()));
     let served = server
         .serve(vec![ServedService::new(service, vynil_proto::FILE_DESCRIPTOR_SET)], drain.after(shutdown))

@@ -123,7 +123,7 @@ async fn serve(
         .map_err(|e| PurgerError::Config(e.to_string()))?;
     let purger = Arc::new(purger);
     let server =
-        server.with_metrics(purger.exported_metrics.clone()).with_components(config.store.redis_health());
+        server.with_metrics(purger.exported_metrics.clone()).with_redis_primary(config.store.redis_health());
     let drain = Shutdown::new();
     let scheduler = tokio::spawn(schedule::run_all(purger.clone(), drain.clone()));
     let service = ServedService::new(

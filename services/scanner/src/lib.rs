@@ -172,7 +172,7 @@ pub async fn run_with_store(
     let scanner = build_with_store(&config, store).await?;
     let listen = server.local_addr()?;
     let server =
-        server.with_metrics(scanner.exported_metrics.clone()).with_components(config.store.redis_health());
+        server.with_metrics(scanner.exported_metrics.clone()).with_redis_primary(config.store.redis_health());
     let drain = Shutdown::new();
     let worker = tokio::spawn(scanner.clone().work(drain.signaled()));
     let jitter = Duration::from_millis(config.schedule_jitter_milliseconds);
