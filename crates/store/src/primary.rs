@@ -23,7 +23,7 @@
 //! used: Debian 12 ships 7.0.
 
 use std::{
-    sync::{Arc, Mutex, RwLock},
+    sync::{Arc, RwLock},
     time::{Duration, Instant},
 };
 
@@ -170,7 +170,7 @@ impl RedisTarget {
                 target: self.clone(),
                 current: RwLock::new(Current { manager, address, reachable: true }),
                 following: tokio::sync::Mutex::new(None),
-                followed: Mutex::new(0),
+                followed: std::sync::atomic::AtomicU64::new(0),
             }),
         })
     }
@@ -221,7 +221,7 @@ struct Shared {
     current: RwLock<Current>,
     /// When the sentinels were last asked (one asker at a time).
     following: tokio::sync::Mutex<Option<Instant>>,
-    followed: Mutex<u64>,
+    followed: std::sync::atomic::AtomicU64,
 }
 
 struct Current {
@@ -249,7 +249,7 @@ impl RedisConnection {
         PrimaryStatus {
             address: current.address.clone(),
             reachable: current.reachable,
-            followed: *self.shared.followed.lock().unwrap_or_else(|p| p.into_inner()),
+            followed: self.shared.followed.load(std::sync::atomic::Ordering::Relaxed),
         }
     }
 
@@ -302,7 +302,7 @@ impl RedisConnection {
             current.reachable = true;
             previous
         };
-        *self.shared.followed.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+        self.shared.followed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         tracing::warn!(%previous, primary = %address, "the sentinels name another Redis primary; following it");
         Ok(())
     }
