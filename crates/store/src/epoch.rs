@@ -68,7 +68,7 @@ impl Epoch {
         let mut c = connection.clone();
         let info: String =
             redis::cmd("INFO").arg("replication").query_async(&mut c).await.map_err(redis_error)?;
-        let primary = Replication::parse(&info);
+        let primary = PrimaryIdentity::parse(&info);
         let text: String = redis::Script::new(CURRENT)
             .key(KEY)
             .key(PRIMARY_KEY)
@@ -107,9 +107,9 @@ impl Epoch {
     }
 }
 
-/// What `INFO replication` says of the primary answering it.
+/// Who the primary answering is, as `INFO replication` says.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Replication {
+struct PrimaryIdentity {
     /// `master_replid`.
     id: String,
     /// Whether `master_replid2` names a primary it replicated before its
@@ -117,7 +117,7 @@ struct Replication {
     promoted: bool,
 }
 
-impl Replication {
+impl PrimaryIdentity {
     fn parse(info: &str) -> Self {
         let field = |name: &str| {
             info.lines().find_map(|line| line.trim().strip_prefix(name)?.strip_prefix(':')).unwrap_or("")
@@ -167,21 +167,21 @@ mod tests {
     /// replica promoted by `REPLICAOF NO ONE` (as Sentinel does).
     #[test]
     fn a_promoted_primary_is_told_from_a_restarted_one() {
-        let restarted = "# Replication\r\nrole:master\r\nconnected_slaves:0\r\n\
+        let restarted = "# PrimaryIdentity\r\nrole:master\r\nconnected_slaves:0\r\n\
             master_replid:95d881ac9baf34b03c178029433b2899d3760bcc\r\n\
             master_replid2:0000000000000000000000000000000000000000\r\nmaster_repl_offset:0\r\n\
             second_repl_offset:-1\r\n";
-        let promoted = "# Replication\r\nrole:master\r\nconnected_slaves:0\r\n\
+        let promoted = "# PrimaryIdentity\r\nrole:master\r\nconnected_slaves:0\r\n\
             master_replid:53a4306f5fd5f212dd2c359f04e84c8cdba4a741\r\n\
             master_replid2:b6f03355105984c66751776baa00a4a14f8d9a1c\r\nmaster_repl_offset:87\r\n\
             second_repl_offset:88\r\n";
         assert_eq!(
-            Replication::parse(restarted),
-            Replication { id: "95d881ac9baf34b03c178029433b2899d3760bcc".into(), promoted: false }
+            PrimaryIdentity::parse(restarted),
+            PrimaryIdentity { id: "95d881ac9baf34b03c178029433b2899d3760bcc".into(), promoted: false }
         );
         assert_eq!(
-            Replication::parse(promoted),
-            Replication { id: "53a4306f5fd5f212dd2c359f04e84c8cdba4a741".into(), promoted: true }
+            PrimaryIdentity::parse(promoted),
+            PrimaryIdentity { id: "53a4306f5fd5f212dd2c359f04e84c8cdba4a741".into(), promoted: true }
         );
     }
 

@@ -51,12 +51,9 @@ impl RedisSentinels {
             if let Some(primary) = nodes.first().map(|n: &Node| n.port) {
                 command.args(["--replicaof", "127.0.0.1", &primary.to_string()]);
             }
-            let mut process = Supervised::spawn(
-                format!("redis-server :{port}"),
-                command,
-                &dir.path().join(format!("node-{index}.log")),
-            )?;
-            process.wait_ready(Duration::from_secs(10), || answers(port, "PING")).await?;
+            let process =
+                answering(format!("redis-server :{port}"), command, port, &dir, &format!("node-{index}"))
+                    .await?;
             nodes.push(Node { port, process, frozen: false });
         }
         let primary = nodes[0].port;
@@ -76,12 +73,14 @@ impl RedisSentinels {
             std::fs::write(&conf, text).map_err(io("writing a sentinel's configuration"))?;
             let mut command = Command::new(&sentinel);
             command.arg(&conf);
-            let mut process = Supervised::spawn(
+            let process = answering(
                 format!("redis-sentinel :{port}"),
                 command,
-                &dir.path().join(format!("sentinel-{index}.log")),
-            )?;
-            process.wait_ready(Duration::from_secs(10), || answers(port, "PING")).await?;
+                port,
+                &dir,
+                &format!("sentinel-{index}"),
+            )
+            .await?;
             sentinels.push((port, process));
         }
         let set = Self { nodes, sentinels, dir };
@@ -244,6 +243,19 @@ impl Drop for RedisSentinels {
             }
         }
     }
+}
+
+/// `command` started as `what`, logging to `<name>.log` in `dir`, once it answers `PING` on `port`.
+async fn answering(
+    what: String,
+    command: Command,
+    port: u16,
+    dir: &tempfile::TempDir,
+    name: &str,
+) -> Result<Supervised> {
+    let mut process = Supervised::spawn(what, command, &dir.path().join(format!("{name}.log")))?;
+    process.wait_ready(Duration::from_secs(10), || answers(port, "PING")).await?;
+    Ok(process)
 }
 
 async fn connection(port: u16) -> Option<redis::aio::MultiplexedConnection> {
