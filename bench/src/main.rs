@@ -6,10 +6,13 @@
 //! A figure that could not be measured is listed as failed, with why, and
 //! the command then exits non-zero.
 
+mod catalog_size;
+mod fleet_scale;
 mod freshness;
 mod gateway;
 mod memory;
 mod planning;
+mod purge_size;
 mod report;
 mod scan;
 mod signed;
@@ -24,9 +27,15 @@ struct Args {
     /// Only these figures (P1, P2, P2v, P3…); all by default.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
-    /// Tags of P2's large repository.
+    /// Tags of P2's large repository (and a tenth of it, for the growth).
     #[arg(long, default_value_t = 10_000)]
     tags: usize,
+    /// P7's TenantInstances (and a tenth of them, for the growth).
+    #[arg(long, default_value_t = 1_000)]
+    instances: usize,
+    /// P9's planning process (internal: the bench starts itself with it).
+    #[arg(long, hide = true)]
+    p9_child: bool,
     /// Where results are written.
     #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/results"))]
     results: std::path::PathBuf,
@@ -35,6 +44,9 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if args.p9_child {
+        return purge_size::child();
+    }
     let wanted = |id: &str| args.only.is_empty() || args.only.iter().any(|o| o.eq_ignore_ascii_case(id));
     let mut report = Report::new();
     if wanted("P1") {
@@ -64,6 +76,15 @@ async fn main() -> anyhow::Result<()> {
     }
     if wanted("P5") {
         report.add(uninstall::delete_failure().await);
+    }
+    if wanted("P7") {
+        report.add(fleet_scale::fleet_scale(args.instances).await);
+    }
+    if wanted("P8") {
+        report.add(catalog_size::catalog_size().await);
+    }
+    if wanted("P9") {
+        report.add(purge_size::at_size().await);
     }
     report.print();
     report.write(&args.results)?;

@@ -1,7 +1,14 @@
 //! P3: retention planning of 100 repositories × 1 000 tags, beside the
 //! floor: merely parsing and sorting the same tags. The best of 15 rounds
 //! each, the two taking turns, so a noisy stretch of the machine falls on
-//! both (the floor alone varied from 5 to 20 ms between runs).
+//! both (the floor alone varied from 5 to 20 ms between runs); and the same
+//! at 10 repositories, for the cost per tag at both sizes.
+//!
+//! P9: the purger's planning path at size, in a process of its own (this
+//! bench run again with `--p9-child`, so its peak RSS is its own): 1 000
+//! repositories × 1 000 tags, each listing made as the registry snapshot
+//! would hand it, planned (`vynil_purger::plan_repository`) and dropped, the
+//! plans assembled and encoded as the plan store stores them.
 
 use std::{hint::black_box, time::Instant};
 
@@ -12,13 +19,13 @@ use vynil_rules::{
     tag::versions_newest_first,
 };
 
-use crate::report::{Figure, Row};
+use crate::report::{Figure, Row, growth};
 
 const REPOSITORIES: usize = 100;
-const TAGS: usize = 1_000;
+pub const TAGS: usize = 1_000;
 const ROUNDS: usize = 15;
 
-fn repository(seed: usize) -> Vec<RepositoryTag> {
+pub fn repository(seed: usize) -> Vec<RepositoryTag> {
     (0..TAGS)
         .map(|i| {
             let (major, minor, patch) = (i / 100, (i / 10) % 10, i % 10);
@@ -56,11 +63,29 @@ fn timed<F: FnMut()>(mut f: F) -> f64 {
 
 pub fn planning() -> Figure {
     let name = "purge planning, 100 x 1 000 tags";
-    let repositories: Vec<Vec<RepositoryTag>> = (0..REPOSITORIES).map(repository).collect();
-    let config = match RetentionConfig::new(Version::new(0, 8, 0), &[]) {
-        Ok(config) => config,
-        Err(error) => return Figure::failed("P3", name, error),
+    let (small, large) = match (best_of(REPOSITORIES / 10), best_of(REPOSITORIES)) {
+        (Ok(small), Ok(large)) => (small, large),
+        (Err(why), _) | (_, Err(why)) => return Figure::failed("P3", name, why),
     };
+    let mut rows = vec![
+        Row::new("plan every repository", large.0 * 1e3, "ms")
+            .against("parse + sort the same tags", large.1 * 1e3),
+    ];
+    let tags = |repositories: usize| (repositories * TAGS) as f64;
+    rows.extend(growth(
+        "plan",
+        "us per tag",
+        (tags(REPOSITORIES / 10), small.0 * 1e6),
+        (tags(REPOSITORIES), large.0 * 1e6),
+    ));
+    Figure::measured("P3", name, rows)
+}
+
+/// The best of [`ROUNDS`] of planning `count` repositories, and of its floor
+/// (seconds).
+fn best_of(count: usize) -> Result<(f64, f64), String> {
+    let repositories: Vec<Vec<RepositoryTag>> = (0..count).map(repository).collect();
+    let config = RetentionConfig::new(Version::new(0, 8, 0), &[]).map_err(|e| e.to_string())?;
     let usage = Usage::Known(vec![]);
     let (mut floor, mut planning, mut planned) = (f64::INFINITY, f64::INFINITY, 0);
     for _ in 0..ROUNDS {
@@ -78,15 +103,8 @@ pub fn planning() -> Figure {
             }
         }));
     }
-    if planned != REPOSITORIES {
-        return Figure::failed("P3", name, format!("only {planned} of {REPOSITORIES} repositories planned"));
+    if planned != count {
+        return Err(format!("only {planned} of {count} repositories planned"));
     }
-    Figure::measured(
-        "P3",
-        name,
-        vec![
-            Row::new("plan every repository", planning * 1e3, "ms")
-                .against("parse + sort the same tags", floor * 1e3),
-        ],
-    )
+    Ok((planning, floor))
 }

@@ -29,6 +29,20 @@ impl Row {
     }
 }
 
+/// How a cost grows with the work: `(units, cost)` at a small and a large
+/// size. The cost per unit at the large size beside the small one's (1.00x
+/// is linear), and the growth exponent `log(cost ratio) / log(size ratio)`
+/// beside 1 (linear).
+pub fn growth(what: &str, per_unit: &'static str, small: (f64, f64), large: (f64, f64)) -> Vec<Row> {
+    let exponent = (large.1 / small.1).ln() / (large.0 / small.0).ln();
+    vec![
+        Row::new(format!("{what}, {per_unit} at {:.0}", large.0), large.1 / large.0, per_unit)
+            .against(format!("the same at {:.0}", small.0), small.1 / small.0),
+        Row::new(format!("{what}, cost exponent {:.0} -> {:.0}", small.0, large.0), exponent, "")
+            .against("linear", 1.0),
+    ]
+}
+
 /// What one figure gave.
 #[derive(Debug, Clone, serde::Serialize)]
 #[serde(tag = "outcome", rename_all = "snake_case")]

@@ -28,7 +28,38 @@ const SMALL_TAGS: usize = 100;
 const CONCURRENCY: usize = 8;
 
 pub async fn scan_cost(tags: usize) -> Figure {
-    Figure::from_result("P2", "scan cost", measure(tags).await)
+    Figure::from_result("P2", "scan cost", at_two_sizes(tags).await)
+}
+
+/// The scan at `tags / 10`, then at `tags` (with the purger's load): the
+/// rows of the large one, then the cost per tag of each scan at both sizes.
+async fn at_two_sizes(tags: usize) -> anyhow::Result<Vec<Row>> {
+    let small = measure(tags / 10, false).await?;
+    let large = measure(tags, true).await?;
+    let mut rows = large.rows;
+    let (n, m) = (small.version_tags, large.version_tags);
+    rows.extend(crate::report::growth(
+        "first scan",
+        "ms per tag",
+        (n, small.first * 1e3),
+        (m, large.first * 1e3),
+    ));
+    rows.extend(crate::report::growth(
+        "rescan",
+        "ms per tag",
+        (n, small.rescan * 1e3),
+        (m, large.rescan * 1e3),
+    ));
+    Ok(rows)
+}
+
+/// What one size gave.
+struct Scans {
+    rows: Vec<Row>,
+    version_tags: f64,
+    /// Seconds.
+    first: f64,
+    rescan: f64,
 }
 
 fn version(i: usize) -> String {
@@ -110,7 +141,7 @@ fn counts(front: &HttpFront) -> Counts {
     }
 }
 
-async fn measure(tags: usize) -> anyhow::Result<Vec<Row>> {
+async fn measure(tags: usize, with_purge: bool) -> anyhow::Result<Scans> {
     let binary = sibling("vynil-scanner")?;
     let registry = registry(tags).await?;
     let front = HttpFront::start(&registry.base_url()).await?;
@@ -178,62 +209,87 @@ async fn measure(tags: usize) -> anyhow::Result<Vec<Row>> {
         }
     };
     let start = Instant::now();
-    let mut big_tags = Vec::new();
+    let mut listed = Vec::new();
     for repository in std::iter::once("big/repo").chain(SMALL) {
         let names = list(repository.to_string()).await?;
-        if repository == "big/repo" {
-            big_tags = names;
-        }
+        listed.extend(
+            names
+                .into_iter()
+                .filter(|t| vynil_rules::Tag::parse(t).is_some())
+                .map(|t| format!("{repository}/manifests/{t}")),
+        );
     }
     let lists_alone = start.elapsed();
-    let versions: Vec<String> =
-        big_tags.into_iter().filter(|t| vynil_rules::Tag::parse(t).is_some()).collect();
+    let big: Vec<&String> = listed.iter().filter(|m| m.starts_with("big/repo/")).collect();
+    let plain_gets = plain_reads(&http, &base, Method::GET, &big).await?;
+    // The rescan's floor: the same tag lists, then a HEAD of every version
+    // tag it HEADs, at the same window.
     let start = Instant::now();
-    let read: Vec<anyhow::Result<()>> = futures::stream::iter(versions.iter())
-        .map(|tag| {
-            let (http, base) = (http.clone(), base.clone());
-            async move {
-                http.get(format!("{base}/v2/big/repo/manifests/{tag}"))
-                    .header("accept", "application/vnd.oci.image.manifest.v1+json")
-                    .send()
-                    .await?
-                    .error_for_status()?
-                    .bytes()
-                    .await?;
-                Ok(())
-            }
-        })
-        .buffer_unordered(CONCURRENCY)
-        .collect()
-        .await;
-    let plain_gets = start.elapsed();
-    anyhow::ensure!(read.iter().all(Result::is_ok), "the plain client's manifest reads failed");
+    for repository in std::iter::once("big/repo").chain(SMALL) {
+        list(repository.to_string()).await?;
+    }
+    let every: Vec<&String> = listed.iter().collect();
+    let plain_heads = start.elapsed() + plain_reads(&http, &base, Method::HEAD, &every).await?;
 
-    let (purger_idle, purger_peak, deleted) = purge_load(dir.path(), &host).await?;
-
-    let version_tags = (versions.len() + SMALL.len() * SMALL_TAGS) as f64;
+    let version_tags = listed.len() as f64;
     let s = |d: Duration| d.as_secs_f64();
-    Ok(vec![
+    let mut rows = vec![
         Row::new(format!("first scan, {tags} + 3 x {SMALL_TAGS} tags"), s(first), "s").against(
-            format!("{} manifest GETs, plain client, {CONCURRENCY} at once", versions.len()),
+            format!("{} manifest GETs, plain client, {CONCURRENCY} at once", big.len()),
             s(plain_gets),
         ),
         Row::new("first scan: manifest GETs", first_counts.gets as f64, "requests")
             .against("version tags", version_tags),
         Row::new("first scan: manifest HEADs", first_counts.heads as f64, "requests"),
         Row::new("first scan: tag-list requests", first_counts.lists as f64, "requests"),
-        Row::new("immediate rescan", s(rescan), "s").against("the tag-list requests alone", s(lists_alone)),
+        Row::new("immediate rescan", s(rescan), "s").against(
+            format!("the tag lists + {} manifest HEADs, plain client, {CONCURRENCY} at once", listed.len()),
+            s(plain_heads),
+        ),
+        Row::new("the tag-list requests alone", s(lists_alone), "s"),
         Row::new("rescan: manifest GETs", rescan_counts.gets as f64, "requests"),
         Row::new("rescan: manifest HEADs", rescan_counts.heads as f64, "requests")
             .against("version tags", version_tags),
         Row::new("scanner peak RSS", peak_rss, "MiB").against("the same process idle", idle_rss),
-        Row::new(
-            format!("purger peak RSS, planning every tag, purging {deleted} digests"),
-            purger_peak,
-            "MiB",
-        )
-        .against("the same process idle", purger_idle),
-    ])
+    ];
+    if with_purge {
+        let (purger_idle, purger_peak, deleted) = purge_load(dir.path(), &host).await?;
+        rows.push(
+            Row::new(
+                format!("purger peak RSS, planning every tag, purging {deleted} digests"),
+                purger_peak,
+                "MiB",
+            )
+            .against("the same process idle", purger_idle),
+        );
+    }
+    Ok(Scans { rows, version_tags, first: s(first), rescan: s(rescan) })
+}
+
+/// `paths` (`<repository>/manifests/<tag>`) read with `method` by a plain
+/// client, [`CONCURRENCY`] at once: how long that took.
+async fn plain_reads(
+    http: &reqwest::Client,
+    base: &str,
+    method: Method,
+    paths: &[&String],
+) -> anyhow::Result<Duration> {
+    let start = Instant::now();
+    let read: Vec<anyhow::Result<()>> = futures::stream::iter(paths)
+        .map(|path| {
+            let request = http
+                .request(method.clone(), format!("{base}/v2/{path}"))
+                .header("accept", "application/vnd.oci.image.manifest.v1+json");
+            async move {
+                request.send().await?.error_for_status()?.bytes().await?;
+                Ok(())
+            }
+        })
+        .buffer_unordered(CONCURRENCY)
+        .collect()
+        .await;
+    anyhow::ensure!(read.iter().all(Result::is_ok), "the plain client's manifest {method}s failed");
+    Ok(start.elapsed())
 }
 
 /// A purger on the scanned JukeBox (`dir`, through the front `host`): its

@@ -40,6 +40,9 @@ pub struct Shape {
     pub sentinel: bool,
     /// The scan lease and the purger's execution lease (seconds).
     pub lease_seconds: u64,
+    /// Lifecycle's `--requeue-seconds` and `--max-running-jobs`.
+    pub requeue_seconds: u64,
+    pub max_running_jobs: usize,
 }
 
 impl Default for Shape {
@@ -55,6 +58,8 @@ impl Default for Shape {
             persistence: Persistence::AppendOnly,
             sentinel: false,
             lease_seconds: 3,
+            requeue_seconds: 3600,
+            max_running_jobs: 4,
         }
     }
 }
@@ -164,6 +169,7 @@ impl Fleet {
         };
         let env = [("KUBECONFIG", kubeconfig.display().to_string())];
         let lease = shape.lease_seconds.to_string();
+        let (requeue, jobs) = (shape.requeue_seconds.to_string(), shape.max_running_jobs.to_string());
         let cluster = fleet.cluster_flags();
         let start = |name: &'static str, args: Vec<String>| {
             let env = env.clone();
@@ -191,7 +197,9 @@ impl Fleet {
                 "--lease-seconds",
                 &lease,
                 "--requeue-seconds",
-                "3600",
+                &requeue,
+                "--max-running-jobs",
+                &jobs,
             ];
             start("vynil-lifecycle", with(&cluster, &format!("lifecycle-{i}"), &own))
         });

@@ -2,7 +2,10 @@
 //! `info`); `--log-format json` (`LOG_FORMAT`) prints one JSON object per
 //! line for log collectors. Text lines are coloured only on a terminal (and
 //! never with `NO_COLOR` set): a log written to a file or a pipe holds no
-//! escape sequences.
+//! escape sequences. Lines are written by a thread of their own
+//! (`tracing-appender`, never dropping a line: a full queue waits), through
+//! a buffer flushed each time the queue is empty: a request does not wait
+//! on a `write` to stdout, and a burst is written in few of them.
 //!
 //! Spans are exported over OTLP only when `OTEL_EXPORTER_OTLP_ENDPOINT` (or
 //! `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) is set: no exporter starts
@@ -44,6 +47,8 @@ pub struct LogConfig {
 #[must_use = "spans are flushed when this is dropped: keep it for the life of the process"]
 pub struct Telemetry {
     provider: Option<SdkTracerProvider>,
+    /// Writes the log lines still queued when dropped.
+    _lines: Option<tracing_appender::non_blocking::WorkerGuard>,
 }
 
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
@@ -140,9 +145,13 @@ pub fn init_tracing(service: &'static str, config: &LogConfig) -> Telemetry {
     let provider = provider(service);
     let otel =
         provider.as_ref().map(|p| tracing_opentelemetry::layer().with_tracer(p.tracer("vynil")).boxed());
+    let ansi = colours(std::io::stdout().is_terminal());
+    let (lines, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .lossy(false)
+        .finish(std::io::BufWriter::new(std::io::stdout()));
     let fmt = match config.log_format {
-        LogFormat::Json => fmt::layer().json().boxed(),
-        LogFormat::Text => fmt::layer().with_ansi(colours(std::io::stdout().is_terminal())).boxed(),
+        LogFormat::Json => fmt::layer().json().with_writer(lines).boxed(),
+        LogFormat::Text => fmt::layer().with_ansi(ansi).with_writer(lines).boxed(),
     };
     let result = tracing_subscriber::registry().with(filter).with(fmt).with(otel).try_init();
     if result.is_err() {
@@ -150,7 +159,7 @@ pub fn init_tracing(service: &'static str, config: &LogConfig) -> Telemetry {
     }
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
     tracing::debug!(service, exporting = provider.is_some(), "tracing initialised");
-    Telemetry { provider }
+    Telemetry { provider, _lines: Some(guard) }
 }
 
 struct Headers<'a>(&'a http::HeaderMap);

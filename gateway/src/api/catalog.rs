@@ -5,6 +5,8 @@ use axum::{
     extract::{Path, Query, State, rejection::QueryRejection},
     response::{IntoResponse, Response},
 };
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 use vynil_proto::catalog::v1 as pb;
@@ -301,48 +303,163 @@ pub async fn get_catalog(
     let page =
         app.pages.slice(&PageQuery { limit: filters.limit, page_token: filters.page_token.clone() })?;
     let key = RenderedPages::key(&jukebox, &filters);
-    let held = app.catalog_pages.get(&key);
-    let request = pb::GetCatalogRequest {
-        jukebox,
-        category: filters.category.unwrap_or_default(),
-        name: filters.name.unwrap_or_default(),
-        r#type: filters.package_type.map(PackageType::to_proto).unwrap_or_default(),
-        channel: 0,
-        if_none_match: held.as_ref().map(|(hash, _)| hash.clone()).unwrap_or_default(),
-        page_size: page.size(),
-        page_token: page.token(),
+    let shared = app.catalog_pages.page(key);
+    let ask = |held: Option<Arc<Rendered>>| async move {
+        let request = pb::GetCatalogRequest {
+            jukebox,
+            category: filters.category.unwrap_or_default(),
+            name: filters.name.unwrap_or_default(),
+            r#type: filters.package_type.map(PackageType::to_proto).unwrap_or_default(),
+            channel: 0,
+            if_none_match: held.as_ref().map(|r| r.hash.clone()).unwrap_or_default(),
+            page_size: page.size(),
+            page_token: page.token(),
+        };
+        let request = app.services.request(&ctx, request);
+        let answer = app.services.catalog()?.get_catalog(request).await.map_err(failed(Service::Catalog))?;
+        render(answer.into_inner(), held)
     };
-    // Asked every time (the catalog decides who may read, and whether it
-    // changed); only the decoding and rendering are saved.
-    let request = app.services.request(&ctx, request);
-    let answer = app.services.catalog()?.get_catalog(request).await.map_err(failed(Service::Catalog))?;
-    let answer = answer.into_inner();
-    if let (true, Some((_, body))) = (answer.not_modified, held) {
-        return Ok(json_body(body));
+    // Asked for every read (whether it changed), by a round trip shared
+    // with the reads that arrived meanwhile: only decoding and rendering
+    // are saved when it did not.
+    Ok(json_body(shared.read(ask).await?))
+}
+
+/// The page of `answer`, or the `held` bytes when the catalog says they are
+/// still its content (`not_modified`): neither decoded nor rendered again.
+fn render(answer: pb::GetCatalogResponse, held: Option<Arc<Rendered>>) -> Result<Arc<Rendered>, ApiError> {
+    if let Some(held) = held.filter(|_| answer.not_modified) {
+        return Ok(held);
     }
     // Only the page is converted (a catalog holds hundreds of packages).
     let (items, next_page_token) = (answer.packages, non_empty(answer.next_page_token));
     let items = items.into_iter().map(Package::from).collect();
-    let rendered =
-        CatalogPage { jukebox: answer.jukebox, content_hash: answer.content_hash, items, next_page_token };
-    let body = bytes::Bytes::from(
-        serde_json::to_vec(&rendered)
-            .map_err(|e| ApiError::internal(format!("cannot render the catalog: {e}")))?,
-    );
-    app.catalog_pages.insert(key, rendered.content_hash, body.clone());
-    Ok(json_body(body))
+    let page = CatalogPage {
+        jukebox: answer.jukebox,
+        content_hash: answer.content_hash.clone(),
+        items,
+        next_page_token,
+    };
+    let body = serde_json::to_vec(&page)
+        .map_err(|e| ApiError::internal(format!("cannot render the catalog: {e}")))?;
+    Ok(Arc::new(Rendered { hash: answer.content_hash, body: body.into() }))
 }
 
 fn json_body(body: bytes::Bytes) -> Response {
     ([(http::header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
-/// Catalog pages as the gateway last rendered them, with the catalog's
-/// `content_hash` they were rendered from: a read whose catalog answers
-/// `not_modified` is served these bytes, neither decoded nor rendered again.
-/// Bounded (`quick_cache`): an evicted page is rendered at its next read.
+/// Catalog pages as the gateway last rendered them, by every input of the
+/// page but the catalog's content. Bounded (`quick_cache`): an evicted page
+/// is rendered at its next read.
 #[derive(Debug)]
-pub struct RenderedPages(quick_cache::sync::Cache<String, (String, bytes::Bytes)>);
+pub struct RenderedPages(quick_cache::sync::Cache<String, Arc<RenderedPage>>);
+
+/// One page: what was last rendered, and the reads that arrived for it.
+///
+/// A read takes a ticket as it arrives. A round trip to the catalog covers
+/// every ticket taken before it was sent, so a read whose ticket is covered
+/// is served that answer: the catalog was asked after the read arrived, and
+/// a read after a change never gets the page from before it. A read not
+/// covered sends the next round trip (for itself and every read that
+/// arrives meanwhile) once none is in flight, or waits for it; an answer
+/// wakes every waiting read at once. Under load that is about two round
+/// trips per catalog latency, whatever the number of readers; the shared
+/// round trip carries the request id and caller of the read that sent it,
+/// and its failure is every covered read's answer.
+#[derive(Debug, Default)]
+pub struct RenderedPage {
+    state: std::sync::Mutex<PageState>,
+    answered: tokio::sync::Notify,
+}
+
+#[derive(Debug, Default)]
+struct PageState {
+    arrivals: u64,
+    in_flight: bool,
+    /// The last answer (rendered, or the error it was).
+    last: Option<(u64, Result<Arc<Rendered>, ApiError>)>,
+    /// The last page rendered, whose hash the next round trip sends.
+    rendered: Option<Arc<Rendered>>,
+}
+
+/// A page as rendered from the catalog's `content_hash` `hash`.
+#[derive(Debug)]
+struct Rendered {
+    hash: String,
+    body: bytes::Bytes,
+}
+
+/// Sends the round trip of a page; dropped (a read cancelled mid-flight,
+/// its client gone), it lets the next waiting read send one.
+struct InFlight<'a>(&'a RenderedPage);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut state) = self.0.state.lock() {
+            state.in_flight = false;
+        }
+        self.0.answered.notify_waiters();
+    }
+}
+
+enum Turn {
+    Served(Result<Arc<Rendered>, ApiError>),
+    Ask(Option<Arc<Rendered>>, u64),
+    Wait,
+}
+
+impl RenderedPage {
+    /// The page for a read arriving now: a covering answer, else the answer
+    /// of `ask(last rendered)`, sent by this read or another.
+    async fn read<F, Fut>(&self, ask: F) -> Result<bytes::Bytes, ApiError>
+    where
+        F: FnOnce(Option<Arc<Rendered>>) -> Fut,
+        Fut: std::future::Future<Output = Result<Arc<Rendered>, ApiError>>,
+    {
+        let ticket = self.locked(|s| {
+            s.arrivals += 1;
+            s.arrivals
+        })?;
+        loop {
+            // Registered before the state is read: an answer given between
+            // the two still wakes this read.
+            let answered = self.answered.notified();
+            tokio::pin!(answered);
+            answered.as_mut().enable();
+            let turn = self.locked(|s| match &s.last {
+                Some((covers, answer)) if *covers >= ticket => Turn::Served(answer.clone()),
+                _ if s.in_flight => Turn::Wait,
+                _ => {
+                    s.in_flight = true;
+                    Turn::Ask(s.rendered.clone(), s.arrivals)
+                }
+            })?;
+            match turn {
+                Turn::Served(answer) => return answer.map(|r| r.body.clone()),
+                Turn::Wait => answered.await,
+                Turn::Ask(held, covers) => {
+                    let flight = InFlight(self);
+                    let answer = ask(held).await;
+                    self.locked(|s| {
+                        if let Ok(rendered) = &answer {
+                            s.rendered = Some(rendered.clone());
+                        }
+                        s.last = Some((covers, answer.clone()));
+                    })?;
+                    drop(flight);
+                    return answer.map(|r| r.body.clone());
+                }
+            }
+        }
+    }
+
+    fn locked<T>(&self, f: impl FnOnce(&mut PageState) -> T) -> Result<T, ApiError> {
+        let mut state =
+            self.state.lock().map_err(|_| ApiError::internal("a catalog page's state was poisoned"))?;
+        Ok(f(&mut state))
+    }
+}
 
 impl RenderedPages {
     pub const CAPACITY: usize = 1024;
@@ -366,12 +483,11 @@ impl RenderedPages {
         .join("\0")
     }
 
-    fn get(&self, key: &str) -> Option<(String, bytes::Bytes)> {
-        self.0.get(key)
-    }
-
-    fn insert(&self, key: String, hash: String, body: bytes::Bytes) {
-        self.0.insert(key, (hash, body));
+    fn page(&self, key: String) -> Arc<RenderedPage> {
+        match self.0.get_or_insert_with(&key, || Ok::<_, std::convert::Infallible>(Arc::default())) {
+            Ok(page) => page,
+            Err(never) => match never {},
+        }
     }
 }
 

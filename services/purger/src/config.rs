@@ -31,8 +31,13 @@ pub struct Config {
     pub plan_ttl_seconds: u64,
     /// Tags one plan may hold across its repositories: a larger plan is
     /// refused before it is stored (plan a JukeBox's repositories one at a
-    /// time, or raise it).
-    #[arg(long, env = "VYNIL_MAX_PLAN_TAGS", default_value_t = 1_000_000)]
+    /// time, or raise it). The default holds ten repositories at the
+    /// scanner's `--max-tags-per-repository`: a stored plan costs about 270
+    /// bytes per tag in one Redis value and the planner about 800 bytes per
+    /// tag at its peak (bench P9), so 100 000 tags are about 26 MiB stored
+    /// and 80 MiB planned, where 1 000 000 were 254 MiB (half Redis's
+    /// largest value) and 775 MiB.
+    #[arg(long, env = "VYNIL_MAX_PLAN_TAGS", default_value_t = 100_000)]
     pub max_plan_tags: usize,
     /// A repository with more tags is refused before any is read, its
     /// listing stopped at the cap (the scanner's flag, the same default).

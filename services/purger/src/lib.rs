@@ -28,6 +28,7 @@ pub use plan_store::{
     DeletionState, MemoryStore, PlanStore, RedisStore, ReportState, RepositoryPlan, StoredOutcome,
     StoredPlan, StoredReport,
 };
+pub use planner::{assemble, plan_repository};
 pub use purger::{LeasedPlan, Purger};
 use vynil_store::JukeboxStore;
 

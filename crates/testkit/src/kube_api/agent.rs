@@ -132,7 +132,7 @@ fn env(job: &Job, name: &str) -> Option<String> {
 }
 
 impl AgentJob {
-    fn read(job: &Job) -> Option<Self> {
+    pub(super) fn read(job: &Job) -> Option<Self> {
         let args = main_container(job).and_then(|c| c.args.clone()).unwrap_or_default();
         let upstream_agent = args.len() == 2 && ["tenant", "service", "system"].contains(&args[0].as_str());
         // Upstream's agent names its instance by env; our reaper by its args.
@@ -382,7 +382,7 @@ async fn write_applied_then_failed(
 
 /// Upstream's agent's first read: `<Kind>::get(NAMESPACE, INSTANCE)`, decoded
 /// with upstream's types. `Err` is what it prints before exiting.
-async fn strict_read(client: &Client, job: &AgentJob) -> std::result::Result<(), String> {
+pub(super) async fn strict_read(client: &Client, job: &AgentJob) -> std::result::Result<(), String> {
     let api: Api<DynamicObject> =
         Api::namespaced_with(client.clone(), &job.instance_namespace, &job.instance_resource());
     let object = api.get(&job.instance_name).await.map_err(|e| format!("Error: kube error: {e}"))?;
@@ -401,7 +401,7 @@ fn upsert_conditions(current: &Value, updates: &[(&str, &str, &str)], generation
     Value::Array(list)
 }
 
-async fn write_instance_status(
+pub(super) async fn write_instance_status(
     client: &Client,
     job: &AgentJob,
     children: &[(String, Vec<Value>)],

@@ -252,14 +252,30 @@ impl JobRunner {
     }
 }
 
-fn finished(job: &Job) -> bool {
+pub(super) fn finished(job: &Job) -> bool {
     job.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|cs| {
         cs.iter().any(|c| (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True")
     })
 }
 
-fn now() -> String {
+pub(super) fn now() -> String {
     jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
+/// The status the Job controller writes on a Job whose pod succeeded at `at`.
+pub(super) fn completed(at: &str) -> Value {
+    let conditions = [
+        ("SuccessCriteriaMet", "CompletionsReached", "Reached expected number of succeeded pods"),
+        ("Complete", "CompletionsReached", "Reached expected number of succeeded pods"),
+    ];
+    let conditions: Vec<Value> = conditions
+        .iter()
+        .map(|(t, r, m)| {
+            json!({"type": t, "status": "True", "reason": r, "message": m, "lastProbeTime": at,
+                "lastTransitionTime": at})
+        })
+        .collect();
+    json!({"active": 0, "succeeded": 1, "ready": 0, "completionTime": at, "conditions": conditions})
 }
 
 enum PodEnd {
@@ -306,12 +322,7 @@ async fn run_job(node: Arc<Node>, job: Arc<Job>) {
         let at = now();
         match end {
             PodEnd::Succeeded => {
-                let conditions = [
-                    ("SuccessCriteriaMet", "CompletionsReached", "Reached expected number of succeeded pods"),
-                    ("Complete", "CompletionsReached", "Reached expected number of succeeded pods"),
-                ];
-                let conditions: Vec<Value> = conditions.iter().map(|(t, r, m)| json!({"type": t, "status": "True", "reason": r, "message": m, "lastProbeTime": at, "lastTransitionTime": at})).collect();
-                patch_job(&node, &job, json!({"active": 0, "succeeded": 1, "ready": 0, "completionTime": at, "conditions": conditions})).await;
+                patch_job(&node, &job, completed(&at)).await;
                 return;
             }
             PodEnd::Failed => {

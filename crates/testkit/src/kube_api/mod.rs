@@ -65,6 +65,7 @@
 mod access;
 mod admission;
 mod agent;
+mod instant;
 mod kubelet;
 mod rbac;
 mod resources;
@@ -78,6 +79,7 @@ pub use access::{AccessRule, AccessTable, ApiFault, ApiFaultAction, Identity, Re
 pub use agent::{
     AgentJob, AgentOutcome, AgentRun, FakeAgent, REAPER_IMAGE, UPSTREAM_AGENT_IMAGE, agent_main,
 };
+pub use instant::InstantAgent;
 pub use kubelet::{ContainerRun, JobEnv, JobRunner, Program, RunnerOptions};
 pub use resources::ResourceDef;
 pub use selectors::{FieldSelector, LabelSelector};
