@@ -187,6 +187,46 @@ pub fn check_options(
     Ok(checked)
 }
 
+/// What deciding an install of a revision asks of the cluster, so that a
+/// reconcile gathers those facts and no others: most revisions ask nothing,
+/// and an instance at rest is then reconciled without a request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Asks {
+    /// The API server's version (`cluster_version`).
+    pub version: bool,
+    /// The CRDs (a requirement or a recommendation).
+    pub crds: bool,
+    /// The instances and their tenant: packages and services required or
+    /// recommended, and `prefly` (its scripts may read them).
+    pub instances: bool,
+}
+
+impl Asks {
+    /// What [`unmet_requirement`] and [`recommended`] consult for `content`.
+    pub fn of(content: &PackageContent) -> Self {
+        let mut asks = Self::default();
+        for requirement in &content.requirements {
+            match requirement {
+                Requirement::ClusterVersion(_) => asks.version = true,
+                Requirement::CustomResourceDefinition(_) => asks.crds = true,
+                Requirement::SystemPackage(_)
+                | Requirement::TenantPackage(_)
+                | Requirement::SystemService(_)
+                | Requirement::TenantService(_)
+                | Requirement::Prefly(_) => asks.instances = true,
+                _ => {}
+            }
+        }
+        for item in content.recommandations.iter().flatten() {
+            match item {
+                Recommandation::CustomResourceDefinition(_) => asks.crds = true,
+                Recommandation::SystemService(_) | Recommandation::TenantService(_) => asks.instances = true,
+            }
+        }
+        asks
+    }
+}
+
 /// What the cluster says, for requirements and recommendations. Lifecycle
 /// answers from its watch caches; `prefly` is evaluated there (Rhai).
 pub trait ClusterFacts {

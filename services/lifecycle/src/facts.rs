@@ -1,9 +1,12 @@
 //! What the cluster says for requirements and recommendations, gathered once
-//! per reconcile: the API server's version, the CRDs, and — from the
+//! per reconcile and only as far as the revision asks (`install::Asks`;
+//! most ask nothing, and an instance at rest is then reconciled without
+//! these requests): the API server's version, the CRDs, and — from the
 //! controllers' own watch caches — the packages installed and the services
 //! published, cluster-wide and in the instance's tenant (the namespaces
 //! sharing the instance namespace's `TENANT_LABEL` value; only that namespace
-//! when it has none). The decision itself is `vynil_rules::install`.
+//! when it has none). A value script or `prefly` is given all of it. The
+//! decision itself is `vynil_rules::install`.
 
 use std::collections::HashSet;
 
@@ -17,7 +20,7 @@ use kube::{
 };
 use serde_json::Value;
 use vynil_rules::{
-    install::ClusterFacts,
+    install::{Asks, ClusterFacts},
     package::{ClusterVersion, PackageRef, Prefly},
 };
 
@@ -50,7 +53,8 @@ impl Stores {
 /// The facts of one reconcile.
 #[derive(Debug, Clone)]
 pub struct Facts {
-    pub version: ClusterVersion,
+    /// `None` when not asked (nothing consults it then).
+    pub version: Option<ClusterVersion>,
     pub crds: HashSet<String>,
     pub system_packages: HashSet<(String, String)>,
     pub tenant_packages: HashSet<(String, String)>,
@@ -63,7 +67,9 @@ pub struct Facts {
 
 impl ClusterFacts for Facts {
     fn cluster_version(&self) -> ClusterVersion {
-        self.version
+        // Asked whenever a requirement consults it; were it not, the
+        // smallest version refuses rather than installs.
+        self.version.unwrap_or(ClusterVersion { major: 0, minor: 0 })
     }
     fn has_crd(&self, name: &str) -> bool {
         self.crds.contains(name)
@@ -100,6 +106,20 @@ fn published(object: &DynamicObject) -> impl Iterator<Item = String> + '_ {
         .filter_map(|s| s.get("key").and_then(Value::as_str).map(str::to_string))
 }
 
+/// The API server's `/version`.
+async fn version(client: &Client) -> Result<ClusterVersion, LifecycleError> {
+    let info = client.apiserver_version().await.map_err(LifecycleError::kube("reading /version"))?;
+    leading_number(&info.major)
+        .zip(leading_number(&info.minor))
+        .map(|(major, minor)| ClusterVersion { major, minor })
+        .ok_or_else(|| {
+            LifecycleError::Unavailable(format!(
+                "the API server's /version says major {:?} minor {:?}: not numbers",
+                info.major, info.minor
+            ))
+        })
+}
+
 /// `"28+"` (some providers) → 28.
 fn leading_number(text: &str) -> Option<u64> {
     let digits: String = text.chars().take_while(char::is_ascii_digit).collect();
@@ -115,23 +135,33 @@ pub struct Asked<'a> {
     pub tenant_label: &'a str,
     pub scripts: vynil_script::ScriptLimits,
     pub vynil_version: &'a semver::Version,
+    /// What the revision's decision consults (a value script: everything).
+    pub asks: Asks,
 }
 
 /// Gathers the facts for the instance `asked.instance`.
 pub async fn gather(client: &Client, stores: &Stores, asked: Asked<'_>) -> Result<Facts, LifecycleError> {
-    let Asked { namespace, instance, tenant_label, scripts, vynil_version } = asked;
-    let info = client.apiserver_version().await.map_err(LifecycleError::kube("reading /version"))?;
-    let version = leading_number(&info.major)
-        .zip(leading_number(&info.minor))
-        .map(|(major, minor)| ClusterVersion { major, minor })
-        .ok_or_else(|| {
-            LifecycleError::Unavailable(format!(
-                "the API server's /version says major {:?} minor {:?}: not numbers",
-                info.major, info.minor
-            ))
-        })?;
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let crds = crds.list(&ListParams::default()).await.map_err(LifecycleError::kube("listing CRDs"))?;
+    let Asked { namespace, instance, tenant_label, scripts, vynil_version, asks } = asked;
+    let version = if asks.version { Some(version(client).await?) } else { None };
+    let crds = if asks.crds {
+        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+        let list = crds.list(&ListParams::default()).await.map_err(LifecycleError::kube("listing CRDs"))?;
+        list.items.iter().map(|c| c.name_any()).collect()
+    } else {
+        HashSet::new()
+    };
+    let mut facts = Facts {
+        version,
+        crds,
+        system_packages: HashSet::new(),
+        tenant_packages: HashSet::new(),
+        system_services: HashSet::new(),
+        tenant_services: HashSet::new(),
+        script: script::Host::new(instance.clone(), scripts, script::upstream::Given::default()),
+    };
+    if !asks.instances {
+        return Ok(facts);
+    }
     let namespaces: Api<Namespace> = Api::all(client.clone());
     let tenant = namespaces
         .get_opt(namespace)
@@ -165,15 +195,7 @@ pub async fn gather(client: &Client, stores: &Stores, asked: Asked<'_>) -> Resul
         vynil_version: vynil_version.to_string(),
         reads: script::upstream::Reads::here(client.clone()),
     };
-    let mut facts = Facts {
-        version,
-        crds: crds.items.iter().map(|c| c.name_any()).collect(),
-        system_packages: HashSet::new(),
-        tenant_packages: HashSet::new(),
-        system_services: HashSet::new(),
-        tenant_services: HashSet::new(),
-        script: script::Host::new(instance.clone(), scripts, given),
-    };
+    facts.script = script::Host::new(instance.clone(), scripts, given);
     for object in stores.system.state() {
         facts.system_packages.extend(spec_package(&object));
     }

@@ -54,12 +54,16 @@ pub async fn observe(
             let init_version =
                 init_version(instance, package, pull_secret.as_deref(), held_back.verify, context).await?;
             let init_version = held_back.refusing_recalled(init_version);
+            // A value script may read anything upstream's helpers give.
+            let scripted = !matches!(package.content.value_script_source(), Ok(None));
+            let all = install::Asks { version: true, crds: true, instances: true };
             let asked = facts::Asked {
                 namespace: &instance.namespace,
                 instance: &instance.object,
                 tenant_label: &context.agent.tenant_label,
                 scripts: context.scripts,
                 vynil_version: &context.framework,
+                asks: if scripted { all } else { install::Asks::of(&package.content) },
             };
             let facts = facts::gather(&context.client, &context.stores, asked).await?;
             let content = package.content.clone();
