@@ -2,7 +2,11 @@
 //! ([`Settings`]): the controllers, the executor, the observers and the gRPC
 //! service all read it, so it lives apart from each of them.
 
-use std::{collections::HashMap, sync::Mutex, time::Duration};
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
 use k8s_openapi::api::{
     batch::v1::Job,
@@ -61,6 +65,8 @@ pub struct Context {
     pub(crate) max_running_jobs: usize,
     /// Held across "count the running Jobs, create one": the cap holds.
     pub(crate) job_slots: tokio::sync::Mutex<()>,
+    /// The instances waiting for a slot, woken as slots free.
+    pub(crate) job_queue: Arc<crate::slots::JobQueue>,
     /// The last decision per instance, for `ListInstances`.
     pub(crate) outcomes: Mutex<HashMap<(InstanceKind, String, String), Outcome>>,
 }
@@ -88,6 +94,7 @@ pub struct Settings {
     pub leader: Leader,
     pub requeue: Duration,
     pub max_running_jobs: usize,
+    pub job_queue: Arc<crate::slots::JobQueue>,
 }
 
 impl Context {
@@ -139,6 +146,7 @@ impl Context {
             requeue: settings.requeue,
             max_running_jobs: settings.max_running_jobs.max(1),
             job_slots: tokio::sync::Mutex::new(()),
+            job_queue: settings.job_queue,
         }
     }
 

@@ -43,7 +43,12 @@ use crate::{
 };
 
 /// The controller of `kind`, not started: its store feeds [`Stores`].
-pub fn controller(client: &Client, namespace: &str, kind: InstanceKind) -> Controller<DynamicObject> {
+pub fn controller(
+    client: &Client,
+    namespace: &str,
+    kind: InstanceKind,
+    queue: Arc<crate::slots::JobQueue>,
+) -> Controller<DynamicObject> {
     let resource = kind.api_resource();
     let instances: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
     let jobs: Api<Job> = Api::namespaced(client.clone(), namespace);
@@ -63,6 +68,10 @@ pub fn controller(client: &Client, namespace: &str, kind: InstanceKind) -> Contr
             move |object: DynamicObject| crate::fleet::behind(&store, &object, &of_peers),
         )
         .watches(jobs, watcher::Config::default().labels(&selector), move |job: Job| {
+            // A finished Job frees a slot: the first instance waiting for one goes.
+            if crate::executor::finished(&job) {
+                queue.freed();
+            }
             let (_, namespace, instance) = job::job_instance(&job)?;
             Some(ObjectRef::new_with(instance, resource.clone()).within(namespace))
         })
@@ -146,6 +155,10 @@ fn error_policy(
         package: spec("package"),
         error: error.label(),
     };
+    if let LifecycleError::Queued(_) = error {
+        let instance = ObjectRef::new_with(&failure.name, kind.api_resource()).within(&failure.namespace);
+        context.job_queue.wait(kind, instance);
+    }
     if matches!(error, LifecycleError::Pending { .. } | LifecycleError::Queued(_)) {
         tracing::debug!(%error, "not a failure; coming back");
         return Action::requeue(error.retry_after());
@@ -297,6 +310,7 @@ mod tests {
             leader: Leader::always(),
             requeue: install_plan::REQUEUE,
             max_running_jobs: 4,
+            job_queue: Arc::new(crate::slots::JobQueue::new().0),
         };
         (Arc::new(Context::new(client, stores, metrics, settings)), handle)
     }

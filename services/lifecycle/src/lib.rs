@@ -35,6 +35,7 @@ pub mod reaper;
 mod records;
 mod script;
 mod signatures;
+mod slots;
 pub mod takeover;
 pub mod uninstall_plan;
 pub mod upgrades;
@@ -106,7 +107,8 @@ impl LifecycleError {
     pub fn retry_after(&self) -> Duration {
         match self {
             LifecycleError::Pending { retry_after, .. } => *retry_after,
-            LifecycleError::Queued(_) => Duration::from_secs(2),
+            // Woken when a slot frees (`slots`); this is the safety net.
+            LifecycleError::Queued(_) => slots::SAFETY_NET,
             LifecycleError::NotDone(_) => Duration::from_secs(5),
             LifecycleError::Unavailable(_) => Duration::from_secs(30),
             _ => Duration::from_secs(300),
@@ -184,20 +186,27 @@ pub async fn run_with_client(
     let stop = shutdown_token.clone();
     let outer = shutdown_token.after(shutdown);
     let namespace = config.namespace.clone().unwrap_or_else(|| client.default_namespace().to_string());
-    let settings = settings(&config, endpoint, &client, &namespace, &shutdown_token)?;
+    let (queue, mut woken) = slots::JobQueue::new();
+    let queue = Arc::new(queue);
+    let settings = settings(&config, endpoint, &client, &namespace, &shutdown_token, queue.clone())?;
     let elected = settings.leader.clone();
     let watched = settings.catalog.clone();
     let controllers: Vec<_> = instance::InstanceKind::ALL
         .into_iter()
         .map(|kind| {
-            let controller = controller::controller(&client, &namespace, kind);
+            let controller = controller::controller(&client, &namespace, kind, queue.clone());
             let triggers = fanout::triggers(
                 watched.clone(),
                 controller.store(),
                 kind.api_resource(),
                 shutdown_token.child(),
             );
-            (kind, controller.reconcile_on(triggers).reconcile_all_on(elected.elected()))
+            let controller = controller.reconcile_on(triggers);
+            let controller = match woken.iter().position(|(k, _)| *k == kind) {
+                Some(at) => controller.reconcile_on(woken.swap_remove(at).1),
+                None => controller,
+            };
+            (kind, controller.reconcile_all_on(elected.elected()))
         })
         .collect();
     let stores = facts::Stores {
@@ -233,6 +242,7 @@ fn settings(
     client: &kube::Client,
     namespace: &str,
     shutdown: &Shutdown,
+    job_queue: Arc<slots::JobQueue>,
 ) -> Result<context::Settings, LifecycleError> {
     let catalog = catalog_client::Catalog::connect(endpoint)?;
     let credentials = vynil_registry::CredentialStore::from_file(config.store.dockerconfig.as_deref())
@@ -275,6 +285,7 @@ fn settings(
         ),
         requeue: Duration::from_secs(config.requeue_seconds.max(1)),
         max_running_jobs: config.max_running_jobs,
+        job_queue,
     })
 }
 
