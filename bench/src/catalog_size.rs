@@ -52,8 +52,20 @@ async fn at_two_sizes(jukeboxes: usize) -> anyhow::Result<Vec<Row>> {
     let large = measure(jukeboxes).await?;
     let mut rows = large.rows;
     let (n, m) = (small.revisions, large.revisions);
-    rows.extend(growth("Redis memory", "B per revision", (n, small.redis_bytes), (m, large.redis_bytes)));
-    rows.extend(growth("catalog RSS", "B per revision", (n, small.catalog_bytes), (m, large.catalog_bytes)));
+    // `growth` divides by the size: it is given totals, not per-revision figures.
+    let total = |revisions: f64, per_revision: f64| (revisions, revisions * per_revision);
+    rows.extend(growth(
+        "Redis memory",
+        "B per revision",
+        total(n, small.redis_bytes),
+        total(m, large.redis_bytes),
+    ));
+    rows.extend(growth(
+        "catalog RSS",
+        "B per revision",
+        total(n, small.catalog_bytes),
+        total(m, large.catalog_bytes),
+    ));
     rows.push(
         Row::new(format!("GetCatalog p50 at {m:.0} revisions"), large.p50_ms, "ms")
             .against(format!("the same at {n:.0}"), small.p50_ms),
