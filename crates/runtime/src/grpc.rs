@@ -3,7 +3,6 @@
 use std::{future::Future, net::SocketAddr};
 
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic::service::{Routes, RoutesBuilder};
 use tonic_health::{ServingStatus, server::HealthReporter};
 
@@ -179,10 +178,18 @@ impl GrpcServer {
                 span
             })
             .add_routes(routes)
-            .serve_with_incoming_shutdown(TcpListenerStream::new(self.listener), drain)
+            .serve_with_incoming_shutdown(incoming(self.listener), drain)
             .await?;
         Ok(())
     }
+}
+
+/// The accepted connections of `listener`, with `TCP_NODELAY`: tonic sets it
+/// only on the listeners it binds itself. Without it, a small answer (a page
+/// of a catalog, a health check) waited for the peer's delayed ACK, about
+/// 40 ms on Linux: bench P8's `GetCatalog` p50 was 48 ms at any size.
+fn incoming(listener: TcpListener) -> tonic::transport::server::TcpIncoming {
+    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true))
 }
 
 async fn set_all(health: &HealthReporter, names: &[&'static str], status: ServingStatus) {
@@ -211,4 +218,21 @@ fn reflection(
         }
     }
     Ok(reflection.build_v1()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio_stream::StreamExt;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn accepted_connections_send_small_answers_at_once() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let mut accepted = incoming(listener);
+        let _client = tokio::net::TcpStream::connect(address).await.unwrap();
+        let stream = accepted.next().await.unwrap().unwrap();
+        assert!(stream.nodelay().unwrap(), "TCP_NODELAY is set on each accepted connection");
+    }
 }
