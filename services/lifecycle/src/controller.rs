@@ -69,9 +69,7 @@ pub fn controller(
         )
         .watches(jobs, watcher::Config::default().labels(&selector), move |job: Job| {
             // A finished Job frees a slot: the first instance waiting for one goes.
-            if crate::executor::finished(&job) {
-                queue.freed();
-            }
+            queue.seen(&job);
             let (_, namespace, instance) = job::job_instance(&job)?;
             Some(ObjectRef::new_with(instance, resource.clone()).within(namespace))
         })
@@ -158,8 +156,11 @@ fn error_policy(
     if let LifecycleError::Queued(_) = error {
         let instance = ObjectRef::new_with(&failure.name, kind.api_resource()).within(&failure.namespace);
         context.job_queue.wait(kind, instance);
+        // Woken when a slot frees, or by the line's own safety net (`slots`).
+        tracing::debug!(%error, "not a failure; waits for a slot");
+        return Action::await_change();
     }
-    if matches!(error, LifecycleError::Pending { .. } | LifecycleError::Queued(_)) {
+    if let LifecycleError::Pending { .. } = error {
         tracing::debug!(%error, "not a failure; coming back");
         return Action::requeue(error.retry_after());
     }

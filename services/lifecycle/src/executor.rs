@@ -220,6 +220,7 @@ pub(crate) async fn delete_job(name: &str, context: &Context) -> Result<(), Life
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    context.job_queue.deleted(name);
     Ok(())
 }
 
@@ -231,9 +232,16 @@ pub(crate) async fn create_job(
 ) -> Result<(), LifecycleError> {
     let kube = |e| LifecycleError::kube(format!("creating the agent Job {name}"))(e);
     let _slot = context.job_slots.lock().await;
-    let selector = format!("{}={}", labels::COMPONENT, labels::AGENT);
-    let jobs = context.jobs.list(&ListParams::default().labels(&selector)).await.map_err(kube)?;
-    let running = jobs.items.iter().filter(|j| j.name_any() != name && !finished(j)).count();
+    let queue = &context.job_queue;
+    let running = match queue.running_besides(name, context.max_running_jobs) {
+        Some(running) => running,
+        None => {
+            let selector = format!("{}={}", labels::COMPONENT, labels::AGENT);
+            let jobs = context.jobs.list(&ListParams::default().labels(&selector)).await.map_err(kube)?;
+            queue.listed(&jobs.items);
+            queue.running_besides(name, usize::MAX).unwrap_or_default()
+        }
+    };
     if running >= context.max_running_jobs {
         return Err(LifecycleError::Queued(format!(
             "{running} agent Jobs run, the cap is {}: {name} waits for a slot",
@@ -246,14 +254,10 @@ pub(crate) async fn create_job(
     if found.as_deref() != Some(fingerprint) {
         return Err(LifecycleError::NotDone(format!("the agent Job {name} cannot be read back")));
     }
+    if let Some(job) = &read {
+        queue.created(name, &job.uid().unwrap_or_default());
+    }
     Ok(())
-}
-
-/// A Job with a `Complete` or `Failed` condition.
-pub(crate) fn finished(job: &Job) -> bool {
-    job.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|cs| {
-        cs.iter().any(|c| (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True")
-    })
 }
 
 /// Renders the agent Job of `action` and creates it.

@@ -107,7 +107,7 @@ impl LifecycleError {
     pub fn retry_after(&self) -> Duration {
         match self {
             LifecycleError::Pending { retry_after, .. } => *retry_after,
-            // Woken when a slot frees (`slots`); this is the safety net.
+            // Woken when a slot frees, else by the line's safety net (`slots`).
             LifecycleError::Queued(_) => slots::SAFETY_NET,
             LifecycleError::NotDone(_) => Duration::from_secs(5),
             LifecycleError::Unavailable(_) => Duration::from_secs(30),
@@ -221,6 +221,7 @@ pub async fn run_with_client(
     for (kind, controller) in controllers {
         tasks.spawn(controller::run(controller, kind, context.clone(), stop.signaled()));
     }
+    tasks.spawn(queue.ticking(stop.signaled()));
     let served = serve(server, config, service, outer).await;
     stop.trigger();
     // Reconciles in flight may finish; a controller still waiting for its

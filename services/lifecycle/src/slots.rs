@@ -1,39 +1,77 @@
-//! Instances waiting for an agent Job slot (`--max-running-jobs`) are woken
-//! when a slot frees, not polled. Polled every 2 s, each waiting instance
-//! was reconciled again and again while the Jobs before it ran, so the
-//! reconciles of a fleet installed at once grew with the square of its size
-//! (bench P7: 16.6 reconciles per instance at 1 000 instances, 3.1 at 100).
+//! Agent Job slots (`--max-running-jobs`): which agent Jobs run, and the
+//! instances waiting for one to finish.
 //!
-//! A reconcile that ends `Queued` puts its instance in line (once); each
-//! agent Job seen finished by a controller's Job watch wakes the first in
-//! line, through its kind's controller (`Controller::reconcile_on`). A woken
-//! instance that still finds no slot queues again at the back. A wake lost
-//! (a restart, another replica leading) costs only time: a queued instance
-//! is also requeued after [`SAFETY_NET`].
+//! **Counted, not listed per create.** Each create used to list every agent
+//! Job (finished ones are kept) to count the running ones: O(n) per create,
+//! so a fleet installed at once cost the API server O(n²). The running
+//! Jobs are now followed from the controllers' Job watches and the creates
+//! themselves ([`JobQueue::seen`], [`JobQueue::created`]); the Jobs are
+//! listed once before the first create, and again only when the count says
+//! "full" and the last list is older than [`RELIST`] (a finish this process
+//! missed, a Job deleted by hand). The count can only err high between two
+//! lists (a wait, never a Job over the cap).
+//!
+//! **Woken, not polled.** Polled, each waiting instance was reconciled
+//! again and again while the Jobs before it ran, so the reconciles of a
+//! fleet installed at once grew with the square of its size (bench P7: 16.6
+//! reconciles per instance at 1 000 instances, 3.1 at 100; with a 30 s
+//! safety net per instance, still 10 at 1 000). A reconcile that ends
+//! `Queued` puts its instance in line (once) and waits for a wake: each
+//! agent Job seen finishing wakes the first in line, through its kind's
+//! controller (`Controller::reconcile_on`). A woken instance that still
+//! finds no slot queues again at the back. The line lives as long as the
+//! process: a restart or a new leader reconciles every instance anyway, and
+//! [`JobQueue::tick`] wakes the first in line whenever the line has not
+//! moved for [`SAFETY_NET`] (a wake lost costs that much time, not more).
 
 use std::{
-    collections::{HashSet, VecDeque},
+    collections::{HashMap, HashSet, VecDeque},
     sync::Mutex,
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender, unbounded};
-use kube::{api::DynamicObject, runtime::reflector::ObjectRef};
+use k8s_openapi::api::batch::v1::Job;
+use kube::{ResourceExt, api::DynamicObject, runtime::reflector::ObjectRef};
 
 use crate::instance::InstanceKind;
 
-/// When a queued instance is reconciled again without a wake.
+/// How long the line may stand still before its first is woken anyway.
 pub const SAFETY_NET: Duration = Duration::from_secs(30);
+/// How old the last list of agent Jobs may be when the count says "full".
+pub const RELIST: Duration = Duration::from_secs(10);
 
 type Waiter = (InstanceKind, ObjectRef<DynamicObject>);
 /// The wakes of one kind, for its controller's `reconcile_on`.
 pub type Woken = (InstanceKind, UnboundedReceiver<ObjectRef<DynamicObject>>);
 
+#[derive(Debug, Default)]
+struct State {
+    line: VecDeque<Waiter>,
+    waiting: HashSet<Waiter>,
+    /// Woken by [`JobQueue::tick`]: back at the front if still no slot.
+    ticked: Option<Waiter>,
+    /// The line moved (a slot freed) since the last tick.
+    moved: bool,
+    /// Agent Jobs running: name → uid.
+    running: HashMap<String, String>,
+    /// Uids of agent Jobs seen finished (a create read back late must not count them).
+    ended: HashSet<String>,
+    listed: Option<Instant>,
+}
+
 /// See the module documentation.
 #[derive(Debug)]
 pub struct JobQueue {
-    line: Mutex<(VecDeque<Waiter>, HashSet<Waiter>)>,
+    state: Mutex<State>,
     wake: Vec<(InstanceKind, UnboundedSender<ObjectRef<DynamicObject>>)>,
+}
+
+/// A Job with a `Complete` or `Failed` condition.
+pub(crate) fn finished(job: &Job) -> bool {
+    job.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|cs| {
+        cs.iter().any(|c| (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True")
+    })
 }
 
 impl JobQueue {
@@ -45,42 +83,142 @@ impl JobQueue {
             wake.push((kind, sender));
             woken.push((kind, receiver));
         }
-        (Self { line: Mutex::default(), wake }, woken)
+        (Self { state: Mutex::default(), wake }, woken)
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// `instance` waits for a slot (a second call while it waits does nothing).
     pub fn wait(&self, kind: InstanceKind, instance: ObjectRef<DynamicObject>) {
-        if let Ok(mut line) = self.line.lock() {
-            let waiter = (kind, instance);
-            if line.1.insert(waiter.clone()) {
-                line.0.push_back(waiter);
+        let mut state = self.state();
+        let waiter = (kind, instance);
+        if state.waiting.insert(waiter.clone()) {
+            if state.ticked.as_ref() == Some(&waiter) {
+                state.ticked = None;
+                state.line.push_front(waiter);
+            } else {
+                state.line.push_back(waiter);
             }
         }
     }
 
-    /// A slot freed: the first in line is reconciled.
-    pub fn freed(&self) {
-        let first = self.line.lock().ok().and_then(|mut line| {
-            let first = line.0.pop_front()?;
-            line.1.remove(&first);
-            Some(first)
-        });
-        if let Some((kind, instance)) = first
-            && let Some((_, sender)) = self.wake.iter().find(|(k, _)| *k == kind)
-        {
+    /// Wakes the first `count` in line.
+    fn wake(&self, state: &mut State, count: usize) {
+        for _ in 0..count {
+            let Some(first) = state.line.pop_front() else { return };
+            state.waiting.remove(&first);
+            state.moved = true;
+            self.send(first);
+        }
+    }
+
+    fn send(&self, (kind, instance): Waiter) {
+        if let Some((_, sender)) = self.wake.iter().find(|(k, _)| *k == kind) {
             let _ = sender.unbounded_send(instance);
+        }
+    }
+
+    /// An agent Job as a watch saw it: one that finished frees its slot
+    /// (the first in line is woken), one that runs is counted.
+    pub fn seen(&self, job: &Job) {
+        let (name, uid) = (job.name_any(), job.uid().unwrap_or_default());
+        let mut state = self.state();
+        if finished(job) || job.metadata.deletion_timestamp.is_some() {
+            state.ended.insert(uid.clone());
+            if state.running.get(&name) == Some(&uid) {
+                state.running.remove(&name);
+                self.wake(&mut state, 1);
+            }
+        } else if !state.ended.contains(&uid) {
+            state.running.insert(name, uid);
+        }
+    }
+
+    /// This process created the agent Job `name` (`uid`), read back.
+    pub fn created(&self, name: &str, uid: &str) {
+        let mut state = self.state();
+        if !state.ended.contains(uid) {
+            state.running.insert(name.to_string(), uid.to_string());
+        }
+    }
+
+    /// The agent Job `name` was deleted (read back gone).
+    pub fn deleted(&self, name: &str) {
+        let mut state = self.state();
+        if state.running.remove(name).is_some() {
+            self.wake(&mut state, 1);
+        }
+    }
+
+    /// How many agent Jobs other than `name` run; `None` when the Jobs must
+    /// be listed first: never listed, or the count says `cap` is reached and
+    /// the last list is older than [`RELIST`].
+    pub fn running_besides(&self, name: &str, cap: usize) -> Option<usize> {
+        let state = self.state();
+        let running = state.running.len() - usize::from(state.running.contains_key(name));
+        let fresh = state.listed.is_some_and(|at| at.elapsed() < RELIST);
+        (state.listed.is_some() && (running < cap || fresh)).then_some(running)
+    }
+
+    /// Every agent Job, as listed: the count starts again from it, and as
+    /// many instances as it found slots freed are woken.
+    pub fn listed(&self, jobs: &[Job]) {
+        let mut state = self.state();
+        let before = state.running.len();
+        state.running.clear();
+        state.ended.clear();
+        for job in jobs {
+            let uid = job.uid().unwrap_or_default();
+            if finished(job) || job.metadata.deletion_timestamp.is_some() {
+                state.ended.insert(uid);
+            } else {
+                state.running.insert(job.name_any(), uid);
+            }
+        }
+        state.listed = Some(Instant::now());
+        let freed = before.saturating_sub(state.running.len());
+        self.wake(&mut state, freed);
+    }
+
+    /// The line has not moved since the last tick: its first is woken (a
+    /// wake lost, a count that erred high). Called every [`SAFETY_NET`].
+    pub fn tick(&self) {
+        let mut state = self.state();
+        if !std::mem::take(&mut state.moved)
+            && let Some(first) = state.line.pop_front()
+        {
+            state.waiting.remove(&first);
+            state.ticked = Some(first.clone());
+            self.send(first);
+        }
+    }
+
+    /// Ticks every [`SAFETY_NET`] until `shutdown`.
+    pub async fn ticking(self: std::sync::Arc<Self>, shutdown: impl std::future::Future<Output = ()>) {
+        let mut every = tokio::time::interval(SAFETY_NET);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        every.tick().await;
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                _ = every.tick() => self.tick(),
+                () = &mut shutdown => return,
+            }
         }
     }
 
     /// How many instances wait.
     pub fn waiting(&self) -> usize {
-        self.line.lock().map(|line| line.0.len()).unwrap_or_default()
+        self.state().line.len()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use futures::StreamExt;
+    use serde_json::json;
 
     use super::*;
 
@@ -88,20 +226,75 @@ mod tests {
         ObjectRef::new_with(name, InstanceKind::Tenant.api_resource()).within("apps")
     }
 
+    /// An agent Job as the Job controller writes it (`Complete` when done).
+    fn job(name: &str, uid: &str, done: bool) -> Job {
+        let conditions = if done { json!([{"type": "Complete", "status": "True"}]) } else { json!([]) };
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "vynil-system", "uid": uid},
+            "status": {"conditions": conditions},
+        }))
+        .unwrap()
+    }
+
+    fn tenants(woken: &mut [Woken]) -> &mut UnboundedReceiver<ObjectRef<DynamicObject>> {
+        &mut woken.iter_mut().find(|(k, _)| *k == InstanceKind::Tenant).unwrap().1
+    }
+
     #[tokio::test]
-    async fn each_freed_slot_wakes_the_first_in_line_once() {
+    async fn each_job_seen_finishing_wakes_the_first_in_line_once() {
         let (queue, mut woken) = JobQueue::new();
-        let (_, tenants) = woken.iter_mut().find(|(k, _)| *k == InstanceKind::Tenant).unwrap();
+        queue.listed(&[job("j1", "u1", false), job("j2", "u2", false), job("old", "u0", true)]);
+        assert_eq!(queue.running_besides("new", 9), Some(2), "a finished Job holds no slot");
         queue.wait(InstanceKind::Tenant, instance("a"));
         queue.wait(InstanceKind::Tenant, instance("b"));
         queue.wait(InstanceKind::Tenant, instance("a"));
         assert_eq!(queue.waiting(), 2, "in line once");
-        queue.freed();
-        assert_eq!(tenants.next().await.unwrap().name, "a");
-        queue.freed();
-        assert_eq!(tenants.next().await.unwrap().name, "b");
-        queue.freed();
+        queue.seen(&job("j1", "u1", true));
+        assert_eq!(tenants(&mut woken).next().await.unwrap().name, "a");
+        queue.seen(&job("j1", "u1", true));
+        queue.seen(&job("old", "u0", true));
+        assert!(tenants(&mut woken).try_recv().is_err(), "a Job seen finished again frees nothing");
+        queue.seen(&job("j2", "u2", true));
+        assert_eq!(tenants(&mut woken).next().await.unwrap().name, "b");
         assert_eq!(queue.waiting(), 0);
-        assert!(tenants.try_recv().is_err(), "nobody left to wake");
+        assert_eq!(queue.running_besides("new", 9), Some(0));
+    }
+
+    #[test]
+    fn the_count_follows_creates_and_finishes_and_a_full_stale_count_is_listed_again() {
+        let (queue, _woken) = JobQueue::new();
+        assert_eq!(queue.running_besides("a", 2), None, "never listed: list first");
+        queue.listed(&[]);
+        queue.created("a", "ua");
+        assert_eq!(queue.running_besides("a", 2), Some(0), "a Job is not counted against itself");
+        // The agent finished before the create was read back: no slot held.
+        queue.seen(&job("b", "ub", true));
+        queue.created("b", "ub");
+        queue.seen(&job("c", "uc", false));
+        assert_eq!(queue.running_besides("d", 2), Some(2), "full, and listed less than RELIST ago");
+        queue.state().listed = Instant::now().checked_sub(RELIST);
+        assert_eq!(queue.running_besides("d", 2), None, "full and stale: listed again");
+        assert_eq!(queue.running_besides("d", 3), Some(2), "not full: no list needed");
+        queue.deleted("a");
+        assert_eq!(queue.running_besides("d", 2), Some(1));
+    }
+
+    #[tokio::test]
+    async fn a_line_standing_still_wakes_its_first_and_it_keeps_its_place() {
+        let (queue, mut woken) = JobQueue::new();
+        queue.listed(&[job("j1", "u1", false)]);
+        queue.wait(InstanceKind::Tenant, instance("a"));
+        queue.wait(InstanceKind::Tenant, instance("b"));
+        queue.tick();
+        assert_eq!(tenants(&mut woken).next().await.unwrap().name, "a");
+        // Still no slot: "a" is back first, not behind "b".
+        queue.wait(InstanceKind::Tenant, instance("a"));
+        queue.seen(&job("j1", "u1", true));
+        assert_eq!(tenants(&mut woken).next().await.unwrap().name, "a");
+        queue.wait(InstanceKind::Tenant, instance("c"));
+        queue.tick();
+        assert!(tenants(&mut woken).try_recv().is_err(), "the line moved since the last tick");
+        queue.tick();
+        assert_eq!(tenants(&mut woken).next().await.unwrap().name, "b");
     }
 }
