@@ -52,31 +52,35 @@ pub async fn members(instance: &Instance, context: &Context) -> Result<Vec<Fleet
     Ok(members)
 }
 
-/// The instances of `object`'s package a wave may hold behind it: while it
-/// has an agent Job in flight (`status.target`: its upgrade may fail and halt
-/// them), every other; else those whose installed revision differs from
-/// its own. None at rest (no Job, every instance on the same revision), so
-/// a fleet that is not rolling out costs nothing. Only installed peers: a
-/// wave holds upgrades, never a first install (`observe`), so a fleet
-/// installed at once wakes nobody (bench P7: every event of 1 000 first
-/// installs woke the other instances of its package).
+/// The instances of `object`'s package a wave may hold behind it: the
+/// installed peers on another revision than the one it is on, or the one
+/// its agent Job installs while it has one in flight (`status.target`: its
+/// upgrade may fail and halt them). None at rest (every instance on the same
+/// revision), so a fleet that is not rolling out costs nothing. Only
+/// installed peers not yet on that revision: a wave holds upgrades, never a
+/// first install (`observe`), and a peer already there waits for nothing, so
+/// a fleet installed at once wakes nobody (bench P7: every event of 1 000
+/// first installs woke the other instances of its package, each reconciled
+/// about six times while the others installed).
 pub fn behind(
     store: &Store<DynamicObject>,
     object: &DynamicObject,
     resource: &ApiResource,
 ) -> Vec<ObjectRef<DynamicObject>> {
     let (Some(package), Some(uid)) = (package_of(object), object.uid()) else { return Vec::new() };
-    let tag = installed_tag(object);
-    let moving = object.data.get("status").and_then(|s| s.get("target")).is_some_and(|t| !t.is_null());
-    if tag.is_none() && !moving {
-        return Vec::new();
-    }
+    let target = object.data.get("status").and_then(|s| s.get("target")).filter(|t| !t.is_null());
+    // A target whose revision cannot be read holds every installed peer.
+    let on = match target {
+        Some(target) => Some(target.pointer("/revision/tag").and_then(|t| t.as_str())),
+        None => installed_tag(object).map(Some),
+    };
+    let Some(on) = on else { return Vec::new() };
     store
         .state()
         .iter()
         .filter(|peer| peer.uid().as_deref() != Some(uid.as_str()))
-        .filter(|peer| installed_tag(peer).is_some())
-        .filter(|peer| package_of(peer).as_ref() == Some(&package) && (moving || installed_tag(peer) != tag))
+        .filter(|peer| installed_tag(peer).is_some_and(|tag| on != Some(tag)))
+        .filter(|peer| package_of(peer).as_ref() == Some(&package))
         .map(|peer| {
             let reference = ObjectRef::new_with(&peer.name_any(), resource.clone());
             match peer.namespace() {
@@ -95,13 +99,14 @@ mod tests {
     use super::*;
     use crate::instance::InstanceKind;
 
-    fn instance(name: &str, tag: Option<&str>, moving: bool) -> DynamicObject {
+    /// An instance installed at `tag`, its agent Job installing `target`.
+    fn instance(name: &str, tag: Option<&str>, target: Option<&str>) -> DynamicObject {
         let mut status = json!({});
         if let Some(tag) = tag {
             status["package"] = json!({"tag": tag});
         }
-        if moving {
-            status["target"] = json!({"tag": "2.0.0"});
+        if let Some(target) = target {
+            status["target"] = json!({"revision": {"tag": target}, "job": format!("{name}-job")});
         }
         serde_json::from_value(json!({
             "apiVersion": "vynil.solidite.fr/v1", "kind": "TenantInstance",
@@ -126,16 +131,32 @@ mod tests {
 
     #[test]
     fn a_first_install_wakes_no_peer_and_an_upgrade_wakes_the_installed_ones_behind_it() {
-        let fresh: Vec<DynamicObject> = (0..3).map(|i| instance(&format!("new-{i}"), None, true)).collect();
-        assert!(woken(&fresh, &instance("new-0", None, true)).is_empty(), "nobody installed: nobody held");
-        assert!(woken(&fresh, &instance("new-0", None, false)).is_empty());
+        let fresh: Vec<DynamicObject> =
+            (0..3).map(|i| instance(&format!("new-{i}"), None, Some("2.0.0"))).collect();
+        assert!(woken(&fresh, &fresh[0]).is_empty(), "nobody installed: nobody held");
+        assert!(woken(&fresh, &instance("new-0", None, None)).is_empty());
         let fleet = vec![
-            instance("canary", Some("2.0.0"), false),
-            instance("old", Some("1.0.0"), false),
-            instance("new", None, true),
+            instance("canary", Some("2.0.0"), None),
+            instance("old", Some("1.0.0"), None),
+            instance("new", None, Some("2.0.0")),
+            instance("done", Some("2.0.0"), None),
         ];
         assert_eq!(woken(&fleet, &fleet[0]), ["old"], "the installed peer on another revision");
-        let moving = instance("canary", Some("1.0.0"), true);
-        assert_eq!(woken(&fleet, &moving), ["old"], "every installed peer while it moves");
+        let moving = instance("canary", Some("1.0.0"), Some("2.0.0"));
+        assert_eq!(woken(&fleet, &moving), ["old"], "while it moves: every installed peer not on its target");
+        // A fleet installing at once: the others already there wait for nothing.
+        assert_eq!(woken(&fleet, &instance("new", None, Some("2.0.0"))), ["old"]);
+        let unreadable = serde_json::from_value::<DynamicObject>(json!({
+            "apiVersion": "vynil.solidite.fr/v1", "kind": "TenantInstance",
+            "metadata": {"name": "odd", "namespace": "apps", "uid": "uid-odd"},
+            "spec": {"jukebox": "box", "category": "apps", "package": "web"},
+            "status": {"target": {"job": "odd-job"}},
+        }))
+        .unwrap();
+        assert_eq!(
+            woken(&fleet, &unreadable),
+            ["canary", "done", "old"],
+            "a target unread holds every installed peer"
+        );
     }
 }
