@@ -244,17 +244,11 @@ async fn installed(
 ) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(1800);
     loop {
-        let objects = fleet.api.objects("vynil.solidite.fr", "tenantinstances");
-        let done = objects
-            .iter()
-            .filter(|o| {
-                let index = o["metadata"]["name"]
-                    .as_str()
-                    .and_then(|n| n.strip_prefix('i'))
-                    .and_then(|n| n.parse().ok());
-                index.is_some_and(|i: usize| o["status"]["package"]["tag"] == version(i))
-            })
-            .count();
+        let done = fleet.api.count("vynil.solidite.fr", "tenantinstances", |o| {
+            let index =
+                o["metadata"]["name"].as_str().and_then(|n| n.strip_prefix('i')).and_then(|n| n.parse().ok());
+            index.is_some_and(|i: usize| o["status"]["package"]["tag"] == version(i))
+        });
         if done == instances {
             return Ok(());
         }

@@ -391,6 +391,12 @@ impl FakeApiServer {
         }
     }
 
+    /// How many stored objects of `group`/`plural` `matches` accepts, read
+    /// in place (a fleet's poll copies nothing).
+    pub fn count(&self, group: &str, plural: &str, matches: impl Fn(&Value) -> bool) -> usize {
+        lock(&self.shared.store).count_of(group, plural, matches)
+    }
+
     /// The cluster's current `resourceVersion`.
     pub fn resource_version(&self) -> u64 {
         lock(&self.shared.store).current_rv()

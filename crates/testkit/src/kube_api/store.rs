@@ -181,6 +181,10 @@ pub struct Store {
     history_limit: usize,
     compacted_at: u64,
     events: broadcast::Sender<Arc<StoredEvent>>,
+    /// Something changed that may leave garbage: a removal, a deletion
+    /// begun, an object with owners stored. A write that did none of these
+    /// leaves nothing to collect, so it costs no pass over every object.
+    garbage_possible: bool,
 }
 
 fn now() -> String {
@@ -266,6 +270,7 @@ impl Store {
             history_limit: history_limit.max(1),
             compacted_at: 1000,
             events,
+            garbage_possible: false,
         }
     }
 
@@ -313,6 +318,10 @@ impl Store {
     }
 
     fn emit_change(&mut self, kind: EventType, key: Key, object: Value, previous: Option<Value>, rv: u64) {
+        let owners = |o: Option<&Value>| o.and_then(meta).and_then(|m| m.get("ownerReferences")).cloned();
+        self.garbage_possible |= kind == EventType::Deleted
+            || meta_str(&object, "deletionTimestamp").is_some()
+            || owners(Some(&object)).is_some() && owners(Some(&object)) != owners(previous.as_ref());
         let event = Arc::new(StoredEvent { rv, kind, key, object, previous, at: std::time::Instant::now() });
         self.history.push_back(event.clone());
         while self.history.len() > self.history_limit {
@@ -324,13 +333,34 @@ impl Store {
         let _ = self.events.send(event);
     }
 
+    /// The stored objects of `group`/`plural` (in `namespace` when given):
+    /// a range of the map, ordered by group, plural, namespace and name, not
+    /// a scan of every object (each request of a fleet reads some).
+    fn range_of<'a>(
+        &'a self,
+        group: &'a str,
+        plural: &'a str,
+        namespace: Option<&'a str>,
+    ) -> impl Iterator<Item = (&'a Key, &'a Value)> + 'a {
+        let from = Key {
+            group: group.into(),
+            plural: plural.into(),
+            namespace: namespace.unwrap_or_default().into(),
+            name: String::new(),
+        };
+        self.objects.range(from..).take_while(move |(k, _)| {
+            k.group == group && k.plural == plural && namespace.is_none_or(|ns| k.namespace == ns)
+        })
+    }
+
+    /// How many stored objects of `group`/`plural` `matches` accepts.
+    pub fn count_of(&self, group: &str, plural: &str, matches: impl Fn(&Value) -> bool) -> usize {
+        self.range_of(group, plural, None).filter(|(_, o)| matches(o)).count()
+    }
+
     /// Every stored object of `group`/`plural` (RBAC reads its roles so).
     pub fn objects_of(&self, group: &str, plural: &str) -> Vec<Value> {
-        self.objects
-            .iter()
-            .filter(|(k, _)| k.group == group && k.plural == plural)
-            .map(|(_, o)| o.clone())
-            .collect()
+        self.range_of(group, plural, None).map(|(_, o)| o.clone()).collect()
     }
 
     pub fn get(&self, res: &ResourceDef, namespace: Option<&str>, name: &str) -> Result<Value, ApiError> {
@@ -348,10 +378,7 @@ impl Store {
         labels: &LabelSelector,
         fields: &FieldSelector,
     ) -> Vec<Value> {
-        self.objects
-            .iter()
-            .filter(|(k, _)| k.group == res.group && k.plural == res.plural)
-            .filter(|(k, _)| namespace.is_none_or(|ns| k.namespace == ns))
+        self.range_of(&res.group, &res.plural, namespace)
             .filter(|(_, o)| labels.matches(o) && fields.matches(o))
             .map(|(_, o)| o.clone())
             .collect()
@@ -697,6 +724,9 @@ impl Store {
     /// namespace is emptied, then removed. Returns whether anything changed
     /// (the caller runs passes until none does).
     pub fn collect_garbage(&mut self) -> bool {
+        if !std::mem::take(&mut self.garbage_possible) {
+            return false;
+        }
         let uids: std::collections::HashSet<String> =
             self.objects.values().filter_map(|o| meta_str(o, "uid").map(str::to_string)).collect();
         let owned_by = |o: &Value, uid: &str| {
