@@ -57,7 +57,7 @@ pub fn controller(
     let records: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
     let of_records = resource.clone();
     let controller = Controller::new_with(instances.clone(), watcher::Config::default(), resource.clone());
-    let (store, of_peers) = (controller.store(), resource.clone());
+    let behind = crate::fleet::Behind::new(resource.clone());
     controller
         // An instance that moved wakes those of its package on another
         // revision: a later wave waits for it (`crate::fleet`).
@@ -65,7 +65,7 @@ pub fn controller(
             instances,
             resource.clone(),
             watcher::Config::default(),
-            move |object: DynamicObject| crate::fleet::behind(&store, &object, &of_peers),
+            move |object: DynamicObject| behind.woken_by(&object),
         )
         .watches(jobs, watcher::Config::default().labels(&selector), move |job: Job| {
             // A finished Job frees a slot: the first instance waiting for one goes.

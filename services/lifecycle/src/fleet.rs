@@ -5,10 +5,12 @@
 //! wakes the instances behind one that moved: a canary installing a
 //! revision (or failing to) is what the waves after it wait for.
 
+use std::collections::HashMap;
+
 use kube::{
     ResourceExt,
     api::{ApiResource, DynamicObject},
-    runtime::reflector::{ObjectRef, Store},
+    runtime::reflector::ObjectRef,
 };
 
 use crate::{LifecycleError, context::Context, install_plan::FleetMember, instance::Instance};
@@ -52,48 +54,95 @@ pub async fn members(instance: &Instance, context: &Context) -> Result<Vec<Fleet
     Ok(members)
 }
 
-/// The instances of `object`'s package a wave may hold behind it: the
-/// installed peers on another revision than the one it is on, or the one
-/// its agent Job installs while it has one in flight (`status.target`: its
-/// upgrade may fail and halt them). None at rest (every instance on the same
-/// revision), so a fleet that is not rolling out costs nothing. Only
-/// installed peers not yet on that revision: a wave holds upgrades, never a
-/// first install (`observe`), and a peer already there waits for nothing, so
-/// a fleet installed at once wakes nobody (bench P7: every event of 1 000
-/// first installs woke the other instances of its package, each reconciled
-/// about six times while the others installed).
-pub fn behind(
-    store: &Store<DynamicObject>,
-    object: &DynamicObject,
-    resource: &ApiResource,
-) -> Vec<ObjectRef<DynamicObject>> {
-    let (Some(package), Some(uid)) = (package_of(object), object.uid()) else { return Vec::new() };
-    let target = object.data.get("status").and_then(|s| s.get("target")).filter(|t| !t.is_null());
-    // A target whose revision cannot be read holds every installed peer.
-    let on = match target {
-        Some(target) => Some(target.pointer("/revision/tag").and_then(|t| t.as_str())),
-        None => installed_tag(object).map(Some),
-    };
-    let Some(on) = on else { return Vec::new() };
-    store
-        .state()
-        .iter()
-        .filter(|peer| peer.uid().as_deref() != Some(uid.as_str()))
-        .filter(|peer| installed_tag(peer).is_some_and(|tag| on != Some(tag)))
-        .filter(|peer| package_of(peer).as_ref() == Some(&package))
-        .map(|peer| {
-            let reference = ObjectRef::new_with(&peer.name_any(), resource.clone());
-            match peer.namespace() {
+/// The watch mapper that wakes the instances of a package a wave may hold
+/// behind one that moved: the installed peers on another revision than the
+/// one it is on, or the one its agent Job installs while it has one in
+/// flight (`status.target`: its upgrade may fail and halt them). None at rest
+/// (every instance on the same revision), so a fleet that is not rolling
+/// out costs nothing. Only installed peers not yet on that revision: a wave
+/// holds upgrades, never a first install (`observe`), and a peer already
+/// there waits for nothing, so a fleet installed at once wakes nobody
+/// (bench P7: every event of 1 000 first installs woke the other instances
+/// of its package, each reconciled about six times while the others
+/// installed).
+///
+/// It keeps its own index of the installed instances by package and
+/// revision, fed by the events it maps: an event costs the peers it wakes,
+/// not a pass over the whole fleet (a pass per event made a fleet installed
+/// at once cost the square of its size).
+#[derive(Debug)]
+pub struct Behind {
+    resource: ApiResource,
+    index: std::sync::Mutex<Index>,
+}
+
+type Package = (String, String, String);
+
+#[derive(Debug, Default)]
+struct Index {
+    /// Where each instance is filed: its package and installed revision.
+    filed: HashMap<String, (Package, String)>,
+    /// The installed instances of each package, by revision, by uid.
+    installed: HashMap<Package, HashMap<String, HashMap<String, ObjectRef<DynamicObject>>>>,
+}
+
+impl Index {
+    fn unfile(&mut self, uid: &str) {
+        let Some((package, tag)) = self.filed.remove(uid) else { return };
+        if let Some(revisions) = self.installed.get_mut(&package) {
+            if let Some(instances) = revisions.get_mut(&tag) {
+                instances.remove(uid);
+                if instances.is_empty() {
+                    revisions.remove(&tag);
+                }
+            }
+            if revisions.is_empty() {
+                self.installed.remove(&package);
+            }
+        }
+    }
+}
+
+impl Behind {
+    pub fn new(resource: ApiResource) -> Self {
+        Self { resource, index: std::sync::Mutex::default() }
+    }
+
+    /// Files `object` as its event shows it, and names the peers behind it.
+    pub fn woken_by(&self, object: &DynamicObject) -> Vec<ObjectRef<DynamicObject>> {
+        let (Some(package), Some(uid)) = (package_of(object), object.uid()) else { return Vec::new() };
+        let mut index = self.index.lock().unwrap_or_else(|p| p.into_inner());
+        index.unfile(&uid);
+        let tag = installed_tag(object);
+        if let Some(tag) = tag.filter(|_| object.metadata.deletion_timestamp.is_none()) {
+            let reference = ObjectRef::new_with(&object.name_any(), self.resource.clone());
+            let reference = match object.namespace() {
                 Some(namespace) => reference.within(&namespace),
                 None => reference,
-            }
-        })
-        .collect()
+            };
+            index.filed.insert(uid.clone(), (package.clone(), tag.to_string()));
+            let revisions = index.installed.entry(package.clone()).or_default();
+            revisions.entry(tag.to_string()).or_default().insert(uid.clone(), reference);
+        }
+        let target = object.data.get("status").and_then(|s| s.get("target")).filter(|t| !t.is_null());
+        // A target whose revision cannot be read holds every installed peer.
+        let on = match target {
+            Some(target) => Some(target.pointer("/revision/tag").and_then(|t| t.as_str())),
+            None => tag.map(Some),
+        };
+        let (Some(on), Some(revisions)) = (on, index.installed.get(&package)) else { return Vec::new() };
+        revisions
+            .iter()
+            .filter(|(revision, _)| on != Some(revision.as_str()))
+            .flat_map(|(_, instances)| instances.iter())
+            .filter(|(peer, _)| **peer != uid)
+            .map(|(_, reference)| reference.clone())
+            .collect()
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use kube::runtime::{reflector::store::Writer, watcher};
     use serde_json::json;
 
     use super::*;
@@ -117,14 +166,13 @@ mod tests {
         .unwrap()
     }
 
+    /// Whom `moved` wakes once every event of `peers` was mapped.
     fn woken(peers: &[DynamicObject], moved: &DynamicObject) -> Vec<String> {
-        let resource = InstanceKind::Tenant.api_resource();
-        let mut writer = Writer::new(resource.clone());
+        let behind = Behind::new(InstanceKind::Tenant.api_resource());
         for peer in peers {
-            writer.apply_watcher_event(&watcher::Event::Apply(peer.clone()));
+            behind.woken_by(peer);
         }
-        let mut names: Vec<String> =
-            behind(&writer.as_reader(), moved, &resource).into_iter().map(|r| r.name).collect();
+        let mut names: Vec<String> = behind.woken_by(moved).into_iter().map(|r| r.name).collect();
         names.sort();
         names
     }
@@ -158,5 +206,17 @@ mod tests {
             ["canary", "done", "old"],
             "a target unread holds every installed peer"
         );
+        // Each event refiles its instance: one that caught up, or is being
+        // deleted, is woken no more.
+        let mut later = fleet.clone();
+        later.push(instance("old", Some("2.0.0"), None));
+        assert!(woken(&later, &fleet[0]).is_empty(), "every installed peer is on 2.0.0 now");
+        let mut deleted = instance("old", Some("1.0.0"), None);
+        deleted.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+        ));
+        let mut later = fleet.clone();
+        later.push(deleted);
+        assert!(woken(&later, &fleet[0]).is_empty(), "a peer being deleted is not held");
     }
 }
