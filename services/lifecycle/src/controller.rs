@@ -120,6 +120,7 @@ async fn reconcile(
     metrics.runs.inc();
     let started = std::time::Instant::now();
     let namespace = object.namespace().unwrap_or_default();
+    let reference = ObjectRef::new_with(&object.name_any(), kind.api_resource()).within(&namespace);
     let api = context.instances(kind, &namespace);
     let result = finalizer(&api, kind.finalizer(), object, |event| async {
         match event {
@@ -133,6 +134,10 @@ async fn reconcile(
         other => LifecycleError::Unavailable(format!("Kubernetes API, managing the finalizer: {other}")),
     });
     metrics.observe(started.elapsed().as_secs_f64());
+    if result.is_ok() {
+        // Not waiting for a slot (any more): no wake is spent on it.
+        context.job_queue.went_ahead(kind, reference);
+    }
     result
 }
 
@@ -311,7 +316,7 @@ mod tests {
             leader: Leader::always(),
             requeue: install_plan::REQUEUE,
             max_running_jobs: 4,
-            job_queue: Arc::new(crate::slots::JobQueue::new().0),
+            job_queue: Arc::new(crate::slots::JobQueue::new(4).0),
         };
         (Arc::new(Context::new(client, stores, metrics, settings)), handle)
     }

@@ -186,7 +186,7 @@ pub async fn run_with_client(
     let stop = shutdown_token.clone();
     let outer = shutdown_token.after(shutdown);
     let namespace = config.namespace.clone().unwrap_or_else(|| client.default_namespace().to_string());
-    let (queue, mut woken) = slots::JobQueue::new();
+    let (queue, mut woken) = slots::JobQueue::new(config.max_running_jobs);
     let queue = Arc::new(queue);
     let settings = settings(&config, endpoint, &client, &namespace, &shutdown_token, queue.clone())?;
     let elected = settings.leader.clone();
