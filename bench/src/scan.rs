@@ -253,7 +253,7 @@ async fn measure(tags: usize, with_purge: bool) -> anyhow::Result<Scans> {
         Row::new("scanner peak RSS", peak_rss, "MiB").against("the same process idle", idle_rss),
     ];
     if with_purge {
-        let (purger_idle, purger_peak, deleted) = purge_load(dir.path(), &host).await?;
+        let (purger_idle, purger_peak, deleted) = purge_load(dir.path(), &host, &max_tags).await?;
         rows.push(
             Row::new(
                 format!("purger peak RSS, planning every tag, purging {deleted} digests"),
@@ -295,7 +295,7 @@ async fn plain_reads(
 /// A purger on the scanned JukeBox (`dir`, through the front `host`): its
 /// idle and peak RSS around a plan of the whole JukeBox and the purge of one
 /// small repository, and how many digests that deleted.
-async fn purge_load(dir: &std::path::Path, host: &str) -> anyhow::Result<(f64, f64, usize)> {
+async fn purge_load(dir: &std::path::Path, host: &str, max_tags: &str) -> anyhow::Result<(f64, f64, usize)> {
     use vynil_proto::purger::v1::{
         DeletionState, ExecuteRequest, PlanRequest, Repository, execute_progress::Event,
         plan_request::Target, purger_client::PurgerClient,
@@ -307,6 +307,9 @@ async fn purge_load(dir: &std::path::Path, host: &str) -> anyhow::Result<(f64, f
         host,
         "--vynil-version",
         "0.8.0",
+        // The scanner's cap: the large repository's signatures count as tags.
+        "--max-tags-per-repository",
+        max_tags,
         // Loopback only: executing without the gateway's service token.
         "--allow-unauthenticated",
     ];
