@@ -61,11 +61,10 @@ pub struct Context {
     pub leader: Leader,
     /// The idle requeue (`--requeue-seconds`).
     pub(crate) requeue: Duration,
-    /// Agent Jobs running at once, at most (`--max-running-jobs`).
-    pub(crate) max_running_jobs: usize,
     /// Held across "count the running Jobs, create one": the cap holds.
     pub(crate) job_slots: tokio::sync::Mutex<()>,
-    /// The instances waiting for a slot, woken as slots free.
+    /// The agent Jobs running, at most `--max-running-jobs`, and the
+    /// instances waiting for a slot, woken as slots free.
     pub(crate) job_queue: Arc<crate::slots::JobQueue>,
     /// The last decision per instance, for `ListInstances`.
     pub(crate) outcomes: Mutex<HashMap<(InstanceKind, String, String), Outcome>>,
@@ -93,7 +92,6 @@ pub struct Settings {
     pub reporter: kube::runtime::events::Reporter,
     pub leader: Leader,
     pub requeue: Duration,
-    pub max_running_jobs: usize,
     pub job_queue: Arc<crate::slots::JobQueue>,
 }
 
@@ -144,7 +142,6 @@ impl Context {
             outcomes: Mutex::default(),
             leader: settings.leader,
             requeue: settings.requeue,
-            max_running_jobs: settings.max_running_jobs.max(1),
             job_slots: tokio::sync::Mutex::new(()),
             job_queue: settings.job_queue,
         }

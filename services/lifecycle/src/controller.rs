@@ -315,7 +315,6 @@ mod tests {
             },
             leader: Leader::always(),
             requeue: install_plan::REQUEUE,
-            max_running_jobs: 4,
             job_queue: Arc::new(crate::slots::JobQueue::new(4).0),
         };
         (Arc::new(Context::new(client, stores, metrics, settings)), handle)

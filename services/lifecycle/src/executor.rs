@@ -233,19 +233,19 @@ pub(crate) async fn create_job(
     let kube = |e| LifecycleError::kube(format!("creating the agent Job {name}"))(e);
     let _slot = context.job_slots.lock().await;
     let queue = &context.job_queue;
-    let running = match queue.running_besides(name, context.max_running_jobs) {
+    let running = match queue.running_besides(name) {
         Some(running) => running,
         None => {
             let selector = format!("{}={}", labels::COMPONENT, labels::AGENT);
             let jobs = context.jobs.list(&ListParams::default().labels(&selector)).await.map_err(kube)?;
             queue.listed(&jobs.items);
-            queue.running_besides(name, usize::MAX).unwrap_or_default()
+            queue.counted_besides(name)
         }
     };
-    if running >= context.max_running_jobs {
+    if running >= queue.cap() {
         return Err(LifecycleError::Queued(format!(
             "{running} agent Jobs run, the cap is {}: {name} waits for a slot",
-            context.max_running_jobs
+            queue.cap()
         )));
     }
     context.jobs.create(&PostParams::default(), rendered).await.map_err(kube)?;

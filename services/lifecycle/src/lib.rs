@@ -285,7 +285,6 @@ fn settings(
             shutdown.child(),
         ),
         requeue: Duration::from_secs(config.requeue_seconds.max(1)),
-        max_running_jobs: config.max_running_jobs,
         job_queue,
     })
 }

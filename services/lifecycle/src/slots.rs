@@ -192,13 +192,22 @@ impl JobQueue {
     }
 
     /// How many agent Jobs other than `name` run; `None` when the Jobs must
-    /// be listed first: never listed, or the count says `cap` is reached and
-    /// the last list is older than [`RELIST`].
-    pub fn running_besides(&self, name: &str, cap: usize) -> Option<usize> {
+    /// be listed first ([`JobQueue::listed`]): never listed, or the count
+    /// says the cap is reached and the last list is older than [`RELIST`].
+    pub fn running_besides(&self, name: &str) -> Option<usize> {
         let state = self.state();
-        let running = state.running.len() - usize::from(state.running.contains_key(name));
+        let running = Self::besides(&state, name);
         let fresh = state.listed.is_some_and(|at| at.elapsed() < RELIST);
-        (state.listed.is_some() && (running < cap || fresh)).then_some(running)
+        (state.listed.is_some() && (running < self.cap || fresh)).then_some(running)
+    }
+
+    /// How many agent Jobs other than `name` run, as counted now.
+    pub fn counted_besides(&self, name: &str) -> usize {
+        Self::besides(&self.state(), name)
+    }
+
+    fn besides(state: &State, name: &str) -> usize {
+        state.running.len() - usize::from(state.running.contains_key(name))
     }
 
     /// Every agent Job, as listed: the count starts again from it, and as
@@ -254,6 +263,11 @@ impl JobQueue {
         }
     }
 
+    /// How many agent Jobs may run at once (`--max-running-jobs`).
+    pub fn cap(&self) -> usize {
+        self.cap
+    }
+
     /// How many instances wait.
     pub fn waiting(&self) -> usize {
         self.state().waiting.len()
@@ -289,7 +303,7 @@ mod tests {
     async fn each_job_seen_finishing_wakes_the_first_in_line_once() {
         let (queue, mut woken) = JobQueue::new(9);
         queue.listed(&[job("j1", "u1", false), job("j2", "u2", false), job("old", "u0", true)]);
-        assert_eq!(queue.running_besides("new", 9), Some(2), "a finished Job holds no slot");
+        assert_eq!(queue.running_besides("new"), Some(2), "a finished Job holds no slot");
         queue.wait(InstanceKind::Tenant, instance("a"));
         queue.wait(InstanceKind::Tenant, instance("b"));
         queue.wait(InstanceKind::Tenant, instance("a"));
@@ -302,26 +316,25 @@ mod tests {
         queue.seen(&job("j2", "u2", true));
         assert_eq!(tenants(&mut woken).next().await.unwrap().name, "b");
         assert_eq!(queue.waiting(), 0);
-        assert_eq!(queue.running_besides("new", 9), Some(0));
+        assert_eq!(queue.running_besides("new"), Some(0));
     }
 
     #[test]
     fn the_count_follows_creates_and_finishes_and_a_full_stale_count_is_listed_again() {
-        let (queue, _woken) = JobQueue::new(9);
-        assert_eq!(queue.running_besides("a", 2), None, "never listed: list first");
+        let (queue, _woken) = JobQueue::new(2);
+        assert_eq!(queue.running_besides("a"), None, "never listed: list first");
         queue.listed(&[]);
         queue.created("a", "ua");
-        assert_eq!(queue.running_besides("a", 2), Some(0), "a Job is not counted against itself");
+        assert_eq!(queue.running_besides("a"), Some(0), "a Job is not counted against itself");
         // The agent finished before the create was read back: no slot held.
         queue.seen(&job("b", "ub", true));
         queue.created("b", "ub");
         queue.seen(&job("c", "uc", false));
-        assert_eq!(queue.running_besides("d", 2), Some(2), "full, and listed less than RELIST ago");
+        assert_eq!(queue.running_besides("d"), Some(2), "full, and listed less than RELIST ago");
         queue.state().listed = Instant::now().checked_sub(RELIST);
-        assert_eq!(queue.running_besides("d", 2), None, "full and stale: listed again");
-        assert_eq!(queue.running_besides("d", 3), Some(2), "not full: no list needed");
+        assert_eq!(queue.running_besides("d"), None, "full and stale: listed again");
         queue.deleted("a");
-        assert_eq!(queue.running_besides("d", 2), Some(1));
+        assert_eq!(queue.running_besides("d"), Some(1), "not full: no list needed, however old the last");
     }
 
     #[tokio::test]
