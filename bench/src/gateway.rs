@@ -127,18 +127,61 @@ impl GatewayProcess {
     }
 }
 
-async fn static_server(body: bytes::Bytes, content_type: String) -> anyhow::Result<String> {
+/// A static handler answering `body` at the URL returned, served by this
+/// process's runtime (the client's own threads).
+async fn static_server(body: bytes::Bytes) -> anyhow::Result<String> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}/catalog", listener.local_addr()?);
-    let app = axum::Router::new().route(
+    tokio::spawn(async move { axum::serve(listener, static_app(body)).await });
+    Ok(url)
+}
+
+fn static_app(body: bytes::Bytes) -> axum::Router {
+    axum::Router::new().route(
         "/catalog",
         axum::routing::get(move || {
-            let (body, content_type) = (body.clone(), content_type.clone());
-            async move { ([(http::header::CONTENT_TYPE, content_type)], body) }
+            let body = body.clone();
+            async move { ([(http::header::CONTENT_TYPE, "application/json")], body) }
         }),
-    );
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    Ok(url)
+    )
+}
+
+/// The same static handler in a process of its own, as the gateway is (its
+/// own runtime, reached across processes): the bench run with
+/// `--static-child <body file>`, which prints its URL. Killed on drop.
+struct StaticProcess {
+    _child: tokio::process::Child,
+    url: String,
+}
+
+impl StaticProcess {
+    async fn start(body_file: &Path) -> anyhow::Result<Self> {
+        use tokio::io::AsyncBufReadExt;
+        let mut child = tokio::process::Command::new(std::env::current_exe()?)
+            .arg("--static-child")
+            .arg(body_file)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()?;
+        let stdout =
+            child.stdout.take().ok_or_else(|| anyhow::anyhow!("the static handler has no stdout"))?;
+        let mut line = String::new();
+        let mut stdout = tokio::io::BufReader::new(stdout);
+        tokio::time::timeout(Duration::from_secs(20), stdout.read_line(&mut line)).await??;
+        let url = line.trim().to_string();
+        anyhow::ensure!(url.starts_with("http://"), "the static handler printed {line:?}, not its URL");
+        Ok(Self { _child: child, url })
+    }
+}
+
+/// The child's work: serves the file's bytes, prints the URL, until killed.
+pub async fn static_child(body_file: &Path) -> anyhow::Result<()> {
+    let body = bytes::Bytes::from(std::fs::read(body_file)?);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    println!("http://{}/catalog", listener.local_addr()?);
+    axum::serve(listener, static_app(body)).await?;
+    Ok(())
 }
 
 async fn measure() -> anyhow::Result<(Vec<Row>, Vec<Row>)> {
@@ -172,12 +215,12 @@ async fn measure() -> anyhow::Result<(Vec<Row>, Vec<Row>)> {
 
     let url = format!("{}/api/v1/jukeboxes/box/catalog", gateway.url);
     let answer = reqwest::Client::new().get(&url).bearer_auth(TOKEN).send().await?.error_for_status()?;
-    let content_type = answer
-        .headers()
-        .get(http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("application/json")
-        .to_string();
+    let content_type =
+        answer.headers().get(http::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_string);
+    anyhow::ensure!(
+        content_type.as_deref().is_some_and(|t| t.starts_with("application/json")),
+        "the gateway answered {content_type:?}, not JSON"
+    );
     let body = answer.bytes().await?;
     let items = body.windows(b"\"image\":".len()).filter(|w| *w == b"\"image\":").count();
     anyhow::ensure!(items > 0, "the gateway's catalog holds none of the {PACKAGES} packages written");
@@ -185,15 +228,25 @@ async fn measure() -> anyhow::Result<(Vec<Row>, Vec<Row>)> {
 
     let through = load(&url).await?;
     let loaded = (resident_mib(catalog.pid(), "VmHWM:")?, resident_mib(gateway.pid()?, "VmHWM:")?);
-    let baseline = load(&static_server(body, content_type).await?).await?;
+    let body_file = dir.path().join("page.json");
+    std::fs::write(&body_file, &body)?;
+    let apart = StaticProcess::start(&body_file).await?;
+    let baseline = load(&apart.url).await?;
+    let inside = load(&static_server(body).await?).await?;
 
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     let what = format!("{CLIENTS} clients, a page of {items} packages ({kib:.0} KiB)");
     let load_rows = vec![
         Row::new(format!("reads/s, {what}"), through.per_second, "req/s")
-            .against("static handler, identical bytes, reads/s", baseline.per_second),
-        Row::new("read latency, p50", ms(through.p50), "ms").against("static handler, p50", ms(baseline.p50)),
-        Row::new("read latency, p99", ms(through.p99), "ms").against("static handler, p99", ms(baseline.p99)),
+            .against("static handler (own process), identical bytes, reads/s", baseline.per_second),
+        Row::new("read latency, p50", ms(through.p50), "ms")
+            .against("static handler (own process), p50", ms(baseline.p50)),
+        Row::new("read latency, p99", ms(through.p99), "ms")
+            .against("static handler (own process), p99", ms(baseline.p99)),
+        Row::new("reads/s (the same)", through.per_second, "req/s")
+            .against("static handler in the client's process, reads/s", inside.per_second),
+        Row::new("read latency, p99 (the same)", ms(through.p99), "ms")
+            .against("static handler in the client's process, p99", ms(inside.p99)),
     ];
     let memory_rows = vec![
         Row::new("vynil-catalog, peak under P4's load", loaded.0, "MiB")

@@ -36,6 +36,10 @@ struct Args {
     /// P9's planning process (internal: the bench starts itself with it).
     #[arg(long, hide = true)]
     p9_child: bool,
+    /// P4's static handler in a process of its own, serving this file's
+    /// bytes (internal: the bench starts itself with it).
+    #[arg(long, hide = true)]
+    static_child: Option<std::path::PathBuf>,
     /// Where results are written.
     #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/results"))]
     results: std::path::PathBuf,
@@ -46,6 +50,9 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     if args.p9_child {
         return purge_size::child();
+    }
+    if let Some(body) = args.static_child {
+        return gateway::static_child(&body).await;
     }
     let wanted = |id: &str| args.only.is_empty() || args.only.iter().any(|o| o.eq_ignore_ascii_case(id));
     let mut report = Report::new();

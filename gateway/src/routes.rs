@@ -15,7 +15,7 @@ use std::{
 };
 
 use axum::{
-    Json, Router,
+    Json, RequestExt, Router,
     extract::{MatchedPath, Path, Query, Request, State, rejection::PathRejection},
     http::{HeaderValue, Method, StatusCode},
     middleware::{self, Next},
@@ -173,14 +173,15 @@ pub fn route_table() -> Vec<RouteSpec> {
         .collect()
 }
 
-type AccessMap = Arc<HashMap<(Method, &'static str), (Access, KubeRule)>>;
+/// Each path's methods and what they need: looked up by the matched path.
+type AccessMap = Arc<HashMap<&'static str, Vec<(Method, Access, KubeRule)>>>;
 
 /// The API routes behind authentication and authorization.
 pub fn api_router(app: App) -> Router {
-    let mut access: HashMap<(Method, &'static str), (Access, KubeRule)> = HashMap::new();
+    let mut access: HashMap<&'static str, Vec<(Method, Access, KubeRule)>> = HashMap::new();
     let mut router: Router<App> = Router::new();
     for (method, path, needed, kube, handler) in table() {
-        access.insert((method, path), (needed, kube));
+        access.entry(path).or_default().push((method, needed, kube));
         router = router.route(path, handler);
     }
     let guard = Guard { app: app.clone(), access: Arc::new(access) };
@@ -205,14 +206,15 @@ pub struct RequestMeta {
 async fn authorize(
     State(guard): State<Guard>,
     matched: Option<MatchedPath>,
-    params: Result<Path<HashMap<String, String>>, PathRejection>,
     mut request: Request,
     next: Next,
 ) -> Result<Response, ApiError> {
     let path = matched.as_ref().map(MatchedPath::as_str).unwrap_or_default();
     // `HEAD` is answered as `GET` is (axum's `get` serves both).
     let method = if request.method() == Method::HEAD { Method::GET } else { request.method().clone() };
-    let found = guard.access.iter().find(|((m, p), _)| *m == method && *p == path).map(|(_, a)| *a);
+    let found = guard.access.get(path).and_then(|routes| {
+        routes.iter().find(|(m, _, _)| *m == method).map(|(_, needed, kube)| (*needed, *kube))
+    });
     let Some((needed, kube)) = found else {
         // A method the path does not declare: what it answers, before any
         // authentication work. A path missing from the table is closed.
@@ -257,6 +259,9 @@ async fn authorize(
                         "Kubernetes users are not accepted here (--kubernetes-auth is off)",
                     )
                 })?;
+                // Read here only: the other grants do not need them.
+                let params: Result<Path<HashMap<String, String>>, PathRejection> =
+                    request.extract_parts().await;
                 let params = params.map(|Path(p)| p).unwrap_or_default();
                 let query: HashMap<String, String> =
                     Query::try_from_uri(request.uri()).map(|Query(q)| q).unwrap_or_default();
@@ -282,10 +287,7 @@ async fn authorize(
 /// The `Allow` value of `path` as the route table declares it (`HEAD` with
 /// `GET`, and `OPTIONS`), `None` for a path the table does not hold.
 fn allowed_methods(access: &AccessMap, path: &str) -> Option<String> {
-    let mut methods: Vec<&str> = access.keys().filter(|(_, p)| *p == path).map(|(m, _)| m.as_str()).collect();
-    if methods.is_empty() {
-        return None;
-    }
+    let mut methods: Vec<&str> = access.get(path)?.iter().map(|(m, _, _)| m.as_str()).collect();
     if methods.contains(&"GET") {
         methods.push("HEAD");
     }
@@ -301,13 +303,24 @@ fn valid_traceparent(value: &str) -> bool {
     parts.len() == 4 && hex(parts[0], 2) && hex(parts[1], 32) && hex(parts[2], 16) && hex(parts[3], 2)
 }
 
+/// A new request id: this process's random prefix and a counter, so ids
+/// stay unique across replicas without asking the OS for randomness per
+/// request.
 fn new_request_id() -> String {
-    vynil_runtime::trust::generate_token().map(|t| t.chars().take(16).collect()).unwrap_or_else(|_| {
-        format!(
-            "{:x}",
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos()
-        )
-    })
+    use std::sync::{
+        OnceLock,
+        atomic::{AtomicU64, Ordering},
+    };
+    static PREFIX: OnceLock<String> = OnceLock::new();
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let prefix = PREFIX.get_or_init(|| {
+        let nanos =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
+        vynil_runtime::trust::generate_token()
+            .map(|t| t.chars().filter(char::is_ascii_alphanumeric).take(8).collect())
+            .unwrap_or_else(|_| format!("{:08x}", nanos as u32 ^ std::process::id()))
+    });
+    format!("{prefix}{:08x}", NEXT.fetch_add(1, Ordering::Relaxed))
 }
 
 /// The outer layer: request id (from `x-request-id` when it is sane, else
@@ -353,7 +366,15 @@ pub async fn observe(State(app): State<App>, mut request: Request, next: Next) -
     let status = response.status().as_u16();
     let seconds = started.elapsed().as_secs_f64();
     app.metrics.observe(&route, &method, status, seconds);
-    span.in_scope(|| tracing::info!(status, duration_ms = (seconds * 1000.0) as u64, "answered"));
+    let duration_ms = (seconds * 1000.0) as u64;
+    // A read that succeeded is counted (metrics) and traced; the log line is
+    // for what changed something or failed (a read at debug: formatting one
+    // line per catalog read costs more than serving it from rendered bytes).
+    let read = matches!(method, Method::GET | Method::HEAD) && status < 400;
+    span.in_scope(|| match read {
+        true => tracing::debug!(status, duration_ms, "answered"),
+        false => tracing::info!(status, duration_ms, "answered"),
+    });
     if let Ok(value) = HeaderValue::from_str(&id) {
         response.headers_mut().insert("x-request-id", value);
     }
@@ -383,7 +404,12 @@ pub async fn body_within(
     request: axum::extract::Request,
     next: middleware::Next,
 ) -> Response {
+    use axum::body::HttpBody as _;
     use futures::StreamExt;
+    // Most requests (every GET) have no body: nothing to wait for.
+    if request.body().is_end_stream() {
+        return next.run(request).await;
+    }
     let (parts, body) = request.into_parts();
     let read = async {
         let mut data = body.into_data_stream();
@@ -429,4 +455,23 @@ pub async fn readyz(State(app): State<App>) -> Response {
     }
     let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     (status, Json(json!({"ready": ready, "services": services}))).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn new_request_ids_are_distinct_and_pass_the_sanity_check_of_a_forwarded_id() {
+        let ids: Vec<String> = (0..1000).map(|_| new_request_id()).collect();
+        let distinct: std::collections::HashSet<&String> = ids.iter().collect();
+        assert_eq!(distinct.len(), ids.len(), "a repeated request id");
+        for id in &ids {
+            assert!(
+                id.len() <= 64 && id.chars().all(|c| c.is_ascii_alphanumeric()),
+                "{id} would not be kept when a client sends it back"
+            );
+        }
+        assert_eq!(ids[0][..8], ids[999][..8], "one prefix per process");
+    }
 }
