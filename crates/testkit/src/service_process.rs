@@ -121,6 +121,17 @@ impl ServiceProcess {
         Ok(())
     }
 
+    /// [`ServiceProcess::restart`] with `flag`'s value set to `value` (added
+    /// when it was not given): the same service, configured otherwise.
+    pub async fn restart_with(&mut self, flag: &str, value: &str) -> Result<()> {
+        let args = &mut self.launch.args;
+        match args.iter().position(|a| a == flag) {
+            Some(at) if at + 1 < args.len() => args[at + 1] = value.to_string(),
+            _ => args.extend([flag.to_string(), value.to_string()]),
+        }
+        self.restart().await
+    }
+
     pub fn endpoint(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
     }

@@ -19,7 +19,10 @@
 //! `Queued` puts its instance in line (once) and waits for a wake: each
 //! agent Job seen finishing wakes the first in line, through its kind's
 //! controller (`Controller::reconcile_on`). A woken instance that still
-//! finds no slot queues again at the back; one that went ahead otherwise
+//! finds no slot (a reconcile of another instance, not in line, took it)
+//! is back at the front, not at the back: sent to the back, it would wait
+//! through the whole line again (at 10 000 instances, a line of thousands)
+//! for a race it lost once. One that went ahead otherwise
 //! (its own event) leaves the line ([`JobQueue::went_ahead`]), so no wake is
 //! spent on it. A slot freed while nobody is in line is kept for the next
 //! to queue (the instance that found the count full, whose Jobs all ended
@@ -59,8 +62,8 @@ struct State {
     waiting: HashSet<Waiter>,
     /// Slots freed while nobody waited, for the next to queue (at most the cap).
     spare: usize,
-    /// Woken by [`JobQueue::tick`]: back at the front if still no slot.
-    ticked: Option<Waiter>,
+    /// Woken and not back yet: at the front again if still no slot.
+    woken: HashSet<Waiter>,
     /// The line moved (a slot freed) since the last tick.
     moved: bool,
     /// Agent Jobs running: name → uid.
@@ -109,12 +112,11 @@ impl JobQueue {
         if state.spare > 0 && !state.waiting.contains(&waiter) {
             state.spare -= 1;
             state.moved = true;
-            self.send(waiter);
+            self.send(&mut state, waiter);
             return;
         }
         if state.waiting.insert(waiter.clone()) {
-            if state.ticked.as_ref() == Some(&waiter) {
-                state.ticked = None;
+            if state.woken.remove(&waiter) {
                 state.line.push_front(waiter);
             } else {
                 state.line.push_back(waiter);
@@ -126,8 +128,10 @@ impl JobQueue {
     /// it leaves the line, if it was in it.
     pub fn went_ahead(&self, kind: InstanceKind, instance: ObjectRef<DynamicObject>) {
         let mut state = self.state();
-        if !state.waiting.is_empty() {
-            state.waiting.remove(&(kind, instance));
+        if !state.waiting.is_empty() || !state.woken.is_empty() {
+            let waiter = (kind, instance);
+            state.waiting.remove(&waiter);
+            state.woken.remove(&waiter);
         }
     }
 
@@ -149,14 +153,16 @@ impl JobQueue {
                 continue;
             };
             state.moved = true;
-            self.send(first);
+            self.send(state, first);
         }
     }
 
-    fn send(&self, (kind, instance): Waiter) {
-        if let Some((_, sender)) = self.wake.iter().find(|(k, _)| *k == kind) {
-            let _ = sender.unbounded_send(instance);
+    /// Wakes `waiter`, which keeps its place if it still finds no slot.
+    fn send(&self, state: &mut State, waiter: Waiter) {
+        if let Some((_, sender)) = self.wake.iter().find(|(k, _)| *k == waiter.0) {
+            let _ = sender.unbounded_send(waiter.1.clone());
         }
+        state.woken.insert(waiter);
     }
 
     /// An agent Job as a watch saw it: one that finished frees its slot
@@ -231,21 +237,17 @@ impl JobQueue {
     }
 
     /// The line has not moved since the last tick: as many as the count
-    /// has free slots are woken, the first of them keeping its place if it
-    /// still finds none (one when the count says full: its create lists the
-    /// Jobs again). Called every [`SAFETY_NET`].
+    /// has free slots are woken (one when the count says full: its create
+    /// lists the Jobs again). Called every [`SAFETY_NET`].
     pub fn tick(&self) {
         let mut state = self.state();
         if std::mem::take(&mut state.moved) {
             return;
         }
         let free = self.cap.saturating_sub(state.running.len()).max(1);
-        for at in 0..free {
+        for _ in 0..free {
             let Some(first) = Self::first(&mut state) else { return };
-            if at == 0 {
-                state.ticked = Some(first.clone());
-            }
-            self.send(first);
+            self.send(&mut state, first);
         }
     }
 
@@ -360,6 +362,28 @@ mod tests {
         queue.created("j3", "u3");
         queue.seen(&job("j3", "u3", true));
         assert_eq!(next(&mut woken).as_deref(), Some("d"), "c went ahead on its own");
+    }
+
+    #[test]
+    fn a_woken_instance_that_finds_no_slot_is_next_not_last() {
+        let (queue, mut woken) = JobQueue::new(1);
+        queue.listed(&[job("j1", "u1", false)]);
+        for name in ["a", "b", "c"] {
+            queue.wait(InstanceKind::Tenant, instance(name));
+        }
+        queue.seen(&job("j1", "u1", true));
+        assert_eq!(next(&mut woken).as_deref(), Some("a"));
+        // Another instance, not in line, took the slot before "a" came back.
+        queue.created("j2", "u2");
+        queue.wait(InstanceKind::Tenant, instance("a"));
+        queue.seen(&job("j2", "u2", true));
+        assert_eq!(next(&mut woken).as_deref(), Some("a"), "a was woken first: it is next again");
+        // Once it went ahead, a later wait is a new one: at the back.
+        queue.went_ahead(InstanceKind::Tenant, instance("a"));
+        queue.created("j3", "u3");
+        queue.wait(InstanceKind::Tenant, instance("a"));
+        queue.seen(&job("j3", "u3", true));
+        assert_eq!(next(&mut woken).as_deref(), Some("b"));
     }
 
     #[test]
