@@ -36,6 +36,7 @@ use crate::{
     install_plan::{self, Outcome},
     instance::{Instance, InstanceKind},
     job,
+    leader::Standing,
     metrics::InstanceFailure,
     observe::{job_slot, observe, observe_cleanup},
     uninstall_plan::{self},
@@ -48,6 +49,8 @@ pub fn controller(
     namespace: &str,
     kind: InstanceKind,
     queue: Arc<crate::slots::JobQueue>,
+    waves: crate::fleet::UnderWaves,
+    concurrency: u16,
 ) -> Controller<DynamicObject> {
     let resource = kind.api_resource();
     let instances: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
@@ -56,8 +59,9 @@ pub fn controller(
         format!("{}={},{}={}", labels::COMPONENT, labels::AGENT, labels::TYPE, kind.package_type().as_str());
     let records: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
     let of_records = resource.clone();
-    let controller = Controller::new_with(instances.clone(), watcher::Config::default(), resource.clone());
-    let behind = crate::fleet::Behind::new(resource.clone());
+    let controller = Controller::new_with(instances.clone(), watcher::Config::default(), resource.clone())
+        .with_config(kube::runtime::controller::Config::default().concurrency(concurrency.max(1)));
+    let behind = crate::fleet::Behind::new(resource.clone(), waves);
     controller
         // An instance that moved wakes those of its package on another
         // revision: a later wave waits for it (`crate::fleet`).
@@ -112,10 +116,12 @@ async fn reconcile(
     object: Arc<DynamicObject>,
     context: Arc<Context>,
 ) -> Result<Action, LifecycleError> {
-    if !context.leader.is_leader() {
+    if context.leader.standing() == Standing::Following {
         // Another replica reconciles; this one is brought back when elected.
         return Ok(Action::await_change());
     }
+    // The leader whose renewal is late comes back (no new term will).
+    context.ensure_leader()?;
     let metrics = context.metrics.of(kind);
     metrics.runs.inc();
     let started = std::time::Instant::now();
@@ -134,9 +140,10 @@ async fn reconcile(
         other => LifecycleError::Unavailable(format!("Kubernetes API, managing the finalizer: {other}")),
     });
     metrics.observe(started.elapsed().as_secs_f64());
-    if result.is_ok() {
-        // Not waiting for a slot (any more): no wake is spent on it.
-        context.job_queue.went_ahead(kind, reference);
+    if !matches!(result, Err(LifecycleError::Queued(_))) {
+        // Not waiting for a slot (any more, when Ok): no wake is spent on it,
+        // and a slot it was offered and did not take goes to the next.
+        context.job_queue.reconciled(kind, reference, result.is_ok());
     }
     result
 }
@@ -268,7 +275,7 @@ mod tests {
     use crate::context::Settings;
     use crate::facts::Stores;
     use crate::job::AgentSettings;
-    use crate::leader::Leader;
+    use crate::leader::{Leader, Standing};
     use crate::metrics::LifecycleMetrics;
     use http::{Request, Response};
     use kube::client::Body;
@@ -281,6 +288,10 @@ mod tests {
     type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
 
     fn context() -> (Arc<Context>, Handle) {
+        context_of(Leader::fixed(Standing::Leading))
+    }
+
+    fn context_of(leader: Leader) -> (Arc<Context>, Handle) {
         let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         let client = Client::new(service, "vynil-system");
         let store = |k: InstanceKind| {
@@ -313,9 +324,10 @@ mod tests {
                 controller: "vynil-lifecycle".into(),
                 instance: None,
             },
-            leader: Leader::always(),
+            leader,
             requeue: install_plan::REQUEUE,
             job_queue: Arc::new(crate::slots::JobQueue::new(4).0),
+            under_waves: Default::default(),
         };
         (Arc::new(Context::new(client, stores, metrics, settings)), handle)
     }
@@ -427,5 +439,29 @@ mod tests {
         })
         .await;
         assert!(matches!(result, Err(LifecycleError::Decode(_))), "{result:?}");
+    }
+
+    #[tokio::test]
+    async fn a_leader_whose_renewal_is_late_comes_back_and_a_follower_waits_to_be_elected() {
+        let retry = Duration::from_millis(700);
+        for (standing, expected) in [(Standing::Renewing { retry }, Some(retry)), (Standing::Following, None)]
+        {
+            let (context, mut handle) = context_of(Leader::fixed(standing));
+            let object = object(spec(), json!({}), true);
+            // An API call would wait for an answer the mock never sends.
+            let reconciled = reconcile(InstanceKind::Tenant, object, context);
+            let result = tokio::time::timeout(Duration::from_secs(5), reconciled).await.expect("no API call");
+            match (result, expected) {
+                // Not a failure, and no wake lost: the reconcile is retried.
+                (Err(LifecycleError::Pending { retry_after, .. }), Some(retry)) => {
+                    assert_eq!(retry_after, retry)
+                }
+                (Ok(action), None) => assert_eq!(action, Action::await_change()),
+                (other, _) => panic!("{standing:?}: {other:?}"),
+            }
+            // The client went with the context: a request it made would still be queued.
+            let asked = tokio::time::timeout(Duration::from_millis(50), handle.next_request()).await;
+            assert!(!matches!(asked, Ok(Some(_))), "{standing:?}: no API call without the right to write");
+        }
     }
 }

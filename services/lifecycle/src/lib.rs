@@ -188,13 +188,17 @@ pub async fn run_with_client(
     let namespace = config.namespace.clone().unwrap_or_else(|| client.default_namespace().to_string());
     let (queue, mut woken) = slots::JobQueue::new(config.max_running_jobs);
     let queue = Arc::new(queue);
-    let settings = settings(&config, endpoint, &client, &namespace, &shutdown_token, queue.clone())?;
+    let waves = fleet::UnderWaves::default();
+    let wakes = (queue.clone(), waves.clone());
+    let settings = settings(&config, endpoint, &client, &namespace, &shutdown_token, wakes)?;
     let elected = settings.leader.clone();
     let watched = settings.catalog.clone();
     let controllers: Vec<_> = instance::InstanceKind::ALL
         .into_iter()
         .map(|kind| {
-            let controller = controller::controller(&client, &namespace, kind, queue.clone());
+            let concurrency = config.concurrent_reconciles;
+            let controller =
+                controller::controller(&client, &namespace, kind, queue.clone(), waves.clone(), concurrency);
             let triggers = fanout::triggers(
                 watched.clone(),
                 controller.store(),
@@ -243,7 +247,7 @@ fn settings(
     client: &kube::Client,
     namespace: &str,
     shutdown: &Shutdown,
-    job_queue: Arc<slots::JobQueue>,
+    (job_queue, under_waves): (Arc<slots::JobQueue>, fleet::UnderWaves),
 ) -> Result<context::Settings, LifecycleError> {
     let catalog = catalog_client::Catalog::connect(endpoint)?;
     let credentials = vynil_registry::CredentialStore::from_file(config.store.dockerconfig.as_deref())
@@ -286,6 +290,7 @@ fn settings(
         ),
         requeue: Duration::from_secs(config.requeue_seconds.max(1)),
         job_queue,
+        under_waves,
     })
 }
 

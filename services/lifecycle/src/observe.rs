@@ -44,6 +44,10 @@ pub async fn observe(
     let upgrade_policy = vynil_crds::UpgradePolicy::effective(jukebox_policy, instance.own_policy().as_ref())
         .map(|(policy, of)| PolicyOf { policy, of });
     let waves = upgrade_policy.as_ref().is_some_and(|p| !p.policy.waves.is_empty());
+    if let Some(uid) = &instance.uid {
+        // Before its peers are read: a move after that read wakes it (`crate::fleet`).
+        context.under_waves.mark(uid, waves);
+    }
     let fleet = if waves && instance.installed_tag().is_some() {
         crate::fleet::members(instance, context).await?
     } else {
