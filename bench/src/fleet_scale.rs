@@ -154,6 +154,7 @@ async fn measure(instances: usize) -> anyhow::Result<Run> {
     anyhow::ensure!(agent.failed() == 0, "{} agent Jobs failed", agent.failed());
 
     // 10% of the instances: the JukeBoxes of package web0.
+    fleet.api.clear_requests();
     fleet.publish("web0", "1.1.0").await;
     let start = Instant::now();
     let upgraded: Vec<usize> = (0..JUKEBOXES).filter(|j| package(*j) == "web0").collect();
@@ -161,6 +162,7 @@ async fn measure(instances: usize) -> anyhow::Result<Run> {
     let version = |i: usize| if package(i % JUKEBOXES) == "web0" { "1.1.0" } else { "1.0.0" };
     installed(&fleet, version, instances).await?;
     let upgrade = start.elapsed();
+    let upgrade_requests = lifecycle_requests(&fleet);
 
     // At rest, the requeue scaled down: the lifecycle started again with it;
     // measured once the new process leads (the lease expires) and its first
@@ -170,14 +172,16 @@ async fn measure(instances: usize) -> anyhow::Result<Run> {
     fleet.api.clear_requests();
     tokio::time::sleep(IDLE).await;
     let at_rest = lifecycle_requests(&fleet);
-    let idle_total: usize = at_rest.iter().filter(|(k, _)| !k.starts_with("conflict")).map(|(_, v)| v).sum();
+    let sum = |requests: &BTreeMap<String, usize>| -> usize {
+        requests.iter().filter(|(k, _)| !k.starts_with("conflict")).map(|(_, v)| v).sum()
+    };
+    let idle_total = sum(&at_rest);
     let per_hour = idle_total as f64 / instances as f64
         * (REQUEUE_SECONDS as f64 / IDLE.as_secs_f64())
         * (3600.0 / DEFAULT_REQUEUE_SECONDS);
 
     let floor = fake_floor(&fleet, instances).await?;
-    let total: usize =
-        install_requests.iter().filter(|(k, _)| !k.starts_with("conflict")).map(|(_, v)| v).sum();
+    let (upgraded, total) = ((instances / 10).max(1), sum(&install_requests));
     let each = |verb: &str| -> f64 {
         install_requests.iter().filter(|(k, _)| k.starts_with(verb)).map(|(_, v)| *v).sum::<usize>() as f64
             / instances as f64
@@ -212,6 +216,11 @@ async fn measure(instances: usize) -> anyhow::Result<Run> {
             "s",
         ),
         Row::new(
+            "lifecycle API requests per upgraded instance, upgrading",
+            sum(&upgrade_requests) as f64 / upgraded as f64,
+            "requests",
+        ),
+        Row::new(
             "lifecycle API requests per instance per hour at rest (requeue scaled to 900 s)",
             per_hour,
             "requests",
@@ -219,7 +228,9 @@ async fn measure(instances: usize) -> anyhow::Result<Run> {
         Row::new("vynil-lifecycle peak RSS", peak_rss, "MiB").against("the same process idle", idle_rss),
     ]);
     let text = at_rest.iter().map(|(k, v)| format!("{k}: {v}")).collect::<Vec<_>>().join(", ");
-    eprintln!("P7 at {instances}: requests at rest in {IDLE:?}: {text}; installing: {install_requests:?}");
+    eprintln!(
+        "P7 at {instances}: requests at rest in {IDLE:?}: {text}; installing: {install_requests:?}; upgrading: {upgrade_requests:?}"
+    );
     Ok(Run { rows, instances, install_s: install.as_secs_f64(), requests: total as f64, rss_mib: peak_rss })
 }
 

@@ -21,6 +21,8 @@ use super::admission::{self, FieldError, Structural};
 use super::resources::{ResourceDef, Resources};
 use super::selectors::{FieldSelector, LabelSelector};
 
+mod garbage;
+
 /// Where an object lives: `namespace` is empty for cluster-scoped objects.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Key {
@@ -181,10 +183,9 @@ pub struct Store {
     history_limit: usize,
     compacted_at: u64,
     events: broadcast::Sender<Arc<StoredEvent>>,
-    /// Something changed that may leave garbage: a removal, a deletion
-    /// begun, an object with owners stored. A write that did none of these
-    /// leaves nothing to collect, so it costs no pass over every object.
-    garbage_possible: bool,
+    /// The garbage collector's owner graph and the objects it must look at
+    /// again (`garbage`).
+    graph: garbage::Graph,
 }
 
 fn now() -> String {
@@ -270,7 +271,7 @@ impl Store {
             history_limit: history_limit.max(1),
             compacted_at: 1000,
             events,
-            garbage_possible: false,
+            graph: garbage::Graph::default(),
         }
     }
 
@@ -318,10 +319,7 @@ impl Store {
     }
 
     fn emit_change(&mut self, kind: EventType, key: Key, object: Value, previous: Option<Value>, rv: u64) {
-        let owners = |o: Option<&Value>| o.and_then(meta).and_then(|m| m.get("ownerReferences")).cloned();
-        self.garbage_possible |= kind == EventType::Deleted
-            || meta_str(&object, "deletionTimestamp").is_some()
-            || owners(Some(&object)).is_some() && owners(Some(&object)) != owners(previous.as_ref());
+        self.graph.track(kind, &key, &object, previous.as_ref());
         let event = Arc::new(StoredEvent { rv, kind, key, object, previous, at: std::time::Instant::now() });
         self.history.push_back(event.clone());
         while self.history.len() > self.history_limit {
@@ -713,111 +711,6 @@ impl Store {
         self.emit(EventType::Deleted, key, gone.clone(), rv);
         self.after_removal(res, &gone);
         Ok(gone)
-    }
-
-    /// One pass of the cluster's asynchronous controllers, as the garbage
-    /// collector and the namespace controller do it after the request that
-    /// caused it has been answered: dependents whose owners are all gone are
-    /// deleted; an owner deleted in the foreground loses its
-    /// `foregroundDeletion` finalizer once its dependents are gone; an owner
-    /// deleted with `Orphan` first frees its dependents; a terminating
-    /// namespace is emptied, then removed. Returns whether anything changed
-    /// (the caller runs passes until none does).
-    pub fn collect_garbage(&mut self) -> bool {
-        if !std::mem::take(&mut self.garbage_possible) {
-            return false;
-        }
-        let uids: std::collections::HashSet<String> =
-            self.objects.values().filter_map(|o| meta_str(o, "uid").map(str::to_string)).collect();
-        let owned_by = |o: &Value, uid: &str| {
-            meta(o)
-                .and_then(|m| m.get("ownerReferences"))
-                .and_then(Value::as_array)
-                .is_some_and(|refs| refs.iter().any(|r| r["uid"].as_str() == Some(uid)))
-        };
-        let mut deletes: Vec<(Key, Propagation)> = Vec::new();
-        let mut writes: Vec<(Key, Value)> = Vec::new();
-        for (key, object) in &self.objects {
-            let refs: Vec<&str> = meta(object)
-                .and_then(|m| m.get("ownerReferences"))
-                .and_then(Value::as_array)
-                .map(|refs| refs.iter().filter_map(|r| r["uid"].as_str()).collect())
-                .unwrap_or_default();
-            if !refs.is_empty() && refs.iter().all(|uid| !uids.contains(*uid)) {
-                deletes.push((key.clone(), Propagation::Background));
-            }
-            if meta_str(object, "deletionTimestamp").is_none() {
-                continue;
-            }
-            let finalizers: Vec<&str> = meta(object)
-                .and_then(|m| m.get("finalizers"))
-                .and_then(Value::as_array)
-                .map(|f| f.iter().filter_map(Value::as_str).collect())
-                .unwrap_or_default();
-            let uid = meta_str(object, "uid").unwrap_or_default();
-            let without = |name: &str| {
-                let mut copy = object.clone();
-                let kept: Vec<&str> = finalizers.iter().filter(|f| **f != name).copied().collect();
-                meta_mut(&mut copy).insert("finalizers".into(), json!(kept));
-                copy
-            };
-            if finalizers.contains(&"orphan") {
-                for (dependent_key, dependent) in self.objects.iter().filter(|(_, o)| owned_by(o, uid)) {
-                    let mut freed = dependent.clone();
-                    if let Some(refs) =
-                        meta_mut(&mut freed).get_mut("ownerReferences").and_then(Value::as_array_mut)
-                    {
-                        refs.retain(|r| r["uid"].as_str() != Some(uid));
-                    }
-                    writes.push((dependent_key.clone(), freed));
-                }
-                writes.push((key.clone(), without("orphan")));
-            } else if finalizers.contains(&"foregroundDeletion") {
-                let dependents: Vec<&Key> =
-                    self.objects.iter().filter(|(_, o)| owned_by(o, uid)).map(|(k, _)| k).collect();
-                if dependents.is_empty() {
-                    writes.push((key.clone(), without("foregroundDeletion")));
-                } else {
-                    deletes.extend(dependents.into_iter().map(|k| (k.clone(), Propagation::Foreground)));
-                }
-            }
-            if key.group.is_empty() && key.plural == "namespaces" {
-                let content: Vec<&Key> = self.objects.keys().filter(|k| k.namespace == key.name).collect();
-                if content.is_empty() && object.pointer("/spec/finalizers").is_some() {
-                    let mut done = object.clone();
-                    if let Some(spec) = done["spec"].as_object_mut() {
-                        spec.remove("finalizers");
-                    }
-                    writes.push((key.clone(), done));
-                } else {
-                    deletes.extend(content.into_iter().map(|k| (k.clone(), Propagation::Background)));
-                }
-            }
-        }
-        let mut changed = false;
-        for (key, object) in writes {
-            let Some(def) = self.resources.find_by_plural(&key.group, &key.plural).cloned() else { continue };
-            let Some(old) = self.objects.get(&key).cloned() else { continue };
-            let ns = (!key.namespace.is_empty()).then_some(key.namespace.clone());
-            match self.commit(&def, ns.as_deref(), &key.name, &old, object) {
-                Ok(new) => changed |= new != old,
-                Err(e) => tracing::warn!(
-                    "fake API server: garbage collection could not write {}: {}",
-                    key.name,
-                    e.message
-                ),
-            }
-        }
-        for (key, propagation) in deletes {
-            let Some(def) = self.resources.find_by_plural(&key.group, &key.plural).cloned() else { continue };
-            let ns = (!key.namespace.is_empty()).then_some(key.namespace.clone());
-            let before = self.objects.get(&key).cloned();
-            // Already gone or already being deleted is fine.
-            if let Ok(after) = self.delete(&def, ns.as_deref(), &key.name, propagation) {
-                changed |= before.as_ref() != Some(&after) && before.is_some();
-            }
-        }
-        changed
     }
 
     /// Side effects of storing an object: a CRD serves its resource.
