@@ -323,6 +323,16 @@ mod tests {
         tenants(woken).try_recv().ok().map(|r| r.name)
     }
 
+    /// A queue of `cap` slots, one running Job `j1`, and `names` in line behind it.
+    fn in_line(cap: usize, names: &[&str]) -> (JobQueue, Vec<Woken>) {
+        let (queue, woken) = JobQueue::new(cap);
+        queue.listed(&[job("j1", "u1", false)]);
+        for name in names {
+            queue.wait(InstanceKind::Tenant, instance(name));
+        }
+        (queue, woken)
+    }
+
     #[test]
     fn each_job_seen_finishing_wakes_the_first_in_line_once() {
         let (queue, mut woken) = JobQueue::new(9);
@@ -384,11 +394,7 @@ mod tests {
 
     #[test]
     fn a_woken_instance_that_finds_no_slot_is_next_not_last() {
-        let (queue, mut woken) = JobQueue::new(1);
-        queue.listed(&[job("j1", "u1", false)]);
-        for name in ["a", "b", "c"] {
-            queue.wait(InstanceKind::Tenant, instance(name));
-        }
+        let (queue, mut woken) = in_line(1, &["a", "b", "c"]);
         queue.seen(&job("j1", "u1", true));
         assert_eq!(next(&mut woken).as_deref(), Some("a"));
         // Another instance, not in line, took the slot before "a" came back.
@@ -406,10 +412,7 @@ mod tests {
 
     #[test]
     fn a_line_standing_still_wakes_its_first_and_it_keeps_its_place() {
-        let (queue, mut woken) = JobQueue::new(1);
-        queue.listed(&[job("j1", "u1", false)]);
-        queue.wait(InstanceKind::Tenant, instance("a"));
-        queue.wait(InstanceKind::Tenant, instance("b"));
+        let (queue, mut woken) = in_line(1, &["a", "b"]);
         queue.tick();
         assert_eq!(next(&mut woken).as_deref(), Some("a"));
         // Still no slot: "a" is back first, not behind "b".
@@ -425,11 +428,7 @@ mod tests {
 
     #[test]
     fn a_woken_instance_that_takes_no_slot_passes_it_to_the_next_in_line() {
-        let (queue, mut woken) = JobQueue::new(1);
-        queue.listed(&[job("j1", "u1", false)]);
-        for name in ["a", "b", "c"] {
-            queue.wait(InstanceKind::Tenant, instance(name));
-        }
+        let (queue, mut woken) = in_line(1, &["a", "b", "c"]);
         queue.seen(&job("j1", "u1", true));
         assert_eq!(next(&mut woken).as_deref(), Some("a"));
         // Its reconcile needed no Job after all (another event had run it).
@@ -449,10 +448,7 @@ mod tests {
 
     #[test]
     fn an_offer_whose_reconcile_never_came_back_is_forgotten_by_the_safety_net() {
-        let (queue, mut woken) = JobQueue::new(1);
-        queue.listed(&[job("j1", "u1", false)]);
-        queue.wait(InstanceKind::Tenant, instance("a"));
-        queue.wait(InstanceKind::Tenant, instance("b"));
+        let (queue, mut woken) = in_line(1, &["a", "b"]);
         queue.seen(&job("j1", "u1", true));
         assert_eq!(next(&mut woken).as_deref(), Some("a"));
         // "a" was deleted meanwhile: its wake never ends in a reconcile.
