@@ -16,7 +16,9 @@ use kube::{
     runtime::reflector::ObjectRef,
 };
 
-use crate::{LifecycleError, context::Context, install_plan::FleetMember, instance::Instance};
+use crate::{
+    LifecycleError, facts::Stores, install_plan::FleetMember, instance::Instance, upgrades::Upgrades,
+};
 
 /// What identifies an instance's package: its JukeBox, category and name.
 fn package_of(object: &DynamicObject) -> Option<(String, String, String)> {
@@ -31,11 +33,14 @@ fn installed_tag(object: &DynamicObject) -> Option<&str> {
 
 /// The instances of `instance`'s package in its JukeBox (itself included),
 /// as the waves need them.
-pub async fn members(instance: &Instance, context: &Context) -> Result<Vec<FleetMember>, LifecycleError> {
-    let records = context.upgrades.all().await?;
+pub async fn members(
+    instance: &Instance,
+    stores: &Stores,
+    upgrades: &Upgrades,
+) -> Result<Vec<FleetMember>, LifecycleError> {
+    let records = upgrades.all().await?;
     let wanted = (instance.jukebox.clone(), instance.category.clone(), instance.package.clone());
-    let members = context
-        .stores
+    let members = stores
         .of(instance.kind)
         .state()
         .iter()

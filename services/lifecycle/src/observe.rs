@@ -49,7 +49,7 @@ pub async fn observe(
         context.under_waves.mark(uid, waves);
     }
     let fleet = if waves && instance.installed_tag().is_some() {
-        crate::fleet::members(instance, context).await?
+        crate::fleet::members(instance, &context.stores, &context.upgrades).await?
     } else {
         Vec::new()
     };
