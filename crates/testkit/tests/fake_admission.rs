@@ -308,8 +308,12 @@ async fn garbage_collection_waits_for_every_owner_and_honours_foreground() -> Te
     cms.delete("first", &DeleteParams::default()).await?;
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(cms.get("shared").await.is_ok(), "a dependent with an owner left stays");
-    // Foreground: the owner stays, with its finalizer, until its dependents are gone.
-    let held = json!({"metadata": {"name": "child", "finalizers": ["example.com/f"], "ownerReferences": [reference("second", &second)]}});
+    // Foreground: the owner stays, with its finalizer, until the dependents
+    // whose reference sets `blockOwnerDeletion` are gone (the only ones that
+    // block it, https://kubernetes.io/docs/concepts/architecture/garbage-collection/).
+    let mut blocking = reference("second", &second);
+    blocking["blockOwnerDeletion"] = json!(true);
+    let held = json!({"metadata": {"name": "child", "finalizers": ["example.com/f"], "ownerReferences": [blocking]}});
     cms.create(&PostParams::default(), &config_map(held)).await?;
     cms.delete("second", &DeleteParams::foreground()).await?;
     let owner = cms.get("second").await?;

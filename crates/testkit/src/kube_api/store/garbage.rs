@@ -111,6 +111,15 @@ fn finalizers(object: &Value) -> Vec<&str> {
         .unwrap_or_default()
 }
 
+/// Whether `dependent`'s reference to `owner` sets `blockOwnerDeletion`:
+/// the only dependents a foreground delete of `owner` waits for.
+fn blocks(dependent: &Value, owner: &str) -> bool {
+    meta(dependent)
+        .and_then(|m| m.get("ownerReferences"))
+        .and_then(Value::as_array)
+        .is_some_and(|refs| refs.iter().any(|r| r["uid"] == owner && r["blockOwnerDeletion"] == true))
+}
+
 fn deleting(object: &Value) -> bool {
     meta_str(object, "deletionTimestamp").is_some()
 }
@@ -193,8 +202,8 @@ impl Store {
     /// One pass over the objects marked since the last: a dependent without
     /// a solid owner is deleted, one with a solid owner loses its references
     /// to the others; an owner deleted in the foreground loses its
-    /// `foregroundDeletion` finalizer once its dependents are gone (until
-    /// then they are looked at again); an owner deleted with `Orphan` first
+    /// `foregroundDeletion` finalizer once no dependent that blocks it is
+    /// left (until then its dependents are looked at again); an owner deleted with `Orphan` first
     /// frees its dependents; a terminating namespace is emptied, then
     /// removed. Returns whether anything changed or is marked (the caller
     /// runs passes until neither).
@@ -226,16 +235,23 @@ impl Store {
                 writes.extend(freed);
                 writes.push((key.clone(), Change::DropFinalizer("orphan")));
             } else if finalizers.contains(&"foregroundDeletion") {
-                if dependents.is_empty() {
-                    writes.push((key.clone(), Change::DropFinalizer("foregroundDeletion")));
-                } else {
-                    // Those already being deleted are waited for; a marked
-                    // one is not marked again (two owners deleting each
-                    // other in the foreground would mark forever).
-                    let undecided =
-                        dependents.into_iter().filter(|k| self.objects.get(*k).is_some_and(|d| !deleting(d)));
-                    again.extend(undecided.cloned());
+                // Only a dependent whose reference sets `blockOwnerDeletion`
+                // holds the owner; every one is looked at (Kubernetes
+                // queues them all when the owner starts waiting), except one
+                // already being deleted: two owners deleting each other in
+                // the foreground would otherwise mark each other forever.
+                let present = dependents.into_iter().filter_map(|k| self.objects.get(k).map(|d| (k, d)));
+                let (mut blocked, mut undecided) = (false, Vec::new());
+                for (dependent_key, dependent) in present {
+                    blocked |= blocks(dependent, uid);
+                    if !deleting(dependent) {
+                        undecided.push(dependent_key.clone());
+                    }
                 }
+                if !blocked {
+                    writes.push((key.clone(), Change::DropFinalizer("foregroundDeletion")));
+                }
+                again.extend(undecided);
             }
             if key.group.is_empty() && key.plural == "namespaces" {
                 let content: Vec<&Key> = self.objects.keys().filter(|k| k.namespace == key.name).collect();
@@ -289,7 +305,7 @@ mod tests {
     use proptest::prelude::*;
     use serde_json::{Value, json};
 
-    use super::{deleting, finalizers, owners};
+    use super::{blocks, deleting, finalizers, owners};
     use crate::kube_api::resources::{ResourceDef, Resources, builtin};
     use crate::kube_api::store::{EventType, PatchKind, Propagation, Store, meta_str};
 
@@ -298,15 +314,28 @@ mod tests {
 
     #[derive(Debug, Clone)]
     enum Op {
-        Create { name: usize, owners: Vec<usize>, hold: bool },
-        SetOwners { name: usize, owners: Vec<usize> },
-        Delete { name: usize, propagation: Propagation },
-        Release { name: usize },
+        /// Owners by name, each reference with its `blockOwnerDeletion`.
+        Create {
+            name: usize,
+            owners: Vec<(usize, bool)>,
+            hold: bool,
+        },
+        SetOwners {
+            name: usize,
+            owners: Vec<(usize, bool)>,
+        },
+        Delete {
+            name: usize,
+            propagation: Propagation,
+        },
+        Release {
+            name: usize,
+        },
     }
 
     fn op() -> impl Strategy<Value = Op> {
         let name = 0..NAMES;
-        let owners = proptest::collection::vec(0..NAMES, 0..3);
+        let owners = proptest::collection::vec((0..NAMES, any::<bool>()), 0..3);
         let propagation = prop_oneof![
             Just(Propagation::Background),
             Just(Propagation::Foreground),
@@ -352,15 +381,15 @@ mod tests {
             self.store.get(&self.config_maps, Some("apps"), &Self::name(index)).ok()
         }
 
-        fn references(&self, name: usize, owners: &[usize]) -> Value {
+        fn references(&self, name: usize, owners: &[(usize, bool)]) -> Value {
+            let owners: BTreeMap<usize, bool> =
+                owners.iter().copied().filter(|(owner, _)| *owner != name).collect();
             let refs: Vec<Value> = owners
-                .iter()
-                .filter(|owner| **owner != name)
-                .collect::<BTreeSet<_>>()
                 .into_iter()
-                .map(|owner| {
-                    let uid = self.uids.get(owner).cloned().unwrap_or_else(|| format!("never-{owner}"));
-                    json!({"apiVersion": "v1", "kind": "ConfigMap", "name": Self::name(*owner), "uid": uid})
+                .map(|(owner, block)| {
+                    let uid = self.uids.get(&owner).cloned().unwrap_or_else(|| format!("never-{owner}"));
+                    json!({"apiVersion": "v1", "kind": "ConfigMap", "name": Self::name(owner), "uid": uid,
+                        "blockOwnerDeletion": block})
                 })
                 .collect();
             json!(refs)
@@ -468,8 +497,8 @@ mod tests {
                     prop_assert!(!held.contains(&"orphan"), "{name}: an orphaning delete never finished");
                     if held.contains(&"foregroundDeletion") {
                         let uid = meta_str(object, "uid").unwrap_or_default();
-                        let waited_for = live.iter().any(|d| owners(d).iter().any(|o| o == uid));
-                        prop_assert!(waited_for, "{name}: a foreground delete waits with no dependent left");
+                        let waited_for = live.iter().any(|d| blocks(d, uid));
+                        prop_assert!(waited_for, "{name}: a foreground delete waits with no dependent blocking it");
                     }
                     if !deleting(object) {
                         for owner in owners(object) {
