@@ -177,7 +177,14 @@ fn error_policy(
         return Action::requeue(error.retry_after());
     }
     context.metrics.of(kind).failures.get_or_create(&failure).inc();
-    tracing::warn!(%error, instance = %format!("{kind}/{}/{}", failure.namespace, failure.name), "reconcile failed");
+    let instance = format!("{kind}/{}/{}", failure.namespace, failure.name);
+    if let LifecycleError::Conflict(_) = error {
+        // Optimistic concurrency at work (counted, labelled `conflict`), not
+        // an outage for the operator to read about.
+        tracing::debug!(%error, %instance, "changed since it was read; reconciling again");
+    } else {
+        tracing::warn!(%error, %instance, "reconcile failed");
+    }
     Action::requeue(error.retry_after())
 }
 
@@ -439,6 +446,39 @@ mod tests {
         })
         .await;
         assert!(matches!(result, Err(LifecycleError::Decode(_))), "{result:?}");
+    }
+
+    /// The API server's answer to a write that named a stale
+    /// `resourceVersion` (`OptimisticLockErrorMsg`,
+    /// k8s.io/apiserver/pkg/registry/generic/registry/store.go).
+    fn stale_write() -> kube::Error {
+        let message = "Operation cannot be fulfilled on tenantinstances.vynil.solidite.fr \"web\": the object \
+                       has been modified; please apply your changes to the latest version and try again";
+        kube::Error::Api(kube::core::Status::failure(message, "Conflict").with_code(409).boxed())
+    }
+
+    #[tokio::test]
+    async fn a_conflicting_write_is_read_again_within_a_second_and_an_outage_later() {
+        use vynil_runtime::Classify;
+        let (context, _handle) = context();
+        let instance = object(spec(), json!({}), true);
+        let conflict = LifecycleError::kube("writing the conditions")(stale_write());
+        assert!(matches!(conflict, LifecycleError::Conflict(_)), "{conflict:?}");
+        assert_eq!(conflict.failure(), vynil_runtime::Failure::Concurrent);
+        let action = error_policy(InstanceKind::Tenant, &instance, &conflict, &context);
+        assert_eq!(action, Action::requeue(Duration::from_secs(1)));
+
+        let timeout =
+            kube::core::Status::failure("etcdserver: request timed out", "InternalError").with_code(500);
+        let outage = LifecycleError::kube("writing the conditions")(kube::Error::Api(timeout.boxed()));
+        assert_eq!(outage.failure(), vynil_runtime::Failure::Transient);
+        let action = error_policy(InstanceKind::Tenant, &instance, &outage, &context);
+        assert_eq!(action, Action::requeue(Duration::from_secs(30)));
+        // "already exists" is a 409 too, and not a stale read.
+        let exists =
+            kube::core::Status::failure("jobs.batch \"x\" already exists", "AlreadyExists").with_code(409);
+        let exists = LifecycleError::kube("creating the Job")(kube::Error::Api(exists.boxed()));
+        assert!(matches!(exists, LifecycleError::Unavailable(_)), "{exists:?}");
     }
 
     #[tokio::test]

@@ -61,6 +61,11 @@ pub enum LifecycleError {
     /// A write was accepted but not (yet) seen done.
     #[error("{0} (retrying)")]
     NotDone(String),
+    /// The object changed since it was read (`409 Conflict` on a write that
+    /// named its `resourceVersion`, e.g. an agent's status write in between):
+    /// read again and retry soon, not as an outage.
+    #[error("{0} (changed since it was read; retrying)")]
+    Conflict(String),
     #[error("{0}")]
     Invalid(String),
     #[error("{0}")]
@@ -81,9 +86,15 @@ pub enum LifecycleError {
 
 impl LifecycleError {
     /// The one mapping of a failed call to the API server while `doing`
-    /// something: unavailable, retried (never "gone").
+    /// something: a conflict is read again soon; anything else is
+    /// unavailable, retried (never "gone").
     pub(crate) fn kube(doing: impl std::fmt::Display) -> impl FnOnce(kube::Error) -> Self {
-        move |e| Self::Unavailable(format!("Kubernetes API, {doing}: {e}"))
+        move |e| match e {
+            kube::Error::Api(status) if status.is_conflict() => {
+                Self::Conflict(format!("Kubernetes API, {doing}: {}", status.message))
+            }
+            e => Self::Unavailable(format!("Kubernetes API, {doing}: {e}")),
+        }
     }
 
     /// The `error` label of the failure metric (upstream: the error's kind).
@@ -93,6 +104,7 @@ impl LifecycleError {
             LifecycleError::Unavailable(_) => "unavailable",
             LifecycleError::Decode(_) => "decode",
             LifecycleError::NotDone(_) => "notdone",
+            LifecycleError::Conflict(_) => "conflict",
             LifecycleError::Invalid(_) => "invalid",
             LifecycleError::NotFound(_) => "notfound",
             LifecycleError::Refused(_) => "refused",
@@ -110,6 +122,9 @@ impl LifecycleError {
             // Woken when a slot frees, else by the line's safety net (`slots`).
             LifecycleError::Queued(_) => slots::SAFETY_NET,
             LifecycleError::NotDone(_) => Duration::from_secs(5),
+            // The change that made the write conflict usually brings the
+            // reconcile back sooner, through the watch.
+            LifecycleError::Conflict(_) => Duration::from_secs(1),
             LifecycleError::Unavailable(_) => Duration::from_secs(30),
             _ => Duration::from_secs(300),
         }
@@ -123,6 +138,7 @@ impl Classify for LifecycleError {
             | LifecycleError::NotDone(_)
             | LifecycleError::Pending { .. }
             | LifecycleError::Queued(_) => Failure::Transient,
+            LifecycleError::Conflict(_) => Failure::Concurrent,
             LifecycleError::Decode(_) | LifecycleError::Config(_) => Failure::Refused,
             LifecycleError::Invalid(_) => Failure::BadInput,
             LifecycleError::NotFound(_) => Failure::Missing,
