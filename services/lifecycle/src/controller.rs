@@ -462,18 +462,23 @@ mod tests {
         use vynil_runtime::Classify;
         let (context, _handle) = context();
         let instance = object(spec(), json!({}), true);
-        let conflict = LifecycleError::kube("writing the conditions")(stale_write());
-        assert!(matches!(conflict, LifecycleError::Conflict(_)), "{conflict:?}");
-        assert_eq!(conflict.failure(), vynil_runtime::Failure::Concurrent);
-        let action = error_policy(InstanceKind::Tenant, &instance, &conflict, &context);
-        assert_eq!(action, Action::requeue(Duration::from_secs(1)));
-
         let timeout =
             kube::core::Status::failure("etcdserver: request timed out", "InternalError").with_code(500);
-        let outage = LifecycleError::kube("writing the conditions")(kube::Error::Api(timeout.boxed()));
-        assert_eq!(outage.failure(), vynil_runtime::Failure::Transient);
-        let action = error_policy(InstanceKind::Tenant, &instance, &outage, &context);
-        assert_eq!(action, Action::requeue(Duration::from_secs(30)));
+        let cases = [
+            (stale_write(), "conflict", vynil_runtime::Failure::Concurrent, Duration::from_secs(1)),
+            (
+                kube::Error::Api(timeout.boxed()),
+                "unavailable",
+                vynil_runtime::Failure::Transient,
+                Duration::from_secs(30),
+            ),
+        ];
+        for (answer, label, failure, retry) in cases {
+            let error = LifecycleError::kube("writing the conditions")(answer);
+            assert_eq!((error.label().as_str(), error.failure()), (label, failure), "{error:?}");
+            let action = error_policy(InstanceKind::Tenant, &instance, &error, &context);
+            assert_eq!(action, Action::requeue(retry), "{error:?}");
+        }
         // "already exists" is a 409 too, and not a stale read.
         let exists =
             kube::core::Status::failure("jobs.batch \"x\" already exists", "AlreadyExists").with_code(409);

@@ -413,14 +413,7 @@ mod tests {
                 }
                 Op::SetOwners { name, owners } => {
                     let patch = json!({"metadata": {"ownerReferences": self.references(*name, owners)}});
-                    let _ = self.store.patch(
-                        &res,
-                        Some("apps"),
-                        &Self::name(*name),
-                        PatchKind::Merge,
-                        &patch,
-                        false,
-                    );
+                    self.merge(*name, &patch);
                 }
                 Op::Delete { name, propagation } => {
                     if let Some(uid) = self.get(*name).and_then(|o| meta_str(&o, "uid").map(String::from)) {
@@ -432,16 +425,15 @@ mod tests {
                     let Some(object) = self.get(*name) else { return };
                     let kept: Vec<&str> = finalizers(&object).into_iter().filter(|f| *f != HOLD).collect();
                     let patch = json!({"metadata": {"finalizers": kept}});
-                    let _ = self.store.patch(
-                        &res,
-                        Some("apps"),
-                        &Self::name(*name),
-                        PatchKind::Merge,
-                        &patch,
-                        false,
-                    );
+                    self.merge(*name, &patch);
                 }
             }
+        }
+
+        /// A merge patch of `cm-<index>` (refused when it is gone: part of the sequence).
+        fn merge(&mut self, index: usize, patch: &Value) {
+            let res = self.config_maps.clone();
+            let _ = self.store.patch(&res, Some("apps"), &Self::name(index), PatchKind::Merge, patch, false);
         }
 
         /// Runs the collector until it has nothing left, as the server does
