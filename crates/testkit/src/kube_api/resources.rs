@@ -131,6 +131,12 @@ impl Resources {
         self.defs.iter().find(|d| d.group == group && d.version == version && d.plural == plural)
     }
 
+    /// The resource of `kind` in the group of `api_version` (`v1`, `batch/v1`).
+    pub fn find_kind(&self, api_version: &str, kind: &str) -> Option<&ResourceDef> {
+        let group = api_version.rsplit_once('/').map_or("", |(group, _)| group);
+        self.defs.iter().find(|d| d.group == group && d.kind == kind)
+    }
+
     pub fn find_by_plural(&self, group: &str, plural: &str) -> Option<&ResourceDef> {
         self.defs.iter().find(|d| d.group == group && d.plural == plural)
     }

@@ -22,7 +22,9 @@
 //! loses its references to the others; one without is deleted (in the
 //! foreground when an owner waits for it and it has dependents of its own).
 //! So a foreground delete of one owner does not take a dependent another
-//! owner still holds.
+//! owner still holds. A namespaced owner counts only in its dependent's
+//! namespace: named from another, it is absent; named by a cluster-scoped
+//! dependent, it cannot be resolved and that dependent is never collected.
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -38,17 +40,25 @@ pub(super) struct Graph {
     dirty: BTreeSet<Key>,
 }
 
+/// An object's `ownerReferences`.
+fn references(object: &Value) -> &[Value] {
+    meta(object).and_then(|m| m.get("ownerReferences")).and_then(Value::as_array).map_or(&[], Vec::as_slice)
+}
+
 /// The uids an object's `ownerReferences` name.
 fn owners(object: &Value) -> Vec<String> {
-    meta(object)
-        .and_then(|m| m.get("ownerReferences"))
-        .and_then(Value::as_array)
-        .map(|refs| refs.iter().filter_map(|r| r["uid"].as_str().map(String::from)).collect())
-        .unwrap_or_default()
+    references(object).iter().filter_map(|r| r["uid"].as_str().map(String::from)).collect()
 }
 
 fn namespace_key(name: &str) -> Key {
     Key { group: String::new(), plural: "namespaces".into(), namespace: String::new(), name: name.into() }
+}
+
+/// Whether `owner` can own `dependent`: "a namespaced owner must exist in the
+/// same namespace as the dependent. If it does not, the owner reference is
+/// treated as absent" (https://kubernetes.io/docs/concepts/architecture/garbage-collection/).
+fn linked(owner: &Key, dependent: &Key) -> bool {
+    owner.namespace.is_empty() || owner.namespace == dependent.namespace
 }
 
 impl Graph {
@@ -167,20 +177,31 @@ impl Change {
 
 impl Store {
     /// Kubernetes' `attemptToDeleteItem` for an object not being deleted.
-    fn verdict(&self, object: &Value) -> Verdict {
-        let refs = owners(object);
+    fn verdict(&self, key: &Key, object: &Value) -> Verdict {
+        let refs = references(object);
         if refs.is_empty() {
             return Verdict::Keep;
         }
         let (mut solid, mut waiting, mut others) = (false, false, Vec::new());
-        for uid in refs {
-            match self.graph.by_uid.get(&uid).and_then(|key| self.objects.get(key)) {
+        for reference in refs {
+            let Some(uid) = reference["uid"].as_str() else { continue };
+            let found = self.graph.by_uid.get(uid);
+            let namespaced = found.map(|owner| !owner.namespace.is_empty()).or_else(|| {
+                let (api_version, kind) = (reference["apiVersion"].as_str(), reference["kind"].as_str());
+                Some(self.resources.find_kind(api_version?, kind?)?.namespaced)
+            });
+            if key.namespace.is_empty() && namespaced == Some(true) {
+                // An unresolvable reference: "not able to be garbage collected".
+                solid = true;
+                continue;
+            }
+            match found.filter(|owner| linked(owner, key)).and_then(|owner| self.objects.get(owner)) {
                 Some(owner) if deleting(owner) && finalizers(owner).contains(&"foregroundDeletion") => {
                     waiting = true;
-                    others.push(uid);
+                    others.push(uid.to_string());
                 }
                 Some(_) => solid = true,
-                None => others.push(uid),
+                None => others.push(uid.to_string()),
             }
         }
         if solid {
@@ -218,7 +239,7 @@ impl Store {
         for key in &dirty {
             let Some(object) = self.objects.get(key) else { continue };
             if !deleting(object) {
-                match self.verdict(object) {
+                match self.verdict(key, object) {
                     Verdict::Keep => {}
                     Verdict::Unlink(uids) => writes.push((key.clone(), Change::Unlink(uids))),
                     Verdict::Delete(propagation) => deletes.push((key.clone(), propagation)),
@@ -228,7 +249,7 @@ impl Store {
             let finalizers = finalizers(object);
             let uid = meta_str(object, "uid").unwrap_or_default();
             let dependents: Vec<&Key> =
-                self.graph.dependents.get(uid).map(|d| d.iter().collect()).unwrap_or_default();
+                self.graph.dependents.get(uid).into_iter().flatten().filter(|d| linked(key, d)).collect();
             if finalizers.contains(&"orphan") {
                 let freed =
                     dependents.into_iter().map(|k| (k.clone(), Change::Unlink(vec![uid.to_string()])));
@@ -297,19 +318,20 @@ mod tests {
     //! The collector against the rules Kubernetes documents for it
     //! (https://kubernetes.io/docs/concepts/architecture/garbage-collection/
     //! and `attemptToDeleteItem`), after any sequence of creates, owner
-    //! changes, deletes with each propagation and finalizers released; and
-    //! the incremental collector against a pass over every object.
+    //! changes, deletes with each propagation and finalizers released, over
+    //! two namespaces and a cluster-scoped kind; and the incremental
+    //! collector against a pass over every object.
 
     use std::collections::{BTreeMap, BTreeSet};
 
     use proptest::prelude::*;
     use serde_json::{Value, json};
 
-    use super::{blocks, deleting, finalizers, owners};
+    use super::{blocks, deleting, finalizers, references};
     use crate::kube_api::resources::{ResourceDef, Resources, builtin};
     use crate::kube_api::store::{EventType, PatchKind, Propagation, Store, meta_str};
 
-    const NAMES: usize = 6;
+    const NAMES: usize = 7;
     const HOLD: &str = "vynil.solidite.fr/test-hold";
 
     #[derive(Debug, Clone)]
@@ -349,9 +371,20 @@ mod tests {
         ]
     }
 
+    /// Where each name lives: ConfigMaps 0-3 in `apps`, 4 in `other`, and
+    /// ClusterRoles (cluster-scoped) 5 and 6.
+    fn namespace(index: usize) -> Option<&'static str> {
+        match index {
+            0..4 => Some("apps"),
+            4 => Some("other"),
+            _ => None,
+        }
+    }
+
     struct Cluster {
         store: Store,
         config_maps: ResourceDef,
+        cluster_roles: ResourceDef,
         /// The uid each name had last (an owner reference may name one gone).
         uids: BTreeMap<usize, String>,
         /// The uids a delete request was sent for.
@@ -361,24 +394,33 @@ mod tests {
     impl Cluster {
         fn new() -> Result<Self, TestCaseError> {
             let resources = Resources::new(builtin());
-            let find = |plural: &str| {
+            let find = |group: &str, plural: &str| {
                 resources
-                    .find_by_plural("", plural)
+                    .find_by_plural(group, plural)
                     .cloned()
                     .ok_or_else(|| TestCaseError::fail(plural.to_string()))
             };
-            let (namespaces, config_maps) = (find("namespaces")?, find("configmaps")?);
+            let namespaces = find("", "namespaces")?;
+            let config_maps = find("", "configmaps")?;
+            let cluster_roles = find("rbac.authorization.k8s.io", "clusterroles")?;
             let mut store = Store::new(resources, 100_000);
-            store.create(&namespaces, None, json!({"metadata": {"name": "apps"}})).map_err(fail)?;
-            Ok(Self { store, config_maps, uids: BTreeMap::new(), deleted_on_request: BTreeSet::new() })
+            for name in ["apps", "other"] {
+                store.create(&namespaces, None, json!({"metadata": {"name": name}})).map_err(fail)?;
+            }
+            let (uids, deleted_on_request) = (BTreeMap::new(), BTreeSet::new());
+            Ok(Self { store, config_maps, cluster_roles, uids, deleted_on_request })
+        }
+
+        fn resource(&self, index: usize) -> ResourceDef {
+            if namespace(index).is_some() { self.config_maps.clone() } else { self.cluster_roles.clone() }
         }
 
         fn name(index: usize) -> String {
-            format!("cm-{index}")
+            format!("object-{index}")
         }
 
         fn get(&self, index: usize) -> Option<Value> {
-            self.store.get(&self.config_maps, Some("apps"), &Self::name(index)).ok()
+            self.store.get(&self.resource(index), namespace(index), &Self::name(index)).ok()
         }
 
         fn references(&self, name: usize, owners: &[(usize, bool)]) -> Value {
@@ -388,17 +430,24 @@ mod tests {
                 .into_iter()
                 .map(|(owner, block)| {
                     let uid = self.uids.get(&owner).cloned().unwrap_or_else(|| format!("never-{owner}"));
-                    json!({"apiVersion": "v1", "kind": "ConfigMap", "name": Self::name(owner), "uid": uid,
-                        "blockOwnerDeletion": block})
+                    let res = self.resource(owner);
+                    json!({"apiVersion": res.api_version(), "kind": res.kind, "name": Self::name(owner),
+                        "uid": uid, "blockOwnerDeletion": block})
                 })
                 .collect();
             json!(refs)
         }
 
+        /// A merge patch of `name` (refused when it is gone: part of the sequence).
+        fn merge(&mut self, index: usize, patch: &Value) {
+            let res = self.resource(index);
+            let _ =
+                self.store.patch(&res, namespace(index), &Self::name(index), PatchKind::Merge, patch, false);
+        }
+
         /// Runs one request; a refusal (a name taken, an object gone) is
         /// part of the sequence, not a failure.
         fn run(&mut self, op: &Op) {
-            let res = self.config_maps.clone();
             match op {
                 Op::Create { name, owners, hold } => {
                     let finalizers: Vec<&str> = if *hold { vec![HOLD] } else { vec![] };
@@ -407,7 +456,7 @@ mod tests {
                         "finalizers": finalizers,
                         "ownerReferences": self.references(*name, owners),
                     }});
-                    if let Ok(created) = self.store.create(&res, Some("apps"), body) {
+                    if let Ok(created) = self.store.create(&self.resource(*name), namespace(*name), body) {
                         self.uids.insert(*name, meta_str(&created, "uid").unwrap_or_default().to_string());
                     }
                 }
@@ -419,21 +468,15 @@ mod tests {
                     if let Some(uid) = self.get(*name).and_then(|o| meta_str(&o, "uid").map(String::from)) {
                         self.deleted_on_request.insert(uid);
                     }
-                    let _ = self.store.delete(&res, Some("apps"), &Self::name(*name), *propagation);
+                    let res = self.resource(*name);
+                    let _ = self.store.delete(&res, namespace(*name), &Self::name(*name), *propagation);
                 }
                 Op::Release { name } => {
                     let Some(object) = self.get(*name) else { return };
                     let kept: Vec<&str> = finalizers(&object).into_iter().filter(|f| *f != HOLD).collect();
-                    let patch = json!({"metadata": {"finalizers": kept}});
-                    self.merge(*name, &patch);
+                    self.merge(*name, &json!({"metadata": {"finalizers": kept}}));
                 }
             }
-        }
-
-        /// A merge patch of `cm-<index>` (refused when it is gone: part of the sequence).
-        fn merge(&mut self, index: usize, patch: &Value) {
-            let res = self.config_maps.clone();
-            let _ = self.store.patch(&res, Some("apps"), &Self::name(index), PatchKind::Merge, patch, false);
         }
 
         /// Runs the collector until it has nothing left, as the server does
@@ -448,12 +491,38 @@ mod tests {
         }
 
         fn live(&self) -> Vec<Value> {
-            self.store.objects_of("", "configmaps")
+            let mut live = self.store.objects_of("", "configmaps");
+            live.extend(self.store.objects_of("rbac.authorization.k8s.io", "clusterroles"));
+            live
         }
     }
 
     fn fail(e: crate::kube_api::store::ApiError) -> TestCaseError {
         TestCaseError::fail(e.message)
+    }
+
+    /// How a reference of `dependent` resolves among the `live` objects.
+    enum Owner<'a> {
+        /// A namespaced kind named by a cluster-scoped dependent.
+        Unresolvable,
+        Absent,
+        Present(&'a Value),
+    }
+
+    fn resolve<'a>(live: &'a [Value], dependent: &Value, reference: &Value) -> Owner<'a> {
+        let namespace = meta_str(dependent, "namespace");
+        if namespace.is_none() && reference["kind"] == "ConfigMap" {
+            return Owner::Unresolvable;
+        }
+        let owner = live.iter().find(|o| meta_str(o, "uid") == reference["uid"].as_str());
+        match owner.filter(|o| meta_str(o, "namespace").is_none_or(|n| Some(n) == namespace)) {
+            Some(owner) => Owner::Present(owner),
+            None => Owner::Absent,
+        }
+    }
+
+    fn waiting(owner: &Value) -> bool {
+        deleting(owner) && finalizers(owner).contains(&"foregroundDeletion")
     }
 
     proptest! {
@@ -465,8 +534,8 @@ mod tests {
         ) {
             let mut cluster = Cluster::new()?;
             let mut events = cluster.store.subscribe();
-            // The owners each object named when it was deleted or marked.
-            let mut condemned: BTreeMap<String, Vec<String>> = BTreeMap::new();
+            // Each object as it was when deleted or marked.
+            let mut condemned: BTreeMap<String, Value> = BTreeMap::new();
             for op in &ops {
                 cluster.run(op);
                 cluster.settle()?;
@@ -476,40 +545,52 @@ mod tests {
                         && !event.previous.as_ref().is_some_and(deleting);
                     if event.kind == EventType::Deleted || marked {
                         let uid = meta_str(&event.object, "uid").unwrap_or_default().to_string();
-                        condemned.entry(uid).or_insert_with(|| owners(&event.object));
+                        condemned.entry(uid).or_insert_with(|| event.object.clone());
                     }
                 }
 
                 let live = cluster.live();
-                let by_uid: BTreeMap<&str, &Value> =
-                    live.iter().map(|o| (meta_str(o, "uid").unwrap_or_default(), o)).collect();
                 for object in &live {
                     let name = meta_str(object, "name").unwrap_or_default();
                     let held = finalizers(object);
                     prop_assert!(!held.contains(&"orphan"), "{name}: an orphaning delete never finished");
                     if held.contains(&"foregroundDeletion") {
                         let uid = meta_str(object, "uid").unwrap_or_default();
-                        let waited_for = live.iter().any(|d| blocks(d, uid));
-                        prop_assert!(waited_for, "{name}: a foreground delete waits with no dependent blocking it");
+                        let blocking = live.iter().any(|d| {
+                            blocks(d, uid) && references(d).iter().any(|r| {
+                                r["uid"] == uid && matches!(resolve(&live, d, r), Owner::Present(_))
+                            })
+                        });
+                        prop_assert!(blocking, "{name}: a foreground delete waits with no dependent blocking it");
                     }
                     if !deleting(object) {
-                        for owner in owners(object) {
-                            let standing = by_uid.get(owner.as_str());
-                            prop_assert!(standing.is_some(), "{name} still names its gone owner {owner}");
-                            let waiting = standing.is_some_and(|o| deleting(o) && finalizers(o).contains(&"foregroundDeletion"));
-                            prop_assert!(!waiting, "{name} still names {owner}, which waits for its dependents");
+                        for reference in references(object) {
+                            match resolve(&live, object, reference) {
+                                Owner::Unresolvable => {}
+                                Owner::Absent => prop_assert!(false, "{name} still names its absent owner {reference}"),
+                                Owner::Present(owner) => prop_assert!(
+                                    !waiting(owner),
+                                    "{name} still names {reference}, which waits for its dependents"
+                                ),
+                            }
                         }
                     }
                 }
                 // Nothing a solid owner holds is taken: every object
                 // condemned without a request of its own had no owner left
-                // that is not being deleted.
-                for (uid, owners) in &condemned {
+                // that is not being deleted, and no unresolvable one.
+                for (uid, object) in &condemned {
                     if cluster.deleted_on_request.contains(uid) {
                         continue;
                     }
-                    let solid = owners.iter().find(|o| by_uid.get(o.as_str()).is_some_and(|o| !deleting(o)));
-                    prop_assert!(solid.is_none(), "{uid} was collected while its owner {solid:?} stands");
+                    for reference in references(object) {
+                        let solid = match resolve(&live, object, reference) {
+                            Owner::Unresolvable => true,
+                            Owner::Absent => false,
+                            Owner::Present(owner) => !deleting(owner),
+                        };
+                        prop_assert!(!solid, "{uid} was collected while its owner {reference} stands or cannot be resolved");
+                    }
                 }
                 // The incremental collector missed nothing: a pass over
                 // every object changes nothing more.
