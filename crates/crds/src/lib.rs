@@ -26,7 +26,8 @@ pub use jukebox::{
     VerifyMode, VerifyPolicy,
 };
 pub use policy::{
-    ApprovalMode, MaintenanceWindow, RecalledRevision, UpgradeFreeze, UpgradePolicy, UpgradeWave,
+    ApprovalMode, EffectivePolicy, MaintenanceWindow, RecalledRevision, UpgradeFreeze, UpgradePolicy,
+    UpgradeWave,
 };
 
 /// Finalizers, as upstream names them.

@@ -1,6 +1,7 @@
 //! Ours: when upgrades may start — maintenance windows and freezes, on a
-//! JukeBox (for its instances) or an instance (for itself, replacing its
-//! JukeBox's). The rules are `vynil_rules::upgrade::window`; lifecycle
+//! JukeBox (for its instances) or an instance (for itself, narrowing its
+//! JukeBox's: a tenant writes its instance, and never widens an operator's
+//! windows). The rules are `vynil_rules::upgrade::window`; lifecycle
 //! applies them to upgrades only (`docs/lifecycle.md`, "Maintenance windows
 //! and freezes"). Field names are single words, the same in the JukeBox's
 //! snake_case spec and the instances' camelCase ones.
@@ -122,19 +123,42 @@ pub struct UpgradeFreeze {
     pub reason: String,
 }
 
+/// The upgrade policy an instance follows: its JukeBox's (or its own, when
+/// the JukeBox has none), the windows the instance narrows it to, and whose
+/// it is ("JukeBox box", "the instance"), for messages.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EffectivePolicy {
+    pub policy: UpgradePolicy,
+    /// The instance's own windows, when its JukeBox has a policy: an upgrade
+    /// waits for one of these too.
+    pub narrowing: Vec<MaintenanceWindow>,
+    pub of: String,
+}
+
+impl EffectivePolicy {
+    /// The window sets (the policy's, then the narrowing ones) and the
+    /// freezes, checked; the first bad one says what to fix.
+    pub fn rules(&self) -> Result<(Vec<Vec<Window>>, Vec<Freeze>), RulesError> {
+        let (windows, freezes) = self.policy.rules()?;
+        let narrowing = parse_windows(&self.narrowing)?;
+        Ok((vec![windows, narrowing], freezes))
+    }
+}
+
 impl UpgradePolicy {
-    /// What applies to an instance: its own windows replace its JukeBox's
-    /// (when its upgrades may run is its owner's choice), but the JukeBox's
-    /// freezes always hold (an instance cannot lift an operator's freeze),
-    /// either's `approval: manual` makes upgrades wait for approval, and the
-    /// longer minimum age holds. With whose it is, for messages.
-    pub fn effective(jukebox: Option<(&str, &Self)>, own: Option<&Self>) -> Option<(Self, String)> {
+    /// What applies to an instance: its own windows narrow its JukeBox's
+    /// (an upgrade waits for one of each: when its upgrades may run is its
+    /// owner's choice within the operator's), the JukeBox's freezes always
+    /// hold (an instance cannot lift an operator's freeze), either's
+    /// `approval: manual` makes upgrades wait for approval, and the longer
+    /// minimum age holds.
+    pub fn effective(jukebox: Option<(&str, &Self)>, own: Option<&Self>) -> Option<EffectivePolicy> {
         let manual = [jukebox.map(|(_, p)| p), own].iter().flatten().any(|p| p.manual());
-        let (mut policy, of) = Self::combined(jukebox, own)?;
+        let mut effective = Self::combined(jukebox, own)?;
         if manual {
-            policy.approval = Some(ApprovalMode::Manual);
+            effective.policy.approval = Some(ApprovalMode::Manual);
         }
-        Some((policy, of))
+        Some(effective)
     }
 
     /// Whether upgrades under it need an operator's approval.
@@ -142,26 +166,36 @@ impl UpgradePolicy {
         self.approval == Some(ApprovalMode::Manual)
     }
 
-    fn combined(jukebox: Option<(&str, &Self)>, own: Option<&Self>) -> Option<(Self, String)> {
+    fn combined(jukebox: Option<(&str, &Self)>, own: Option<&Self>) -> Option<EffectivePolicy> {
         match (jukebox, own) {
             (None, None) => None,
-            (Some((name, policy)), None) => Some((policy.clone(), format!("JukeBox {name}"))),
-            (None, Some(own)) => {
-                Some((UpgradePolicy { waves: Vec::new(), ..own.clone() }, "the instance".into()))
-            }
+            (Some((name, policy)), None) => Some(EffectivePolicy {
+                policy: policy.clone(),
+                narrowing: Vec::new(),
+                of: format!("JukeBox {name}"),
+            }),
+            (None, Some(own)) => Some(EffectivePolicy {
+                policy: UpgradePolicy { waves: Vec::new(), ..own.clone() },
+                narrowing: Vec::new(),
+                of: "the instance".into(),
+            }),
             (Some((name, policy)), Some(own)) => {
                 let freezes = policy.freezes.iter().chain(&own.freezes).cloned().collect();
                 let ages = (policy.minimum_age.as_deref(), own.minimum_age.as_deref());
                 let minimum_age =
                     vynil_rules::upgrade::withheld::stricter_age(ages.0, ages.1).map(String::from);
                 let merged = UpgradePolicy {
-                    windows: own.windows.clone(),
+                    windows: policy.windows.clone(),
                     freezes,
                     approval: own.approval,
                     minimum_age,
                     waves: policy.waves.clone(),
                 };
-                Some((merged, format!("the instance, with JukeBox {name}'s freezes")))
+                Some(EffectivePolicy {
+                    policy: merged,
+                    narrowing: own.windows.clone(),
+                    of: format!("JukeBox {name} and the instance"),
+                })
             }
         }
     }
@@ -176,11 +210,7 @@ impl UpgradePolicy {
 
     /// The windows and freezes, checked; the first bad one says what to fix.
     pub fn rules(&self) -> Result<(Vec<Window>, Vec<Freeze>), RulesError> {
-        let windows = self
-            .windows
-            .iter()
-            .map(|w| Window::parse(&w.schedule, &w.zone, &w.duration))
-            .collect::<Result<_, _>>()?;
+        let windows = parse_windows(&self.windows)?;
         let freezes = self
             .freezes
             .iter()
@@ -190,12 +220,16 @@ impl UpgradePolicy {
     }
 }
 
+fn parse_windows(windows: &[MaintenanceWindow]) -> Result<Vec<Window>, RulesError> {
+    windows.iter().map(|w| Window::parse(&w.schedule, &w.zone, &w.duration)).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn an_instances_windows_replace_its_jukeboxs_but_the_jukeboxs_freezes_hold() {
+    fn an_instances_windows_narrow_its_jukeboxs_and_the_jukeboxs_freezes_hold() {
         let window =
             |s: &str| MaintenanceWindow { schedule: s.into(), zone: "UTC".into(), duration: "1h".into() };
         let wave = |name: &str| UpgradeWave {
@@ -222,17 +256,20 @@ mod tests {
             minimum_age: None,
             waves: vec![wave("mine first")],
         };
-        let (merged, of) = UpgradePolicy::effective(Some(("box", &jukebox)), Some(&own)).unwrap();
+        let EffectivePolicy { policy: merged, narrowing, of } =
+            UpgradePolicy::effective(Some(("box", &jukebox)), Some(&own)).unwrap();
         assert_eq!(merged.waves, jukebox.waves, "waves are the JukeBox's alone");
-        let (alone, _) = UpgradePolicy::effective(None, Some(&own)).unwrap();
+        let alone = UpgradePolicy::effective(None, Some(&own)).unwrap().policy;
         assert!(alone.waves.is_empty(), "an instance's waves are ignored");
-        assert_eq!(merged.windows, own.windows);
+        assert_eq!(alone.windows, own.windows, "without a JukeBox policy, the instance's windows");
+        assert_eq!(merged.windows, jukebox.windows, "the JukeBox's windows hold");
+        assert_eq!(narrowing, own.windows, "the instance's narrow them");
         let reasons: Vec<&str> = merged.freezes.iter().map(|f| f.reason.as_str()).collect();
         assert_eq!(reasons, ["operator", "tenant"]);
         assert!(of.contains("JukeBox box"), "{of}");
         assert!(merged.manual(), "the JukeBox's manual approval holds whatever the instance says");
         let empty = UpgradePolicy::default();
-        let (lifted, _) = UpgradePolicy::effective(Some(("box", &jukebox)), Some(&empty)).unwrap();
+        let lifted = UpgradePolicy::effective(Some(("box", &jukebox)), Some(&empty)).unwrap().policy;
         assert_eq!(lifted.freezes.len(), 1, "an empty policy of the instance lifts no freeze");
         assert_eq!(UpgradePolicy::effective(None, None), None);
     }

@@ -807,6 +807,7 @@ mod windows {
             now in instant(),
             step in 0.0f64..1.0,
         ) {
+            let windows = [windows];
             let Some(opens) = next_open(&windows, &freezes, now) else { return Ok(()) };
             prop_assert!(opens >= now);
             prop_assert_eq!(upgrade_gate(&windows, &freezes, opens), UpgradeGate::Open);
@@ -1021,6 +1022,170 @@ mod signatures {
                 let alone = Evidence { layers: vec![changed.layers[at.index(evidence.layers.len())].clone()], problems: vec![] };
                 let alone = verify(&digest(subject), Some(&alone), &keys);
                 prop_assert!(!matches!(alone, Verdict::Verified { .. }), "{:?}", alone);
+            }
+        }
+    }
+}
+
+/// Every policy duration and time computation fails closed
+/// (`vynil_rules::upgrade`): whatever a policy writes, an overflow holds, and
+/// a gate answers within a bounded number of steps.
+mod fail_closed {
+    use std::collections::BTreeMap;
+
+    use jiff::{SignedDuration, Timestamp, tz::TimeZone};
+    use proptest::prelude::*;
+    use vynil_rules::{
+        Package, PackageContent, PackageType,
+        upgrade::{
+            LONGEST_DURATION,
+            waves::{Member, Wave, WaveGate, wave_gate},
+            window::{Freeze, Search, Window, search},
+            withheld::{Holds, withheld},
+        },
+    };
+
+    /// A duration in seconds: minutes to days, around the bound, or far past what a date holds.
+    fn seconds() -> impl Strategy<Value = i64> {
+        let bound = LONGEST_DURATION.as_secs();
+        prop_oneof![1i64..86_400 * 3, (bound - 5)..(bound + 5), 1i64..(i64::MAX / 4)]
+    }
+
+    /// Schedules of every frequency, from every second to once in four years.
+    fn schedule() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just("* * * * * *".to_string()),
+            (0u32..60).prop_map(|s| format!("{s} * * * * *")),
+            Just("* * * * *".to_string()),
+            (1u32..30).prop_map(|n| format!("*/{n} * * * *")),
+            (0u32..60, 0u32..24).prop_map(|(m, h)| format!("{m} {h} * * *")),
+            (0u32..24, 0u32..7).prop_map(|(h, d)| format!("0 {h} * * {d}")),
+            Just("0 0 29 2 *".to_string()),
+        ]
+    }
+
+    /// 2026–2027, or the last years a date can hold.
+    fn instant() -> impl Strategy<Value = Timestamp> {
+        let end = Timestamp::MAX.as_second();
+        prop_oneof![
+            4 => 1_767_225_600i64..1_830_297_600,
+            1 => (end - 86_400 * 800)..end,
+        ]
+        .prop_map(|s| Timestamp::from_second(s).unwrap())
+    }
+
+    /// The oracle: whether `window` (`schedule` in UTC, `length` s) holds
+    /// `at`, from the last opening at or before it (the product looks forward).
+    fn inside(schedule: &str, length: i64, at: Timestamp) -> bool {
+        let parser = croner::parser::CronParser::builder().seconds(croner::parser::Seconds::Optional).build();
+        let cron = parser.parse(schedule).unwrap();
+        let zoned = at.to_zoned(TimeZone::UTC);
+        cron.find_previous_occurrence(&zoned, true).is_ok_and(|last| {
+            i128::from(last.timestamp().as_second()) + i128::from(length) > i128::from(at.as_second())
+        })
+    }
+
+    fn config() -> ProptestConfig {
+        let cases: u32 = std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(10_000);
+        ProptestConfig { cases: (cases / 10).max(1), ..ProptestConfig::default() }
+    }
+
+    proptest! {
+        #![proptest_config(config())]
+
+        /// (m) A window's duration is refused past its bound; the gate never
+        /// opens where no window of every set holds, or inside a freeze; and
+        /// one set's next opening is found within two steps a freeze and two
+        /// more, whatever its schedule's frequency.
+        #[test]
+        fn a_window_never_opens_earlier_than_its_policy_allows_and_answers_in_bounded_steps(
+            windows in prop::collection::vec((schedule(), seconds()), 1..3),
+            narrowing in prop::collection::vec((schedule(), seconds()), 0..2),
+            freezes in prop::collection::vec((instant(), 1i64..(40 * 86_400)), 0..2),
+            now in instant(),
+            fraction in 0.0f64..1.0,
+        ) {
+            let parse = |(s, length): &(String, i64)| (Window::parse(s, "UTC", &format!("{length}s")), s.clone(), *length);
+            let mut sets = Vec::new();
+            let mut written = Vec::new();
+            for set in [&windows, &narrowing] {
+                let mut parsed = Vec::new();
+                for (window, schedule, length) in set.iter().map(parse) {
+                    prop_assert_eq!(window.is_ok(), length <= LONGEST_DURATION.as_secs(), "{} for {}s", schedule, length);
+                    if let Ok(window) = window {
+                        parsed.push(window);
+                        written.push((sets.len(), schedule, length));
+                    }
+                }
+                sets.push(parsed);
+            }
+            let freezes: Vec<Freeze> = freezes
+                .iter()
+                .filter_map(|(from, length)| Some(Freeze { from: *from, until: from.checked_add(SignedDuration::from_secs(*length)).ok()?, reason: String::new() }))
+                .collect();
+            let allowed = |at: Timestamp| {
+                !freezes.iter().any(|f| f.from <= at && at < f.until)
+                    && (0..sets.len()).all(|set| {
+                        sets[set].is_empty() || written.iter().filter(|(s, ..)| *s == set).any(|(_, schedule, length)| inside(schedule, *length, at))
+                    })
+            };
+            let found = search(&sets, &freezes, now);
+            if sets[1].is_empty() {
+                prop_assert_ne!(found, Search::GaveUp, "one set never gives up");
+                if let Search::Opens { steps, .. } = found {
+                    prop_assert!(steps <= 2 * freezes.len() + 2, "{} steps", steps);
+                }
+            }
+            if let Search::Opens { at, .. } = found {
+                prop_assert!(at >= now && allowed(at), "opens at {} where the policy does not allow it", at);
+                let span = at.as_second() - now.as_second();
+                let before = Timestamp::from_second(now.as_second() + (span as f64 * fraction) as i64).unwrap();
+                if before < at {
+                    // Closed before: a window of one set may hold `before` and
+                    // another's not; the gate is closed unless every set holds it.
+                    prop_assert!(!allowed(before), "open at {} before the opening found, {}", before, at);
+                }
+            }
+        }
+
+        /// (n) A minimum age of any length holds a revision until its first
+        /// sighting plus that age, counted without overflow: never sooner.
+        #[test]
+        fn a_minimum_age_of_any_length_never_lets_a_revision_through_sooner(
+            age in seconds(),
+            seen_hours_ago in prop::option::of(0i64..100_000),
+            now in instant(),
+        ) {
+            let mut package = Package::new("r", "i", "1.0.0", PackageContent::minimal("c", "n", PackageType::Tenant));
+            package.first_seen = seen_hours_ago.and_then(|h| now.checked_sub(SignedDuration::from_hours(h)).ok()).map(|t| t.to_string());
+            let seen = package.first_seen.as_deref().map_or(now, |t| t.parse().unwrap());
+            let holds = Holds { minimum_age: Some(SignedDuration::from_secs(age)), ..Holds::default() };
+            let held = !withheld(std::slice::from_ref(&package), holds, now).is_empty();
+            let old_enough = i128::from(now.as_second()) - i128::from(seen.as_second()) >= i128::from(age);
+            prop_assert!(held || old_enough, "{}s since the first sighting, minimum age {}s", now.as_second() - seen.as_second(), age);
+        }
+
+        /// (o) A soak of any length keeps the next wave waiting until the
+        /// earlier wave's last install plus that soak: never sooner.
+        #[test]
+        fn a_soak_of_any_length_never_opens_the_next_wave_sooner(
+            soak in seconds(),
+            installed_hours_ago in prop::collection::vec(0i64..100_000, 1..4),
+            now in instant(),
+        ) {
+            let selector = BTreeMap::from([("wave".to_string(), "canary".to_string())]);
+            let waves = [Wave { name: "canary".into(), selector: selector.clone(), soak: SignedDuration::from_secs(soak) }];
+            let names: Vec<String> = (0..installed_hours_ago.len()).map(|i| format!("c{i}")).collect();
+            let at: Vec<Timestamp> = installed_hours_ago.iter().map(|h| now.checked_sub(SignedDuration::from_hours(*h)).unwrap_or(now)).collect();
+            let members: Vec<Member> = names
+                .iter()
+                .zip(&at)
+                .map(|(name, at)| Member { name, labels: &selector, installed: Some("2.0.0"), installed_at: Some(*at), quarantined: &[] })
+                .collect();
+            let last = at.iter().max().unwrap();
+            let soaked = i128::from(now.as_second()) - i128::from(last.as_second()) >= i128::from(soak);
+            if wave_gate(&waves, 1, "2.0.0", &members, now) == WaveGate::Open {
+                prop_assert!(soaked, "open {}s after the last install, soak {}s", now.as_second() - last.as_second(), soak);
             }
         }
     }

@@ -72,7 +72,9 @@ fn withheld_to_proto(withheld: &Withheld) -> pb::WithheldRevision {
             (pb::Withholding::Recalled, reason.clone(), *move_away, String::new())
         }
         Withholding::TooYoung { selectable_at, .. } => {
-            (pb::Withholding::TooYoung, String::new(), false, selectable_at.to_string())
+            // None: never (its age cannot be counted); the description says so.
+            let at = selectable_at.map(|t| t.to_string()).unwrap_or_default();
+            (pb::Withholding::TooYoung, String::new(), false, at)
         }
         Withholding::Unverified { verdict } => {
             (pb::Withholding::Unverified, verdict.describe(), false, String::new())

@@ -17,8 +17,7 @@ use crate::{
     context::Context,
     facts,
     install_plan::{
-        HeldBack, InitVersion, JobRequest, JobState, Observed, ObservedJob, PolicyOf, Resolution,
-        RevisionChecks,
+        HeldBack, InitVersion, JobRequest, JobState, Observed, ObservedJob, Resolution, RevisionChecks,
     },
     instance::Instance,
     job::{self, Action as JobAction},
@@ -41,8 +40,7 @@ pub async fn observe(
             resolve(instance, context).await?
         };
     let jukebox_policy = jukebox_policy.as_ref().map(|p| (instance.jukebox.as_str(), p));
-    let upgrade_policy = vynil_crds::UpgradePolicy::effective(jukebox_policy, instance.own_policy().as_ref())
-        .map(|(policy, of)| PolicyOf { policy, of });
+    let upgrade_policy = vynil_crds::UpgradePolicy::effective(jukebox_policy, instance.own_policy().as_ref());
     let waves = upgrade_policy.as_ref().is_some_and(|p| !p.policy.waves.is_empty());
     if let Some(uid) = &instance.uid {
         // Before its peers are read: a move after that read wakes it (`crate::fleet`).

@@ -792,6 +792,55 @@ async fn a_freeze_on_the_jukebox_holds_upgrades_until_the_operator_lifts_it() {
     world.stop().await;
 }
 
+/// #65 item 9, the attack: a tenant who may edit its instance writes its own
+/// windows — open every minute, or lasting 100000000h — to walk around its
+/// JukeBox's window. Its windows only narrow the JukeBox's, and a duration
+/// past the bound holds the upgrade with `[E_UPGRADE_POLICY]` naming it.
+#[tokio::test]
+async fn a_tenants_own_windows_never_open_its_jukeboxs_closed_window() {
+    let (world, _) = World::start(web_revisions(&["0.2.0"]), &[]).await;
+    world.create("TenantInstance", "web", web_spec(), json!({})).await;
+    eventually("0.2.0 installed", || async {
+        (installed_tag(&world.get("TenantInstance", "web").await) == Some("0.2.0")).then_some(())
+    })
+    .await;
+    // The operator's window: one hour on each 29 February, closed now.
+    let window = json!({"spec": {"upgrade_policy": {"windows": [
+        {"schedule": "0 0 29 2 *", "zone": "UTC", "duration": "1h"}]}}});
+    let boxes: Api<vynil_crds::JukeBox> = Api::all(world.client.clone());
+    boxes.patch("box", &PatchParams::default(), &Patch::Merge(&window)).await.unwrap();
+    let as_tenant = tenant_with_full_rights_on_its_instances(&world).await;
+    let own: Api<kube::api::DynamicObject> =
+        Api::namespaced_with(as_tenant, APPS, &tenant_instance_resource());
+    let every_minute = json!({"spec": {"upgradePolicy": {"windows": [
+        {"schedule": "* * * * *", "zone": "UTC", "duration": "1m"}]}}});
+    own.patch("web", &PatchParams::default(), &Patch::Merge(&every_minute)).await.unwrap();
+    world.publish(web_revisions(&["0.3.0", "0.2.0"])).await;
+    let grpc = world.grpc().await;
+    let waiting = eventually("the upgrade waiting for the JukeBox's window", || async {
+        let listed = grpc.clone().list_instances(ListInstancesRequest::default()).await.ok()?.into_inner();
+        listed.instances.into_iter().find(|i| i.state == InstanceState::Waiting as i32)
+    })
+    .await;
+    assert!(waiting.blocking_reason.contains("0 0 29 2 *"), "{}", waiting.blocking_reason);
+    let forever = json!({"spec": {"upgradePolicy": {"windows": [
+        {"schedule": "* * * * *", "zone": "UTC", "duration": "100000000h"}]}}});
+    own.patch("web", &PatchParams::default(), &Patch::Merge(&forever)).await.unwrap();
+    let held = eventually("the out-of-bound duration held", || async {
+        let explained = grpc
+            .clone()
+            .explain(ExplainRequest { r#ref: Some(tenant(APPS, "web")) })
+            .await
+            .ok()?
+            .into_inner();
+        (explained.blocking_code == "E_UPGRADE_POLICY").then_some(explained)
+    })
+    .await;
+    assert!(held.blocking_reason.contains("8784h"), "{}", held.blocking_reason);
+    assert!(!world.tags_run("web").contains(&"0.3.0".to_string()), "web did not upgrade");
+    world.stop().await;
+}
+
 /// #44 item 5 as a user meets it: with `approval: manual` on the JukeBox, an
 /// upgrade waits (`PENDING_APPROVAL`, the exact step); an approval of that
 /// step (service token only) starts it; when the catalog moves on, the old

@@ -194,6 +194,36 @@ fn nothing_selectable_yet_keeps_an_installed_instance_waiting_and_blocks_a_first
     assert!(matches!(first.outcome, Outcome::Blocked(_)) && creates_job(&first).is_none(), "{first:?}");
 }
 
+/// #65 item 11: after a rollback, the catalog lists only the revision
+/// quarantined for the instance. That is not a missing package: a healthy
+/// instance stays where it is with no failed condition (the quarantine is
+/// said where it holds something back: `ListInstances`, `Explain`), and a
+/// first install names the quarantine, not a missing package.
+#[test]
+fn a_quarantine_is_not_a_missing_package_and_a_healthy_instance_stays_without_a_failed_condition() {
+    let mut seen = observed("0.3.1");
+    let reason = "every tenant revision of apps/web is quarantined for this instance (0.3.1) after an upgrade to it failed: publish a newer revision, or have an operator clear the quarantine (`vynilctl instance clear-quarantine`)";
+    seen.resolution = Resolution::NoMatch { excluded_by: "quarantined".into(), reason: reason.into() };
+    let fingerprint = fingerprint_of(&install_plan::plan(&fresh(), &observed("0.2.0")));
+    let on_020 = instance(json!({}), Value::Null, installed("0.2.0", &fingerprint));
+    let plan = install_plan::plan(&on_020, &seen);
+    assert!(plan.steps.is_empty(), "no Job, no condition: {:?}", plan.steps);
+    match &plan.outcome {
+        Outcome::Waiting { to, why, on, .. } => {
+            assert_eq!((to.as_str(), *on), ("0.2.0", install_plan::WaitFor::Quarantine));
+            assert_eq!(why, &format!("staying at 0.2.0: {reason}"));
+        }
+        other => panic!("{other:?}"),
+    }
+    let first = install_plan::plan(&fresh(), &seen);
+    let Outcome::Blocked(blocker) = &first.outcome else { panic!("{first:?}") };
+    assert!(
+        !blocker.message.contains("missing") && blocker.message.contains("quarantined"),
+        "{}",
+        blocker.message
+    );
+}
+
 #[test]
 fn item_21_a_missing_crd_blocks_with_upstreams_message_and_retries_in_five_minutes() {
     let mut seen = observed("4.0.0");

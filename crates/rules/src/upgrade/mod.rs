@@ -31,20 +31,34 @@ pub mod waves;
 pub mod window;
 pub mod withheld;
 
-/// A duration of zero or more as a policy writes it (`72h`, `90m`, `1h 30m`,
-/// `0s`); `field` and `hint` say what to fix when it is not one.
+/// The longest duration a policy may write (a minimum age, a soak, a
+/// window's length): 366 days, `8784h`. Longer ones are refused, and an
+/// object already holding one is held with the error, never opened: past
+/// this, the date arithmetic of a gate may overflow, and an overflow must
+/// never read as "no wait".
+pub const LONGEST_DURATION: jiff::SignedDuration = jiff::SignedDuration::from_hours(24 * 366);
+
+/// A duration of zero or more, at most [`LONGEST_DURATION`], as a policy
+/// writes it (`72h`, `90m`, `1h 30m`, `0s`); `field` and `hint` say what to
+/// fix when it is not one.
 fn non_negative(
     field: &'static str,
     text: &str,
     hint: &'static str,
 ) -> Result<jiff::SignedDuration, crate::RulesError> {
+    let problem =
+        |problem: String| crate::RulesError::UpgradePolicy { field, value: text.to_string(), problem, hint };
     let parsed = text.trim().parse::<jiff::SignedDuration>().ok().filter(|d| !d.is_negative());
-    parsed.ok_or_else(|| crate::RulesError::UpgradePolicy {
-        field,
-        value: text.to_string(),
-        problem: "not a duration of zero or more".into(),
-        hint,
-    })
+    let duration = parsed.ok_or_else(|| problem("not a duration of zero or more".into()))?;
+    within_bound(duration).map_err(problem)
+}
+
+/// `duration` when it is at most [`LONGEST_DURATION`], else the problem in words.
+fn within_bound(duration: jiff::SignedDuration) -> Result<jiff::SignedDuration, String> {
+    if duration > LONGEST_DURATION {
+        return Err(format!("longer than the longest a policy may write, {LONGEST_DURATION:#}"));
+    }
+    Ok(duration)
 }
 
 /// `vynil.solidite.fr/rollback: "false"` on an instance: a failed upgrade

@@ -120,7 +120,17 @@ pub fn wave_gate(waves: &[Wave], mine: usize, to: &str, members: &[Member], now:
         }
         // Unknown install times count as now: the soak starts again.
         let last = in_wave.iter().map(|m| m.installed_at.filter(|t| *t <= now).unwrap_or(now)).max();
-        let Some(soaked) = last.and_then(|t| t.checked_add(wave.soak).ok()) else { continue };
+        let Some(last) = last else { continue };
+        // An overflow holds: never "no wait".
+        let Ok(soaked) = last.checked_add(wave.soak) else {
+            return WaveGate::Wait {
+                until: None,
+                why: format!(
+                    "wave {} runs {to}, but its soak time ({:#}) cannot be counted: shorten it",
+                    wave.name, wave.soak
+                ),
+            };
+        };
         if soaked > now {
             return WaveGate::Wait {
                 until: Some(soaked),
@@ -175,5 +185,32 @@ mod tests {
         }
         assert!(matches!(wave_gate(&waves, 1, "0.3.1", &failed, now), WaveGate::Wait { .. }), "not 0.3.1's");
         assert!(Wave::parse("x", &BTreeMap::new(), "soon").is_err());
+    }
+
+    #[test]
+    fn a_soak_too_long_to_count_holds_the_later_waves() {
+        // The attack: a soak of 100000000h overflowed the date addition and
+        // the later waves started at once.
+        let c = labels(Some("canary"));
+        let waves = [Wave {
+            name: "canary".into(),
+            selector: c.clone(),
+            soak: SignedDuration::from_hours(100_000_000),
+        }];
+        let now: Timestamp = "2026-12-05T12:00:00Z".parse().unwrap();
+        let none: [String; 0] = [];
+        let canary = [Member {
+            name: "c1",
+            labels: &c,
+            installed: Some("0.3.0"),
+            installed_at: "2026-01-01T00:00:00Z".parse().ok(),
+            quarantined: &none,
+        }];
+        match wave_gate(&waves, 1, "0.3.0", &canary, now) {
+            WaveGate::Wait { until: None, why } => assert!(why.contains("soak"), "{why}"),
+            other => panic!("the rest must wait: {other:?}"),
+        }
+        let error = Wave::parse("canary", &c, "100000000h").unwrap_err().to_string();
+        assert!(error.contains("8784h"), "{error}");
     }
 }

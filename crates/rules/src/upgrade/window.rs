@@ -2,9 +2,11 @@
 //!
 //! A **window** opens at each local time its cron `schedule` (five fields,
 //! or six with seconds) matches in an IANA time zone, and stays open for
-//! its duration. Upgrades wait outside every window; installs, uninstalls
-//! and rollbacks never wait (lifecycle asks this only for an upgrade). No
-//! window at all: always open. A **freeze** is an absolute interval during
+//! its duration (at most [`super::LONGEST_DURATION`]). Upgrades wait outside
+//! every window; installs, uninstalls and rollbacks never wait (lifecycle
+//! asks this only for an upgrade). No window at all: always open. Windows
+//! come in sets, each of which must have one open (an instance's own
+//! windows narrow its JukeBox's, never widen them). A **freeze** is an absolute interval during
 //! which no upgrade starts, whatever the windows say.
 //!
 //! Daylight saving time is the cron library's (croner, the Open Cron
@@ -84,15 +86,15 @@ impl Window {
             problem: e.to_string(),
             hint: "give an IANA zone name, e.g. Europe/Paris or UTC",
         })?;
-        let length = duration.parse::<SignedDuration>().ok().filter(|d| d.is_positive());
-        let Some(length) = length else {
-            return Err(RulesError::UpgradePolicy {
-                field: "window duration",
-                value: duration.to_string(),
-                problem: "not a positive duration".into(),
-                hint: "give it as 4h, 90m or 1h 30m",
-            });
+        let refused = |problem: String| RulesError::UpgradePolicy {
+            field: "window duration",
+            value: duration.to_string(),
+            problem,
+            hint: "give it as 4h, 90m or 1h 30m",
         };
+        let length = duration.parse::<SignedDuration>().ok().filter(|d| d.is_positive());
+        let length = length.ok_or_else(|| refused("not a positive duration".into()))?;
+        let length = super::within_bound(length).map_err(refused)?;
         let text = format!("{schedule} ({}) for {duration}", zone.iana_name().unwrap_or("UTC"));
         Ok(Window { cron, zone, duration: length, text })
     }
@@ -125,7 +127,7 @@ impl std::fmt::Display for Window {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum UpgradeGate {
     Open,
-    /// Not before `until` (`None`: no window ever opens again), and why.
+    /// Not before `until` (`None`: no opening was found), and why.
     Wait {
         until: Option<Timestamp>,
         why: String,
@@ -136,41 +138,85 @@ pub enum UpgradeGate {
 /// often than yearly, or freezes longer than that, read as "no opening").
 const HORIZON: SignedDuration = SignedDuration::from_hours(24 * 366 * 2);
 
-/// The gate of an upgrade at `now` under `windows` and `freezes`.
-pub fn upgrade_gate(windows: &[Window], freezes: &[Freeze], now: Timestamp) -> UpgradeGate {
-    match next_open(windows, freezes, now) {
-        Some(at) if at == now => UpgradeGate::Open,
-        until => UpgradeGate::Wait { until, why: why_closed(windows, freezes, now, until) },
+/// How many candidate times the search for the next opening looks at before
+/// it gives up (and the upgrade holds). One set of windows needs at most two
+/// per freeze and two more, whatever its schedule's frequency; only sets
+/// that keep missing each other (a JukeBox's and an instance's windows that
+/// rarely overlap) can need more.
+pub const MOST_STEPS: usize = 1_000;
+
+/// The gate of an upgrade at `now` under the window `sets` (open when one
+/// window of every set is: a JukeBox's, and the instance's that narrow it;
+/// an empty set constrains nothing) and the `freezes`.
+pub fn upgrade_gate(sets: &[Vec<Window>], freezes: &[Freeze], now: Timestamp) -> UpgradeGate {
+    match search(sets, freezes, now) {
+        Search::Opens { at, .. } if at == now => UpgradeGate::Open,
+        found => UpgradeGate::Wait { until: found.opens(), why: why_closed(sets, freezes, now, &found) },
     }
 }
 
-/// Whether `at` is in some window (or there are none) and in no freeze.
-fn open_at(windows: &[Window], freezes: &[Freeze], at: Timestamp) -> bool {
-    !freezes.iter().any(|f| f.holds(at))
-        && (windows.is_empty() || windows.iter().any(|w| w.closes_after(at).is_some()))
+/// Whether `at` is in one window of every set and in no freeze.
+fn open_at(sets: &[Vec<Window>], freezes: &[Freeze], at: Timestamp) -> bool {
+    !freezes.iter().any(|f| f.holds(at)) && sets.iter().all(|set| set_open_at(set, at))
+}
+
+/// Whether `at` is in one of `set`'s windows (an empty set: always).
+fn set_open_at(set: &[Window], at: Timestamp) -> bool {
+    set.is_empty() || set.iter().any(|w| w.closes_after(at).is_some())
+}
+
+/// What the search for the next opening found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Search {
+    /// Open at `at`, found after looking at `steps` candidate times.
+    Opens { at: Timestamp, steps: usize },
+    /// Nothing opens within [`HORIZON`] (or a date cannot be computed).
+    Never,
+    /// [`MOST_STEPS`] candidate times were not enough.
+    GaveUp,
+}
+
+impl Search {
+    pub fn opens(self) -> Option<Timestamp> {
+        match self {
+            Search::Opens { at, .. } => Some(at),
+            Search::Never | Search::GaveUp => None,
+        }
+    }
 }
 
 /// The earliest time at or after `now` when the gate is open.
-pub fn next_open(windows: &[Window], freezes: &[Freeze], now: Timestamp) -> Option<Timestamp> {
-    let horizon = now.checked_add(HORIZON).ok()?;
+pub fn next_open(sets: &[Vec<Window>], freezes: &[Freeze], now: Timestamp) -> Option<Timestamp> {
+    search(sets, freezes, now).opens()
+}
+
+/// [`next_open`], saying how it ended. Each step jumps to the first moment
+/// the gate may open — past every freeze holding it, at the next opening
+/// of every set closed then — so no opening is ever skipped, and a date
+/// that cannot be computed ends the search closed.
+pub fn search(sets: &[Vec<Window>], freezes: &[Freeze], now: Timestamp) -> Search {
+    let Ok(horizon) = now.checked_add(HORIZON) else { return Search::Never };
     let mut at = now;
-    while at <= horizon {
-        if open_at(windows, freezes, at) {
-            return Some(at);
+    for steps in 1..=MOST_STEPS {
+        if at > horizon {
+            return Search::Never;
         }
-        // The next moment something may change: a freeze ends, a window opens.
-        let freeze_end = freezes.iter().filter(|f| f.holds(at)).map(|f| f.until).max();
-        let next = match freeze_end {
-            Some(end) if windows.is_empty() || windows.iter().any(|w| w.closes_after(end).is_some()) => end,
-            Some(end) => earliest_opening(windows, end)?,
-            None => earliest_opening(windows, at)?,
-        };
+        if open_at(sets, freezes, at) {
+            return Search::Opens { at, steps };
+        }
+        let mut next = freezes.iter().filter(|f| f.holds(at)).map(|f| f.until).max().unwrap_or(at);
+        for set in sets {
+            if !set_open_at(set, next) {
+                let Some(opening) = earliest_opening(set, next) else { return Search::Never };
+                next = opening;
+            }
+        }
         if next <= at {
-            return None;
+            return Search::Never;
         }
         at = next;
     }
-    None
+    Search::GaveUp
 }
 
 /// The earliest window opening strictly after `after`.
@@ -178,17 +224,24 @@ fn earliest_opening(windows: &[Window], after: Timestamp) -> Option<Timestamp> {
     windows.iter().filter_map(|w| w.next_opening(after)).min()
 }
 
-fn why_closed(windows: &[Window], freezes: &[Freeze], now: Timestamp, until: Option<Timestamp>) -> String {
-    let next = match until {
-        Some(at) => format!("the next window opens at {at}"),
-        None => "no window opens again within two years".to_string(),
+fn why_closed(sets: &[Vec<Window>], freezes: &[Freeze], now: Timestamp, found: &Search) -> String {
+    let next = match found {
+        Search::Opens { at, .. } => format!("the next window opens at {at}"),
+        Search::Never => "no window opens again within two years".to_string(),
+        Search::GaveUp => {
+            format!("no opening was found within {MOST_STEPS} candidate times: the windows rarely overlap")
+        }
     };
     if let Some(freeze) = freezes.iter().find(|f| f.holds(now)) {
         let reason = if freeze.reason.is_empty() { String::new() } else { format!(" ({})", freeze.reason) };
         return format!("upgrades are frozen until {}{reason}; {next}", freeze.until);
     }
-    let listed: Vec<String> = windows.iter().map(Window::to_string).collect();
-    format!("outside the maintenance windows ({}); {next}", listed.join(", "))
+    let listed: Vec<String> = sets
+        .iter()
+        .filter(|set| !set.is_empty())
+        .map(|set| set.iter().map(Window::to_string).collect::<Vec<_>>().join(", "))
+        .collect();
+    format!("outside the maintenance windows ({}); {next}", listed.join("; and "))
 }
 
 #[cfg(test)]
@@ -227,19 +280,16 @@ mod tests {
     fn outside_a_window_an_upgrade_waits_for_its_next_opening_and_inside_it_goes() {
         let window = Window::parse("0 2 * * 6", "Europe/Paris", "4h").unwrap();
         // Saturday 2026-12-05 02:00 CET = 01:00Z.
-        match upgrade_gate(std::slice::from_ref(&window), &[], at("2026-12-04T12:00:00Z")) {
+        match upgrade_gate(&[vec![window.clone()]], &[], at("2026-12-04T12:00:00Z")) {
             UpgradeGate::Wait { until, why } => {
                 assert_eq!(until, Some(at("2026-12-05T01:00:00Z")));
                 assert!(why.contains("next window opens at 2026-12-05T01:00:00Z"), "{why}");
             }
             UpgradeGate::Open => panic!("Friday noon is outside"),
         }
-        assert_eq!(
-            upgrade_gate(std::slice::from_ref(&window), &[], at("2026-12-05T04:59:59Z")),
-            UpgradeGate::Open
-        );
+        assert_eq!(upgrade_gate(&[vec![window.clone()]], &[], at("2026-12-05T04:59:59Z")), UpgradeGate::Open);
         assert!(matches!(
-            upgrade_gate(std::slice::from_ref(&window), &[], at("2026-12-05T05:00:00Z")),
+            upgrade_gate(&[vec![window.clone()]], &[], at("2026-12-05T05:00:00Z")),
             UpgradeGate::Wait { .. }
         ));
         assert_eq!(
@@ -253,11 +303,8 @@ mod tests {
     fn a_freeze_holds_whatever_the_windows_and_the_next_open_time_skips_it() {
         let window = Window::parse("0 2 * * *", "UTC", "2h").unwrap();
         let freeze = Freeze::parse("2026-12-20T00:00:00Z", "2027-01-03T00:00:00Z", "year-end").unwrap();
-        match upgrade_gate(
-            std::slice::from_ref(&window),
-            std::slice::from_ref(&freeze),
-            at("2026-12-24T02:30:00Z"),
-        ) {
+        match upgrade_gate(&[vec![window.clone()]], std::slice::from_ref(&freeze), at("2026-12-24T02:30:00Z"))
+        {
             UpgradeGate::Wait { until, why } => {
                 assert_eq!(until, Some(at("2027-01-03T02:00:00Z")));
                 assert!(why.contains("frozen until 2027-01-03T00:00:00Z (year-end)"), "{why}");
@@ -284,5 +331,31 @@ mod tests {
         for (error, hint) in errors.iter().zip(hints) {
             assert!(error.to_string().contains(hint), "{error}");
         }
+    }
+
+    #[test]
+    fn a_window_too_long_is_refused_with_its_bound_and_never_reads_as_open() {
+        // The attacks: 18000000h read as always open, 100000000h as never,
+        // after walking every minute of two years.
+        for duration in ["18000000h", "100000000h", "8785h"] {
+            let error = Window::parse("* * * * *", "UTC", duration).unwrap_err().to_string();
+            assert!(error.contains("8784h"), "{duration}: {error}");
+        }
+        assert!(Window::parse("* * * * *", "UTC", "8784h").is_ok());
+    }
+
+    #[test]
+    fn an_instances_windows_narrow_its_jukeboxs_and_never_widen_them() {
+        let saturday = Window::parse("0 2 * * 6", "Europe/Paris", "4h").unwrap();
+        let every_minute = Window::parse("* * * * *", "UTC", "1m").unwrap();
+        let friday_noon = at("2026-12-04T12:00:00Z");
+        let sets = [vec![saturday.clone()], vec![every_minute]];
+        match upgrade_gate(&sets, &[], friday_noon) {
+            UpgradeGate::Wait { until, .. } => assert_eq!(until, Some(at("2026-12-05T01:00:00Z"))),
+            UpgradeGate::Open => panic!("the JukeBox's window is closed on Friday noon"),
+        }
+        let sunday = Window::parse("0 3 * * 0", "UTC", "1h").unwrap();
+        let disjoint = [vec![saturday], vec![sunday]];
+        assert!(matches!(upgrade_gate(&disjoint, &[], friday_noon), UpgradeGate::Wait { until: None, .. }));
     }
 }

@@ -42,9 +42,19 @@ pub struct Recall {
 /// Why a revision is held back.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Withholding {
-    Recalled { reason: String, move_away: bool },
-    TooYoung { selectable_at: Timestamp, minimum_age: SignedDuration },
-    Unverified { verdict: Verdict },
+    Recalled {
+        reason: String,
+        move_away: bool,
+    },
+    /// `selectable_at: None`: its minimum age cannot be counted from its
+    /// first sighting (the date would overflow), so it is held for ever.
+    TooYoung {
+        selectable_at: Option<Timestamp>,
+        minimum_age: SignedDuration,
+    },
+    Unverified {
+        verdict: Verdict,
+    },
 }
 
 /// One revision held back, by tag: of any package of the JukeBox (a recall
@@ -63,8 +73,11 @@ impl Withheld {
         match &self.why {
             Withholding::Recalled { reason, .. } if reason.is_empty() => format!("{} is recalled", self.tag),
             Withholding::Recalled { reason, .. } => format!("{} is recalled: {reason}", self.tag),
-            Withholding::TooYoung { selectable_at, minimum_age } => format!(
-                "{} becomes selectable at {selectable_at} (minimum age {})",
+            Withholding::TooYoung { selectable_at: Some(at), minimum_age } => {
+                format!("{} becomes selectable at {at} (minimum age {})", self.tag, human(*minimum_age))
+            }
+            Withholding::TooYoung { selectable_at: None, minimum_age } => format!(
+                "{} is held: its minimum age ({}) cannot be counted from its first sighting; shorten the policy's minimumAge",
                 self.tag,
                 human(*minimum_age)
             ),
@@ -156,8 +169,9 @@ pub fn withheld(packages: &[Package], holds: Holds, now: Timestamp) -> Vec<Withh
         let seen = package.first_seen.as_deref().and_then(|t| t.parse::<Timestamp>().ok());
         // Unknown, or in the future (a clock ahead): seen now.
         let seen = seen.filter(|s| *s <= now).unwrap_or(now);
-        let Ok(selectable_at) = seen.checked_add(minimum_age) else { continue };
-        if selectable_at > now && !out.iter().any(|w| w.holds(package)) {
+        // An overflow holds: never "no wait".
+        let selectable_at = seen.checked_add(minimum_age).ok();
+        if selectable_at.is_none_or(|at| at > now) && !out.iter().any(|w| w.holds(package)) {
             out.push(Withheld {
                 tag: package.tag.clone(),
                 why: Withholding::TooYoung { selectable_at, minimum_age },
@@ -192,7 +206,9 @@ mod tests {
         let held = withheld(&packages, Holds { minimum_age: Some(age), ..Holds::default() }, now);
         let at = |tag: &str| {
             held.iter().find(|w| w.tag == tag).map(|w| match w.why {
-                Withholding::TooYoung { selectable_at, .. } => selectable_at.to_string(),
+                Withholding::TooYoung { selectable_at, .. } => {
+                    selectable_at.map(|t| t.to_string()).unwrap_or_default()
+                }
                 _ => "recalled".into(),
             })
         };
@@ -205,6 +221,22 @@ mod tests {
                 .is_empty()
         );
         assert!(held[0].describe().contains("becomes selectable at 2026-03-12T12:00:00Z (minimum age 72h)"));
+    }
+
+    #[test]
+    fn a_minimum_age_too_long_to_count_holds_the_revision_instead_of_opening() {
+        // The attack: `minimumAge: 100000000h` made the date addition
+        // overflow, and the check was skipped: selectable at once.
+        let now: Timestamp = "2026-03-10T12:00:00Z".parse().unwrap();
+        let huge = SignedDuration::from_hours(100_000_000);
+        let packages = [seen("0.1.0", Some("2026-03-01T00:00:00Z")), seen("0.2.0", None)];
+        let held = withheld(&packages, Holds { minimum_age: Some(huge), ..Holds::default() }, now);
+        assert_eq!(held.len(), 2, "{held:?}");
+        assert!(held[0].describe().contains("minimum age"), "{}", held[0].describe());
+        // Written in a policy, it is refused with its bound.
+        let error = parse_minimum_age("100000000h").unwrap_err().to_string();
+        assert!(error.contains("8784h"), "{error}");
+        assert!(parse_minimum_age("8784h").is_ok());
     }
 
     #[test]

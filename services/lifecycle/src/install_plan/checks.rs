@@ -17,17 +17,23 @@ pub(super) fn resolved<'a>(
             plan.steps.push(event_warning("MissingJukebox", message));
             Err(plan)
         }
-        // Nothing newer may be installed yet, and the installed revision has
-        // left the catalog: the instance stays where it is (no Job, no
+        // Nothing newer may be installed (withheld by the JukeBox, or
+        // quarantined for the instance) and the installed revision has left
+        // the catalog: the instance stays where it is (no Job, no
         // condition), waiting, saying why.
         Resolution::NoMatch { excluded_by, reason }
-            if excluded_by == vynil_rules::selection::Exclusion::Withheld.as_str()
-                && instance.installed_tag().is_some() =>
+            if let Some(on) = held_back_by(excluded_by)
+                && let Some(installed) = instance.installed_tag() =>
         {
-            let installed = instance.installed_tag().unwrap_or_default().to_string();
+            let installed = installed.to_string();
             let why = format!("staying at {installed}: {reason}");
-            let outcome = Outcome::Waiting { to: installed, until: None, why, on: WaitFor::Withheld };
+            let outcome = Outcome::Waiting { to: installed, until: None, why, on };
             Err(Plan { steps: Vec::new(), outcome, requeue: REQUEUE })
+        }
+        // A quarantine is no missing package: it says what it is.
+        Resolution::NoMatch { excluded_by, reason } if held_back_by(excluded_by).is_some() => {
+            let message = format!("Package {}/{}: {reason}", instance.category, instance.package);
+            Err(Plan::blocked(Criterion::Package, None, message, REQUEUE))
         }
         Resolution::NoMatch { reason, .. } => {
             let message = format!("Package {}/{} is missing: {reason}", instance.category, instance.package);
@@ -36,6 +42,20 @@ pub(super) fn resolved<'a>(
             Err(plan)
         }
         Resolution::Package { package, pull_secret } => Ok((package, pull_secret)),
+    }
+}
+
+/// What a catalog's exclusion waits for, when it holds revisions back
+/// rather than finding none: the JukeBox's withholding, or the instance's
+/// own quarantines.
+fn held_back_by(excluded_by: &str) -> Option<WaitFor> {
+    use vynil_rules::selection::Exclusion;
+    if excluded_by == Exclusion::Withheld.as_str() {
+        Some(WaitFor::Withheld)
+    } else if excluded_by == Exclusion::Quarantined.as_str() {
+        Some(WaitFor::Quarantine)
+    } else {
+        None
     }
 }
 

@@ -61,6 +61,7 @@ fn gated(instance: &Instance, observed: &Observed) -> Result<Plan, Plan> {
     if let Some(plan) = after_failed_upgrade(&desired, observed, steps.clone(), &checked) {
         return Ok(plan);
     }
+    forced_run_gated(&desired, observed)?;
     if let Some(outcome) = settled(&desired, observed, &mut steps, &checked) {
         return Ok(Plan { steps, outcome, requeue: REQUEUE });
     }
@@ -205,6 +206,18 @@ impl<'a> Desired<'a> {
             if instance.status.tag.is_some() { "upgrading or reconfiguring to" } else { "installing" };
         steps.push(Step::Event { warning: false, reason: "AgentStarted", note: format!("{doing} {tag}") });
     }
+}
+
+/// A forced run (`vynil.solidite.fr/force-reinstall`, which a tenant may
+/// set) of another revision than the installed one is an upgrade like any
+/// other: it waits for its approval, windows, freezes and waves, the
+/// annotation staying until it may run. Only a forced re-run of the
+/// installed revision starts at once (upstream's `kubectl-vynil upgrade`).
+fn forced_run_gated(desired: &Desired, observed: &Observed) -> Result<(), Plan> {
+    if !desired.instance.force_reinstall {
+        return Ok(());
+    }
+    upgrade_timing(desired, observed).map_or(Ok(()), Err)
 }
 
 /// The cases that need no Job's answer: a forced reinstall, a deleted Job
@@ -487,7 +500,7 @@ fn upgrade_timing(desired: &Desired, observed: &Observed) -> Option<Plan> {
     if let Some(plan) = wave_timing(desired, observed, policy, from) {
         return Some(plan);
     }
-    let (windows, freezes) = match policy.policy.rules() {
+    let (windows, freezes) = match policy.rules() {
         Ok(rules) => rules,
         Err(problem) => {
             let message =

@@ -5,12 +5,9 @@
 
 use super::InitVersion;
 
-/// An upgrade policy as written, and whose it is ("JukeBox box", "the instance").
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PolicyOf {
-    pub policy: vynil_crds::UpgradePolicy,
-    pub of: String,
-}
+/// An upgrade policy as written, the windows the instance narrows it to,
+/// and whose it is ("JukeBox box", "the instance").
+pub type PolicyOf = vynil_crds::EffectivePolicy;
 
 /// What an upgrade waits for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,6 +19,9 @@ pub enum WaitFor {
     /// A selectable revision: every newer one is recalled or too young,
     /// and the installed one is not in the catalog.
     Withheld,
+    /// A revision not quarantined for the instance: every one the catalog
+    /// lists is (an upgrade to it failed), the installed one is not listed.
+    Quarantine,
 }
 
 impl WaitFor {
@@ -31,6 +31,7 @@ impl WaitFor {
             WaitFor::Window => "upgrade_window",
             WaitFor::Wave => "upgrade_wave",
             WaitFor::Withheld => "withheld",
+            WaitFor::Quarantine => "quarantine",
         }
     }
 }

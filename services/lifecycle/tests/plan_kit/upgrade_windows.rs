@@ -18,6 +18,7 @@ fn saturday_nights(freezes: Vec<UpgradeFreeze>) -> PolicyOf {
     };
     PolicyOf {
         policy: UpgradePolicy { windows: vec![window], freezes, ..UpgradePolicy::default() },
+        narrowing: Vec::new(),
         of: "JukeBox box".into(),
     }
 }
@@ -140,6 +141,7 @@ fn a_paris_window_opens_once_on_the_spring_forward_and_fall_back_days() {
     };
     let policy = PolicyOf {
         policy: UpgradePolicy { windows: vec![window], ..UpgradePolicy::default() },
+        narrowing: Vec::new(),
         of: "the instance".into(),
     };
     for (before, opens) in
@@ -168,7 +170,7 @@ fn a_paris_window_opens_once_on_the_spring_forward_and_fall_back_days() {
 fn manual() -> PolicyOf {
     let policy =
         UpgradePolicy { approval: Some(vynil_crds::ApprovalMode::Manual), ..UpgradePolicy::default() };
-    PolicyOf { policy, of: "JukeBox box".into() }
+    PolicyOf { policy, narrowing: Vec::new(), of: "JukeBox box".into() }
 }
 
 #[test]
@@ -218,4 +220,34 @@ fn a_manual_upgrade_waits_for_an_approval_of_exactly_its_step() {
         creates_job(&install_plan::plan(&fresh(), &upgrade_at("0.3.0", now, manual()))).as_deref(),
         Some("0.3.0")
     );
+}
+
+/// #65 item 2, the attack: a tenant sets `vynil.solidite.fr/force-reinstall`
+/// on its instance to start an upgrade at once, past its approval, window,
+/// freeze and waves. A forced run of another revision than the installed one
+/// meets every gate (the annotation stays until it may run); a forced re-run
+/// of the installed revision runs at once (upstream's `kubectl-vynil upgrade`).
+#[test]
+fn a_forced_run_of_another_revision_meets_every_gate_and_of_the_installed_one_runs_at_once() {
+    let fingerprint = fingerprint_of(&install_plan::plan(&fresh(), &observed("0.2.0")));
+    let forced = instance(
+        json!({"vynil.solidite.fr/force-reinstall": "now"}),
+        Value::Null,
+        installed("0.2.0", &fingerprint),
+    );
+    let friday_noon = "2026-12-04T12:00:00Z";
+    let pending = install_plan::plan(&forced, &upgrade_at("0.3.0", friday_noon, manual()));
+    assert!(creates_job(&pending).is_none(), "{pending:?}");
+    assert!(matches!(pending.outcome, Outcome::PendingApproval(_)), "{:?}", pending.outcome);
+    assert!(pending.steps.is_empty(), "the annotation stays until the upgrade may run: {:?}", pending.steps);
+    let outside = install_plan::plan(&forced, &upgrade_at("0.3.0", friday_noon, saturday_nights(vec![])));
+    assert!(creates_job(&outside).is_none(), "{outside:?}");
+    assert!(matches!(outside.outcome, Outcome::Waiting { .. }), "{:?}", outside.outcome);
+    // Inside its window, the forced upgrade runs (and the annotation goes).
+    let inside =
+        install_plan::plan(&forced, &upgrade_at("0.3.0", "2026-12-05T02:00:00Z", saturday_nights(vec![])));
+    assert_eq!(creates_job(&inside).as_deref(), Some("0.3.0"));
+    // The installed revision, forced: at once, whatever the policy.
+    let rerun = install_plan::plan(&forced, &upgrade_at("0.2.0", friday_noon, manual()));
+    assert_eq!(creates_job(&rerun).as_deref(), Some("0.2.0"), "{rerun:?}");
 }
