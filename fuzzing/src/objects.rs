@@ -136,6 +136,7 @@ fn request(u: &mut Unstructured<'_>) -> Result<JobRequest> {
         registry: text(u)?,
         image: text(u)?,
         tag: VersionText::arbitrary(u)?.0,
+        digest: if bool::arbitrary(u)? { Some(text(u)?) } else { None },
         pull_secret: None,
         options_hash: text(u)?,
         controller_values: "{}".into(),

@@ -17,7 +17,8 @@ use crate::{install_plan::JobRequest, instance::InstanceKind};
 
 /// Annotation carrying the Job's fingerprint.
 pub const FINGERPRINT: &str = "vynil.solidite.fr/fingerprint";
-/// Annotation carrying `registry/image:tag` the Job installs.
+/// Annotation carrying `registry/image:tag@sha256:<hex>` the Job installs
+/// (`registry/image:tag` when no digest was recorded).
 pub const REVISION: &str = "vynil.solidite.fr/revision";
 
 /// `install` or `delete` (the main container's name and second argument).
@@ -120,8 +121,14 @@ fn field_ref(name: &str, path: &str) -> serde_json::Value {
 /// The unpack step's env and mounts, and the Job's volumes (the pull
 /// secret's when the JukeBox names one).
 fn unpack_parts(request: &JobRequest, log: &str, rust_log: &str) -> (Vec<Value>, Vec<Value>, Vec<Value>) {
+    // The chosen digest, never the tag: upstream's `package unpack` builds
+    // its reference with `Reference::with_tag(REGISTRY, IMAGE, TAG)` and
+    // asks `GET /v2/<IMAGE>/manifests/<TAG>` verbatim (`ocihandler.rs`
+    // `pull_image`, 0.7.7), which a registry answers by digest. The main
+    // container keeps the plain tag: the agent writes it to `status.tag`.
+    let pulled = request.digest.as_deref().unwrap_or(&request.tag);
     let mut unpack_env =
-        vec![env("REGISTRY", &request.registry), env("IMAGE", &request.image), env("TAG", &request.tag)];
+        vec![env("REGISTRY", &request.registry), env("IMAGE", &request.image), env("TAG", pulled)];
     let mut unpack_mounts = vec![
         json!({"name": "package", "mountPath": "/package"}),
         json!({"name": "cache", "mountPath": "/var/cache/restic"}),
@@ -193,7 +200,10 @@ pub fn render(
     let pod_labels = job_labels(job, package_type, action, namespace, name);
     let (unpack_env, unpack_mounts, volumes) = unpack_parts(request, log, &rust_log);
     let main_env = main_env(settings, namespace, name, request, &rust_log);
-    let revision = format!("{}/{}:{}", request.registry, request.image, request.tag);
+    let mut revision = format!("{}/{}:{}", request.registry, request.image, request.tag);
+    if let Some(digest) = &request.digest {
+        revision = format!("{revision}@{digest}");
+    }
     serde_json::from_value(json!({
         "apiVersion": "batch/v1",
         "kind": "Job",

@@ -468,6 +468,7 @@ pub(crate) fn delete_request(
         registry: package.registry.clone(),
         image: package.image.clone(),
         tag: package.tag.clone(),
+        digest: digest.map(String::from),
         pull_secret,
         options_hash,
         controller_values,

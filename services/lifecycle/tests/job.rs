@@ -13,11 +13,14 @@ use vynil_lifecycle::{
 };
 use vynil_rules::install::Recommended;
 
+const DIGEST: &str = "sha256:4f1c1e5d1e1b1d9a2c3f5e6d7c8b9a0f1e2d3c4b5a69788796a5b4c3d2e1f0a9";
+
 fn request() -> JobRequest {
     JobRequest {
         registry: "registry.example".into(),
         image: "think/ollama".into(),
         tag: "2.5.0".into(),
+        digest: Some(DIGEST.into()),
         pull_secret: Some("regcred".into()),
         options_hash: "abc123".into(),
         controller_values: r#"{"gpu":true}"#.into(),
@@ -116,4 +119,36 @@ fn the_test_kits_agent_and_reaper_images_are_lifecycles_defaults() {
     let settings = AgentSettings::default();
     assert_eq!(settings.image, vynil_testkit::kube_api::UPSTREAM_AGENT_IMAGE);
     assert_eq!(settings.reaper_image, vynil_testkit::kube_api::REAPER_IMAGE);
+}
+
+/// #65 item 1: the unpack pulls the chosen digest and the agent is told the
+/// plain tag; without a recorded digest, the unpack pulls the tag.
+#[test]
+fn the_unpack_pulls_the_chosen_digest_and_the_agent_is_told_the_tag() {
+    let tags = |request: &JobRequest| {
+        let job = render(
+            &AgentSettings::default(),
+            "tenant--apps--ollama",
+            InstanceKind::Tenant,
+            "apps",
+            "ollama",
+            Action::Install,
+            request,
+        )
+        .unwrap();
+        let job = serde_json::to_value(&job).unwrap();
+        let tag_of = |container: &Value| {
+            container["env"].as_array().unwrap().iter().find(|e| e["name"] == "TAG").unwrap()["value"].clone()
+        };
+        let pod = &job["spec"]["template"]["spec"];
+        let revision = job["metadata"]["annotations"]["vynil.solidite.fr/revision"].clone();
+        (tag_of(&pod["initContainers"][0]), tag_of(&pod["containers"][0]), revision)
+    };
+    let (unpack, main, revision) = tags(&request());
+    assert_eq!((unpack.as_str(), main.as_str()), (Some(DIGEST), Some("2.5.0")));
+    assert_eq!(revision, format!("registry.example/think/ollama:2.5.0@{DIGEST}"));
+    let unpinned = JobRequest { digest: None, ..request() };
+    let (unpack, main, revision) = tags(&unpinned);
+    assert_eq!((unpack.as_str(), main.as_str()), (Some("2.5.0"), Some("2.5.0")));
+    assert_eq!(revision, "registry.example/think/ollama:2.5.0");
 }

@@ -38,6 +38,7 @@ fn request(tag: &str) -> JobRequest {
         registry: "registry.example".into(),
         image: "think/ollama".into(),
         tag: tag.into(),
+        digest: None,
         pull_secret: None,
         options_hash: "h".into(),
         controller_values: "{}".into(),

@@ -150,6 +150,7 @@ impl<'a> Desired<'a> {
             registry: package.registry.clone(),
             image: package.image.clone(),
             tag: tag.clone(),
+            digest: digest.clone(),
             pull_secret: pull_secret.clone(),
             options_hash: options_hash.clone(),
             controller_values,

@@ -150,6 +150,10 @@ pub struct JobRequest {
     pub registry: String,
     pub image: String,
     pub tag: String,
+    /// The digest chosen (under a signature policy, the one verified): the
+    /// unpack pulls it, never the tag, which a pusher may re-point after
+    /// the choice. `None`: none recorded (the tag is pulled).
+    pub digest: Option<String>,
     pub pull_secret: Option<String>,
     pub options_hash: String,
     pub controller_values: String,
