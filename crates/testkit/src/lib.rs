@@ -48,7 +48,7 @@ pub use package::{ArtifactKind, PackageSpec, PackageType};
 pub use process::{free_port, workspace_binary};
 pub use publisher::Publisher;
 pub use redis_server::{Persistence, RedisServer};
-pub use registry_server::{RegistryOptions, RegistryServer};
+pub use registry_server::{LoggedRequest, RegistryOptions, RegistryServer};
 pub use s3_server::S3Server;
 pub use sentinel::RedisSentinels;
 pub use service_process::{Readiness, ServiceProcess, ServingStatus};

@@ -22,6 +22,17 @@ pub struct RegistryOptions {
     /// Send push and delete notifications (distribution's
     /// `notifications.endpoints`) to this URL, with this `Authorization`.
     pub notify: Option<(String, String)>,
+    /// Log every request ([`RegistryServer::requests`]).
+    pub access_log: bool,
+}
+
+/// One request the registry served, from its access log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoggedRequest {
+    pub method: String,
+    pub path: String,
+    pub status: u16,
+    pub user_agent: String,
 }
 
 /// A running registry, killed on drop.
@@ -113,20 +124,43 @@ impl RegistryServer {
         Publisher::new(self.host(), self.basic_auth.clone())
     }
 
+    /// Every request served so far, in order, when started with
+    /// `access_log` (distribution's combined log format: `… "GET /v2/… HTTP/1.1"
+    /// 200 … "<referer>" "<user agent>"`).
+    pub fn requests(&self) -> Vec<LoggedRequest> {
+        let log = std::fs::read_to_string(self.dir.path().join("registry.log")).unwrap_or_default();
+        log.lines().filter_map(logged_request).collect()
+    }
+
     /// Stops the registry now (SIGKILL); its storage stays until drop.
     pub fn kill(&mut self) {
         self.process.kill();
     }
 }
 
+/// A combined-log-format line: `… "METHOD PATH PROTO" STATUS SIZE "REFERER" "UA"`.
+fn logged_request(line: &str) -> Option<LoggedRequest> {
+    let quoted: Vec<&str> = line.split('"').collect();
+    // [prefix, request, " status size ", referer, " ", user agent, rest]
+    let mut request = quoted.get(1)?.split(' ');
+    let (method, path) = (request.next()?.to_string(), request.next()?.to_string());
+    if !path.starts_with('/') {
+        return None;
+    }
+    let status = quoted.get(2)?.split_whitespace().next()?.parse().ok()?;
+    let user_agent = quoted.get(5)?.to_string();
+    Some(LoggedRequest { method, path, status, user_agent })
+}
+
 fn config_yaml(dir: &Path, port: u16, options: &RegistryOptions) -> String {
     let root = dir.join("data");
     let mut yaml = format!(
         "version: 0.1\n\
-         log:\n  level: warn\n  accesslog:\n    disabled: true\n\
+         log:\n  level: warn\n  accesslog:\n    disabled: {no_access_log}\n\
          storage:\n  filesystem:\n    rootdirectory: {root}\n  delete:\n    enabled: true\n\
          http:\n  addr: 127.0.0.1:{port}\n  secret: vynil-testkit\n",
-        root = root.display()
+        root = root.display(),
+        no_access_log = !options.access_log,
     );
     if let Some((url, authorization)) = &options.notify {
         // Sent as fast as the registry can: each event at once, retried

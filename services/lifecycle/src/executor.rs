@@ -74,9 +74,11 @@ pub(crate) async fn execute(
                 resource_version = record_status(&api, instance, &patch, recorded, expected).await?;
             }
             Step::CreateJob(request) => {
+                warn_if_tag_moved(instance, object, &request, context).await;
                 create_agent_job(instance, job_name, JobAction::Install, &request, context).await?
             }
             Step::CreateDeleteJob(request) => {
+                warn_if_tag_moved(instance, object, &request, context).await;
                 create_agent_job(instance, job_name, JobAction::Delete, &request, context).await?
             }
             Step::CreateReaperJob { fingerprint } => {
@@ -279,6 +281,30 @@ pub(crate) async fn create_agent_job(
     )
     .map_err(|e| LifecycleError::Invalid(format!("rendering the agent Job: {e}")))?;
     create_job(job_name, &rendered, &request.fingerprint, context).await
+}
+
+/// Before a Job pulls its chosen digest: where the tag points now. The Job
+/// runs pinned whatever the answer (`crate::job`); a tag re-pointed since
+/// the choice (a pusher who cannot sign, or a re-publication) is a Warning
+/// Event naming both digests, so that an operator hears of it. An
+/// unreachable registry says nothing: the pin holds either way.
+async fn warn_if_tag_moved(
+    instance: &Instance,
+    object: &DynamicObject,
+    request: &JobRequest,
+    context: &Context,
+) {
+    let Some(chosen) = &request.digest else { return };
+    let Ok(repo) = vynil_registry::RepositoryRef::new(&request.registry, &request.image) else { return };
+    let Ok(client) = context.registry_for(request.pull_secret.as_deref()).await else { return };
+    let Ok(Some(now)) = client.head_digest(&repo, &request.tag).await else { return };
+    if now != *chosen {
+        let (registry, image, tag) = (&request.registry, &request.image, &request.tag);
+        let note = format!(
+            "the tag {tag} of {registry}/{image} now names {now}, not {chosen}, the digest chosen for this instance: the agent Job pulls {chosen} (a scan of the JukeBox considers the new bytes)"
+        );
+        context.publish(object, instance.kind, true, "TagMoved", note).await;
+    }
 }
 
 /// The instance's UID, under which lifecycle records what tenants may not write.

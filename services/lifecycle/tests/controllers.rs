@@ -162,6 +162,61 @@ async fn item_19_options_change_re_runs_and_no_change_does_not_even_after_the_jo
     world.stop().await;
 }
 
+/// #65 item 1 on the real registry, the attack: a pusher who cannot sign
+/// re-points the tag the catalog chose (and, under a policy, verified) to
+/// other bytes before the install. The Job's unpack pulls the chosen digest
+/// (`GET /v2/apps/web/manifests/sha256:<chosen>`, never the tag), the agent
+/// is told the plain tag, and a Warning Event names both digests.
+#[tokio::test]
+async fn a_tag_re_pointed_after_the_choice_still_installs_the_chosen_digest() {
+    use vynil_testkit::{
+        PackageSpec, PackageType, RegistryOptions, RegistryServer, kube_api::UNPACK_USER_AGENT,
+    };
+    let registry =
+        RegistryServer::start_with(RegistryOptions { access_log: true, ..Default::default() }).await.unwrap();
+    let host = registry.host();
+    let publisher = registry.publisher();
+    let chosen = publisher
+        .publish("apps/web", &PackageSpec::new("apps", "web", PackageType::Tenant, "0.2.0"))
+        .await
+        .unwrap();
+    let mut revision = package(&host, "apps", "web", "tenant", "0.2.0", json!([]));
+    revision["digest"] = json!(chosen);
+    let insecure: &'static str = Box::leak(host.clone().into_boxed_str());
+    let (world, _) = World::start(vec![revision], &["--insecure-registry", insecure]).await;
+    world.agent.pull_from_registries("http");
+    // The attack: other bytes under the same tag, after the choice.
+    let mut other = PackageSpec::new("apps", "web", PackageType::Tenant, "0.2.0");
+    other.description = "re-pointed by a pusher".into();
+    let pushed = publisher.publish("apps/web", &other).await.unwrap();
+    assert_ne!(pushed, chosen);
+    world.create("TenantInstance", "web", web_spec(), json!({})).await;
+    eventually("0.2.0 installed", || async {
+        (installed_tag(&world.get("TenantInstance", "web").await) == Some("0.2.0")).then_some(())
+    })
+    .await;
+    let unpacked: Vec<String> = registry
+        .requests()
+        .into_iter()
+        .filter(|r| r.user_agent == UNPACK_USER_AGENT && r.path.contains("/manifests/"))
+        .map(|r| format!("{} {} {}", r.method, r.path, r.status))
+        .collect();
+    assert!(unpacked.contains(&format!("GET /v2/apps/web/manifests/{chosen} 200")), "{unpacked:?}");
+    assert!(
+        !unpacked.iter().any(|r| r.contains("/manifests/0.2.0")),
+        "the unpack never asks the tag: {unpacked:?}"
+    );
+    assert_eq!(world.tags_run("web"), ["0.2.0"], "the agent is told the plain tag");
+    let event = eventually("the TagMoved Event", || async {
+        world.api.objects("events.k8s.io", "events").into_iter().find(|e| e["reason"] == "TagMoved")
+    })
+    .await;
+    let note = event["note"].as_str().unwrap_or_default();
+    assert!(note.contains(&chosen) && note.contains(&pushed), "{note}");
+    assert_eq!(event["type"], "Warning", "{event}");
+    world.stop().await;
+}
+
 #[tokio::test]
 async fn item_20_init_from_version_found_runs_that_tag_and_not_found_blocks() {
     let registry = vynil_testkit::RegistryServer::start().await.unwrap();

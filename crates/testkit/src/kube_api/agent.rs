@@ -17,7 +17,15 @@
 //! and exits 1, or hangs. The Job's status follows from the exit code, as
 //! the Job controller writes it (`backoffLimit` pods, then `Failed`).
 //!
-//! The unpack init container (`package unpack`) succeeds at once. Reaper
+//! The unpack init container (`package unpack`) succeeds at once, unless the
+//! test asked the agent to pull ([`FakeAgent::pull_from_registries`]): then
+//! it asks the registry for `GET /v2/<IMAGE>/manifests/<TAG>` verbatim, as
+//! upstream's does (`common/src/ocihandler.rs` `pull_image` in 0.7.7: a
+//! reference `with_tag(REGISTRY, IMAGE, TAG)`, so a `TAG` of `sha256:<hex>`
+//! asks by digest), over the scheme the test gave, with the user agent
+//! [`UNPACK_USER_AGENT`], and fails as a pull would unless answered 200.
+//! Catalogs naming a registry that does not exist (`registry.example`) keep
+//! the default. Reaper
 //! Jobs (this project's `vynil-lifecycle reap`) run the real lifecycle
 //! binary under the same runner.
 
@@ -47,6 +55,10 @@ pub const REAPER_IMAGE: &str =
     concat!("ghcr.io/vynil-control-plane/vynil-lifecycle:", env!("CARGO_PKG_VERSION"));
 /// The env carrying the script's decision to the fake agent's process.
 const OUTCOME_ENV: &str = "VYNIL_FAKE_AGENT_OUTCOME";
+/// The env telling the unpack to pull, and over which scheme.
+const PULL_ENV: &str = "VYNIL_FAKE_AGENT_PULL";
+/// The user agent of the fake unpack's requests, as a registry logs it.
+pub const UNPACK_USER_AGENT: &str = "vynil-fake-agent/unpack";
 
 /// An agent Job as the fake agent reads it.
 #[derive(Debug, Clone, PartialEq)]
@@ -116,6 +128,8 @@ pub struct FakeAgent {
     agent_image: String,
     /// The script's decision per Job uid.
     outcomes: Arc<Mutex<HashMap<String, AgentOutcome>>>,
+    /// The scheme the unpack pulls over, once asked to pull.
+    pull: Arc<Mutex<Option<String>>>,
 }
 
 fn label<'a>(job: &'a Job, keys: &[&str]) -> Option<&'a str> {
@@ -198,6 +212,8 @@ impl FakeAgent {
         let script: Arc<Script> = Arc::new(script);
         let outcomes: Arc<Mutex<HashMap<String, AgentOutcome>>> = Arc::default();
         let decided = outcomes.clone();
+        let pull: Arc<Mutex<Option<String>>> = Arc::default();
+        let pulling = pull.clone();
         let env: super::JobEnv = Arc::new(move |job: &Job| {
             let Some(agent_job) = AgentJob::read(job).filter(|j| j.upstream_agent) else { return Vec::new() };
             let outcome = script(&agent_job);
@@ -206,14 +222,26 @@ impl FakeAgent {
             if let Ok(mut outcomes) = decided.lock() {
                 outcomes.insert(uid, outcome);
             }
-            vec![(OUTCOME_ENV.to_string(), text)]
+            let mut env = vec![(OUTCOME_ENV.to_string(), text)];
+            if let Some(scheme) = pulling.lock().ok().and_then(|p| p.clone()) {
+                env.push((PULL_ENV.to_string(), scheme));
+            }
+            env
         });
         let agent = crate::workspace_binary("vynil-testkit", "vynil-fake-agent")?;
         let reaper = crate::workspace_binary("vynil-lifecycle", "vynil-lifecycle")?;
         let options =
             RunnerOptions::new().image_with_env(agent_image, &agent, env).image(REAPER_IMAGE, &reaper);
         let runner = JobRunner::start(api, namespace, options)?;
-        Ok(Self { runner, agent_image: agent_image.to_string(), outcomes })
+        Ok(Self { runner, agent_image: agent_image.to_string(), outcomes, pull })
+    }
+
+    /// From now on, each Job's unpack pulls its `REGISTRY/IMAGE:TAG` over
+    /// `scheme` (`http` for the test kit's registry), as upstream's does.
+    pub fn pull_from_registries(&self, scheme: &str) {
+        if let Ok(mut pull) = self.pull.lock() {
+            *pull = Some(scheme.to_string());
+        }
     }
 
     /// The runner, for what it ran besides the agent (the reaper).
@@ -263,8 +291,7 @@ fn kube_error(doing: &str) -> impl FnOnce(kube::Error) -> TestkitError + '_ {
 pub async fn agent_main(args: &[String]) -> i32 {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let (package_type, action) = match args.as_slice() {
-        // The unpack init container: the package is "there".
-        ["package", "unpack"] => return 0,
+        ["package", "unpack"] => return unpack().await,
         [package_type, action @ ("install" | "delete")] => (package_type.to_string(), action.to_string()),
         other => {
             eprintln!("vynil-fake-agent: unknown arguments {other:?} (expected <type> install|delete)");
@@ -329,6 +356,32 @@ pub async fn agent_main(args: &[String]) -> i32 {
             std::future::pending::<()>().await;
             0
         }
+    }
+}
+
+/// The unpack init container (see the module documentation).
+async fn unpack() -> i32 {
+    let env = |name: &str| std::env::var(name).unwrap_or_default();
+    let Ok(scheme) = std::env::var(PULL_ENV) else {
+        // Not asked to pull: the package is "there".
+        return 0;
+    };
+    let (registry, image, tag) = (env("REGISTRY"), env("IMAGE"), env("TAG"));
+    let url = format!("{scheme}://{registry}/v2/{image}/manifests/{tag}");
+    let accept = "application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.v2+json, application/vnd.oci.image.index.v1+json";
+    let client = reqwest::Client::builder().user_agent(UNPACK_USER_AGENT).build();
+    let answer = match client {
+        Ok(client) => client.get(&url).header("Accept", accept).send().await,
+        Err(e) => return fail(&format!("pulling {registry}/{image}:{tag}: {e}")),
+    };
+    match answer {
+        Ok(answer) if answer.status().is_success() => {
+            let digest = answer.headers().get("Docker-Content-Digest").and_then(|d| d.to_str().ok());
+            println!("unpacked {registry}/{image}:{tag} ({})", digest.unwrap_or("no digest header"));
+            0
+        }
+        Ok(answer) => fail(&format!("pulling {registry}/{image}:{tag}: {}", answer.status())),
+        Err(e) => fail(&format!("pulling {registry}/{image}:{tag}: {e}")),
     }
 }
 

@@ -77,7 +77,8 @@ mod tls;
 
 pub use access::{AccessRule, AccessTable, ApiFault, ApiFaultAction, Identity, RequestRecord};
 pub use agent::{
-    AgentJob, AgentOutcome, AgentRun, FakeAgent, REAPER_IMAGE, UPSTREAM_AGENT_IMAGE, agent_main,
+    AgentJob, AgentOutcome, AgentRun, FakeAgent, REAPER_IMAGE, UNPACK_USER_AGENT, UPSTREAM_AGENT_IMAGE,
+    agent_main,
 };
 pub use instant::InstantAgent;
 pub use kubelet::{ContainerRun, JobEnv, JobRunner, Program, RunnerOptions};
