@@ -385,6 +385,26 @@ impl Origins {
     }
 }
 
+/// Whether `recorded` lies in a repository where the catalog lists the
+/// instance's own package (`listed`: `(registry, repository)`; any type: a
+/// revision installed before a type change is in the same repository).
+/// `status.package` is tenant-writable: no other registry is ever asked
+/// about it, and no other image run for it.
+pub fn is_own_repository(recorded: &RecordedRevision, listed: &[(&str, &str)]) -> bool {
+    listed.iter().any(|listed| crate::repository::same(*listed, (&recorded.registry, &recorded.image)))
+}
+
+/// Whether `recorded` is a revision of the instance's own package: of its
+/// type, in a repository where `scanned` lists its category/name.
+fn is_own_package(recorded: &RecordedRevision, install: &InstallQuery, scanned: &[Package]) -> bool {
+    let listed: Vec<(&str, &str)> = scanned
+        .iter()
+        .filter(|p| p.category() == install.category && p.name() == install.name)
+        .map(|p| (p.registry.as_str(), p.image.as_str()))
+        .collect();
+    recorded.package_type == install.package_type && is_own_repository(recorded, &listed)
+}
+
 /// Which revision's hooks delete the instance, or why none can.
 #[derive(Debug, Clone, PartialEq)]
 pub enum CleanupDecision {
@@ -418,15 +438,20 @@ impl PackageGone {
     }
 }
 
-/// The recorded revision does not come from the instance's JukeBox: its
-/// image is never run.
+/// The recorded revision is not one of the instance's own package from its
+/// JukeBox: its image is never run.
 fn not_from_jukebox(install: &InstallQuery, recorded: &RecordedRevision) -> CleanupDecision {
     let subject = format!("{}/{}", install.category, install.name);
     CleanupDecision::Gone(PackageGone {
         code: "E_REVISION_NOT_FROM_JUKEBOX",
         missing: format!(
-            "the revision recorded in status ({}/{}:{}) is not from a source of JukeBox {}",
-            recorded.registry, recorded.image, recorded.tag, install.jukebox
+            "the revision recorded in status ({}/{}:{}, {}) is not a {} revision of {subject} from a source of JukeBox {}",
+            recorded.registry,
+            recorded.image,
+            recorded.tag,
+            recorded.package_type,
+            install.package_type,
+            install.jukebox
         ),
         why: "its delete hooks would run that image as the agent's ServiceAccount, so it is not run".into(),
         ways_out: vec![
@@ -443,7 +468,10 @@ pub fn select_cleanup(query: &CleanupQuery) -> CleanupDecision {
     if let Some((recorded, check)) = &query.recorded {
         match check {
             RecordedCheck::Resolves => match query.catalog {
-                CatalogState::Loaded(packages) if query.origins.admit(recorded, packages) => {
+                CatalogState::Loaded(packages)
+                    if query.origins.admit(recorded, packages)
+                        && is_own_package(recorded, install, packages) =>
+                {
                     return CleanupDecision::UseRecorded((*recorded).clone());
                 }
                 CatalogState::Loaded(_) => return not_from_jukebox(install, recorded),

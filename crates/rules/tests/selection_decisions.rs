@@ -366,3 +366,61 @@ fn a_recorded_revision_from_elsewhere_never_runs_its_delete_hooks() {
     };
     assert!(matches!(select_cleanup(&query), CleanupDecision::Retry { .. }));
 }
+
+/// #65 item 5, the attack: a tenant writes `status.package` naming another
+/// package of the same JukeBox (a repository it lists), or its own
+/// repository with another type, so that deleting its instance runs that
+/// package's delete hooks as the cluster-admin agent. A recorded revision is
+/// admitted only as the instance's own package: a repository where the
+/// catalog lists its category/name, of the instance's type.
+#[test]
+fn a_recorded_revision_of_another_package_of_the_jukebox_never_runs_its_delete_hooks() {
+    let fw = framework("0.8.0");
+    let root = Package::new(
+        "registry.example",
+        "apps/root",
+        "1.0.0",
+        content_of("apps", "root", "tenant", None, None),
+    );
+    let scanned = [package("0.1.10", "service", None, None), package("0.1.8", "tenant", None, None), root];
+    let list = Origins::Repositories(vec![
+        "registry.example/think/ollama".into(),
+        "registry.example/apps/root".into(),
+    ]);
+    let other_package = RecordedRevision { image: "apps/root".into(), tag: "1.0.0".into(), ..recorded() };
+    let other_type = RecordedRevision { package_type: PackageType::System, ..recorded() };
+    for origins in [&list, &Origins::Scanned] {
+        for (revision, admitted) in [(&recorded(), true), (&other_package, false), (&other_type, false)] {
+            let query = CleanupQuery {
+                origins,
+                install: query(Some("0.1.8"), &fw),
+                recorded: Some((revision, RecordedCheck::Resolves)),
+                catalog: CatalogState::Loaded(&scanned),
+                has_children: true,
+                delete_without_package: false,
+            };
+            let decision = select_cleanup(&query);
+            let used = matches!(&decision, CleanupDecision::UseRecorded(r) if r == revision);
+            assert_eq!(used, admitted, "{origins:?} {revision:?}: {decision:?}");
+            if !admitted {
+                let CleanupDecision::Gone(gone) = &decision else { panic!("{decision:?}") };
+                assert_eq!(gone.code, "E_REVISION_NOT_FROM_JUKEBOX");
+                assert!(
+                    gone.missing.contains("think/ollama"),
+                    "names the instance's package: {}",
+                    gone.missing
+                );
+            }
+        }
+    }
+    // Before any registry is asked: only the own package's repository.
+    let listed = [("registry.example", "think/ollama")];
+    assert!(vynil_rules::selection::is_own_repository(&recorded(), &listed));
+    assert!(vynil_rules::selection::is_own_repository(
+        &RecordedRevision { registry: "REGISTRY.example".into(), ..recorded() },
+        &listed
+    ));
+    assert!(!vynil_rules::selection::is_own_repository(&other_package, &listed));
+    let elsewhere = RecordedRevision { registry: "127.0.0.1:9".into(), ..recorded() };
+    assert!(!vynil_rules::selection::is_own_repository(&elsewhere, &listed));
+}

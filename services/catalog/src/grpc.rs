@@ -177,6 +177,7 @@ impl CatalogApi for CatalogService {
                 packages: Vec::new(),
                 not_modified: true,
                 next_page_token: String::new(),
+                pull_secret: entry.pull_secret.clone().unwrap_or_default(),
             }));
         }
         // Roles are computed over whole repositories, before the filters, for
@@ -204,6 +205,7 @@ impl CatalogApi for CatalogService {
             packages,
             not_modified: false,
             next_page_token,
+            pull_secret: entry.pull_secret.clone().unwrap_or_default(),
         }))
     }
 

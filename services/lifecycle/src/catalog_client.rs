@@ -5,9 +5,9 @@
 
 use tonic::transport::Endpoint;
 use vynil_proto::catalog::v1::{
-    self as pb, GetCatalogRequest, RecordedCheck as ProtoCheck, RecordedRevision as ProtoRecorded,
-    ResolveCleanupRequest, ResolveInstallRequest, catalog_client::CatalogClient,
-    resolve_cleanup_response::Decision, resolve_install_response::Outcome,
+    self as pb, GetCatalogRequest, GetCatalogResponse, RecordedCheck as ProtoCheck,
+    RecordedRevision as ProtoRecorded, ResolveCleanupRequest, ResolveInstallRequest,
+    catalog_client::CatalogClient, resolve_cleanup_response::Decision, resolve_install_response::Outcome,
 };
 use vynil_proto::convert::{package_from_proto, proto_type, signature_from_proto, verify_mode_from_proto};
 use vynil_rules::{Tag, selection::RecordedCheck, signature::Verdict};
@@ -99,6 +99,12 @@ impl Catalog {
     }
 
     async fn revisions(&self, instance: &Instance, typed: bool) -> Result<Vec<pb::Package>, LifecycleError> {
+        Ok(self.listing(instance, typed).await?.packages)
+    }
+
+    /// The catalog's answer for the instance's package (`typed`: of its
+    /// type only); empty when the JukeBox is not in the catalog.
+    async fn listing(&self, instance: &Instance, typed: bool) -> Result<GetCatalogResponse, LifecycleError> {
         let request = GetCatalogRequest {
             jukebox: instance.jukebox.clone(),
             category: instance.category.clone(),
@@ -107,10 +113,25 @@ impl Catalog {
             ..GetCatalogRequest::default()
         };
         match self.client.clone().get_catalog(request).await {
-            Ok(response) => Ok(response.into_inner().packages),
-            Err(status) if status.code() == tonic::Code::NotFound => Ok(Vec::new()),
+            Ok(response) => Ok(response.into_inner()),
+            Err(status) if status.code() == tonic::Code::NotFound => Ok(GetCatalogResponse::default()),
             Err(status) => Err(unavailable(status)),
         }
+    }
+
+    /// The repositories where the catalog lists the instance's package (any
+    /// type), and the JukeBox's pull secret: the only registry a recorded
+    /// revision may be checked at, with the only credentials it may use.
+    pub async fn own_repositories(
+        &self,
+        instance: &Instance,
+    ) -> Result<(Vec<(String, String)>, Option<String>), LifecycleError> {
+        let listing = self.listing(instance, false).await?;
+        let mut repositories: Vec<(String, String)> =
+            listing.packages.into_iter().map(|p| (p.registry, p.image)).collect();
+        repositories.sort();
+        repositories.dedup();
+        Ok((repositories, Some(listing.pull_secret).filter(|s| !s.is_empty())))
     }
 
     /// The newest revision of the instance's package and type in the catalog.

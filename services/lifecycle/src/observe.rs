@@ -157,7 +157,7 @@ async fn recorded_rollback(
     let Some(recorded) = instance.status.package.as_ref().filter(|p| p.tag == from) else {
         return Ok(None);
     };
-    match check_recorded(recorded, context).await {
+    match check_recorded(instance, recorded, context).await? {
         RecordedCheck::Resolves => {}
         RecordedCheck::Gone => return Ok(None),
         RecordedCheck::Unknown(why) => {
@@ -324,22 +324,42 @@ pub(crate) async fn pod_failure(job: &str, context: &Context) -> Option<String> 
     })
 }
 
-/// Whether the recorded tag still resolves to the recorded digest.
+/// Whether the recorded tag still resolves to the recorded digest. The
+/// record is `status.package`, which a tenant may write: only a revision in
+/// a repository where the catalog lists the instance's own package is
+/// checked (`vynil_rules::selection::is_own_repository`), with the
+/// JukeBox's pull secret, never one named in status; any other is treated
+/// as gone without asking its registry (no request to a host of the
+/// tenant's choice), and the cleanup falls to the catalog's revision. A
+/// catalog that cannot answer is an error to retry.
 pub(crate) async fn check_recorded(
+    instance: &Instance,
     recorded: &vynil_crds::InstalledPackage,
     context: &Context,
-) -> RecordedCheck {
+) -> Result<RecordedCheck, LifecycleError> {
+    let (own, pull_secret) = context.catalog.own_repositories(instance).await?;
+    let listed: Vec<(&str, &str)> = own.iter().map(|(r, i)| (r.as_str(), i.as_str())).collect();
+    let revision = vynil_rules::selection::RecordedRevision {
+        registry: recorded.registry.clone(),
+        image: recorded.image.clone(),
+        tag: recorded.tag.clone(),
+        digest: recorded.digest.clone().unwrap_or_default(),
+        package_type: instance.kind.package_type(),
+    };
+    if !vynil_rules::selection::is_own_repository(&revision, &listed) {
+        return Ok(RecordedCheck::Gone);
+    }
     let Ok(repo) = RepositoryRef::new(&recorded.registry, &recorded.image) else {
-        return RecordedCheck::Gone;
+        return Ok(RecordedCheck::Gone);
     };
-    let client = match context.registry_for(recorded.pull_secret.as_deref()).await {
+    let client = match context.registry_for(pull_secret.as_deref()).await {
         Ok(client) => client,
-        Err(e) => return RecordedCheck::Unknown(e.to_string()),
+        Err(e) => return Ok(RecordedCheck::Unknown(e.to_string())),
     };
-    match client.head_digest(&repo, &recorded.tag).await {
+    Ok(match client.head_digest(&repo, &recorded.tag).await {
         Ok(found) => RecordedCheck::from_head(recorded.digest.as_deref(), found.as_deref()),
         Err(e) => RecordedCheck::Unknown(e.to_string()),
-    }
+    })
 }
 
 /// What the cleanup planner reads (also serves `Explain`).
@@ -362,7 +382,7 @@ pub async fn observe_cleanup(
         });
     }
     let check = match &instance.status.package {
-        Some(recorded) => Some(check_recorded(recorded, context).await),
+        Some(recorded) => Some(check_recorded(instance, recorded, context).await?),
         None => None,
     };
     let hatch = hatch(instance, context).await?;
@@ -457,7 +477,7 @@ pub(crate) fn delete_request(
             })
             .unwrap_or_else(|| "{}".into()),
     };
-    let pull_secret = recorded.and_then(|r| r.pull_secret.clone()).or(pull_secret);
+    // The JukeBox's pull secret, never one named in status (tenant-writable).
     let options_hash = install::options_hash(instance.options.as_ref());
     let digest = Some(package.digest.as_str()).filter(|d| !d.is_empty());
     let target =

@@ -79,6 +79,63 @@ async fn item_23_the_delete_job_runs_the_recorded_revision_then_the_finalizer_go
     world.stop().await;
 }
 
+/// #65 item 5, the attacks: a tenant writes `status.package` naming another
+/// package of the same JukeBox (so that deleting its instance runs that
+/// package's delete hooks as the cluster-admin agent), or a registry of its
+/// choice with a Secret of the control plane (so that lifecycle sends a
+/// request there, with those credentials). The delete runs the instance's
+/// own package, and no request reaches the tenant's host.
+#[tokio::test]
+async fn a_recorded_revision_of_another_package_or_host_is_never_run_nor_asked() {
+    let (registry, mut packages, host) = registry_with(&["4.0.0"]).await;
+    let root = PackageSpec::new("apps", "root", PackageType::Tenant, "1.0.0");
+    registry.publisher().publish("apps/root", &root).await.unwrap();
+    let mut listed = package(&host, "apps", "root", "tenant", "1.0.0", json!([]));
+    listed.as_object_mut().unwrap().remove("digest");
+    packages.push(listed);
+    let leaked: &'static str = Box::leak(host.into_boxed_str());
+    let (world, script) = World::start(packages, &["--insecure-registry", leaked]).await;
+    *script.lock().unwrap() = Box::new(installs_with_children);
+    for name in ["web", "ssrf"] {
+        world.create("TenantInstance", name, web_spec(), json!({})).await;
+        installed(&world, name, "4.0.0").await;
+    }
+    let deletes_unpacked = || -> Vec<String> {
+        world
+            .agent
+            .runner()
+            .runs()
+            .into_iter()
+            .filter(|run| {
+                run.init
+                    && run.job.metadata.labels.as_ref().is_some_and(|l| l.values().any(|v| v == "delete"))
+            })
+            .filter_map(|run| {
+                let env = run.job.spec.as_ref()?.template.spec.as_ref()?.init_containers.as_ref()?[0]
+                    .env
+                    .clone()?;
+                env.into_iter().find(|e| e.name == "IMAGE")?.value
+            })
+            .collect()
+    };
+    world
+        .patch_status("TenantInstance", "web", json!({"package": {"image": "apps/root", "tag": "1.0.0"}}))
+        .await;
+    delete(&world, "web").await;
+    gone(&world, "web").await;
+    assert_eq!(deletes_unpacked(), ["apps/web"], "the delete runs the instance's own package");
+    // A host of the tenant's choice: it counts what reaches it.
+    let trap = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    trap.set_nonblocking(true).unwrap();
+    let trap_host = trap.local_addr().unwrap().to_string();
+    world.patch_status("TenantInstance", "ssrf", json!({"package": {"registry": trap_host}})).await;
+    delete(&world, "ssrf").await;
+    gone(&world, "ssrf").await;
+    assert_eq!(deletes_unpacked(), ["apps/web", "apps/web"]);
+    assert!(trap.accept().is_err(), "no request reached the tenant's host");
+    world.stop().await;
+}
+
 #[tokio::test]
 async fn item_25_a_failed_delete_job_is_reported_as_soon_as_it_is_marked() {
     let (_registry, packages, host) = registry_with(&["4.0.0"]).await;
