@@ -277,6 +277,12 @@ async fn a_session_of_vynilctl_scans_purges_explains_and_exits_with_the_document
     let as_viewer = [("VYNIL_URL", gw.url.as_str()), ("VYNIL_TOKEN", viewer.as_str())];
     let recall = ["jukebox", "recall", "box", "0.1.12", "--reason", "leaks memory"];
     assert_eq!(code(&vynilctl(&recall, &as_viewer).await), 3, "a viewer may not recall");
+    // #65 item 7, the attack: an operator's recall that moves instances away
+    // (to an older revision, across a freeze) is an admin's act.
+    let moving = ["jukebox", "recall", "box", "0.1.12", "--reason", "leaks memory", "--move-away"];
+    let refused = vynilctl(&moving, &as_operator).await;
+    assert_eq!(code(&refused), 3, "an operator may not move instances away: {}", text(&refused));
+    assert!(text(&refused).contains("admin"), "{}", text(&refused));
     let recalled = vynilctl(&recall, &as_operator).await;
     assert_eq!(code(&recalled), 0, "{}", text(&recalled));
     assert!(text(&recalled).contains("0.1.12 is recalled for JukeBox box"), "{}", text(&recalled));

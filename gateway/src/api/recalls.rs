@@ -12,7 +12,15 @@ use utoipa::ToSchema;
 use vynil_proto::scanner::v1 as pb;
 
 use super::{App, Ctx, Errors, body, check_subdomain, failed, inputs::Input, non_empty};
-use crate::{downstream::Service, error::ApiError};
+use crate::{
+    auth::{Role, kubernetes::Check},
+    downstream::Service,
+    error::ApiError,
+};
+
+/// The verb on `jukeboxes` a Kubernetes user needs for a recall that moves
+/// instances away (beside `recall`).
+pub const MOVE_AWAY_VERB: &str = "recall-move-away";
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 pub struct RecallRequest {
@@ -73,6 +81,18 @@ pub async fn recall(
     Input::Tag.check("tag", &request.tag)?;
     if request.reason.trim().is_empty() {
         return Err(ApiError::bad_request("reason", "say why the revision is recalled: it is shown with it"));
+    }
+    if request.move_away {
+        // It moves instances to an older revision and across freezes and
+        // windows: an admin's act, not an operator's.
+        let check = Check {
+            verb: MOVE_AWAY_VERB,
+            resource: "jukeboxes",
+            namespace: None,
+            name: Some(jukebox.clone()),
+        };
+        let what = "a recall that moves instances away (to an older revision, across freezes and windows)";
+        app.auth.may(ctx.principal.as_ref(), what, Role::Admin, &check).await?;
     }
     let asked = pb::RecallRequest {
         jukebox: jukebox.clone(),

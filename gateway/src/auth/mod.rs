@@ -163,6 +163,36 @@ impl Source {
 }
 
 impl Authenticator {
+    /// Whether `principal` may do `what` beyond what its route needs: with a
+    /// token, at least `role`; as a Kubernetes user, `check` (a verb of its
+    /// own on the resource, so that RBAC can grant it apart). `Err(403)`
+    /// naming the act and how to get it.
+    pub async fn may(
+        &self,
+        principal: Option<&Principal>,
+        what: &str,
+        role: Role,
+        check: &kubernetes::Check,
+    ) -> Result<(), ApiError> {
+        let principal =
+            principal.ok_or_else(|| ApiError::unauthenticated(format!("{what} needs a credential")))?;
+        match &principal.grant {
+            Grant::Role(granted) if *granted >= role => Ok(()),
+            Grant::Role(granted) => Err(ApiError::forbidden(format!(
+                "{what} is an {} act; {} is {}",
+                role.as_str(),
+                principal.name,
+                granted.as_str()
+            ))),
+            Grant::Kubernetes(user) => match &self.kube {
+                Some(reviews) => reviews.authorize(user, check).await,
+                None => Err(ApiError::unauthenticated(
+                    "Kubernetes users are not accepted here (--kubernetes-auth is off)",
+                )),
+            },
+        }
+    }
+
     /// The principal of a request from `from`, `None` without credentials,
     /// an error for a credential that is not valid (never silently anonymous).
     pub async fn authenticate(
