@@ -280,8 +280,15 @@ async fn held_upgrades_still_apply_option_changes_and_the_history_shows_the_last
     // release while it runs supersedes it, as a newer target does).
     let hash =
         vynil_rules::install::options_hash(serde_json::from_value(json!({"replicas": 3})).ok().as_ref());
+    // Credited, not only written by the agent (which writes `status.digest`
+    // before its Job completes): under load, a release in between superseded it.
     eventually("the option change installed", || async {
-        (world.get("TenantInstance", "web").await["status"]["digest"] == hash.as_str()).then_some(())
+        let history =
+            world.grpc().await.list_instances(ListInstancesRequest::default()).await.ok()?.into_inner();
+        let tags: Vec<String> = history.instances.first()?.history.iter().map(|h| h.tag.clone()).collect();
+        (world.get("TenantInstance", "web").await["status"]["digest"] == hash.as_str()
+            && tags == ["2.5.0", "2.5.0"])
+        .then_some(())
     })
     .await;
     // Released: the upgrade goes on.
