@@ -189,7 +189,7 @@ impl Context {
             "{caller} allowed deleting the recorded children without package hooks{}",
             if reason.is_empty() { String::new() } else { format!(": {reason}") }
         );
-        self.publish(&written, kind, true, "DeleteWithoutPackageAllowed", note).await;
+        self.audit(&written, kind, true, ("DeleteWithoutPackageAllowed", caller), note).await;
         Ok(())
     }
 
@@ -207,6 +207,22 @@ impl Context {
 
     pub(crate) fn instances(&self, kind: InstanceKind, namespace: &str) -> Api<DynamicObject> {
         Api::namespaced_with(self.client.clone(), namespace, &kind.api_resource())
+    }
+
+    /// One entry of the audit trail of what overrides a gate
+    /// (`docs/security.md`, "Audit trail"): a structured log line on target
+    /// `vynil::audit` naming the actor, and the Event on the instance.
+    pub(crate) async fn audit(
+        &self,
+        object: &DynamicObject,
+        kind: InstanceKind,
+        warning: bool,
+        (reason, actor): (&str, &str),
+        note: String,
+    ) {
+        let (namespace, name) = (object.namespace().unwrap_or_default(), object.name_any());
+        tracing::info!(target: "vynil::audit", reason, actor, kind = kind.kind(), namespace, name, note, "audit");
+        self.publish(object, kind, warning, reason, note).await;
     }
 
     pub(crate) async fn publish(

@@ -64,7 +64,13 @@ pub(crate) async fn execute(
             Step::JukeboxWarning { reason, note } => {
                 context.publish_on_jukebox(&instance.jukebox, reason, note).await;
             }
-            Step::RemoveForceReinstall => resource_version = remove_force_reinstall(&api, instance).await?,
+            Step::RemoveForceReinstall => {
+                resource_version = remove_force_reinstall(&api, instance).await?;
+                let actor = "whoever annotated the instance (vynil.solidite.fr/force-reinstall)";
+                let note = "a forced run (vynil.solidite.fr/force-reinstall): the agent Job runs again now"
+                    .to_string();
+                context.audit(object, instance.kind, false, ("ForcedRun", actor), note).await;
+            }
             Step::DeleteJob => delete_job(job_name, context).await?,
             Step::RecordTarget(mut target) => {
                 target.job = job_name.to_string();

@@ -86,7 +86,7 @@ pub async fn roll_back(context: &Context, asked: &Asked<'_>) -> Result<Quarantin
         })
         .await?;
     let note = asked.note(format!("approved the rollback from {} to {}", before.tag, before.from));
-    context.publish(asked.object, asked.kind, true, "UpgradeRollbackApproved", note).await;
+    context.audit(asked.object, asked.kind, true, ("UpgradeRollbackApproved", &asked.caller), note).await;
     Ok(to_proto(&Quarantined { rollback: approved, ..before }))
 }
 
@@ -117,7 +117,7 @@ pub async fn clear_quarantine(context: &Context, asked: &Asked<'_>) -> Result<Qu
         }
     }
     let note = asked.note(format!("cleared the quarantine of {} (it may be installed again)", cleared.tag));
-    context.publish(asked.object, asked.kind, false, "QuarantineCleared", note).await;
+    context.audit(asked.object, asked.kind, false, ("QuarantineCleared", &asked.caller), note).await;
     Ok(to_proto(&cleared))
 }
 
@@ -157,7 +157,7 @@ pub async fn approve(
     };
     context.upgrades.approve(&uid, &key, &approval).await?;
     let note = asked.note(format!("approved the upgrade {from} → {to} (fingerprint {pending})"));
-    context.publish(asked.object, asked.kind, false, "UpgradeApproved", note).await;
+    context.audit(asked.object, asked.kind, false, ("UpgradeApproved", &asked.caller), note).await;
     Ok(vynil_proto::lifecycle::v1::ApproveUpgradeResponse {
         from_tag: from,
         to_tag: to,

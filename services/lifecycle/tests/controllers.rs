@@ -123,6 +123,13 @@ async fn items_17_18_suspend_holds_everything_and_force_reinstall_runs_again() {
     })
     .await;
     assert_eq!(world.tags_run("web"), ["4.0.0", "4.0.0"], "{object}");
+    // #65 item 12: a forced run is in the audit trail, an Event on the instance.
+    let forced = eventually("the ForcedRun Event", || async {
+        world.api.objects("events.k8s.io", "events").into_iter().find(|e| e["reason"] == "ForcedRun")
+    })
+    .await;
+    assert_eq!(forced["regarding"]["name"], "web", "{forced}");
+    assert!(forced["note"].as_str().unwrap_or_default().contains("force-reinstall"), "{forced}");
     world.stop().await;
 }
 
