@@ -90,6 +90,9 @@ pub(crate) async fn execute(
             Step::CreateReaperJob { fingerprint } => {
                 create_reaper_job(instance, job_name, &fingerprint, context).await?
             }
+            Step::RecordPhases(before) => {
+                context.upgrades.phases_before(uid_of(instance)?, &instance.reference(), &before).await?
+            }
             Step::RecordRollout(done) => {
                 context.upgrades.installed(uid_of(instance)?, &instance.reference(), &done).await?
             }

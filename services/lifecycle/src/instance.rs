@@ -139,6 +139,24 @@ impl Instance {
         vynil_rules::install::is_upstream_control_plane(&self.category, &self.package, &self.status.crds)
     }
 
+    /// Its phase conditions as they stand (`vynil_rules::upgrade::SeenPhase`).
+    pub fn seen_phases(&self) -> Vec<vynil_rules::upgrade::SeenPhase> {
+        self.status
+            .conditions
+            .iter()
+            .filter(|c| vynil_rules::upgrade::SeenPhase::is_phase(&c.condition_type))
+            .map(|c| vynil_rules::upgrade::SeenPhase {
+                condition_type: c.condition_type.clone(),
+                status: serde_json::to_value(c.status)
+                    .ok()
+                    .and_then(|v| v.as_str().map(String::from))
+                    .unwrap_or_default(),
+                message: c.message.clone(),
+                last_transition_time: c.last_transition_time.clone().unwrap_or_default(),
+            })
+            .collect()
+    }
+
     /// The tag install selection starts from: `status.tag`, except the tag
     /// the agent of our Job in flight (`status.target`) wrote: upstream's
     /// agent writes `status.tag` before its Job completes, and until that

@@ -61,12 +61,23 @@ pub struct Installed {
     pub at: String,
 }
 
+/// The phase conditions of the instance as lifecycle saw them when it
+/// created the first Job of the upgrade `fingerprint`: what the failed runs
+/// of that upgrade wrote is told from them
+/// (`vynil_rules::upgrade::phases_written`), never from the agent's clock.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PhasesBefore {
+    pub fingerprint: String,
+    pub seen: Vec<vynil_rules::upgrade::SeenPhase>,
+}
+
 /// An instance's upgrade record, as read.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct UpgradeRecord {
     pub quarantined: Vec<Quarantined>,
     pub approvals: Vec<Approval>,
     pub installed: Option<Installed>,
+    pub phases_before: Option<PhasesBefore>,
     read: Option<Record>,
 }
 
@@ -80,6 +91,11 @@ impl UpgradeRecord {
         Self { approvals, ..self }
     }
 
+    /// With `before` recorded too.
+    pub fn seeing(self, before: PhasesBefore) -> Self {
+        Self { phases_before: Some(before), ..self }
+    }
+
     /// The approval of exactly `fingerprint`, if any.
     pub fn approval_of(&self, fingerprint: &str) -> Option<&Approval> {
         self.approvals.iter().find(|a| a.fingerprint == fingerprint)
@@ -88,6 +104,11 @@ impl UpgradeRecord {
     /// The tags selection must not offer the instance.
     pub fn quarantined_tags(&self) -> Vec<String> {
         vynil_rules::upgrade::quarantined_tags(&self.quarantined)
+    }
+
+    /// The phases seen before the upgrade `fingerprint` began, if recorded.
+    pub fn phases_before(&self, fingerprint: &str) -> Option<&[vynil_rules::upgrade::SeenPhase]> {
+        self.phases_before.as_ref().filter(|p| p.fingerprint == fingerprint).map(|p| p.seen.as_slice())
     }
 
     /// The quarantine of the revision the instance's failed Job tried, while
@@ -151,7 +172,8 @@ impl Upgrades {
         let quarantined = field(&read, "quarantine", name, namespace)?;
         let approvals = field(&read, "approvals", name, namespace)?;
         let installed = field(&read, "installed", name, namespace)?.into_iter().next();
-        Ok(UpgradeRecord { quarantined, approvals, installed, read: Some(read) })
+        let phases_before = field(&read, "phasesBefore", name, namespace)?.into_iter().next();
+        Ok(UpgradeRecord { quarantined, approvals, installed, phases_before, read: Some(read) })
     }
 
     /// Writes `quarantined` and `approvals` (and the install the record
@@ -165,7 +187,11 @@ impl Upgrades {
         approvals: &[Approval],
     ) -> Result<(), LifecycleError> {
         let name = name_of(uid);
-        if quarantined.is_empty() && approvals.is_empty() && record.installed.is_none() {
+        if quarantined.is_empty()
+            && approvals.is_empty()
+            && record.installed.is_none()
+            && record.phases_before.is_none()
+        {
             return self.records.forget(&name).await;
         }
         let encode = |value: serde_json::Result<String>| {
@@ -179,6 +205,10 @@ impl Upgrades {
             (
                 "installed".to_string(),
                 encode(serde_json::to_string(&record.installed.iter().collect::<Vec<_>>()))?,
+            ),
+            (
+                "phasesBefore".to_string(),
+                encode(serde_json::to_string(&record.phases_before.iter().collect::<Vec<_>>()))?,
             ),
         ]);
         self.records.write(&name, data, record.read.as_ref()).await
@@ -245,6 +275,23 @@ impl Upgrades {
         }
         let (quarantined, approvals) = (record.quarantined.clone(), record.approvals.clone());
         record.installed = Some(installed.clone());
+        self.write((uid, instance), &record, &quarantined, &approvals).await
+    }
+
+    /// Records `before`, the phases seen as the first Job of an upgrade is
+    /// created (replacing those of an earlier upgrade).
+    pub async fn phases_before(
+        &self,
+        uid: &str,
+        instance: &str,
+        before: &PhasesBefore,
+    ) -> Result<(), LifecycleError> {
+        let mut record = self.read(uid).await?;
+        if record.phases_before.as_ref() == Some(before) {
+            return Ok(());
+        }
+        let (quarantined, approvals) = (record.quarantined.clone(), record.approvals.clone());
+        record.phases_before = Some(before.clone());
         self.write((uid, instance), &record, &quarantined, &approvals).await
     }
 

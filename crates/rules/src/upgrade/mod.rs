@@ -12,7 +12,11 @@
 //!   `Ready`, `Installed` and `AgentStarted`: `BeforeApplied`, `CrdApplied`,
 //!   `TofuInstalled`, `InitFrom`…) was written since the upgrade began,
 //!   whatever its status — upstream's agent writes a phase's condition after
-//!   applying it, and a failed phase may have applied part of it;
+//!   applying it, and a failed phase may have applied part of it. "Written"
+//!   is decided from what lifecycle itself saw: the phase conditions as they
+//!   stood when it created the upgrade's first Job, compared with what the
+//!   failed runs left, never by comparing the agent's timestamps (its pod's
+//!   clock) with lifecycle's;
 //! - the options are the ones the previous revision ran with (upstream's
 //!   `status.digest`), since a rollback runs it with today's options.
 //!
@@ -24,7 +28,6 @@
 //! Where the record lives (an object lifecycle owns, never the instance a
 //! tenant can edit) is lifecycle's business; what it says is here.
 
-use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
 pub mod waves;
@@ -73,26 +76,39 @@ pub const UPGRADE_ROLLED_BACK: &str = "E_UPGRADE_ROLLED_BACK";
 /// Condition types that say nothing of what a run applied.
 const NOT_PHASES: [&str; 3] = ["Ready", "Installed", "AgentStarted"];
 
-/// One condition of the instance, as read.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SeenCondition<'a> {
-    pub condition_type: &'a str,
-    /// `lastTransitionTime`; `None` when absent or unreadable.
-    pub last_transition: Option<Timestamp>,
+/// One phase condition of the instance as lifecycle saw it: every field
+/// the agent writes, `lastTransitionTime` as text (compared as written,
+/// never as a time: the agent stamps it with its own clock).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SeenPhase {
+    #[serde(rename = "type")]
+    pub condition_type: String,
+    pub status: String,
+    #[serde(default)]
+    pub message: String,
+    #[serde(default)]
+    pub last_transition_time: String,
 }
 
-/// The phases whose condition was written at or after `since` (the upgrade's
-/// first Job), in the order found. `None` when `since` is unknown: then
-/// nobody can say the runs applied nothing. A phase condition without a
-/// readable time counts as written (the safe direction).
-pub fn phases_written_since(conditions: &[SeenCondition], since: Option<Timestamp>) -> Option<Vec<String>> {
-    let since = since?;
+impl SeenPhase {
+    /// Whether a condition of this type tells what a run applied.
+    pub fn is_phase(condition_type: &str) -> bool {
+        !NOT_PHASES.contains(&condition_type)
+    }
+}
+
+/// The phases the failed runs wrote: each phase condition now that was not
+/// there, or not as it was, in `before` (as lifecycle saw them when it
+/// created the upgrade's first Job), in the order found. `None` when
+/// nothing was seen then: nobody can say the runs applied nothing.
+pub fn phases_written(before: Option<&[SeenPhase]>, now: &[SeenPhase]) -> Option<Vec<String>> {
+    let before = before?;
     Some(
-        conditions
-            .iter()
-            .filter(|c| !NOT_PHASES.contains(&c.condition_type))
-            .filter(|c| c.last_transition.is_none_or(|at| at >= since))
-            .map(|c| c.condition_type.to_string())
+        now.iter()
+            .filter(|c| SeenPhase::is_phase(&c.condition_type))
+            .filter(|c| !before.contains(c))
+            .map(|c| c.condition_type.clone())
             .collect(),
     )
 }
@@ -106,7 +122,7 @@ pub struct FailedUpgrade<'a> {
     pub to: &'a str,
     /// The last failure, as the Job and its pod said it.
     pub reason: &'a str,
-    /// [`phases_written_since`] the upgrade began.
+    /// [`phases_written`] since the upgrade began.
     pub phases_written: Option<Vec<String>>,
     /// The options hash now differs from the one `from` ran with.
     pub options_changed: bool,
@@ -207,27 +223,36 @@ pub fn quarantined_tags(entries: &[Quarantined]) -> Vec<String> {
 mod tests {
     use super::*;
 
-    fn at(text: &str) -> Option<Timestamp> {
-        text.parse().ok()
+    fn phase(kind: &str, status: &str, at: &str) -> SeenPhase {
+        SeenPhase {
+            condition_type: kind.into(),
+            status: status.into(),
+            message: "applied".into(),
+            last_transition_time: at.into(),
+        }
     }
 
     #[test]
-    fn only_phase_conditions_written_since_the_upgrade_began_count() {
-        let conditions = [
-            SeenCondition { condition_type: "Ready", last_transition: at("2026-01-01T10:05:00Z") },
-            SeenCondition { condition_type: "Installed", last_transition: at("2026-01-01T10:05:00Z") },
-            SeenCondition { condition_type: "AgentStarted", last_transition: at("2026-01-01T10:05:00Z") },
-            SeenCondition { condition_type: "VitalApplied", last_transition: at("2026-01-01T09:00:00Z") },
-            SeenCondition { condition_type: "BeforeApplied", last_transition: at("2026-01-01T10:00:00Z") },
-            SeenCondition { condition_type: "TofuInstalled", last_transition: None },
+    fn a_phase_counts_as_written_when_it_is_new_or_changed_since_the_upgrade_began_whatever_its_clock() {
+        let before = [
+            phase("Ready", "True", "2026-01-01T10:00:00Z"),
+            phase("VitalApplied", "True", "2026-01-01T09:00:00.167585170Z"),
+            phase("BeforeApplied", "True", "2026-01-01T09:00:00Z"),
         ];
-        let since = at("2026-01-01T10:00:00Z");
+        // The failed runs: Ready rewritten, VitalApplied untouched, BeforeApplied
+        // rewritten by an agent whose clock runs an hour behind, TofuInstalled new.
+        let now = [
+            phase("Ready", "False", "2026-01-01T10:05:00Z"),
+            phase("VitalApplied", "True", "2026-01-01T09:00:00.167585170Z"),
+            phase("BeforeApplied", "True", "2026-01-01T08:59:00.000000001Z"),
+            phase("TofuInstalled", "False", "2026-01-01T10:04:00Z"),
+        ];
         assert_eq!(
-            phases_written_since(&conditions, since),
+            phases_written(Some(&before), &now),
             Some(vec!["BeforeApplied".into(), "TofuInstalled".into()])
         );
-        assert_eq!(phases_written_since(&conditions[..4], since), Some(vec![]));
-        assert_eq!(phases_written_since(&conditions, None), None);
+        assert_eq!(phases_written(Some(&before), &before), Some(vec![]), "nothing written: nothing counts");
+        assert_eq!(phases_written(None, &now), None, "nothing seen before: unknown");
     }
 
     #[test]

@@ -57,6 +57,9 @@ pub const REAPER_IMAGE: &str =
 const OUTCOME_ENV: &str = "VYNIL_FAKE_AGENT_OUTCOME";
 /// The env telling the unpack to pull, and over which scheme.
 const PULL_ENV: &str = "VYNIL_FAKE_AGENT_PULL";
+/// The env setting the agent's clock off the machine's, in seconds (a pod
+/// on a node whose clock drifts).
+const CLOCK_ENV: &str = "VYNIL_FAKE_AGENT_CLOCK_OFFSET";
 /// The user agent of the fake unpack's requests, as a registry logs it.
 pub const UNPACK_USER_AGENT: &str = "vynil-fake-agent/unpack";
 
@@ -130,6 +133,8 @@ pub struct FakeAgent {
     outcomes: Arc<Mutex<HashMap<String, AgentOutcome>>>,
     /// The scheme the unpack pulls over, once asked to pull.
     pull: Arc<Mutex<Option<String>>>,
+    /// How far the agent's clock is off, in seconds.
+    clock_offset: Arc<Mutex<i64>>,
 }
 
 fn label<'a>(job: &'a Job, keys: &[&str]) -> Option<&'a str> {
@@ -214,6 +219,8 @@ impl FakeAgent {
         let decided = outcomes.clone();
         let pull: Arc<Mutex<Option<String>>> = Arc::default();
         let pulling = pull.clone();
+        let clock_offset: Arc<Mutex<i64>> = Arc::default();
+        let offset = clock_offset.clone();
         let env: super::JobEnv = Arc::new(move |job: &Job| {
             let Some(agent_job) = AgentJob::read(job).filter(|j| j.upstream_agent) else { return Vec::new() };
             let outcome = script(&agent_job);
@@ -226,6 +233,9 @@ impl FakeAgent {
             if let Some(scheme) = pulling.lock().ok().and_then(|p| p.clone()) {
                 env.push((PULL_ENV.to_string(), scheme));
             }
+            if let Some(seconds) = offset.lock().ok().map(|o| *o).filter(|o| *o != 0) {
+                env.push((CLOCK_ENV.to_string(), seconds.to_string()));
+            }
             env
         });
         let agent = crate::workspace_binary("vynil-testkit", "vynil-fake-agent")?;
@@ -233,7 +243,15 @@ impl FakeAgent {
         let options =
             RunnerOptions::new().image_with_env(agent_image, &agent, env).image(REAPER_IMAGE, &reaper);
         let runner = JobRunner::start(api, namespace, options)?;
-        Ok(Self { runner, agent_image: agent_image.to_string(), outcomes, pull })
+        Ok(Self { runner, agent_image: agent_image.to_string(), outcomes, pull, clock_offset })
+    }
+
+    /// From now on, the agent's clock is `seconds` off the machine's (behind
+    /// when negative): the times it writes in conditions.
+    pub fn skew_clock(&self, seconds: i64) {
+        if let Ok(mut offset) = self.clock_offset.lock() {
+            *offset = seconds;
+        }
     }
 
     /// From now on, each Job's unpack pulls its `REGISTRY/IMAGE:TAG` over
@@ -335,7 +353,7 @@ pub async fn agent_main(args: &[String]) -> i32 {
         .unwrap_or_else(AgentOutcome::succeed);
     match outcome {
         AgentOutcome::Succeed { children } => {
-            let now = jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+            let now = agent_now();
             match write_instance_status(&client, &job, &children, &now).await {
                 Ok(()) => 0,
                 Err(e) => {
@@ -346,7 +364,7 @@ pub async fn agent_main(args: &[String]) -> i32 {
         }
         AgentOutcome::Fail { message } => fail(&message),
         AgentOutcome::FailAfterApplying { applied, message } => {
-            let now = jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+            let now = agent_now();
             if let Err(e) = write_applied_then_failed(&client, &job, &applied, &message, &now).await {
                 eprintln!("Error: {e}");
             }
@@ -357,6 +375,14 @@ pub async fn agent_main(args: &[String]) -> i32 {
             0
         }
     }
+}
+
+/// The agent's time, as upstream's agent writes it in a condition: to the
+/// nanosecond, on its pod's clock (off the machine's by [`CLOCK_ENV`]).
+fn agent_now() -> String {
+    let offset = std::env::var(CLOCK_ENV).ok().and_then(|o| o.parse::<i64>().ok()).unwrap_or(0);
+    let now = jiff::Timestamp::now();
+    now.checked_add(jiff::SignedDuration::from_secs(offset)).unwrap_or(now).to_string()
 }
 
 /// The unpack init container (see the module documentation).

@@ -8,7 +8,7 @@ use vynil_rules::{
     install::Target,
     tag::is_newer,
     upgrade::{
-        self, FailedUpgrade, Quarantined, SeenCondition,
+        self, FailedUpgrade, Quarantined,
         waves::{Member, WaveGate, wave_gate, wave_name, wave_of},
         window::{UpgradeGate, upgrade_gate},
     },
@@ -186,6 +186,15 @@ impl<'a> Desired<'a> {
             },
         };
         steps.push(Step::RecordTarget(target));
+        let upgrade = instance.installed_tag().is_some_and(|from| from != tag.as_str());
+        if upgrade && failures.is_none() {
+            // What the failed runs write is told from this, never from the agent's clock.
+            let seen = instance.seen_phases();
+            steps.push(Step::RecordPhases(crate::upgrades::PhasesBefore {
+                fingerprint: self.fingerprint.clone(),
+                seen,
+            }));
+        }
         if !checked.dropped.is_empty() {
             steps.push(event_warning(
                 "UndeclaredOptions",
@@ -370,22 +379,13 @@ fn quarantined_upgrade(
     if !observed.rollback {
         return None;
     }
-    let conditions: Vec<SeenCondition> = instance
-        .status
-        .conditions
-        .iter()
-        .map(|c| SeenCondition {
-            condition_type: &c.condition_type,
-            last_transition: c.last_transition_time.as_deref().and_then(|t| t.parse().ok()),
-        })
-        .collect();
-    let since = target.since.as_deref().and_then(|t| t.parse().ok());
+    let before = observed.upgrades.phases_before(&desired.fingerprint);
     let reason = target.last_failure.as_deref().unwrap_or("the Job failed");
     let failed = FailedUpgrade {
         from,
         to: &desired.tag,
         reason,
-        phases_written: upgrade::phases_written_since(&conditions, since),
+        phases_written: upgrade::phases_written(before, &instance.seen_phases()),
         options_changed: instance.status.digest.as_deref() != Some(desired.options_hash.as_str()),
     };
     let entry = Quarantined {

@@ -255,6 +255,9 @@ pub enum Step {
     DeleteJob,
     /// Write `status.target` (read back) before the Job exists.
     RecordTarget(AgentTarget),
+    /// Record in the instance's upgrade record the phase conditions as
+    /// they stand before the first Job of an upgrade.
+    RecordPhases(crate::upgrades::PhasesBefore),
     /// Create the Job and read it back.
     CreateJob(Box<JobRequest>),
     /// Write `status.package` and clear `status.target`.
@@ -293,6 +296,12 @@ impl Step {
             Step::RemoveForceReinstall => "remove the vynil.solidite.fr/force-reinstall annotation".into(),
             Step::DeleteJob => "delete the instance's Job and wait until it is gone".into(),
             Step::RecordTarget(t) => format!("record status.target: {} {}", t.revision.image, t.revision.tag),
+            Step::RecordPhases(p) => {
+                format!(
+                    "record in the upgrade record the {} phase conditions seen before the upgrade",
+                    p.seen.len()
+                )
+            }
             Step::CreateJob(r) => format!("create the install Job for {}/{}:{}", r.registry, r.image, r.tag),
             Step::RecordInstalled(p) => format!("record status.package: {} {}", p.image, p.tag),
             Step::CreateDeleteJob(r) => {

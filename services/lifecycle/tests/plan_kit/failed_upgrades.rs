@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use vynil_crds::AgentTarget;
 use vynil_lifecycle::{
     install_plan::{self, JobState, Observed, ObservedJob, Outcome, Plan, Step},
-    upgrades::UpgradeRecord,
+    upgrades::{PhasesBefore, UpgradeRecord},
 };
 use vynil_rules::upgrade::{Quarantined, Rollback};
 
@@ -49,11 +49,14 @@ fn ready_before() -> Value {
         "lastTransitionTime": "2026-11-30T10:00:00Z"}])
 }
 
-/// The third (last) attempt's Job failed just now.
+/// The third (last) attempt's Job failed just now; lifecycle saw no phase
+/// condition when it created the upgrade's first Job.
 fn third_failure(tag: &str) -> Observed {
     let mut seen = observed(tag);
     seen.job =
         Some(job("j3", tag, JobState::Failed("BackoffLimitExceeded: the migration hook exited 1".into())));
+    seen.upgrades =
+        UpgradeRecord::default().seeing(PhasesBefore { fingerprint: fingerprint(tag), seen: Vec::new() });
     seen
 }
 
@@ -239,4 +242,57 @@ fn a_failure_whose_way_back_cannot_be_had_holds_saying_why_not_package_missing()
             "{plan:?}"
         );
     }
+}
+
+/// #65 item 10: "the failed runs applied nothing" is decided from what
+/// lifecycle saw when it created the upgrade's first Job, never from the
+/// agent's timestamps (its pod's clock, to the nanosecond). Seen with
+/// upstream's agent 0.7.7: the previous Job's phase stamped
+/// `…:00.167585170Z` counted against an upgrade begun at `…:00Z` on
+/// lifecycle's clock; and an agent whose clock runs behind made a phase it
+/// did write look older than the upgrade.
+#[test]
+fn what_a_failed_upgrade_wrote_is_told_from_what_lifecycle_saw_not_from_the_agents_clock() {
+    let phase = |at: &str| {
+        json!({"type": "VitalApplied", "status": "True", "message": "vitals templates applied succesfully",
+            "generation": 1, "lastTransitionTime": at})
+    };
+    let before = |at: &str| {
+        let instance = upgrading("0.3.0", 0, json!([phase(at)]), json!({}));
+        PhasesBefore { fingerprint: fingerprint("0.3.0"), seen: instance.seen_phases() }
+    };
+    let failed = |seen_before: PhasesBefore| {
+        let mut seen = third_failure("0.3.0");
+        seen.upgrades = UpgradeRecord::default().seeing(seen_before);
+        seen
+    };
+    // The previous Job wrote VitalApplied a fraction of a second after the
+    // second the upgrade began (11:00:00Z); the failed runs wrote nothing.
+    let untouched = upgrading("0.3.0", 2, json!([phase("2026-12-01T11:00:00.167585170Z")]), json!({}));
+    let plan = install_plan::plan(&untouched, &failed(before("2026-12-01T11:00:00.167585170Z")));
+    assert_eq!(
+        quarantine_of(&plan).unwrap().rollback,
+        Rollback::Automatic,
+        "nothing was written: it rolls back"
+    );
+    // An agent whose clock runs an hour behind rewrote VitalApplied
+    // (10:10, before the upgrade began at 11:00 on lifecycle's clock).
+    let rewritten = upgrading("0.3.0", 2, json!([phase("2026-12-01T10:10:00.000000001Z")]), json!({}));
+    let plan = install_plan::plan(&rewritten, &failed(before("2026-11-30T10:00:00Z")));
+    match &quarantine_of(&plan).unwrap().rollback {
+        Rollback::AwaitingOperator { why } => assert!(why.contains("VitalApplied"), "{why}"),
+        other => panic!("a partial apply must hold for an operator: {other:?}"),
+    }
+    // The first Job of an upgrade records what lifecycle sees before it.
+    let on_020 = instance(json!({}), Value::Null, installed("0.2.0", &fingerprint("0.2.0")));
+    let started = install_plan::plan(&on_020, &observed("0.3.0"));
+    let at = |wanted: fn(&Step) -> bool| started.steps.iter().position(wanted);
+    let (recorded, created) =
+        (at(|s| matches!(s, Step::RecordPhases(_))), at(|s| matches!(s, Step::CreateJob(_))));
+    assert!(recorded.is_some() && recorded < created, "{:?}", started.steps);
+    // Nothing seen before (a record lost): unknown, so it holds.
+    let mut lost = third_failure("0.3.0");
+    lost.upgrades = UpgradeRecord::default();
+    let plan = install_plan::plan(&untouched, &lost);
+    assert!(matches!(&quarantine_of(&plan).unwrap().rollback, Rollback::AwaitingOperator { .. }));
 }
