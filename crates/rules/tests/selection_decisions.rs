@@ -309,6 +309,24 @@ fn a_recorded_revision_resolves_only_while_its_tag_points_at_the_recorded_digest
     assert_eq!(RecordedCheck::from_head(None, None), RecordedCheck::Gone);
 }
 
+/// The cleanup of an instance on 0.1.8 with children whose recorded
+/// `revision` still resolves, under `origins`, the catalog listing `scanned`.
+fn cleanup_of_resolving(
+    origins: &Origins,
+    revision: &RecordedRevision,
+    scanned: &[Package],
+    fw: &semver::Version,
+) -> CleanupDecision {
+    select_cleanup(&CleanupQuery {
+        origins,
+        install: query(Some("0.1.8"), fw),
+        recorded: Some((revision, RecordedCheck::Resolves)),
+        catalog: CatalogState::Loaded(scanned),
+        has_children: true,
+        delete_without_package: false,
+    })
+}
+
 /// `status.package` is writable by whoever may patch the instance's status:
 /// a revision recorded there runs its delete hooks (as the cluster-admin
 /// agent) only when it comes from one of the JukeBox's sources.
@@ -333,15 +351,7 @@ fn a_recorded_revision_from_elsewhere_never_runs_its_delete_hooks() {
         (&Origins::Scanned, &foreign, false),
     ];
     for (origins, revision, admitted) in cases {
-        let query = CleanupQuery {
-            origins,
-            install: query(Some("0.1.8"), &fw),
-            recorded: Some((revision, RecordedCheck::Resolves)),
-            catalog: CatalogState::Loaded(&scanned),
-            has_children: true,
-            delete_without_package: false,
-        };
-        let decision = select_cleanup(&query);
+        let decision = cleanup_of_resolving(origins, revision, &scanned, &fw);
         if admitted {
             assert!(
                 matches!(&decision, CleanupDecision::UseRecorded(r) if r == revision),
@@ -391,15 +401,7 @@ fn a_recorded_revision_of_another_package_of_the_jukebox_never_runs_its_delete_h
     let other_type = RecordedRevision { package_type: PackageType::System, ..recorded() };
     for origins in [&list, &Origins::Scanned] {
         for (revision, admitted) in [(&recorded(), true), (&other_package, false), (&other_type, false)] {
-            let query = CleanupQuery {
-                origins,
-                install: query(Some("0.1.8"), &fw),
-                recorded: Some((revision, RecordedCheck::Resolves)),
-                catalog: CatalogState::Loaded(&scanned),
-                has_children: true,
-                delete_without_package: false,
-            };
-            let decision = select_cleanup(&query);
+            let decision = cleanup_of_resolving(origins, revision, &scanned, &fw);
             let used = matches!(&decision, CleanupDecision::UseRecorded(r) if r == revision);
             assert_eq!(used, admitted, "{origins:?} {revision:?}: {decision:?}");
             if !admitted {

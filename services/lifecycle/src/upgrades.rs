@@ -269,13 +269,12 @@ impl Upgrades {
         instance: &str,
         installed: &Installed,
     ) -> Result<(), LifecycleError> {
-        let mut record = self.read(uid).await?;
-        if record.installed.as_ref() == Some(installed) {
-            return Ok(());
-        }
-        let (quarantined, approvals) = (record.quarantined.clone(), record.approvals.clone());
-        record.installed = Some(installed.clone());
-        self.write((uid, instance), &record, &quarantined, &approvals).await
+        self.amend(uid, instance, |record| {
+            let changed = record.installed.as_ref() != Some(installed);
+            record.installed = Some(installed.clone());
+            changed
+        })
+        .await
     }
 
     /// Records `before`, the phases seen as the first Job of an upgrade is
@@ -286,12 +285,27 @@ impl Upgrades {
         instance: &str,
         before: &PhasesBefore,
     ) -> Result<(), LifecycleError> {
+        self.amend(uid, instance, |record| {
+            let changed = record.phases_before.as_ref() != Some(before);
+            record.phases_before = Some(before.clone());
+            changed
+        })
+        .await
+    }
+
+    /// Reads the record of `uid`, applies `change` to it, and writes it
+    /// back unless `change` says nothing changed.
+    async fn amend(
+        &self,
+        uid: &str,
+        instance: &str,
+        change: impl FnOnce(&mut UpgradeRecord) -> bool,
+    ) -> Result<(), LifecycleError> {
         let mut record = self.read(uid).await?;
-        if record.phases_before.as_ref() == Some(before) {
+        if !change(&mut record) {
             return Ok(());
         }
         let (quarantined, approvals) = (record.quarantined.clone(), record.approvals.clone());
-        record.phases_before = Some(before.clone());
         self.write((uid, instance), &record, &quarantined, &approvals).await
     }
 

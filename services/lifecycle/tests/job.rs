@@ -51,10 +51,8 @@ fn the_rendered_install_job_equals_the_golden_file_from_the_contract() {
     assert_eq!(rendered, golden, "rendered:\n{}", serde_yaml_ng::to_string(&rendered).unwrap());
 }
 
-#[test]
-fn without_a_pull_secret_the_job_neither_mounts_nor_names_one() {
-    let mut request = request();
-    request.pull_secret = None;
+/// The install Job of TenantInstance apps/ollama for `request`, as JSON.
+fn install_job(request: &JobRequest) -> Value {
     let job = render(
         &AgentSettings::default(),
         "tenant--apps--ollama",
@@ -62,10 +60,17 @@ fn without_a_pull_secret_the_job_neither_mounts_nor_names_one() {
         "apps",
         "ollama",
         Action::Install,
-        &request,
+        request,
     )
     .unwrap();
-    let text = serde_json::to_string(&job).unwrap();
+    serde_json::to_value(&job).unwrap()
+}
+
+#[test]
+fn without_a_pull_secret_the_job_neither_mounts_nor_names_one() {
+    let mut request = request();
+    request.pull_secret = None;
+    let text = install_job(&request).to_string();
     assert!(!text.contains("pullsecret") && !text.contains("PULL_SECRET_PATH"), "{text}");
 }
 
@@ -126,17 +131,7 @@ fn the_test_kits_agent_and_reaper_images_are_lifecycles_defaults() {
 #[test]
 fn the_unpack_pulls_the_chosen_digest_and_the_agent_is_told_the_tag() {
     let tags = |request: &JobRequest| {
-        let job = render(
-            &AgentSettings::default(),
-            "tenant--apps--ollama",
-            InstanceKind::Tenant,
-            "apps",
-            "ollama",
-            Action::Install,
-            request,
-        )
-        .unwrap();
-        let job = serde_json::to_value(&job).unwrap();
+        let job = install_job(request);
         let tag_of = |container: &Value| {
             container["env"].as_array().unwrap().iter().find(|e| e["name"] == "TAG").unwrap()["value"].clone()
         };
