@@ -65,11 +65,7 @@ pub(crate) async fn execute(
                 context.publish_on_jukebox(&instance.jukebox, reason, note).await;
             }
             Step::RemoveForceReinstall => {
-                resource_version = remove_force_reinstall(&api, instance).await?;
-                let actor = "whoever annotated the instance (vynil.solidite.fr/force-reinstall)";
-                let note = "a forced run (vynil.solidite.fr/force-reinstall): the agent Job runs again now"
-                    .to_string();
-                context.audit(object, instance.kind, false, ("ForcedRun", actor), note).await;
+                resource_version = remove_force_reinstall(&api, instance, object, context).await?
             }
             Step::DeleteJob => delete_job(job_name, context).await?,
             Step::RecordTarget(mut target) => {
@@ -80,24 +76,16 @@ pub(crate) async fn execute(
                 resource_version = record_status(&api, instance, &patch, recorded, expected).await?;
             }
             Step::CreateJob(request) => {
-                warn_if_tag_moved(instance, object, &request, context).await;
-                create_agent_job(instance, job_name, JobAction::Install, &request, context).await?
+                create_agent_job((instance, object), job_name, JobAction::Install, &request, context).await?
             }
             Step::CreateDeleteJob(request) => {
-                warn_if_tag_moved(instance, object, &request, context).await;
-                create_agent_job(instance, job_name, JobAction::Delete, &request, context).await?
+                create_agent_job((instance, object), job_name, JobAction::Delete, &request, context).await?
             }
             Step::CreateReaperJob { fingerprint } => {
                 create_reaper_job(instance, job_name, &fingerprint, context).await?
             }
-            Step::RecordPhases(before) => {
-                context.upgrades.phases_before(uid_of(instance)?, &instance.reference(), &before).await?
-            }
-            Step::RecordRollout(done) => {
-                context.upgrades.installed(uid_of(instance)?, &instance.reference(), &done).await?
-            }
-            Step::Quarantine(entry) => {
-                context.upgrades.quarantine(uid_of(instance)?, &instance.reference(), &entry).await?
+            step @ (Step::RecordPhases(_) | Step::RecordRollout(_) | Step::Quarantine(_)) => {
+                record_upgrade(step, instance, context).await?
             }
             Step::RecordInstalled(package) => {
                 let fields = json!({"package": package, "target": null});
@@ -115,11 +103,13 @@ pub(crate) async fn execute(
     Ok(())
 }
 
-/// Removes the force-reinstall annotation, read back; the instance's new
-/// resource version.
+/// Removes the force-reinstall annotation, read back, and says so in the
+/// audit trail (a forced run); the instance's new resource version.
 async fn remove_force_reinstall(
     api: &Api<DynamicObject>,
     instance: &Instance,
+    object: &DynamicObject,
+    context: &Context,
 ) -> Result<Option<String>, LifecycleError> {
     let patch = json!({"metadata": {"annotations": {vynil_crds::annotations::FORCE_REINSTALL: null}}});
     let written = api
@@ -129,6 +119,9 @@ async fn remove_force_reinstall(
     if written.annotations().contains_key(vynil_crds::annotations::FORCE_REINSTALL) {
         return Err(LifecycleError::NotDone("the force-reinstall annotation is still there".into()));
     }
+    let actor = "whoever annotated the instance (vynil.solidite.fr/force-reinstall)";
+    let note = "a forced run (vynil.solidite.fr/force-reinstall): the agent Job runs again now".to_string();
+    context.audit(object, instance.kind, false, ("ForcedRun", actor), note).await;
     Ok(written.resource_version())
 }
 
@@ -273,12 +266,13 @@ pub(crate) async fn create_job(
 
 /// Renders the agent Job of `action` and creates it.
 pub(crate) async fn create_agent_job(
-    instance: &Instance,
+    (instance, object): (&Instance, &DynamicObject),
     job_name: &str,
     action: JobAction,
     request: &JobRequest,
     context: &Context,
 ) -> Result<(), LifecycleError> {
+    warn_if_tag_moved(instance, object, request, context).await;
     let rendered = job::render(
         &context.agent,
         job_name,
@@ -313,6 +307,17 @@ async fn warn_if_tag_moved(
             "the tag {tag} of {registry}/{image} now names {now}, not {chosen}, the digest chosen for this instance: the agent Job pulls {chosen} (a scan of the JukeBox considers the new bytes)"
         );
         context.publish(object, instance.kind, true, "TagMoved", note).await;
+    }
+}
+
+/// Writes a step into the instance's upgrade record (read back by its store).
+async fn record_upgrade(step: Step, instance: &Instance, context: &Context) -> Result<(), LifecycleError> {
+    let (uid, key) = (uid_of(instance)?, instance.reference());
+    match step {
+        Step::RecordPhases(before) => context.upgrades.phases_before(uid, &key, &before).await,
+        Step::RecordRollout(done) => context.upgrades.installed(uid, &key, &done).await,
+        Step::Quarantine(entry) => context.upgrades.quarantine(uid, &key, &entry).await,
+        _ => Ok(()),
     }
 }
 
