@@ -87,4 +87,4 @@ stage "install web test packages" install_web_test_packages
 stage "format" cargo fmt --all --check
 stage "build (no protoc)" cargo build --workspace --all-targets --locked
 stage "lint" cargo clippy --workspace --all-targets --locked -- -D warnings
-stage "test" cargo test --workspace --locked
+stage "test" cargo test --workspace --locked --no-fail-fast
