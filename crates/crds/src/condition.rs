@@ -17,6 +17,16 @@ pub enum ConditionStatus {
     False,
 }
 
+impl ConditionStatus {
+    /// As Kubernetes writes it: `True`, `False`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConditionStatus::True => "True",
+            ConditionStatus::False => "False",
+        }
+    }
+}
+
 impl From<bool> for ConditionStatus {
     fn from(ok: bool) -> Self {
         if ok { ConditionStatus::True } else { ConditionStatus::False }

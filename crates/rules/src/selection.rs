@@ -101,6 +101,22 @@ pub enum Exclusion {
 }
 
 impl Exclusion {
+    const ALL: [Exclusion; 8] = [
+        Exclusion::Jukebox,
+        Exclusion::CategoryName,
+        Exclusion::Type,
+        Exclusion::MinimumVersion,
+        Exclusion::FrameworkVersion,
+        Exclusion::Held,
+        Exclusion::Quarantined,
+        Exclusion::Withheld,
+    ];
+
+    /// The exclusion `text` names ([`Exclusion::as_str`], as the catalog answers it).
+    pub fn parse(text: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|e| e.as_str() == text)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Exclusion::Jukebox => "jukebox",

@@ -426,3 +426,22 @@ fn a_recorded_revision_of_another_package_of_the_jukebox_never_runs_its_delete_h
     let elsewhere = RecordedRevision { registry: "127.0.0.1:9".into(), ..recorded() };
     assert!(!vynil_rules::selection::is_own_repository(&elsewhere, &listed));
 }
+
+/// The catalog answers an exclusion as text; each reads back as itself.
+#[test]
+fn an_exclusion_reads_back_from_its_text() {
+    let all = [
+        Exclusion::Jukebox,
+        Exclusion::CategoryName,
+        Exclusion::Type,
+        Exclusion::MinimumVersion,
+        Exclusion::FrameworkVersion,
+        Exclusion::Held,
+        Exclusion::Quarantined,
+        Exclusion::Withheld,
+    ];
+    for exclusion in all {
+        assert_eq!(Exclusion::parse(exclusion.as_str()), Some(exclusion));
+    }
+    assert_eq!(Exclusion::parse("gone"), None);
+}

@@ -317,6 +317,7 @@ async fn record_upgrade(step: Step, instance: &Instance, context: &Context) -> R
         Step::RecordPhases(before) => context.upgrades.phases_before(uid, &key, &before).await,
         Step::RecordRollout(done) => context.upgrades.installed(uid, &key, &done).await,
         Step::Quarantine(entry) => context.upgrades.quarantine(uid, &key, &entry).await,
+        // Not the record's: `execute` sends only the three above.
         _ => Ok(()),
     }
 }

@@ -147,10 +147,7 @@ impl Instance {
             .filter(|c| vynil_rules::upgrade::SeenPhase::is_phase(&c.condition_type))
             .map(|c| vynil_rules::upgrade::SeenPhase {
                 condition_type: c.condition_type.clone(),
-                status: serde_json::to_value(c.status)
-                    .ok()
-                    .and_then(|v| v.as_str().map(String::from))
-                    .unwrap_or_default(),
+                status: c.status.as_str().to_string(),
                 message: c.message.clone(),
                 last_transition_time: c.last_transition_time.clone().unwrap_or_default(),
             })

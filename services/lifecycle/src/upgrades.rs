@@ -269,12 +269,7 @@ impl Upgrades {
         instance: &str,
         installed: &Installed,
     ) -> Result<(), LifecycleError> {
-        self.amend(uid, instance, |record| {
-            let changed = record.installed.as_ref() != Some(installed);
-            record.installed = Some(installed.clone());
-            changed
-        })
-        .await
+        self.amend(uid, instance, |record| set(&mut record.installed, installed)).await
     }
 
     /// Records `before`, the phases seen as the first Job of an upgrade is
@@ -285,12 +280,7 @@ impl Upgrades {
         instance: &str,
         before: &PhasesBefore,
     ) -> Result<(), LifecycleError> {
-        self.amend(uid, instance, |record| {
-            let changed = record.phases_before.as_ref() != Some(before);
-            record.phases_before = Some(before.clone());
-            changed
-        })
-        .await
+        self.amend(uid, instance, |record| set(&mut record.phases_before, before)).await
     }
 
     /// Reads the record of `uid`, applies `change` to it, and writes it
@@ -313,6 +303,13 @@ impl Upgrades {
     pub async fn forget(&self, uid: &str) -> Result<(), LifecycleError> {
         self.records.forget(&name_of(uid)).await
     }
+}
+
+/// Puts `value` in `slot`; whether that changed it.
+fn set<T: Clone + PartialEq>(slot: &mut Option<T>, value: &T) -> bool {
+    let changed = slot.as_ref() != Some(value);
+    *slot = Some(value.clone());
+    changed
 }
 
 /// The quarantine of `tag`, or the one awaiting an operator when `tag` is empty.

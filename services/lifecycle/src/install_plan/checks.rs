@@ -50,12 +50,10 @@ pub(super) fn resolved<'a>(
 /// own quarantines.
 fn held_back_by(excluded_by: &str) -> Option<WaitFor> {
     use vynil_rules::selection::Exclusion;
-    if excluded_by == Exclusion::Withheld.as_str() {
-        Some(WaitFor::Withheld)
-    } else if excluded_by == Exclusion::Quarantined.as_str() {
-        Some(WaitFor::Quarantine)
-    } else {
-        None
+    match Exclusion::parse(excluded_by)? {
+        Exclusion::Withheld => Some(WaitFor::Withheld),
+        Exclusion::Quarantined => Some(WaitFor::Quarantine),
+        _ => None,
     }
 }
 

@@ -160,6 +160,12 @@ impl<'a> Desired<'a> {
         Self { instance, now: observed.now, tag, options_hash, fingerprint, revision, request }
     }
 
+    /// The revision this is an upgrade from: the installed one, when it is
+    /// another (`None`: a first install, or the same revision again).
+    fn upgrade_from(&self) -> Option<&'a str> {
+        self.instance.installed_tag().filter(|from| *from != self.tag)
+    }
+
     fn installing(&self) -> Outcome {
         Outcome::Installing { from: self.instance.status.tag.clone(), to: self.tag.clone() }
     }
@@ -186,8 +192,7 @@ impl<'a> Desired<'a> {
             },
         };
         steps.push(Step::RecordTarget(target));
-        let upgrade = instance.installed_tag().is_some_and(|from| from != tag.as_str());
-        if upgrade && failures.is_none() {
+        if self.upgrade_from().is_some() && failures.is_none() {
             // What the failed runs write is told from this, never from the agent's clock.
             let seen = instance.seen_phases();
             steps.push(Step::RecordPhases(crate::upgrades::PhasesBefore {
@@ -375,7 +380,7 @@ fn quarantined_upgrade(
     target: &AgentTarget,
 ) -> Option<Plan> {
     let instance = desired.instance;
-    let from = instance.installed_tag().filter(|from| *from != desired.tag)?;
+    let from = desired.upgrade_from()?;
     if !observed.rollback {
         return None;
     }
@@ -476,8 +481,7 @@ fn after_failed_upgrade(
 /// recalled revision never wait. A policy that
 /// does not check holds the upgrade, saying what to fix.
 fn upgrade_timing(desired: &Desired, observed: &Observed) -> Option<Plan> {
-    let instance = desired.instance;
-    let from = instance.installed_tag().filter(|from| *from != desired.tag)?;
+    let from = desired.upgrade_from()?;
     if observed.held_back.moves_away_to(&desired.tag) {
         // An operator's recall moves it: remediation, like a rollback.
         return None;
