@@ -37,6 +37,7 @@ use crate::{
     instance::{Instance, InstanceKind},
     job,
     leader::Standing,
+    ledger::{self, Meeting},
     metrics::InstanceFailure,
     observe::{job_slot, observe, observe_cleanup},
     uninstall_plan::{self},
@@ -208,8 +209,9 @@ async fn apply(
     context: &Context,
 ) -> Result<Action, LifecycleError> {
     let instance = decode(kind, object, context).await?;
+    let (instance, record) = ledger::read(instance, context, Meeting::Record).await?;
     let slot = job_slot(&instance, context).await?;
-    let observed = observe(&instance, &slot, context).await?;
+    let observed = observe(&instance, record, &slot, context).await?;
     let plan = install_plan::plan(&instance, &observed);
     tracing::debug!(outcome = ?plan.outcome, steps = plan.steps.len(), "planned");
     let executed = execute(&instance, object, &slot.name, plan.steps, context).await;
@@ -241,6 +243,7 @@ async fn cleanup(
         }
         Err(error) => return Err(error),
     };
+    let (instance, _) = ledger::read(instance, context, Meeting::Record).await?;
     let slot = job_slot(&instance, context).await?;
     let observed = observe_cleanup(&instance, &slot, context).await?;
     let plan = uninstall_plan::cleanup(&instance, &observed);
@@ -250,11 +253,14 @@ async fn cleanup(
     context.remember(&instance, plan.outcome);
     match outcome {
         Outcome::Released => {
-            // The instance is gone: so is any confirmation of its children.
-            if let Some(uid) = instance.uid.as_deref()
-                && let Err(error) = context.confirmations.forget(uid).await
-            {
-                tracing::warn!(%error, "a confirmation outlives its instance (it confirms nothing for another UID)");
+            // The instance is gone: so are its records (they serve no other UID).
+            if let Some(uid) = instance.uid.as_deref() {
+                if let Err(error) = context.confirmations.forget(uid).await {
+                    tracing::warn!(%error, "a confirmation outlives its instance (it confirms nothing for another UID)");
+                }
+                if let Err(error) = context.upgrades.forget(uid).await {
+                    tracing::warn!(%error, "an upgrade record outlives its instance (it serves no other UID)");
+                }
             }
             Ok(Action::await_change())
         }
@@ -410,10 +416,19 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_suspended_instance_reads_its_job_and_asks_the_catalog_nothing() {
+    async fn a_suspended_instance_reads_its_ledger_and_job_and_asks_the_catalog_nothing() {
         let suspended = object(spec(), json!({"vynil.solidite.fr/suspend": "true"}), true);
         let result = scenario(suspended, |mut handle| {
             tokio::spawn(async move {
+                // Its ledger (none: no creation time, so nothing to adopt).
+                expect(
+                    &mut handle,
+                    "GET",
+                    "/api/v1/namespaces/vynil-system/configmaps/vynil-upgrade-u1",
+                    404,
+                    not_found(),
+                )
+                .await;
                 expect(
                     &mut handle,
                     "GET",

@@ -70,6 +70,8 @@ pub(crate) async fn execute(
             Step::DeleteJob => delete_job(job_name, context).await?,
             Step::RecordTarget(mut target) => {
                 target.job = job_name.to_string();
+                // The ledger first: the status is its display copy.
+                context.upgrades.started(uid_of(instance)?, &instance.reference(), &target).await?;
                 let patch = status_patch(json!({"target": target}), &mut lacks_conditions, &resource_version);
                 let recorded = ("status.target", "/status/target/revision/fingerprint");
                 let expected = target.revision.fingerprint.as_deref();
@@ -84,10 +86,12 @@ pub(crate) async fn execute(
             Step::CreateReaperJob { fingerprint } => {
                 create_reaper_job(instance, job_name, &fingerprint, context).await?
             }
-            step @ (Step::RecordPhases(_) | Step::RecordRollout(_) | Step::Quarantine(_)) => {
+            step @ (Step::RecordPhases(_) | Step::Quarantine(_)) => {
                 record_upgrade(step, instance, context).await?
             }
             Step::RecordInstalled(package) => {
+                // The ledger first (the later waves read it): the status is its display copy.
+                context.upgrades.credited(uid_of(instance)?, &instance.reference(), &package).await?;
                 let fields = json!({"package": package, "target": null});
                 let patch = status_patch(fields, &mut lacks_conditions, &resource_version);
                 let recorded = ("status.package", "/status/package/fingerprint");
@@ -315,9 +319,8 @@ async fn record_upgrade(step: Step, instance: &Instance, context: &Context) -> R
     let (uid, key) = (uid_of(instance)?, instance.reference());
     match step {
         Step::RecordPhases(before) => context.upgrades.phases_before(uid, &key, &before).await,
-        Step::RecordRollout(done) => context.upgrades.installed(uid, &key, &done).await,
         Step::Quarantine(entry) => context.upgrades.quarantine(uid, &key, &entry).await,
-        // Not the record's: `execute` sends only the three above.
+        // Not the record's: `execute` sends only the two above.
         _ => Ok(()),
     }
 }

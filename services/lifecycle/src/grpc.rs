@@ -353,16 +353,14 @@ fn find(
 async fn explain(context: &Context, wanted: &InstanceRef) -> Result<ExplainResponse, LifecycleError> {
     let (kind, object) = find(context, wanted)?;
     let instance = Instance::decode(kind, &object)?;
+    let (instance, record) = crate::ledger::read(instance, context, crate::ledger::Meeting::ReadOnly).await?;
     let mut response = ExplainResponse {
         history: history(&instance),
         r#ref: Some(wanted.clone()),
         from_tag: instance.status.tag.clone().unwrap_or_default(),
+        quarantined: record.quarantined.iter().map(operator::to_proto).collect(),
         ..ExplainResponse::default()
     };
-    if let Some(uid) = instance.uid.as_deref() {
-        let record = context.upgrades.read(uid).await?;
-        response.quarantined = record.quarantined.iter().map(operator::to_proto).collect();
-    }
     let slot = crate::observe::job_slot(&instance, context).await?;
     let status = instance.object.get("status").cloned().unwrap_or(serde_json::Value::Null);
     let (to_delete, left, fingerprint) = crate::children::preview(&status, &instance.namespace);
@@ -387,7 +385,7 @@ async fn explain(context: &Context, wanted: &InstanceRef) -> Result<ExplainRespo
         response.details = decision.steps.iter().map(install_plan::Step::describe).collect();
         return Ok(response);
     }
-    let observed = crate::observe::observe(&instance, &slot, context).await?;
+    let observed = crate::observe::observe(&instance, record, &slot, context).await?;
     let decision = install_plan::plan(&instance, &observed);
     response.latest_tag = context.catalog.latest_tag(&instance).await?.unwrap_or_default();
     explain_outcome(&mut response, &decision);

@@ -93,6 +93,8 @@ pub struct Instance {
     pub namespace: String,
     pub name: String,
     pub uid: Option<String>,
+    /// `metadata.creationTimestamp` (set by the API server, never by a writer).
+    pub created: Option<jiff::Timestamp>,
     pub generation: i64,
     pub deleting: bool,
     pub suspended: bool,
@@ -113,9 +115,54 @@ pub struct Instance {
     pub init_from: Option<InitFrom>,
     /// Ours: when its upgrades may start (replaces its JukeBox's).
     pub upgrade_policy: Option<vynil_crds::UpgradePolicy>,
+    /// What lifecycle reads as the status: once [`Instance::per_ledger`] is
+    /// applied, `package`, `target` and the installed tag are lifecycle's
+    /// own record, not the object's status (a display copy).
     pub status: InstanceStatus,
+    /// What the object's status shows of the record (a copy that may lag);
+    /// `None` until [`Instance::per_ledger`] is applied.
+    pub shown: Option<Shown>,
     /// The whole object as JSON, bound as `instance` in Rhai scripts.
     pub object: Value,
+}
+
+/// Lifecycle's ledger of an instance, kept in its own record (#65 item 3):
+/// the revision it credited as installed and the Job it started. A tenant
+/// who may write its instance's status writes neither: `status.package` and
+/// `status.target` are display copies of these.
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub struct Ledger {
+    pub package: Option<InstalledPackage>,
+    pub target: Option<AgentTarget>,
+    /// What the status said when lifecycle first met the instance (the
+    /// takeover): upstream's `status.tag` and options hash then.
+    pub adopted: Option<Adopted>,
+}
+
+/// Upstream's `status.tag` and `status.digest` (its options hash) as
+/// lifecycle first met them.
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Adopted {
+    pub tag: Option<String>,
+    pub options_hash: Option<String>,
+}
+
+/// What the object's status shows of the record: the fingerprints of its
+/// `package` and `target` copies.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Shown {
+    pub package: Option<String>,
+    pub target: Option<String>,
+}
+
+impl Shown {
+    fn of(status: &InstanceStatus) -> Self {
+        Self {
+            package: status.package.as_ref().and_then(|p| p.fingerprint.clone()),
+            target: status.target.as_ref().and_then(|t| t.revision.fingerprint.clone()),
+        }
+    }
 }
 
 /// The status fields lifecycle reads and writes, kind-independent.
@@ -137,6 +184,41 @@ impl Instance {
     /// Upstream's own control plane (`vynil_rules::install::is_upstream_control_plane`).
     pub fn is_upstream_control_plane(&self) -> bool {
         vynil_rules::install::is_upstream_control_plane(&self.category, &self.package, &self.status.crds)
+    }
+
+    /// Where its status says it stands: what lifecycle adopts when it first
+    /// meets an instance created before its takeover (`crate::ledger`).
+    pub fn ledger_shown(&self) -> Ledger {
+        let adopted = Adopted { tag: self.status.tag.clone(), options_hash: self.status.digest.clone() };
+        Ledger {
+            package: self.status.package.clone(),
+            target: self.status.target.clone(),
+            adopted: Some(adopted),
+        }
+    }
+
+    /// The instance as its `ledger` (lifecycle's record) says it stands: the
+    /// installed revision, its tag and the Job started are the record's,
+    /// whatever the status says; the status is kept as [`Instance::shown`].
+    pub fn per_ledger(mut self, ledger: &Ledger) -> Self {
+        self.shown = Some(Shown::of(&self.status));
+        let adopted = ledger.adopted.as_ref().filter(|_| ledger.package.is_none());
+        self.status.tag = match &ledger.package {
+            Some(package) => Some(package.tag.clone()),
+            None => adopted.and_then(|a| a.tag.clone()),
+        };
+        if ledger.package.is_none() {
+            self.status.digest = adopted.and_then(|a| a.options_hash.clone());
+        }
+        self.status.package = ledger.package.clone();
+        self.status.target = ledger.target.clone();
+        self
+    }
+
+    /// Whether the status's copies lag the record (a status write that
+    /// failed after the record's): the next write shows it again.
+    pub fn shown_lags(&self) -> bool {
+        self.shown.as_ref().is_some_and(|shown| *shown != Shown::of(&self.status))
     }
 
     /// Its phase conditions as they stand (`vynil_rules::upgrade::SeenPhase`).
@@ -263,6 +345,7 @@ impl Instance {
         Ok(Instance {
             kind,
             uid: object.uid(),
+            created: object.metadata.creation_timestamp.as_ref().map(|t| t.0),
             generation: object.metadata.generation.unwrap_or(0),
             deleting: object.metadata.deletion_timestamp.is_some(),
             suspended: says(annotations::SUSPEND, "true"),
@@ -286,6 +369,7 @@ impl Instance {
                 have_child,
                 crds,
             },
+            shown: None,
             namespace,
             name,
             object: value,

@@ -28,6 +28,7 @@ pub mod install_plan;
 pub mod instance;
 pub mod job;
 mod leader;
+mod ledger;
 mod metrics;
 mod observe;
 mod operator;
@@ -237,6 +238,13 @@ pub async fn run_with_client(
     let (metrics, exported) = metrics::LifecycleMetrics::register();
     let context = Arc::new(context::Context::new(client, stores.clone(), metrics.clone(), settings));
     let service = LifecycleService::running(context.clone(), exported);
+    let recorder = context.clone();
+    tokio::spawn(async move {
+        // Recorded as soon as may be (`crate::ledger`); else at the first meeting.
+        if let Err(error) = recorder.upgrades.taken_over_at().await {
+            tracing::warn!(%error, "the takeover time is not recorded yet: the first reconcile records it");
+        }
+    });
     let mut tasks = tokio::task::JoinSet::new();
     for (kind, controller) in controllers {
         tasks.spawn(controller::run(controller, kind, context.clone(), stop.signaled()));

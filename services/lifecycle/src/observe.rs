@@ -26,18 +26,20 @@ use crate::{
     upgrades::UpgradeRecord,
 };
 
-/// What the planner reads, gathered for `instance` (also serves `Explain`).
+/// What the planner reads, gathered for `instance` as its record `upgrades`
+/// says it stands (`crate::standing`; also serves `Explain`).
 pub async fn observe(
     instance: &Instance,
+    upgrades: UpgradeRecord,
     slot: &JobSlot,
     context: &Context,
 ) -> Result<Observed, LifecycleError> {
     // Not asked: the planner holds both before reading the resolution.
-    let Resolved { resolution, upgrades, jukebox_policy, held_back } =
+    let Resolved { resolution, jukebox_policy, held_back } =
         if instance.suspended || instance.is_upstream_control_plane() {
             Resolved { resolution: Resolution::JukeboxMissing, ..Resolved::default() }
         } else {
-            resolve(instance, context).await?
+            resolve(instance, &upgrades, context).await?
         };
     let jukebox_policy = jukebox_policy.as_ref().map(|p| (instance.jukebox.as_str(), p));
     let upgrade_policy = vynil_crds::UpgradePolicy::effective(jukebox_policy, instance.own_policy().as_ref());
@@ -106,30 +108,22 @@ pub async fn observe(
     })
 }
 
-/// What the catalog answered for an instance, with what lifecycle recorded of its upgrades.
+/// What the catalog answered for an instance.
 #[derive(Debug, Default)]
 struct Resolved {
     resolution: Resolution,
-    upgrades: UpgradeRecord,
     jukebox_policy: Option<vynil_crds::UpgradePolicy>,
     held_back: HeldBack,
 }
 
 /// The catalog's answer for `instance`, with the revisions quarantined for
-/// it left out, and during a rollback, the revision it goes back to. The
-/// upgrade record is read for every instance with something installed (a
-/// first install has nothing to go back to, so nothing quarantined), not
-/// only when its status says an upgrade is in question: a tenant may write
-/// the status, and one naming a quarantined revision as installed would
-/// otherwise have it installed again.
-async fn resolve(instance: &Instance, context: &Context) -> Result<Resolved, LifecycleError> {
-    let installed = instance.installed_tag().is_some() || instance.status.package.is_some();
-    let Some(uid) = instance.uid.as_deref().filter(|_| installed) else {
-        let Answer { resolution, jukebox_policy, held_back } =
-            context.catalog.resolve(instance, &[], None).await?;
-        return Ok(Resolved { resolution, jukebox_policy, held_back, ..Resolved::default() });
-    };
-    let upgrades = context.upgrades.read(uid).await?;
+/// it (in its record `upgrades`) left out, and during a rollback, the
+/// revision it goes back to.
+async fn resolve(
+    instance: &Instance,
+    upgrades: &UpgradeRecord,
+    context: &Context,
+) -> Result<Resolved, LifecycleError> {
     let (quarantined, back_to) = (upgrades.quarantined_tags(), upgrades.rolling_back_to(instance));
     let Answer { mut resolution, jukebox_policy, held_back } =
         context.catalog.resolve(instance, &quarantined, back_to).await?;
@@ -138,7 +132,7 @@ async fn resolve(instance: &Instance, context: &Context) -> Result<Resolved, Lif
     {
         resolution = recorded;
     }
-    Ok(Resolved { resolution, upgrades, jukebox_policy, held_back })
+    Ok(Resolved { resolution, jukebox_policy, held_back })
 }
 
 /// The revision a rollback goes back to when the catalog no longer lists it

@@ -58,6 +58,18 @@ impl Asked<'_> {
         Ok((instance, uid))
     }
 
+    /// The instance as its ledger says it stands (`crate::ledger`), its
+    /// record and its UID.
+    async fn through_ledger(
+        &self,
+        context: &Context,
+    ) -> Result<(Instance, crate::upgrades::UpgradeRecord, String), LifecycleError> {
+        let (instance, uid) = self.instance()?;
+        let (instance, record) =
+            crate::ledger::read(instance, context, crate::ledger::Meeting::ReadOnly).await?;
+        Ok((instance, record, uid))
+    }
+
     fn note(&self, what: String) -> String {
         let reason = if self.reason.is_empty() { String::new() } else { format!(": {}", self.reason) };
         format!("{} {what}{reason}", self.caller)
@@ -95,12 +107,13 @@ pub async fn roll_back(context: &Context, asked: &Asked<'_>) -> Result<Quarantin
 /// with fresh attempts.
 pub async fn clear_quarantine(context: &Context, asked: &Asked<'_>) -> Result<Quarantine, LifecycleError> {
     context.ensure_leader()?;
-    let (instance, uid) = asked.instance()?;
+    let (instance, _, uid) = asked.through_ledger(context).await?;
     let key = instance.reference();
     let cleared = context.upgrades.change(&uid, &key, asked.tag, |_| Ok(None)).await?;
     let failed_target =
         instance.status.target.as_ref().is_some_and(|t| t.revision.tag == cleared.tag && t.failures > 0);
     if failed_target {
+        context.upgrades.drop_target(&uid, &key).await?;
         let api = context.instances(asked.kind, &instance.namespace);
         let written = api
             .patch_status(
@@ -130,10 +143,10 @@ pub async fn approve(
     fingerprint: &str,
 ) -> Result<vynil_proto::lifecycle::v1::ApproveUpgradeResponse, LifecycleError> {
     context.ensure_leader()?;
-    let (instance, uid) = asked.instance()?;
+    let (instance, record, uid) = asked.through_ledger(context).await?;
     let key = instance.reference();
     let slot = crate::observe::job_slot(&instance, context).await?;
-    let observed = crate::observe::observe(&instance, &slot, context).await?;
+    let observed = crate::observe::observe(&instance, record, &slot, context).await?;
     let (from, to, pending) = match crate::install_plan::plan(&instance, &observed).outcome {
         Outcome::PendingApproval(step) => (step.from, step.to, step.fingerprint),
         other => {

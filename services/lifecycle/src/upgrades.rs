@@ -1,7 +1,8 @@
-//! What lifecycle records of an instance's upgrades: the revisions
-//! quarantined for it and the state of each rollback (the rules are
-//! `vynil_rules::upgrade`), and operators' approvals of upgrades, each bound
-//! to the fingerprint of exactly what was approved.
+//! What lifecycle records of an instance: where it stands (the revision
+//! credited as installed, the Job started: `crate::instance::Ledger`), the
+//! revisions quarantined for it and the state of each rollback (the rules
+//! are `vynil_rules::upgrade`), and operators' approvals of upgrades, each
+//! bound to the fingerprint of exactly what was approved.
 //!
 //! The record is a ConfigMap of the control plane's namespace
 //! ([`crate::records`]) keyed by the instance's UID, never the instance
@@ -13,16 +14,20 @@
 use std::collections::BTreeMap;
 
 use kube::Client;
+use vynil_crds::{AgentTarget, InstalledPackage};
 use vynil_rules::upgrade::{Quarantined, Rollback};
 
 use crate::{
     LifecycleError,
-    instance::{Instance, InstanceKind},
+    instance::{Instance, InstanceKind, Ledger},
     records::{Record, Records},
 };
 
 /// The label every upgrade record carries.
 pub const LABEL: &str = "vynil.solidite.fr/upgrade-record";
+
+/// The key of the ledger's adoption, which every record this release writes holds.
+const ADOPTED: &str = "adopted";
 
 /// The ConfigMap of the instance `uid`'s upgrade record.
 pub fn name_of(uid: &str) -> String {
@@ -52,8 +57,8 @@ pub struct Approval {
     pub at: String,
 }
 
-/// The revision lifecycle last credited as installed, recorded under waves:
-/// the later waves of a rollout read it here, not in the status.
+/// The revision lifecycle last credited as installed and when: what the
+/// later waves of a rollout read (the whole revision is in [`Ledger`]).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Installed {
     pub tag: String,
@@ -74,6 +79,8 @@ pub struct PhasesBefore {
 /// An instance's upgrade record, as read.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct UpgradeRecord {
+    /// Where the instance stands: what the planner reads as installed and started.
+    pub ledger: Ledger,
     pub quarantined: Vec<Quarantined>,
     pub approvals: Vec<Approval>,
     pub installed: Option<Installed>,
@@ -86,6 +93,11 @@ impl UpgradeRecord {
         Self { quarantined, ..Self::default() }
     }
 
+    /// With `ledger` as the instance's ledger.
+    pub fn with_ledger(self, ledger: Ledger) -> Self {
+        Self { ledger, ..self }
+    }
+
     /// With `approvals` recorded too.
     pub fn approving(self, approvals: Vec<Approval>) -> Self {
         Self { approvals, ..self }
@@ -94,6 +106,19 @@ impl UpgradeRecord {
     /// With `before` recorded too.
     pub fn seeing(self, before: PhasesBefore) -> Self {
         Self { phases_before: Some(before), ..self }
+    }
+
+    /// Whether the record holds the instance's ledger: written by this
+    /// release, which always writes its `adopted` key (a record a previous
+    /// release wrote, or rewrote during a rolling update, holds none; an
+    /// instance without one is adopted once, `crate::ledger`).
+    pub fn holds_ledger(&self) -> bool {
+        self.read.as_ref().is_some_and(|read| read.data.contains_key(ADOPTED))
+    }
+
+    /// Whether a record exists at all: lifecycle (of some release) met the instance.
+    pub fn exists(&self) -> bool {
+        self.read.is_some()
     }
 
     /// The approval of exactly `fingerprint`, if any.
@@ -124,15 +149,61 @@ impl UpgradeRecord {
     }
 }
 
+/// The label of the record of when lifecycle took the cluster over.
+pub const TAKEOVER_LABEL: &str = "vynil.solidite.fr/takeover";
+/// Its ConfigMap.
+pub const TAKEOVER: &str = "vynil-takeover";
+
 /// Where upgrade records live: the control plane's namespace.
 #[derive(Clone, Debug)]
 pub struct Upgrades {
     records: Records,
+    takeover: Records,
+    /// When lifecycle first ran here, read (or written) once per process.
+    taken_over_at: std::sync::Arc<tokio::sync::OnceCell<jiff::Timestamp>>,
 }
 
 impl Upgrades {
     pub fn new(client: &Client, namespace: &str) -> Self {
-        Self { records: Records::new(client, namespace, LABEL, "the upgrade record") }
+        Self {
+            records: Records::new(client, namespace, LABEL, "the upgrade record"),
+            takeover: Records::new(client, namespace, TAKEOVER_LABEL, "the takeover time"),
+            taken_over_at: Default::default(),
+        }
+    }
+
+    /// When lifecycle first ran in this cluster (the takeover): recorded by
+    /// the first replica to ask, never changed after. No instance created
+    /// later can have been installed by upstream's operator.
+    pub async fn taken_over_at(&self) -> Result<jiff::Timestamp, LifecycleError> {
+        let read = || async {
+            let Some(record) = self.takeover.read(TAKEOVER).await? else { return Ok(None) };
+            let at = record.data.get("at").and_then(|at| at.parse::<jiff::Timestamp>().ok());
+            at.map(Some).ok_or_else(|| {
+                LifecycleError::Invalid(format!(
+                    "ConfigMap {TAKEOVER} (namespace {}) has no RFC 3339 `at`: write when lifecycle took over (or the creation time of the oldest instance)",
+                    self.takeover.namespace()
+                ))
+            })
+        };
+        let at = self
+            .taken_over_at
+            .get_or_try_init(|| async {
+                if let Some(at) = read().await? {
+                    return Ok(at);
+                }
+                let now = jiff::Timestamp::now();
+                let data = BTreeMap::from([("at".to_string(), vynil_crds::condition::rfc3339_seconds(now))]);
+                match self.takeover.write(TAKEOVER, data, None).await {
+                    Ok(()) => read()
+                        .await?
+                        .ok_or_else(|| LifecycleError::NotDone(format!("{TAKEOVER} cannot be read back"))),
+                    // Another replica recorded it first: its time holds.
+                    Err(error) => read().await?.ok_or(error),
+                }
+            })
+            .await?;
+        Ok(*at)
     }
 
     /// The record of the instance `uid` (empty when none).
@@ -173,43 +244,38 @@ impl Upgrades {
         let approvals = field(&read, "approvals", name, namespace)?;
         let installed = field(&read, "installed", name, namespace)?.into_iter().next();
         let phases_before = field(&read, "phasesBefore", name, namespace)?.into_iter().next();
-        Ok(UpgradeRecord { quarantined, approvals, installed, phases_before, read: Some(read) })
+        let ledger = Ledger {
+            package: field(&read, "package", name, namespace)?.into_iter().next(),
+            target: field(&read, "target", name, namespace)?.into_iter().next(),
+            adopted: field(&read, ADOPTED, name, namespace)?.into_iter().next(),
+        };
+        Ok(UpgradeRecord { ledger, quarantined, approvals, installed, phases_before, read: Some(read) })
     }
 
-    /// Writes `quarantined` and `approvals` (and the install the record
-    /// holds) as the record of the instance `uid` (`instance` names it for a
-    /// reader), over the version `record` was read at; nothing left removes it.
+    /// Writes `record` as the record of the instance `uid` (`instance` names
+    /// it for a reader), over the version it was read at (created when it
+    /// was read absent). A record is kept while its instance exists, empty
+    /// or not: it says lifecycle has met the instance.
     async fn write(
         &self,
         (uid, instance): (&str, &str),
         record: &UpgradeRecord,
-        quarantined: &[Quarantined],
-        approvals: &[Approval],
     ) -> Result<(), LifecycleError> {
         let name = name_of(uid);
-        if quarantined.is_empty()
-            && approvals.is_empty()
-            && record.installed.is_none()
-            && record.phases_before.is_none()
-        {
-            return self.records.forget(&name).await;
-        }
         let encode = |value: serde_json::Result<String>| {
             value.map_err(|e| LifecycleError::Invalid(format!("encoding the upgrade record {name}: {e}")))
         };
+        let ledger = &record.ledger;
         let data = BTreeMap::from([
             ("uid".to_string(), uid.to_string()),
             ("instance".to_string(), instance.to_string()),
-            ("quarantine".to_string(), encode(serde_json::to_string(quarantined))?),
-            ("approvals".to_string(), encode(serde_json::to_string(approvals))?),
-            (
-                "installed".to_string(),
-                encode(serde_json::to_string(&record.installed.iter().collect::<Vec<_>>()))?,
-            ),
-            (
-                "phasesBefore".to_string(),
-                encode(serde_json::to_string(&record.phases_before.iter().collect::<Vec<_>>()))?,
-            ),
+            ("quarantine".to_string(), encode(serde_json::to_string(&record.quarantined))?),
+            ("approvals".to_string(), encode(serde_json::to_string(&record.approvals))?),
+            ("installed".to_string(), encode(listed(&record.installed))?),
+            ("phasesBefore".to_string(), encode(listed(&record.phases_before))?),
+            ("package".to_string(), encode(listed(&ledger.package))?),
+            ("target".to_string(), encode(listed(&ledger.target))?),
+            (ADOPTED.to_string(), encode(listed(&ledger.adopted))?),
         ]);
         self.records.write(&name, data, record.read.as_ref()).await
     }
@@ -222,8 +288,11 @@ impl Upgrades {
         instance: &str,
         approval: &Approval,
     ) -> Result<(), LifecycleError> {
-        let record = self.read(uid).await?;
-        self.write((uid, instance), &record, &record.quarantined, std::slice::from_ref(approval)).await
+        self.amend(uid, instance, |record| {
+            record.approvals = vec![approval.clone()];
+            true
+        })
+        .await
     }
 
     /// Records `entry` (replacing an earlier quarantine of the same tag).
@@ -233,11 +302,12 @@ impl Upgrades {
         instance: &str,
         entry: &Quarantined,
     ) -> Result<(), LifecycleError> {
-        let record = self.read(uid).await?;
-        let mut quarantined: Vec<Quarantined> =
-            record.quarantined.iter().filter(|q| q.tag != entry.tag).cloned().collect();
-        quarantined.push(entry.clone());
-        self.write((uid, instance), &record, &quarantined, &record.approvals).await
+        self.amend(uid, instance, |record| {
+            record.quarantined.retain(|q| q.tag != entry.tag);
+            record.quarantined.push(entry.clone());
+            true
+        })
+        .await
     }
 
     /// Applies `change` to the quarantine of `tag` (the only one awaiting an
@@ -250,26 +320,60 @@ impl Upgrades {
         tag: &str,
         change: impl FnOnce(&Quarantined) -> Result<Option<Quarantined>, LifecycleError>,
     ) -> Result<Quarantined, LifecycleError> {
-        let record = self.read(uid).await?;
+        let mut record = self.read(uid).await?;
         let found = pick(&record.quarantined, tag, instance)?.clone();
         let replacement = change(&found)?;
-        let quarantined: Vec<Quarantined> = record
+        record.quarantined = record
             .quarantined
             .iter()
             .filter_map(|q| if q.tag == found.tag { replacement.clone() } else { Some(q.clone()) })
             .collect();
-        self.write((uid, instance), &record, &quarantined, &record.approvals).await?;
+        self.write((uid, instance), &record).await?;
         Ok(found)
     }
 
-    /// Records `installed` as the revision lifecycle credited (under waves).
-    pub async fn installed(
+    /// Records `target`, the agent Job lifecycle started (or its failures since).
+    pub async fn started(
         &self,
         uid: &str,
         instance: &str,
-        installed: &Installed,
+        target: &AgentTarget,
     ) -> Result<(), LifecycleError> {
-        self.amend(uid, instance, |record| set(&mut record.installed, installed)).await
+        self.amend(uid, instance, |record| set(&mut record.ledger.target, target)).await
+    }
+
+    /// Forgets the target started (an operator cleared its failures).
+    pub async fn drop_target(&self, uid: &str, instance: &str) -> Result<(), LifecycleError> {
+        self.amend(uid, instance, |record| record.ledger.target.take().is_some()).await
+    }
+
+    /// Records `package` as the revision lifecycle credited as installed:
+    /// no Job in flight any more; the later waves read when.
+    pub async fn credited(
+        &self,
+        uid: &str,
+        instance: &str,
+        package: &InstalledPackage,
+    ) -> Result<(), LifecycleError> {
+        self.amend(uid, instance, |record| {
+            let installed = package.installed_at.clone().map(|at| Installed { tag: package.tag.clone(), at });
+            let changed = record.ledger.target.take().is_some() | set(&mut record.ledger.package, package);
+            let moved = record.installed != installed;
+            record.installed = installed;
+            changed | moved
+        })
+        .await
+    }
+
+    /// Records `ledger`, what lifecycle met of an instance whose record
+    /// holds none (the rest of a previous release's record is kept; a
+    /// concurrent write fails this one, to be read again).
+    pub async fn meet(&self, uid: &str, instance: &str, ledger: Ledger) -> Result<(), LifecycleError> {
+        self.amend(uid, instance, |record| {
+            record.ledger = ledger;
+            true
+        })
+        .await
     }
 
     /// Records `before`, the phases seen as the first Job of an upgrade is
@@ -295,14 +399,18 @@ impl Upgrades {
         if !change(&mut record) {
             return Ok(());
         }
-        let (quarantined, approvals) = (record.quarantined.clone(), record.approvals.clone());
-        self.write((uid, instance), &record, &quarantined, &approvals).await
+        self.write((uid, instance), &record).await
     }
 
     /// Removes the record of `uid` once its instance is gone.
     pub async fn forget(&self, uid: &str) -> Result<(), LifecycleError> {
         self.records.forget(&name_of(uid)).await
     }
+}
+
+/// An optional value as the list of zero or one the record keeps.
+fn listed<T: serde::Serialize>(value: &Option<T>) -> serde_json::Result<String> {
+    serde_json::to_string(&value.iter().collect::<Vec<_>>())
 }
 
 /// Puts `value` in `slot`; whether that changed it.

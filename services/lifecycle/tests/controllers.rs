@@ -281,22 +281,32 @@ async fn item_21_a_missing_crd_requirement_blocks_with_upstreams_message() {
     world.stop().await;
 }
 
+/// Adoption (#65 item 3): an instance upstream installed before the
+/// takeover is adopted once, with no Job; after that, a status its tenant
+/// writes changes nothing. The attack: an instance created after the
+/// takeover writes upstream's status as its own, and is not adopted (its
+/// Job runs, a first install like any other).
 #[tokio::test]
 async fn an_instance_upstream_installed_is_adopted_without_running_its_job() {
-    let (world, _) = World::start(web("registry.example"), &[]).await;
-    world.create("TenantInstance", "web", web_spec(), json!({"vynil.solidite.fr/suspend": "true"})).await;
     // What upstream's agent wrote: tag, options hash, conditions, children; no status.package.
     let status = json!({"tag": "4.0.0", "digest": vynil_rules::install::options_hash(None),
         "vitals": [{"kind": "Deployment", "name": "web"}],
         "conditions": [{"type": "Ready", "status": "True", "message": "Installed succesfully", "generation": 1}]});
-    world.patch_status("TenantInstance", "web", status).await;
-    world
-        .patch(
-            "TenantInstance",
-            "web",
-            json!({"metadata": {"annotations": {"vynil.solidite.fr/suspend": null}}}),
-        )
-        .await;
+    let upstreams = status.clone();
+    let seed =
+        move |client: kube::Client| -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+            Box::pin(async move {
+                let api: Api<kube::api::DynamicObject> =
+                    Api::namespaced_with(client, APPS, &tenant_instance_resource());
+                let object = json!({"apiVersion": "vynil.solidite.fr/v1", "kind": "TenantInstance",
+                "metadata": {"name": "web", "namespace": APPS}, "spec": web_spec()});
+                api.create(&PostParams::default(), &serde_json::from_value(object).unwrap()).await.unwrap();
+                let patch = json!({"status": upstreams});
+                api.patch_status("web", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+            })
+        };
+    // Created before lifecycle first ran: its creation time is not after the takeover's.
+    let (world, _) = World::start_with(web("registry.example"), &[], seed).await;
     let adopted = eventually("status.package filled", || async {
         let object = world.get("TenantInstance", "web").await;
         object["status"].get("package").cloned().filter(|p| !p.is_null())
@@ -305,6 +315,36 @@ async fn an_instance_upstream_installed_is_adopted_without_running_its_job() {
     assert_eq!((adopted["tag"].as_str(), adopted["image"].as_str()), (Some("4.0.0"), Some("apps/web")));
     tokio::time::sleep(Duration::from_millis(1000)).await;
     assert!(world.agent.runs().is_empty(), "adopted without a Job");
+    // After the takeover, the tenant's status is a display copy: cleared, nothing runs.
+    let as_tenant = tenant_with_full_rights_on_its_instances(&world).await;
+    let own: Api<kube::api::DynamicObject> =
+        Api::namespaced_with(as_tenant, APPS, &tenant_instance_resource());
+    let cleared = json!({"status": {"tag": null, "package": null}});
+    own.patch_status("web", &PatchParams::default(), &Patch::Merge(&cleared)).await.unwrap();
+    // The attack: an instance created now, writing what upstream's agent would have.
+    let suspended = json!({"vynil.solidite.fr/suspend": "true"});
+    world.create("TenantInstance", "late", web_spec(), suspended).await;
+    own.patch_status("late", &PatchParams::default(), &Patch::Merge(&json!({"status": status})))
+        .await
+        .unwrap();
+    let resume = json!({"metadata": {"annotations": {"vynil.solidite.fr/suspend": null}}});
+    world.patch("TenantInstance", "late", resume).await;
+    eventually("the late instance installed by its own Job", || async {
+        let ran = world.agent.runs().into_iter().any(|r| r.job.instance_name == "late");
+        (ran && installed_tag(&world.get("TenantInstance", "late").await) == Some("4.0.0")).then_some(())
+    })
+    .await;
+    let ran: Vec<String> = world.agent.runs().into_iter().map(|r| r.job.instance_name).collect();
+    assert_eq!(ran, ["late"], "web, adopted, runs nothing even with its status cleared");
+    eventually("web's status showing its ledger again", || async {
+        (installed_tag(&world.get("TenantInstance", "web").await) == Some("4.0.0")).then_some(())
+    })
+    .await;
+    world.instances("TenantInstance").delete("late", &DeleteParams::default()).await.unwrap();
+    eventually("late uninstalled", || async {
+        world.instances("TenantInstance").get_opt("late").await.unwrap().is_none().then_some(())
+    })
+    .await;
     let revisions = world
         .grpc()
         .await
@@ -314,6 +354,53 @@ async fn an_instance_upstream_installed_is_adopted_without_running_its_job() {
         .into_inner();
     let used: Vec<(&str, i32)> = revisions.revisions.iter().map(|r| (r.tag.as_str(), r.r#use)).collect();
     assert_eq!(used, [("4.0.0", RevisionUse::Installed as i32)]);
+    world.stop().await;
+}
+
+/// #65, a rolling update: the previous release, beside this one, rewrites
+/// an upgrade record with only the keys it knows (its `Upgrades::write`
+/// at 6b4428f: uid, instance, quarantine, approvals, installed,
+/// phasesBefore), dropping the ledger. Its status was that release's to
+/// write: this one adopts it from there once more, and runs nothing again.
+/// (Both binaries on one fake would need the previous release built in the
+/// test; this writes exactly what it writes instead.)
+#[tokio::test]
+async fn a_record_rewritten_by_the_previous_release_is_adopted_again_without_a_job() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let (world, _) = World::start(web("registry.example"), &[]).await;
+    let maps: Api<ConfigMap> = Api::namespaced(world.client.clone(), JOBS);
+    eventually("the takeover time recorded", || async { maps.get_opt("vynil-takeover").await.ok()? }).await;
+    // Created after the takeover (its time is to the second): never adopted on its creation time.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    world.create("TenantInstance", "web", web_spec(), json!({})).await;
+    eventually("4.0.0 installed", || async {
+        (installed_tag(&world.get("TenantInstance", "web").await) == Some("4.0.0")).then_some(())
+    })
+    .await;
+    let uid = world.get("TenantInstance", "web").await["metadata"]["uid"].as_str().unwrap().to_string();
+    let name = format!("vynil-upgrade-{uid}");
+    let mut record = maps.get(&name).await.unwrap();
+    assert!(record.data.as_ref().unwrap().contains_key("package"), "the ledger is recorded");
+    // Its Job gone, as its TTL makes it (a Job of ours would be credited as it stands).
+    let job = world.agent.runs()[0].job.job_name.clone();
+    world.jobs().delete(&job, &DeleteParams::default()).await.unwrap();
+    eventually("the Job gone", || async {
+        world.jobs().get_opt(&job).await.unwrap().is_none().then_some(())
+    })
+    .await;
+    let kept = ["uid", "instance", "quarantine", "approvals", "installed", "phasesBefore"];
+    record.data.as_mut().unwrap().retain(|key, _| kept.contains(&key.as_str()));
+    maps.replace(&name, &PostParams::default(), &record).await.unwrap();
+    // Anything that makes it reconcile.
+    world.patch("TenantInstance", "web", json!({"metadata": {"labels": {"poke": "1"}}})).await;
+    let adopted = eventually("the ledger recorded again", || async {
+        let data = maps.get(&name).await.ok()?.data?;
+        data.get("package").cloned()
+    })
+    .await;
+    assert!(adopted.contains("\"4.0.0\""), "{adopted}");
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(world.tags_run("web"), ["4.0.0"], "no Job ran again");
     world.stop().await;
 }
 
@@ -907,6 +994,14 @@ async fn a_tenants_own_windows_never_open_its_jukeboxs_closed_window() {
     world.stop().await;
 }
 
+/// What Explain answers of TenantInstance `web` (`None`: no answer yet).
+async fn explain_web(
+    grpc: &vynil_proto::lifecycle::v1::lifecycle_client::LifecycleClient<tonic::transport::Channel>,
+) -> Option<vynil_proto::lifecycle::v1::ExplainResponse> {
+    let request = ExplainRequest { r#ref: Some(tenant(APPS, "web")) };
+    grpc.clone().explain(request).await.ok().map(|r| r.into_inner())
+}
+
 /// #44 item 5 as a user meets it: with `approval: manual` on the JukeBox, an
 /// upgrade waits (`PENDING_APPROVAL`, the exact step); an approval of that
 /// step (service token only) starts it; when the catalog moves on, the old
@@ -925,13 +1020,7 @@ async fn a_manual_upgrade_runs_once_its_exact_step_is_approved_and_a_stale_appro
     .await;
     world.publish(web_revisions(&["0.3.0", "0.2.0"])).await;
     let (mut grpc, reader) = (world.grpc().await, world.grpc().await);
-    let explain = || {
-        let mut grpc = reader.clone();
-        async move {
-            let request = ExplainRequest { r#ref: Some(tenant(APPS, "web")) };
-            grpc.explain(request).await.ok().map(|r| r.into_inner())
-        }
-    };
+    let explain = || explain_web(&reader);
     let pending = eventually("the upgrade pending approval", || async {
         explain().await.filter(|e| e.state == InstanceState::PendingApproval as i32)
     })
@@ -972,6 +1061,55 @@ async fn a_manual_upgrade_runs_once_its_exact_step_is_approved_and_a_stale_appro
         stale.message().contains("0.3.0 → 0.3.1") && stale.message().contains(&next.approval_fingerprint),
         "{}",
         stale.message()
+    );
+    world.stop().await;
+}
+
+/// #65 item 3, the attacks: a tenant who may write its instance's status
+/// (1) writes the pending upgrade's fingerprint, which Explain shows it, as
+/// the started target, then (2) clears what says 0.2.0 is installed, to make
+/// the upgrade a first install. "Installed" and "started" are lifecycle's own
+/// record: the upgrade still waits for its approval, from 0.2.0.
+#[tokio::test]
+async fn item_3_a_tenant_writing_its_status_never_starts_an_unapproved_upgrade() {
+    let (world, _) = World::start(web_revisions(&["0.2.0"]), &[]).await;
+    let boxes: Api<vynil_crds::JukeBox> = Api::all(world.client.clone());
+    let manual = json!({"spec": {"upgrade_policy": {"approval": "manual"}}});
+    boxes.patch("box", &PatchParams::default(), &Patch::Merge(&manual)).await.unwrap();
+    world.create("TenantInstance", "web", web_spec(), json!({})).await;
+    eventually("0.2.0 installed", || async {
+        (installed_tag(&world.get("TenantInstance", "web").await) == Some("0.2.0")).then_some(())
+    })
+    .await;
+    world.publish(web_revisions(&["0.3.0", "0.2.0"])).await;
+    let reader = world.grpc().await;
+    let explain = || explain_web(&reader);
+    let pending = eventually("the upgrade pending approval", || async {
+        explain().await.filter(|e| e.state == InstanceState::PendingApproval as i32)
+    })
+    .await;
+    let as_tenant = tenant_with_full_rights_on_its_instances(&world).await;
+    let own: Api<kube::api::DynamicObject> =
+        Api::namespaced_with(as_tenant, APPS, &tenant_instance_resource());
+    // (1) The pending fingerprint written as the target lifecycle started.
+    let mut revision = world.get("TenantInstance", "web").await["status"]["package"].clone();
+    revision["tag"] = json!("0.3.0");
+    revision["fingerprint"] = json!(pending.approval_fingerprint);
+    let started = json!({"status": {"target": {"revision": revision, "job": "", "failures": 0}}});
+    own.patch_status("web", &PatchParams::default(), &Patch::Merge(&started)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(!world.tags_run("web").contains(&"0.3.0".to_string()), "a forged target started the upgrade");
+    // (2) Nothing installed, as far as the status says.
+    let cleared = json!({"status": {"tag": null, "digest": null, "package": null, "target": null}});
+    own.patch_status("web", &PatchParams::default(), &Patch::Merge(&cleared)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(!world.tags_run("web").contains(&"0.3.0".to_string()), "a cleared status made a first install");
+    let still = explain().await.unwrap();
+    assert_eq!(
+        (still.state, still.from_tag.as_str(), still.to_tag.as_str()),
+        (InstanceState::PendingApproval as i32, "0.2.0", "0.3.0"),
+        "{}",
+        still.summary
     );
     world.stop().await;
 }

@@ -168,9 +168,8 @@ async fn an_unsynced_replica_answers_unavailable_and_the_purger_plans_with_usage
         .await
         .unwrap_err();
     assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
-    assert!(
-        world.grpc().await.list_installed_revisions(ListInstalledRevisionsRequest::default()).await.is_ok()
-    );
+    let listed = world.grpc().await.list_installed_revisions(ListInstalledRevisionsRequest::default()).await;
+    assert!(listed.is_ok(), "{listed:?}");
 
     let a = format!("http://{}", world.lifecycle);
     let c = format!("http://{c}");

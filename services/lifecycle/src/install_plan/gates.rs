@@ -16,22 +16,12 @@ use vynil_rules::{
 
 use super::{checks::*, *};
 
-/// Decides what to do with `instance` (not being deleted) given `observed`:
-/// a sequence of gates, each of which may answer the plan itself (held,
-/// credited, blocked), then what the desired revision asks of the Job.
+/// Decides what to do with `instance` (not being deleted, read through its
+/// ledger: `crate::ledger`) given `observed`: a sequence of gates, each of
+/// which may answer the plan itself (held, credited, blocked), then what
+/// the desired revision asks of the Job.
 pub fn plan(instance: &Instance, observed: &Observed) -> Plan {
-    let (Ok(mut plan) | Err(mut plan)) = gated(instance, observed);
-    // Under waves, later waves read what is installed where no tenant
-    // writes; recorded before the status, whose change wakes them.
-    let waves = observed.upgrade_policy.as_ref().is_some_and(|p| !p.policy.waves.is_empty());
-    let at = plan.steps.iter().position(|s| matches!(s, Step::RecordInstalled(_)));
-    if let Some((i, Step::RecordInstalled(p))) = at.filter(|_| waves).map(|i| (i, &plan.steps[i]))
-        && let Some(installed_at) = p.installed_at.clone()
-    {
-        let rollout =
-            Step::RecordRollout(crate::upgrades::Installed { tag: p.tag.clone(), at: installed_at });
-        plan.steps.insert(i, rollout);
-    }
+    let (Ok(plan) | Err(plan)) = gated(instance, observed);
     plan
 }
 
@@ -270,6 +260,9 @@ fn settled(
         if status.target.is_some() {
             // A target left by a run that was superseded: the installed revision is current.
             steps.push(installed(instance, desired.revision.clone(), observed.now));
+        } else if let Some(package) = status.package.clone().filter(|_| instance.shown_lags()) {
+            // The status's copy lags the ledger (its write failed): shown again.
+            steps.push(Step::RecordInstalled(package));
         }
         return Some(Outcome::UpToDate { tag: tag.clone() });
     }

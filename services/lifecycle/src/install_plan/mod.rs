@@ -240,10 +240,6 @@ pub enum Step {
         reason: &'static str,
         note: String,
     },
-    /// Record in the instance's upgrade record (never its status, which its
-    /// tenant may write) that `tag` was installed at `at`: what the later
-    /// waves of a rollout read.
-    RecordRollout(crate::upgrades::Installed),
     /// A Warning Event regarding the instance's JukeBox (a halted rollout
     /// is the JukeBox's news; its conditions are the scanner's to write).
     JukeboxWarning {
@@ -253,14 +249,16 @@ pub enum Step {
     RemoveForceReinstall,
     /// Delete the agent Job and wait until it is gone.
     DeleteJob,
-    /// Write `status.target` (read back) before the Job exists.
+    /// Record the target in the ledger, then its copy in `status.target`
+    /// (each read back), before the Job exists.
     RecordTarget(AgentTarget),
     /// Record in the instance's upgrade record the phase conditions as
     /// they stand before the first Job of an upgrade.
     RecordPhases(crate::upgrades::PhasesBefore),
     /// Create the Job and read it back.
     CreateJob(Box<JobRequest>),
-    /// Write `status.package` and clear `status.target`.
+    /// Record the revision as installed in the ledger (the target cleared),
+    /// then its copy in `status.package` (`status.target` cleared).
     RecordInstalled(InstalledPackage),
     /// Create the delete Job (package hooks of `request`'s revision) and read it back.
     CreateDeleteJob(Box<JobRequest>),
@@ -289,9 +287,6 @@ impl Step {
             }
             Step::JukeboxWarning { reason, note } => {
                 format!("record a Warning event {reason} on the JukeBox: {note}")
-            }
-            Step::RecordRollout(done) => {
-                format!("record in the upgrade record: {} installed at {}", done.tag, done.at)
             }
             Step::RemoveForceReinstall => "remove the vynil.solidite.fr/force-reinstall annotation".into(),
             Step::DeleteJob => "delete the instance's Job and wait until it is gone".into(),
