@@ -10,7 +10,7 @@ use vynil_proto::catalog::v1::{
     catalog_client::CatalogClient, resolve_cleanup_response::Decision, resolve_install_response::Outcome,
 };
 use vynil_proto::convert::{package_from_proto, proto_type, signature_from_proto, verify_mode_from_proto};
-use vynil_rules::{Tag, selection::RecordedCheck, signature::Verdict};
+use vynil_rules::{Tag, selection::RecordedCheck};
 use vynil_runtime::{TracedChannel, traced};
 
 use crate::{
@@ -148,20 +148,6 @@ impl Catalog {
     ) -> Result<Option<(String, String)>, LifecycleError> {
         let revisions = self.revisions(instance, false).await?;
         Ok(revisions.into_iter().next().map(|p| (p.registry, p.image)))
-    }
-
-    /// The digest of `tag` of the instance's package when the catalog lists
-    /// it (`None` inside: listed without a digest), with its signature
-    /// verdict when the JukeBox has a policy; `None` when not listed.
-    pub async fn find_tag(
-        &self,
-        instance: &Instance,
-        tag: &str,
-    ) -> Result<Option<(Option<String>, Option<Verdict>)>, LifecycleError> {
-        Ok(self.revisions(instance, true).await?.into_iter().find(|p| p.tag == tag).map(|p| {
-            let verdict = p.signature.as_ref().map(|s| signature_from_proto(s).unwrap_or(Verdict::Unsigned));
-            (Some(p.digest).filter(|d| !d.is_empty()), verdict)
-        }))
     }
 }
 

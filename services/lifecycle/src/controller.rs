@@ -314,6 +314,7 @@ mod tests {
             tenant: store(InstanceKind::Tenant),
             service: store(InstanceKind::Service),
             system: store(InstanceKind::System),
+            jukeboxes: kube::runtime::reflector::store::Writer::default().as_reader(),
         };
         let (metrics, _) = LifecycleMetrics::register();
         let registry = RegistryClient::new(

@@ -26,12 +26,13 @@ use vynil_rules::{
 
 use crate::{LifecycleError, instance::InstanceKind, script};
 
-/// The watch caches of the three kinds.
+/// The watch caches of the three kinds, and of the JukeBoxes (`crate::jukeboxes`).
 #[derive(Clone)]
 pub struct Stores {
     pub tenant: Store<DynamicObject>,
     pub service: Store<DynamicObject>,
     pub system: Store<DynamicObject>,
+    pub jukeboxes: Store<vynil_crds::JukeBox>,
 }
 
 impl std::fmt::Debug for Stores {

@@ -27,6 +27,7 @@ mod grpc;
 pub mod install_plan;
 pub mod instance;
 pub mod job;
+mod jukeboxes;
 mod leader;
 mod ledger;
 mod metrics;
@@ -230,10 +231,12 @@ pub async fn run_with_client(
             (kind, controller.reconcile_all_on(elected.elected()))
         })
         .collect();
+    let (jukeboxes, watching) = jukeboxes::watch(&client, stop.signaled());
     let stores = facts::Stores {
         tenant: controllers[0].1.store(),
         service: controllers[1].1.store(),
         system: controllers[2].1.store(),
+        jukeboxes,
     };
     let (metrics, exported) = metrics::LifecycleMetrics::register();
     let context = Arc::new(context::Context::new(client, stores.clone(), metrics.clone(), settings));
@@ -246,6 +249,7 @@ pub async fn run_with_client(
         }
     });
     let mut tasks = tokio::task::JoinSet::new();
+    tasks.spawn(watching);
     for (kind, controller) in controllers {
         tasks.spawn(controller::run(controller, kind, context.clone(), stop.signaled()));
     }

@@ -125,8 +125,10 @@ async fn resolve(
     context: &Context,
 ) -> Result<Resolved, LifecycleError> {
     let (quarantined, back_to) = (upgrades.quarantined_tags(), upgrades.rolling_back_to(instance));
+    let answer = context.catalog.resolve(instance, &quarantined, back_to).await?;
+    let jukebox = crate::jukeboxes::of(instance, context).await?;
     let Answer { mut resolution, jukebox_policy, held_back } =
-        context.catalog.resolve(instance, &quarantined, back_to).await?;
+        crate::jukeboxes::confirmed(answer, jukebox.as_deref(), &instance.jukebox);
     if let (Some(from), Resolution::NoMatch { .. }) = (back_to, &resolution)
         && let Some(recorded) = recorded_rollback(instance, from, held_back.verify, context).await?
     {
@@ -162,7 +164,7 @@ async fn recorded_rollback(
     }
     let answer =
         context.catalog.resolve_cleanup(instance, Some(RecordedCheck::Resolves), true, false).await?;
-    let Cleanup::UsePackage { package, pull_secret, .. } = answer else {
+    let Cleanup::UsePackage { package, .. } = answer else {
         return Ok(None);
     };
     if (package.registry.as_str(), package.image.as_str(), package.tag.as_str())
@@ -170,6 +172,9 @@ async fn recorded_rollback(
     {
         return Ok(None);
     }
+    // The JukeBox's own pull secret, never one the catalog's cache names.
+    let jukebox = crate::jukeboxes::of(instance, context).await?;
+    let pull_secret = jukebox.and_then(|j| j.spec.pull_secret.clone());
     let repo = RepositoryRef::new(&recorded.registry, &recorded.image)
         .map_err(|e| LifecycleError::Invalid(e.to_string()))?;
     let client = context.registry_for(pull_secret.as_deref()).await?;
@@ -193,8 +198,9 @@ async fn recorded_rollback(
     Ok(Some(Resolution::Package { package: Box::new(package), pull_secret }))
 }
 
-/// `initFrom.version` on a first install: the catalog's entry, else the
-/// registry (a HEAD with the JukeBox's pull secret). An unreachable registry
+/// `initFrom.version` on a first install: the JukeBox's status entry (in the
+/// API server, `crate::jukeboxes`), else the registry (a HEAD with the
+/// JukeBox's pull secret). An unreachable registry
 /// is an error to retry, never "not found". Under an enforced signature
 /// policy (`verify`), an unverified version is refused (`crate::signatures`).
 pub(crate) async fn init_version(
@@ -212,8 +218,17 @@ pub(crate) async fn init_version(
     }
     let repo = RepositoryRef::new(&package.registry, &package.image)
         .map_err(|e| LifecycleError::Invalid(e.to_string()))?;
-    let (found, verdict) = match context.catalog.find_tag(instance, &version).await? {
-        Some((digest, verdict)) => (InitVersion::Found { tag: version, digest }, verdict),
+    let jukebox = crate::jukeboxes::of(instance, context).await?;
+    let listed = jukebox
+        .as_deref()
+        .and_then(|j| crate::jukeboxes::listed(j, &package.registry, &package.image, &version))
+        .filter(|p| {
+            let meta = &p.content.metadata;
+            (meta.category.as_str(), meta.name.as_str(), meta.package_type)
+                == (instance.category.as_str(), instance.package.as_str(), instance.kind.package_type())
+        });
+    let (found, verdict) = match listed {
+        Some(p) => (InitVersion::Found { tag: version, digest: p.digest.clone() }, p.signature.clone()),
         None => {
             let client = context.registry_for(pull_secret).await?;
             match client.head_digest(&repo, &version).await {
@@ -392,7 +407,8 @@ pub async fn observe_cleanup(
             CleanupAnswer::Gone { what: uninstall_plan::Gone::from_code(&code), message }
         }
         Cleanup::WithoutPackage { warning } => CleanupAnswer::WithoutPackage { warning },
-        Cleanup::UsePackage { package, pull_secret, unverified: why } => {
+        Cleanup::UsePackage { package, unverified: why, .. } => {
+            let pull_secret = confirmed_cleanup(instance, &package, context).await?;
             unverified = why.map(|why| {
                 vynil_crds::coded_message(
                     "E_UNVERIFIED",
@@ -421,6 +437,34 @@ pub async fn observe_cleanup(
         now: jiff::Timestamp::now(),
         max_attempts: context.max_attempts,
     })
+}
+
+/// The pull secret a delete Job of the catalog's cleanup revision `package`
+/// uses: the JukeBox's. What Redis alone says never runs: the catalog's own
+/// revision must be the JukeBox status's (the recorded one was checked
+/// against the registry, `check_recorded`), else the delete waits.
+async fn confirmed_cleanup(
+    instance: &Instance,
+    package: &pb::Package,
+    context: &Context,
+) -> Result<Option<String>, LifecycleError> {
+    let jukebox = crate::jukeboxes::of(instance, context).await?;
+    let recorded = instance.status.package.as_ref().is_some_and(|r| {
+        (r.registry.as_str(), r.image.as_str(), r.tag.as_str())
+            == (package.registry.as_str(), package.image.as_str(), package.tag.as_str())
+    });
+    if !recorded
+        && let Some(why) = crate::jukeboxes::unlisted_cleanup(jukebox.as_deref(), &instance.jukebox, package)
+    {
+        return Err(LifecycleError::Pending {
+            why: vynil_crds::coded_message(
+                "E_UNCONFIRMED",
+                &format!("{why}: no delete Job until they agree"),
+            ),
+            retry_after: std::time::Duration::from_secs(60),
+        });
+    }
+    Ok(jukebox.and_then(|j| j.spec.pull_secret.clone()))
 }
 
 /// The escape hatch of `instance`: asked by its annotation, opened only by

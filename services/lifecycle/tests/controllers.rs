@@ -1114,6 +1114,48 @@ async fn item_3_a_tenant_writing_its_status_never_starts_an_unapproved_upgrade()
     world.stop().await;
 }
 
+/// #65 item 6, the attack: whoever may write Redis upserts the JukeBox's
+/// catalog entry (a `SET` and a `PUBLISH`, as the catalog itself writes)
+/// with a revision the scan never found — a tag the JukeBox's status does
+/// not list, at a digest of the attacker's choosing, named verified. The
+/// catalog offers it; lifecycle confirms it against the JukeBox's status in
+/// the API server, refuses it (`[E_UNCONFIRMED]`) and runs no Job.
+#[tokio::test]
+async fn item_6_a_revision_written_in_redis_alone_never_runs() {
+    use vynil_store::package_cache::PackageCache;
+    let redis = vynil_testkit::RedisServer::start().await.unwrap();
+    let url = redis.url();
+    let catalog_args = ["--redis-url", url.as_str()];
+    let (world, _) = World::start_with_catalog(web_revisions(&["0.2.0"]), &[], &catalog_args).await;
+    world.create("TenantInstance", "web", web_spec(), json!({})).await;
+    eventually("0.2.0 installed", || async {
+        (installed_tag(&world.get("TenantInstance", "web").await) == Some("0.2.0")).then_some(())
+    })
+    .await;
+    let cache =
+        vynil_store::package_cache::RedisCache::connect(&vynil_store::RedisTarget::url(&url)).await.unwrap();
+    let mut entry = cache.get("box").await.unwrap().expect("the catalog's entry in Redis");
+    let mut forged = entry.packages[0].clone();
+    forged.tag = "0.3.0".into();
+    forged.digest = Some(format!("sha256:{}", "e".repeat(64)));
+    entry.packages.insert(0, forged);
+    entry.hash = "written-by-the-attacker".into();
+    assert!(cache.upsert_if_changed(&entry).await.unwrap());
+    let grpc = world.grpc().await;
+    let outcome = eventually("the forged revision refused, or run", || async {
+        if world.tags_run("web").contains(&"0.3.0".to_string()) {
+            return Some(Err(()));
+        }
+        explain_web(&grpc).await.filter(|e| e.blocking_code == "E_UNCONFIRMED").map(Ok)
+    })
+    .await;
+    let refused = outcome.expect("a Job ran 0.3.0, which only Redis lists");
+    assert!(refused.blocking_reason.contains("0.3.0"), "{}", refused.blocking_reason);
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(world.tags_run("web"), ["0.2.0"], "no Job for what Redis alone says");
+    world.stop().await;
+}
+
 /// `web_revisions`, each first seen at the time given (RFC 3339).
 fn seen_revisions(tags: &[(&str, &str)]) -> Vec<serde_json::Value> {
     tags.iter()

@@ -41,6 +41,10 @@ pub(super) fn resolved<'a>(
             plan.steps.push(event_warning("MissingPackage", message));
             Err(plan)
         }
+        Resolution::Unconfirmed { reason } => {
+            let message = coded_message("E_UNCONFIRMED", reason);
+            Err(Plan::blocked(Criterion::Package, Some("E_UNCONFIRMED"), message, RETRY_SHORT))
+        }
         Resolution::Package { package, pull_secret } => Ok((package, pull_secret)),
     }
 }

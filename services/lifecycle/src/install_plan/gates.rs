@@ -432,8 +432,8 @@ fn failed_upgrade_held(instance: &Instance, observed: &Observed) -> Result<(), P
         }
         // Held for an operator: the way back is looked for once asked (`observe`).
         Resolution::Package { .. } | Resolution::NoMatch { .. } => quarantined.message(),
-        // The JukeBox gate says it.
-        Resolution::JukeboxMissing => return Ok(()),
+        // The JukeBox gate, or the confirmation, says it.
+        Resolution::JukeboxMissing | Resolution::Unconfirmed { .. } => return Ok(()),
     };
     Err(upgrade_held(message, Vec::new()))
 }

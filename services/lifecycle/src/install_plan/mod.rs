@@ -57,6 +57,11 @@ pub enum Resolution {
         excluded_by: String,
         reason: String,
     },
+    /// The catalog's revision is not the one the JukeBox's status lists
+    /// (`crate::jukeboxes`): what the catalog's cache holds is not trusted.
+    Unconfirmed {
+        reason: String,
+    },
 }
 
 /// `initFrom.version`, asked only on a first install.

@@ -115,6 +115,24 @@ impl World {
 
     /// [`World::start`] on an API server the test has already filled.
     pub async fn start_on(api: FakeApiServer, packages: Vec<Value>, extra: &[&str]) -> (Self, Script) {
+        Self::start_on_with(api, packages, extra, &[]).await
+    }
+
+    /// [`World::start`], the catalog given `catalog_extra` flags too (`--redis-url`).
+    pub async fn start_with_catalog(
+        packages: Vec<Value>,
+        extra: &[&str],
+        catalog_extra: &[&str],
+    ) -> (Self, Script) {
+        Self::start_on_with(api_under_deploy_rbac().await, packages, extra, catalog_extra).await
+    }
+
+    async fn start_on_with(
+        api: FakeApiServer,
+        packages: Vec<Value>,
+        extra: &[&str],
+        catalog_extra: &[&str],
+    ) -> (Self, Script) {
         let client = api.client().unwrap();
         let boxes: Api<JukeBox> = Api::all(client.clone());
         // Its source lists the repositories of its packages, as a scan of it would have found them.
@@ -136,8 +154,9 @@ impl World {
         let ((catalog_server, catalog_addr), (lifecycle_server, lifecycle)) = (bound().await, bound().await);
         let shutdown = Shutdown::new();
         let mut services = tokio::task::JoinSet::new();
-        let catalog =
-            vynil_catalog::Config::parse_from(["vynil-catalog", "--listen", &catalog_addr.to_string()]);
+        let listen = catalog_addr.to_string();
+        let args = [&["vynil-catalog", "--listen", listen.as_str()][..], catalog_extra].concat();
+        let catalog = vynil_catalog::Config::parse_from(args);
         // The catalog can be stopped alone (an outage during a delete).
         let catalog_shutdown = shutdown.child();
         let (store, done) = (Arc::new(KubeStore::new(catalog_client(&api))), catalog_shutdown.signaled());
