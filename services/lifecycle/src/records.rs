@@ -95,11 +95,14 @@ impl Records {
                 .replace(name, &PostParams::default(), &map)
                 .await
                 .map_err(LifecycleError::kube(format!("replacing {noun} {name}")))?,
-            None => self
-                .api
-                .create(&PostParams::default(), &map)
-                .await
-                .map_err(LifecycleError::kube(format!("recording {noun} {name}")))?,
+            None => self.api.create(&PostParams::default(), &map).await.map_err(|e| match e {
+                // Created by another writer since it was read absent: read it again.
+                kube::Error::Api(status) if status.code == 409 => LifecycleError::Conflict(format!(
+                    "Kubernetes API, recording {noun} {name}: created meanwhile ({})",
+                    status.message
+                )),
+                e => LifecycleError::kube(format!("recording {noun} {name}"))(e),
+            })?,
         };
         match self.read(name).await? {
             Some(read) if read.data == data => Ok(()),

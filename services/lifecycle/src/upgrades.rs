@@ -318,18 +318,21 @@ impl Upgrades {
         uid: &str,
         instance: &str,
         tag: &str,
-        change: impl FnOnce(&Quarantined) -> Result<Option<Quarantined>, LifecycleError>,
+        change: impl Fn(&Quarantined) -> Result<Option<Quarantined>, LifecycleError>,
     ) -> Result<Quarantined, LifecycleError> {
-        let mut record = self.read(uid).await?;
-        let found = pick(&record.quarantined, tag, instance)?.clone();
-        let replacement = change(&found)?;
-        record.quarantined = record
-            .quarantined
-            .iter()
-            .filter_map(|q| if q.tag == found.tag { replacement.clone() } else { Some(q.clone()) })
-            .collect();
-        self.write((uid, instance), &record).await?;
-        Ok(found)
+        retrying(|| async {
+            let mut record = self.read(uid).await?;
+            let found = pick(&record.quarantined, tag, instance)?.clone();
+            let replacement = change(&found)?;
+            record.quarantined = record
+                .quarantined
+                .iter()
+                .filter_map(|q| if q.tag == found.tag { replacement.clone() } else { Some(q.clone()) })
+                .collect();
+            self.write((uid, instance), &record).await?;
+            Ok(found)
+        })
+        .await
     }
 
     /// Records `target`, the agent Job lifecycle started (or its failures since).
@@ -370,7 +373,7 @@ impl Upgrades {
     /// concurrent write fails this one, to be read again).
     pub async fn meet(&self, uid: &str, instance: &str, ledger: Ledger) -> Result<(), LifecycleError> {
         self.amend(uid, instance, |record| {
-            record.ledger = ledger;
+            record.ledger = ledger.clone();
             true
         })
         .await
@@ -393,13 +396,16 @@ impl Upgrades {
         &self,
         uid: &str,
         instance: &str,
-        change: impl FnOnce(&mut UpgradeRecord) -> bool,
+        change: impl Fn(&mut UpgradeRecord) -> bool,
     ) -> Result<(), LifecycleError> {
-        let mut record = self.read(uid).await?;
-        if !change(&mut record) {
-            return Ok(());
-        }
-        self.write((uid, instance), &record).await
+        retrying(|| async {
+            let mut record = self.read(uid).await?;
+            if !change(&mut record) {
+                return Ok(());
+            }
+            self.write((uid, instance), &record).await
+        })
+        .await
     }
 
     /// Removes the record of `uid` once its instance is gone.
@@ -407,6 +413,26 @@ impl Upgrades {
         self.records.forget(&name_of(uid)).await
     }
 }
+
+/// Runs `attempt`, a read-modify-write of one record, again while a
+/// concurrent write makes it conflict (a few times): the reconciler and an
+/// operator's request write the same record, and neither loses the other's.
+async fn retrying<T, F, Fut>(attempt: F) -> Result<T, LifecycleError>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<T, LifecycleError>>,
+{
+    let mut tries = 1;
+    loop {
+        match attempt().await {
+            Err(LifecycleError::Conflict(_)) if tries < CONFLICT_TRIES => tries += 1,
+            done => return done,
+        }
+    }
+}
+
+/// How many times a read-modify-write of a record is tried.
+const CONFLICT_TRIES: u32 = 5;
 
 /// An optional value as the list of zero or one the record keeps.
 fn listed<T: serde::Serialize>(value: &Option<T>) -> serde_json::Result<String> {
@@ -448,4 +474,40 @@ fn pick<'q>(
     quarantined.iter().find(|q| q.tag == tag).ok_or_else(|| {
         LifecycleError::NotFound(format!("{instance} has no quarantine of {tag} (quarantined: {})", listed()))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    /// A read-modify-write that a concurrent writer made conflict is read
+    /// and tried again (a few times), any other failure is answered at once.
+    #[tokio::test]
+    async fn a_conflicting_write_of_a_record_is_read_and_tried_again() {
+        let conflict = || LifecycleError::Conflict("the object has been modified".into());
+        let tries = AtomicU32::new(0);
+        let answer = retrying(|| async {
+            let n = tries.fetch_add(1, Ordering::SeqCst) + 1;
+            if n < 3 { Err(conflict()) } else { Ok(n) }
+        })
+        .await;
+        assert!(matches!(answer, Ok(3)), "{answer:?}");
+        tries.store(0, Ordering::SeqCst);
+        let answer = retrying(|| async {
+            tries.fetch_add(1, Ordering::SeqCst);
+            Err::<(), _>(conflict())
+        })
+        .await;
+        assert!(matches!(answer, Err(LifecycleError::Conflict(_))), "{answer:?}");
+        assert_eq!(tries.load(Ordering::SeqCst), CONFLICT_TRIES);
+        tries.store(0, Ordering::SeqCst);
+        let answer = retrying(|| async {
+            tries.fetch_add(1, Ordering::SeqCst);
+            Err::<(), _>(LifecycleError::Unavailable("etcd".into()))
+        })
+        .await;
+        assert!(matches!(answer, Err(LifecycleError::Unavailable(_))), "{answer:?}");
+        assert_eq!(tries.load(Ordering::SeqCst), 1);
+    }
 }
