@@ -76,6 +76,10 @@ pub fn signature_to_proto(verdict: &Verdict) -> pb::Signature {
             out.problem = problem.clone();
             V::Malformed
         }
+        Verdict::ReferenceMismatch { reference } => {
+            out.reference = reference.clone();
+            V::ReferenceMismatch
+        }
     };
     out.verdict = kind as i32;
     out
@@ -91,6 +95,7 @@ pub fn signature_from_proto(s: &pb::Signature) -> Option<Verdict> {
         V::UntrustedKey => Verdict::UntrustedKey,
         V::DigestMismatch => Verdict::DigestMismatch { signed: s.signed_digest.clone() },
         V::Malformed => Verdict::Malformed { problem: s.problem.clone() },
+        V::ReferenceMismatch => Verdict::ReferenceMismatch { reference: s.reference.clone() },
         V::Unspecified => return None,
     })
 }

@@ -150,6 +150,11 @@ pub struct VerifyPolicy {
     /// trusted public key (PEM), named by its item's key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub keys_secret: Option<String>,
+    /// A signature counts only when its payload's `docker-reference` names
+    /// the repository the revision was found in (simple signing binds a
+    /// digest; the reference says where it was meant to be published).
+    #[serde(rename = "requireReference", default, skip_serializing_if = "std::ops::Not::not")]
+    pub require_reference: bool,
 }
 
 impl VerifyPolicy {

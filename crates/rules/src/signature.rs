@@ -181,6 +181,11 @@ pub enum Verdict {
     /// A trusted key's signature of another digest (a signature copied from
     /// another revision).
     DigestMismatch { signed: String },
+    /// A trusted key signed this digest for another repository than the one
+    /// it was found in, and the JukeBox requires the signed reference
+    /// (`spec.verify.requireReference`, [`Verdict::bound_to`]): `reference`
+    /// is the payload's `docker-reference`.
+    ReferenceMismatch { reference: String },
     /// Not a readable cosign signature.
     Malformed { problem: String },
 }
@@ -197,7 +202,27 @@ impl Verdict {
             Verdict::Unsigned => "unsigned".into(),
             Verdict::UntrustedKey => "signed by an untrusted key".into(),
             Verdict::DigestMismatch { signed } => format!("its signature is of another digest ({signed})"),
+            Verdict::ReferenceMismatch { reference } => {
+                format!(
+                    "signed for {reference}, not for this repository (the JukeBox requires the signed reference)"
+                )
+            }
             Verdict::Malformed { problem } => format!("malformed signature: {problem}"),
+        }
+    }
+
+    /// Under `spec.verify.requireReference`: a verified signature counts only
+    /// when its payload's `docker-reference` names `repository`
+    /// (`registry/path`, where the revision was found; its tag or digest
+    /// dropped, Docker Hub's host spellings taken as one). Simple signing
+    /// binds a digest, and the reference is the only part of the payload
+    /// that says where it was meant to be published.
+    pub fn bound_to(self, repository: &str) -> Verdict {
+        match self {
+            Verdict::Verified { reference, .. } if repository_of(&reference) != repository_of(repository) => {
+                Verdict::ReferenceMismatch { reference }
+            }
+            other => other,
         }
     }
 
@@ -209,7 +234,8 @@ impl Verdict {
     /// Preference when a revision has several signatures: the best one decides.
     fn rank(&self) -> u8 {
         match self {
-            Verdict::Verified { .. } => 5,
+            Verdict::Verified { .. } => 6,
+            Verdict::ReferenceMismatch { .. } => 5,
             Verdict::DigestMismatch { .. } => 4,
             Verdict::UntrustedKey => 3,
             Verdict::Malformed { .. } => 2,
@@ -241,6 +267,24 @@ struct Identity {
 struct Image {
     #[serde(rename = "docker-manifest-digest")]
     docker_manifest_digest: String,
+}
+
+/// The repository a Docker reference names: without its tag or digest,
+/// Docker Hub's hosts as `docker.io`, its official images under `library/`.
+fn repository_of(reference: &str) -> String {
+    let name = reference.split('@').next().unwrap_or(reference);
+    let name = match name.rsplit_once(':') {
+        Some((name, tag)) if !tag.contains('/') => name,
+        _ => name,
+    };
+    let (host, path) = name.split_once('/').unwrap_or(("docker.io", name));
+    match host {
+        "docker.io" | "index.docker.io" | "registry-1.docker.io" if !path.contains('/') => {
+            format!("docker.io/library/{path}")
+        }
+        "docker.io" | "index.docker.io" | "registry-1.docker.io" => format!("docker.io/{path}"),
+        host => format!("{host}/{path}"),
+    }
 }
 
 /// The verdict on the revision at `subject_digest`, whose `.sig` manifest
@@ -454,5 +498,36 @@ JsB89BPhZYch0U0hKANx5TY+ncrm0s8bfJxxHoenAEFhwhuXeb4PqIrtoQ==
         let evidence = cosign_evidence();
         let text = serde_json::to_string(&evidence).unwrap();
         assert_eq!(serde_json::from_str::<Evidence>(&text).unwrap(), evidence);
+    }
+
+    /// `spec.verify.requireReference`: sigstore-rs' vector, signed for
+    /// `registry-testing.svc.lan/busybox`, counts only there (its tag or
+    /// digest aside); Docker Hub's spellings of one repository are one.
+    #[test]
+    fn a_required_reference_binds_a_verified_signature_to_its_repository() {
+        let keys = Keyring::parse([("cosign", COSIGN_PUBLIC_KEY)]).unwrap();
+        let verdict = verify(COSIGN_DIGEST, Some(&cosign_evidence()), &keys);
+        assert!(verdict.is_verified(), "{verdict:?}");
+        for found_in in [
+            COSIGN_REFERENCE,
+            "registry-testing.svc.lan/busybox:1.36",
+            "registry-testing.svc.lan/busybox@sha256:00",
+        ] {
+            assert!(verdict.clone().bound_to(found_in).is_verified(), "{found_in}");
+        }
+        for elsewhere in
+            ["registry-testing.svc.lan/other", "evil.example/busybox", "registry-testing.svc.lan/busybox/x"]
+        {
+            assert_eq!(
+                verdict.clone().bound_to(elsewhere),
+                Verdict::ReferenceMismatch { reference: COSIGN_REFERENCE.into() },
+                "{elsewhere}"
+            );
+        }
+        let hub = Verdict::Verified { key: "k".into(), reference: "index.docker.io/library/busybox".into() };
+        assert!(hub.clone().bound_to("docker.io/busybox").is_verified());
+        assert!(!hub.bound_to("docker.io/someone/busybox").is_verified());
+        // Only a verified signature is bound: any other verdict stays what it is.
+        assert_eq!(Verdict::UntrustedKey.bound_to("evil.example/x"), Verdict::UntrustedKey);
     }
 }

@@ -70,6 +70,14 @@ impl JukeboxBuilder {
         self
     }
 
+    /// Its signature policy requires the signed reference (`spec.verify.requireReference`).
+    pub fn require_reference(mut self) -> Self {
+        if let Some(verify) = self.verify.as_mut() {
+            verify["requireReference"] = json!(true);
+        }
+        self
+    }
+
     /// The object, as the API server and `serde_json` take it.
     pub fn json(&self) -> Value {
         let mut spec = json!({"schedule": self.schedule});

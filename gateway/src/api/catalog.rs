@@ -109,6 +109,8 @@ pub enum SignatureVerdict {
     UntrustedKey,
     DigestMismatch,
     Malformed,
+    /// Signed for another repository, and the JukeBox requires the signed reference.
+    ReferenceMismatch,
 }
 
 /// What the scanner found of a revision's cosign signature.
@@ -116,7 +118,7 @@ pub enum SignatureVerdict {
 pub struct Signature {
     pub verdict: SignatureVerdict,
     /// `verified`: the trusted key that signed it, and the signed payload's
-    /// `docker-reference`.
+    /// `docker-reference` (`reference_mismatch`: the reference only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -133,6 +135,7 @@ impl Signature {
             pb::SignatureVerdict::UntrustedKey => SignatureVerdict::UntrustedKey,
             pb::SignatureVerdict::DigestMismatch => SignatureVerdict::DigestMismatch,
             pb::SignatureVerdict::Malformed => SignatureVerdict::Malformed,
+            pb::SignatureVerdict::ReferenceMismatch => SignatureVerdict::ReferenceMismatch,
             pb::SignatureVerdict::Unspecified => return None,
         };
         Some(Self {

@@ -76,5 +76,5 @@ pub(crate) async fn read(
     let verdict = client.signature_verdict(repo, digest, &keys, true).await.map_err(|e| {
         LifecycleError::Unavailable(format!("registry, reading the signature of {repo}@{digest}: {e}"))
     })?;
-    Ok(Some(verdict))
+    Ok(Some(if policy.require_reference { verdict.bound_to(&repo.to_string()) } else { verdict }))
 }

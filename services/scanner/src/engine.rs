@@ -20,7 +20,7 @@ use vynil_rules::{
     scan::{Repository, RepositoryOutcome},
 };
 
-use vynil_rules::signature::{Keyring, Verdict};
+use vynil_rules::signature::Verdict;
 use vynil_store::{JukeboxRecord, source_of};
 
 use crate::signatures::Verification;
@@ -308,7 +308,7 @@ async fn scan_repository(
     let mut contents = Vec::new();
     let mut refused: Vec<Package> = Vec::new();
     let mut ahead: HashMap<String, AbortOnDropHandle<Result<Read, String>>> = HashMap::new();
-    let enforced = verification.filter(|v| v.enforced()).map(|v| (v.keys.clone(), signed.clone()));
+    let enforced = verification.filter(|v| v.enforced()).map(|v| (v.clone(), signed.clone()));
     let read = |tag: String| spawn_read(client, repo, tag, progress.clone(), enforced.clone());
     while let Some(tag) = builder.next_needed() {
         for next in builder.upcoming(settings.read_ahead.max(1)) {
@@ -351,7 +351,7 @@ async fn scan_repository(
         let package = Package::new(&repo.registry, &repo.repository, entry.tag.as_str(), content.clone());
         let signature = match (verdict, verification) {
             (Some(verdict), _) => Some(verdict.clone()),
-            (None, Some(v)) => Some(verdict_of(client, repo, digest, &v.keys, &signed).await?),
+            (None, Some(v)) => Some(verdict_of(client, repo, digest, v, &signed).await?),
             (None, None) => None,
         };
         packages.push(Package { signature, ..package.with_digest(digest) });
@@ -368,7 +368,7 @@ fn spawn_read(
     repo: &RepositoryRef,
     tag: String,
     progress: Arc<std::sync::Mutex<Progress>>,
-    enforced: Option<(Arc<Keyring>, Arc<HashSet<String>>)>,
+    enforced: Option<(Verification, Arc<HashSet<String>>)>,
 ) -> AbortOnDropHandle<Result<Read, String>> {
     let (client, repo) = (client.clone(), repo.clone());
     let task = async move {
@@ -380,8 +380,8 @@ fn spawn_read(
         }
         let Some(found) = found else { return Ok(None) };
         let verdict = match (&found.metadata, enforced) {
-            (ManifestMetadata::Vynil(_), Some((keys, signed))) => {
-                Some(verdict_of(&client, &repo, &found.digest, &keys, &signed).await?)
+            (ManifestMetadata::Vynil(_), Some((verification, signed))) => {
+                Some(verdict_of(&client, &repo, &found.digest, &verification, &signed).await?)
             }
             _ => None,
         };
@@ -390,17 +390,19 @@ fn spawn_read(
     AbortOnDropHandle::new(tokio::spawn(task.instrument(tracing::Span::current())))
 }
 
-/// The verdict on the revision at `digest` (`signed`: the `.sig` tags listed).
+/// The verdict on the revision at `digest` under `verification` (`signed`:
+/// the `.sig` tags listed).
 async fn verdict_of(
     client: &RegistryClient,
     repo: &RepositoryRef,
     digest: &str,
-    keys: &Keyring,
+    verification: &Verification,
     signed: &HashSet<String>,
 ) -> Result<Verdict, String> {
     let listed = vynil_registry::signature_tag(digest).is_some_and(|tag| signed.contains(&tag));
-    client
-        .signature_verdict(repo, digest, keys, listed)
+    let verdict = client
+        .signature_verdict(repo, digest, &verification.keys, listed)
         .await
-        .map_err(|e| format!("the signature of {repo}@{digest}: {e}"))
+        .map_err(|e| format!("the signature of {repo}@{digest}: {e}"))?;
+    Ok(if verification.require_reference { verdict.bound_to(&repo.to_string()) } else { verdict })
 }

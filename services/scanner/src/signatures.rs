@@ -17,6 +17,8 @@ use vynil_store::{JukeboxRecord, ScannerStore};
 pub struct Verification {
     pub mode: VerifyMode,
     pub keys: Arc<Keyring>,
+    /// `spec.verify.requireReference` (`Verdict::bound_to`).
+    pub require_reference: bool,
 }
 
 impl Verification {
@@ -39,5 +41,9 @@ pub async fn policy_of(
         None => None,
     };
     let keys = policy.keyring(secret.as_ref()).map_err(|e| coded_message("E_VERIFY_KEYS", &e.to_string()))?;
-    Ok(Some(Verification { mode: policy.mode(), keys: Arc::new(keys) }))
+    Ok(Some(Verification {
+        mode: policy.mode(),
+        keys: Arc::new(keys),
+        require_reference: policy.require_reference,
+    }))
 }

@@ -60,13 +60,19 @@ impl Harness {
 
     /// The JukeBox's file, with this signature policy.
     fn write_jukebox(&self, mode: &str, keys: &[(&str, &Signer)]) {
+        self.write_jukebox_with(mode, keys, false)
+    }
+
+    /// The JukeBox's file, with this signature policy (`reference`: it
+    /// requires the signed reference).
+    fn write_jukebox_with(&self, mode: &str, keys: &[(&str, &Signer)], reference: bool) {
         let pems: Vec<(&str, String)> = keys.iter().map(|(n, s)| (*n, s.public_pem())).collect();
         let pems: Vec<(&str, &str)> = pems.iter().map(|(n, p)| (*n, p.as_str())).collect();
-        JukeboxBuilder::new("box")
+        let builder = JukeboxBuilder::new("box")
             .list([format!("{}/{REPOSITORY}", self.front.host())])
-            .verify(mode, &pems)
-            .write_to(self.dir.path())
-            .unwrap();
+            .verify(mode, &pems);
+        let builder = if reference { builder.require_reference() } else { builder };
+        builder.write_to(self.dir.path()).unwrap();
     }
 
     async fn scan(&self) {
@@ -224,4 +230,47 @@ async fn a_rescan_reads_nothing_again_and_keys_rotate_without_reading_a_manifest
     assert!(deleted.status().is_success(), "{deleted:?}");
     h.scan().await;
     assert_eq!(h.verdicts().await["0.2.0"], Verdict::Unsigned);
+}
+
+/// #65 item 8, the attack: the release key signed a revision for another
+/// repository (its payload's `docker-reference`), and a pusher copies
+/// revision and signature here as 0.2.0. Simple signing binds the digest
+/// only, so the signature verifies; with `requireReference` the JukeBox
+/// counts it only for the repository it names, and 0.2.0 is not offered.
+#[tokio::test]
+async fn a_signature_made_for_another_repository_counts_only_without_require_reference() {
+    let trusted = Signer::from_label("release");
+    let h = Harness::start(RegistryServer::start().await.unwrap()).await;
+    let p = h.registry.publisher();
+    // Where the scanner finds it (through the counting front).
+    let here = format!("{}/{REPOSITORY}", h.front.host());
+    let first =
+        p.publish(REPOSITORY, &PackageSpec::new("sec", "app", PackageType::Tenant, "0.1.0")).await.unwrap();
+    let spec = PackageSpec::new("sec", "app", PackageType::Tenant, "0.2.0").min("0.1.0");
+    let copied = p.publish(REPOSITORY, &spec).await.unwrap();
+    p.sign(REPOSITORY, &first, &[SignatureLayer::by(&trusted, &here, &first)]).await.unwrap();
+    let elsewhere = "other.example/team/app";
+    p.sign(REPOSITORY, &copied, &[SignatureLayer::by(&trusted, elsewhere, &copied)]).await.unwrap();
+
+    h.write_jukebox("enforce", &[("release", &trusted)]);
+    h.scan().await;
+    let signed_elsewhere = Verdict::Verified { key: "release".into(), reference: elsewhere.into() };
+    assert_eq!(
+        h.verdicts().await.get("0.2.0"),
+        Some(&signed_elsewhere),
+        "simple signing binds the digest only"
+    );
+    assert_eq!(offered(&h.packages().await, VerifyMode::Enforce), Ok("0.2.0".into()));
+
+    h.write_jukebox_with("enforce", &[("release", &trusted)], true);
+    h.scan().await;
+    let verdicts = h.verdicts().await;
+    assert_eq!(verdicts.get("0.2.0"), Some(&Verdict::ReferenceMismatch { reference: elsewhere.into() }));
+    let signed_here = Verdict::Verified { key: "release".into(), reference: here.clone() };
+    assert_eq!(verdicts.get("0.1.0"), Some(&signed_here), "{verdicts:?}");
+    assert_eq!(
+        offered(&h.packages().await, VerifyMode::Enforce),
+        Ok("0.1.0".into()),
+        "the copy is not offered"
+    );
 }
