@@ -287,6 +287,19 @@ async fn a_session_of_vynilctl_scans_purges_explains_and_exits_with_the_document
     assert_eq!(code(&recalled), 0, "{}", text(&recalled));
     assert!(text(&recalled).contains("0.1.12 is recalled for JukeBox box"), "{}", text(&recalled));
     assert!(text(&recalled).contains("operator-user"), "who recalled it: {}", text(&recalled));
+    // #65 item 12: each recall change is in the audit trail, an Event on the JukeBox naming who.
+    let audited = |reason: &'static str| {
+        let api = &stack.api;
+        async move {
+            let events = api.objects("events.k8s.io", "events");
+            events.into_iter().find(|e| e["reason"] == reason && e["regarding"]["name"] == "box")
+        }
+    };
+    let trail = eventually("the RevisionRecalled Event", || audited("RevisionRecalled")).await;
+    assert!(
+        trail["note"].as_str().is_some_and(|n| n.contains("operator-user") && n.contains("0.1.12")),
+        "{trail}"
+    );
     let shown = eventually("the recall in the catalog", || async {
         let table = vynilctl(&["catalog", "show", "box"], &env).await;
         text(&table).contains("recalled: leaks memory").then_some(table)
@@ -310,6 +323,8 @@ async fn a_session_of_vynilctl_scans_purges_explains_and_exits_with_the_document
     let lifted = vynilctl(&["jukebox", "lift-recall", "box", "0.1.12"], &as_operator).await;
     assert_eq!(code(&lifted), 0, "{}", text(&lifted));
     assert!(text(&lifted).contains("0.1.12 is no longer recalled"), "{}", text(&lifted));
+    let trail = eventually("the RecallLifted Event", || audited("RecallLifted")).await;
+    assert!(trail["note"].as_str().is_some_and(|n| n.contains("operator-user")), "{trail}");
     let again = vynilctl(&["jukebox", "lift-recall", "box", "0.1.12"], &as_operator).await;
     assert_eq!(code(&again), 1, "not recalled any more: {}", text(&again));
 

@@ -92,8 +92,9 @@ impl ScannerService {
         &self,
         jukebox: &str,
         change: &RecallChange,
+        actor: &str,
     ) -> Result<Response<RecallResponse>, Status> {
-        let recalls = self.scanner.change_recalls(jukebox, change).await?;
+        let recalls = self.scanner.change_recalls(jukebox, change, actor).await?;
         let recalls = recalls
             .into_iter()
             .map(|r| pb::RecalledRevision {
@@ -190,23 +191,25 @@ impl ScannerApi for ScannerService {
         // Every instance of the JukeBox is concerned: the gateway decides who may.
         let caller = self.trust.privileged(&request, "Recall").map_err(|e| e.to_status())?;
         let request = request.into_inner();
+        let by = caller.recorded(&request.caller);
         let change = RecallChange::Recall(vynil_crds::RecalledRevision {
             tag: request.tag,
             reason: request.reason,
             move_away: request.move_away,
-            by: caller.recorded(&request.caller),
+            by: by.clone(),
             at: vynil_crds::condition::rfc3339_seconds(jiff::Timestamp::now()),
         });
-        self.recalls(&request.jukebox, &change).await
+        self.recalls(&request.jukebox, &change, &by).await
     }
 
     async fn lift_recall(
         &self,
         request: Request<LiftRecallRequest>,
     ) -> Result<Response<RecallResponse>, Status> {
-        self.trust.privileged(&request, "LiftRecall").map_err(|e| e.to_status())?;
+        let caller = self.trust.privileged(&request, "LiftRecall").map_err(|e| e.to_status())?;
         let request = request.into_inner();
-        self.recalls(&request.jukebox, &RecallChange::Lift(request.tag)).await
+        let by = caller.recorded(&request.caller);
+        self.recalls(&request.jukebox, &RecallChange::Lift(request.tag), &by).await
     }
 
     async fn get_scan(&self, request: Request<GetScanRequest>) -> Result<Response<ScanStatus>, Status> {

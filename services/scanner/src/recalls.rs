@@ -57,10 +57,13 @@ impl RecallChange {
 
 impl Scanner {
     /// Makes `change` to JukeBox `jukebox`'s recalls; answers them as read back.
+    /// Makes `change`, asked by `actor`, read back, and says so in the audit
+    /// trail: an Event on the JukeBox and a `vynil::audit` log line.
     pub async fn change_recalls(
         &self,
         jukebox: &str,
         change: &RecallChange,
+        actor: &str,
     ) -> Result<Vec<RecalledRevision>, ScannerError> {
         for _ in 0..TRIES {
             let record = self.store.get(jukebox).await?.ok_or_else(|| {
@@ -76,7 +79,7 @@ impl Scanner {
             let read = self.store.get(jukebox).await?.map(|r| r.spec.recalls);
             return match read {
                 Some(read) if read == wanted => {
-                    tracing::info!(%jukebox, ?change, "recalls changed");
+                    self.audit(jukebox, change, actor).await;
                     Ok(read)
                 }
                 _ => Err(ScannerError::Store(format!(
@@ -85,5 +88,19 @@ impl Scanner {
             };
         }
         Err(ScannerError::Conflict(format!("JukeBox {jukebox}")))
+    }
+
+    async fn audit(&self, jukebox: &str, change: &RecallChange, actor: &str) {
+        let (reason, warning, note) = match change {
+            RecallChange::Recall(recall) => {
+                let moving = if recall.move_away { ", moving its instances away" } else { "" };
+                let note = format!("{actor} recalled {}{moving}: {}", recall.tag, recall.reason);
+                ("RevisionRecalled", true, note)
+            }
+            RecallChange::Lift(tag) => ("RecallLifted", false, format!("{actor} lifted the recall of {tag}")),
+        };
+        tracing::info!(target: "vynil::audit", reason, actor, kind = "JukeBox", name = %jukebox, %note, "recalls changed");
+        let event = vynil_store::JukeboxEvent { warning, reason, action: "Recall", note };
+        self.store.record_event(jukebox, &event).await;
     }
 }
