@@ -45,8 +45,11 @@ pub async fn read(
         return Ok((instance.per_ledger(&Ledger::default()), UpgradeRecord::default()));
     };
     let record = context.upgrades.read(&uid).await?;
-    // Met by a previous release (a rolling update): its status was ours to write.
-    let adoptable = !record.holds_ledger() && (record.exists() || taken_over(&instance, context).await?);
+    // Adopted from its status once: a record without a ledger (a previous
+    // release's, whose status that release wrote), or no record at all for
+    // an instance created before the takeover.
+    let adoptable =
+        !record.holds_ledger() && (record.exists() || created_before_takeover(&instance, context).await?);
     if !adoptable {
         // Met before, or created since the takeover: nothing to adopt.
         let instance = instance.per_ledger(&record.ledger);
@@ -74,7 +77,7 @@ pub async fn read(
 
 /// Whether `instance` was created before lifecycle took the cluster over
 /// (one created at the same second counts: the takeover time is to the second).
-async fn taken_over(instance: &Instance, context: &Context) -> Result<bool, LifecycleError> {
+async fn created_before_takeover(instance: &Instance, context: &Context) -> Result<bool, LifecycleError> {
     let Some(created) = instance.created else { return Ok(false) };
     let at = context.upgrades.taken_over_at().await?;
     Ok(created.as_second() <= at.as_second())
