@@ -211,8 +211,7 @@ pub fn held_back(packages: &[Package], query: &InstallQuery, selected: &Package)
     let floor = Tag::parse(&selected.tag);
     let mut newer: Vec<(Option<Tag>, Withheld)> = packages
         .iter()
-        .filter(|p| p.category() == query.category && p.name() == query.name)
-        .filter(|p| p.package_type() == query.package_type)
+        .filter(|p| p.is_of(query.category, query.name, query.package_type))
         .filter_map(|p| {
             let tag = Tag::parse(&p.tag);
             let above = match (&tag, &floor) {

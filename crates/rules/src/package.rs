@@ -228,6 +228,12 @@ impl Package {
     pub fn package_type(&self) -> PackageType {
         self.content.metadata.package_type
     }
+
+    /// Whether this is a revision of `category/name` of `package_type`: what
+    /// an instance of that package and kind may install.
+    pub fn is_of(&self, category: &str, name: &str, package_type: PackageType) -> bool {
+        self.category() == category && self.name() == name && self.package_type() == package_type
+    }
 }
 
 const REQUIREMENT_KINDS: &[&str] = &[

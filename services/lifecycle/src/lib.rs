@@ -241,15 +241,15 @@ pub async fn run_with_client(
     let (metrics, exported) = metrics::LifecycleMetrics::register();
     let context = Arc::new(context::Context::new(client, stores.clone(), metrics.clone(), settings));
     let service = LifecycleService::running(context.clone(), exported);
+    let mut tasks = tokio::task::JoinSet::new();
+    tasks.spawn(watching);
     let recorder = context.clone();
-    tokio::spawn(async move {
+    tasks.spawn(async move {
         // Recorded as soon as may be (`crate::ledger`); else at the first meeting.
         if let Err(error) = recorder.upgrades.taken_over_at().await {
             tracing::warn!(%error, "the takeover time is not recorded yet: the first reconcile records it");
         }
     });
-    let mut tasks = tokio::task::JoinSet::new();
-    tasks.spawn(watching);
     for (kind, controller) in controllers {
         tasks.spawn(controller::run(controller, kind, context.clone(), stop.signaled()));
     }

@@ -27,7 +27,7 @@ use crate::{
 };
 
 /// What the planner reads, gathered for `instance` as its record `upgrades`
-/// says it stands (`crate::standing`; also serves `Explain`).
+/// says it stands (`crate::ledger`; also serves `Explain`).
 pub async fn observe(
     instance: &Instance,
     upgrades: UpgradeRecord,
@@ -222,11 +222,7 @@ pub(crate) async fn init_version(
     let listed = jukebox
         .as_deref()
         .and_then(|j| crate::jukeboxes::listed(j, &package.registry, &package.image, &version))
-        .filter(|p| {
-            let meta = &p.content.metadata;
-            (meta.category.as_str(), meta.name.as_str(), meta.package_type)
-                == (instance.category.as_str(), instance.package.as_str(), instance.kind.package_type())
-        });
+        .filter(|p| p.is_of(&instance.category, &instance.package, instance.kind.package_type()));
     let (found, verdict) = match listed {
         Some(p) => (InitVersion::Found { tag: version, digest: p.digest.clone() }, p.signature.clone()),
         None => {
