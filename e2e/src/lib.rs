@@ -178,6 +178,8 @@ impl Stack {
             "--kubernetes",
             "--catalog-endpoint",
             &format!("http://{catalog}"),
+            "--scanner-endpoint",
+            &format!("http://{scanner}"),
             "--namespace",
             "vynil-system",
             "--insecure-registry",

@@ -330,7 +330,7 @@ fn the_network_policies_allow_exactly_the_calls_of_the_design() {
     let call = |from: &str, to: &str, port: i64| (from.to_string(), to.to_string(), port);
     assert_eq!(egress_of(&objects), egress_design(), "egress: exactly the design's calls, DNS and HTTPS out");
     // The diagram of `docs/architecture.md`: humans → gateway → the four services; lifecycle →
-    // catalog (Resolve*, WatchCatalog); purger → lifecycle
+    // catalog (Resolve*, WatchCatalog) and scanner (NotifyPush, a moved tag); purger → lifecycle
     // (ListInstalledRevisions); the stateful services → Redis.
     let design = BTreeSet::from([
         call("anyone", "vynil-gateway", 8080),
@@ -339,6 +339,7 @@ fn the_network_policies_allow_exactly_the_calls_of_the_design() {
         call("vynil-gateway", "vynil-purger", 50053),
         call("vynil-gateway", "vynil-lifecycle", 50054),
         call("vynil-lifecycle", "vynil-catalog", 50051),
+        call("vynil-lifecycle", "vynil-scanner", 50052),
         call("vynil-purger", "vynil-lifecycle", 50054),
         call("vynil-catalog", "vynil-redis", 6379),
         call("vynil-scanner", "vynil-redis", 6379),
@@ -413,6 +414,7 @@ fn egress_design() -> BTreeSet<(String, String, i64)> {
         call("vynil-gateway", "vynil-purger", 50053),
         call("vynil-gateway", "vynil-lifecycle", 50054),
         call("vynil-lifecycle", "vynil-catalog", 50051),
+        call("vynil-lifecycle", "vynil-scanner", 50052),
         call("vynil-purger", "vynil-lifecycle", 50054),
         call("vynil-catalog", "vynil-redis", 6379),
         call("vynil-scanner", "vynil-redis", 6379),

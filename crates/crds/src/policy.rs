@@ -37,15 +37,41 @@ pub struct UpgradePolicy {
 }
 
 /// One wave of a JukeBox's rollout (`docs/lifecycle.md`, "Waves").
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
 pub struct UpgradeWave {
     pub name: String,
-    /// Labels its instances carry, all of them.
-    #[serde(default)]
+    /// Labels the namespaces of its instances carry, all of them: the
+    /// operator's, never the tenants' (#65 item 4).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub namespaces: std::collections::BTreeMap<String, String>,
+    /// Refused when set: an earlier release matched it with the instances'
+    /// own labels, which their tenants write (use `namespaces`).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub selector: std::collections::BTreeMap<String, String>,
     /// How long its instances run a revision before the next wave starts (`1h`, `0s`).
     #[serde(default = "no_soak")]
     pub soak: String,
+    /// How long its instances that never start a revision (suspended, held,
+    /// never installed) hold the next waves (`24h` when unset).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub patience: Option<String>,
+}
+
+impl UpgradeWave {
+    /// The rules' wave, checked: a selector of the instances' own labels is
+    /// refused, never read (a tenant would choose its wave).
+    fn rules(&self) -> Result<vynil_rules::upgrade::waves::Wave, RulesError> {
+        if !self.selector.is_empty() {
+            return Err(RulesError::UpgradePolicy {
+                field: "wave selector",
+                value: format!("{} {:?}", self.name, self.selector),
+                problem: "it selects instances by their own labels, which their tenants write".into(),
+                hint: "select the labels of their namespaces with `namespaces` instead",
+            });
+        }
+        let patience = self.patience.as_deref();
+        vynil_rules::upgrade::waves::Wave::parse(&self.name, &self.namespaces, &self.soak, patience)
+    }
 }
 
 fn no_soak() -> String {
@@ -202,10 +228,7 @@ impl UpgradePolicy {
 
     /// The waves, checked; the first bad one says what to fix.
     pub fn waves(&self) -> Result<Vec<vynil_rules::upgrade::waves::Wave>, RulesError> {
-        self.waves
-            .iter()
-            .map(|w| vynil_rules::upgrade::waves::Wave::parse(&w.name, &w.selector, &w.soak))
-            .collect()
+        self.waves.iter().map(UpgradeWave::rules).collect()
     }
 
     /// The windows and freezes, checked; the first bad one says what to fix.
@@ -234,8 +257,9 @@ mod tests {
             |s: &str| MaintenanceWindow { schedule: s.into(), zone: "UTC".into(), duration: "1h".into() };
         let wave = |name: &str| UpgradeWave {
             name: name.into(),
-            selector: [("wave".to_string(), name.to_string())].into(),
+            namespaces: [("wave".to_string(), name.to_string())].into(),
             soak: "1h".into(),
+            ..UpgradeWave::default()
         };
         let freeze = |r: &str| UpgradeFreeze {
             from: "2026-01-01T00:00:00Z".into(),
@@ -272,5 +296,29 @@ mod tests {
         let lifted = UpgradePolicy::effective(Some(("box", &jukebox)), Some(&empty)).unwrap().policy;
         assert_eq!(lifted.freezes.len(), 1, "an empty policy of the instance lifts no freeze");
         assert_eq!(UpgradePolicy::effective(None, None), None);
+    }
+
+    #[test]
+    fn item_4_a_wave_of_the_instances_own_labels_is_refused_and_one_of_namespaces_read() {
+        // The attack: membership by the instance's own labels let a tenant
+        // join the canary wave (and hold every other tenant's rollout).
+        let mut policy = UpgradePolicy {
+            waves: vec![UpgradeWave {
+                name: "canary".into(),
+                selector: [("wave".to_string(), "canary".to_string())].into(),
+                soak: "1h".into(),
+                ..UpgradeWave::default()
+            }],
+            ..UpgradePolicy::default()
+        };
+        let refused = policy.waves().unwrap_err().to_string();
+        assert!(refused.contains("canary") && refused.contains("namespaces"), "{refused}");
+        policy.waves[0].namespaces = std::mem::take(&mut policy.waves[0].selector);
+        policy.waves[0].patience = Some("2h".into());
+        let waves = policy.waves().unwrap();
+        assert_eq!(waves[0].selector, policy.waves[0].namespaces);
+        assert_eq!(waves[0].patience, jiff::SignedDuration::from_hours(2));
+        let read: UpgradeWave = serde_json::from_value(serde_json::json!({"name": "w"})).unwrap();
+        assert_eq!(read.rules().unwrap().patience, vynil_rules::upgrade::waves::DEFAULT_PATIENCE);
     }
 }

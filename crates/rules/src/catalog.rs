@@ -41,6 +41,9 @@ pub enum CatalogRole {
     /// It fails the JukeBox's signature policy ([`crate::signature`]):
     /// never selected under `enforce`, marked under `warn`.
     Unverified { verdict: Verdict, enforced: bool },
+    /// Its verified digest is also these other version tags' (a re-tag:
+    /// [`crate::signature::same_verified_digest`]).
+    SameDigest { tags: Vec<String> },
 }
 
 impl CatalogRole {
@@ -56,6 +59,12 @@ impl CatalogRole {
             CatalogRole::Unverified { verdict, enforced: true } => format!("refused: {}", verdict.describe()),
             CatalogRole::Unverified { verdict, enforced: false } => {
                 format!("unverified: {}", verdict.describe())
+            }
+            CatalogRole::SameDigest { tags } => {
+                format!(
+                    "the same signed bytes as {}: a re-tag, make sure it is the version you mean",
+                    tags.join(", ")
+                )
             }
         }
     }
@@ -127,6 +136,10 @@ pub fn roles_under(
         let verdict = verdict(package);
         if !verdict.is_verified() {
             roles.push(CatalogRole::Unverified { verdict, enforced });
+        }
+        let same = crate::signature::same_verified_digest(packages, package);
+        if !same.is_empty() {
+            roles.push(CatalogRole::SameDigest { tags: same.into_iter().map(String::from).collect() });
         }
     }
     out
@@ -337,5 +350,25 @@ mod tests {
         let blocked = path.blocked.unwrap();
         assert_eq!(blocked.excluded_by, crate::selection::Exclusion::Type);
         assert!(blocked.reason.contains("only service: 0.1.10"), "{}", blocked.reason);
+    }
+
+    #[test]
+    fn item_8_a_verified_digest_under_two_version_tags_has_the_same_digest_role() {
+        let content = crate::PackageContent::minimal("apps", "web", PackageType::Tenant);
+        let signed = Verdict::Verified { key: "release".into(), reference: "r.example/apps/web".into() };
+        let packages: Vec<Package> =
+            [("0.9.0", "sha256:old"), ("0.2.0", "sha256:new"), ("0.1.0", "sha256:old")]
+                .into_iter()
+                .map(|(tag, digest)| {
+                    let mut p =
+                        Package::new("r.example", "apps/web", tag, content.clone()).with_digest(digest);
+                    p.signature = Some(signed.clone());
+                    p
+                })
+                .collect();
+        let roles = roles_under(&packages, &viewer(), Some(VerifyMode::Enforce));
+        assert!(roles[0].contains(&CatalogRole::SameDigest { tags: vec!["0.1.0".into()] }), "{:?}", roles[0]);
+        assert!(roles[1].iter().all(|r| !matches!(r, CatalogRole::SameDigest { .. })), "{:?}", roles[1]);
+        assert!(CatalogRole::SameDigest { tags: vec!["0.1.0".into()] }.describe().contains("re-tag"));
     }
 }

@@ -323,8 +323,9 @@ pub enum RecordedCheck {
 }
 
 impl RecordedCheck {
-    /// What a registry HEAD of the recorded tag says: `found` is the digest it
-    /// answered (`None`: the tag is gone). The tag must still point at the
+    /// What a registry HEAD of the recorded revision says — of its digest
+    /// (what every agent Job pulls), of its tag when none is recorded:
+    /// `found` is the digest it answered (`None`: gone). It must be the
     /// recorded digest; with none recorded, the tag existing is enough.
     pub fn from_head(recorded_digest: Option<&str>, found: Option<&str>) -> Self {
         match (recorded_digest, found) {

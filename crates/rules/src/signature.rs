@@ -388,6 +388,28 @@ mod base64_bytes {
     }
 }
 
+/// The other version tags of `of`'s repository that name its digest, when
+/// that digest is verified (#65 item 8): simple signing binds a digest,
+/// never a tag, so a pusher who re-tags an old signed revision as a new
+/// version makes the fleet "upgrade" to old content that still verifies.
+/// Not refused (a re-publication under a second tag is legitimate): shown
+/// on the catalog and in `Explain`, so that an operator can tell. In
+/// listing order; empty for an unverified revision or one without a digest.
+pub fn same_verified_digest<'a>(packages: &'a [crate::Package], of: &crate::Package) -> Vec<&'a str> {
+    let Some(digest) = of.digest.as_deref().filter(|d| !d.is_empty()) else { return Vec::new() };
+    if !of.signature.as_ref().is_some_and(Verdict::is_verified) {
+        return Vec::new();
+    }
+    let mut tags: Vec<&str> = packages
+        .iter()
+        .filter(|p| p.registry == of.registry && p.image == of.image && p.tag != of.tag)
+        .filter(|p| p.digest.as_deref() == Some(digest))
+        .map(|p| p.tag.as_str())
+        .collect();
+    tags.dedup();
+    tags
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -529,5 +551,37 @@ JsB89BPhZYch0U0hKANx5TY+ncrm0s8bfJxxHoenAEFhwhuXeb4PqIrtoQ==
         assert!(!hub.bound_to("docker.io/someone/busybox").is_verified());
         // Only a verified signature is bound: any other verdict stays what it is.
         assert_eq!(Verdict::UntrustedKey.bound_to("evil.example/x"), Verdict::UntrustedKey);
+    }
+
+    #[test]
+    fn item_8_a_verified_digest_under_two_version_tags_is_told_and_an_unverified_one_is_not() {
+        let content = crate::PackageContent::minimal("apps", "web", crate::PackageType::Tenant);
+        let at = |tag: &str, digest: &str, verified: bool| {
+            let mut p =
+                crate::Package::new("r.example", "apps/web", tag, content.clone()).with_digest(digest);
+            p.signature = Some(if verified {
+                Verdict::Verified { key: "release".into(), reference: "r.example/apps/web".into() }
+            } else {
+                Verdict::Unsigned
+            });
+            p
+        };
+        // The attack: 0.1.0 (known bugs, signed) pushed again as 0.9.0.
+        let packages = [
+            at("0.9.0", "sha256:old", true),
+            at("0.2.0", "sha256:new", true),
+            at("0.1.0", "sha256:old", true),
+        ];
+        assert_eq!(same_verified_digest(&packages, &packages[0]), ["0.1.0"]);
+        assert_eq!(same_verified_digest(&packages, &packages[2]), ["0.9.0"]);
+        assert!(same_verified_digest(&packages, &packages[1]).is_empty());
+        let mut elsewhere = at("0.1.0", "sha256:old", true);
+        elsewhere.image = "apps/other".into();
+        assert!(
+            same_verified_digest(&[packages[0].clone(), elsewhere], &packages[0]).is_empty(),
+            "one repository"
+        );
+        let unsigned = [at("0.9.0", "sha256:old", false), at("0.1.0", "sha256:old", false)];
+        assert!(same_verified_digest(&unsigned, &unsigned[0]).is_empty(), "only a verified digest is told");
     }
 }

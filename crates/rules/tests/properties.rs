@@ -860,20 +860,24 @@ mod waves {
     const TAGS: [&str; 3] = ["0.1.0", "0.2.0", "0.3.0"];
 
     /// An instance: its wave label (or none), the tag it runs, hours since it
-    /// was installed, whether 0.3.0 is quarantined for it.
-    type Drawn = (Option<u8>, usize, i64, bool);
+    /// was installed, whether 0.3.0 is quarantined for it, whether its Job
+    /// for 0.3.0 started.
+    type Drawn = (Option<u8>, usize, i64, bool, bool);
 
     fn drawn() -> impl Strategy<Value = Drawn> {
-        (prop::option::of(0u8..3), 0usize..3, 0i64..6, prop::bool::weighted(0.1))
+        (prop::option::of(0u8..3), 0usize..3, 0i64..6, prop::bool::weighted(0.1), prop::bool::weighted(0.2))
     }
 
-    fn waves(soaks: &[i64]) -> Vec<Wave> {
-        soaks
+    /// Waves of these soak and patience hours.
+    fn waves(hours: &[(i64, i64)]) -> Vec<Wave> {
+        hours
             .iter()
             .enumerate()
-            .map(|(i, hours)| {
+            .map(|(i, (soak, patience))| {
                 let selector = BTreeMap::from([("wave".to_string(), i.to_string())]);
-                Wave { name: format!("w{i}"), selector, soak: SignedDuration::from_hours(*hours) }
+                let (soak, patience) =
+                    (SignedDuration::from_hours(*soak), SignedDuration::from_hours(*patience));
+                Wave { name: format!("w{i}"), selector, soak, patience }
             })
             .collect()
     }
@@ -881,22 +885,26 @@ mod waves {
     proptest! {
         #![proptest_config(ProptestConfig { cases: 2_000, ..ProptestConfig::default() })]
 
-        /// (l) The wave order is a function of labels alone, so the gate does
-        /// not depend on the order instances are listed in; it never opens
-        /// while an instance of an earlier wave does not run the revision or
-        /// failed to upgrade to it; and it is monotone in time.
+        /// (l) The wave order is a function of (namespace) labels alone, so
+        /// the gate does not depend on the order instances are listed in; it
+        /// never opens while an instance of an earlier wave failed to upgrade
+        /// to the revision, or started to and is not there yet, nor while one
+        /// that never started it is within its wave's patience; and it is
+        /// monotone in time.
         #[test]
         fn the_wave_gate_follows_labels_alone_and_is_monotone_in_time(
-            soaks in prop::collection::vec(0i64..4, 0..3),
+            hours in prop::collection::vec((0i64..4, 0i64..8), 0..3),
             fleet in prop::collection::vec(drawn(), 0..8),
             mine in 0usize..4,
             shift in 0usize..8,
             later in 0i64..10,
+            available_hours_ago in 0i64..10,
         ) {
-            let waves = waves(&soaks);
+            let waves = waves(&hours);
             // An instance's wave is one of the listed ones or the rest after them.
             let mine = mine.min(waves.len());
             let now: Timestamp = "2026-12-05T12:00:00Z".parse().unwrap();
+            let available = now - SignedDuration::from_hours(available_hours_ago);
             let labels: Vec<BTreeMap<String, String>> = fleet
                 .iter()
                 .map(|(wave, ..)| wave.map(|w| BTreeMap::from([("wave".to_string(), w.to_string())])).unwrap_or_default())
@@ -906,33 +914,42 @@ mod waves {
             let members: Vec<Member> = fleet
                 .iter()
                 .enumerate()
-                .map(|(i, (_, tag, hours, quarantined))| Member {
+                .map(|(i, (_, tag, hours, quarantined, started))| Member {
                     name: &names[i],
                     labels: &labels[i],
                     installed: Some(TAGS[*tag]),
                     installed_at: Some(now - SignedDuration::from_hours(*hours)),
+                    started: started.then_some("0.3.0"),
                     quarantined: if *quarantined { &failed } else { &[] },
                 })
                 .collect();
-            let gate = wave_gate(&waves, mine, "0.3.0", &members, now);
+            let gate = wave_gate(&waves, mine, "0.3.0", &members, available, now);
             let mut rotated = members.clone();
             if !rotated.is_empty() {
                 let by = shift % rotated.len();
                 rotated.rotate_left(by);
             }
-            prop_assert_eq!(&wave_gate(&waves, mine, "0.3.0", &rotated, now), &gate);
+            prop_assert_eq!(&wave_gate(&waves, mine, "0.3.0", &rotated, available, now), &gate);
             let earlier = |m: &Member| wave_of(&waves, m.labels) < mine;
-            let blocking = members.iter().filter(|m| earlier(m)).any(|m| m.installed != Some("0.3.0") || !m.quarantined.is_empty());
+            let patient = |m: &Member| available + waves[wave_of(&waves, m.labels)].patience > now;
+            let blocking = members.iter().filter(|m| earlier(m)).any(|m| {
+                let behind = m.installed != Some("0.3.0");
+                !m.quarantined.is_empty() || (behind && (m.started == Some("0.3.0") || patient(m)))
+            });
             if blocking {
-                prop_assert_ne!(&gate, &WaveGate::Open);
+                prop_assert!(!matches!(gate, WaveGate::Open { .. }), "{:?}", gate);
             }
-            let after = now + SignedDuration::from_hours(later);
-            if gate == WaveGate::Open {
-                prop_assert_eq!(wave_gate(&waves, mine, "0.3.0", &members, after), WaveGate::Open);
+            if let WaveGate::Open { skipped } = &gate {
+                // Only never-started members are skipped, each named once.
+                for m in members.iter().filter(|m| earlier(m) && m.installed != Some("0.3.0")) {
+                    prop_assert_eq!(skipped.iter().filter(|s| s.starts_with(&format!("{} ", m.name))).count(), 1);
+                }
+                let after = now + SignedDuration::from_hours(later);
+                prop_assert_eq!(&wave_gate(&waves, mine, "0.3.0", &members, available, after), &gate);
             }
-            // A soak that ends is over: the gate then opens or waits for a later wave.
+            // A soak or patience that ends is over: the gate then opens or waits for a later wave.
             if let WaveGate::Wait { until: Some(until), .. } = &gate {
-                prop_assert_ne!(&wave_gate(&waves, mine, "0.3.0", &members, *until), &gate);
+                prop_assert_ne!(&wave_gate(&waves, mine, "0.3.0", &members, available, *until), &gate);
             }
         }
     }
@@ -1174,17 +1191,19 @@ mod fail_closed {
             now in instant(),
         ) {
             let selector = BTreeMap::from([("wave".to_string(), "canary".to_string())]);
-            let waves = [Wave { name: "canary".into(), selector: selector.clone(), soak: SignedDuration::from_secs(soak) }];
+            let soak = SignedDuration::from_secs(soak);
+            let waves = [Wave { name: "canary".into(), selector: selector.clone(), soak, patience: SignedDuration::ZERO }];
+            let soak = soak.as_secs();
             let names: Vec<String> = (0..installed_hours_ago.len()).map(|i| format!("c{i}")).collect();
             let at: Vec<Timestamp> = installed_hours_ago.iter().map(|h| now.checked_sub(SignedDuration::from_hours(*h)).unwrap_or(now)).collect();
             let members: Vec<Member> = names
                 .iter()
                 .zip(&at)
-                .map(|(name, at)| Member { name, labels: &selector, installed: Some("2.0.0"), installed_at: Some(*at), quarantined: &[] })
+                .map(|(name, at)| Member { name, labels: &selector, installed: Some("2.0.0"), installed_at: Some(*at), started: None, quarantined: &[] })
                 .collect();
             let last = at.iter().max().unwrap();
             let soaked = i128::from(now.as_second()) - i128::from(last.as_second()) >= i128::from(soak);
-            if wave_gate(&waves, 1, "2.0.0", &members, now) == WaveGate::Open {
+            if matches!(wave_gate(&waves, 1, "2.0.0", &members, now, now), WaveGate::Open { .. }) {
                 prop_assert!(soaked, "open {}s after the last install, soak {}s", now.as_second() - last.as_second(), soak);
             }
         }

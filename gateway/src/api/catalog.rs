@@ -98,6 +98,9 @@ pub enum RoleKind {
     /// It fails the JukeBox's signature policy (`reason`: the verdict):
     /// never installed or upgraded to when `enforced`, marked otherwise.
     Unverified,
+    /// Its verified digest is also other version tags' (`reason`: those
+    /// tags): a re-tag, perhaps of an old signed revision as a new version.
+    SameDigest,
 }
 
 /// A revision's signature verdict under its JukeBox's `spec.verify`.
@@ -225,6 +228,7 @@ impl From<pb::Package> for Package {
                         Ok(pb::RoleKind::NewestOfType) => RoleKind::NewestOfType,
                         Ok(pb::RoleKind::Recalled) => RoleKind::Recalled,
                         Ok(pb::RoleKind::Unverified) => RoleKind::Unverified,
+                        Ok(pb::RoleKind::SameDigest) => RoleKind::SameDigest,
                         _ => RoleKind::Head,
                     },
                     minimum: non_empty(r.minimum),

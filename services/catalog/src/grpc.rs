@@ -48,10 +48,12 @@ fn role_to_proto(role: &CatalogRole) -> pb::RevisionRole {
         CatalogRole::NewestOfType(t) => (pb::RoleKind::NewestOfType, String::new(), Some(*t)),
         CatalogRole::Recalled { .. } => (pb::RoleKind::Recalled, String::new(), None),
         CatalogRole::Unverified { .. } => (pb::RoleKind::Unverified, String::new(), None),
+        CatalogRole::SameDigest { .. } => (pb::RoleKind::SameDigest, String::new(), None),
     };
     let (reason, move_away, enforced) = match role {
         CatalogRole::Recalled { reason, move_away } => (reason.clone(), *move_away, false),
         CatalogRole::Unverified { verdict, enforced } => (verdict.describe(), false, *enforced),
+        CatalogRole::SameDigest { tags } => (tags.join(", "), false, false),
         _ => (String::new(), false, false),
     };
     pb::RevisionRole {
@@ -466,6 +468,8 @@ fn policy_to_proto(policy: &vynil_crds::UpgradePolicy) -> pb::UpgradePolicy {
                 name: w.name.clone(),
                 selector: w.selector.clone().into_iter().collect(),
                 soak: w.soak.clone(),
+                namespaces: w.namespaces.clone().into_iter().collect(),
+                patience: w.patience.clone().unwrap_or_default(),
             })
             .collect(),
     }

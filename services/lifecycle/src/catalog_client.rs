@@ -185,6 +185,8 @@ fn policy_from_proto(policy: pb::UpgradePolicy) -> vynil_crds::UpgradePolicy {
                 name: w.name,
                 selector: w.selector.into_iter().collect(),
                 soak: w.soak,
+                namespaces: w.namespaces.into_iter().collect(),
+                patience: Some(w.patience).filter(|p| !p.is_empty()),
             })
             .collect(),
     }

@@ -22,6 +22,11 @@ pub struct Config {
     /// The catalog service (`ResolveInstall`); required with `--kubernetes`.
     #[arg(long, env = "VYNIL_CATALOG_ENDPOINT")]
     pub catalog_endpoint: Option<String>,
+    /// The scanner service (`NotifyPush`): asked for a scan of a repository
+    /// whose tag moved under a chosen digest; none: the JukeBox's schedule
+    /// brings the scan.
+    #[arg(long, env = "VYNIL_SCANNER_ENDPOINT")]
+    pub scanner_endpoint: Option<String>,
     /// Namespace of the agent Jobs and pull secrets; the client's default
     /// namespace (the pod's in a cluster) when absent.
     #[arg(long, env = "VYNIL_NAMESPACE")]

@@ -45,6 +45,7 @@ pub struct Context {
     /// Failed upgrades: quarantines and rollbacks (control plane's namespace).
     pub upgrades: Upgrades,
     pub catalog: Catalog,
+    pub(crate) scanner: Option<crate::scanner_client::Scanner>,
     pub(crate) registry: RegistryClient,
     pub agent: AgentSettings,
     pub framework: semver::Version,
@@ -83,6 +84,8 @@ impl std::fmt::Debug for Context {
 pub struct Settings {
     pub namespace: String,
     pub catalog: Catalog,
+    /// The scanner, when `--scanner-endpoint` names it (`crate::scanner_client`).
+    pub scanner: Option<crate::scanner_client::Scanner>,
     pub registry: RegistryClient,
     pub agent: AgentSettings,
     pub framework: semver::Version,
@@ -133,6 +136,7 @@ impl Context {
             recorders: Recorders::new(&client, &settings.reporter),
             client,
             catalog: settings.catalog,
+            scanner: settings.scanner,
             registry: settings.registry,
             agent: settings.agent,
             framework: settings.framework,

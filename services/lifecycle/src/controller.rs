@@ -315,6 +315,7 @@ mod tests {
             service: store(InstanceKind::Service),
             system: store(InstanceKind::System),
             jukeboxes: kube::runtime::reflector::store::Writer::default().as_reader(),
+            namespaces: kube::runtime::reflector::store::Writer::default().as_reader(),
         };
         let (metrics, _) = LifecycleMetrics::register();
         let registry = RegistryClient::new(
@@ -327,6 +328,7 @@ mod tests {
             namespace: "vynil-system".into(),
             // Nothing listens here: a scenario that reached the catalog would fail.
             catalog: Catalog::connect("http://127.0.0.1:1").unwrap(),
+            scanner: None,
             registry,
             agent: AgentSettings::default(),
             framework: semver::Version::new(0, 7, 7),

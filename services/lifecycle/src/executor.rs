@@ -58,11 +58,8 @@ pub(crate) async fn execute(
                 );
                 conditions_changed |= set_condition(&mut conditions, condition);
             }
-            Step::Event { warning, reason, note } => {
-                context.publish(object, instance.kind, warning, reason, note).await;
-            }
-            Step::JukeboxWarning { reason, note } => {
-                context.publish_on_jukebox(&instance.jukebox, reason, note).await;
+            step @ (Step::Event { .. } | Step::JukeboxWarning { .. } | Step::Audited { .. }) => {
+                announce(step, (instance, object), context).await
             }
             Step::RemoveForceReinstall => {
                 resource_version = remove_force_reinstall(&api, instance, object, context).await?
@@ -127,6 +124,23 @@ async fn remove_force_reinstall(
     let note = "a forced run (vynil.solidite.fr/force-reinstall): the agent Job runs again now".to_string();
     context.audit(object, instance.kind, false, ("ForcedRun", actor), note).await;
     Ok(written.resource_version())
+}
+
+/// An Event (on the instance or its JukeBox), with its audit line when it
+/// overrides a gate; best effort, as every Event.
+async fn announce(step: Step, (instance, object): (&Instance, &DynamicObject), context: &Context) {
+    match step {
+        Step::Event { warning, reason, note } => {
+            context.publish(object, instance.kind, warning, reason, note).await
+        }
+        Step::JukeboxWarning { reason, note } => {
+            context.publish_on_jukebox(&instance.jukebox, reason, note).await
+        }
+        Step::Audited { warning, reason, actor, note } => {
+            context.audit(object, instance.kind, warning, (reason, actor), note).await
+        }
+        _ => {}
+    }
 }
 
 /// Writes a status `patch` and reads back the fingerprint at `recorded`'s
@@ -277,6 +291,18 @@ pub(crate) async fn create_agent_job(
     context: &Context,
 ) -> Result<(), LifecycleError> {
     warn_if_tag_moved(instance, object, request, context).await;
+    refuse_if_digest_gone((instance, object), request, context).await?;
+    if action == JobAction::Install {
+        refuse_if_unverified((instance, object), request, context).await?;
+    }
+    if let (Some(recorded), Some(digest)) = (&instance.status.package, &request.digest)
+        && recorded.digest.is_none()
+        && (recorded.registry.as_str(), recorded.image.as_str(), recorded.tag.as_str())
+            == (request.registry.as_str(), request.image.as_str(), request.tag.as_str())
+    {
+        // Resolved once, recorded before the Job: a retry pulls the same bytes.
+        context.upgrades.pinned(uid_of(instance)?, &instance.reference(), &recorded.tag, digest).await?;
+    }
     let rendered = job::render(
         &context.agent,
         job_name,
@@ -307,11 +333,91 @@ async fn warn_if_tag_moved(
     let Ok(Some(now)) = client.head_digest(&repo, &request.tag).await else { return };
     if now != *chosen {
         let (registry, image, tag) = (&request.registry, &request.image, &request.tag);
+        let asked = match &context.scanner {
+            Some(scanner) => match scanner.rescan(registry, image, tag).await {
+                Ok(scans) => format!("a scan of the repository was asked ({scans} JukeBox(es))"),
+                Err(error) => {
+                    tracing::warn!(%error, "asking a scan of a moved tag's repository");
+                    "the JukeBox's next scan considers the new bytes (the scanner could not be asked)".into()
+                }
+            },
+            None => "the JukeBox's next scan considers the new bytes".into(),
+        };
         let note = format!(
-            "the tag {tag} of {registry}/{image} now names {now}, not {chosen}, the digest chosen for this instance: the agent Job pulls {chosen} (a scan of the JukeBox considers the new bytes)"
+            "the tag {tag} of {registry}/{image} now names {now}, not {chosen}, the digest chosen for this instance: the agent Job pulls {chosen}; {asked}"
         );
         context.publish(object, instance.kind, true, "TagMoved", note).await;
     }
+}
+
+/// Before a Job pulls its chosen digest: that the registry still serves it.
+/// A digest gone (deleted, garbage-collected) would fail the Job's unpack
+/// on every retry: no Job, `[E_DIGEST_GONE] <digest>` (a Warning Event and
+/// the reconcile's reason), until a scan lists what the tag names now (an
+/// install chooses again) or the package is gone (a cleanup falls to
+/// `[E_PACKAGE_GONE]` and the escape hatch); a recorded revision's digest
+/// gone is the cleanup's own fall-through (`crate::observe::check_recorded`).
+/// An unreachable registry says nothing here: the Job's own pull decides.
+async fn refuse_if_digest_gone(
+    (instance, object): (&Instance, &DynamicObject),
+    request: &JobRequest,
+    context: &Context,
+) -> Result<(), LifecycleError> {
+    let Some(chosen) = &request.digest else { return Ok(()) };
+    let Ok(repo) = vynil_registry::RepositoryRef::new(&request.registry, &request.image) else {
+        return Ok(());
+    };
+    let Ok(client) = context.registry_for(request.pull_secret.as_deref()).await else { return Ok(()) };
+    let Ok(None) = client.head_digest(&repo, chosen).await else { return Ok(()) };
+    let why = vynil_crds::coded_message(
+        "E_DIGEST_GONE",
+        &format!(
+            "{chosen}: {}/{}:{} was chosen at this digest, which the registry no longer serves; no agent Job until a scan lists the revision again",
+            request.registry, request.image, request.tag
+        ),
+    );
+    context.publish(object, instance.kind, true, "DigestGone", why.clone()).await;
+    Err(LifecycleError::Pending { why, retry_after: std::time::Duration::from_secs(60) })
+}
+
+/// Under the JukeBox's enforced signature policy, the verdict of the digest
+/// an install Job pulls, read again from the registry's evidence with the
+/// JukeBox's keys (#65 item 6): the status's verdict chose it, but whoever
+/// could write that status (or, before, Redis) must not make the agent run
+/// bytes no trusted key signed. Unverified: no Job, `[E_UNVERIFIED]` (a
+/// Warning Event `SignatureRefused`). A delete Job is never refused (a
+/// removed key must not make an instance impossible to uninstall).
+async fn refuse_if_unverified(
+    (instance, object): (&Instance, &DynamicObject),
+    request: &JobRequest,
+    context: &Context,
+) -> Result<(), LifecycleError> {
+    let jukebox = crate::jukeboxes::of(instance, context).await?;
+    let enforced =
+        jukebox.and_then(|j| j.spec.verify.as_ref().map(|v| v.mode)) == Some(vynil_crds::VerifyMode::Enforce);
+    if !enforced {
+        return Ok(());
+    }
+    let verdict = match &request.digest {
+        Some(digest) => {
+            let repo = vynil_registry::RepositoryRef::new(&request.registry, &request.image)
+                .map_err(|e| LifecycleError::Invalid(e.to_string()))?;
+            crate::signatures::read(instance, &repo, digest, request.pull_secret.as_deref(), context).await?
+        }
+        None => Some(vynil_rules::signature::Verdict::Malformed { problem: "its digest is unknown".into() }),
+    };
+    let Some(verdict) = verdict.filter(|v| !v.is_verified()) else { return Ok(()) };
+    let why = vynil_crds::coded_message(
+        "E_UNVERIFIED",
+        &format!(
+            "{}:{}: {} (read again from the registry before its Job); no agent Job under the JukeBox's enforced signature policy",
+            request.image,
+            request.tag,
+            verdict.describe()
+        ),
+    );
+    context.publish(object, instance.kind, true, "SignatureRefused", why.clone()).await;
+    Err(LifecycleError::Pending { why, retry_after: std::time::Duration::from_secs(300) })
 }
 
 /// Writes a step into the instance's upgrade record (read back by its store).

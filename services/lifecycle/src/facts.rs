@@ -33,12 +33,44 @@ pub struct Stores {
     pub service: Store<DynamicObject>,
     pub system: Store<DynamicObject>,
     pub jukeboxes: Store<vynil_crds::JukeBox>,
+    /// Every namespace: their labels choose the waves (`crate::fleet`).
+    pub namespaces: Store<Namespace>,
 }
 
 impl std::fmt::Debug for Stores {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Stores").finish_non_exhaustive()
     }
+}
+
+/// A store of every object `api` lists, and the watch that fills it (run
+/// until `stop`; its errors are retried with backoff, logged as `what`).
+pub(crate) fn watched<K>(
+    api: Api<K>,
+    what: &'static str,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> (Store<K>, impl std::future::Future<Output = ()> + Send + 'static)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+{
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, reflector, watcher};
+    let (store, writer) = reflector::store();
+    let stream =
+        reflector::reflector(writer, watcher(api, Default::default())).default_backoff().touched_objects();
+    let run = async move {
+        let drained = stream.for_each(|event| async move {
+            if let Err(error) = event {
+                tracing::warn!(%error, "watching {what} (retried)");
+            }
+        });
+        tokio::select! {
+            () = drained => {}
+            () = stop => {}
+        }
+    };
+    (store, run)
 }
 
 impl Stores {

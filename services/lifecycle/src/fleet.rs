@@ -1,19 +1,23 @@
 //! The other instances of an instance's package, for waves
 //! (`vynil_rules::upgrade::waves`): read from the controller's own watch
-//! cache, with the revisions quarantined for each from the upgrade records.
-//! Read only when the JukeBox's policy has waves. And the watch mapper that
-//! wakes the instances behind one that moved: a canary installing a
-//! revision (or failing to) is what the waves after it wait for.
+//! cache, each with its namespace's labels (the operator's: a wave is
+//! chosen by them, never by the instance's own labels, which its tenant
+//! writes) and, from the upgrade records, what lifecycle credited, started
+//! and quarantined for it. Read only when the JukeBox's policy has waves.
+//! And the watch mapper that wakes the instances behind one that moved: a
+//! canary installing a revision (or failing to) is what the waves after it
+//! wait for.
 
 use std::{
     collections::{HashMap, HashSet},
     sync::{Arc, Mutex},
 };
 
+use k8s_openapi::api::core::v1::Namespace;
 use kube::{
-    ResourceExt,
+    Api, Client, ResourceExt,
     api::{ApiResource, DynamicObject},
-    runtime::reflector::ObjectRef,
+    runtime::reflector::{ObjectRef, Store},
 };
 
 use crate::{
@@ -31,13 +35,34 @@ fn installed_tag(object: &DynamicObject) -> Option<&str> {
     object.data.get("status")?.get("package")?.get("tag")?.as_str()
 }
 
+/// The namespaces (their labels choose the waves: small objects, whole, so
+/// any API server answers the watch), and the watch that fills the store
+/// (run until `stop`).
+pub fn watch_namespaces(
+    client: &Client,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> (Store<Namespace>, impl std::future::Future<Output = ()> + Send + 'static) {
+    crate::facts::watched(Api::<Namespace>::all(client.clone()), "namespaces", stop)
+}
+
 /// The instances of `instance`'s package in its JukeBox (itself included),
-/// as the waves need them.
+/// as the waves need them. Until the namespaces are listed, unknown: retry.
 pub async fn members(
     instance: &Instance,
     stores: &Stores,
     upgrades: &Upgrades,
 ) -> Result<Vec<FleetMember>, LifecycleError> {
+    let ready = std::time::Duration::from_secs(5);
+    if !matches!(tokio::time::timeout(ready, stores.namespaces.wait_until_ready()).await, Ok(Ok(()))) {
+        return Err(LifecycleError::Pending {
+            why: "the namespaces are not listed yet (their labels choose the waves)".into(),
+            retry_after: ready,
+        });
+    }
+    let labels_of = |namespace: &str| {
+        let namespace = stores.namespaces.get(&ObjectRef::new(namespace));
+        namespace.map(|n| n.labels().clone()).unwrap_or_default()
+    };
     let records = upgrades.all().await?;
     let wanted = (instance.jukebox.clone(), instance.category.clone(), instance.package.clone());
     let members = stores
@@ -50,11 +75,13 @@ pub async fn members(
             // What lifecycle recorded where no tenant writes (a status is the tenant's).
             let record = peer.uid.as_deref().and_then(|uid| records.get(uid));
             let installed = record.and_then(|r| r.installed.as_ref());
+            let started = record.and_then(|r| r.ledger.target.as_ref());
             FleetMember {
                 name: peer.reference(),
-                labels: peer.labels(),
+                labels: labels_of(&peer.namespace),
                 installed: installed.map(|i| i.tag.clone()),
                 installed_at: installed.and_then(|i| i.at.parse().ok()),
+                started: started.map(|t| t.revision.tag.clone()),
                 quarantined: record.map(|r| r.quarantined_tags()).unwrap_or_default(),
             }
         })

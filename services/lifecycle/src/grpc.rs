@@ -390,6 +390,21 @@ async fn explain(context: &Context, wanted: &InstanceRef) -> Result<ExplainRespo
     response.latest_tag = context.catalog.latest_tag(&instance).await?.unwrap_or_default();
     explain_outcome(&mut response, &decision);
     explain_held_back(&mut response, &observed.held_back);
+    if let install_plan::Resolution::Package { package, .. } = &observed.resolution
+        && let Some(jukebox) = crate::jukeboxes::of(&instance, context).await?
+    {
+        let listed = jukebox.status.as_ref().map(|s| s.packages.as_slice()).unwrap_or_default();
+        let same = vynil_rules::signature::same_verified_digest(listed, package);
+        if !same.is_empty() {
+            response.details.push(format!(
+                "{}:{} is the same signed bytes ({}) as {}: a re-tag; make sure it is the version you mean to run",
+                package.image,
+                package.tag,
+                package.digest.as_deref().unwrap_or_default(),
+                same.join(", ")
+            ));
+        }
+    }
     Ok(response)
 }
 
@@ -429,8 +444,10 @@ fn explain_held_back(response: &mut ExplainResponse, held_back: &install_plan::H
     response.withheld = held_back.newer.clone();
     if let Some(recalled) = &held_back.recalled {
         let next = match (&recalled.to, recalled.move_away) {
-            (Some(to), true) => format!("moving away to {to}"),
-            (Some(to), false) => format!("the next selectable revision is {to}"),
+            (Some(to), true) => format!("moving away to {to}, as an admin's recall with move_away asks"),
+            (Some(to), false) => format!(
+                "the next selectable revision is {to} (moving instances away, across a freeze or to an older revision, needs an admin's recall with move_away)"
+            ),
             (None, _) => "no other revision is selectable".into(),
         };
         response.recalled = format!("running a recalled revision: {}; {next}", recalled.description);

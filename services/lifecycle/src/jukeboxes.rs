@@ -15,14 +15,9 @@
 
 use std::{sync::Arc, time::Duration};
 
-use futures::StreamExt;
 use kube::{
     Api, Client,
-    runtime::{
-        WatchStreamExt,
-        reflector::{self, ObjectRef, Store},
-        watcher,
-    },
+    runtime::reflector::{ObjectRef, Store},
 };
 use vynil_crds::JukeBox;
 use vynil_rules::Package;
@@ -39,23 +34,7 @@ pub fn watch(
     client: &Client,
     stop: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> (Store<JukeBox>, impl std::future::Future<Output = ()> + Send + 'static) {
-    let (store, writer) = reflector::store();
-    let stream =
-        reflector::reflector(writer, watcher(Api::<JukeBox>::all(client.clone()), Default::default()))
-            .default_backoff()
-            .touched_objects();
-    let run = async move {
-        let drained = stream.for_each(|event| async move {
-            if let Err(error) = event {
-                tracing::warn!(%error, "watching JukeBoxes (retried)");
-            }
-        });
-        tokio::select! {
-            () = drained => {}
-            () = stop => {}
-        }
-    };
-    (store, run)
+    crate::facts::watched(Api::<JukeBox>::all(client.clone()), "JukeBoxes", stop)
 }
 
 /// The instance's JukeBox as the API server has it (`None`: it has none).

@@ -35,6 +35,7 @@ mod observe;
 mod operator;
 pub mod reaper;
 mod records;
+mod scanner_client;
 mod script;
 mod signatures;
 mod slots;
@@ -232,17 +233,20 @@ pub async fn run_with_client(
         })
         .collect();
     let (jukeboxes, watching) = jukeboxes::watch(&client, stop.signaled());
+    let (namespaces, watching_namespaces) = fleet::watch_namespaces(&client, stop.signaled());
     let stores = facts::Stores {
         tenant: controllers[0].1.store(),
         service: controllers[1].1.store(),
         system: controllers[2].1.store(),
         jukeboxes,
+        namespaces,
     };
     let (metrics, exported) = metrics::LifecycleMetrics::register();
     let context = Arc::new(context::Context::new(client, stores.clone(), metrics.clone(), settings));
     let service = LifecycleService::running(context.clone(), exported);
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(watching);
+    tasks.spawn(watching_namespaces);
     let recorder = context.clone();
     tasks.spawn(async move {
         // Recorded as soon as may be (`crate::ledger`); else at the first meeting.
@@ -278,6 +282,15 @@ fn settings(
     (job_queue, under_waves): (Arc<slots::JobQueue>, fleet::UnderWaves),
 ) -> Result<context::Settings, LifecycleError> {
     let catalog = catalog_client::Catalog::connect(endpoint)?;
+    let scanner = match config.scanner_endpoint.as_deref() {
+        Some(endpoint) => {
+            let token =
+                config.shared.trust.service_token_file.as_deref().map(vynil_runtime::trust::read_token_file);
+            let token = token.transpose().map_err(|e| LifecycleError::Config(e.to_string()))?;
+            Some(scanner_client::Scanner::connect(endpoint, token.as_deref())?)
+        }
+        None => None,
+    };
     let credentials = vynil_registry::CredentialStore::from_file(config.store.dockerconfig.as_deref())
         .map_err(|e| LifecycleError::Config(e.to_string()))?;
     let registry = vynil_registry::RegistryClient::new(
@@ -289,6 +302,7 @@ fn settings(
     Ok(context::Settings {
         namespace: namespace.to_string(),
         catalog,
+        scanner,
         registry,
         agent: job::AgentSettings {
             image: config.agent_image.clone(),

@@ -153,7 +153,7 @@ async fn recorded_rollback(
     let Some(recorded) = instance.status.package.as_ref().filter(|p| p.tag == from) else {
         return Ok(None);
     };
-    match check_recorded(instance, recorded, context).await? {
+    match check_recorded(instance, recorded, context).await?.0 {
         RecordedCheck::Resolves => {}
         RecordedCheck::Gone => return Ok(None),
         RecordedCheck::Unknown(why) => {
@@ -329,8 +329,14 @@ pub(crate) async fn pod_failure(job: &str, context: &Context) -> Option<String> 
     })
 }
 
-/// Whether the recorded tag still resolves to the recorded digest. The
-/// record is `status.package`, which a tenant may write: only a revision in
+/// Whether the recorded revision can still be pulled: its digest, which
+/// every agent Job pulls (a tag moved since changes nothing: the Job runs
+/// the recorded bytes; a digest gone is gone, `[E_DIGEST_GONE]`, and the
+/// cleanup falls to the catalog's selection). A revision recorded without a
+/// digest (an instance adopted from upstream) has its tag resolved here;
+/// the digest found is answered too, for the Job to pull and the ledger to
+/// record before it (`crate::executor`). The
+/// record is the ledger's (a previous release's status), checked: only a revision in
 /// a repository where the catalog lists the instance's own package is
 /// checked (`vynil_rules::selection::is_own_repository`), with the
 /// JukeBox's pull secret, never one named in status; any other is treated
@@ -341,7 +347,7 @@ pub(crate) async fn check_recorded(
     instance: &Instance,
     recorded: &vynil_crds::InstalledPackage,
     context: &Context,
-) -> Result<RecordedCheck, LifecycleError> {
+) -> Result<(RecordedCheck, Option<String>), LifecycleError> {
     let (own, pull_secret) = context.catalog.own_repositories(instance).await?;
     let listed: Vec<(&str, &str)> = own.iter().map(|(r, i)| (r.as_str(), i.as_str())).collect();
     let revision = vynil_rules::selection::RecordedRevision {
@@ -352,18 +358,19 @@ pub(crate) async fn check_recorded(
         package_type: instance.kind.package_type(),
     };
     if !vynil_rules::selection::is_own_repository(&revision, &listed) {
-        return Ok(RecordedCheck::Gone);
+        return Ok((RecordedCheck::Gone, None));
     }
     let Ok(repo) = RepositoryRef::new(&recorded.registry, &recorded.image) else {
-        return Ok(RecordedCheck::Gone);
+        return Ok((RecordedCheck::Gone, None));
     };
     let client = match context.registry_for(pull_secret.as_deref()).await {
         Ok(client) => client,
-        Err(e) => return Ok(RecordedCheck::Unknown(e.to_string())),
+        Err(e) => return Ok((RecordedCheck::Unknown(e.to_string()), None)),
     };
-    Ok(match client.head_digest(&repo, &recorded.tag).await {
-        Ok(found) => RecordedCheck::from_head(recorded.digest.as_deref(), found.as_deref()),
-        Err(e) => RecordedCheck::Unknown(e.to_string()),
+    let reference = recorded.digest.as_deref().unwrap_or(&recorded.tag);
+    Ok(match client.head_digest(&repo, reference).await {
+        Ok(found) => (RecordedCheck::from_head(recorded.digest.as_deref(), found.as_deref()), found),
+        Err(e) => (RecordedCheck::Unknown(e.to_string()), None),
     })
 }
 
@@ -386,9 +393,12 @@ pub async fn observe_cleanup(
             unverified: None,
         });
     }
-    let check = match &instance.status.package {
-        Some(recorded) => Some(check_recorded(instance, recorded, context).await?),
-        None => None,
+    let (check, found) = match &instance.status.package {
+        Some(recorded) => {
+            let (check, found) = check_recorded(instance, recorded, context).await?;
+            (Some(check), found)
+        }
+        None => (None, None),
     };
     let hatch = hatch(instance, context).await?;
     let confirmed = hatch == Hatch::Confirmed;
@@ -415,6 +425,11 @@ pub async fn observe_cleanup(
                     ),
                 )
             });
+            let mut package = package;
+            if package.digest.is_empty() {
+                // The recorded revision, adopted without a digest: pinned to the one its tag named.
+                package.digest = found.filter(|_| is_recorded(instance, &package)).unwrap_or_default();
+            }
             CleanupAnswer::Revision(Box::new(delete_request(instance, &package, pull_secret, context)))
         }
     };
@@ -445,11 +460,7 @@ async fn confirmed_cleanup(
     context: &Context,
 ) -> Result<Option<String>, LifecycleError> {
     let jukebox = crate::jukeboxes::of(instance, context).await?;
-    let recorded = instance.status.package.as_ref().is_some_and(|r| {
-        (r.registry.as_str(), r.image.as_str(), r.tag.as_str())
-            == (package.registry.as_str(), package.image.as_str(), package.tag.as_str())
-    });
-    if !recorded
+    if !is_recorded(instance, package)
         && let Some(why) = crate::jukeboxes::unlisted_cleanup(jukebox.as_deref(), &instance.jukebox, package)
     {
         return Err(LifecycleError::Pending {
@@ -461,6 +472,14 @@ async fn confirmed_cleanup(
         });
     }
     Ok(jukebox.and_then(|j| j.spec.pull_secret.clone()))
+}
+
+/// Whether `package` is the instance's recorded revision (its location).
+fn is_recorded(instance: &Instance, package: &pb::Package) -> bool {
+    instance.status.package.as_ref().is_some_and(|r| {
+        (r.registry.as_str(), r.image.as_str(), r.tag.as_str())
+            == (package.registry.as_str(), package.image.as_str(), package.tag.as_str())
+    })
 }
 
 /// The escape hatch of `instance`: asked by its annotation, opened only by

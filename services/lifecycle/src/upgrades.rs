@@ -368,6 +368,26 @@ impl Upgrades {
         .await
     }
 
+    /// Records `digest` as the digest of the credited revision `tag`, which
+    /// was recorded without one (adopted from upstream): resolved once, so
+    /// every later Job of it pulls the same bytes.
+    pub async fn pinned(
+        &self,
+        uid: &str,
+        instance: &str,
+        tag: &str,
+        digest: &str,
+    ) -> Result<(), LifecycleError> {
+        self.amend(uid, instance, |record| match record.ledger.package.as_mut() {
+            Some(package) if package.tag == tag && package.digest.is_none() => {
+                package.digest = Some(digest.to_string());
+                true
+            }
+            _ => false,
+        })
+        .await
+    }
+
     /// Records `ledger`, what lifecycle met of an instance whose record
     /// holds none (the rest of a previous release's record is kept; a
     /// concurrent write fails this one, to be read again).

@@ -224,6 +224,56 @@ async fn a_tag_re_pointed_after_the_choice_still_installs_the_chosen_digest() {
     world.stop().await;
 }
 
+/// #65 item 1, a pinned digest gone: the tag the catalog chose was
+/// re-pointed and its chosen bytes deleted from the registry before the
+/// install. No agent Job pulls a digest the registry no longer serves (its
+/// unpack would fail on every retry): `[E_DIGEST_GONE] <digest>`, a Warning
+/// Event, until a scan lists the revision again; then the install runs the
+/// digest the status lists.
+#[tokio::test]
+async fn item_1_a_pinned_digest_gone_from_the_registry_runs_no_job_until_a_scan_lists_it_again() {
+    use vynil_testkit::{PackageSpec, PackageType, RegistryServer};
+    let registry = RegistryServer::start().await.unwrap();
+    let host = registry.host();
+    let publisher = registry.publisher();
+    let spec = PackageSpec::new("apps", "web", PackageType::Tenant, "0.2.0");
+    let chosen = publisher.publish("apps/web", &spec).await.unwrap();
+    let mut revision = package(&host, "apps", "web", "tenant", "0.2.0", json!([]));
+    revision["digest"] = json!(chosen);
+    let insecure: &'static str = Box::leak(host.clone().into_boxed_str());
+    let (world, _) = World::start(vec![revision.clone()], &["--insecure-registry", insecure]).await;
+    world.agent.pull_from_registries("http");
+    let mut other = spec.clone();
+    other.description = "published again".into();
+    let now_named = publisher.publish("apps/web", &other).await.unwrap();
+    let deleted = reqwest::Client::new()
+        .delete(format!("{}/v2/apps/web/manifests/{chosen}", registry.base_url()))
+        .send()
+        .await
+        .unwrap();
+    assert!(deleted.status().is_success(), "{}", deleted.status());
+    world.create("TenantInstance", "web", web_spec(), json!({})).await;
+    let event = eventually("the DigestGone Event", || async {
+        world.api.objects("events.k8s.io", "events").into_iter().find(|e| e["reason"] == "DigestGone")
+    })
+    .await;
+    let note = event["note"].as_str().unwrap_or_default();
+    assert!(note.starts_with(&format!("[E_DIGEST_GONE] {chosen}")), "{note}");
+    assert!(
+        world.jobs().list(&Default::default()).await.unwrap().items.is_empty(),
+        "no Job pulls a digest gone"
+    );
+    // A scan lists what the tag names now: the install runs those bytes.
+    revision["digest"] = json!(now_named);
+    world.publish(vec![revision]).await;
+    eventually("0.2.0 installed at the digest listed now", || async {
+        let object = world.get("TenantInstance", "web").await;
+        (object["status"]["package"]["digest"] == json!(now_named)).then_some(())
+    })
+    .await;
+    world.stop().await;
+}
+
 #[tokio::test]
 async fn item_20_init_from_version_found_runs_that_tag_and_not_found_blocks() {
     let registry = vynil_testkit::RegistryServer::start().await.unwrap();
@@ -1002,6 +1052,36 @@ async fn explain_web(
     grpc.clone().explain(request).await.ok().map(|r| r.into_inner())
 }
 
+/// #65 item 8: simple signing binds a digest, never a tag: a pusher re-tags
+/// an old signed revision (0.1.0, with known bugs) as 0.9.0, and it still
+/// verifies. Explain tells the re-tag of the revision an instance runs.
+#[tokio::test]
+async fn item_8_explain_tells_a_verified_digest_published_under_two_version_tags() {
+    let verified = json!({"verdict": "verified", "key": "release", "reference": "registry.example/apps/web"});
+    let mut revisions = web_revisions(&["0.9.0", "0.1.0"]);
+    for revision in &mut revisions {
+        revision["digest"] = json!("sha256:0100");
+        revision["signature"] = verified.clone();
+    }
+    let (world, _) = World::start(revisions, &[]).await;
+    world.create("TenantInstance", "web", web_spec(), json!({})).await;
+    eventually("0.9.0 installed", || async {
+        (installed_tag(&world.get("TenantInstance", "web").await) == Some("0.9.0")).then_some(())
+    })
+    .await;
+    let grpc = world.grpc().await;
+    let explained = eventually("Explain answers", || explain_web(&grpc)).await;
+    assert!(
+        explained
+            .details
+            .iter()
+            .any(|d| d.contains("apps/web:0.9.0 is the same signed bytes (sha256:0100) as 0.1.0")),
+        "{:?}",
+        explained.details
+    );
+    world.stop().await;
+}
+
 /// #44 item 5 as a user meets it: with `approval: manual` on the JukeBox, an
 /// upgrade waits (`PENDING_APPROVAL`, the exact step); an approval of that
 /// step (service token only) starts it; when the catalog moves on, the old
@@ -1220,7 +1300,9 @@ async fn a_recalled_or_too_young_revision_is_never_installed_and_a_recall_may_mo
     .await;
     assert_eq!(
         running.recalled,
-        "running a recalled revision: 0.2.0 is recalled: CVE-2026-1234; the next selectable revision is 0.1.0"
+        "running a recalled revision: 0.2.0 is recalled: CVE-2026-1234; the next selectable revision is 0.1.0 \
+         (moving instances away, across a freeze or to an older revision, needs an admin's recall with move_away)",
+        "#65 item 7: Explain says who may move the instances"
     );
     assert_eq!(running.state, InstanceState::UpToDate as i32, "{}", running.summary);
 
@@ -1282,24 +1364,123 @@ async fn a_recalled_or_too_young_revision_is_never_installed_and_a_recall_may_mo
     world.stop().await;
 }
 
+/// A namespace the operator labels into a wave.
+const CANARIES: &str = "canaries";
+
+/// Creates `namespace` (when missing) with `labels`, as an operator applies it.
+async fn label_namespace(world: &World, namespace: &str, labels: serde_json::Value) {
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(world.client.clone());
+    let object =
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace, "labels": labels}});
+    namespaces.patch(namespace, &PatchParams::apply("operator"), &Patch::Apply(&object)).await.unwrap();
+}
+
+async fn get_in(world: &World, namespace: &str, name: &str) -> serde_json::Value {
+    serde_json::to_value(world.instances_in("TenantInstance", namespace).get(name).await.unwrap()).unwrap()
+}
+
+/// #65 item 4, the attack: waves were chosen by the instances' own labels,
+/// so a tenant labelled its instance into the canary wave and suspended it,
+/// and every other tenant's rollout of the package waited for it forever.
+/// Now the canary wave is the namespaces the operator labels, and a member
+/// of it that never starts the revision holds the rest only for the wave's
+/// patience, after which the rollout goes on with an Event naming it.
+#[tokio::test]
+async fn item_4_a_tenant_never_holds_a_rollout_by_its_own_labels_nor_by_suspending_a_canary() {
+    let (world, _) = World::start(web_revisions(&["0.2.0"]), &[]).await;
+    let boxes: Api<vynil_crds::JukeBox> = Api::all(world.client.clone());
+    let waves = json!({"spec": {"upgrade_policy": {"waves": [
+        {"name": "canary", "namespaces": {"wave": "canary"}, "soak": "0s", "patience": "1h"}]}}});
+    boxes.patch("box", &PatchParams::default(), &Patch::Merge(&waves)).await.unwrap();
+    label_namespace(&world, CANARIES, json!({"wave": "canary"})).await;
+    let instances = [
+        (CANARIES, "canary", json!({})),
+        (APPS, "rest", json!({})),
+        (APPS, "sneaky", json!({"wave": "canary"})),
+    ];
+    for (namespace, name, labels) in &instances {
+        let object = json!({"apiVersion": "vynil.solidite.fr/v1", "kind": "TenantInstance",
+            "metadata": {"name": name, "namespace": namespace, "labels": labels}, "spec": web_spec()});
+        world
+            .instances_in("TenantInstance", namespace)
+            .create(&PostParams::default(), &serde_json::from_value(object).unwrap())
+            .await
+            .unwrap();
+    }
+    let at = |tag: &'static str, who: &'static [(&'static str, &'static str)]| {
+        let world = &world;
+        async move {
+            for (namespace, name) in who {
+                if installed_tag(&get_in(world, namespace, name).await) != Some(tag) {
+                    return None;
+                }
+            }
+            Some(())
+        }
+    };
+    let everyone = &[(CANARIES, "canary"), (APPS, "rest"), (APPS, "sneaky")];
+    eventually("every instance at 0.2.0", || at("0.2.0", everyone)).await;
+    // The tenant of `sneaky` labelled it `wave: canary` and suspends it.
+    world
+        .patch(
+            "TenantInstance",
+            "sneaky",
+            json!({"metadata": {"annotations": {"vynil.solidite.fr/suspend": "true"}}}),
+        )
+        .await;
+    world.publish(web_revisions(&["0.3.0", "0.2.0"])).await;
+    // Within the hour of patience: the rest follows the real canary, not the tenant's.
+    eventually("the canary, then the rest, at 0.3.0", || {
+        at("0.3.0", &[(CANARIES, "canary"), (APPS, "rest")])
+    })
+    .await;
+
+    // A canary the operator placed, suspended: the rest waits for it only for the patience.
+    let patience = json!({"spec": {"upgrade_policy": {"waves": [
+        {"name": "canary", "namespaces": {"wave": "canary"}, "soak": "0s", "patience": "3s"}]}}});
+    boxes.patch("box", &PatchParams::default(), &Patch::Merge(&patience)).await.unwrap();
+    let suspend = json!({"metadata": {"annotations": {"vynil.solidite.fr/suspend": "true"}}});
+    let canaries = world.instances_in("TenantInstance", CANARIES);
+    canaries.patch("canary", &PatchParams::default(), &Patch::Merge(&suspend)).await.unwrap();
+    // Its patience counts from the revision's first sighting (the scanner's, in the JukeBox's status).
+    let published = jiff::Timestamp::now();
+    let mut revisions = web_revisions(&["0.4.0", "0.3.0", "0.2.0"]);
+    revisions[0]["first_seen"] = json!(published.to_string());
+    world.publish(revisions).await;
+    eventually("the rest at 0.4.0 past the canary's patience", || at("0.4.0", &[(APPS, "rest")])).await;
+    let rest = get_in(&world, APPS, "rest").await;
+    let rest_at: jiff::Timestamp =
+        rest["status"]["package"]["installedAt"].as_str().unwrap().parse().unwrap();
+    assert!(rest_at >= published + jiff::SignedDuration::from_secs(2), "{rest_at}: not before the patience");
+    assert!(!world.tags_run("canary").contains(&"0.4.0".to_string()), "the suspended canary never ran");
+    let skipped = world.api.objects("events.k8s.io", "events").into_iter().find(|e| {
+        e["reason"] == "WaveMembersSkipped"
+            && e["regarding"]["name"] == "rest"
+            && e["note"].as_str().is_some_and(|n| n.contains("tenant/canaries/canary (wave canary)"))
+    });
+    assert!(skipped.is_some(), "the skip is in the audit trail");
+    world.stop().await;
+}
+
 /// #44 item 6 as a user meets it: with waves on the JukeBox (canary, then the
 /// rest), a new revision reaches the canary first, the rest after the
 /// canary's soak; a canary that fails halts the rest (`[E_WAVE_HALTED]`) and
-/// rolls back; an operator clearing its quarantine resumes the rollout.
+/// rolls back; an operator clearing its quarantine resumes the rollout. The
+/// canary wave is the namespaces the operator labels (#65 item 4).
 #[tokio::test]
 async fn a_rollout_in_waves_goes_canary_first_and_a_canary_failure_halts_the_rest() {
     use vynil_proto::lifecycle::v1::ClearQuarantineRequest;
     let (world, script) = World::start(web_revisions(&["0.2.0"]), &["--max-install-attempts", "1"]).await;
     let boxes: Api<vynil_crds::JukeBox> = Api::all(world.client.clone());
     let waves = json!({"spec": {"upgrade_policy": {"waves": [
-        {"name": "canary", "selector": {"wave": "canary"}, "soak": "2s"}]}}});
+        {"name": "canary", "namespaces": {"wave": "canary"}, "soak": "2s"}]}}});
     boxes.patch("box", &PatchParams::default(), &Patch::Merge(&waves)).await.unwrap();
-    for (name, labels) in [("canary", json!({"wave": "canary"})), ("rest1", json!({})), ("rest2", json!({}))]
-    {
+    label_namespace(&world, CANARIES, json!({"wave": "canary"})).await;
+    for (namespace, name) in [(CANARIES, "canary"), (APPS, "rest1"), (APPS, "rest2")] {
         let object = json!({"apiVersion": "vynil.solidite.fr/v1", "kind": "TenantInstance",
-            "metadata": {"name": name, "namespace": APPS, "labels": labels}, "spec": web_spec()});
+            "metadata": {"name": name, "namespace": namespace}, "spec": web_spec()});
         world
-            .instances("TenantInstance")
+            .instances_in("TenantInstance", namespace)
             .create(&PostParams::default(), &serde_json::from_value(object).unwrap())
             .await
             .unwrap();
@@ -1308,7 +1489,8 @@ async fn a_rollout_in_waves_goes_canary_first_and_a_canary_failure_halts_the_res
         let world = &world;
         async move {
             for name in names {
-                if installed_tag(&world.get("TenantInstance", name).await) != Some(tag) {
+                let namespace = if *name == "canary" { CANARIES } else { APPS };
+                if installed_tag(&get_in(world, namespace, name).await) != Some(tag) {
                     return None;
                 }
             }
@@ -1340,13 +1522,13 @@ async fn a_rollout_in_waves_goes_canary_first_and_a_canary_failure_halts_the_res
         waiting[0].blocking_reason
     );
     eventually("the canary at 0.3.0", || at("0.3.0", &["canary"])).await;
-    let canary = world.get("TenantInstance", "canary").await;
+    let canary = get_in(&world, CANARIES, "canary").await;
     let canary_at: jiff::Timestamp =
         canary["status"]["package"]["installedAt"].as_str().unwrap().parse().unwrap();
     // The canary's tenant forges its install time to skip the soak: the waves read lifecycle's record.
-    world
-        .patch_status("TenantInstance", "canary", json!({"package": {"installedAt": "2020-01-01T00:00:00Z"}}))
-        .await;
+    let forged = json!({"status": {"package": {"installedAt": "2020-01-01T00:00:00Z"}}});
+    let canaries = world.instances_in("TenantInstance", CANARIES);
+    canaries.patch_status("canary", &PatchParams::default(), &Patch::Merge(&forged)).await.unwrap();
     eventually("the rest at 0.3.0 after the soak", || at("0.3.0", &["rest1", "rest2"])).await;
     for name in ["rest1", "rest2"] {
         let rest = world.get("TenantInstance", name).await;
@@ -1375,7 +1557,7 @@ async fn a_rollout_in_waves_goes_canary_first_and_a_canary_failure_halts_the_res
     })
     .await;
     assert!(
-        halted[0].blocking_reason.contains("tenant/apps/canary of wave canary failed"),
+        halted[0].blocking_reason.contains("tenant/canaries/canary of wave canary failed"),
         "{}",
         halted[0].blocking_reason
     );
@@ -1402,7 +1584,7 @@ async fn a_rollout_in_waves_goes_canary_first_and_a_canary_failure_halts_the_res
     // Fixed, and the quarantine cleared by an operator: the rollout resumes.
     *script.lock().unwrap() = Box::new(|_| AgentOutcome::succeed());
     let request = ClearQuarantineRequest {
-        r#ref: Some(tenant(APPS, "canary")),
+        r#ref: Some(tenant(CANARIES, "canary")),
         tag: "0.4.0".into(),
         ..Default::default()
     };

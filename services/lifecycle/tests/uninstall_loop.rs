@@ -79,6 +79,106 @@ async fn item_23_the_delete_job_runs_the_recorded_revision_then_the_finalizer_go
     world.stop().await;
 }
 
+/// #65 item 6, the attack: whoever may write a JukeBox's status (or, before
+/// item 6, Redis) marks a revision no trusted key signed as `verified`, and
+/// under an enforced policy the cluster-admin agent installed it. The
+/// verdict is read again from the registry's evidence before the Job: no
+/// Job, `[E_UNVERIFIED]`.
+#[tokio::test]
+async fn item_6_a_verified_verdict_the_registry_does_not_bear_out_runs_no_job() {
+    use vynil_testkit::{SignatureLayer, Signer};
+    let registry = RegistryServer::start().await.unwrap();
+    let (host, publisher) = (registry.host(), registry.publisher());
+    let release = Signer::from_label("release");
+    let reference = format!("{host}/apps/web");
+    let mut catalog = Vec::new();
+    for tag in ["0.2.0", "0.1.0"] {
+        let digest = publisher
+            .publish("apps/web", &PackageSpec::new("apps", "web", PackageType::Tenant, tag))
+            .await
+            .unwrap();
+        if tag == "0.1.0" {
+            let layer = SignatureLayer::by(&release, &reference, &digest);
+            publisher.sign("apps/web", &digest, &[layer]).await.unwrap();
+        }
+        let mut p = package(&host, "apps", "web", "tenant", tag, json!([]));
+        p["digest"] = json!(digest);
+        // The forgery: 0.2.0 is unsigned in the registry.
+        p["signature"] = json!({"verdict": "verified", "key": "release", "reference": reference});
+        catalog.push(p);
+    }
+    let leaked: &'static str = Box::leak(host.clone().into_boxed_str());
+    let (world, _) = World::start(vec![], &["--insecure-registry", leaked]).await;
+    let boxes: Api<JukeBox> = Api::all(world.client.clone());
+    let trusted = json!([{"name": "release", "public_key": release.public_pem()}]);
+    let policy =
+        json!({"spec": {"source": {"list": [reference]}, "verify": {"mode": "enforce", "keys": trusted}}});
+    boxes.patch("box", &Default::default(), &kube::api::Patch::Merge(&policy)).await.unwrap();
+    world.publish(catalog).await;
+    world.create("TenantInstance", "web", web_spec(), json!({})).await;
+    let refused = eventually("the SignatureRefused Event", || async {
+        world.api.objects("events.k8s.io", "events").into_iter().find(|e| e["reason"] == "SignatureRefused")
+    })
+    .await;
+    let note = refused["note"].as_str().unwrap_or_default();
+    assert!(note.starts_with("[E_UNVERIFIED] apps/web:0.2.0: unsigned"), "{note}");
+    assert!(world.agent.runs().is_empty(), "no agent ran the unsigned bytes");
+    world.stop().await;
+}
+
+/// #65 item 1: a revision recorded without a digest (an instance upstream
+/// installed, or a catalog entry without one) has its tag resolved once and
+/// recorded in lifecycle's ledger with the delete Job, whose unpack pulls
+/// that digest, never the tag a pusher may re-point.
+#[tokio::test]
+async fn item_1_a_revision_recorded_without_a_digest_is_pinned_and_recorded_for_its_delete_job() {
+    let (registry, packages, host) = registry_with(&["4.0.0"]).await;
+    let leaked: &'static str = Box::leak(host.into_boxed_str());
+    let (world, script) = World::start(packages, &["--insecure-registry", leaked]).await;
+    *script.lock().unwrap() = Box::new(|job| match job.action.as_str() {
+        // The instance stays (its delete failed): its record can be read.
+        "delete" => AgentOutcome::fail("the delete hook exited 1"),
+        _ => installs_with_children(job),
+    });
+    world.create("TenantInstance", "web", web_spec(), json!({})).await;
+    installed(&world, "web", "4.0.0").await;
+    let object = world.get("TenantInstance", "web").await;
+    assert!(object["status"]["package"].get("digest").is_none(), "installed without a digest: {object}");
+    let uid = object["metadata"]["uid"].as_str().unwrap().to_string();
+    let named = reqwest::Client::new()
+        .head(format!("{}/v2/apps/web/manifests/4.0.0", registry.base_url()))
+        .header("accept", "application/vnd.oci.image.manifest.v1+json")
+        .send()
+        .await
+        .unwrap();
+    let named = named.headers()["docker-content-digest"].to_str().unwrap().to_string();
+    delete(&world, "web").await;
+    world.agent.wait_for_runs(2, Duration::from_secs(30)).await.unwrap();
+    let unpacked: Vec<String> = world
+        .agent
+        .runner()
+        .runs()
+        .into_iter()
+        .filter(|run| {
+            run.init && run.job.metadata.labels.as_ref().is_some_and(|l| l.values().any(|v| v == "delete"))
+        })
+        .filter_map(|run| {
+            let env =
+                run.job.spec.as_ref()?.template.spec.as_ref()?.init_containers.as_ref()?[0].env.clone()?;
+            env.into_iter().find(|e| e.name == "TAG")?.value
+        })
+        .collect();
+    assert_eq!(unpacked, std::slice::from_ref(&named), "the delete's unpack pulls the digest its tag named");
+    let record = world
+        .api
+        .objects("", "configmaps")
+        .into_iter()
+        .find(|c| c["metadata"]["name"] == format!("vynil-upgrade-{uid}"))
+        .unwrap();
+    assert!(record["data"].to_string().contains(&named), "the pin is in the ledger: {record}");
+    world.stop().await;
+}
+
 /// #65 item 5, the attacks: a tenant writes `status.package` naming another
 /// package of the same JukeBox (so that deleting its instance runs that
 /// package's delete hooks as the cluster-admin agent), or a registry of its

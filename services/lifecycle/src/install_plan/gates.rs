@@ -7,14 +7,13 @@
 use vynil_rules::{
     install::Target,
     tag::is_newer,
-    upgrade::{
-        self, FailedUpgrade, Quarantined,
-        waves::{Member, WaveGate, wave_gate, wave_name, wave_of},
-        window::{UpgradeGate, upgrade_gate},
-    },
+    upgrade::{self, FailedUpgrade, Quarantined},
 };
 
 use super::{checks::*, *};
+
+mod timing;
+use timing::upgrade_timing;
 
 /// Decides what to do with `instance` (not being deleted, read through its
 /// ledger: `crate::ledger`) given `observed`: a sequence of gates, each of
@@ -51,7 +50,7 @@ fn gated(instance: &Instance, observed: &Observed) -> Result<Plan, Plan> {
     if let Some(plan) = after_failed_upgrade(&desired, observed, steps.clone(), &checked) {
         return Ok(plan);
     }
-    forced_run_gated(&desired, observed)?;
+    steps.extend(forced_run_gated(&desired, observed)?);
     if let Some(outcome) = settled(&desired, observed, &mut steps, &checked) {
         return Ok(Plan { steps, outcome, requeue: REQUEUE });
     }
@@ -218,11 +217,11 @@ impl<'a> Desired<'a> {
 /// other: it waits for its approval, windows, freezes and waves, the
 /// annotation staying until it may run. Only a forced re-run of the
 /// installed revision starts at once (upstream's `kubectl-vynil upgrade`).
-fn forced_run_gated(desired: &Desired, observed: &Observed) -> Result<(), Plan> {
+fn forced_run_gated(desired: &Desired, observed: &Observed) -> Result<Vec<Step>, Plan> {
     if !desired.instance.force_reinstall {
-        return Ok(());
+        return Ok(Vec::new());
     }
-    upgrade_timing(desired, observed).map_or(Ok(()), Err)
+    upgrade_timing(desired, observed)
 }
 
 /// The cases that need no Job's answer: a forced reinstall, a deleted Job
@@ -301,8 +300,11 @@ fn follow_job(
             .job
             .as_ref()
             .is_some_and(|j| j.fingerprint.as_deref() == Some(desired.fingerprint.as_str()));
-    if !started && let Some(plan) = upgrade_timing(desired, observed) {
-        return plan;
+    if !started {
+        match upgrade_timing(desired, observed) {
+            Ok(audited) => steps.extend(audited),
+            Err(plan) => return plan,
+        }
     }
     let installing = Plan { steps: Vec::new(), outcome: desired.installing(), requeue: REQUEUE };
     let with = |steps: Vec<Step>| Plan { steps, ..installing.clone() };
@@ -465,109 +467,4 @@ fn after_failed_upgrade(
         return Some(Plan { steps, outcome, requeue: REQUEUE });
     }
     Some(upgrade_held(message, steps))
-}
-
-/// An upgrade not started yet waits for an operator's approval of exactly
-/// it when its policy is manual, then outside its maintenance windows and
-/// during a freeze (`vynil_rules::upgrade::window`); a first install, new
-/// options for the same revision, a rollback and a move away from a
-/// recalled revision never wait. A policy that
-/// does not check holds the upgrade, saying what to fix.
-fn upgrade_timing(desired: &Desired, observed: &Observed) -> Option<Plan> {
-    let from = desired.upgrade_from()?;
-    if observed.held_back.moves_away_to(&desired.tag) {
-        // An operator's recall moves it: remediation, like a rollback.
-        return None;
-    }
-    let policy = observed.upgrade_policy.as_ref()?;
-    if policy.policy.manual() && observed.upgrades.approval_of(&desired.fingerprint).is_none() {
-        let (to, fingerprint, options_hash) = (&desired.tag, &desired.fingerprint, &desired.options_hash);
-        let why = format!(
-            "the upgrade {from} → {to} waits for an operator's approval ({}): options hash {options_hash}, fingerprint {fingerprint} (`vynilctl instance approve`)",
-            policy.of
-        );
-        let outcome = Outcome::PendingApproval(Box::new(PendingStep {
-            from: from.to_string(),
-            to: to.clone(),
-            fingerprint: fingerprint.clone(),
-            options_hash: options_hash.clone(),
-            why,
-        }));
-        return Some(Plan { steps: Vec::new(), outcome, requeue: REQUEUE });
-    }
-    if let Some(plan) = wave_timing(desired, observed, policy, from) {
-        return Some(plan);
-    }
-    let (windows, freezes) = match policy.rules() {
-        Ok(rules) => rules,
-        Err(problem) => {
-            let message =
-                coded_message("E_UPGRADE_POLICY", &format!("the upgrade policy of {}: {problem}", policy.of));
-            return Some(Plan::blocked(Criterion::Upgrade, Some("E_UPGRADE_POLICY"), message, REQUEUE));
-        }
-    };
-    let UpgradeGate::Wait { until, why } = upgrade_gate(&windows, &freezes, observed.now) else {
-        return None;
-    };
-    let wait = until
-        .and_then(|at| std::time::Duration::try_from(at.duration_since(observed.now)).ok())
-        .map_or(REQUEUE, |d| d.clamp(std::time::Duration::from_secs(1), REQUEUE));
-    let outcome = Outcome::Waiting {
-        to: desired.tag.clone(),
-        until: until.map(vynil_crds::condition::rfc3339_seconds),
-        why: format!("the upgrade {from} → {} waits ({}): {why}", desired.tag, policy.of),
-        on: WaitFor::Window,
-    };
-    Some(Plan { steps: Vec::new(), outcome, requeue: wait })
-}
-
-/// An upgrade under a JukeBox's waves waits for the earlier waves to run the
-/// revision for their soak time, and halts when one of their instances
-/// failed to upgrade to it (`vynil_rules::upgrade::waves`).
-fn wave_timing(desired: &Desired, observed: &Observed, policy: &PolicyOf, from: &str) -> Option<Plan> {
-    if policy.policy.waves.is_empty() {
-        return None;
-    }
-    let waves = match policy.policy.waves() {
-        Ok(waves) => waves,
-        Err(problem) => {
-            let message =
-                coded_message("E_UPGRADE_POLICY", &format!("the upgrade policy of {}: {problem}", policy.of));
-            return Some(Plan::blocked(Criterion::Upgrade, Some("E_UPGRADE_POLICY"), message, REQUEUE));
-        }
-    };
-    let mine = wave_of(&waves, &desired.instance.labels());
-    let members: Vec<Member> = observed
-        .fleet
-        .iter()
-        .map(|m| Member {
-            name: &m.name,
-            labels: &m.labels,
-            installed: m.installed.as_deref(),
-            installed_at: m.installed_at,
-            quarantined: &m.quarantined,
-        })
-        .collect();
-    let to = &desired.tag;
-    let step = format!("the upgrade {from} → {to} (wave {} of {})", wave_name(&waves, mine), policy.of);
-    match wave_gate(&waves, mine, to, &members, observed.now) {
-        WaveGate::Open => None,
-        WaveGate::Wait { until, why } => {
-            // Woken by the instances it waits for (`crate::fleet`), or when the soak ends.
-            let wait = until
-                .and_then(|at| std::time::Duration::try_from(at.duration_since(observed.now)).ok())
-                .map_or(REQUEUE, |d| d.clamp(std::time::Duration::from_secs(1), REQUEUE));
-            let until = until.map(vynil_crds::condition::rfc3339_seconds);
-            let why = format!("{step} waits: {why}");
-            let outcome = Outcome::Waiting { to: to.clone(), until, why, on: WaitFor::Wave };
-            Some(Plan { steps: Vec::new(), outcome, requeue: wait })
-        }
-        WaveGate::Halted { why } => {
-            let message = coded_message("E_WAVE_HALTED", &format!("{step}: {why}"));
-            let mut plan = Plan::blocked(Criterion::Upgrade, Some("E_WAVE_HALTED"), message, REQUEUE);
-            let note = coded_message("E_WAVE_HALTED", &why);
-            plan.steps.push(Step::JukeboxWarning { reason: "WaveHalted", note });
-            Some(plan)
-        }
-    }
 }

@@ -251,6 +251,14 @@ pub enum Step {
         reason: &'static str,
         note: String,
     },
+    /// An entry of the audit trail: an Event on the instance naming what
+    /// overrode a gate, and the log line naming `actor` (`vynil::audit`).
+    Audited {
+        warning: bool,
+        reason: &'static str,
+        actor: &'static str,
+        note: String,
+    },
     RemoveForceReinstall,
     /// Delete the agent Job and wait until it is gone.
     DeleteJob,
@@ -292,6 +300,12 @@ impl Step {
             }
             Step::JukeboxWarning { reason, note } => {
                 format!("record a Warning event {reason} on the JukeBox: {note}")
+            }
+            Step::Audited { warning, reason, actor, note } => {
+                format!(
+                    "record a{} event {reason} ({actor}): {note}",
+                    if *warning { " Warning" } else { "n" }
+                )
             }
             Step::RemoveForceReinstall => "remove the vynil.solidite.fr/force-reinstall annotation".into(),
             Step::DeleteJob => "delete the instance's Job and wait until it is gone".into(),

@@ -41,10 +41,13 @@ impl WaitFor {
 pub struct FleetMember {
     /// `<kind>/<namespace>/<name>`.
     pub name: String,
+    /// Its namespace's labels (the operator's: they choose its wave).
     pub labels: std::collections::BTreeMap<String, String>,
-    /// The revision recorded as installed (`status.package.tag`).
+    /// The revision lifecycle credited as installed (its ledger).
     pub installed: Option<String>,
     pub installed_at: Option<jiff::Timestamp>,
+    /// The revision of the agent Job lifecycle started and has not credited.
+    pub started: Option<String>,
     /// Revisions quarantined for it after upgrades to them failed.
     pub quarantined: Vec<String>,
 }
