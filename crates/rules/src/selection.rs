@@ -356,6 +356,10 @@ pub struct CleanupQuery<'a> {
     pub catalog: CatalogState<'a>,
     /// `have_child()`: status records something to delete.
     pub has_children: bool,
+    /// The repositories (`(registry, repository)`) lifecycle credited an
+    /// install of this instance from, in its own record: a package the
+    /// catalog lists elsewhere now is still the instance's own there.
+    pub listed_before: &'a [(String, String)],
     /// The instance carries [`DELETE_WITHOUT_PACKAGE`] = `"true"` and an
     /// admin's confirmation of its recorded children still holds.
     pub delete_without_package: bool,
@@ -412,12 +416,19 @@ pub fn is_own_repository(recorded: &RecordedRevision, listed: &[(&str, &str)]) -
 }
 
 /// Whether `recorded` is a revision of the instance's own package: of its
-/// type, in a repository where `scanned` lists its category/name.
-fn is_own_package(recorded: &RecordedRevision, install: &InstallQuery, scanned: &[Package]) -> bool {
+/// type, in a repository where `scanned` lists its category/name, or where
+/// lifecycle credited an install of it before (`listed_before`).
+fn is_own_package(
+    recorded: &RecordedRevision,
+    install: &InstallQuery,
+    scanned: &[Package],
+    listed_before: &[(String, String)],
+) -> bool {
     let listed: Vec<(&str, &str)> = scanned
         .iter()
         .filter(|p| p.category() == install.category && p.name() == install.name)
         .map(|p| (p.registry.as_str(), p.image.as_str()))
+        .chain(listed_before.iter().map(|(registry, image)| (registry.as_str(), image.as_str())))
         .collect();
     recorded.package_type == install.package_type && is_own_repository(recorded, &listed)
 }
@@ -487,7 +498,7 @@ pub fn select_cleanup(query: &CleanupQuery) -> CleanupDecision {
             RecordedCheck::Resolves => match query.catalog {
                 CatalogState::Loaded(packages)
                     if query.origins.admit(recorded, packages)
-                        && is_own_package(recorded, install, packages) =>
+                        && is_own_package(recorded, install, packages, query.listed_before) =>
                 {
                     return CleanupDecision::UseRecorded((*recorded).clone());
                 }

@@ -184,6 +184,7 @@ fn cleanup_decides_in_order_recorded_then_catalog_then_gone_then_authorised_dele
             catalog: scenario.catalog,
             has_children: scenario.has_children,
             delete_without_package: scenario.delete_without_package,
+            listed_before: &[],
         };
         let decision = select_cleanup(&query);
         assert!((scenario.expect)(&decision), "{}: got {decision:?}", scenario.name);
@@ -201,6 +202,7 @@ fn the_package_gone_condition_names_the_code_what_is_missing_and_both_ways_out()
         catalog: CatalogState::Loaded(&service_only),
         has_children: true,
         delete_without_package: false,
+        listed_before: &[],
     };
     let CleanupDecision::Gone(gone) = select_cleanup(&query) else { panic!("expected gone") };
     let message = gone.condition_message();
@@ -324,6 +326,7 @@ fn cleanup_of_resolving(
         catalog: CatalogState::Loaded(scanned),
         has_children: true,
         delete_without_package: false,
+        listed_before: &[],
     })
 }
 
@@ -373,6 +376,7 @@ fn a_recorded_revision_from_elsewhere_never_runs_its_delete_hooks() {
         catalog: CatalogState::Unavailable,
         has_children: true,
         delete_without_package: false,
+        listed_before: &[],
     };
     assert!(matches!(select_cleanup(&query), CleanupDecision::Retry { .. }));
 }
@@ -444,4 +448,40 @@ fn an_exclusion_reads_back_from_its_text() {
         assert_eq!(Exclusion::parse(exclusion.as_str()), Some(exclusion));
     }
     assert_eq!(Exclusion::parse("gone"), None);
+}
+
+/// #65 item 5: a package moved to another repository of its JukeBox (the
+/// catalog lists it only there now) keeps its installs' delete hooks: the
+/// recorded revision is the instance's own package where lifecycle's record
+/// says it credited an install, never merely where a status says.
+#[test]
+fn item_5_a_package_moved_to_another_repository_keeps_the_recorded_revision_lifecycle_credited() {
+    let fw = framework("0.8.0");
+    let moved = [Package::new(
+        "registry.example",
+        "think/ollama-next",
+        "0.2.0",
+        PackageContent::minimal("think", "ollama", PackageType::Tenant),
+    )];
+    let origins = Origins::Repositories(vec![
+        "registry.example/think/ollama".into(),
+        "registry.example/think/ollama-next".into(),
+    ]);
+    let revision = recorded();
+    let cleanup = |listed_before: &[(String, String)]| {
+        select_cleanup(&CleanupQuery {
+            origins: &origins,
+            install: query(Some("0.1.8"), &fw),
+            recorded: Some((&revision, RecordedCheck::Resolves)),
+            catalog: CatalogState::Loaded(&moved),
+            has_children: true,
+            delete_without_package: false,
+            listed_before,
+        })
+    };
+    assert!(!matches!(cleanup(&[]), CleanupDecision::UseRecorded(_)), "unknown history: not trusted");
+    let credited = [("registry.example".to_string(), "think/ollama".to_string())];
+    assert!(matches!(cleanup(&credited), CleanupDecision::UseRecorded(r) if r.image == "think/ollama"));
+    let elsewhere = [("registry.example".to_string(), "think/other".to_string())];
+    assert!(!matches!(cleanup(&elsewhere), CleanupDecision::UseRecorded(_)), "only where it was credited");
 }

@@ -291,26 +291,20 @@ impl CatalogApi for CatalogService {
             Ok(None) => CatalogState::JukeboxMissing,
             Err(_) => CatalogState::Unavailable,
         };
-        let recorded = request.recorded.as_ref().map(|r| recorded_revision(r, package_type));
-        let check = match pb::RecordedCheck::try_from(request.recorded_check) {
-            Ok(pb::RecordedCheck::Resolves) => RecordedCheck::Resolves,
-            Ok(pb::RecordedCheck::Gone) => RecordedCheck::Gone,
-            Ok(pb::RecordedCheck::Unknown) => RecordedCheck::Unknown(request.recorded_check_problem.clone()),
-            Ok(pb::RecordedCheck::Unspecified) | Err(_) if recorded.is_some() => {
-                return Err(Status::invalid_argument(
-                    "a recorded revision needs its recorded_check (RESOLVES, GONE or UNKNOWN): \
-                     check the recorded tag's digest in the registry first",
-                ));
-            }
-            _ => RecordedCheck::Unknown("no recorded revision".into()),
-        };
+        let (recorded, check) = recorded_and_check(&request, package_type)?;
         let (scanned, framework) = (vynil_rules::selection::Origins::Scanned, &self.catalog.framework);
         let origins = match &entry {
             Ok(Some(entry)) => &entry.origins,
             _ => &scanned,
         };
+        let listed_before: Vec<(String, String)> = request
+            .listed_before
+            .iter()
+            .filter_map(|r| r.split_once('/').map(|(registry, image)| (registry.into(), image.into())))
+            .collect();
         let query = vynil_rules::selection::CleanupQuery {
             origins,
+            listed_before: &listed_before,
             install: InstallQuery {
                 installed_tag: Some(request.installed_tag.as_str()).filter(|t| !t.is_empty()),
                 ..InstallQuery::of(
@@ -473,6 +467,28 @@ fn policy_to_proto(policy: &vynil_crds::UpgradePolicy) -> pb::UpgradePolicy {
             })
             .collect(),
     }
+}
+
+/// The recorded revision of a cleanup request and what the caller's
+/// registry check said of it (one is required with the other).
+fn recorded_and_check(
+    request: &ResolveCleanupRequest,
+    package_type: PackageType,
+) -> Result<(Option<RecordedRevision>, RecordedCheck), Status> {
+    let recorded = request.recorded.as_ref().map(|r| recorded_revision(r, package_type));
+    let check = match pb::RecordedCheck::try_from(request.recorded_check) {
+        Ok(pb::RecordedCheck::Resolves) => RecordedCheck::Resolves,
+        Ok(pb::RecordedCheck::Gone) => RecordedCheck::Gone,
+        Ok(pb::RecordedCheck::Unknown) => RecordedCheck::Unknown(request.recorded_check_problem.clone()),
+        Ok(pb::RecordedCheck::Unspecified) | Err(_) if recorded.is_some() => {
+            return Err(Status::invalid_argument(
+                "a recorded revision needs its recorded_check (RESOLVES, GONE or UNKNOWN): \
+                 check the recorded revision's digest in the registry first",
+            ));
+        }
+        _ => RecordedCheck::Unknown("no recorded revision".into()),
+    };
+    Ok((recorded, check))
 }
 
 /// What lifecycle recorded, its type `default` when unspecified.

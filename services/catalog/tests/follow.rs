@@ -257,6 +257,7 @@ async fn resolve_cleanup_carries_the_recorded_check_and_the_children_over_the_wi
         recorded_check_problem: "registry.example: connection refused".into(),
         children,
         delete_without_package_allowed: false,
+        ..ResolveCleanupRequest::default()
     };
     let decide = |check, children| {
         let service = service.clone();

@@ -252,6 +252,7 @@ impl Catalog {
             recorded_check: recorded_check as i32,
             recorded_check_problem,
             children: u32::from(has_children),
+            listed_before: instance.listed_before.clone(),
         };
         let response = self.client.clone().resolve_cleanup(request).await.map_err(unavailable)?.into_inner();
         let pull_secret = Some(response.pull_secret).filter(|s| !s.is_empty());

@@ -122,6 +122,8 @@ pub struct Instance {
     /// What the object's status shows of the record (a copy that may lag);
     /// `None` until [`Instance::per_ledger`] is applied.
     pub shown: Option<Shown>,
+    /// The repositories its ledger credited installs from ([`Ledger::repositories`]).
+    pub listed_before: Vec<String>,
     /// The whole object as JSON, bound as `instance` in Rhai scripts.
     pub object: Value,
 }
@@ -137,6 +139,11 @@ pub struct Ledger {
     /// What the status said when lifecycle first met the instance (the
     /// takeover): upstream's `status.tag` and options hash then.
     pub adopted: Option<Adopted>,
+    /// Every repository (`registry/repository`) it credited an install
+    /// from: the instance's own package there, for its cleanup, wherever
+    /// the catalog lists the package now (#65 item 5).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub repositories: Vec<String>,
 }
 
 /// Upstream's `status.tag` and `status.digest` (its options hash) as
@@ -194,6 +201,7 @@ impl Instance {
             package: self.status.package.clone(),
             target: self.status.target.clone(),
             adopted: Some(adopted),
+            repositories: self.status.package.iter().map(|p| format!("{}/{}", p.registry, p.image)).collect(),
         }
     }
 
@@ -212,6 +220,7 @@ impl Instance {
         }
         self.status.package = ledger.package.clone();
         self.status.target = ledger.target.clone();
+        self.listed_before = ledger.repositories.clone();
         self
     }
 
@@ -310,8 +319,7 @@ impl Instance {
         {
             map.remove("status");
         }
-        // The typed decode is the schema check; the view is built from it.
-        // The three kinds share these fields but not a type: one expansion each.
+        // The typed decode is the schema check; one expansion per kind (shared fields, no shared type).
         macro_rules! view {
             ($typed:ty, |$i:ident| $init_from:expr, $crds:expr) => {{
                 let $i: $typed = typed(&value).map_err(fail)?;
@@ -370,6 +378,7 @@ impl Instance {
                 crds,
             },
             shown: None,
+            listed_before: Vec::new(),
             namespace,
             name,
             object: value,

@@ -349,7 +349,8 @@ pub(crate) async fn check_recorded(
     context: &Context,
 ) -> Result<(RecordedCheck, Option<String>), LifecycleError> {
     let (own, pull_secret) = context.catalog.own_repositories(instance).await?;
-    let listed: Vec<(&str, &str)> = own.iter().map(|(r, i)| (r.as_str(), i.as_str())).collect();
+    let before = instance.listed_before.iter().filter_map(|r| r.split_once('/'));
+    let listed: Vec<(&str, &str)> = own.iter().map(|(r, i)| (r.as_str(), i.as_str())).chain(before).collect();
     let revision = vynil_rules::selection::RecordedRevision {
         registry: recorded.registry.clone(),
         image: recorded.image.clone(),

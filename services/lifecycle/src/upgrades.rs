@@ -248,6 +248,7 @@ impl Upgrades {
             package: field(&read, "package", name, namespace)?.into_iter().next(),
             target: field(&read, "target", name, namespace)?.into_iter().next(),
             adopted: field(&read, ADOPTED, name, namespace)?.into_iter().next(),
+            repositories: field(&read, "repositories", name, namespace)?,
         };
         Ok(UpgradeRecord { ledger, quarantined, approvals, installed, phases_before, read: Some(read) })
     }
@@ -276,6 +277,7 @@ impl Upgrades {
             ("package".to_string(), encode(listed(&ledger.package))?),
             ("target".to_string(), encode(listed(&ledger.target))?),
             (ADOPTED.to_string(), encode(listed(&ledger.adopted))?),
+            ("repositories".to_string(), encode(serde_json::to_string(&ledger.repositories))?),
         ]);
         self.records.write(&name, data, record.read.as_ref()).await
     }
@@ -360,7 +362,14 @@ impl Upgrades {
     ) -> Result<(), LifecycleError> {
         self.amend(uid, instance, |record| {
             let installed = package.installed_at.clone().map(|at| Installed { tag: package.tag.clone(), at });
-            let changed = record.ledger.target.take().is_some() | set(&mut record.ledger.package, package);
+            let repository = format!("{}/{}", package.registry, package.image);
+            let new_repository = !record.ledger.repositories.contains(&repository);
+            if new_repository {
+                record.ledger.repositories.push(repository);
+            }
+            let changed = new_repository
+                | record.ledger.target.take().is_some()
+                | set(&mut record.ledger.package, package);
             let moved = record.installed != installed;
             record.installed = installed;
             changed | moved

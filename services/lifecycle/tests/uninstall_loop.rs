@@ -79,6 +79,72 @@ async fn item_23_the_delete_job_runs_the_recorded_revision_then_the_finalizer_go
     world.stop().await;
 }
 
+/// #65 item 5: the package moved to another repository of its JukeBox (the
+/// catalog lists it only there now); an instance lifecycle installed from
+/// the old one is deleted with the delete hooks of what it installed, from
+/// the repository lifecycle's record says it credited, not the catalog's
+/// revision from the new one.
+#[tokio::test]
+async fn item_5_a_package_moved_to_another_repository_deletes_with_the_revision_lifecycle_credited() {
+    let registry = RegistryServer::start().await.unwrap();
+    let (host, publisher) = (registry.host(), registry.publisher());
+    let mut revisions = Vec::new();
+    for (image, tag) in [("apps/web", "4.0.0"), ("apps/web-next", "5.0.0")] {
+        let digest = publisher
+            .publish(image, &PackageSpec::new("apps", "web", PackageType::Tenant, tag))
+            .await
+            .unwrap();
+        let mut p = package(&host, "apps", "web", "tenant", tag, json!([]));
+        p["image"] = json!(image);
+        p["digest"] = json!(digest);
+        revisions.push(p);
+    }
+    let leaked: &'static str = Box::leak(host.clone().into_boxed_str());
+    let (world, script) = World::start(vec![], &["--insecure-registry", leaked]).await;
+    *script.lock().unwrap() = Box::new(installs_with_children);
+    let boxes: Api<JukeBox> = Api::all(world.client.clone());
+    let source =
+        json!({"spec": {"source": {"list": [format!("{host}/apps/web"), format!("{host}/apps/web-next")]}}});
+    boxes.patch("box", &Default::default(), &kube::api::Patch::Merge(&source)).await.unwrap();
+    world.publish(vec![revisions[0].clone()]).await;
+    world
+        .create("TenantInstance", "web", web_spec(), json!({"vynil.solidite.fr/hold-upgrades": "true"}))
+        .await;
+    installed(&world, "web", "4.0.0").await;
+    // The package moves: the catalog lists it in apps/web-next only.
+    world.publish(vec![revisions[1].clone()]).await;
+    delete(&world, "web").await;
+    gone(&world, "web").await;
+    let deletes: Vec<(String, Option<String>)> = world
+        .agent
+        .runs()
+        .into_iter()
+        .filter(|r| r.job.action == "delete")
+        .map(|r| (r.job.action, r.job.tag))
+        .collect();
+    assert_eq!(
+        deletes,
+        [("delete".to_string(), Some("4.0.0".to_string()))],
+        "the hooks of what was installed"
+    );
+    let images: Vec<String> = world
+        .agent
+        .runner()
+        .runs()
+        .into_iter()
+        .filter(|run| {
+            run.init && run.job.metadata.labels.as_ref().is_some_and(|l| l.values().any(|v| v == "delete"))
+        })
+        .filter_map(|run| {
+            let env =
+                run.job.spec.as_ref()?.template.spec.as_ref()?.init_containers.as_ref()?[0].env.clone()?;
+            env.into_iter().find(|e| e.name == "IMAGE")?.value
+        })
+        .collect();
+    assert_eq!(images, ["apps/web"], "unpacked from the repository it was installed from");
+    world.stop().await;
+}
+
 /// #65 item 6, the attack: whoever may write a JukeBox's status (or, before
 /// item 6, Redis) marks a revision no trusted key signed as `verified`, and
 /// under an enforced policy the cluster-admin agent installed it. The
