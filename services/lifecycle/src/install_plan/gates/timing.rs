@@ -15,11 +15,11 @@ use crate::install_plan::{
 };
 
 /// An upgrade not started yet waits for an operator's approval of exactly
-/// it when its policy is manual, then outside its maintenance windows and
-/// during a freeze (`vynil_rules::upgrade::window`); a first install, new
-/// options for the same revision, a rollback and a move away from a
-/// recalled revision never wait. A policy that
-/// does not check holds the upgrade, saying what to fix.
+/// it when its policy is manual, then for the JukeBox's waves, then outside
+/// its maintenance windows and during a freeze
+/// (`vynil_rules::upgrade::window`); a first install, new options for the
+/// same revision, a rollback and a move away from a recalled revision never
+/// wait. A policy that does not check holds the upgrade, saying what to fix.
 pub(super) fn upgrade_timing(desired: &Desired, observed: &Observed) -> Result<Vec<Step>, Plan> {
     let Some(from) = desired.upgrade_from() else { return Ok(Vec::new()) };
     if observed.held_back.moves_away_to(&desired.tag) {
