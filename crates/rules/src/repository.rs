@@ -50,6 +50,15 @@ pub fn same(a: (&str, &str), b: (&str, &str)) -> bool {
     canonical(a.0, a.1) == canonical(b.0, b.1)
 }
 
+/// The entry [`listed`] reads for a repository: its [`canonical`] name,
+/// `oci-layout:<path>//repository` for an OCI layout (whose path holds `/`).
+pub fn entry(registry: &str, repository: &str) -> String {
+    if registry.starts_with(LAYOUT_SCHEME) {
+        return format!("{registry}//{}", repository.trim_matches('/'));
+    }
+    canonical(registry, repository)
+}
+
 /// Whether `registry/repository` is in `list` (entries `registry/repository`,
 /// as the retention config's `excluded_repositories`, or
 /// `oci-layout:<path>//repository`), under any alias.
@@ -95,5 +104,14 @@ mod tests {
         );
         assert!(!same(("oci-layout:/srv/a", "apps/web"), ("oci-layout:/srv/b", "apps/web")));
         assert!(listed(&["oci-layout:/srv/a//apps/web".to_string()], "oci-layout:/srv/a", "apps/web"));
+    }
+
+    #[test]
+    fn an_entry_is_listed_under_every_alias_and_a_layouts_path_keeps_its_slashes() {
+        let layout = "oci-layout:/var/lib/vynil/layout";
+        let entries = [entry("DOCKER.IO", "redis"), entry(layout, "apps/web")];
+        assert!(listed(&entries, "index.docker.io", "library/redis"));
+        assert!(listed(&entries, layout, "apps/web"));
+        assert!(!listed(&entries, layout, "apps/other"));
     }
 }

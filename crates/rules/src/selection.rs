@@ -356,10 +356,11 @@ pub struct CleanupQuery<'a> {
     pub catalog: CatalogState<'a>,
     /// `have_child()`: status records something to delete.
     pub has_children: bool,
-    /// The repositories (`(registry, repository)`) lifecycle credited an
-    /// install of this instance from, in its own record: a package the
-    /// catalog lists elsewhere now is still the instance's own there.
-    pub listed_before: &'a [(String, String)],
+    /// The repositories lifecycle credited an install of this instance
+    /// from, in its own record (entries as [`crate::repository::entry`]
+    /// writes them): a package the catalog lists elsewhere now is still the
+    /// instance's own there.
+    pub listed_before: &'a [String],
     /// The instance carries [`DELETE_WITHOUT_PACKAGE`] = `"true"` and an
     /// admin's confirmation of its recorded children still holds.
     pub delete_without_package: bool,
@@ -422,15 +423,16 @@ fn is_own_package(
     recorded: &RecordedRevision,
     install: &InstallQuery,
     scanned: &[Package],
-    listed_before: &[(String, String)],
+    listed_before: &[String],
 ) -> bool {
     let listed: Vec<(&str, &str)> = scanned
         .iter()
         .filter(|p| p.category() == install.category && p.name() == install.name)
         .map(|p| (p.registry.as_str(), p.image.as_str()))
-        .chain(listed_before.iter().map(|(registry, image)| (registry.as_str(), image.as_str())))
         .collect();
-    recorded.package_type == install.package_type && is_own_repository(recorded, &listed)
+    recorded.package_type == install.package_type
+        && (is_own_repository(recorded, &listed)
+            || crate::repository::listed(listed_before, &recorded.registry, &recorded.image))
 }
 
 /// Which revision's hooks delete the instance, or why none can.

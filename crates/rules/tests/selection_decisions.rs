@@ -468,7 +468,7 @@ fn item_5_a_package_moved_to_another_repository_keeps_the_recorded_revision_life
         "registry.example/think/ollama-next".into(),
     ]);
     let revision = recorded();
-    let cleanup = |listed_before: &[(String, String)]| {
+    let cleanup = |listed_before: &[String]| {
         select_cleanup(&CleanupQuery {
             origins: &origins,
             install: query(Some("0.1.8"), &fw),
@@ -480,8 +480,8 @@ fn item_5_a_package_moved_to_another_repository_keeps_the_recorded_revision_life
         })
     };
     assert!(!matches!(cleanup(&[]), CleanupDecision::UseRecorded(_)), "unknown history: not trusted");
-    let credited = [("registry.example".to_string(), "think/ollama".to_string())];
+    let credited = [vynil_rules::repository::entry("registry.example", "think/ollama")];
     assert!(matches!(cleanup(&credited), CleanupDecision::UseRecorded(r) if r.image == "think/ollama"));
-    let elsewhere = [("registry.example".to_string(), "think/other".to_string())];
+    let elsewhere = [vynil_rules::repository::entry("registry.example", "think/other")];
     assert!(!matches!(cleanup(&elsewhere), CleanupDecision::UseRecorded(_)), "only where it was credited");
 }

@@ -297,14 +297,9 @@ impl CatalogApi for CatalogService {
             Ok(Some(entry)) => &entry.origins,
             _ => &scanned,
         };
-        let listed_before: Vec<(String, String)> = request
-            .listed_before
-            .iter()
-            .filter_map(|r| r.split_once('/').map(|(registry, image)| (registry.into(), image.into())))
-            .collect();
         let query = vynil_rules::selection::CleanupQuery {
             origins,
-            listed_before: &listed_before,
+            listed_before: &request.listed_before,
             install: InstallQuery {
                 installed_tag: Some(request.installed_tag.as_str()).filter(|t| !t.is_empty()),
                 ..InstallQuery::of(

@@ -201,7 +201,12 @@ impl Instance {
             package: self.status.package.clone(),
             target: self.status.target.clone(),
             adopted: Some(adopted),
-            repositories: self.status.package.iter().map(|p| format!("{}/{}", p.registry, p.image)).collect(),
+            repositories: self
+                .status
+                .package
+                .iter()
+                .map(|p| vynil_rules::repository::entry(&p.registry, &p.image))
+                .collect(),
         }
     }
 

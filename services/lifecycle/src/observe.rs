@@ -349,8 +349,7 @@ pub(crate) async fn check_recorded(
     context: &Context,
 ) -> Result<(RecordedCheck, Option<String>), LifecycleError> {
     let (own, pull_secret) = context.catalog.own_repositories(instance).await?;
-    let before = instance.listed_before.iter().filter_map(|r| r.split_once('/'));
-    let listed: Vec<(&str, &str)> = own.iter().map(|(r, i)| (r.as_str(), i.as_str())).chain(before).collect();
+    let listed: Vec<(&str, &str)> = own.iter().map(|(r, i)| (r.as_str(), i.as_str())).collect();
     let revision = vynil_rules::selection::RecordedRevision {
         registry: recorded.registry.clone(),
         image: recorded.image.clone(),
@@ -358,7 +357,9 @@ pub(crate) async fn check_recorded(
         digest: recorded.digest.clone().unwrap_or_default(),
         package_type: instance.kind.package_type(),
     };
-    if !vynil_rules::selection::is_own_repository(&revision, &listed) {
+    let credited =
+        vynil_rules::repository::listed(&instance.listed_before, &recorded.registry, &recorded.image);
+    if !vynil_rules::selection::is_own_repository(&revision, &listed) && !credited {
         return Ok((RecordedCheck::Gone, None));
     }
     let Ok(repo) = RepositoryRef::new(&recorded.registry, &recorded.image) else {

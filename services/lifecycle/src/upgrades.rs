@@ -362,7 +362,7 @@ impl Upgrades {
     ) -> Result<(), LifecycleError> {
         self.amend(uid, instance, |record| {
             let installed = package.installed_at.clone().map(|at| Installed { tag: package.tag.clone(), at });
-            let repository = format!("{}/{}", package.registry, package.image);
+            let repository = vynil_rules::repository::entry(&package.registry, &package.image);
             let new_repository = !record.ledger.repositories.contains(&repository);
             if new_repository {
                 record.ledger.repositories.push(repository);

@@ -44,6 +44,24 @@ async fn registry_with(tags: &[&str]) -> (RegistryServer, Vec<Value>, String) {
     (registry, packages, host)
 }
 
+/// The value of `variable` in the unpack (init) container of every delete Job run so far.
+fn delete_unpack_env(world: &World, variable: &str) -> Vec<String> {
+    world
+        .agent
+        .runner()
+        .runs()
+        .into_iter()
+        .filter(|run| {
+            run.init && run.job.metadata.labels.as_ref().is_some_and(|l| l.values().any(|v| v == "delete"))
+        })
+        .filter_map(|run| {
+            let env =
+                run.job.spec.as_ref()?.template.spec.as_ref()?.init_containers.as_ref()?[0].env.clone()?;
+            env.into_iter().find(|e| e.name == variable)?.value
+        })
+        .collect()
+}
+
 async fn installed(world: &World, name: &str, tag: &str) {
     eventually("the install recorded", || async {
         (world.get("TenantInstance", name).await["status"]["package"]["tag"] == tag).then_some(())
@@ -127,20 +145,7 @@ async fn item_5_a_package_moved_to_another_repository_deletes_with_the_revision_
         [("delete".to_string(), Some("4.0.0".to_string()))],
         "the hooks of what was installed"
     );
-    let images: Vec<String> = world
-        .agent
-        .runner()
-        .runs()
-        .into_iter()
-        .filter(|run| {
-            run.init && run.job.metadata.labels.as_ref().is_some_and(|l| l.values().any(|v| v == "delete"))
-        })
-        .filter_map(|run| {
-            let env =
-                run.job.spec.as_ref()?.template.spec.as_ref()?.init_containers.as_ref()?[0].env.clone()?;
-            env.into_iter().find(|e| e.name == "IMAGE")?.value
-        })
-        .collect();
+    let images = delete_unpack_env(&world, "IMAGE");
     assert_eq!(images, ["apps/web"], "unpacked from the repository it was installed from");
     world.stop().await;
 }
@@ -220,20 +225,7 @@ async fn item_1_a_revision_recorded_without_a_digest_is_pinned_and_recorded_for_
     let named = named.headers()["docker-content-digest"].to_str().unwrap().to_string();
     delete(&world, "web").await;
     world.agent.wait_for_runs(2, Duration::from_secs(30)).await.unwrap();
-    let unpacked: Vec<String> = world
-        .agent
-        .runner()
-        .runs()
-        .into_iter()
-        .filter(|run| {
-            run.init && run.job.metadata.labels.as_ref().is_some_and(|l| l.values().any(|v| v == "delete"))
-        })
-        .filter_map(|run| {
-            let env =
-                run.job.spec.as_ref()?.template.spec.as_ref()?.init_containers.as_ref()?[0].env.clone()?;
-            env.into_iter().find(|e| e.name == "TAG")?.value
-        })
-        .collect();
+    let unpacked = delete_unpack_env(&world, "TAG");
     assert_eq!(unpacked, std::slice::from_ref(&named), "the delete's unpack pulls the digest its tag named");
     let record = world
         .api
@@ -266,24 +258,7 @@ async fn a_recorded_revision_of_another_package_or_host_is_never_run_nor_asked()
         world.create("TenantInstance", name, web_spec(), json!({})).await;
         installed(&world, name, "4.0.0").await;
     }
-    let deletes_unpacked = || -> Vec<String> {
-        world
-            .agent
-            .runner()
-            .runs()
-            .into_iter()
-            .filter(|run| {
-                run.init
-                    && run.job.metadata.labels.as_ref().is_some_and(|l| l.values().any(|v| v == "delete"))
-            })
-            .filter_map(|run| {
-                let env = run.job.spec.as_ref()?.template.spec.as_ref()?.init_containers.as_ref()?[0]
-                    .env
-                    .clone()?;
-                env.into_iter().find(|e| e.name == "IMAGE")?.value
-            })
-            .collect()
-    };
+    let deletes_unpacked = || delete_unpack_env(&world, "IMAGE");
     world
         .patch_status("TenantInstance", "web", json!({"package": {"image": "apps/root", "tag": "1.0.0"}}))
         .await;
