@@ -6,7 +6,7 @@
 # BIN is one of: vynil-catalog vynil-scanner vynil-purger vynil-lifecycle vynil-gateway vynilctl vynil
 # (vynil-lifecycle is also the reaper image: `vynil-lifecycle reap`). The release profile
 # (Cargo.toml) uses thin LTO, one codegen unit and stripped symbols to keep binaries small.
-ARG RUST_VERSION=1.88
+ARG RUST_VERSION=1.89
 
 FROM docker.io/library/rust:${RUST_VERSION}-bookworm AS build
 ARG BIN

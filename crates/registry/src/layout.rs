@@ -23,15 +23,19 @@
 //! nothing is removed while one is; and a blob younger than
 //! `--layout-gc-grace-seconds` stays, since a copy in progress (`skopeo`,
 //! `oras`) writes its blobs before the index names them.
-//! Deletes in one layout directory are serialized in the process (the purger
-//! deletes several digests at once, and each rewrites the same
-//! `index.json`); across processes, the purger's repository lease does it.
+//! Writers of one layout directory are serialized by an advisory lock on
+//! `.index.json.lock` beside `index.json` (`flock`, which the file system
+//! shares between processes): the purger deletes several digests at once,
+//! two purger replicas may share a layout, and each delete rewrites the same
+//! `index.json` from what it read; unserialized, an update is lost and the
+//! collection then removes blobs still referenced. A tool that does not take
+//! the lock (`skopeo copy`) writes its blobs before naming them, which the
+//! collection's grace covers.
 
 use std::{
-    collections::{HashMap, HashSet},
+    collections::HashSet,
     io::{Read, Write},
     path::{Path, PathBuf},
-    sync::{Arc, Mutex, OnceLock},
     time::{Duration, SystemTime},
 };
 
@@ -43,12 +47,18 @@ use crate::{RegistryError, RepositoryRef, Result};
 pub use crate::reference::{LAYOUT_SCHEME, layout_root};
 const REF_NAME: &str = "org.opencontainers.image.ref.name";
 
-/// The lock of each layout directory this process writes.
-fn lock_of(dir: &Path) -> Arc<Mutex<()>> {
-    static LOCKS: OnceLock<Mutex<HashMap<PathBuf, Arc<Mutex<()>>>>> = OnceLock::new();
-    let locks = LOCKS.get_or_init(Default::default);
-    let mut locks = locks.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    locks.entry(dir.to_path_buf()).or_default().clone()
+/// The advisory lock of a layout directory, held while its index is read,
+/// rewritten and collected (module doc); released when dropped (closed).
+#[derive(Debug)]
+struct Locked(#[allow(dead_code)] std::fs::File);
+
+/// Waits for, then holds, the lock of layout `dir`.
+fn lock(dir: &Path, what: &str) -> Result<Locked> {
+    let path = dir.join(".index.json.lock");
+    let io = |e: std::io::Error| error(what, format!("locking {}: {e}", path.display()));
+    let file = std::fs::File::options().create(true).truncate(false).write(true).open(&path).map_err(io)?;
+    file.lock().map_err(io)?;
+    Ok(Locked(file))
 }
 
 /// One repository of a layout.
@@ -189,8 +199,7 @@ impl Layout {
     /// `index.json` (atomically), then the blobs nothing references any
     /// more. `false` when no entry pointed to it.
     pub(crate) fn delete(&self, digest: &str) -> Result<bool> {
-        let lock = lock_of(&self.dir);
-        let _held = lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let _held = lock(&self.dir, &self.what)?;
         let mut index = self.read_index()?;
         let before = index.manifests().len();
         let kept: Vec<Descriptor> = index
@@ -230,8 +239,7 @@ impl Layout {
     /// older than the grace; returns how many. Only manifests are read; one
     /// that cannot be read keeps everything (module doc).
     pub(crate) fn collect_garbage(&self) -> Result<usize> {
-        let lock = lock_of(&self.dir);
-        let _held = lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let _held = lock(&self.dir, &self.what)?;
         self.collect_garbage_locked()
     }
 

@@ -237,3 +237,55 @@ async fn one_shared_layout_names_its_repositories_in_ref_names_and_a_broken_one_
     let missing = client.list_tags(&layout_repo(&shared.path().join("nowhere"), "x")).await.unwrap_err();
     assert!(matches!(missing, RegistryError::NotFound { .. }), "{missing:?}");
 }
+
+/// Issue "Credentials that stay where they belong" item 10: two processes
+/// (two purger replicas sharing a layout) delete from one `index.json` at
+/// once. Each rewrites the index from what it read: unserialized, one
+/// process's rewrite drops the other's deletes and the tags come back (and
+/// the collection removes blobs they still reference). An advisory lock
+/// beside `index.json` serializes them: every delete holds.
+#[tokio::test]
+async fn two_processes_deleting_from_one_layout_lose_no_update() {
+    let dir = tempfile::tempdir().unwrap();
+    let writer = LayoutWriter::new(dir.path());
+    let digests: Vec<String> =
+        (0..40).map(|i| writer.publish_plain("apps/many", &format!("1.0.{i}")).unwrap()).collect();
+    age(&dir.path().join("apps/many"));
+    let exe = std::env::current_exe().unwrap();
+    let child = |part: &[String]| {
+        std::process::Command::new(&exe)
+            .args(["--exact", "a_deleting_process", "--ignored", "--nocapture"])
+            .env("VYNIL_LAYOUT_CHILD", format!("{}|{}", dir.path().display(), part.join(",")))
+            .output()
+    };
+    let (first, second) = std::thread::scope(|scope| {
+        let first = scope.spawn(|| child(&digests[..20]));
+        let second = scope.spawn(|| child(&digests[20..]));
+        (first.join().unwrap().unwrap(), second.join().unwrap().unwrap())
+    });
+    for out in [&first, &second] {
+        let said =
+            format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "{said}");
+    }
+    let client = client("unused.example", CredentialStore::default());
+    let left = client.list_tags(&layout_repo(dir.path(), "apps/many")).await.unwrap();
+    assert!(left.is_empty(), "deletes lost to the other process's rewrite: {left:?}");
+    let repo_dir = dir.path().join("apps/many");
+    assert!(reachable(&repo_dir).is_subset(&blobs(&repo_dir)), "a referenced blob was removed");
+}
+
+/// One side of `two_processes_deleting_from_one_layout_lose_no_update`, run
+/// as its own process by it.
+#[tokio::test]
+#[ignore = "a child process of two_processes_deleting_from_one_layout_lose_no_update"]
+async fn a_deleting_process() {
+    let given = std::env::var("VYNIL_LAYOUT_CHILD").expect("run by its parent test");
+    let (root, digests) = given.split_once('|').unwrap();
+    let client = client("unused.example", CredentialStore::default());
+    let repo = layout_repo(Path::new(root), "apps/many");
+    for digest in digests.split(',') {
+        let outcome = client.delete_digest(&repo, digest, &[]).await;
+        assert!(matches!(outcome, DeletionOutcome::Deleted { .. }), "{digest}: {outcome:?}");
+    }
+}
