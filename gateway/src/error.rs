@@ -8,7 +8,8 @@
 //! | gRPC | HTTP | code |
 //! |---|---|---|
 //! | `INVALID_ARGUMENT` | 400 | `BAD_REQUEST` |
-//! | (a body over `--max-body-bytes`, refused before any service) | 413 | `TOO_LARGE` |
+//! | (a body over its route's cap, refused before any service) | 413 | `TOO_LARGE` |
+//! | (more request bodies in flight than `--max-inflight-body-bytes`) | 503 | `UNAVAILABLE`, with `Retry-After` |
 //! | (one more event stream than `--max-streams-per-client`) | 429 | `TOO_MANY_STREAMS` |
 //! | (one more token review than `--kubernetes-reviews-per-minute` from an address) | 429 | `RATE_LIMITED`, with `Retry-After` |
 //! | `UNAUTHENTICATED` | 401 | `UNAUTHENTICATED` |
@@ -65,17 +66,22 @@ impl ApiError {
         Self::new(StatusCode::BAD_REQUEST, "BAD_REQUEST", format!("{field}: {problem}"))
     }
 
-    /// A body over the gateway's limit.
-    pub fn too_large() -> Self {
+    /// A body over `limit` bytes, the cap of `what`.
+    pub fn too_large(limit: usize, what: &str) -> Self {
         Self::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             "TOO_LARGE",
-            "the request body is over the gateway's limit: send less, or raise --max-body-bytes \
-             (VYNIL_GATEWAY_MAX_BODY_BYTES) on the gateway",
+            format!("the request body is over {limit} bytes, the limit of {what}: send less"),
         )
     }
 
-    /// A body that did not arrive within `--body-timeout-seconds`.
+    /// The gateway holds as much as it may now: retry shortly.
+    pub fn busy(message: impl Into<String>) -> Self {
+        let mut error = Self::new(StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE", message);
+        error.retry_after = Some(1);
+        error
+    }
+
     pub fn slow_body(seconds: u64) -> Self {
         Self::new(
             StatusCode::REQUEST_TIMEOUT,
@@ -109,7 +115,11 @@ impl ApiError {
     /// A body that could not be read: over the limit, or cut.
     pub fn unreadable_body(status: StatusCode, problem: impl std::fmt::Display) -> Self {
         if status == StatusCode::PAYLOAD_TOO_LARGE {
-            Self::too_large()
+            Self::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "TOO_LARGE",
+                format!("{problem}: send less, or raise --max-body-bytes (VYNIL_GATEWAY_MAX_BODY_BYTES)"),
+            )
         } else {
             Self::bad_request("body", problem)
         }

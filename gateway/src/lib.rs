@@ -15,7 +15,9 @@
 
 pub mod api;
 pub mod auth;
+pub mod bodies;
 pub mod cli;
+pub mod connections;
 pub mod downstream;
 pub mod error;
 pub mod metrics;
@@ -66,6 +68,18 @@ pub struct Config {
     /// 408 `BODY_TIMEOUT`: a client trickling a body holds no handler.
     #[arg(long, env = "VYNIL_GATEWAY_BODY_TIMEOUT_SECONDS", default_value_t = 30)]
     pub body_timeout_seconds: u64,
+    /// Request bodies the gateway holds at once, in bytes (each read only
+    /// once its sender is authenticated); past it a request is answered
+    /// 503 with `Retry-After`.
+    #[arg(long, env = "VYNIL_GATEWAY_MAX_INFLIGHT_BODY_BYTES", default_value_t = 16 * 1024 * 1024)]
+    pub max_inflight_body_bytes: usize,
+    /// Connections held at once; one more is closed before anything is read.
+    #[arg(long, env = "VYNIL_GATEWAY_MAX_CONNECTIONS", default_value_t = 1024)]
+    pub max_connections: usize,
+    /// Connections one peer (an IPv6 peer by its /64) holds at once; behind
+    /// an Ingress, every connection is the Ingress's.
+    #[arg(long, env = "VYNIL_GATEWAY_MAX_CONNECTIONS_PER_PEER", default_value_t = 256)]
+    pub max_connections_per_peer: usize,
     /// Event streams (following a scan, executing a plan) one client may
     /// hold open at once; one more is refused (429 `TOO_MANY_STREAMS`).
     #[arg(long, env = "VYNIL_GATEWAY_MAX_STREAMS_PER_CLIENT", default_value_t = 8)]
@@ -158,6 +172,7 @@ pub struct Gateway {
     listener: tokio::net::TcpListener,
     router: Router,
     header_timeout: Duration,
+    connections: connections::Connections,
 }
 
 impl Gateway {
@@ -182,7 +197,9 @@ impl Gateway {
             .await
             .map_err(|source| GatewayError::Bind { addr: config.listen, source })?;
         let header_timeout = Duration::from_secs(config.header_timeout_seconds.max(1));
-        Ok(Self { listener, router, header_timeout })
+        let connections =
+            connections::Connections::new(config.max_connections, config.max_connections_per_peer);
+        Ok(Self { listener, router, header_timeout, connections })
     }
 
     pub fn local_addr(&self) -> Result<SocketAddr, GatewayError> {
@@ -192,16 +209,19 @@ impl Gateway {
     }
 
     /// Serves until `shutdown` resolves, then drains. The accept loop is
-    /// hyper-util's rather than `axum::serve`, which has no header read
-    /// timeout (`--header-timeout-seconds`).
+    /// ours rather than `axum::serve`, which has no header read timeout
+    /// (`--header-timeout-seconds`) nor connection caps (`crate::connections`).
+    /// HTTP/1.1 only, as an Ingress speaks to its backends: cleartext
+    /// HTTP/2 would escape the header timeout (a client sending the
+    /// preface and nothing more held its connection for ever).
     pub async fn serve(
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), GatewayError> {
-        use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-        tracing::info!(address = ?self.listener.local_addr().ok(), "serving HTTP");
-        let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-        builder.http1().timer(TokioTimer::new()).header_read_timeout(self.header_timeout);
+        use hyper_util::rt::{TokioIo, TokioTimer};
+        tracing::info!(address = ?self.listener.local_addr().ok(), "serving HTTP/1.1");
+        let mut builder = hyper::server::conn::http1::Builder::new();
+        builder.timer(TokioTimer::new()).header_read_timeout(self.header_timeout);
         let graceful = hyper_util::server::graceful::GracefulShutdown::new();
         tokio::pin!(shutdown);
         loop {
@@ -217,6 +237,10 @@ impl Gateway {
                 },
                 () = &mut shutdown => break,
             };
+            let Some(admitted) = self.connections.admit(peer.ip()) else {
+                tracing::debug!(%peer, "a connection past the caps, closed");
+                continue;
+            };
             if let Err(error) = stream.set_nodelay(true) {
                 tracing::debug!(%error, "cannot set TCP_NODELAY");
             }
@@ -229,10 +253,9 @@ impl Gateway {
                 },
             );
             let service = hyper_util::service::TowerToHyperService::new(service);
-            let connection =
-                builder.serve_connection_with_upgrades(TokioIo::new(stream), service).into_owned();
-            let connection = graceful.watch(connection);
+            let connection = graceful.watch(builder.serve_connection(TokioIo::new(stream), service));
             tokio::spawn(async move {
+                let _admitted = admitted;
                 if let Err(error) = connection.await {
                     tracing::debug!(%error, "connection ended with an error");
                 }
@@ -290,8 +313,13 @@ pub fn router(config: &Config, kube: Option<kube::Client>) -> Result<Router, Gat
         async move { vynil_runtime::metrics::render(&[&registry]) }
     });
     let openapi = openapi::document();
+    let bodies = bodies::Bodies::new(
+        Duration::from_secs(config.body_timeout_seconds.max(1)),
+        config.max_body_bytes,
+        config.max_inflight_body_bytes,
+    );
     let router = Router::new()
-        .merge(routes::api_router(app.clone()))
+        .merge(routes::api_router(app.clone(), bodies))
         .merge(web::routes())
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(routes::readyz).with_state(app.clone()))
@@ -305,13 +333,6 @@ pub fn router(config: &Config, kube: Option<kube::Client>) -> Result<Router, Gat
         )
         .nest("/api", Router::new().fallback(routes::api_not_found))
         .layer(axum::extract::DefaultBodyLimit::max(config.max_body_bytes))
-        .layer(middleware::from_fn_with_state(
-            routes::BodyDeadline::new(
-                Duration::from_secs(config.body_timeout_seconds.max(1)),
-                config.max_body_bytes,
-            ),
-            routes::body_within,
-        ))
         .layer(middleware::from_fn_with_state(app, routes::observe));
     Ok(router)
 }

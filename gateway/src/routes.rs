@@ -8,11 +8,7 @@
 //! authorization before any handler runs: a request without a valid
 //! credential reaches no service.
 
-use std::{
-    collections::HashMap,
-    sync::Arc,
-    time::{Duration, Instant},
-};
+use std::{collections::HashMap, sync::Arc, time::Instant};
 
 use axum::{
     Json, RequestExt, Router,
@@ -177,14 +173,14 @@ pub fn route_table() -> Vec<RouteSpec> {
 type AccessMap = Arc<HashMap<&'static str, Vec<(Method, Access, KubeRule)>>>;
 
 /// The API routes behind authentication and authorization.
-pub fn api_router(app: App) -> Router {
+pub fn api_router(app: App, bodies: crate::bodies::Bodies) -> Router {
     let mut access: HashMap<&'static str, Vec<(Method, Access, KubeRule)>> = HashMap::new();
     let mut router: Router<App> = Router::new();
     for (method, path, needed, kube, handler) in table() {
         access.entry(path).or_default().push((method, needed, kube));
         router = router.route(path, handler);
     }
-    let guard = Guard { app: app.clone(), access: Arc::new(access) };
+    let guard = Guard { app: app.clone(), access: Arc::new(access), bodies };
     router.route_layer(middleware::from_fn_with_state(guard, authorize)).with_state(app)
 }
 
@@ -192,6 +188,7 @@ pub fn api_router(app: App) -> Router {
 struct Guard {
     app: App,
     access: AccessMap,
+    bodies: crate::bodies::Bodies,
 }
 
 /// What the request-id layer learnt of a request.
@@ -216,19 +213,7 @@ async fn authorize(
         routes.iter().find(|(m, _, _)| *m == method).map(|(_, needed, kube)| (*needed, *kube))
     });
     let Some((needed, kube)) = found else {
-        // A method the path does not declare: what it answers, before any
-        // authentication work. A path missing from the table is closed.
-        let allow = allowed_methods(&guard.access, path).ok_or_else(|| {
-            ApiError::internal(format!("route {} {path} has no access rule", request.method()))
-        })?;
-        if request.method() == Method::OPTIONS {
-            let mut response = StatusCode::NO_CONTENT.into_response();
-            if let Ok(value) = HeaderValue::from_str(&allow) {
-                response.headers_mut().insert(axum::http::header::ALLOW, value);
-            }
-            return Ok(response);
-        }
-        return Err(ApiError::method_not_allowed(request.method().as_str(), path, allow));
+        return undeclared(&guard.access, path, request.method());
     };
     let meta = request.extensions().get::<RequestMeta>().cloned();
     let from = meta.as_ref().and_then(|m| m.from);
@@ -281,7 +266,46 @@ async fn authorize(
         from,
     };
     request.extensions_mut().insert(context);
+    // Only now, the sender known, is its body read (`crate::bodies`); what
+    // it holds is counted until the answer.
+    let (request, _held, _slot) = read_body(&guard, needed, request).await?;
     Ok(next.run(request).await)
+}
+
+/// A method the path does not declare: what it answers, before any
+/// authentication work. A path missing from the table is closed.
+fn undeclared(access: &AccessMap, path: &str, method: &Method) -> Result<Response, ApiError> {
+    let allow = allowed_methods(access, path)
+        .ok_or_else(|| ApiError::internal(format!("route {method} {path} has no access rule")))?;
+    if method == Method::OPTIONS {
+        let mut response = StatusCode::NO_CONTENT.into_response();
+        if let Ok(value) = HeaderValue::from_str(&allow) {
+            response.headers_mut().insert(axum::http::header::ALLOW, value);
+        }
+        return Ok(response);
+    }
+    Err(ApiError::method_not_allowed(method.as_str(), path, allow))
+}
+
+/// The body of an authenticated request, under its route's cap; a hook's
+/// event is first admitted from its headers (`Hooks::admit`).
+async fn read_body(
+    guard: &Guard,
+    needed: Access,
+    mut request: Request,
+) -> Result<(Request, crate::bodies::Held, Option<crate::api::hooks::HookSlot>), ApiError> {
+    use crate::bodies::Cap;
+    let (cap, slot) = match needed {
+        Access::Hook => {
+            let params: Result<Path<HashMap<String, String>>, PathRejection> = request.extract_parts().await;
+            let hook = params.map(|Path(p)| p.get("hook").cloned().unwrap_or_default()).unwrap_or_default();
+            (Cap::Hook, Some(guard.app.hooks.admit(&hook, request.headers())?))
+        }
+        Access::Public => (Cap::Login, None),
+        Access::Role(_) => (Cap::Api, None),
+    };
+    let (request, held) = guard.bodies.read(request, cap).await?;
+    Ok((request, held, slot))
 }
 
 /// The `Allow` value of `path` as the route table declares it (`HEAD` with
@@ -382,56 +406,6 @@ pub async fn observe(State(app): State<App>, mut request: Request, next: Next) -
 }
 
 /// Unknown paths under `/api`: a JSON 404, not an HTML one.
-/// How long a request's body may take to arrive, and how large it may be.
-#[derive(Debug, Clone, Copy)]
-pub struct BodyDeadline {
-    within: Duration,
-    max_bytes: usize,
-}
-
-impl BodyDeadline {
-    pub fn new(within: Duration, max_bytes: usize) -> Self {
-        Self { within, max_bytes }
-    }
-}
-
-/// Reads the whole request body within its deadline (408 `BODY_TIMEOUT`
-/// after it, 413 over the limit) before any handler runs, so a client
-/// trickling a body holds a connection, not a handler. Bodies here are small
-/// JSON documents: buffering them costs nothing the extractors would not.
-pub async fn body_within(
-    State(deadline): State<BodyDeadline>,
-    request: axum::extract::Request,
-    next: middleware::Next,
-) -> Response {
-    use axum::body::HttpBody as _;
-    use futures::StreamExt;
-    // Most requests (every GET) have no body: nothing to wait for.
-    if request.body().is_end_stream() {
-        return next.run(request).await;
-    }
-    let (parts, body) = request.into_parts();
-    let read = async {
-        let mut data = body.into_data_stream();
-        let mut buffer = bytes::BytesMut::new();
-        while let Some(chunk) = data.next().await {
-            let chunk = chunk.map_err(|e| ApiError::bad_request("body", e))?;
-            if buffer.len() + chunk.len() > deadline.max_bytes {
-                return Err(ApiError::too_large());
-            }
-            buffer.extend_from_slice(&chunk);
-        }
-        Ok(buffer.freeze())
-    };
-    match tokio::time::timeout(deadline.within, read).await {
-        Ok(Ok(bytes)) => {
-            next.run(axum::extract::Request::from_parts(parts, axum::body::Body::from(bytes))).await
-        }
-        Ok(Err(refused)) => refused.into_response(),
-        Err(_) => ApiError::slow_body(deadline.within.as_secs()).into_response(),
-    }
-}
-
 pub async fn api_not_found() -> ApiError {
     ApiError::not_found("no such API route: see /openapi.json")
 }

@@ -12,7 +12,13 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use vynil_gateway::Config;
 
+const HOOK_SECRET: &str = "0123456789abcdef-hook";
+
 async fn gateway() -> (std::net::SocketAddr, vynil_runtime::Shutdown) {
+    // A declared hook: a body is read only once its sender is known.
+    let hooks = std::env::temp_dir().join(format!("vynil-slow-clients-{}.yaml", std::process::id()));
+    let text = format!("hooks:\n  - name: registry\n    format: distribution\n    secret: {HOOK_SECRET}\n");
+    std::fs::write(&hooks, text).unwrap();
     let config = <Config as clap::Parser>::parse_from([
         "vynil-gateway",
         "--listen",
@@ -21,6 +27,8 @@ async fn gateway() -> (std::net::SocketAddr, vynil_runtime::Shutdown) {
         "1",
         "--body-timeout-seconds",
         "1",
+        "--hooks-file",
+        hooks.to_str().unwrap(),
     ]);
     let gateway = vynil_gateway::Gateway::bind(&config).await.unwrap();
     let addr = gateway.local_addr().unwrap();
@@ -57,8 +65,10 @@ async fn a_client_that_never_finishes_its_headers_loses_its_connection() {
 async fn a_client_that_trickles_its_body_is_answered_408_and_holds_no_handler() {
     let (addr, stop) = gateway().await;
     let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let head = "POST /api/v1/hooks/registry HTTP/1.1\r\nHost: gateway\r\nContent-Type: application/json\r\n\
-                Content-Length: 100\r\n\r\n{\"events\":";
+    let head = format!(
+        "POST /api/v1/hooks/registry HTTP/1.1\r\nHost: gateway\r\nContent-Type: application/json\r\n\
+         Authorization: Bearer {HOOK_SECRET}\r\nContent-Length: 100\r\n\r\n{{\"events\":"
+    );
     stream.write_all(head.as_bytes()).await.unwrap();
     let mut answer = vec![0u8; 4096];
     let read = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut answer)).await;

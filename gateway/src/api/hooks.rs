@@ -94,7 +94,17 @@ struct HooksFile {
 struct Hook {
     format: Format,
     secret: Vec<u8>,
+    /// Events of this hook handled at once ([`HOOK_CONCURRENCY`]).
+    slots: std::sync::Arc<tokio::sync::Semaphore>,
 }
+
+/// Events one hook handles at once; one more is answered 503 (the registry
+/// sends it again) before its body is read.
+pub const HOOK_CONCURRENCY: usize = 4;
+
+/// A hook event's place among those its hook handles at once.
+#[derive(Debug)]
+pub struct HookSlot(#[allow(dead_code)] tokio::sync::OwnedSemaphorePermit);
 
 /// The declared hooks, and what they already received.
 #[derive(Debug, Default)]
@@ -132,6 +142,34 @@ impl Seen {
 }
 
 impl Hooks {
+    /// Admits an event to hook `name` from its headers alone, before its
+    /// body is read (`crate::bodies`): the hook is declared, a static
+    /// secret is the hook's, a signed event carries its signature headers
+    /// (checked against the body once read), and the hook handles fewer than
+    /// [`HOOK_CONCURRENCY`] events now.
+    pub fn admit(&self, name: &str, headers: &HeaderMap) -> Result<HookSlot, ApiError> {
+        let hook = self.hooks.get(name).ok_or_else(|| {
+            ApiError::unauthenticated(format!("no hook {name:?} is declared in --hooks-file"))
+        })?;
+        let authenticated = match hook.format {
+            Format::Generic => {
+                headers.contains_key("x-vynil-timestamp") && headers.contains_key("x-vynil-signature")
+            }
+            _ => authorized(headers, &hook.secret),
+        };
+        if !authenticated {
+            return Err(ApiError::unauthenticated(format!(
+                "hook {name:?} needs its secret in the Authorization header, or a generic hook's signature headers (docs/push.md)"
+            )));
+        }
+        let slot = hook.slots.clone().try_acquire_owned().map_err(|_| {
+            ApiError::busy(format!(
+                "hook {name:?} is handling {HOOK_CONCURRENCY} events already: send this one again"
+            ))
+        })?;
+        Ok(HookSlot(slot))
+    }
+
     /// The hooks of `path` (none without one). Errors name the file and what to fix.
     pub fn load(path: Option<&Path>) -> Result<Self, String> {
         let Some(path) = path else { return Ok(Self::default()) };
@@ -158,7 +196,14 @@ impl Hooks {
                 return Err(format!("hook {:?}: names are lower-case letters, digits and dashes", spec.name));
             }
             if hooks
-                .insert(spec.name.clone(), Hook { format: spec.format, secret: secret.into_bytes() })
+                .insert(
+                    spec.name.clone(),
+                    Hook {
+                        format: spec.format,
+                        secret: secret.into_bytes(),
+                        slots: std::sync::Arc::new(tokio::sync::Semaphore::new(HOOK_CONCURRENCY)),
+                    },
+                )
                 .is_some()
             {
                 return Err(format!("hook {:?} is declared twice", spec.name));
