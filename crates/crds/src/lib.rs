@@ -13,6 +13,7 @@ pub mod jukebox;
 pub mod names;
 pub mod policy;
 mod schema;
+pub mod secrets;
 
 pub use condition::{Condition, ConditionStatus, coded_message, message_code, set_condition};
 pub use instance::{

@@ -150,6 +150,27 @@ impl Location {
         }
     }
 
+    /// The URL whose host requests with this location's credentials go to:
+    /// the HTTP index's own, an S3 bucket's endpoint (AWS's regional one
+    /// without `endpoint`, as `object_store` reaches it path-style); `None`
+    /// for a directory. A credential's host check reads this parsed URL,
+    /// never the written text.
+    pub fn contacted(&self) -> Result<Option<url::Url>> {
+        let invalid = |problem: String| IndexError::InvalidLocation { location: self.to_string(), problem };
+        let url = match self {
+            Location::Directory(_) => return Ok(None),
+            Location::Http { url, .. } => url.clone(),
+            Location::S3 { endpoint: Some(endpoint), .. } => endpoint.clone(),
+            Location::S3 { bucket, .. } if bucket.ends_with("--x-s3") => {
+                return Err(invalid(
+                    "names an S3 Express bucket, whose zonal endpoint is not supported".into(),
+                ));
+            }
+            Location::S3 { region, endpoint: None, .. } => format!("https://s3.{region}.amazonaws.com"),
+        };
+        url::Url::parse(&url).map(Some).map_err(|e| invalid(format!("{url:?} is not a URL: {e}")))
+    }
+
     /// The store and the prefix of the index in it.
     pub(crate) fn open(&self) -> Result<(Arc<dyn ObjectStore>, Path)> {
         let invalid = |problem: String| IndexError::InvalidLocation { location: self.to_string(), problem };

@@ -38,6 +38,9 @@ pub enum ScanVerdict {
     Succeeded,
     /// Why, as the `Updated=False` message says it.
     Failed(String),
+    /// The source's configuration is refused (a Secret it may not name):
+    /// `Updated=False` and `Ready=False` say why; packages are kept.
+    Refused(String),
 }
 
 /// What a scan does to the conditions, in order.
@@ -75,6 +78,12 @@ pub fn after_scan(
             set.push(change(JukeboxCondition::Updated, false, why));
             if !has_ready && schedule_problem.is_none() {
                 set.push(change(JukeboxCondition::Ready, false, NO_SUCCESSFUL_UPDATE));
+            }
+        }
+        ScanVerdict::Refused(why) => {
+            set.push(change(JukeboxCondition::Updated, false, why));
+            if schedule_problem.is_none() {
+                set.push(change(JukeboxCondition::Ready, false, why));
             }
         }
     }
@@ -125,11 +134,21 @@ mod tests {
 
         let changed = after_scan(&ScanVerdict::Succeeded, true, true, None);
         assert!(changed.restamp_updated);
+
+        // A refused configuration is not a passing outage: Ready says it too.
+        let refused = after_scan(&ScanVerdict::Refused("[E_SECRET_NOT_ALLOWED] x".into()), true, false, None);
+        assert!(!refused.only_ours && !refused.restamp_updated);
+        assert_eq!(
+            set(&refused),
+            [(Updated, false, "[E_SECRET_NOT_ALLOWED] x"), (Ready, false, "[E_SECRET_NOT_ALLOWED] x")]
+        );
     }
 
     #[test]
     fn a_schedule_that_cannot_run_shows_in_ready_whatever_the_outcome() {
-        for verdict in [ScanVerdict::Succeeded, ScanVerdict::Failed("x".into())] {
+        for verdict in
+            [ScanVerdict::Succeeded, ScanVerdict::Failed("x".into()), ScanVerdict::Refused("y".into())]
+        {
             for has_ready in [false, true] {
                 let transition = after_scan(&verdict, has_ready, false, Some("[E_INVALID_SCHEDULE] bad"));
                 let readies: Vec<_> = transition.set.iter().filter(|c| c.condition == Ready).collect();

@@ -14,6 +14,7 @@ use std::{
     sync::{Arc, Mutex},
 };
 
+use k8s_openapi::api::core::v1::Secret;
 use redis::AsyncCommands;
 use tokio::sync::broadcast;
 use vynil_crds::{JukeBox, JukeBoxSpec, JukeBoxStatus};
@@ -174,14 +175,6 @@ pub fn opted_in(name: &str, labels: &std::collections::BTreeMap<String, String>)
     )))
 }
 
-/// A Secret manifest of the local directory.
-#[derive(Debug, Clone)]
-struct LocalSecret {
-    name: String,
-    labels: std::collections::BTreeMap<String, String>,
-    data: SecretData,
-}
-
 /// What only the scanner does with JukeBoxes besides reading them and
 /// writing their status: serve the force-scan annotation, read pull secrets.
 #[async_trait::async_trait]
@@ -193,15 +186,16 @@ pub trait ScannerStore: JukeboxStore {
     /// The `.dockerconfigjson` of a pull secret, or `None` where pull secrets
     /// are not read (outside a cluster: `--dockerconfig` applies).
     async fn pull_secret(&self, secret: &str) -> Result<Option<Vec<u8>>, StoreError>;
-    /// The data of Secret `name` (an index source's credentials); an absent
-    /// Secret is a configuration error naming where it was looked for.
-    async fn secret(&self, name: &str) -> Result<SecretData, StoreError>;
+    /// Secret `name` as a JukeBox's spec names it (an index source's
+    /// credentials, trusted keys): admitted by `vynil_crds::secrets::admit`
+    /// (the opt-in label, never the control plane's own); an absent Secret
+    /// is a configuration error naming where it was looked for.
+    async fn secret(&self, name: &str) -> Result<vynil_crds::secrets::NamedSecret, StoreError>;
     /// The data of Secret `name` when a **request** names it (`ExportIndex`):
     /// only a Secret carrying [`RPC_CREDENTIALS_LABEL`]` = "true"` is read, so
     /// a caller cannot have any Secret of the control plane's namespace (the
     /// service token's among them) sent where it says. A Secret a JukeBox's
-    /// spec names is read with [`ScannerStore::secret`] (upstream's carry no
-    /// label).
+    /// spec names is read with [`ScannerStore::secret`].
     async fn requested_secret(&self, name: &str) -> Result<SecretData, StoreError>;
     /// Replaces JukeBox `name`'s `spec.recalls` if the object is still at
     /// `expected` (its version when read): `false` when it changed since
@@ -365,9 +359,9 @@ impl LocalStore {
         })
     }
 
-    fn local_secret(&self, name: &str) -> Result<LocalSecret, StoreError> {
+    fn local_secret(&self, name: &str) -> Result<Secret, StoreError> {
         let secrets = self.read_directory()?.2;
-        secrets.into_iter().find(|s| s.name == name).ok_or_else(|| {
+        secrets.into_iter().find(|s| s.metadata.name.as_deref() == Some(name)).ok_or_else(|| {
             StoreError::Config(format!(
                 "secret {name:?} is not in {}: add a Secret manifest (kind: Secret, metadata.name: {name}) there",
                 self.directory.display()
@@ -382,7 +376,7 @@ impl LocalStore {
     /// The JukeBoxes of the directory, the files that are neither a JukeBox
     /// nor a Secret, and the Secrets.
     #[allow(clippy::type_complexity)]
-    fn read_directory(&self) -> Result<(Vec<Spec>, Vec<SkippedSource>, Vec<LocalSecret>), StoreError> {
+    fn read_directory(&self) -> Result<(Vec<Spec>, Vec<SkippedSource>, Vec<Secret>), StoreError> {
         let entries = std::fs::read_dir(&self.directory).map_err(|e| {
             StoreError::Config(format!("cannot read the JukeBox directory {}: {e}", self.directory.display()))
         })?;
@@ -409,17 +403,8 @@ impl LocalStore {
             if let Ok(value) = &value
                 && value.get("kind").and_then(|k| k.as_str()) == Some("Secret")
             {
-                match serde_json::from_value::<k8s_openapi::api::core::v1::Secret>(value.clone()) {
-                    Ok(secret) => {
-                        let name = secret.metadata.name.clone().unwrap_or_default();
-                        let labels = secret.metadata.labels.clone().unwrap_or_default();
-                        let mut data: SecretData =
-                            secret.data.unwrap_or_default().into_iter().map(|(k, v)| (k, v.0)).collect();
-                        for (key, text) in secret.string_data.unwrap_or_default() {
-                            data.insert(key, text.into_bytes());
-                        }
-                        secrets.push(LocalSecret { name, labels, data });
-                    }
+                match serde_json::from_value::<Secret>(value.clone()) {
+                    Ok(secret) => secrets.push(secret),
                     Err(e) => skipped.push(skip(format!("not a Secret: {e}"))),
                 }
                 continue;
@@ -514,14 +499,21 @@ impl ScannerStore for LocalStore {
 
     /// Outside a cluster, Secrets are `kind: Secret` manifests in the JukeBox
     /// directory (`data` base64, or `stringData`), as `kubectl` would apply them.
-    async fn secret(&self, name: &str) -> Result<SecretData, StoreError> {
-        Ok(self.local_secret(name)?.data)
+    /// The same rule as in a cluster: the files are the operator's, but a
+    /// JukeBox file and a Secret file may come from different hands.
+    async fn secret(&self, name: &str) -> Result<vynil_crds::secrets::NamedSecret, StoreError> {
+        Ok(vynil_crds::secrets::admit(&self.local_secret(name)?)?)
     }
 
     async fn requested_secret(&self, name: &str) -> Result<SecretData, StoreError> {
         let secret = self.local_secret(name)?;
-        opted_in(name, &secret.labels)?;
-        Ok(secret.data)
+        opted_in(name, secret.metadata.labels.as_ref().unwrap_or(&Default::default()))?;
+        let mut data: SecretData =
+            secret.data.unwrap_or_default().into_iter().map(|(k, v)| (k, v.0)).collect();
+        for (key, text) in secret.string_data.unwrap_or_default() {
+            data.insert(key, text.into_bytes());
+        }
+        Ok(data)
     }
 }
 

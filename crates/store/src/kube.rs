@@ -254,9 +254,8 @@ impl ScannerStore for KubeStore {
         crate::takeover::retire(&self.api, &cronjobs, &jobs, name).await
     }
 
-    async fn secret(&self, name: &str) -> Result<crate::jukeboxes::SecretData, StoreError> {
-        let found = self.found_secret(name).await?;
-        Ok(found.data.unwrap_or_default().into_iter().map(|(k, v)| (k, v.0)).collect())
+    async fn secret(&self, name: &str) -> Result<vynil_crds::secrets::NamedSecret, StoreError> {
+        Ok(vynil_crds::secrets::admit(&self.found_secret(name).await?)?)
     }
 
     async fn requested_secret(&self, name: &str) -> Result<crate::jukeboxes::SecretData, StoreError> {
@@ -274,8 +273,9 @@ impl ScannerStore for KubeStore {
                  kubernetes.io/dockerconfigjson Secret there"
             )));
         };
-        match found.data.as_ref().and_then(|d| d.get(".dockerconfigjson")) {
-            Some(bytes) => Ok(Some(bytes.0.clone())),
+        let admitted = vynil_crds::secrets::admit(&found)?;
+        match admitted.data.get(".dockerconfigjson") {
+            Some(bytes) => Ok(Some(bytes.clone())),
             None => Err(StoreError::Config(format!(
                 "pull secret {secret:?} in namespace {namespace:?} has no .dockerconfigjson key (type {}): \
                  it must be a kubernetes.io/dockerconfigjson Secret",

@@ -58,13 +58,16 @@ pub enum StoreError {
     /// A record the shared state lost (see [`epoch`]).
     #[error("{0}")]
     Lost(String),
+    /// A Secret a JukeBox may not name (`vynil_crds::secrets`).
+    #[error("{0}")]
+    SecretRefused(#[from] vynil_crds::secrets::SecretRefused),
 }
 
 impl vynil_failure::Classify for StoreError {
     fn failure(&self) -> vynil_failure::Failure {
         use vynil_failure::Failure;
         match self {
-            StoreError::Config(_) => Failure::Refused,
+            StoreError::Config(_) | StoreError::SecretRefused(_) => Failure::Refused,
             StoreError::Unavailable(_) => Failure::Transient,
             StoreError::Conflict(_) => Failure::Concurrent,
             StoreError::Lost(_) => Failure::Lost,

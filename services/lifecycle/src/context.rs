@@ -103,7 +103,9 @@ pub struct Settings {
 
 impl Context {
     /// The registry client with the credentials of the pull secret `name`
-    /// (read afresh: a rotated secret counts at once).
+    /// (read afresh: a rotated secret counts at once). A Secret that is gone,
+    /// unusable, or one no JukeBox may name (`vynil_crds::secrets::admit`) is
+    /// an error: never an anonymous pull instead.
     pub(crate) async fn registry_for(
         &self,
         pull_secret: Option<&str>,
@@ -111,19 +113,37 @@ impl Context {
         let Some(name) = pull_secret else {
             return Ok(self.registry.clone());
         };
+        let secret = self.named_secret(name, "the pull secret").await?;
+        let document = secret.data.get(".dockerconfigjson").ok_or_else(|| {
+            LifecycleError::Invalid(vynil_crds::coded_message(
+                "E_PULL_SECRET",
+                &format!("pull secret {name} has no .dockerconfigjson key: it must be a kubernetes.io/dockerconfigjson Secret"),
+            ))
+        })?;
+        let credentials = vynil_registry::CredentialStore::from_dockerconfigjson(document)
+            .map_err(|e| LifecycleError::Invalid(format!("pull secret {name}: {e}")))?;
+        self.registry.with_credentials(&credentials).map_err(|e| LifecycleError::Invalid(e.to_string()))
+    }
+
+    /// Secret `name` of the control plane's namespace as a JukeBox names it
+    /// (`what` it is for): admitted, or an error saying why not.
+    pub(crate) async fn named_secret(
+        &self,
+        name: &str,
+        what: &str,
+    ) -> Result<vynil_crds::secrets::NamedSecret, LifecycleError> {
         let secret = self
             .secrets
             .get_opt(name)
             .await
-            .map_err(LifecycleError::kube(format!("reading the pull secret {name}")))?;
-        let document =
-            secret.and_then(|s| s.data).and_then(|d| d.get(".dockerconfigjson").map(|b| b.0.clone()));
-        let Some(document) = document else {
-            return Ok(self.registry.clone());
-        };
-        let credentials = vynil_registry::CredentialStore::from_dockerconfigjson(&document)
-            .map_err(|e| LifecycleError::Invalid(format!("pull secret {name}: {e}")))?;
-        self.registry.with_credentials(&credentials).map_err(|e| LifecycleError::Invalid(e.to_string()))
+            .map_err(LifecycleError::kube(format!("reading {what} {name}")))?
+            .ok_or_else(|| {
+                let namespace = self.secrets.namespace().unwrap_or_default();
+                LifecycleError::Invalid(format!(
+                    "{what} {name} does not exist in namespace {namespace}: create it there"
+                ))
+            })?;
+        vynil_crds::secrets::admit(&secret).map_err(|refused| LifecycleError::Invalid(refused.to_string()))
     }
 
     pub fn new(client: Client, stores: Stores, metrics: LifecycleMetrics, settings: Settings) -> Self {

@@ -291,7 +291,18 @@ pub(crate) async fn create_agent_job(
     context: &Context,
 ) -> Result<(), LifecycleError> {
     warn_if_tag_moved(instance, object, request, context).await;
-    refuse_if_digest_gone((instance, object), request, context).await?;
+    // The Job mounts its pull secret: one that is gone, unusable, or that no
+    // JukeBox may name (`[E_SECRET_NOT_ALLOWED]`) runs no Job; a Warning
+    // Event `PullSecretRefused` says why, and the reconcile comes back.
+    let client = match context.registry_for(request.pull_secret.as_deref()).await {
+        Ok(client) => client,
+        Err(LifecycleError::Invalid(why)) => {
+            context.publish(object, instance.kind, true, "PullSecretRefused", why.clone()).await;
+            return Err(LifecycleError::Pending { why, retry_after: std::time::Duration::from_secs(60) });
+        }
+        Err(other) => return Err(other),
+    };
+    refuse_if_digest_gone((instance, object), request, &client, context).await?;
     if action == JobAction::Install {
         refuse_if_unverified((instance, object), request, context).await?;
     }
@@ -361,13 +372,13 @@ async fn warn_if_tag_moved(
 async fn refuse_if_digest_gone(
     (instance, object): (&Instance, &DynamicObject),
     request: &JobRequest,
+    client: &vynil_registry::RegistryClient,
     context: &Context,
 ) -> Result<(), LifecycleError> {
     let Some(chosen) = &request.digest else { return Ok(()) };
     let Ok(repo) = vynil_registry::RepositoryRef::new(&request.registry, &request.image) else {
         return Ok(());
     };
-    let Ok(client) = context.registry_for(request.pull_secret.as_deref()).await else { return Ok(()) };
     let Ok(None) = client.head_digest(&repo, chosen).await else { return Ok(()) };
     let why = vynil_crds::coded_message(
         "E_DIGEST_GONE",

@@ -58,19 +58,11 @@ pub(crate) async fn read(
         .map_err(LifecycleError::kube(format!("reading JukeBox {}'s signature policy", instance.jukebox)))?;
     let Some(policy) = jukebox.and_then(|j| j.spec.verify) else { return Ok(None) };
     let secret = match policy.keys_secret.as_deref().filter(|s| !s.is_empty()) {
-        Some(name) => {
-            let secret = context
-                .secrets
-                .get_opt(name)
-                .await
-                .map_err(LifecycleError::kube(format!("reading the trusted keys' Secret {name}")))?;
-            let data = secret.and_then(|s| s.data).unwrap_or_default();
-            Some(data.into_iter().map(|(k, v)| (k, v.0)).collect())
-        }
+        Some(name) => Some(context.named_secret(name, "the trusted keys' Secret").await?),
         None => None,
     };
     let keys = policy
-        .keyring(secret.as_ref())
+        .keyring(secret.as_ref().map(|s| &s.data))
         .map_err(|e| LifecycleError::Invalid(vynil_crds::coded_message("E_VERIFY_KEYS", &e.to_string())))?;
     let client = context.registry_for(pull_secret).await?;
     let verdict = client.signature_verdict(repo, digest, &keys, true).await.map_err(|e| {

@@ -1592,3 +1592,63 @@ async fn a_rollout_in_waves_goes_canary_first_and_a_canary_failure_halts_the_res
     eventually("every instance at 0.4.0", || at("0.4.0", &["canary", "rest1", "rest2"])).await;
     world.stop().await;
 }
+
+/// Issue "Credentials that stay where they belong" item 1, lifecycle's side:
+/// a JukeBox editor names the service token's Secret as the pull secret, so
+/// that the agent Job (cluster-admin, running the package's scripts) mounts
+/// it. No Job runs: the condition says `[E_SECRET_NOT_ALLOWED]`; a Secret of
+/// the user's own, opted in, is used.
+#[tokio::test]
+async fn a_pull_secret_no_jukebox_may_name_runs_no_job() {
+    use k8s_openapi::api::core::v1::Secret;
+    let (world, _) = World::start(web("r.example"), &[]).await;
+    let secrets: Api<Secret> = Api::namespaced(world.client.clone(), JOBS);
+    let config = json!({"auths": {"r.example": {"auth": "dXNlcjpwYXNz"}}}).to_string();
+    for (name, labelled) in [("vynil-service-token", true), ("regcred", false)] {
+        let labels = if labelled { json!({vynil_crds::secrets::OPT_IN_LABEL: "true"}) } else { json!({}) };
+        let secret: Secret = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/dockerconfigjson",
+            "metadata": {"name": name, "labels": labels}, "stringData": {".dockerconfigjson": config},
+        }))
+        .unwrap();
+        secrets.create(&PostParams::default(), &secret).await.unwrap();
+    }
+    let boxes: Api<vynil_crds::JukeBox> = Api::all(world.client.clone());
+    // One instance per refusal: Events of one object and reason form one
+    // series, which keeps its first note.
+    let refusals = [
+        ("web", "vynil-service-token", "it is one of the control plane's own Secrets"),
+        ("web-2", "regcred", "it does not carry the label"),
+    ];
+    for (instance, secret, why) in refusals {
+        let named = json!({"spec": {"pull_secret": secret}});
+        boxes.patch("box", &PatchParams::default(), &Patch::Merge(&named)).await.unwrap();
+        world.create("TenantInstance", instance, web_spec(), json!({})).await;
+        let expected = format!("[E_SECRET_NOT_ALLOWED] Secret {secret}: {why}");
+        eventually("the refusal or a Job", || async {
+            let jobs = world.jobs().list(&Default::default()).await.unwrap().items;
+            let events = world.api.objects("events.k8s.io", "events");
+            let refused = events.iter().any(|e| {
+                e["reason"] == "PullSecretRefused"
+                    && e["regarding"]["name"] == instance
+                    && e["note"].as_str().is_some_and(|n| n.starts_with(&expected))
+            });
+            (refused || !jobs.is_empty()).then_some(())
+        })
+        .await;
+        let jobs = world.jobs().list(&Default::default()).await.unwrap().items;
+        assert!(jobs.is_empty(), "a Job mounts {secret}: {:?}", jobs[0].spec);
+        assert_eq!(installed_tag(&world.get("TenantInstance", instance).await), None);
+    }
+    let label = json!({"metadata": {"labels": {vynil_crds::secrets::OPT_IN_LABEL: "true"}}});
+    secrets.patch("regcred", &PatchParams::default(), &Patch::Merge(&label)).await.unwrap();
+    // Lifecycle watches no Secret: the retry finds it, or a change of the instance.
+    world.patch("TenantInstance", "web-2", json!({"metadata": {"annotations": {"test/poke": "1"}}})).await;
+    eventually("the install with the user's own Secret", || async {
+        installed_tag(&world.get("TenantInstance", "web-2").await).map(str::to_string)
+    })
+    .await;
+    let job = world.jobs().list(&Default::default()).await.unwrap().items.remove(0);
+    assert!(serde_json::to_string(&job).unwrap().contains("regcred"), "the Job mounts the opted-in Secret");
+    world.stop().await;
+}

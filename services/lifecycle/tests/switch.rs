@@ -141,6 +141,64 @@ async fn as_upstream_leaves_it(client: &Client) {
     let mirror = json!({"apiVersion": "vynil.solidite.fr/v1", "kind": "JukeBox", "metadata": {"name": "mirror"},
         "spec": {"source": {"layout": {"path": "/mirror"}}, "schedule": "0 3 * * *"}});
     boxes.create(&PostParams::default(), &serde_json::from_value(mirror).unwrap()).await.unwrap();
+    // Secrets upstream's JukeBoxes name, without our opt-in label: an index
+    // source's credentials (read from two hosts), a pull secret, and the
+    // service token's Secret a JukeBox should never have named.
+    let indexed = |name: &str, url: &str, secret: &str| {
+        json!({"apiVersion": "vynil.solidite.fr/v1", "kind": "JukeBox", "metadata": {"name": name},
+            "spec": {"source": {"http": {"url": url, "secret": secret}}, "pull_secret": "regcred", "schedule": "0 3 * * *"}})
+    };
+    let sources = [
+        indexed("charts", "https://charts.corp.example/vynil/", "index-auth"),
+        indexed("charts-mirror", "http://mirror.corp.example:8080/vynil?x=1", "index-auth"),
+        indexed("sneaky", "https://evil.example/", "vynil-service-token"),
+    ];
+    for jukebox in sources {
+        boxes.create(&PostParams::default(), &serde_json::from_value(jukebox).unwrap()).await.unwrap();
+    }
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client.clone(), JOBS);
+    let secret = |name: &str, type_: &str, key: &str| {
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "type": type_,
+            "stringData": {key: "{\"auths\":{}}"}})
+    };
+    for (name, type_, key) in [
+        ("index-auth", "Opaque", "token"),
+        ("regcred", "kubernetes.io/dockerconfigjson", ".dockerconfigjson"),
+        ("vynil-service-token", "Opaque", "token"),
+    ] {
+        secrets
+            .create(&PostParams::default(), &serde_json::from_value(secret(name, type_, key)).unwrap())
+            .await
+            .unwrap();
+    }
+}
+
+/// The takeover's Secret step: those JukeBoxes name opt in, an index's bound
+/// to the hosts it is read from, each listed; the service token's never.
+async fn secrets_opted_in(client: &Client, output: &str) {
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client.clone(), JOBS);
+    let label = |s: &k8s_openapi::api::core::v1::Secret| {
+        kube::ResourceExt::labels(s).get(vynil_crds::secrets::OPT_IN_LABEL).cloned()
+    };
+    for name in ["index-auth", "regcred"] {
+        assert_eq!(label(&secrets.get(name).await.unwrap()).as_deref(), Some("true"), "{name}:\n{output}");
+        assert!(output.contains(&format!("Secret {name}: labelled")), "{output}");
+    }
+    let index = secrets.get("index-auth").await.unwrap();
+    let admitted = vynil_crds::secrets::admit(&index).unwrap().hosts().unwrap();
+    for url in
+        ["https://charts.corp.example/vynil/index.yaml", "http://mirror.corp.example:8080/vynil/index.yaml"]
+    {
+        assert!(admitted.allows(&url::Url::parse(url).unwrap()), "{url}:\n{output}");
+    }
+    assert!(!admitted.allows(&url::Url::parse("https://evil.example/").unwrap()));
+    assert!(
+        output.contains("Secret index-auth: hosts charts.corp.example mirror.corp.example:8080"),
+        "{output}"
+    );
+    let token = secrets.get("vynil-service-token").await.unwrap();
+    assert_eq!(label(&token), None, "the service token's Secret is never labelled:\n{output}");
+    assert!(!output.contains("vynil-service-token"), "{output}");
 }
 
 fn packages() -> Vec<Value> {
@@ -165,6 +223,7 @@ async fn a_cluster_switches_from_upstream_and_back_with_the_documented_scripts()
     // The takeover, as docs/migration.md writes it.
     let (ok, output) = run(&doc_script("takeover"), &kubeconfig, &[]).await;
     assert!(ok, "the takeover script failed:\n{output}");
+    secrets_opted_in(&client, &output).await;
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), JOBS);
     let upstream = deployments.get("vynil-controller").await.unwrap();
     assert_eq!(upstream.spec.replicas, Some(0), "upstream's operator is stopped");

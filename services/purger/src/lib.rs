@@ -79,6 +79,7 @@ impl From<vynil_store::StoreError> for PurgerError {
     fn from(error: vynil_store::StoreError) -> Self {
         match error {
             vynil_store::StoreError::Config(why) => PurgerError::Config(why),
+            vynil_store::StoreError::SecretRefused(refused) => PurgerError::Config(refused.to_string()),
             vynil_store::StoreError::Conflict(name) => PurgerError::Conflict(name),
             vynil_store::StoreError::Lost(what) => PurgerError::Lost(what),
             vynil_store::StoreError::Unavailable(why) => PurgerError::Store(why),

@@ -58,17 +58,60 @@ pub enum ScanOutput {
     NothingToScan,
     /// The repository list itself could not be had.
     SourceFailed(String),
+    /// The source's configuration is refused (a Secret it may not name):
+    /// nothing was asked of it.
+    SourceRefused(String),
     Scanned {
         outcomes: Vec<(Repository, RepositoryOutcome)>,
         errors: Vec<(String, String)>,
     },
 }
 
+impl From<crate::signatures::Unusable> for ScanOutput {
+    /// A signature policy that cannot be used: its keys' Secret refused or
+    /// unreadable, or its keys not keys.
+    fn from(unusable: crate::signatures::Unusable) -> Self {
+        match unusable {
+            crate::signatures::Unusable::Secret { secret, error } => ScanOutput::unreadable(
+                error,
+                Some("E_VERIFY_KEYS"),
+                &format!("the trusted keys' Secret {secret:?}: "),
+            ),
+            crate::signatures::Unusable::Keys(why) => ScanOutput::SourceFailed(why),
+        }
+    }
+}
+
 impl ScanOutput {
+    /// A source that cannot be read because of `error`: refused when it
+    /// names a Secret it may not (`Ready=False`), failed otherwise, with
+    /// `code` (if any) and `context` before the store's words.
+    pub fn unreadable(error: vynil_store::StoreError, code: Option<&str>, context: &str) -> Self {
+        match error {
+            vynil_store::StoreError::SecretRefused(refused) => ScanOutput::SourceRefused(refused.to_string()),
+            other => {
+                let why = format!("{context}{other}");
+                ScanOutput::SourceFailed(
+                    code.map_or(why.clone(), |code| vynil_crds::coded_message(code, &why)),
+                )
+            }
+        }
+    }
+
+    /// Why the source could not be read, if it could not.
+    pub fn source_problem(&self) -> Option<&str> {
+        match self {
+            ScanOutput::SourceFailed(why) | ScanOutput::SourceRefused(why) => Some(why),
+            ScanOutput::NothingToScan | ScanOutput::Scanned { .. } => None,
+        }
+    }
+
     pub fn errors(&self) -> Vec<(String, String)> {
         match self {
             ScanOutput::NothingToScan => vec![],
-            ScanOutput::SourceFailed(why) => vec![("source".into(), why.clone())],
+            ScanOutput::SourceFailed(why) | ScanOutput::SourceRefused(why) => {
+                vec![("source".into(), why.clone())]
+            }
             ScanOutput::Scanned { errors, .. } => errors.clone(),
         }
     }
@@ -182,6 +225,7 @@ pub fn new_status(
     let (packages, verdict) = match output {
         ScanOutput::NothingToScan => return None,
         ScanOutput::SourceFailed(why) => (previous.packages.clone(), ScanVerdict::Failed(why.clone())),
+        ScanOutput::SourceRefused(why) => (previous.packages.clone(), ScanVerdict::Refused(why.clone())),
         ScanOutput::Scanned { outcomes, errors } => {
             let merged = merge_scoped(&previous.packages, scope, outcomes);
             let packages = vynil_rules::scan::with_first_seen(&previous.packages, merged, now);

@@ -10,7 +10,7 @@ use vynil_rules::{
     ScanScope, Viewer,
     index::{IndexFile, index_outcomes},
 };
-use vynil_store::JukeboxRecord;
+use vynil_store::{JukeboxRecord, ScannerStore};
 
 use crate::engine::{EngineSettings, Progress, ScanOutput};
 
@@ -89,4 +89,23 @@ pub async fn scan(
     let known = record.status.as_ref().map(|s| s.packages.as_slice()).unwrap_or_default();
     let outcomes = index_outcomes(known, filter, &files, &unannotated, &viewer);
     ScanOutput::Scanned { outcomes, errors: progress.errors }
+}
+
+/// `location` with the credentials of Secret `secret` when the source names
+/// one (read afresh at each scan, as pull secrets): a Secret the JukeBox may
+/// name, bound to the host the location reaches (`vynil_crds::secrets`), or
+/// the source is refused and nothing is asked of it.
+pub async fn credentialed(
+    store: &dyn ScannerStore,
+    location: Location,
+    secret: Option<&str>,
+) -> Result<Location, ScanOutput> {
+    let Some(secret) = secret.filter(|s| !s.is_empty()) else { return Ok(location) };
+    let failed = |why: String| ScanOutput::SourceFailed(why);
+    let named = store.secret(secret).await.map_err(|e| ScanOutput::unreadable(e, None, ""))?;
+    if let Some(url) = location.contacted().map_err(|e| failed(e.to_string()))? {
+        let bound = named.hosts().and_then(|hosts| hosts.require(&url));
+        bound.map_err(|refused| ScanOutput::SourceRefused(refused.to_string()))?;
+    }
+    location.with_secret(secret, &named.data).map_err(|e| failed(e.to_string()))
 }

@@ -76,6 +76,7 @@ impl From<vynil_store::StoreError> for ScannerError {
     fn from(error: vynil_store::StoreError) -> Self {
         match error {
             vynil_store::StoreError::Config(why) => ScannerError::Config(why),
+            vynil_store::StoreError::SecretRefused(refused) => ScannerError::Config(refused.to_string()),
             vynil_store::StoreError::Unavailable(why) => ScannerError::Store(why),
             vynil_store::StoreError::Conflict(name) => ScannerError::Conflict(name),
             vynil_store::StoreError::Lost(what) => ScannerError::Lost(what),

@@ -27,20 +27,35 @@ impl Verification {
     }
 }
 
+/// Why a JukeBox's signature policy cannot be used.
+#[derive(Debug)]
+pub enum Unusable {
+    /// Its keys' Secret cannot be read, or may not be named.
+    Secret { secret: String, error: vynil_store::StoreError },
+    /// Its keys are not keys (`[E_VERIFY_KEYS] …`).
+    Keys(String),
+}
+
 /// The signature policy of `record`; `None` without one. Keys that cannot
-/// be read fail the scan (the catalog is kept), saying which and why.
+/// be read fail the scan (the catalog is kept), saying which and why; a
+/// keys' Secret the JukeBox may not name refuses it.
 pub async fn policy_of(
     record: &JukeboxRecord,
     store: &dyn ScannerStore,
-) -> Result<Option<Verification>, String> {
+) -> Result<Option<Verification>, Unusable> {
     let Some(policy) = &record.spec.verify else { return Ok(None) };
     let secret = match policy.keys_secret.as_deref().filter(|s| !s.is_empty()) {
-        Some(secret) => Some(store.secret(secret).await.map_err(|e| {
-            coded_message("E_VERIFY_KEYS", &format!("the trusted keys' Secret {secret:?}: {e}"))
-        })?),
+        Some(secret) => Some(
+            store
+                .secret(secret)
+                .await
+                .map_err(|error| Unusable::Secret { secret: secret.to_string(), error })?,
+        ),
         None => None,
     };
-    let keys = policy.keyring(secret.as_ref()).map_err(|e| coded_message("E_VERIFY_KEYS", &e.to_string()))?;
+    let keys = policy
+        .keyring(secret.as_ref().map(|s| &s.data))
+        .map_err(|e| Unusable::Keys(coded_message("E_VERIFY_KEYS", &e.to_string())))?;
     Ok(Some(Verification {
         mode: policy.mode(),
         keys: Arc::new(keys),

@@ -253,7 +253,9 @@ impl Scanner {
         let errors = output.errors();
         let mut last = base.clone();
         last.state = match (&output, &write, errors.is_empty()) {
-            (_, Err(_), _) | (ScanOutput::SourceFailed(_), _, _) => RecordState::Failed,
+            (_, Err(_), _) | (ScanOutput::SourceFailed(_) | ScanOutput::SourceRefused(_), _, _) => {
+                RecordState::Failed
+            }
             (_, _, true) => RecordState::Succeeded,
             _ => RecordState::PartiallyFailed,
         };
@@ -301,14 +303,15 @@ impl Scanner {
         let output = match crate::index::location_of(&record.spec) {
             Some((location, secret)) => match self.index_reader(location, secret.as_deref()).await {
                 Ok(reader) => crate::index::scan(&reader, &self.settings, record, scope, &on_progress).await,
-                Err(why) => ScanOutput::SourceFailed(why),
+                Err(unreadable) => unreadable,
             },
             None => match (self.client_for(record).await, policy_of(record, &*self.store).await) {
                 (Ok(client), Ok(verification)) => {
                     let verification = verification.as_ref();
                     engine::scan(&client, &self.settings, record, scope, verification, &on_progress).await
                 }
-                (Err(why), _) | (_, Err(why)) => ScanOutput::SourceFailed(why),
+                (Err(unreadable), _) => unreadable,
+                (_, Err(unusable)) => unusable.into(),
             },
         };
         drop(on_progress);
@@ -356,19 +359,21 @@ impl Scanner {
 
     /// The registry client for this JukeBox: with its pull secret's
     /// credentials when it names one (read afresh: a rotated secret counts at
-    /// once); an unusable secret fails this JukeBox's scan, readably.
-    async fn client_for(&self, record: &JukeboxRecord) -> Result<RegistryClient, String> {
+    /// once); an unusable secret fails this JukeBox's scan, readably, and
+    /// one it may not name refuses it.
+    async fn client_for(&self, record: &JukeboxRecord) -> Result<RegistryClient, ScanOutput> {
         let Some(secret) = record.spec.pull_secret.as_deref().filter(|s| !s.is_empty()) else {
             return Ok(self.client.clone());
         };
         let document = match self.store.pull_secret(secret).await {
             Ok(Some(document)) => document,
             Ok(None) => return Ok(self.client.clone()),
-            Err(e) => return Err(coded_message("E_PULL_SECRET", &e.to_string())),
+            Err(e) => return Err(ScanOutput::unreadable(e, Some("E_PULL_SECRET"), "")),
         };
+        let failed = |why: String| ScanOutput::SourceFailed(coded_message("E_PULL_SECRET", &why));
         let credentials = CredentialStore::from_dockerconfigjson(&document)
-            .map_err(|e| coded_message("E_PULL_SECRET", &format!("pull secret {secret:?}: {e}")))?;
-        self.client.with_credentials(&credentials).map_err(|e| e.to_string())
+            .map_err(|e| failed(format!("pull secret {secret:?}: {e}")))?;
+        self.client.with_credentials(&credentials).map_err(|e| ScanOutput::SourceFailed(e.to_string()))
     }
 
     /// Exports JukeBox `jukebox`'s OCI source as an index at `destination`
@@ -391,21 +396,22 @@ impl Scanner {
         if let Some(secret) = secret {
             location = location.with_secret(secret, &self.store.requested_secret(secret).await?)?;
         }
-        let client = self.client_for(&record).await.map_err(ScannerError::Config)?;
+        let client = self.client_for(&record).await.map_err(|unreadable| {
+            ScannerError::Config(unreadable.source_problem().unwrap_or_default().into())
+        })?;
         crate::export::export(&client, &self.settings, &source, &location).await
     }
 
     /// The reader of an index source, with its Secret's credentials when it
-    /// names one (read afresh at each scan, as pull secrets).
-    async fn index_reader(&self, location: Location, secret: Option<&str>) -> Result<IndexReader, String> {
-        let location = match secret.filter(|s| !s.is_empty()) {
-            None => location,
-            Some(secret) => {
-                let data = self.store.secret(secret).await.map_err(|e| e.to_string())?;
-                location.with_secret(secret, &data).map_err(|e| e.to_string())?
-            }
-        };
-        IndexReader::open(location, self.index_cache.clone()).map_err(|e| e.to_string())
+    /// names one (`crate::index::credentialed`).
+    async fn index_reader(
+        &self,
+        location: Location,
+        secret: Option<&str>,
+    ) -> Result<IndexReader, ScanOutput> {
+        let location = crate::index::credentialed(&*self.store, location, secret).await?;
+        IndexReader::open(location, self.index_cache.clone())
+            .map_err(|e| ScanOutput::SourceFailed(e.to_string()))
     }
 
     /// Writes the status `change` computes from the current record

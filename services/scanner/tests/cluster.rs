@@ -347,7 +347,8 @@ async fn pull_secrets_give_credentials_and_a_bad_one_is_reported_without_stoppin
     world.jukebox("public", &["apps/a"], "0 0 1 1 *", None).await;
     let secrets: Api<Secret> = Api::namespaced(world.api.client().unwrap(), "vynil-system");
     let opaque: Secret = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "not-docker"}, "type": "Opaque",
+        "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+        "metadata": {"name": "not-docker", "labels": {vynil_crds::secrets::OPT_IN_LABEL: "true"}},
         "data": {"password": base64::engine::general_purpose::STANDARD.encode("x")},
     }))
     .unwrap();
@@ -382,8 +383,8 @@ async fn pull_secrets_give_credentials_and_a_bad_one_is_reported_without_stoppin
     let auth = base64::engine::general_purpose::STANDARD.encode("bob:s3cret");
     let config = json!({"auths": {private.host(): {"auth": auth}}}).to_string();
     let secret: Secret = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "registry-auth"},
-        "type": "kubernetes.io/dockerconfigjson",
+        "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/dockerconfigjson",
+        "metadata": {"name": "registry-auth", "labels": {vynil_crds::secrets::OPT_IN_LABEL: "true"}},
         "data": {".dockerconfigjson": base64::engine::general_purpose::STANDARD.encode(config)},
     }))
     .unwrap();
@@ -539,8 +540,10 @@ async fn an_http_index_source_reads_its_secret_from_the_api_and_says_when_it_is_
 
     let secrets: Api<Secret> = Api::namespaced(world.api.client().unwrap(), "vynil-system");
     let secret: Secret = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "index-auth"}, "type": "Opaque",
-        "data": {"token": "dDBrZW4="}
+        "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+        "metadata": {"name": "index-auth", "labels": {vynil_crds::secrets::OPT_IN_LABEL: "true"}},
+        "data": {"token": "dDBrZW4="},
+        "stringData": {"hosts": server.url().trim_start_matches("http://")},
     }))
     .unwrap();
     secrets.create(&PostParams::default(), &secret).await.unwrap();
@@ -590,4 +593,95 @@ async fn a_first_sighting_survives_a_scanner_restart_and_a_re_pushed_tag_starts_
     let (before, after): (jiff::Timestamp, jiff::Timestamp) =
         (seen.parse().unwrap(), again.unwrap().parse().unwrap());
     assert!(after > before, "a new digest is seen anew: {before} then {after}");
+}
+
+/// The attack of issue "Credentials that stay where they belong" item 1:
+/// whoever may patch a JukeBox names the service token's Secret as an index
+/// source's credentials and points the source at its own server. Refused,
+/// label or not; a Secret of the user's own needs the opt-in label and goes
+/// only to the hosts it binds.
+#[tokio::test]
+async fn a_jukebox_can_send_neither_the_service_token_nor_an_unbound_secret_anywhere() {
+    let world = world().await;
+    let served = tempfile::tempdir().unwrap();
+    // The attacker's server, accepting the service token.
+    let server = vynil_testkit::IndexServer::start(served.path(), "the-service-token").await.unwrap();
+    let package = vynil_rules::Package::new(
+        "r.example",
+        "db/pg",
+        "1.0.0",
+        vynil_rules::PackageContent::minimal("db", "pg", vynil_rules::PackageType::Tenant),
+    );
+    vynil_index::write_index(&vynil_index::Location::Directory(served.path().join("idx")), &[package], &[])
+        .await
+        .unwrap();
+    let secrets: Api<Secret> = Api::namespaced(world.api.client().unwrap(), "vynil-system");
+    let create_secret = |name: &str, labelled: bool, data: serde_json::Value| {
+        let labels = if labelled { json!({vynil_crds::secrets::OPT_IN_LABEL: "true"}) } else { json!({}) };
+        serde_json::from_value::<Secret>(json!({
+            "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": {"name": name, "labels": labels}, "stringData": data,
+        }))
+        .unwrap()
+    };
+    let token = json!({"token": "the-service-token"});
+    secrets
+        .create(&PostParams::default(), &create_secret("vynil-service-token", true, token.clone()))
+        .await
+        .unwrap();
+    let jukebox: JukeBox = serde_json::from_value(json!({
+        "apiVersion": "vynil.solidite.fr/v1", "kind": "JukeBox",
+        "metadata": {"name": "box", "annotations": {FORCE_SCAN: "true"}},
+        "spec": {"schedule": "0 0 1 1 *", "source": {"http": {"url": format!("{}/idx", server.url()), "secret": "vynil-service-token"}}}
+    }))
+    .unwrap();
+    world.boxes.create(&PostParams::default(), &jukebox).await.unwrap();
+    let scanner = world.scanner(&[]).await;
+    let refused = world.until("the scan to end", &scanner, no_annotation).await;
+    assert!(server.requests().is_empty(), "the service token was sent: {:?}", server.requests());
+    let (status, message) = condition(&refused, "Ready").unwrap_or_default();
+    assert_eq!(status, "False", "{refused:?}");
+    assert!(
+        message.starts_with(
+            "[E_SECRET_NOT_ALLOWED] Secret vynil-service-token: it is one of the control plane's own"
+        ) && message.ends_with("(docs/security.md)"),
+        "{message}"
+    );
+
+    // A Secret of the user's own: without the label, refused; labelled but
+    // bound to another host, refused; bound to the index's host, used.
+    let host = server.url().trim_start_matches("http://").to_string();
+    secrets.create(&PostParams::default(), &create_secret("index-auth", false, token.clone())).await.unwrap();
+    let patch = json!({"spec": {"source": {"http": {"url": format!("{}/idx", server.url()), "secret": "index-auth"}}}});
+    world.boxes.patch("box", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+    let steps = [
+        (json!({"metadata": {"labels": {}}}), "it does not carry the label"),
+        (
+            json!({"metadata": {"labels": {vynil_crds::secrets::OPT_IN_LABEL: "true"}}, "stringData": {"hosts": "index.corp.example"}}),
+            "its credentials are not bound to 127.0.0.1:",
+        ),
+    ];
+    for (change, why) in steps {
+        secrets.patch("index-auth", &PatchParams::default(), &Patch::Merge(&change)).await.unwrap();
+        world.annotate("box", "true").await;
+        let refused = world.until("the scan to end", &scanner, no_annotation).await;
+        let (status, message) = condition(&refused, "Ready").unwrap_or_default();
+        assert_eq!(status, "False", "{refused:?}");
+        assert!(
+            message.starts_with("[E_SECRET_NOT_ALLOWED] Secret index-auth: ") && message.contains(why),
+            "{message}"
+        );
+        assert!(server.requests().is_empty(), "sent to an unbound host: {:?}", server.requests());
+    }
+    let bound = json!({"stringData": {"hosts": format!("index.corp.example, {host}")}});
+    secrets.patch("index-auth", &PatchParams::default(), &Patch::Merge(&bound)).await.unwrap();
+    world.annotate("box", "true").await;
+    world
+        .until("the index to be scanned", &scanner, |j| {
+            j.status.as_ref().is_some_and(|s| !s.packages.is_empty())
+        })
+        .await;
+    assert_eq!(world.tags("box").await, ["pg:1.0.0"]);
+    let ready = world.boxes.get("box").await.unwrap();
+    assert_eq!(condition(&ready, "Ready").map(|c| c.0).as_deref(), Some("True"), "{ready:?}");
 }

@@ -108,14 +108,27 @@ fn jukebox(dir: &Path, name: &str, maturity: &str, source: &str) {
     std::fs::write(dir.join(format!("{name}.yaml")), text).unwrap();
 }
 
-fn secret(dir: &Path, name: &str, pairs: &[(&str, &str)]) {
-    secret_labelled(dir, name, pairs, "{}");
+/// A Secret a JukeBox may name (the opt-in label), bound to `url`'s host.
+fn secret(dir: &Path, name: &str, url: &str, pairs: &[(&str, &str)]) {
+    let label = format!("{{{}: \"true\"}}", vynil_crds::secrets::OPT_IN_LABEL);
+    let pairs: Vec<(&str, &str)> = pairs.iter().copied().chain([("hosts", host_of(url))]).collect();
+    secret_labelled(dir, name, &pairs, &label);
 }
 
-/// A Secret an RPC request may name (`ExportIndex`'s credentials).
-fn request_secret(dir: &Path, name: &str, pairs: &[(&str, &str)]) {
-    let label = format!("{{{}: \"true\"}}", vynil_store::RPC_CREDENTIALS_LABEL);
-    secret_labelled(dir, name, pairs, &label);
+/// A Secret an RPC request may name (`ExportIndex`'s credentials) as well
+/// as a JukeBox, bound to `url`'s host.
+fn request_secret(dir: &Path, name: &str, url: &str, pairs: &[(&str, &str)]) {
+    let labels = format!(
+        "{{{}: \"true\", {}: \"true\"}}",
+        vynil_store::RPC_CREDENTIALS_LABEL,
+        vynil_crds::secrets::OPT_IN_LABEL
+    );
+    let pairs: Vec<(&str, &str)> = pairs.iter().copied().chain([("hosts", host_of(url))]).collect();
+    secret_labelled(dir, name, &pairs, &labels);
+}
+
+fn host_of(url: &str) -> &str {
+    url.split("://").nth(1).unwrap_or(url).split('/').next().unwrap()
 }
 
 fn secret_labelled(dir: &Path, name: &str, pairs: &[(&str, &str)], labels: &str) {
@@ -168,7 +181,7 @@ async fn an_exported_http_index_gives_every_consumer_the_direct_scans_catalog() 
             format!("    http:\n      url: {}/team/index/\n      secret: index-credentials\n", server.url());
         jukebox(dir.path(), &format!("http-{maturity}"), maturity, &http);
     }
-    secret(dir.path(), "index-credentials", &[("token", TOKEN)]);
+    secret(dir.path(), "index-credentials", &server.url(), &[("token", TOKEN)]);
 
     // The exporter as CI runs it: a process, an HTTP destination taking PUTs.
     let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_vynil-scanner"))
@@ -278,7 +291,7 @@ async fn an_exported_http_index_gives_every_consumer_the_direct_scans_catalog() 
     assert_eq!(packages(&scanner, "http-stable").await, known);
 
     // A wrong token: refused, readably, and nothing lost.
-    secret(dir.path(), "index-credentials", &[("token", "not-the-token")]);
+    secret(dir.path(), "index-credentials", &server.url(), &[("token", "not-the-token")]);
     scan(&scanner, "http-stable").await;
     let said = message(&scanner, "http-stable").await;
     assert!(said.contains("401") || said.contains("refused"), "{said}");
@@ -303,11 +316,13 @@ async fn an_index_exported_to_s3_is_consumed_with_the_right_credentials_and_refu
     secret(
         dir.path(),
         "s3-credentials",
+        &s3.endpoint(),
         &[("access_key_id", s3.access_key()), ("secret_access_key", s3.secret_key())],
     );
     secret(
         dir.path(),
         "s3-wrong-credentials",
+        &s3.endpoint(),
         &[("access_key_id", s3.access_key()), ("secret_access_key", "wrong")],
     );
 
@@ -324,9 +339,9 @@ async fn an_index_exported_to_s3_is_consumed_with_the_right_credentials_and_refu
     assert!(refused.to_string().contains(vynil_store::RPC_CREDENTIALS_LABEL), "{refused}");
     assert!(!buckets.path().join("catalogs/team/index/index.yaml").exists(), "nothing written");
     let good = [("access_key_id", s3.access_key()), ("secret_access_key", s3.secret_key())];
-    request_secret(dir.path(), "s3-credentials", &good);
+    request_secret(dir.path(), "s3-credentials", &s3.endpoint(), &good);
     let wrong = [("access_key_id", s3.access_key()), ("secret_access_key", "wrong")];
-    request_secret(dir.path(), "s3-wrong-credentials", &wrong);
+    request_secret(dir.path(), "s3-wrong-credentials", &s3.endpoint(), &wrong);
     // A wrong secret cannot write either, and says so.
     let refused = scanner.export("oci-stable", &destination, Some("s3-wrong-credentials")).await.unwrap_err();
     assert!(refused.to_string().contains("credentials"), "{refused}");
@@ -361,7 +376,7 @@ async fn a_replica_that_never_read_the_index_asks_conditionally_through_redis() 
     jukebox(dir.path(), "oci-stable", "stable", &list_source(&registry));
     let http = format!("    http:\n      url: {}/idx\n      secret: index-credentials\n", server.url());
     jukebox(dir.path(), "http-stable", "stable", &http);
-    secret(dir.path(), "index-credentials", &[("token", TOKEN)]);
+    secret(dir.path(), "index-credentials", &server.url(), &[("token", TOKEN)]);
     let url = redis.url();
     let index = served.path().join("idx").display().to_string();
     let redis_flags = ["--redis-url", url.as_str(), "--export-destination", index.as_str()];
