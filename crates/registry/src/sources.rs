@@ -125,7 +125,15 @@ impl RegistryClient {
         struct Repository {
             name: String,
         }
-        let base = self.transport().base_url(registry);
+        let base = self.api_base(&self.transport().base_url(registry))?;
+        if authority(&base).map(|h| vynil_rules::repository::host(&h))
+            != Some(vynil_rules::repository::host(registry))
+        {
+            return Err(RegistryError::InvalidReference {
+                reference: registry.to_string(),
+                problem: "a Harbor registry is a host or host:port".into(),
+            });
+        }
         let authorization = match self.transport().credentials(registry).basic_header() {
             Some(basic) => Some(basic),
             None => self.harbor_anonymous_token(registry, project, &base).await,
@@ -134,10 +142,12 @@ impl RegistryClient {
         let mut page = 1;
         loop {
             let what = format!("Harbor repositories of {registry}/{project} (page {page})");
-            let url = format!(
-                "{base}/api/v2.0/projects/{project}/repositories?page={page}&page_size={HARBOR_PAGE}&sort=name"
-            );
-            let response = self.api_get(registry, what.clone(), url, authorization.clone()).await?;
+            let (number, size) = (page.to_string(), HARBOR_PAGE.to_string());
+            let segments = ["api", "v2.0", "projects", project, "repositories"];
+            let query = [("page", number.as_str()), ("page_size", &size), ("sort", "name")];
+            let url = endpoint(&base, &segments, &query);
+            let response =
+                self.api_get(registry, what.clone(), url.to_string(), authorization.clone()).await?;
             let items: Vec<Repository> = json(&response, &what)?;
             let total =
                 response.header("x-total-count").and_then(|t| t.trim().parse::<usize>().ok()).unwrap_or(0);
@@ -156,14 +166,15 @@ impl RegistryClient {
 
     /// Harbor gives anonymous pull tokens for public projects; without one the
     /// API is called without credentials.
-    async fn harbor_anonymous_token(&self, registry: &str, project: &str, base: &str) -> Option<String> {
+    async fn harbor_anonymous_token(&self, registry: &str, project: &str, base: &url::Url) -> Option<String> {
         #[derive(Deserialize)]
         struct Token {
             token: String,
         }
-        let url = format!("{base}/service/token?service=harbor-registry&scope=repository:{project}/*:pull");
-        let response =
-            self.api_get(registry, format!("Harbor anonymous token of {registry}"), url, None).await.ok()?;
+        let scope = format!("repository:{project}/*:pull");
+        let url = endpoint(base, &["service", "token"], &[("service", "harbor-registry"), ("scope", &scope)]);
+        let what = format!("Harbor anonymous token of {registry}");
+        let response = self.api_get(registry, what, url.to_string(), None).await.ok()?;
         let token: Token = serde_json::from_slice(&response.body).ok()?;
         Some(format!("Bearer {}", token.token))
     }
@@ -179,8 +190,7 @@ impl RegistryClient {
             location: String,
         }
         let base = self.api_base(url)?;
-        let api_host =
-            base.split("://").nth(1).unwrap_or_default().split('/').next().unwrap_or_default().to_string();
+        let api_host = authority(&base).unwrap_or_default();
         let token = match self.transport().credentials(registry) {
             Credentials::Basic { password, .. } => password,
             Credentials::Anonymous => {
@@ -211,10 +221,7 @@ impl RegistryClient {
         let authorization = Some(format!("Bearer {token}"));
         let search = project.rsplit('/').next().unwrap_or(project);
         let what = format!("GitLab project {project}");
-        let mut search_url = url::Url::parse(&format!("{base}/api/v4/projects")).map_err(|_| {
-            RegistryError::InvalidReference { reference: url.to_string(), problem: "not a URL".into() }
-        })?;
-        search_url.query_pairs_mut().append_pair("search", search);
+        let search_url = endpoint(&base, &["api", "v4", "projects"], &[("search", search)]);
         let response =
             self.api_get(&api_host, what.clone(), search_url.to_string(), authorization.clone()).await?;
         let projects: Vec<Project> = json(&response, &what)?;
@@ -228,10 +235,11 @@ impl RegistryClient {
         let mut page = 1;
         loop {
             let what = format!("GitLab registry repositories of {project} (page {page})");
-            let url = format!(
-                "{base}/api/v4/projects/{id}/registry/repositories?per_page={GITLAB_PAGE}&page={page}"
-            );
-            let response = self.api_get(&api_host, what.clone(), url, authorization.clone()).await?;
+            let (id, per_page, number) = (id.to_string(), GITLAB_PAGE.to_string(), page.to_string());
+            let segments = ["api", "v4", "projects", &id, "registry", "repositories"];
+            let url = endpoint(&base, &segments, &[("per_page", &per_page), ("page", &number)]);
+            let response =
+                self.api_get(&api_host, what.clone(), url.to_string(), authorization.clone()).await?;
             let items: Vec<Repository> = json(&response, &what)?;
             let pages =
                 response.header("x-total-pages").and_then(|t| t.trim().parse::<usize>().ok()).unwrap_or(1);
@@ -247,20 +255,17 @@ impl RegistryClient {
         Ok(repositories)
     }
 
-    /// A REST API base URL; plain http only for hosts declared insecure.
-    fn api_base(&self, url: &str) -> Result<String> {
-        let trimmed = url.trim_end_matches('/');
-        let parsed = url::Url::parse(trimmed).map_err(|_| RegistryError::InvalidReference {
-            reference: url.to_string(),
-            problem: "not a URL".into(),
-        })?;
-        let host = match parsed.port() {
-            Some(port) => format!("{}:{port}", parsed.host_str().unwrap_or_default()),
-            None => parsed.host_str().unwrap_or_default().to_string(),
-        };
+    /// A REST API base URL, parsed once: every request is built from it and
+    /// the credential check reads its host and port ([`authority`]), never
+    /// the written text. Refused: user information, a query, a fragment, a
+    /// backslash (a URL written to read as one host and reach another);
+    /// plain http only for hosts declared insecure.
+    fn api_base(&self, url: &str) -> Result<url::Url> {
+        let parsed = parse_api_base(url)?;
+        let host = authority(&parsed).unwrap_or_default();
         match parsed.scheme() {
-            "https" => Ok(trimmed.to_string()),
-            "http" if self.transport().base_url(&host).starts_with("http://") => Ok(trimmed.to_string()),
+            "https" => Ok(parsed),
+            "http" if self.transport().base_url(&host).starts_with("http://") => Ok(parsed),
             "http" => Err(RegistryError::InsecureRefused { registry: host }),
             _ => Err(RegistryError::InvalidReference {
                 reference: url.to_string(),
@@ -268,6 +273,48 @@ impl RegistryClient {
             }),
         }
     }
+}
+
+/// [`RegistryClient::api_base`]'s parse: no user information, query,
+/// fragment or backslash, a host.
+fn parse_api_base(url: &str) -> Result<url::Url> {
+    let invalid = |problem: &str| RegistryError::InvalidReference {
+        reference: url.to_string(),
+        problem: problem.to_string(),
+    };
+    let parsed = url::Url::parse(url.trim_end_matches('/')).map_err(|_| invalid("not a URL"))?;
+    if !parsed.username().is_empty() || parsed.password().is_some() {
+        return Err(invalid(
+            "an API base URL holds no user information: credentials come from the pull secret",
+        ));
+    }
+    if parsed.query().is_some() || parsed.fragment().is_some() || url.contains('\\') {
+        return Err(invalid("an API base URL holds no query, fragment or backslash"));
+    }
+    authority(&parsed).ok_or_else(|| invalid("names no host"))?;
+    Ok(parsed)
+}
+
+/// The `host[:port]` a parsed URL reaches, as the credential check compares it.
+pub(crate) fn authority(url: &url::Url) -> Option<String> {
+    let host = url.host_str()?;
+    Some(match url.port() {
+        Some(port) => format!("{host}:{port}"),
+        None => host.to_string(),
+    })
+}
+
+/// `base` with `segments` appended to its path and `query` set: a request
+/// URL that reaches exactly `base`'s host.
+fn endpoint(base: &url::Url, segments: &[&str], query: &[(&str, &str)]) -> url::Url {
+    let mut url = base.clone();
+    if let Ok(mut path) = url.path_segments_mut() {
+        path.pop_if_empty().extend(segments);
+    }
+    if !query.is_empty() {
+        url.query_pairs_mut().extend_pairs(query);
+    }
+    url
 }
 
 fn json<T: serde::de::DeserializeOwned>(response: &Response, what: &str) -> Result<T> {
@@ -280,6 +327,40 @@ fn json<T: serde::de::DeserializeOwned>(response: &Response, what: &str) -> Resu
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    proptest::proptest! {
+        /// Issue #66 item 2: over URL spellings an attacker may write
+        /// (percent-encoding, IPv4 integers, backslashes, `#`, `?`, `@`,
+        /// trailing dots, IDNA), the host the credential check reads is the
+        /// host every request built from the base reaches (as the HTTP
+        /// client parses it again).
+        #[test]
+        fn the_host_checked_is_the_host_contacted(
+            scheme in proptest::sample::select(vec!["http", "https"]),
+            host in proptest::sample::select(vec![
+                "registry.corp.example", "REGISTRY.corp.example.", "2130706433", "127.0.0.1", "0x7f.1",
+                "evil%2Eexample", "bücher.example", "xn--bcher-kva.example", "[::1]", "registry.corp.example@evil.example",
+            ]),
+            port in proptest::option::of(1u16..),
+            decoration in proptest::sample::select(vec![
+                "", "/", "/gitlab", "?.registry.corp.example", "#.registry.corp.example", "\\.registry.corp.example",
+                "/..%2F..%2Fevil", "/%2e%2e/x", "@registry.corp.example",
+            ]),
+        ) {
+            let port = port.map(|p| format!(":{p}")).unwrap_or_default();
+            let written = format!("{scheme}://{host}{port}{decoration}");
+            if let Ok(base) = parse_api_base(&written) {
+                let checked = authority(&base);
+                for url in [
+                    endpoint(&base, &["api", "v4", "projects"], &[("search", "x?y#z")]),
+                    endpoint(&base, &["api", "v2.0", "projects", "../..", "repositories"], &[("page", "1")]),
+                ] {
+                    let contacted = url::Url::parse(url.as_str()).ok().and_then(|u| authority(&u));
+                    proptest::prop_assert_eq!(&contacted, &checked, "{} built {}", written, url);
+                }
+            }
+        }
+    }
 
     fn repo(image: &str) -> RepositoryRef {
         RepositoryRef::parse(image).unwrap()

@@ -249,3 +249,44 @@ async fn the_referrers_api_is_used_where_the_registry_offers_it() {
     assert_eq!(artifacts[0].tag, None);
     assert_eq!(artifacts[0].kind, "application/vnd.dev.cosign.artifact.sig.v1+json");
 }
+
+/// Issue "Credentials that stay where they belong" item 2: the host check
+/// read the URL's text while the request went to the parsed URL. A GitLab
+/// `url` written so that its text ends on the registry's site but parses to
+/// another host (an IPv4 integer, a percent-encoded dot, the site hidden in
+/// a query, user information, a backslash) must not carry the robot's
+/// token there: the API base is parsed once, and refused when it holds a
+/// query, a fragment or user information.
+#[tokio::test]
+async fn a_gitlab_url_spelled_to_pass_the_host_check_never_carries_the_token_elsewhere() {
+    let seen: Seen = Arc::default();
+    let recorder = seen.clone();
+    let evil = serve(Router::new().fallback(move |headers: HeaderMap| {
+        let recorder = recorder.clone();
+        async move {
+            recorder.lock().unwrap().push(auth(&headers));
+            StatusCode::NOT_FOUND
+        }
+    }))
+    .await;
+    let port = evil.rsplit(':').next().unwrap();
+    let creds = CredentialStore::default()
+        .with("registry.gitlab.example", Credentials::basic("gitlab-ci-token", "glpat-secret"));
+    for url in [
+        format!("http://2130706433:{port}?.registry.gitlab.example"),
+        format!("http://127.0.0.1:{port}#.registry.gitlab.example"),
+        format!("http://registry.gitlab.example@127.0.0.1:{port}"),
+        format!("http://127.0.0.1:{port}\\.registry.gitlab.example"),
+        format!("http://127%2E0.0.1:{port}/?x=.registry.gitlab.example"),
+    ] {
+        let source = Source::Gitlab {
+            url: url.clone(),
+            registry: "registry.gitlab.example".into(),
+            project: "infra/vynil".into(),
+        };
+        let refused = client(&evil, creds.clone()).enumerate(&source).await;
+        assert!(refused.is_err(), "{url}: {refused:?}");
+        let sent: Vec<String> = seen.lock().unwrap().iter().filter(|a| !a.is_empty()).cloned().collect();
+        assert!(sent.is_empty(), "{url}: the token went to another host: {sent:?}");
+    }
+}
