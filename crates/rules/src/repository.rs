@@ -18,7 +18,8 @@ pub const DOCKER_HUB_HOST: &str = "docker.io";
 
 /// The canonical host of a registry as users and Docker config files write
 /// it (`https://index.docker.io/v1/`, `DOCKER.IO`, `registry-1.docker.io`):
-/// lowercased, without scheme or path, Docker Hub's names as `docker.io`.
+/// lowercased, without scheme or path, a trailing dot or the port 443,
+/// Docker Hub's names as `docker.io`.
 /// Credentials, insecure-registry declarations and repository identities
 /// all key on it. An OCI layout (`oci-layout:<path>`) is its path, kept
 /// as written: paths are case-sensitive.
@@ -27,8 +28,30 @@ pub fn host(registry: &str) -> String {
         return registry.to_string();
     }
     let without_scheme = registry.split_once("://").map(|(_, rest)| rest).unwrap_or(registry);
-    let host = without_scheme.split('/').next().unwrap_or_default().to_ascii_lowercase();
+    let host = folded(&without_scheme.split('/').next().unwrap_or_default().to_ascii_lowercase());
     if DOCKER_HUB.contains(&host.as_str()) { DOCKER_HUB_HOST.to_string() } else { host }
+}
+
+/// A host without what names the same endpoint twice: a trailing dot
+/// (`reg.corp.`, the root of DNS) and HTTPS's default port (`reg.corp:443`),
+/// which registries are reached on (#66 item 3). Another port is another
+/// registry.
+fn folded(host: &str) -> String {
+    let (name, port) = match host.rsplit_once(':') {
+        Some((name, port))
+            if !port.is_empty()
+                && port.bytes().all(|b| b.is_ascii_digit())
+                && (!name.contains(':') || name.ends_with(']')) =>
+        {
+            (name, Some(port))
+        }
+        _ => (host, None),
+    };
+    let name = name.trim_end_matches('.');
+    match port {
+        Some(port) if port.trim_start_matches('0') != "443" => format!("{name}:{port}"),
+        _ => name.to_string(),
+    }
 }
 
 /// The canonical `registry/repository` of a repository: its [`host`],

@@ -751,6 +751,24 @@ proptest! {
         prop_assert!(listed(&[entry], "docker.io", &full));
         prop_assert_eq!(canonical(&other.to_uppercase(), &short), canonical(&other, &short));
         prop_assert!(!same((&other, &short), ("docker.io", &short)), "another registry is another repository");
+        // Issue #66 item 3: a trailing dot and HTTPS's default port are the
+        // same host; another port is another registry.
+        let (name, port) = other.split_once(':').map_or((other.as_str(), None), |(n, p)| (n, Some(p)));
+        let with_port = |n: &str| port.map_or(n.to_string(), |p| format!("{n}:{p}"));
+        let dotted = with_port(&format!("{name}."));
+        prop_assert!(same((&dotted, &short), (&other, &short)), "a trailing dot");
+        if port.is_none() {
+            let default = format!("{name}:443");
+            prop_assert!(same((&default, &short), (&other, &short)), "the default port");
+            let spelled = format!("https://{name}.:443/v2/");
+            prop_assert!(same((&spelled, &short), (&other, &short)));
+            let elsewhere = format!("{name}:5000");
+            prop_assert!(!same((&elsewhere, &short), (&other, &short)), "another port");
+        }
+        if !host.contains('/') {
+            let dotted = format!("{host}.");
+            prop_assert!(same((&dotted, &short), ("docker.io", &full)));
+        }
     }
 }
 
