@@ -61,9 +61,11 @@ const WINDOW_SECONDS: i64 = 300;
 /// accepted while its timestamp is within the window either side of now,
 /// so a replay can come up to twice the window after the first delivery.
 const REMEMBERED_SECONDS: i64 = 2 * WINDOW_SECONDS;
-/// Event ids and signatures remembered at most; past it, new events are
-/// refused (503, retried by the sender) rather than an id forgotten early.
-const REMEMBERED_MAX: usize = 100_000;
+/// Event ids and signatures each hook remembers at most; past it the
+/// oldest is forgotten: a flood of one hook neither refuses its own nor
+/// another hook's events (a replay of a forgotten id is then accepted, and
+/// only asks for a scan again).
+const REMEMBERED_MAX: usize = 20_000;
 
 /// The wire format a hook receives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -96,6 +98,16 @@ struct Hook {
     secret: Vec<u8>,
     /// Events of this hook handled at once ([`HOOK_CONCURRENCY`]).
     slots: std::sync::Arc<tokio::sync::Semaphore>,
+    /// What this hook already received, apart from the other hooks.
+    seen: Mutex<Seen>,
+}
+
+impl Hook {
+    /// Whether the event `key` is new within the replay window.
+    fn first(&self, key: String) -> bool {
+        let now = jiff::Timestamp::now().as_second();
+        self.seen.lock().unwrap_or_else(|p| p.into_inner()).first(key, now)
+    }
 }
 
 /// Events one hook handles at once; one more is answered 503 (the registry
@@ -106,11 +118,10 @@ pub const HOOK_CONCURRENCY: usize = 4;
 #[derive(Debug)]
 pub struct HookSlot(#[allow(dead_code)] tokio::sync::OwnedSemaphorePermit);
 
-/// The declared hooks, and what they already received.
+/// The declared hooks.
 #[derive(Debug, Default)]
 pub struct Hooks {
     hooks: HashMap<String, Hook>,
-    seen: Mutex<Seen>,
 }
 
 /// Event ids and signatures seen within the replay window, oldest first.
@@ -121,23 +132,22 @@ struct Seen {
 }
 
 impl Seen {
-    /// `Some(false)` when `key` was seen within the window, `Some(true)` the
-    /// first time; `None` when the window already holds as many as it may.
-    fn first(&mut self, key: String, now: i64) -> Option<bool> {
-        while self.order.front().is_some_and(|(at, _)| *at <= now - REMEMBERED_SECONDS) {
+    /// `false` when `key` was seen within the window, `true` the first
+    /// time; a full table forgets its oldest entry.
+    fn first(&mut self, key: String, now: i64) -> bool {
+        while self.order.front().is_some_and(|(at, _)| *at <= now - REMEMBERED_SECONDS)
+            || self.order.len() >= REMEMBERED_MAX
+        {
             if let Some((_, old)) = self.order.pop_front() {
                 self.keys.remove(&old);
             }
         }
         if self.keys.contains(&key) {
-            return Some(false);
-        }
-        if self.order.len() >= REMEMBERED_MAX {
-            return None;
+            return false;
         }
         self.keys.insert(key.clone());
         self.order.push_back((now, key));
-        Some(true)
+        true
     }
 }
 
@@ -202,6 +212,7 @@ impl Hooks {
                         format: spec.format,
                         secret: secret.into_bytes(),
                         slots: std::sync::Arc::new(tokio::sync::Semaphore::new(HOOK_CONCURRENCY)),
+                        seen: Mutex::default(),
                     },
                 )
                 .is_some()
@@ -209,19 +220,7 @@ impl Hooks {
                 return Err(format!("hook {:?} is declared twice", spec.name));
             }
         }
-        Ok(Self { hooks, seen: Mutex::default() })
-    }
-
-    /// Whether `key` is new within the replay window; an error when the
-    /// window is full (the sender retries).
-    fn first(&self, key: String) -> Result<bool, ApiError> {
-        let now = jiff::Timestamp::now().as_second();
-        self.seen.lock().unwrap_or_else(|p| p.into_inner()).first(key, now).ok_or_else(|| {
-            ApiError::unavailable(
-                "push hooks",
-                format!("{REMEMBERED_MAX} events arrived within the replay window: retry later"),
-            )
-        })
+        Ok(Self { hooks })
     }
 }
 
@@ -496,7 +495,7 @@ pub async fn receive(
     let mut fresh: Vec<Push> = Vec::new();
     for push in pushes {
         let new = match &push.id {
-            Some(id) => hooks.first(format!("{hook}:{id}"))?,
+            Some(id) => declared.first(id.clone()),
             None => true,
         };
         if new {
@@ -569,16 +568,34 @@ mod tests {
     #[test]
     fn a_replay_within_the_window_is_a_duplicate_whatever_came_between() {
         let mut seen = Seen::default();
-        assert_eq!(seen.first("hook:first".into(), 1_000), Some(true));
+        assert!(seen.first("hook:first".into(), 1_000));
         for i in 0..5_000 {
-            assert_eq!(seen.first(format!("hook:{i}"), 1_000 + i / 100), Some(true));
+            assert!(seen.first(format!("hook:{i}"), 1_000 + i / 100));
         }
-        assert_eq!(seen.first("hook:first".into(), 1_000 + REMEMBERED_SECONDS - 1), Some(false), "a replay");
-        assert_eq!(
-            seen.first("hook:first".into(), 1_000 + REMEMBERED_SECONDS),
-            Some(true),
-            "past the window"
-        );
+        assert!(!seen.first("hook:first".into(), 1_000 + REMEMBERED_SECONDS - 1), "a replay");
+        assert!(seen.first("hook:first".into(), 1_000 + REMEMBERED_SECONDS), "past the window");
+    }
+
+    /// Issue #66 item 7: one table shared by all hooks answered 503 to all
+    /// of them once a flood filled it. Each hook has its own, and a full
+    /// one forgets its oldest entry instead of refusing.
+    #[test]
+    fn a_flooded_hook_refuses_nothing_and_blinds_no_other_hook() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("hooks.yaml");
+        let hook = |name: &str| {
+            format!("  - name: {name}\n    format: distribution\n    secret: 0123456789abcdef\n")
+        };
+        std::fs::write(&file, format!("hooks:\n{}{}", hook("flooded"), hook("quiet"))).unwrap();
+        let hooks = Hooks::load(Some(&file)).unwrap();
+        let (flooded, quiet) = (&hooks.hooks["flooded"], &hooks.hooks["quiet"]);
+        assert!(quiet.first("before-the-flood".into()));
+        for i in 0..=REMEMBERED_MAX {
+            assert!(flooded.first(format!("flood-{i}")), "event {i} of the flood refused or mistaken");
+        }
+        assert!(flooded.first("after-the-flood".into()), "the flooded hook still takes new events");
+        assert!(quiet.first("during-the-flood".into()), "another hook takes its events");
+        assert!(!quiet.first("before-the-flood".into()), "and still knows its own");
     }
 
     #[test]
