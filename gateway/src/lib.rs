@@ -124,6 +124,10 @@ pub struct Config {
     /// Set it only when the gateway is reachable through that proxy alone.
     #[arg(long, env = "VYNIL_GATEWAY_TRUST_FORWARDED_FOR")]
     pub trust_forwarded_for: bool,
+    /// The addresses (or networks) of the proxy in front: `X-Forwarded-For`
+    /// is believed from them only, so `--trust-forwarded-for` needs them.
+    #[arg(long, env = "VYNIL_GATEWAY_TRUSTED_PROXIES", value_delimiter = ',', value_parser = auth::parse_proxy)]
+    pub trusted_proxies: Vec<ipnet::IpNet>,
     #[command(flatten)]
     pub log: vynil_runtime::LogConfig,
 }
@@ -164,6 +168,10 @@ pub enum GatewayError {
     Kubernetes(String),
     #[error("--hooks-file {0}")]
     Hooks(String),
+    #[error(
+        "--trust-forwarded-for needs --trusted-proxies (VYNIL_GATEWAY_TRUSTED_PROXIES): the addresses of the proxy in front, the only peers whose X-Forwarded-For is believed"
+    )]
+    Proxies,
 }
 
 /// A bound gateway, ready to serve (binding apart so tests learn the port).
@@ -302,7 +310,11 @@ pub fn router(config: &Config, kube: Option<kube::Client>) -> Result<Router, Gat
     let review_for = Duration::from_secs(config.kubernetes_review_cache_seconds.max(1));
     let kube =
         kube.map(|client| auth::KubeAuth::new(client, review_for, config.kubernetes_reviews_per_minute));
-    let source = if config.trust_forwarded_for { auth::Source::ForwardedFor } else { auth::Source::Peer };
+    let source = match (config.trust_forwarded_for, config.trusted_proxies.is_empty()) {
+        (false, _) => auth::Source::Peer,
+        (true, false) => auth::Source::ForwardedFor { proxies: config.trusted_proxies.clone() },
+        (true, true) => return Err(GatewayError::Proxies),
+    };
     let hooks = api::hooks::Hooks::load(config.hooks_file.as_deref()).map_err(GatewayError::Hooks)?;
     let streams = api::Streams::new(config.max_streams_per_client);
     let pages = api::Pages::new(config.max_page_size);

@@ -291,3 +291,66 @@ async fn a_tenant_with_every_right_on_its_instances_cannot_make_an_operators_upg
     }
     stop.trigger();
 }
+
+/// Issue "Credentials that stay where they belong" item 8: the review
+/// budget was per address, so an IPv6 client (one host holds a whole /64)
+/// got a fresh budget per address it chose; and `X-Forwarded-For` was
+/// believed from any peer. Here the proxy in front (127.0.0.1, trusted)
+/// forwards one IPv6 host's requests from rotating addresses of its /64:
+/// they share one budget. A peer that is not the proxy (127.0.0.2) is
+/// its own source whatever it writes in `X-Forwarded-For`.
+#[tokio::test]
+async fn an_ipv6_host_and_a_forged_forwarded_for_share_their_review_budget() {
+    use std::net::{IpAddr, Ipv4Addr};
+    let api = FakeApiServer::start().await.unwrap();
+    api.create_namespaces(&["vynil-system"]).unwrap();
+    let flags =
+        ["--kubernetes-reviews-per-minute", "3", "--trust-forwarded-for", "--trusted-proxies", "127.0.0.1"];
+    let (base, stop) = gateway_over_with(&api, &flags).await;
+    let from =
+        |address: Ipv4Addr| reqwest::Client::builder().local_address(IpAddr::V4(address)).build().unwrap();
+    let (proxy, forger) = (from(Ipv4Addr::new(127, 0, 0, 1)), from(Ipv4Addr::new(127, 0, 0, 2)));
+    // Tokens never sent before: a refused one is cached, and then free.
+    let limited = |http: reqwest::Client, forwarded: fn(usize) -> String, tokens: &'static str| {
+        let base = base.clone();
+        async move {
+            let mut limited = 0;
+            for i in 0..10 {
+                let answer = http
+                    .get(format!("{base}/api/v1/whoami"))
+                    .bearer_auth(format!("{tokens}-{i}"))
+                    .header("x-forwarded-for", forwarded(i))
+                    .send()
+                    .await
+                    .unwrap();
+                limited += usize::from(answer.status() == StatusCode::TOO_MANY_REQUESTS);
+            }
+            limited
+        }
+    };
+    let rotating = limited(proxy, |i| format!("2001:db8:0:1::{:x}", i + 1), "rotating").await;
+    assert!(rotating >= 6, "one /64 got a budget per address: only {rotating} of 10 limited");
+    let forged = limited(forger, |i| format!("198.51.100.{}", i + 1), "forged").await;
+    assert!(forged >= 6, "a forged X-Forwarded-For got a budget per address: only {forged} of 10 limited");
+    stop.trigger();
+}
+
+/// Item 8, the cost of a page: its burst of calls by one user asks the API
+/// server one access review per check, reused for a few seconds.
+#[tokio::test]
+async fn a_burst_of_calls_costs_one_access_review_per_check() {
+    let api = FakeApiServer::start().await.unwrap();
+    api.create_namespaces(&["vynil-system"]).unwrap();
+    api.add_token("bob-sa-token", "bob", &["devs"]);
+    let (base, stop) = gateway_over_with(&api, &[]).await;
+    let http = reqwest::Client::new();
+    api.clear_requests();
+    for _ in 0..5 {
+        let answer =
+            http.get(format!("{base}/api/v1/jukeboxes")).bearer_auth("bob-sa-token").send().await.unwrap();
+        assert_ne!(answer.status(), StatusCode::UNAUTHORIZED);
+    }
+    let reviews = api.requests().into_iter().filter(|r| r.resource == "subjectaccessreviews").count();
+    assert_eq!(reviews, 1, "five calls, one check");
+    stop.trigger();
+}

@@ -124,9 +124,20 @@ pub enum Payer {
     Session,
 }
 
+/// How long an access review's answer is reused for the same user and
+/// check: a page's burst of calls costs the API server one review.
+const ACCESS_CACHE: Duration = Duration::from_secs(5);
+/// Access answers kept at most; past it they are all forgotten.
+const ACCESS_MAX: usize = 10_000;
+
+/// An access review's answer (`Err` holds the reason refused) and when.
+type Answered = (Instant, Result<(), String>);
+
 pub struct KubeAuth {
     client: kube::Client,
     reviewed: Mutex<Reviewed>,
+    /// Access answers per (user, check), for [`ACCESS_CACHE`].
+    answered: Mutex<HashMap<(String, String), Answered>>,
     /// Reviews not answered from the cache, per source address.
     budget: DefaultKeyedRateLimiter<Option<IpAddr>>,
     per_minute: NonZeroU32,
@@ -150,6 +161,7 @@ impl KubeAuth {
         Self {
             client,
             reviewed: Mutex::new(Reviewed::new(cache_for)),
+            answered: Mutex::default(),
             budget: DefaultKeyedRateLimiter::keyed(Quota::per_minute(per_minute)),
             per_minute,
         }
@@ -193,6 +205,8 @@ impl KubeAuth {
         if self.budget.len() > ADDRESSES_MAX {
             self.budget.retain_recent();
         }
+        // An IPv6 host holds a whole /64: one budget for it, not one per address.
+        let from = from.map(crate::connections::peer_key);
         self.budget.check_key(&from).map_err(|not_until| {
             let wait = not_until.wait_time_from(self.budget.clock().now());
             let from = from.map_or_else(|| "an unknown address".to_string(), |a| a.to_string());
@@ -207,8 +221,31 @@ impl KubeAuth {
         })
     }
 
-    /// Whether `user` may do `check`; `Err(403)` naming it when not.
+    /// Whether `user` may do `check`; `Err(403)` naming it when not. The
+    /// answer is reused for [`ACCESS_CACHE`].
     pub async fn authorize(&self, user: &KubeUser, check: &Check) -> Result<(), ApiError> {
+        let key = (format!("{}\0{}\0{}", user.username, user.uid, user.groups.join(",")), check.to_string());
+        let cached = self.answered.lock().ok().and_then(|answered| {
+            answered.get(&key).filter(|(at, _)| at.elapsed() < ACCESS_CACHE).map(|(_, answer)| answer.clone())
+        });
+        let answer = match cached {
+            Some(answer) => answer,
+            None => {
+                let answer = self.review_access(user, check).await?;
+                if let Ok(mut answered) = self.answered.lock() {
+                    if answered.len() >= ACCESS_MAX {
+                        answered.clear();
+                    }
+                    answered.insert(key, (Instant::now(), answer.clone()));
+                }
+                answer
+            }
+        };
+        answer.map_err(|reason| ApiError::forbidden(format!("{} may not {check} ({reason})", user.username)))
+    }
+
+    /// A SubjectAccessReview of `check` for `user`: `Err(reason)` when refused.
+    async fn review_access(&self, user: &KubeUser, check: &Check) -> Result<Result<(), String>, ApiError> {
         let attributes = ResourceAttributes {
             verb: Some(check.verb.to_string()),
             group: Some(GROUP.into()),
@@ -233,11 +270,9 @@ impl KubeAuth {
             .map_err(unavailable)?;
         let status = answer.status.unwrap_or_default();
         if status.allowed {
-            return Ok(());
+            return Ok(Ok(()));
         }
-        let reason =
-            status.reason.filter(|r| !r.is_empty()).unwrap_or_else(|| "no RBAC rule allows it".into());
-        Err(ApiError::forbidden(format!("{} may not {check} ({reason})", user.username)))
+        Ok(Err(status.reason.filter(|r| !r.is_empty()).unwrap_or_else(|| "no RBAC rule allows it".into())))
     }
 }
 

@@ -136,30 +136,46 @@ pub struct Authenticator {
 }
 
 /// How the gateway tells where a request comes from (per-address budgets).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Source {
     /// The TCP peer: the gateway is reached directly.
     Peer,
-    /// The last address of `X-Forwarded-For` (what the proxy in front
-    /// appended), for a gateway reached only through that proxy.
-    ForwardedFor,
+    /// For a peer among `proxies` (the proxy in front), the last address of
+    /// `X-Forwarded-For` (what that proxy appended); any other peer is
+    /// itself, whatever it writes.
+    ForwardedFor { proxies: Vec<ipnet::IpNet> },
 }
 
 impl Source {
     /// The address a request with `headers` from `peer` comes from.
-    pub fn of(self, headers: &HeaderMap, peer: Option<IpAddr>) -> Option<IpAddr> {
+    pub fn of(&self, headers: &HeaderMap, peer: Option<IpAddr>) -> Option<IpAddr> {
         match self {
             Source::Peer => peer,
-            Source::ForwardedFor => headers
-                .get_all("x-forwarded-for")
-                .iter()
-                .next_back()
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.rsplit(',').next())
-                .and_then(|v| v.trim().parse().ok())
-                .or(peer),
+            Source::ForwardedFor { proxies } => {
+                let from_proxy = peer.is_some_and(|p| proxies.iter().any(|net| net.contains(&p)));
+                if !from_proxy {
+                    return peer;
+                }
+                headers
+                    .get_all("x-forwarded-for")
+                    .iter()
+                    .next_back()
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.rsplit(',').next())
+                    .and_then(|v| v.trim().parse().ok())
+                    .or(peer)
+            }
         }
     }
+}
+
+/// A proxy's address as `--trusted-proxies` writes it: an address or a
+/// network (`10.0.0.0/8`).
+pub fn parse_proxy(text: &str) -> Result<ipnet::IpNet, String> {
+    let text = text.trim();
+    text.parse::<ipnet::IpNet>()
+        .or_else(|_| text.parse::<IpAddr>().map(ipnet::IpNet::from))
+        .map_err(|_| format!("{text:?} is neither an address nor a network (10.0.0.1, 10.0.0.0/8, fd00::/8)"))
 }
 
 impl Authenticator {
@@ -311,12 +327,19 @@ mod tests {
         let peer: Option<IpAddr> = Some([10, 0, 0, 9].into());
         let forwarded = headers(&[("x-forwarded-for", "6.6.6.6"), ("x-forwarded-for", "1.2.3.4, 5.6.7.8")]);
         assert_eq!(Source::Peer.of(&forwarded, peer), peer, "a client's own header is not believed");
+        let behind = |proxy: &str| Source::ForwardedFor { proxies: vec![parse_proxy(proxy).unwrap()] };
         assert_eq!(
-            Source::ForwardedFor.of(&forwarded, peer),
+            behind("10.0.0.0/24").of(&forwarded, peer),
             Some([5, 6, 7, 8].into()),
             "what the proxy appended"
         );
-        assert_eq!(Source::ForwardedFor.of(&HeaderMap::new(), peer), peer);
+        assert_eq!(behind("10.0.0.9").of(&HeaderMap::new(), peer), peer);
+        assert_eq!(
+            behind("10.0.1.0/24").of(&forwarded, peer),
+            peer,
+            "a peer that is not the proxy is itself"
+        );
+        assert!(parse_proxy("10.0.0.0/33").is_err() && parse_proxy("proxy.local").is_err());
     }
 
     fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
