@@ -42,22 +42,22 @@ impl Destinations {
         Self { allowed }
     }
 
-    /// Accepts `destination` when it is a listed one, or lies below one at a
-    /// `/` (so `https://charts.example/vynil` admits
-    /// `https://charts.example/vynil/prod` but neither
-    /// `https://charts.example/vynil-evil` nor `https://charts.example.evil`),
-    /// and has no `..` segment.
+    /// Accepts `destination` when it is a listed one, or lies below one:
+    /// both compared as parsed and normalised ([`place`]), so
+    /// `https://charts.example/vynil` admits `https://charts.example/vynil/prod`
+    /// but neither `https://charts.example/vynil-evil`, nor
+    /// `https://charts.example.evil`, nor an encoded `..`, nor an S3
+    /// destination on another `endpoint` or `region`.
     pub fn check(&self, destination: &str) -> Result<(), ScannerError> {
-        if destination.split(['/', '?']).any(|segment| segment == "..") {
-            return Err(ScannerError::Config(format!(
-                "export destination {destination:?} has a `..` segment: name the destination itself"
-            )));
-        }
+        let wanted = place(destination).map_err(|why| {
+            ScannerError::Config(format!(
+                "export destination {destination:?} {why}: name the destination itself"
+            ))
+        })?;
         let below = |allowed: &String| {
-            destination == allowed
-                || destination
-                    .strip_prefix(allowed.as_str())
-                    .is_some_and(|rest| allowed.ends_with('/') || rest.starts_with('/'))
+            place(allowed).is_ok_and(|allowed| {
+                allowed.origin == wanted.origin && wanted.segments.starts_with(&allowed.segments)
+            })
         };
         if self.allowed.iter().any(below) {
             return Ok(());
@@ -70,6 +70,61 @@ impl Destinations {
         Err(ScannerError::Config(format!(
             "export destination {destination:?} is not allowed ({listed}): start the scanner with --export-destination <destination or prefix> (VYNIL_EXPORT_DESTINATIONS)"
         )))
+    }
+}
+
+/// A destination as the allow-list compares it: where it is (a directory
+/// tree, an HTTP origin, an S3 bucket with its region and endpoint) and
+/// the segments of its path, as the writer will use them.
+#[derive(Debug, PartialEq, Eq)]
+struct Place {
+    origin: String,
+    segments: Vec<String>,
+}
+
+/// `destination` parsed and normalised, or why it is refused: a backslash,
+/// an encoded dot, a `..` segment, user information, a query an HTTP
+/// destination does not take, a fragment.
+fn place(destination: &str) -> Result<Place, String> {
+    if destination.contains('\\') {
+        return Err("has a backslash".into());
+    }
+    if destination.to_ascii_lowercase().contains("%2e") {
+        return Err("has an encoded dot".into());
+    }
+    if destination.split(['/', '?', '&', '=']).any(|segment| segment == "..") {
+        return Err("has a `..` segment".into());
+    }
+    let words = |path: &str| -> Vec<String> {
+        path.split('/').filter(|s| !s.is_empty() && *s != ".").map(str::to_string).collect()
+    };
+    match Location::parse(destination).map_err(|e| e.to_string())? {
+        Location::Directory(path) => {
+            let origin = if path.is_absolute() { "directory:/" } else { "directory:" };
+            Ok(Place { origin: origin.into(), segments: words(&path.to_string_lossy()) })
+        }
+        Location::Http { url, .. } => {
+            let url = url::Url::parse(&url).map_err(|e| e.to_string())?;
+            if !url.username().is_empty() || url.password().is_some() {
+                return Err("holds user information".into());
+            }
+            if url.query().is_some() || url.fragment().is_some() {
+                return Err("holds a query or a fragment".into());
+            }
+            let host = url.host_str().unwrap_or_default().trim_end_matches('.');
+            let port = url.port_or_known_default().unwrap_or_default();
+            Ok(Place { origin: format!("{}://{host}:{port}", url.scheme()), segments: words(url.path()) })
+        }
+        Location::S3 { bucket, region, prefix, endpoint, .. } => {
+            let endpoint = match endpoint {
+                Some(endpoint) => {
+                    url::Url::parse(&endpoint).map_err(|e| e.to_string())?.origin().ascii_serialization()
+                }
+                None => String::new(),
+            };
+            let origin = format!("s3://{bucket}?region={region}&endpoint={endpoint}");
+            Ok(Place { origin, segments: words(prefix.as_deref().unwrap_or_default()) })
+        }
     }
 }
 
@@ -219,5 +274,43 @@ mod destination_tests {
         }
         let none = Destinations::new(&[]);
         assert!(none.check("/srv/index").unwrap_err().to_string().contains("none is listed"));
+    }
+
+    /// Issue #66 item 4: the allow-list was a string prefix checked before
+    /// the URL was normalised: encoded dots walked out of the allowed path,
+    /// and an S3 destination's `?endpoint=` sent the credentials elsewhere.
+    #[test]
+    fn a_destination_is_compared_as_parsed_and_normalised() {
+        let allowed = Destinations::new(&[
+            "https://charts.example/vynil/".into(),
+            "s3://catalogs/team/?region=eu-west-3&endpoint=https://minio.example:9000".into(),
+            "/srv/index/".into(),
+        ]);
+        for refused in [
+            "https://charts.example/vynil/%2e%2e/escaped",
+            "https://charts.example/vynil/%2E%2E/escaped",
+            "https://charts.example/vynil/.%2e/escaped",
+            "https://charts.example/vynil/x\\..\\..\\escaped",
+            "https://charts.example/vynil/x?upload=https://evil.example",
+            "https://charts.example:8443/vynil/x",
+            "https://user@charts.example/vynil/x",
+            "s3://catalogs/team/x?region=eu-west-3&endpoint=https://evil.example",
+            "s3://catalogs/team/x?region=eu-west-3&endpoint=https://minio.example:9000&other=1",
+            "s3://catalogs/team/x?region=us-east-1&endpoint=https://minio.example:9000",
+            "s3://catalogs/team/x",
+            "s3://catalogs/team/%2e%2e/x?region=eu-west-3&endpoint=https://minio.example:9000",
+            "/srv/index/%2e%2e/escaped",
+        ] {
+            assert!(allowed.check(refused).is_err(), "{refused} was allowed");
+        }
+        for ok in [
+            "https://charts.example/vynil/prod",
+            "https://CHARTS.example:443/vynil/prod/",
+            "s3://catalogs/team/prod?region=eu-west-3&endpoint=https://minio.example:9000",
+            "s3://catalogs/team/prod?endpoint=https://minio.example:9000&region=eu-west-3",
+            "/srv/index/team",
+        ] {
+            assert!(allowed.check(ok).is_ok(), "{ok} was refused: {:?}", allowed.check(ok));
+        }
     }
 }
