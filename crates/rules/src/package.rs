@@ -189,6 +189,31 @@ impl PackageContent {
     }
 
     /// Every `vynil_version` requirement that is valid SemVer.
+    /// The services (`system_service`, `tenant_service`) this revision
+    /// requires or recommends: whose instances' namespaces its scripts may read.
+    pub fn named_services(&self) -> Vec<String> {
+        let required = self.requirements.iter().filter_map(|r| match r {
+            Requirement::SystemService(s) | Requirement::TenantService(s) => Some(s.clone()),
+            _ => None,
+        });
+        let recommended = self.recommandations.iter().flatten().filter_map(|r| match r {
+            Recommandation::SystemService(s) | Recommandation::TenantService(s) => Some(s.clone()),
+            Recommandation::CustomResourceDefinition(_) => None,
+        });
+        required.chain(recommended).collect()
+    }
+
+    /// The packages (`system_package`, `tenant_package`) this revision requires.
+    pub fn named_packages(&self) -> Vec<PackageRef> {
+        self.requirements
+            .iter()
+            .filter_map(|r| match r {
+                Requirement::SystemPackage(p) | Requirement::TenantPackage(p) => Some(p.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
     pub fn vynil_versions(&self) -> impl Iterator<Item = semver::Version> + '_ {
         Requirement::vynil_versions(&self.requirements)
     }

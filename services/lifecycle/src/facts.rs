@@ -124,6 +124,28 @@ impl ClusterFacts for Facts {
     }
 }
 
+/// Where a revision's scripts may read namespaced objects: its instance's
+/// namespace and its tenant's, and the namespaces of the instances that
+/// publish a service it requires or recommends, or are a package it requires.
+fn readable(
+    tenant_namespaces: &HashSet<String>,
+    stores: &Stores,
+    content: &vynil_rules::PackageContent,
+) -> Vec<String> {
+    let services = content.named_services();
+    let packages: Vec<(String, String)> =
+        content.named_packages().into_iter().map(|p| (p.category, p.name)).collect();
+    let mut readable: std::collections::BTreeSet<String> = tenant_namespaces.iter().cloned().collect();
+    for object in [stores.tenant.state(), stores.service.state(), stores.system.state()].concat() {
+        let named = published(&object).any(|key| services.contains(&key))
+            || spec_package(&object).is_some_and(|p| packages.contains(&p));
+        if let Some(namespace) = object.namespace().filter(|_| named) {
+            readable.insert(namespace);
+        }
+    }
+    readable.into_iter().collect()
+}
+
 fn spec_package(object: &DynamicObject) -> Option<(String, String)> {
     let spec = object.data.get("spec")?;
     Some((spec.get("category")?.as_str()?.to_string(), spec.get("package")?.as_str()?.to_string()))
@@ -170,11 +192,14 @@ pub struct Asked<'a> {
     pub vynil_version: &'a semver::Version,
     /// What the revision's decision consults (a value script: everything).
     pub asks: Asks,
+    /// The revision, whose required and recommended services' namespaces
+    /// its scripts may read (`script::upstream::Reads`).
+    pub content: &'a vynil_rules::PackageContent,
 }
 
 /// Gathers the facts for the instance `asked.instance`.
 pub async fn gather(client: &Client, stores: &Stores, asked: Asked<'_>) -> Result<Facts, LifecycleError> {
-    let Asked { namespace, instance, tenant_label, scripts, vynil_version, asks } = asked;
+    let Asked { namespace, instance, tenant_label, scripts, vynil_version, asks, content } = asked;
     let version = if asks.version { Some(version(client).await?) } else { None };
     let crds = if asks.crds {
         let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
@@ -226,7 +251,7 @@ pub async fn gather(client: &Client, stores: &Stores, asked: Asked<'_>) -> Resul
     let given = script::upstream::Given {
         cluster: Some(std::sync::Arc::new(cluster)),
         vynil_version: vynil_version.to_string(),
-        reads: script::upstream::Reads::here(client.clone()),
+        reads: script::upstream::Reads::here(client.clone(), readable(&tenant_namespaces, stores, content)),
     };
     facts.script = script::Host::new(instance.clone(), scripts, given);
     for object in stores.system.state() {

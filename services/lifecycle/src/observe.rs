@@ -68,6 +68,7 @@ pub async fn observe(
                 scripts: context.scripts,
                 vynil_version: &context.framework,
                 asks: if scripted { all } else { install::Asks::of(&package.content) },
+                content: &package.content,
             };
             let facts = facts::gather(&context.client, &context.stores, asked).await?;
             let content = package.content.clone();

@@ -80,6 +80,8 @@ pub struct Given {
 pub struct Reads {
     client: kube::Client,
     runtime: tokio::runtime::Handle,
+    /// Where namespaced objects may be read (`reads::Session::may_read`).
+    namespaces: Arc<std::collections::BTreeSet<String>>,
 }
 
 impl std::fmt::Debug for Reads {
@@ -89,10 +91,11 @@ impl std::fmt::Debug for Reads {
 }
 
 impl Reads {
-    /// `None` outside a Tokio runtime.
-    pub fn here(client: kube::Client) -> Option<Self> {
+    /// Reads in `namespaces` (and of the cluster-scoped kinds upstream's
+    /// helpers read) through `client`; `None` outside a Tokio runtime.
+    pub fn here(client: kube::Client, namespaces: impl IntoIterator<Item = String>) -> Option<Self> {
         let runtime = tokio::runtime::Handle::try_current().ok()?;
-        Some(Self { client, runtime })
+        Some(Self { client, runtime, namespaces: Arc::new(namespaces.into_iter().collect()) })
     }
 }
 
@@ -174,6 +177,7 @@ impl Session {
         if resource.group.is_empty() && resource.kind == "Secret" {
             return error("k8s_resource: Secrets are never read by package scripts in the control plane");
         }
+        self.may_read(&resource.kind, capabilities.scope == Scope::Cluster, namespace)?;
         let client = self.reads.client.clone();
         let api = match namespace {
             Some(ns) if capabilities.scope == Scope::Namespaced => {
@@ -540,7 +544,7 @@ mod tests {
             .create(&PostParams::default(), &web)
             .await
             .unwrap();
-        let given = Given { reads: Reads::here(client), ..Given::default() };
+        let given = Given { reads: Reads::here(client, ["apps".to_string()]), ..Given::default() };
 
         // core/src/k8s.rs: a kind by name or plural, any case; exist() says whether it is served.
         assert_eq!(

@@ -6,6 +6,90 @@ fn list_value<T: serde::Serialize + Clone>(list: &kube::api::ObjectList<T>) -> R
     json_of(&serde_json::to_value(list).map_err(|e| e.to_string())?)
 }
 
+/// The cluster-scoped kinds a package script may read: those upstream's
+/// helpers read (sebt3/vynil `agent/scripts/lib/build_context.rhai`:
+/// CustomResourceDefinition, Node, StorageClass; `service/context_service.rhai`:
+/// Namespace; `core/src/jukebox.rs`: JukeBox) and the classes a package
+/// chooses among (IngressClass, PriorityClass).
+pub const CLUSTER_KINDS: &[&str] = &[
+    "CustomResourceDefinition",
+    "Node",
+    "StorageClass",
+    "Namespace",
+    "JukeBox",
+    "IngressClass",
+    "PriorityClass",
+];
+
+/// Objects one list page asks for; a list is read page by page.
+const PAGE: u32 = 100;
+/// Bytes one list may return, over all its pages.
+pub const LIST_BYTES: usize = 4 * 1024 * 1024;
+
+fn denied<T>(kind: &str, namespace: &str, why: &str) -> Res<T> {
+    error(format!("[E_SCRIPT_READ_DENIED] {kind} in {namespace}: {why}"))
+}
+
+impl Session {
+    /// Whether a script may read `kind` (cluster-scoped or not) in
+    /// `namespace` (`None`: every namespace): docs/lifecycle.md "What
+    /// package scripts may read".
+    pub(super) fn may_read(&self, kind: &str, cluster: bool, namespace: Option<&str>) -> Res<()> {
+        match (cluster, namespace) {
+            (true, _) if CLUSTER_KINDS.contains(&kind) => Ok(()),
+            (true, _) => denied(
+                kind,
+                "the cluster",
+                "a package script reads no cluster-scoped kind but those upstream's helpers read (docs/lifecycle.md)",
+            ),
+            (false, None) => denied(
+                kind,
+                "every namespace",
+                "a package script lists in its instance's namespaces only: name one",
+            ),
+            (false, Some(ns)) if self.reads.namespaces.contains(ns) => Ok(()),
+            (false, Some(ns)) => denied(
+                kind,
+                ns,
+                "neither the instance's namespace, nor its tenant's, nor that of a service or package it requires or recommends",
+            ),
+        }
+    }
+
+    /// A whole list, page by page (each page one read), refused past [`LIST_BYTES`].
+    fn paged<T, F>(
+        &self,
+        what: &str,
+        params: &ListParams,
+        page: impl Fn(ListParams) -> F,
+    ) -> Res<kube::api::ObjectList<T>>
+    where
+        T: Clone + serde::Serialize,
+        F: std::future::Future<Output = Result<kube::api::ObjectList<T>, kube::Error>>,
+    {
+        let mut params = params.clone().limit(PAGE);
+        let mut list = self.call(what, page(params.clone()))?;
+        let mut bytes = serde_json::to_vec(&list.items).map(|b| b.len()).unwrap_or(usize::MAX);
+        while let Some(token) = list.metadata.continue_.clone().filter(|t| !t.is_empty()) {
+            if bytes > LIST_BYTES {
+                break;
+            }
+            params = params.continue_token(&token);
+            let next = self.call(what, page(params.clone()))?;
+            bytes =
+                bytes.saturating_add(serde_json::to_vec(&next.items).map(|b| b.len()).unwrap_or(usize::MAX));
+            list.items.extend(next.items);
+            list.metadata = next.metadata;
+        }
+        if bytes > LIST_BYTES {
+            return error(format!(
+                "[E_SCRIPT_READ_DENIED] {what}: the list is over {LIST_BYTES} bytes; list with a label selector"
+            ));
+        }
+        Ok(list)
+    }
+}
+
 /// Where no client is given: each read helper says why it cannot answer.
 pub(super) fn register_no_reads(engine: &mut Engine) {
     fn unavailable(name: &str) -> Res<Dynamic> {
@@ -76,15 +160,21 @@ fn register_generic(engine: &mut Engine, session: &Arc<Session>) {
     });
     let s = session.clone();
     engine.register_fn("list", move |r: &mut Resource| -> Res<Dynamic> {
-        list_value(&s.call("list", r.api("list")?.list(&ListParams::default()))?)
+        let api = r.api("list")?;
+        list_value(&s.paged("list", &ListParams::default(), |p| async move { api.list(&p).await })?)
     });
     let s = session.clone();
     engine.register_fn("list", move |r: &mut Resource, labels: ImmutableString| -> Res<Dynamic> {
-        list_value(&s.call("list", r.api("list")?.list(&ListParams::default().labels(&labels)))?)
+        let api = r.api("list")?;
+        let params = ListParams::default().labels(&labels);
+        list_value(&s.paged("list", &params, |p| async move { api.list(&p).await })?)
     });
     let s = session.clone();
     engine.register_fn("list_meta", move |r: &mut Resource| -> Res<Dynamic> {
-        list_value(&s.call("list_meta", r.api("list_meta")?.list_metadata(&ListParams::default()))?)
+        let api = r.api("list_meta")?;
+        list_value(
+            &s.paged("list_meta", &ListParams::default(), |p| async move { api.list_metadata(&p).await })?,
+        )
     });
 }
 
@@ -101,6 +191,7 @@ fn register_named(engine: &mut Engine, session: Arc<Session>) {
     for (name, resource) in workloads {
         let s = session.clone();
         engine.register_fn(name, move |ns: ImmutableString, wanted: ImmutableString| -> Res<Dynamic> {
+            s.may_read(&resource.kind, false, Some(&ns))?;
             let api: Api<DynamicObject> = Api::namespaced_with(s.reads.client.clone(), &ns, &resource);
             json_of(&object_value(&s.call(name, api.get(&wanted))?))
         });
@@ -121,7 +212,10 @@ fn register_named(engine: &mut Engine, session: Arc<Session>) {
     let s = session;
     engine.register_fn("list_jukebox", move || -> Res<Array> {
         let api: Api<DynamicObject> = Api::all_with(s.reads.client.clone(), &jukebox);
-        let list = s.call("list_jukebox", api.list(&ListParams::default()))?;
+        let list = s.paged("list_jukebox", &ListParams::default(), |p| {
+            let api = api.clone();
+            async move { api.list(&p).await }
+        })?;
         list.items.iter().map(|o| json_of(&object_value(o))).collect()
     });
 }
