@@ -55,11 +55,39 @@ impl Source {
                     )
                 })
             }),
-            Source::Harbor { registry, project } => registry == &repository.registry && under(project),
-            Source::Gitlab { registry, project, .. } => registry == &repository.registry && under(project),
+            Source::Harbor { registry, project } | Source::Gitlab { registry, project, .. } => {
+                vynil_rules::repository::host(registry) == vynil_rules::repository::host(&repository.registry)
+                    && under(project)
+            }
             Source::Layout { path } => {
                 repository.registry == format!("{}{path}", crate::layout::LAYOUT_SCHEME)
             }
+        }
+    }
+}
+
+impl Source {
+    /// `repository` as this source writes it (its list entry, its Harbor or
+    /// GitLab registry's spelling), when the source names it under any of
+    /// its names: what a purge plans and keys usage on, whatever alias the
+    /// caller wrote (#66 item 3).
+    pub fn entry_for(&self, repository: &RepositoryRef) -> Option<RepositoryRef> {
+        if !self.contains(repository) {
+            return None;
+        }
+        match self {
+            Source::List(images) => {
+                images.iter().filter_map(|i| RepositoryRef::parse(i).ok()).find(|listed| {
+                    vynil_rules::repository::same(
+                        (&listed.registry, &listed.repository),
+                        (&repository.registry, &repository.repository),
+                    )
+                })
+            }
+            Source::Harbor { registry, .. } | Source::Gitlab { registry, .. } => {
+                RepositoryRef::new(registry, &repository.repository).ok()
+            }
+            Source::Layout { .. } => Some(repository.clone()),
         }
     }
 }

@@ -138,7 +138,8 @@ impl Purger {
     /// Plans one repository and stores the plan for `plan_ttl`.
     #[tracing::instrument(skip(self), fields(repository = %repo))]
     pub async fn plan(&self, repo: &RepositoryRef) -> Result<StoredPlan, PurgerError> {
-        self.check_named(repo).await?;
+        // Planned as the JukeBox writes it, whatever alias the caller wrote.
+        let repo = &self.check_named(repo).await?;
         if self.is_excluded(repo)? {
             return Err(PurgerError::Excluded(repo.to_string()));
         }
@@ -147,15 +148,16 @@ impl Purger {
         self.store_plan(repo.to_string(), vec![plan]).await
     }
 
-    /// Refuses a repository no JukeBox's source names (under any of its
-    /// names), before any registry is read: the purger reads, and an admin
-    /// may delete in, only what the control plane was given, never a
-    /// registry a caller names (an unreachable one answered "unavailable").
-    pub(crate) async fn check_named(&self, repo: &RepositoryRef) -> Result<(), PurgerError> {
+    /// The entry of the JukeBox source naming `repo` (under any of its
+    /// names), or a refusal before any registry is read: the purger reads,
+    /// and an admin may delete in, only what the control plane was given,
+    /// never a registry a caller names (an unreachable one answered
+    /// "unavailable").
+    pub(crate) async fn check_named(&self, repo: &RepositoryRef) -> Result<RepositoryRef, PurgerError> {
         for record in self.jukeboxes.list().await? {
             let source = vynil_store::source_of(&record.spec, self.scripts);
-            if source.is_ok_and(|source| source.contains(repo)) {
-                return Ok(());
+            if let Some(entry) = source.ok().and_then(|source| source.entry_for(repo)) {
+                return Ok(entry);
             }
         }
         Err(PurgerError::NotFound(format!(

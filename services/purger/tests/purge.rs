@@ -408,7 +408,15 @@ async fn a_plan_under_an_alias_keeps_what_is_installed() {
         ["--insecure-registry", &written, "--retention-config", &retention_flag, "--jukebox-dir", &jukeboxes];
     let service = purger(&setup, &lifecycle.endpoint(), &flags).await;
     let mut client = PurgerClient::new(service.channel().await.unwrap());
+    // Issue #66 item 3: a trailing dot and the default port are aliases too,
+    // and every plan is of the JukeBox's own entry, whatever the caller wrote.
+    for other in [format!("localhost.:{port}"), format!("LocalHost.:{port}")] {
+        let plan = make_plan(&mut client, &other).await;
+        assert_eq!(plan.target, format!("{written}/{REPO}"), "planned as the JukeBox writes it");
+        assert!(entry(&plan, "0.1.9").keep, "installed under {written}, planned under {other}: {plan:?}");
+    }
     let plan = make_plan(&mut client, &alias).await;
+    assert_eq!(plan.target, format!("{written}/{REPO}"));
     assert!(entry(&plan, "0.1.9").keep, "installed under {written}, planned under {alias}: {plan:?}");
     assert_eq!(entry(&plan, "0.1.9").reasons, ["installed by service ai/llm"]);
 
