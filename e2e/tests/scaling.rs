@@ -595,10 +595,12 @@ async fn executed_again(fleet: &Fleet, plan: &Value) -> Vec<(String, Value)> {
     .await
 }
 
-/// How many DELETEs of each digest reached the registry.
+/// How many DELETEs of each digest the registry answered. A DELETE the
+/// purger gave up on (its execution failed while it was in flight) may reach
+/// the front and never the registry: sending it again is no second deletion.
 fn deletes(fleet: &Fleet) -> BTreeMap<String, usize> {
     let mut deletes: BTreeMap<String, usize> = BTreeMap::new();
-    for seen in fleet.front.seen().iter().filter(|s| s.method == Method::DELETE) {
+    for seen in fleet.front.answered().iter().filter(|s| s.method == Method::DELETE) {
         *deletes.entry(seen.path.clone()).or_default() += 1;
     }
     deletes

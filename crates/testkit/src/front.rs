@@ -5,7 +5,10 @@
 //! own `/token` endpoint with basic credentials, as token-based registries do.
 //!
 //! Counting at the front, not in the client, is what proves "zero manifest
-//! GETs" or "no DELETE sent twice".
+//! GETs" or "no DELETE sent twice". A request is *seen* when it reaches the
+//! front and *answered* once the server behind it answered: a client that
+//! gives up on a request may cancel it before the server ever received it,
+//! so "the server deleted this twice" is counted on what it answered.
 
 use std::{
     net::SocketAddr,
@@ -76,12 +79,16 @@ struct FrontState {
     upstream: String,
     faults: Mutex<Vec<Fault>>,
     seen: Mutex<Vec<Seen>>,
+    /// Requests the server behind the front answered.
+    answered: Mutex<Vec<Seen>>,
     bearer: Option<(String, String)>,
     own_url: Mutex<String>,
     /// Tokens issued before the last `expire_tokens` are refused.
     token_generation: std::sync::atomic::AtomicU64,
     /// The `expires_in` the token endpoint announces, if any.
     token_lifetime: Mutex<Option<u64>>,
+    /// Whether the front answers the OCI referrers API itself.
+    referrers: std::sync::atomic::AtomicBool,
 }
 
 /// A running front, stopped on drop.
@@ -142,6 +149,12 @@ impl HttpFront {
         self.state.seen.lock().map(|s| s.clone()).unwrap_or_default()
     }
 
+    /// Every request the server behind the front answered, in order: what it
+    /// acted on, whether or not the client waited for the answer.
+    pub fn answered(&self) -> Vec<Seen> {
+        self.state.answered.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
     /// Requests of `method` whose path contains `fragment`.
     pub fn count(&self, method: &Method, fragment: &str) -> usize {
         self.seen().iter().filter(|s| s.method == *method && s.path.contains(fragment)).count()
@@ -160,9 +173,21 @@ impl HttpFront {
         }
     }
 
+    /// From now on the front answers `GET /v2/<name>/referrers/<digest>`
+    /// as a registry implementing OCI distribution-spec v1.1 does (`200`, an
+    /// image index of the subject's referrers, empty when it has none),
+    /// from the real registry's content: the index the referrers tag schema
+    /// keeps at `sha256-<hex>`. Without it the request reaches the registry
+    /// (distribution 2.8 answers 404: no referrers API).
+    pub fn serve_referrers(&self) {
+        self.state.referrers.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
     pub fn reset_counts(&self) {
-        if let Ok(mut seen) = self.state.seen.lock() {
-            seen.clear();
+        for list in [&self.state.seen, &self.state.answered] {
+            if let Ok(mut list) = list.lock() {
+                list.clear();
+            }
         }
     }
 }
@@ -214,7 +239,14 @@ async fn handle(State(state): State<Arc<FrontState>>, request: Request) -> Respo
             return response;
         }
     }
+    if method == Method::GET
+        && state.referrers.load(std::sync::atomic::Ordering::SeqCst)
+        && let Some((name, subject)) = referrers_path(&path)
+    {
+        return referrers(&state, name, subject).await;
+    }
     let fault = take_fault(&state, &method, &path);
+    let seen = Seen { method: method.clone(), path: path.clone() };
     match &fault {
         Some(FaultAction::Status(code)) => {
             let status = StatusCode::from_u16(*code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
@@ -239,7 +271,13 @@ async fn handle(State(state): State<Arc<FrontState>>, request: Request) -> Respo
         Some(FaultAction::Delay(delay)) => tokio::time::sleep(*delay).await,
         Some(FaultAction::Truncate | FaultAction::DelayAnswer(_) | FaultAction::Tamper) | None => {}
     }
-    match proxy(&state, request).await {
+    let answer = proxy(&state, request).await;
+    if answer.is_ok()
+        && let Ok(mut answered) = state.answered.lock()
+    {
+        answered.push(seen);
+    }
+    match answer {
         Ok(response) if fault == Some(FaultAction::Truncate) => truncate(response).await,
         Ok(response) if fault == Some(FaultAction::Tamper) => tamper(response).await,
         Ok(response) => {
@@ -250,6 +288,35 @@ async fn handle(State(state): State<Arc<FrontState>>, request: Request) -> Respo
         }
         Err(error) => error_body(StatusCode::BAD_GATEWAY, "FRONT", &error.to_string()),
     }
+}
+
+/// `(name, digest)` of `/v2/<name>/referrers/<digest>[?query]`.
+fn referrers_path(path: &str) -> Option<(&str, &str)> {
+    let path = path.split('?').next()?;
+    let (name, subject) = path.strip_prefix("/v2/")?.rsplit_once("/referrers/")?;
+    subject.starts_with("sha256:").then_some((name, subject))
+}
+
+/// The referrers API's answer for `subject`: the tag schema's index read
+/// from the registry, or an empty index (distribution-spec v1.1 "Listing
+/// Referrers": a subject without referrers is `200` with no manifests).
+async fn referrers(state: &FrontState, name: &str, subject: &str) -> Response {
+    const INDEX: &str = "application/vnd.oci.image.index.v1+json";
+    let tag = subject.replacen(':', "-", 1);
+    let url = format!("{}/v2/{name}/manifests/{tag}", state.upstream);
+    let answer = reqwest::Client::new().get(url).header("accept", INDEX).send().await;
+    let body = match answer {
+        Ok(answer) if answer.status() == StatusCode::NOT_FOUND => {
+            format!(r#"{{"schemaVersion":2,"mediaType":"{INDEX}","manifests":[]}}"#).into_bytes()
+        }
+        Ok(answer) if answer.status().is_success() => match answer.bytes().await {
+            Ok(bytes) => bytes.to_vec(),
+            Err(e) => return error_body(StatusCode::BAD_GATEWAY, "FRONT", &e.to_string()),
+        },
+        Ok(answer) => return error_body(answer.status(), "FRONT", "the registry did not answer the index"),
+        Err(e) => return error_body(StatusCode::BAD_GATEWAY, "FRONT", &e.to_string()),
+    };
+    (StatusCode::OK, [("content-type", INDEX)], body).into_response()
 }
 
 fn current_token(state: &FrontState) -> String {
