@@ -14,7 +14,8 @@ use vynil_rules::ArtifactTag;
 use crate::{
     CredentialStore, ManifestMetadata, MetadataCache, RegistryError, RepositoryRef, RequestCounters, Result,
     TransportConfig, decode,
-    layout::{Layout, layout_root},
+    layout::Layout,
+    referrers::ReferrersAbsent,
     transport::{Access, Request, Response, Transport},
 };
 
@@ -85,6 +86,7 @@ pub enum DeletionOutcome {
 pub struct RegistryClient {
     transport: Arc<Transport>,
     cache: Arc<dyn MetadataCache>,
+    referrers_absent: ReferrersAbsent,
 }
 
 impl RegistryClient {
@@ -93,13 +95,14 @@ impl RegistryClient {
         credentials: CredentialStore,
         cache: Arc<dyn MetadataCache>,
     ) -> Result<Self> {
-        Ok(Self { transport: Arc::new(Transport::new(config, credentials)?), cache })
+        let transport = Arc::new(Transport::new(config, credentials)?);
+        Ok(Self { transport, cache, referrers_absent: ReferrersAbsent::default() })
     }
 
     /// This client with a JukeBox's pull-secret credentials over the
     /// configured ones (same metadata cache and counters).
     pub fn with_credentials(&self, extra: &CredentialStore) -> Result<Self> {
-        Ok(Self { transport: Arc::new(self.transport.with_credentials(extra)?), cache: self.cache.clone() })
+        Ok(Self { transport: Arc::new(self.transport.with_credentials(extra)?), ..self.clone() })
     }
 
     pub fn counters(&self) -> RequestCounters {
@@ -112,6 +115,10 @@ impl RegistryClient {
 
     pub(crate) fn cache(&self) -> &dyn MetadataCache {
         &*self.cache
+    }
+
+    pub(crate) fn referrers_absent(&self) -> &ReferrersAbsent {
+        &self.referrers_absent
     }
 
     pub(crate) fn request(
@@ -375,21 +382,8 @@ impl RegistryClient {
         subject: &str,
         tags: &[String],
     ) -> Result<Vec<Artifact>> {
-        let is_layout = layout_root(&repo.registry).is_some();
-        let what = format!("referrers of {repo}@{subject}");
-        let mut request = self.request(
-            "referrers",
-            what.clone(),
-            repo,
-            Method::GET,
-            &format!("/v2/{}/referrers/{subject}", repo.api_repository()),
-        );
-        request.accept = &[OCI_IMAGE_INDEX_MEDIA_TYPE];
-        // A layout answers by the cosign tag convention below.
-        let response = if is_layout { None } else { Some(self.transport.send(&request).await?) };
-        if let Some(response) = response
-            && response.status == StatusCode::OK
-            && let Some(referrers) = decode::referrers(&response.body)
+        if let Some(index) = self.referrers(repo, subject).await?
+            && let Some(referrers) = decode::referrers(&index)
         {
             return Ok(referrers
                 .into_iter()

@@ -77,31 +77,81 @@ pub fn manifest(body: &[u8]) -> Result<ManifestBody, String> {
     })
 }
 
-/// One layer of a cosign `.sig` manifest: its blob's digest and size, and
-/// its signature annotation (`None`: it has none).
+/// One signature layer of a manifest: its blob's digest and size, and what
+/// it holds: a simple-signing payload with its signature annotation
+/// (`None`: it has none), or a Sigstore bundle.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SignatureLayer {
     pub digest: String,
     pub size: i64,
-    pub signature: Option<String>,
+    pub holds: Holds,
 }
 
-/// The simple-signing layers of a cosign `.sig` manifest (other layers are
-/// not signatures of the image and are skipped).
-pub fn signature_layers(body: &[u8]) -> Result<Vec<SignatureLayer>, String> {
-    use vynil_rules::signature::{SIGNATURE_ANNOTATION, SIMPLE_SIGNING_MEDIA_TYPE};
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Holds {
+    SimpleSigning { signature: Option<String> },
+    Bundle,
+}
+
+/// What a revision's signature manifest is: an image manifest with
+/// signature layers (cosign's `.sig`, a bundle's manifest), or a referrers
+/// index (the OCI referrers tag schema `sha256-<hex>`, or the referrers
+/// API's answer) listing the digests of the referrers that may be
+/// signatures, at most `max` of them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SignatureManifest {
+    Image(Vec<SignatureLayer>),
+    Index(Vec<String>),
+}
+
+/// The artifact type cosign gives a legacy (simple-signing) signature
+/// attached as a referrer (`cosign sign --registry-referrers-mode=oci-1-1`).
+pub const COSIGN_SIGNATURE_ARTIFACT_TYPE: &str = "application/vnd.dev.cosign.artifact.sig.v1+json";
+
+/// The signature layers of an image manifest, or the referrers of an index
+/// that may be signatures: bundles whose predicate type, when annotated, is
+/// cosign's signature's (an attestation is not read as a signature), and
+/// legacy signatures attached as referrers. Other layers and entries are
+/// not signatures of the image and are skipped.
+pub fn signature_manifest(body: &[u8], max: usize) -> Result<SignatureManifest, String> {
+    use vynil_rules::signature::{
+        SIGNATURE_ANNOTATION, SIMPLE_SIGNING_MEDIA_TYPE,
+        bundle::{PREDICATE_TYPE_ANNOTATION, SIGN_PREDICATE_TYPE, is_bundle_media_type},
+    };
     match serde_json::from_slice::<OciManifest>(body) {
-        Ok(OciManifest::Image(image)) => Ok(image
-            .layers
-            .into_iter()
-            .filter(|l| l.media_type == SIMPLE_SIGNING_MEDIA_TYPE)
-            .map(|l| SignatureLayer {
-                signature: l.annotations.and_then(|a| a.get(SIGNATURE_ANNOTATION).cloned()),
-                digest: l.digest,
-                size: l.size,
-            })
-            .collect()),
-        Ok(OciManifest::ImageIndex(_)) => Err("a signature is an image manifest, not an index".into()),
+        Ok(OciManifest::Image(image)) => Ok(SignatureManifest::Image(
+            image
+                .layers
+                .into_iter()
+                .filter_map(|l| {
+                    let holds = if l.media_type == SIMPLE_SIGNING_MEDIA_TYPE {
+                        Holds::SimpleSigning {
+                            signature: l.annotations.and_then(|a| a.get(SIGNATURE_ANNOTATION).cloned()),
+                        }
+                    } else if is_bundle_media_type(&l.media_type) {
+                        Holds::Bundle
+                    } else {
+                        return None;
+                    };
+                    Some(SignatureLayer { digest: l.digest, size: l.size, holds })
+                })
+                .take(max)
+                .collect(),
+        )),
+        Ok(OciManifest::ImageIndex(index)) => Ok(SignatureManifest::Index(
+            index
+                .manifests
+                .into_iter()
+                .filter(|m| {
+                    let kind = m.artifact_type.as_deref().unwrap_or(&m.media_type);
+                    let predicate = m.annotations.as_ref().and_then(|a| a.get(PREDICATE_TYPE_ANNOTATION));
+                    (is_bundle_media_type(kind) && predicate.is_none_or(|p| p == SIGN_PREDICATE_TYPE))
+                        || kind == COSIGN_SIGNATURE_ARTIFACT_TYPE
+                })
+                .map(|m| m.digest)
+                .take(max)
+                .collect(),
+        )),
         Err(e) => Err(format!("not an OCI manifest: {e}")),
     }
 }

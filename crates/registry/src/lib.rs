@@ -24,6 +24,7 @@ pub mod decode;
 pub mod layout;
 mod metadata;
 mod reference;
+mod referrers;
 mod signatures;
 pub mod sources;
 mod transport;

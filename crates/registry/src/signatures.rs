@@ -1,65 +1,160 @@
-//! A revision's cosign signature, read from its `sha256-<hex>.sig` manifest
-//! and judged by the rules ([`vynil_rules::signature`]).
+//! A revision's signatures, read as cosign verifies them
+//! (`pkg/cosign/verify.go`) and judged by the rules
+//! ([`vynil_rules::signature`]): Sigstore bundles first — listed by the OCI
+//! referrers API, else by the referrers tag schema (an image index at tag
+//! `sha256-<hex>`, what cosign v3 maintains on a registry without the API,
+//! distribution 2.8 among them) — then the legacy `sha256-<hex>.sig`.
 //!
-//! What a scan pays: nothing for a revision without a `.sig` tag in the
-//! listing (unsigned); for a `.sig` tag never seen, a GET of its manifest
-//! and one of each payload; nothing for one whose cached evidence a trusted
-//! key verifies (the signed content cannot change; a deleted signature shows
-//! in the listing), a HEAD otherwise (the signature may have been replaced
-//! since: another key's, a fixed one), and GETs only when it moved. Evidence is cached by the
-//! signature manifest's digest, in the metadata cache (memory, or Redis
-//! shared by the replicas), so a changed key set is judged again without a
-//! GET.
+//! What a scan pays: nothing for a revision whose cached evidence a trusted
+//! key verifies (signed content cannot change); otherwise one GET of the
+//! referrers API (not asked again of a registry that answered 404 within
+//! [`crate::referrers::REFERRERS_ABSENT_FOR`]) and, for each signature tag in the listing, a
+//! HEAD when seen before (it may have been replaced since: another key's, a
+//! fixed one), GETs only of what is new. Evidence is cached by the digest of
+//! the manifest or index it was read from, in the metadata cache (memory, or
+//! Redis shared by the replicas), so a changed key set is judged again
+//! without a GET. A blob that cannot be read — absent, truncated, corrupt —
+//! fails the read (the scan keeps what it knew and retries): it is never
+//! cached as part of a verdict.
 
+use std::collections::HashSet;
+
+use oci_client::manifest::OCI_IMAGE_INDEX_MEDIA_TYPE;
 use reqwest::{Method, StatusCode};
 use sha2::{Digest as _, Sha256};
 use vynil_rules::{
     ArtifactTag,
     signature::{Evidence, Keyring, SignedPayload, Verdict, verify},
-    tag::ArtifactKind,
+    tag::{ArtifactKind, referrers_tag},
 };
 
 use crate::{
-    RegistryClient, RegistryError, RepositoryRef, Result, client::check_status, decode, layout::Layout,
+    RegistryClient, RegistryError, RepositoryRef, Result,
+    client::check_status,
+    decode::{self, Holds, SignatureManifest},
+    layout::Layout,
 };
 
-/// At most this many signature layers are read of one `.sig` manifest.
-const MAX_LAYERS: usize = 32;
-/// A simple-signing payload is a few hundred bytes.
-const MAX_PAYLOAD_BYTES: usize = 64 * 1024;
+/// At most this many signatures (layers, or referrers) are read of one manifest.
+const MAX_SIGNATURES: usize = 32;
+/// A simple-signing payload is a few hundred bytes; a bundle a few KiB.
+const MAX_PAYLOAD_BYTES: usize = 256 * 1024;
+
+/// Where a revision's signatures may be.
+#[derive(Debug, Clone)]
+enum Place {
+    /// The referrers API's answer for the revision.
+    Referrers,
+    /// A tag: the referrers tag schema's index, or cosign's `.sig`.
+    Tag(String),
+}
+
+impl Place {
+    /// Its key in the metadata cache's tag digests.
+    fn reference(&self, repo: &RepositoryRef, subject: &str) -> String {
+        match self {
+            Place::Referrers => format!("{repo}@{subject}#referrers"),
+            Place::Tag(tag) => format!("{repo}:{tag}"),
+        }
+    }
+}
 
 impl RegistryClient {
-    /// The verdict on the signature of `subject_digest` in `repo` under
-    /// `keys`; `listed`: the repository's tag list holds its `.sig` tag.
+    /// The verdict on the signatures of `subject_digest` in `repo` under
+    /// `keys`; `listed`: the repository's tags (its signature tags are read
+    /// only when listed), `None` when not known (every place is read).
     pub async fn signature_verdict(
         &self,
         repo: &RepositoryRef,
         subject_digest: &str,
         keys: &Keyring,
-        listed: bool,
+        listed: Option<&HashSet<String>>,
     ) -> Result<Verdict> {
-        let Some(tag) = signature_tag(subject_digest).filter(|_| listed) else {
-            return Ok(Verdict::Unsigned);
-        };
-        let reference = format!("{repo}:{tag}");
-        let known = self.cache().tag_digest(&reference).await;
-        let Some(known) = known else {
-            // Never seen: one GET of the manifest by tag, its digest the body's.
-            let Some((digest, evidence)) = self.read_evidence(repo, &tag).await? else {
-                return Ok(Verdict::Unsigned);
-            };
-            self.cache().put_evidence(&digest, &evidence).await;
-            self.cache().put_tag_digest(&reference, &digest).await;
-            return Ok(verify(subject_digest, Some(&evidence), keys));
-        };
-        if let Some(evidence) = self.cache().evidence(&known).await {
-            let verdict = verify(subject_digest, Some(&evidence), keys);
-            if verdict.is_verified() {
+        let is_listed = |tag: &String| listed.is_none_or(|tags| tags.contains(tag));
+        let tags = [referrers_tag(subject_digest), signature_tag(subject_digest)];
+        let places: Vec<Place> = std::iter::once(Place::Referrers)
+            .chain(tags.into_iter().flatten().filter(is_listed).map(Place::Tag))
+            .collect();
+        // A verdict verified from the cache costs nothing.
+        for place in &places {
+            if let Some(verdict) =
+                self.cached_verdict(&place.reference(repo, subject_digest), subject_digest, keys).await
+                && verdict.is_verified()
+            {
                 return Ok(verdict);
             }
         }
-        let Some(digest) = self.head_digest(repo, &tag).await? else {
-            return Ok(Verdict::Unsigned);
+        let mut best = Verdict::Unsigned;
+        for place in &places {
+            let verdict = match place {
+                Place::Referrers => match self.referrers(repo, subject_digest).await? {
+                    Some(index) => self.index_verdict(repo, subject_digest, keys, index).await?,
+                    // Not offered: the tag schema stands in (listed after it).
+                    None => continue,
+                },
+                Place::Tag(tag) => self.tagged_verdict(repo, subject_digest, keys, tag).await?,
+            };
+            if verdict.is_verified() {
+                return Ok(verdict);
+            }
+            best = best.better(verdict);
+        }
+        Ok(best)
+    }
+
+    async fn cached_verdict(&self, reference: &str, subject: &str, keys: &Keyring) -> Option<Verdict> {
+        let known = self.cache().tag_digest(reference).await?;
+        let evidence = self.cache().evidence(&known).await?;
+        Some(verify(subject, Some(&evidence), keys))
+    }
+
+    /// The verdict on the referrers API's answer `index` for `subject`.
+    async fn index_verdict(
+        &self,
+        repo: &RepositoryRef,
+        subject: &str,
+        keys: &Keyring,
+        index: bytes::Bytes,
+    ) -> Result<Verdict> {
+        let digest = format!("sha256:{}", hex::encode(Sha256::digest(&index)));
+        let evidence = match self.cache().evidence(&digest).await {
+            Some(evidence) => evidence,
+            None => {
+                let what = format!("referrers of {repo}@{subject}");
+                let evidence = self.evidence_of(repo, &index, &what, true).await?;
+                self.cache().put_evidence(&digest, &evidence).await;
+                evidence
+            }
+        };
+        self.cache().put_tag_digest(&Place::Referrers.reference(repo, subject), &digest).await;
+        Ok(verify(subject, Some(&evidence), keys))
+    }
+
+    /// The verdict on the signature manifest (or referrers index) at `tag`.
+    async fn tagged_verdict(
+        &self,
+        repo: &RepositoryRef,
+        subject: &str,
+        keys: &Keyring,
+        tag: &str,
+    ) -> Result<Verdict> {
+        let reference = Place::Tag(tag.to_string()).reference(repo, subject);
+        let known = self.cache().tag_digest(&reference).await;
+        let digest = match known {
+            // Seen before: where it points now, by a HEAD.
+            Some(_) => match self.head_digest(repo, tag).await? {
+                Some(digest) => digest,
+                None => return Ok(Verdict::Unsigned),
+            },
+            // Never seen: one GET by tag, its digest the body's.
+            None => match self.read_evidence(repo, tag).await? {
+                Some((digest, evidence)) => {
+                    self.cache().put_evidence(&digest, &evidence).await;
+                    self.cache().put_tag_digest(&reference, &digest).await;
+                    return Ok(verify(subject, Some(&evidence), keys));
+                }
+                None => return Ok(Verdict::Unsigned),
+            },
         };
         let evidence = match self.cache().evidence(&digest).await {
             Some(evidence) => evidence,
@@ -72,13 +167,38 @@ impl RegistryClient {
             },
         };
         self.cache().put_tag_digest(&reference, &digest).await;
-        Ok(verify(subject_digest, Some(&evidence), keys))
+        Ok(verify(subject, Some(&evidence), keys))
     }
 
-    /// The `.sig` manifest `reference` (its tag, or its digest) names: its
-    /// digest (the body's, checked against the one asked or served) and its
-    /// signature layers with their payloads (each checked against its
-    /// digest); `None` when absent.
+    /// The OCI referrers API's index for `subject`; `None` when the registry
+    /// does not offer it (404, remembered for [`crate::referrers::REFERRERS_ABSENT_FOR`]), or
+    /// is an OCI image layout (which cosign's tag schema serves).
+    pub(crate) async fn referrers(
+        &self,
+        repo: &RepositoryRef,
+        subject: &str,
+    ) -> Result<Option<bytes::Bytes>> {
+        if Layout::of(repo, self.transport().config())?.is_some()
+            || self.referrers_absent().known(&repo.registry)
+        {
+            return Ok(None);
+        }
+        let what = format!("referrers of {repo}@{subject}");
+        let path = format!("/v2/{}/referrers/{subject}", repo.api_repository());
+        let mut request = self.request("referrers", what.clone(), repo, Method::GET, &path);
+        request.accept = &[OCI_IMAGE_INDEX_MEDIA_TYPE];
+        let response = self.transport().send(&request).await?;
+        if response.status == StatusCode::NOT_FOUND {
+            self.referrers_absent().remember(&repo.registry);
+            return Ok(None);
+        }
+        check_status(&response, &what)?;
+        Ok(Some(response.body))
+    }
+
+    /// The signature manifest or referrers index `reference` (its tag, or
+    /// its digest) names: its digest (the body's, checked against the one
+    /// asked or served) and what it holds; `None` when absent.
     async fn read_evidence(
         &self,
         repo: &RepositoryRef,
@@ -96,33 +216,71 @@ impl RegistryClient {
                 problem: format!("content hashes to {digest}, not {expected}: truncated or corrupt"),
             });
         }
-        let layers = match decode::signature_layers(&body) {
-            Ok(layers) => layers,
-            Err(problem) => return Ok(Some((digest, Evidence { layers: vec![], problems: vec![problem] }))),
-        };
+        Ok(Some((digest, self.evidence_of(repo, &body, &what, true).await?)))
+    }
+
+    /// What the manifest `body` holds: its signature layers' payloads and
+    /// bundles, or (an index, when `follow`) those of each referrer it lists.
+    async fn evidence_of(
+        &self,
+        repo: &RepositoryRef,
+        body: &[u8],
+        what: &str,
+        follow: bool,
+    ) -> Result<Evidence> {
         let mut evidence = Evidence::default();
-        for layer in layers.into_iter().take(MAX_LAYERS) {
-            let Some(signature) = layer.signature else {
-                evidence.problems.push(format!("layer {} has no signature annotation", layer.digest));
-                continue;
-            };
+        let layers = match decode::signature_manifest(body, MAX_SIGNATURES) {
+            Ok(SignatureManifest::Image(layers)) => layers,
+            Ok(SignatureManifest::Index(referrers)) if follow => {
+                for digest in referrers {
+                    let what = format!("{what}, its referrer {digest}");
+                    let Some((body, ..)) = self.fetch_manifest(repo, &digest, &what).await? else {
+                        return Err(RegistryError::NotFound { what, code: "MANIFEST_UNKNOWN".into() });
+                    };
+                    check_digest(&body, &digest, &what)?;
+                    let found = Box::pin(self.evidence_of(repo, &body, &what, false)).await?;
+                    evidence.layers.extend(found.layers);
+                    evidence.bundles.extend(found.bundles);
+                    evidence.problems.extend(found.problems);
+                }
+                return Ok(evidence);
+            }
+            Ok(SignatureManifest::Index(_)) => {
+                evidence.problems.push(format!("{what}: a referrer is an index, not a signature"));
+                return Ok(evidence);
+            }
+            Err(problem) => {
+                evidence.problems.push(problem);
+                return Ok(evidence);
+            }
+        };
+        for layer in layers {
             if !(0..=MAX_PAYLOAD_BYTES as i64).contains(&layer.size) {
                 evidence
                     .problems
-                    .push(format!("layer {} is {} bytes, not a payload", layer.digest, layer.size));
+                    .push(format!("layer {} is {} bytes, not a signature", layer.digest, layer.size));
                 continue;
             }
-            match self.blob(repo, &layer.digest).await? {
-                Some(payload) => evidence.layers.push(SignedPayload { payload, signature }),
-                None => evidence.problems.push(format!("the payload {} is missing", layer.digest)),
+            if let Holds::SimpleSigning { signature: None } = layer.holds {
+                evidence.problems.push(format!("layer {} has no signature annotation", layer.digest));
+                continue;
+            }
+            let payload = self.blob(repo, &layer.digest).await?;
+            match layer.holds {
+                Holds::SimpleSigning { signature: Some(signature) } => {
+                    evidence.layers.push(SignedPayload { payload, signature })
+                }
+                Holds::SimpleSigning { signature: None } => {}
+                Holds::Bundle => evidence.bundles.push(payload),
             }
         }
-        Ok(Some((digest, evidence)))
+        Ok(evidence)
     }
 
     /// The blob `digest` of `repo` (at most [`MAX_PAYLOAD_BYTES`]), checked
-    /// against its digest; `None` when absent.
-    async fn blob(&self, repo: &RepositoryRef, digest: &str) -> Result<Option<Vec<u8>>> {
+    /// against its digest. An absent blob is an error, as a 500 is: a
+    /// signature whose payload cannot be read now is not known to be bad.
+    async fn blob(&self, repo: &RepositoryRef, digest: &str) -> Result<Vec<u8>> {
         let what = format!("blob {repo}@{digest}");
         let body = if let Some(layout) = Layout::of(repo, self.transport().config())? {
             let digest = digest.to_string();
@@ -136,21 +294,30 @@ impl RegistryClient {
             request.max_body = MAX_PAYLOAD_BYTES;
             let response = self.transport().send(&request).await?;
             if response.status == StatusCode::NOT_FOUND {
-                return Ok(None);
+                None
+            } else {
+                check_status(&response, &what)?;
+                Some(response.body.to_vec())
             }
-            check_status(&response, &what)?;
-            Some(response.body.to_vec())
         };
-        let Some(body) = body else { return Ok(None) };
-        let hashed = format!("sha256:{}", hex::encode(Sha256::digest(&body)));
-        if hashed != digest {
-            return Err(RegistryError::InvalidBody {
-                what,
-                problem: format!("content does not match its digest (got {hashed}): truncated or corrupt"),
-            });
-        }
-        Ok(Some(body))
+        let Some(body) = body else {
+            return Err(RegistryError::NotFound { what, code: "BLOB_UNKNOWN".into() });
+        };
+        check_digest(&body, digest, &what)?;
+        Ok(body)
     }
+}
+
+/// Whether `body` hashes to `digest`.
+fn check_digest(body: &[u8], digest: &str, what: &str) -> Result<()> {
+    let hashed = format!("sha256:{}", hex::encode(Sha256::digest(body)));
+    if hashed != digest {
+        return Err(RegistryError::InvalidBody {
+            what: what.to_string(),
+            problem: format!("content does not match its digest (got {hashed}): truncated or corrupt"),
+        });
+    }
+    Ok(())
 }
 
 /// `sha256-<hex>.sig` of `sha256:<hex>`; `None` for another digest form.

@@ -23,21 +23,22 @@
 //! sigstore-rs verify it), both reading SPKI PEM public keys. Not sigstore-rs:
 //! it fetches through its own OCI client on tokio, and the rules stay pure;
 //! the scanner already holds the manifest and blob bytes. The payload is
-//! parsed here with serde. Sigstore bundles attached through the OCI
-//! referrers API (keyless signing) are not read yet.
+//! parsed here with serde. Sigstore bundles (cosign v3's default format) are
+//! judged in [`bundle`]; a revision's evidence holds both kinds, and its
+//! best verdict decides.
 
-use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 
 use crate::RulesError;
 
-/// Media type of a cosign signature layer.
-pub const SIMPLE_SIGNING_MEDIA_TYPE: &str = "application/vnd.dev.cosign.simplesigning.v1+json";
-/// Annotation of a signature layer holding the base64 signature.
-pub const SIGNATURE_ANNOTATION: &str = "dev.cosignproject.cosign/signature";
-/// `critical.type` of a container image signature payload.
-pub const SIMPLE_SIGNING_TYPE: &str = "cosign container image signature";
+pub mod bundle;
+mod simple;
+
+pub use simple::{
+    SIGNATURE_ANNOTATION, SIMPLE_SIGNING_MEDIA_TYPE, SIMPLE_SIGNING_TYPE, SignedPayload,
+    simple_signing_payload,
+};
 
 /// What a JukeBox does with a revision that is not verified.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -119,6 +120,27 @@ impl Keyring {
         self.keys.is_empty()
     }
 
+    /// The name of the trusted key that verifies `signature` over `message`;
+    /// else the verdict on it: another key's (`UntrustedKey`), or no
+    /// signature at all (`Malformed`).
+    pub(crate) fn verifier_of(&self, message: &[u8], signature: &[u8]) -> Result<&str, Verdict> {
+        let mut readable = false;
+        for key in &self.keys {
+            match key.verifies(message, signature) {
+                Some(true) => return Ok(&key.name),
+                Some(false) => readable = true,
+                None => {}
+            }
+        }
+        if readable || (self.is_empty() && looks_like_signature(signature)) {
+            Err(Verdict::UntrustedKey)
+        } else {
+            Err(Verdict::Malformed {
+                problem: format!("{} bytes that are no ECDSA (DER) nor Ed25519 signature", signature.len()),
+            })
+        }
+    }
+
     /// What identifies this set of keys: a verdict reached with another
     /// fingerprint is decided again. Names count (a verdict names its key).
     pub fn fingerprint(&self) -> String {
@@ -147,21 +169,15 @@ fn read_public_key(pem: &str) -> Result<(PublicKey, Vec<u8>), String> {
     }
 }
 
-/// One signature layer of a `.sig` manifest: its payload bytes and the
-/// signature annotation as written (base64).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SignedPayload {
-    #[serde(with = "base64_bytes")]
-    pub payload: Vec<u8>,
-    pub signature: String,
-}
-
-/// What a revision's `.sig` manifest holds, as read: its signature layers,
-/// and what could not be read of it (a layer without a signature, a blob
-/// whose bytes do not match its digest).
+/// What a revision's signature manifest holds, as read: the signature
+/// layers of a `.sig` manifest, the Sigstore bundles (their JSON bytes) a
+/// referrers index lists, and what could not be read of it (a layer without
+/// a signature).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Evidence {
     pub layers: Vec<SignedPayload>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty", with = "base64_list")]
+    pub bundles: Vec<Vec<u8>>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub problems: Vec<String>,
 }
@@ -231,6 +247,12 @@ impl Verdict {
         mode != Some(VerifyMode::Enforce) || self.is_verified()
     }
 
+    /// Of two verdicts on one revision (several signatures), the one that
+    /// decides: the better ranked, `self` on a tie.
+    pub fn better(self, other: Verdict) -> Verdict {
+        if other.rank() > self.rank() { other } else { self }
+    }
+
     /// Preference when a revision has several signatures: the best one decides.
     fn rank(&self) -> u8 {
         match self {
@@ -242,31 +264,6 @@ impl Verdict {
             Verdict::Unsigned => 1,
         }
     }
-}
-
-#[derive(Deserialize)]
-struct SimpleSigning {
-    critical: Critical,
-}
-
-#[derive(Deserialize)]
-struct Critical {
-    identity: Identity,
-    image: Image,
-    #[serde(rename = "type")]
-    kind: String,
-}
-
-#[derive(Deserialize)]
-struct Identity {
-    #[serde(rename = "docker-reference")]
-    docker_reference: String,
-}
-
-#[derive(Deserialize)]
-struct Image {
-    #[serde(rename = "docker-manifest-digest")]
-    docker_manifest_digest: String,
 }
 
 /// The repository a Docker reference names: without its tag or digest,
@@ -287,46 +284,24 @@ fn repository_of(reference: &str) -> String {
     }
 }
 
-/// The verdict on the revision at `subject_digest`, whose `.sig` manifest
-/// held `evidence` (`None`: it has none).
+/// The verdict on the revision at `subject_digest`, whose signature
+/// manifests held `evidence` (`None`: it has none): the best of its bundles'
+/// and its `.sig` layers' verdicts.
 pub fn verify(subject_digest: &str, evidence: Option<&Evidence>, keys: &Keyring) -> Verdict {
     let Some(evidence) = evidence else { return Verdict::Unsigned };
     let mut best = match evidence.problems.first() {
         Some(problem) => Verdict::Malformed { problem: problem.clone() },
         None => Verdict::Unsigned,
     };
-    for layer in &evidence.layers {
-        let verdict = verify_layer(subject_digest, layer, keys);
+    let bundles = evidence.bundles.iter().map(|b| bundle::verify_bundle(subject_digest, b, keys));
+    let layers = evidence.layers.iter().map(|l| simple::verify_layer(subject_digest, l, keys));
+    for verdict in bundles.chain(layers) {
         if verdict.is_verified() {
             return verdict;
         }
-        if verdict.rank() > best.rank() {
-            best = verdict;
-        }
+        best = best.better(verdict);
     }
     best
-}
-
-fn verify_layer(subject_digest: &str, layer: &SignedPayload, keys: &Keyring) -> Verdict {
-    let signature = match base64::engine::general_purpose::STANDARD.decode(layer.signature.trim()) {
-        Ok(bytes) if !bytes.is_empty() => bytes,
-        _ => return Verdict::Malformed { problem: "the signature annotation is not base64".into() },
-    };
-    let mut readable = false;
-    for key in &keys.keys {
-        match key.verifies(&layer.payload, &signature) {
-            Some(true) => return signed_by(key, subject_digest, &layer.payload),
-            Some(false) => readable = true,
-            None => {}
-        }
-    }
-    if readable || (keys.is_empty() && looks_like_signature(&signature)) {
-        Verdict::UntrustedKey
-    } else {
-        Verdict::Malformed {
-            problem: format!("{} bytes that are no ECDSA (DER) nor Ed25519 signature", signature.len()),
-        }
-    }
 }
 
 /// Without keys to try, whether the bytes have a signature's shape.
@@ -334,57 +309,24 @@ fn looks_like_signature(bytes: &[u8]) -> bool {
     p256::ecdsa::Signature::from_der(bytes).is_ok() || bytes.len() == ed25519_dalek::SIGNATURE_LENGTH
 }
 
-/// A payload `key` verified: what it names.
-fn signed_by(key: &TrustedKey, subject_digest: &str, payload: &[u8]) -> Verdict {
-    let parsed: SimpleSigning = match serde_json::from_slice(payload) {
-        Ok(parsed) => parsed,
-        Err(e) => {
-            return Verdict::Malformed {
-                problem: format!("the signed payload is not cosign simple signing: {e}"),
-            };
-        }
-    };
-    if parsed.critical.kind != SIMPLE_SIGNING_TYPE {
-        return Verdict::Malformed {
-            problem: format!(
-                "the signed payload's type is {:?}, not {SIMPLE_SIGNING_TYPE:?}",
-                parsed.critical.kind
-            ),
-        };
-    }
-    let signed = parsed.critical.image.docker_manifest_digest;
-    if signed != subject_digest {
-        return Verdict::DigestMismatch { signed };
-    }
-    Verdict::Verified { key: key.name.clone(), reference: parsed.critical.identity.docker_reference }
-}
-
-/// The simple-signing payload cosign writes for `digest` pushed as
-/// `reference` (`registry/repository`), byte for byte: what a signer signs.
-pub fn simple_signing_payload(reference: &str, digest: &str) -> Vec<u8> {
-    let value = serde_json::json!({
-        "critical": {
-            "identity": {"docker-reference": reference},
-            "image": {"docker-manifest-digest": digest},
-            "type": SIMPLE_SIGNING_TYPE,
-        },
-        "optional": null,
-    });
-    // serde_json's maps are ordered by key: the same bytes as cosign's.
-    serde_json::to_vec(&value).unwrap_or_default()
-}
-
-mod base64_bytes {
+mod base64_list {
     use base64::Engine as _;
-    use serde::{Deserialize, Deserializer, Serializer};
+    use serde::{Deserialize, Deserializer, Serializer, ser::SerializeSeq as _};
 
-    pub fn serialize<S: Serializer>(bytes: &[u8], serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(&base64::engine::general_purpose::STANDARD.encode(bytes))
+    pub fn serialize<S: Serializer>(items: &[Vec<u8>], serializer: S) -> Result<S::Ok, S::Error> {
+        let mut seq = serializer.serialize_seq(Some(items.len()))?;
+        for item in items {
+            seq.serialize_element(&base64::engine::general_purpose::STANDARD.encode(item))?;
+        }
+        seq.end()
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<u8>, D::Error> {
-        let text = String::deserialize(deserializer)?;
-        base64::engine::general_purpose::STANDARD.decode(text).map_err(serde::de::Error::custom)
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<Vec<u8>>, D::Error> {
+        let texts = Vec::<String>::deserialize(deserializer)?;
+        texts
+            .iter()
+            .map(|t| base64::engine::general_purpose::STANDARD.decode(t).map_err(serde::de::Error::custom))
+            .collect()
     }
 }
 
@@ -439,7 +381,7 @@ JsB89BPhZYch0U0hKANx5TY+ncrm0s8bfJxxHoenAEFhwhuXeb4PqIrtoQ==
                 payload: simple_signing_payload(COSIGN_REFERENCE, COSIGN_DIGEST),
                 signature: COSIGN_SIGNATURE.into(),
             }],
-            problems: vec![],
+            ..Evidence::default()
         }
     }
 
@@ -497,8 +439,9 @@ JsB89BPhZYch0U0hKANx5TY+ncrm0s8bfJxxHoenAEFhwhuXeb4PqIrtoQ==
         let signing = ed25519_dalek::SigningKey::from_bytes(&[7u8; 32]);
         let pem = signing.verifying_key().to_public_key_pem(Default::default()).unwrap();
         let payload = simple_signing_payload("r/x", COSIGN_DIGEST);
+        use base64::Engine as _;
         let signature = base64::engine::general_purpose::STANDARD.encode(signing.sign(&payload).to_bytes());
-        let evidence = Evidence { layers: vec![SignedPayload { payload, signature }], problems: vec![] };
+        let evidence = Evidence { layers: vec![SignedPayload { payload, signature }], ..Evidence::default() };
         let keys = Keyring::parse([("ed", pem.as_str())]).unwrap();
         assert_eq!(
             verify(COSIGN_DIGEST, Some(&evidence), &keys),

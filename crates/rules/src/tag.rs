@@ -102,24 +102,31 @@ pub fn versions_newest_first<'a>(tags: impl IntoIterator<Item = &'a str>) -> Vec
     versions
 }
 
-/// Kinds of cosign-convention artifacts.
+/// Kinds of artifacts attached to a manifest by a tag naming its digest:
+/// cosign's conventions (`sha256-<hex>.sig|att|sbom`) and the OCI referrers
+/// tag schema's index (`sha256-<hex>`, where cosign v3 lists its bundles on
+/// a registry without the referrers API). None is a package version.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum ArtifactKind {
     Signature,
     Attestation,
     Sbom,
+    /// The referrers tag schema's index (opencontainers/distribution-spec
+    /// v1.1 `spec.md`, "Referrers Tag Schema").
+    Referrers,
 }
 
 impl ArtifactKind {
-    pub const ALL: [ArtifactKind; 3] =
-        [ArtifactKind::Signature, ArtifactKind::Attestation, ArtifactKind::Sbom];
+    pub const ALL: [ArtifactKind; 4] =
+        [ArtifactKind::Signature, ArtifactKind::Attestation, ArtifactKind::Sbom, ArtifactKind::Referrers];
 
-    /// The cosign tag suffix: `sig`, `att`, `sbom`.
-    pub fn suffix(self) -> &'static str {
+    /// The cosign tag suffix: `sig`, `att`, `sbom`; none for the referrers index.
+    pub fn suffix(self) -> Option<&'static str> {
         match self {
-            ArtifactKind::Signature => "sig",
-            ArtifactKind::Attestation => "att",
-            ArtifactKind::Sbom => "sbom",
+            ArtifactKind::Signature => Some("sig"),
+            ArtifactKind::Attestation => Some("att"),
+            ArtifactKind::Sbom => Some("sbom"),
+            ArtifactKind::Referrers => None,
         }
     }
 
@@ -129,12 +136,13 @@ impl ArtifactKind {
             ArtifactKind::Signature => "signature",
             ArtifactKind::Attestation => "attestation",
             ArtifactKind::Sbom => "SBOM",
+            ArtifactKind::Referrers => "referrers index",
         }
     }
 }
 
-/// A tag `sha256-<64 hex>.<sig|att|sbom>`: an artifact of the manifest whose
-/// digest is `sha256:<hex>`.
+/// A tag `sha256-<64 hex>[.<sig|att|sbom>]`: an artifact of the manifest
+/// whose digest is `sha256:<hex>`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ArtifactTag {
     pub kind: ArtifactKind,
@@ -143,18 +151,33 @@ pub struct ArtifactTag {
 }
 
 impl ArtifactTag {
-    /// The tag name: `sha256-<hex>.<suffix>`.
+    /// The tag name: `sha256-<hex>.<suffix>`, or `sha256-<hex>`.
     pub fn name(&self) -> String {
-        format!("{}.{}", self.subject.replacen(':', "-", 1), self.kind.suffix())
+        let base = self.subject.replacen(':', "-", 1);
+        match self.kind.suffix() {
+            Some(suffix) => format!("{base}.{suffix}"),
+            None => base,
+        }
     }
 
     pub fn parse(raw: &str) -> Option<ArtifactTag> {
         let rest = raw.strip_prefix("sha256-")?;
-        let (hex, suffix) = rest.split_once('.')?;
-        let kind = ArtifactKind::ALL.into_iter().find(|k| k.suffix() == suffix)?;
+        let (hex, kind) = match rest.split_once('.') {
+            Some((hex, suffix)) => (hex, ArtifactKind::ALL.into_iter().find(|k| k.suffix() == Some(suffix))?),
+            None => (rest, ArtifactKind::Referrers),
+        };
         let valid_hex = hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
         valid_hex.then(|| ArtifactTag { kind, subject: format!("sha256:{hex}") })
     }
+}
+
+/// The tag of the OCI referrers tag schema for `subject` (`sha256:<hex>`):
+/// `sha256-<hex>`, an image index listing the subject's referrers, which a
+/// client maintains on a registry without the referrers API. `None` for a
+/// digest that is not `sha256:` and 64 hex digits.
+pub fn referrers_tag(subject: &str) -> Option<String> {
+    let tag = ArtifactTag { kind: ArtifactKind::Referrers, subject: subject.to_string() }.name();
+    ArtifactTag::parse(&tag).map(|_| tag)
 }
 
 #[cfg(test)]
@@ -219,5 +242,22 @@ mod tests {
         assert!(ArtifactTag::parse("sha256-abc.sig").is_none(), "short digest");
         assert!(ArtifactTag::parse(&format!("sha256-{hex}.txt")).is_none());
         assert!(ArtifactTag::parse(&format!("sha256-{}.sig", "A".repeat(64))).is_none());
+    }
+
+    /// The referrers tag schema: `<alg>-<ref>` of the subject's digest, no
+    /// suffix (distribution-spec v1.1, "Referrers Tag Schema").
+    #[test]
+    fn the_referrers_tag_schema_index_is_an_artifact_not_a_version() {
+        let hex = "b".repeat(64);
+        let index = ArtifactTag::parse(&format!("sha256-{hex}")).unwrap();
+        assert_eq!(index.kind, ArtifactKind::Referrers);
+        assert_eq!(index.subject, format!("sha256:{hex}"));
+        assert_eq!(index.name(), format!("sha256-{hex}"));
+        assert_eq!(referrers_tag(&format!("sha256:{hex}")), Some(format!("sha256-{hex}")));
+        assert!(Tag::parse(&format!("sha256-{hex}")).is_none(), "never a version");
+        for not in [format!("sha256-{hex}."), format!("sha256-{}", "b".repeat(63)), "sha256-".into()] {
+            assert!(ArtifactTag::parse(&not).is_none(), "{not}");
+        }
+        assert_eq!(referrers_tag("sha512:abc"), None);
     }
 }

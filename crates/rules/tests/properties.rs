@@ -76,7 +76,7 @@ fn spec() -> impl Strategy<Value = Spec> {
     prop_oneof![
         8 => version,
         1 => prop_oneof![Just("latest"), Just("4.0"), Just("trivy--x")].prop_map(Spec::Noise),
-        2 => (0usize..8, prop_oneof![Just("sig"), Just("att"), Just("sbom")]).prop_map(|(subject, suffix)| Spec::Artifact { subject, suffix }),
+        2 => (0usize..8, prop_oneof![Just("sig"), Just("att"), Just("sbom"), Just("")]).prop_map(|(subject, suffix)| Spec::Artifact { subject, suffix }),
     ]
 }
 
@@ -999,6 +999,38 @@ mod signatures {
         format!("sha256:{}", hex::encode([n; 32]))
     }
 
+    /// An in-toto Statement naming `digest(named)` (cosign's signature
+    /// predicate, or SLSA provenance), and `signer`'s DER signature of its PAE.
+    fn statement_signed(signer: u8, named: u8, sign: bool) -> (Vec<u8>, Vec<u8>) {
+        use vynil_rules::signature::bundle::{IN_TOTO_PAYLOAD_TYPE, SIGN_PREDICATE_TYPE, pae};
+        let predicate = if sign { SIGN_PREDICATE_TYPE } else { "https://slsa.dev/provenance/v1" };
+        let statement = serde_json::to_vec(&serde_json::json!({
+            "_type": "https://in-toto.io/Statement/v1",
+            "subject": [{"digest": {"sha256": hex::encode([named; 32])}}],
+            "predicateType": predicate,
+            "predicate": {},
+        }))
+        .unwrap();
+        let signature: p256::ecdsa::Signature = key(signer).sign(&pae(IN_TOTO_PAYLOAD_TYPE, &statement));
+        (statement, signature.to_der().as_bytes().to_vec())
+    }
+
+    /// A keyed bundle of `statement` with the signature `sig`.
+    fn bundle_of(statement: &[u8], sig: &[u8]) -> Vec<u8> {
+        use vynil_rules::signature::bundle::{BUNDLE_MEDIA_TYPES, IN_TOTO_PAYLOAD_TYPE};
+        let b64 = base64::engine::general_purpose::STANDARD;
+        serde_json::to_vec(&serde_json::json!({
+            "mediaType": BUNDLE_MEDIA_TYPES[0],
+            "verificationMaterial": {"publicKey": {"hint": ""}},
+            "dsseEnvelope": {
+                "payload": b64.encode(statement),
+                "payloadType": IN_TOTO_PAYLOAD_TYPE,
+                "signatures": [{"sig": b64.encode(sig)}],
+            },
+        }))
+        .unwrap()
+    }
+
     proptest! {
         #![proptest_config(config())]
 
@@ -1025,7 +1057,7 @@ mod signatures {
                         }
                     })
                     .collect(),
-                problems: vec![],
+                ..Evidence::default()
             };
             let pems: Vec<(String, String)> = trusted.iter().map(|k| (format!("k{k}"), pem(&key(*k)))).collect();
             let keys = Keyring::parse(pems.iter().map(|(n, p)| (n.as_str(), p.as_str()))).unwrap();
@@ -1048,15 +1080,49 @@ mod signatures {
                     layer.signature = base64::engine::general_purpose::STANDARD.encode(bytes);
                 }
                 let others_verify = changed.layers.iter().any(|l| {
-                    verify(&digest(subject), Some(&Evidence { layers: vec![l.clone()], problems: vec![] }), &keys)
+                    verify(&digest(subject), Some(&Evidence { layers: vec![l.clone()], problems: vec![], bundles: vec![] }), &keys)
                         .is_verified()
                 });
                 let verdict = verify(&digest(subject), Some(&changed), &keys);
                 prop_assert_eq!(verdict.is_verified(), others_verify, "{:?}", verdict);
                 // The changed layer alone never verifies.
-                let alone = Evidence { layers: vec![changed.layers[at.index(evidence.layers.len())].clone()], problems: vec![] };
+                let alone = Evidence { layers: vec![changed.layers[at.index(evidence.layers.len())].clone()], problems: vec![], bundles: vec![] };
                 let alone = verify(&digest(subject), Some(&alone), &keys);
                 prop_assert!(!matches!(alone, Verdict::Verified { .. }), "{:?}", alone);
+            }
+        }
+
+        /// (m, bundles) The same of Sigstore bundles: verified exactly when
+        /// some bundle is a trusted key's DSSE signature of a Statement with
+        /// cosign's signature predicate naming the digest (an attestation
+        /// never counts); a byte flipped in a signed Statement or in a
+        /// signature never verifies.
+        #[test]
+        fn only_an_intact_trusted_bundle_of_the_digest_verifies(
+            bundles in prop::collection::vec((1u8..4, 0u8..3, any::<bool>()), 0..4),
+            trusted in prop::collection::btree_set(1u8..4, 0..3),
+            subject in 0u8..3,
+            flip in prop::option::of((any::<prop::sample::Index>(), any::<bool>(), 1u8..=255)),
+        ) {
+            let pems: Vec<(String, String)> = trusted.iter().map(|k| (format!("k{k}"), pem(&key(*k)))).collect();
+            let keys = Keyring::parse(pems.iter().map(|(n, p)| (n.as_str(), p.as_str()))).unwrap();
+            let made: Vec<(Vec<u8>, Vec<u8>)> =
+                bundles.iter().map(|(signer, named, sign)| statement_signed(*signer, *named, *sign)).collect();
+            let evidence = |made: &[(Vec<u8>, Vec<u8>)]| Evidence {
+                bundles: made.iter().map(|(statement, sig)| bundle_of(statement, sig)).collect(),
+                ..Evidence::default()
+            };
+            let expected =
+                bundles.iter().any(|(signer, named, sign)| trusted.contains(signer) && *named == subject && *sign);
+            let verdict = verify(&digest(subject), Some(&evidence(&made)), &keys);
+            prop_assert_eq!(verdict.is_verified(), expected, "{:?}", verdict);
+            if let (Some((at, in_statement, xor)), false) = (flip, made.is_empty()) {
+                let mut changed = made[at.index(made.len())].clone();
+                let bytes = if in_statement { &mut changed.0 } else { &mut changed.1 };
+                let i = at.index(bytes.len());
+                bytes[i] ^= xor;
+                let alone = verify(&digest(subject), Some(&evidence(&[changed])), &keys);
+                prop_assert!(!alone.is_verified(), "{:?}", alone);
             }
         }
     }

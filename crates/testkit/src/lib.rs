@@ -46,13 +46,13 @@ pub use jukebox::JukeboxBuilder;
 pub use layout::{LayoutWriter, reachable_blobs, stored_blobs};
 pub use package::{ArtifactKind, PackageSpec, PackageType};
 pub use process::{free_port, workspace_binary};
-pub use publisher::Publisher;
+pub use publisher::{Publisher, sha256_digest};
 pub use redis_server::{Persistence, RedisServer};
 pub use registry_server::{LoggedRequest, RegistryOptions, RegistryServer};
 pub use s3_server::S3Server;
 pub use sentinel::RedisSentinels;
 pub use service_process::{Readiness, ServiceProcess, ServingStatus};
-pub use signing::{SignatureLayer, Signer};
+pub use signing::{SignatureLayer, Signer, statement};
 pub use wait::{channel, eventually};
 
 /// What can go wrong while starting or driving test infrastructure.

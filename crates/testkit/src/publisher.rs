@@ -207,6 +207,85 @@ impl Publisher {
     }
 }
 
+/// The OCI empty descriptor's blob (`{}`), the config of an artifact.
+const EMPTY_BLOB: &[u8] = b"{}";
+const EMPTY_MEDIA_TYPE: &str = "application/vnd.oci.empty.v1+json";
+
+impl Publisher {
+    /// `bundle` attached to `subject` as cosign v3 publishes it on a registry
+    /// without the referrers API (sigstore/cosign `specs/BUNDLE_SPEC.md`,
+    /// "Publishing"): an artifact manifest (artifact type and layer the
+    /// bundle's media type, the empty config, `subject` set, the predicate
+    /// type annotated) pushed by digest, and its descriptor added to the
+    /// referrers tag schema's index at tag `sha256-<hex>`. Returns the
+    /// artifact manifest's digest.
+    pub async fn attach_bundle(
+        &self,
+        repository: &str,
+        subject: &str,
+        bundle: &[u8],
+        predicate_type: &str,
+    ) -> Result<String> {
+        use vynil_rules::signature::bundle::{BUNDLE_MEDIA_TYPES, PREDICATE_TYPE_ANNOTATION};
+        let reference = self.reference(repository, "bundle");
+        self.client.store_auth_if_needed(&self.host, &self.auth).await;
+        {
+            // Once per repository: concurrent uploads of one blob race in distribution 2.8.
+            let mut done = self.repositories_with_blobs.lock().await;
+            if done.insert(format!("{repository} empty")) {
+                self.client.push_blob(&reference, EMPTY_BLOB.to_vec(), &sha256_digest(EMPTY_BLOB)).await?;
+            }
+        }
+        self.client.push_blob(&reference, bundle.to_vec(), &sha256_digest(bundle)).await?;
+        let (subject_body, _) = self
+            .client
+            .pull_manifest_raw(&self.reference(repository, subject), &self.auth, &[OCI_MANIFEST])
+            .await?;
+        let annotations = json!({
+            "dev.sigstore.bundle.content": "dsse-envelope",
+            PREDICATE_TYPE_ANNOTATION: predicate_type,
+            "org.opencontainers.image.created": "2026-12-07T00:00:00Z",
+        });
+        let manifest = canonical(json!({
+            "schemaVersion": 2,
+            "mediaType": OCI_MANIFEST,
+            "artifactType": BUNDLE_MEDIA_TYPES[0],
+            "config": descriptor(EMPTY_MEDIA_TYPE, EMPTY_BLOB),
+            "layers": [descriptor(BUNDLE_MEDIA_TYPES[0], bundle)],
+            "subject": {"mediaType": OCI_MANIFEST, "digest": subject, "size": subject_body.len()},
+            "annotations": annotations,
+        }))
+        .to_string()
+        .into_bytes();
+        let digest = sha256_digest(&manifest);
+        self.push_manifest(repository, &digest, &manifest).await?;
+        let entry = json!({
+            "mediaType": OCI_MANIFEST,
+            "digest": digest,
+            "size": manifest.len(),
+            "artifactType": BUNDLE_MEDIA_TYPES[0],
+            "annotations": annotations,
+        });
+        let tag = subject.replacen(':', "-", 1);
+        let mut entries: Vec<Value> = match self
+            .client
+            .pull_manifest_raw(&self.reference(repository, &tag), &self.auth, &[OCI_INDEX])
+            .await
+        {
+            Ok((index, _)) => serde_json::from_slice::<Value>(&index)
+                .map_err(|e| crate::TestkitError::Fixture(format!("the referrers index: {e}")))?["manifests"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default(),
+            Err(_) => Vec::new(),
+        };
+        entries.push(entry);
+        let index = canonical(json!({"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": entries}));
+        self.push_raw(repository, &tag, index.to_string().as_bytes(), OCI_INDEX).await?;
+        Ok(digest)
+    }
+}
+
 /// The config and layer blobs every revision of `repository` shares.
 pub(crate) fn shared_blobs(repository: &str) -> (Vec<u8>, Vec<u8>) {
     let config =

@@ -61,3 +61,40 @@ impl SignatureLayer {
         Self { signature: signer.sign(&payload), payload }
     }
 }
+
+/// An in-toto Statement about the manifest `digest` (`sha256:<hex>`), as
+/// cosign v3 writes it: `predicate_type` cosign's image signature
+/// (`vynil_rules::signature::bundle::SIGN_PREDICATE_TYPE`) or an
+/// attestation's, the subject without a name (cosign v3 leaves it out).
+pub fn statement(digest: &str, predicate_type: &str, predicate: serde_json::Value) -> Vec<u8> {
+    let hex = digest.trim_start_matches("sha256:");
+    let value = serde_json::json!({
+        "_type": "https://in-toto.io/Statement/v1",
+        "subject": [{"digest": {"sha256": hex}}],
+        "predicateType": predicate_type,
+        "predicate": predicate,
+    });
+    serde_json::to_vec(&value).unwrap_or_default()
+}
+
+impl Signer {
+    /// A Sigstore bundle v0.3 of `statement` signed with this key, as
+    /// `cosign sign --key` v3 writes it: a DSSE envelope whose signature is
+    /// over the envelope's PAE (`vynil_rules::signature::bundle::pae`), the
+    /// public key's hint as verification material, no log entry.
+    pub fn bundle(&self, statement: &[u8]) -> Vec<u8> {
+        use vynil_rules::signature::bundle::{BUNDLE_MEDIA_TYPES, IN_TOTO_PAYLOAD_TYPE, pae};
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let hint = b64.encode(Sha256::digest(self.public_pem().as_bytes()));
+        let value = serde_json::json!({
+            "mediaType": BUNDLE_MEDIA_TYPES[0],
+            "verificationMaterial": {"publicKey": {"hint": hint}, "tlogEntries": []},
+            "dsseEnvelope": {
+                "payload": b64.encode(statement),
+                "payloadType": IN_TOTO_PAYLOAD_TYPE,
+                "signatures": [{"sig": self.sign(&pae(IN_TOTO_PAYLOAD_TYPE, statement)), "keyid": ""}],
+            },
+        });
+        serde_json::to_vec(&value).unwrap_or_default()
+    }
+}

@@ -65,7 +65,7 @@ pub(crate) async fn read(
         .keyring(secret.as_ref().map(|s| &s.data))
         .map_err(|e| LifecycleError::Invalid(vynil_crds::coded_message("E_VERIFY_KEYS", &e.to_string())))?;
     let client = context.registry_for(pull_secret).await?;
-    let verdict = client.signature_verdict(repo, digest, &keys, true).await.map_err(|e| {
+    let verdict = client.signature_verdict(repo, digest, &keys, None).await.map_err(|e| {
         LifecycleError::Unavailable(format!("registry, reading the signature of {repo}@{digest}: {e}"))
     })?;
     Ok(Some(if policy.require_reference { verdict.bound_to(&repo.to_string()) } else { verdict }))

@@ -345,8 +345,9 @@ async fn scan_repository(
     if let Ok(mut p) = progress.lock() {
         p.tags_seen += tags.len() as u64;
     }
+    // The tags signatures may be under: cosign's `.sig`, the referrers tag schema's index.
     let signed: Arc<HashSet<String>> =
-        Arc::new(tags.iter().filter(|t| t.ends_with(".sig")).cloned().collect());
+        Arc::new(tags.iter().filter(|t| t.starts_with("sha256-")).cloned().collect());
     let versions = Versions::parse(tags.iter().map(String::as_str));
     let mut builder = ViewBuilder::new(&versions, viewer.clone(), true);
     let mut contents = Vec::new();
@@ -406,7 +407,7 @@ async fn scan_repository(
 
 /// One tag's read, spawned: its manifest (through the metadata cache,
 /// counted when read) and, under an enforced signature policy (its keys and
-/// the `.sig` tags listed), the verdict on a package revision.
+/// the signature tags listed), the verdict on a package revision.
 fn spawn_read(
     client: &RegistryClient,
     repo: &RepositoryRef,
@@ -435,7 +436,7 @@ fn spawn_read(
 }
 
 /// The verdict on the revision at `digest` under `verification` (`signed`:
-/// the `.sig` tags listed).
+/// the signature tags listed).
 async fn verdict_of(
     client: &RegistryClient,
     repo: &RepositoryRef,
@@ -443,9 +444,8 @@ async fn verdict_of(
     verification: &Verification,
     signed: &HashSet<String>,
 ) -> Result<Verdict, String> {
-    let listed = vynil_registry::signature_tag(digest).is_some_and(|tag| signed.contains(&tag));
     let verdict = client
-        .signature_verdict(repo, digest, &verification.keys, listed)
+        .signature_verdict(repo, digest, &verification.keys, Some(signed))
         .await
         .map_err(|e| format!("the signature of {repo}@{digest}: {e}"))?;
     Ok(if verification.require_reference { verdict.bound_to(&repo.to_string()) } else { verdict })

@@ -9,6 +9,7 @@ use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use axum::http::Method;
 use clap::Parser;
+use vynil_rules::signature::bundle::SIGN_PREDICATE_TYPE;
 use vynil_rules::{
     InstallQuery, Package, PackageType as RulesType, Viewer,
     catalog::{CatalogRole, roles_under},
@@ -18,7 +19,8 @@ use vynil_rules::{
 };
 use vynil_scanner::{Config, RecordState, Scanner};
 use vynil_testkit::{
-    HttpFront, JukeboxBuilder, PackageSpec, PackageType, RedisServer, RegistryServer, SignatureLayer, Signer,
+    Fault, FaultAction, HttpFront, JukeboxBuilder, PackageSpec, PackageType, RedisServer, RegistryServer,
+    SignatureLayer, Signer, statement,
 };
 
 const REPOSITORY: &str = "sec/app";
@@ -76,12 +78,17 @@ impl Harness {
     }
 
     async fn scan(&self) {
+        let record = self.scan_record().await;
+        assert_eq!(record.state, RecordState::Succeeded, "{record:?}");
+    }
+
+    /// A full scan, to its end.
+    async fn scan_record(&self) -> vynil_scanner::ScanRecord {
         let (id, _) = self.scanner.request("box", vynil_rules::ScanScope::Full).await.unwrap();
         for _ in 0..2400 {
             let record = self.scanner.queue.record(&id).await.unwrap().unwrap();
             if record.is_final() {
-                assert_eq!(record.state, RecordState::Succeeded, "{record:?}");
-                return;
+                return record;
             }
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
@@ -273,4 +280,127 @@ async fn a_signature_made_for_another_repository_counts_only_without_require_ref
         Ok("0.1.0".into()),
         "the copy is not offered"
     );
+}
+
+/// Six revisions signed as cosign v3 and v2 write signatures, each a
+/// waypoint: a legacy `.sig` by the trusted key, a keyed bundle by it, a
+/// trusted bundle whose Statement names 0.1.0 (attached to 0.3.0), a
+/// trusted bundle whose DSSE payload was changed afterwards, an SLSA
+/// provenance attestation alone (no signature), a bundle by another key.
+/// Bundles are published as cosign v3 does on a registry without the
+/// referrers API: artifact manifests listed by the tag schema's index.
+async fn bundle_revisions(
+    trusted: &Signer,
+    other: &Signer,
+) -> (RegistryServer, BTreeMap<&'static str, String>) {
+    let registry = RegistryServer::start().await.unwrap();
+    let p = registry.publisher();
+    let tags = ["0.1.0", "0.2.0", "0.3.0", "0.4.0", "0.5.0", "0.6.0"];
+    let mut digests = BTreeMap::new();
+    for (i, tag) in tags.iter().enumerate() {
+        let mut spec = PackageSpec::new("sec", "app", PackageType::Tenant, tag);
+        if i > 0 {
+            spec = spec.min(tags[i - 1]);
+        }
+        digests.insert(*tag, p.publish(REPOSITORY, &spec).await.unwrap());
+    }
+    let reference = format!("{}/{REPOSITORY}", registry.host());
+    let signature = |digest: &str| statement(digest, SIGN_PREDICATE_TYPE, serde_json::json!({}));
+    let attach = |subject: &str, bundle: Vec<u8>, predicate: &'static str| {
+        let (p, subject) = (p.clone(), subject.to_string());
+        async move { p.attach_bundle(REPOSITORY, &subject, &bundle, predicate).await.unwrap() }
+    };
+    p.sign(REPOSITORY, &digests["0.1.0"], &[SignatureLayer::by(trusted, &reference, &digests["0.1.0"])])
+        .await
+        .unwrap();
+    attach(&digests["0.2.0"], trusted.bundle(&signature(&digests["0.2.0"])), SIGN_PREDICATE_TYPE).await;
+    attach(&digests["0.3.0"], trusted.bundle(&signature(&digests["0.1.0"])), SIGN_PREDICATE_TYPE).await;
+    let mut tampered: serde_json::Value =
+        serde_json::from_slice(&trusted.bundle(&signature(&digests["0.4.0"]))).unwrap();
+    let swapped = signature(&digests["0.4.0"]).into_iter().chain(*b" ").collect::<Vec<u8>>();
+    tampered["dsseEnvelope"]["payload"] =
+        base64::Engine::encode(&base64::engine::general_purpose::STANDARD, swapped).into();
+    attach(&digests["0.4.0"], serde_json::to_vec(&tampered).unwrap(), SIGN_PREDICATE_TYPE).await;
+    let slsa = "https://slsa.dev/provenance/v1";
+    let provenance = statement(&digests["0.5.0"], slsa, serde_json::json!({"runDetails": {}}));
+    attach(&digests["0.5.0"], trusted.bundle(&provenance), slsa).await;
+    attach(&digests["0.6.0"], other.bundle(&signature(&digests["0.6.0"])), SIGN_PREDICATE_TYPE).await;
+    (registry, digests)
+}
+
+/// GETs of the referrers API and of manifests and blobs naming `digest`.
+fn reads_of(front: &HttpFront, digest: &str) -> usize {
+    let hex = digest.trim_start_matches("sha256:");
+    front.seen().iter().filter(|s| s.method == Method::GET && s.path.contains(hex)).count()
+}
+
+/// #67 items 1 and 2, on distribution 2.8 (no referrers API: the tag
+/// schema), then through a front serving the referrers API from the same
+/// content: each signature gets its verdict, `enforce` offers the newest
+/// verified revision, and an unchanged rescan reads nothing of a verified one.
+#[tokio::test]
+async fn bundles_get_their_verdicts_by_the_tag_schema_and_by_the_referrers_api() {
+    let (trusted, other) = (Signer::from_label("release"), Signer::from_label("someone else"));
+    let (registry, digests) = bundle_revisions(&trusted, &other).await;
+    let expected = BTreeMap::from([
+        ("0.1.0".to_string(), verified("release", &registry)),
+        ("0.2.0".into(), Verdict::Verified { key: "release".into(), reference: String::new() }),
+        ("0.3.0".into(), Verdict::DigestMismatch { signed: digests["0.1.0"].clone() }),
+        ("0.4.0".into(), Verdict::UntrustedKey),
+        ("0.5.0".into(), Verdict::Unsigned),
+        ("0.6.0".into(), Verdict::UntrustedKey),
+    ]);
+    let h = Harness::start(registry).await;
+    h.write_jukebox("warn", &[("release", &trusted)]);
+    h.scan().await;
+    assert_eq!(h.verdicts().await, expected, "by the tag schema");
+    assert_eq!(offered(&h.packages().await, VerifyMode::Enforce), Ok("0.2.0".into()));
+    let tag_schema = digests["0.2.0"].replacen(':', "-", 1);
+    assert!(h.front.count(&Method::GET, &format!("/manifests/{tag_schema}")) >= 1, "the index was read");
+
+    h.front.reset_counts();
+    h.scan().await;
+    for tag in ["0.1.0", "0.2.0"] {
+        assert_eq!(reads_of(&h.front, &digests[tag]), 0, "{tag}: verified, nothing read again");
+    }
+    assert_eq!(h.gets(), 0, "an unchanged registry: no GET of a manifest or a blob");
+    assert_eq!(h.front.count(&Method::GET, "/referrers/"), 0, "the 404 is remembered");
+
+    // The same content behind a registry offering the referrers API.
+    let h = Harness::start(h.registry).await;
+    h.front.serve_referrers();
+    h.write_jukebox("warn", &[("release", &trusted)]);
+    h.scan().await;
+    assert_eq!(h.verdicts().await, expected, "by the referrers API");
+    assert!(h.front.count(&Method::GET, "/referrers/") >= 6, "asked for each revision");
+    assert_eq!(h.front.count(&Method::GET, &format!("/manifests/{tag_schema}")), 0, "no tag schema read");
+    h.front.reset_counts();
+    h.scan().await;
+    for tag in ["0.1.0", "0.2.0"] {
+        assert_eq!(reads_of(&h.front, &digests[tag]), 0, "{tag}: verified, nothing read again");
+    }
+}
+
+/// #67 item 5: a signature payload that answered 404 once is a scan error,
+/// not a malformed signature remembered for as long as its evidence is
+/// cached: the revision is verified at the next scan after the fault heals.
+#[tokio::test]
+async fn a_payload_blob_missing_once_is_read_again_at_the_next_scan() {
+    let trusted = Signer::from_label("release");
+    let h = Harness::start(RegistryServer::start().await.unwrap()).await;
+    let p = h.registry.publisher();
+    let digest =
+        p.publish(REPOSITORY, &PackageSpec::new("sec", "app", PackageType::Tenant, "0.1.0")).await.unwrap();
+    let layer = SignatureLayer::by(&trusted, &format!("{}/{REPOSITORY}", h.registry.host()), &digest);
+    let payload = vynil_testkit::sha256_digest(&layer.payload);
+    p.sign(REPOSITORY, &digest, &[layer]).await.unwrap();
+    h.write_jukebox("enforce", &[("release", &trusted)]);
+
+    h.front.inject(Fault::new(Some(Method::GET), &format!("/blobs/{payload}"), 1, FaultAction::Status(404)));
+    let record = h.scan_record().await;
+    assert_ne!(record.state, RecordState::Succeeded, "a missing payload fails the read: {record:?}");
+    assert!(format!("{:?}", record.errors).contains("BLOB_UNKNOWN"), "{record:?}");
+
+    h.scan().await;
+    assert_eq!(h.verdicts().await.get("0.1.0"), Some(&verified("release", &h.registry)));
 }

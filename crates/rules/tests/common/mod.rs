@@ -72,8 +72,12 @@ pub fn plain_tag(name: &str, digest_label: &str) -> RepositoryTag {
 }
 
 /// `sha256-<hex of digest(subject_label)>.<suffix>` on its own digest.
+/// An artifact tag of `subject_label`'s digest: `sha256-<hex>.<suffix>`, or
+/// the referrers tag schema's `sha256-<hex>` for an empty suffix.
 pub fn artifact_tag(subject_label: &str, suffix: &str, own_label: &str) -> RepositoryTag {
-    plain_tag(&format!("{}.{suffix}", digest(subject_label).replacen(':', "-", 1)), own_label)
+    let base = digest(subject_label).replacen(':', "-", 1);
+    let name = if suffix.is_empty() { base } else { format!("{base}.{suffix}") };
+    plain_tag(&name, own_label)
 }
 
 pub fn framework(v: &str) -> Version {
