@@ -150,6 +150,10 @@ fn noise_tags_are_kept_as_aliases_artifacts_or_unmanaged_and_orphans_go() {
         artifact_tag("one-two", "sbom", "sbom-12"),
         artifact_tag("one-one", "sig", "sig-11"),
         artifact_tag("latest-elsewhere", "att", "att-x"),
+        // cosign v3's bundles on a registry without the referrers API: the
+        // referrers tag schema's index, `sha256-<hex>` (#67 item 6).
+        artifact_tag("one-two", "", "referrers-12"),
+        artifact_tag("one-one", "", "referrers-11"),
     ];
     let plan = plan(&tags, &Usage::Known(vec![]), &[]);
     let sig = |label: &str, suffix: &str| format!("sha256-{}.{suffix}", hex(label));
@@ -173,7 +177,13 @@ fn noise_tags_are_kept_as_aliases_artifacts_or_unmanaged_and_orphans_go() {
             false,
             &[&format!("orphaned attestation of {}", digest("latest-elsewhere"))],
         ),
+        row(
+            &format!("sha256-{}", hex("one-one")),
+            false,
+            &[&format!("orphaned referrers index of {}", digest("one-one"))],
+        ),
         row(&sig("one-one", "sig"), false, &[&format!("orphaned signature of {}", digest("one-one"))]),
+        row(&format!("sha256-{}", hex("one-two")), true, &["referrers index of 1.2.0"]),
         row(&sig("one-two", "sbom"), true, &["SBOM of 1.2.0"]),
         row(&sig("one-two", "sig"), true, &["signature of 1.2.0"]),
         row("trivy--x", true, &["unmanaged"]),
@@ -186,7 +196,7 @@ fn noise_tags_are_kept_as_aliases_artifacts_or_unmanaged_and_orphans_go() {
     let deletions = plan.deletions();
     let order: Vec<(bool, Vec<String>)> =
         deletions.iter().map(|d| (d.artifacts_only, d.tags.clone())).collect();
-    assert_eq!(order.len(), 4);
+    assert_eq!(order.len(), 5);
     assert!(order[..2].iter().all(|(artifacts, _)| !artifacts));
     assert!(order[2..].iter().all(|(artifacts, _)| *artifacts));
 }
