@@ -249,6 +249,33 @@ mod tests {
         );
     }
 
+    /// A DSSE envelope a Sigstore client made: sigstore-rs'
+    /// `tests/data/dsse/dsse.sigstore.json` (added in sigstore/sigstore-rs
+    /// 2bf3b8e, "add more test cases"), its payload (an SLSA provenance
+    /// Statement) and signature as published, and the public key of its
+    /// leaf certificate (`openssl x509 -pubkey` of the first certificate of
+    /// its chain). The signature verifies over our PAE of the payload, and
+    /// over nothing else.
+    #[test]
+    fn a_dsse_signature_a_sigstore_client_made_verifies_over_our_pae() {
+        const LEAF_KEY: &str = "-----BEGIN PUBLIC KEY-----
+MFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAEeUE6Ox/414K0dBx3c3W+tQ7NTSlI
+VV24YSbBl6VyuIV/i15KClSjUo2qQuKSU4EzmHf2+EMj/YHYHeBADkDxjw==
+-----END PUBLIC KEY-----";
+        const SIG: &str = "MEUCIFc/ByLhCkR2YtAMbmJp202ZmZ4XVGXFKi7r+q7lsNDPAiEA/JwX2PilCLvkqE9NJMFKNn2C2j8cH/zyFhQ65wri2HY=";
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let payload = b64.decode(include_str!("testdata/sigstore-rs-dsse.payload.b64").trim()).unwrap();
+        let sig = b64.decode(SIG).unwrap();
+        let keys = Keyring::parse([("leaf", LEAF_KEY)]).unwrap();
+        assert_eq!(keys.verifier_of(&pae(IN_TOTO_PAYLOAD_TYPE, &payload), &sig), Ok("leaf"));
+        assert_eq!(keys.verifier_of(&payload, &sig), Err(Verdict::UntrustedKey), "DSSE signs the PAE");
+        assert_eq!(
+            keys.verifier_of(&pae("application/json", &payload), &sig),
+            Err(Verdict::UntrustedKey),
+            "the payload type is signed"
+        );
+    }
+
     #[test]
     fn a_keyed_bundle_verifies_with_its_key_and_no_other() {
         let bundle = signed_bundle(1, &statement(SIGN_PREDICATE_TYPE, hex_of(DIGEST)));
