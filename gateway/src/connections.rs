@@ -57,9 +57,12 @@ pub fn peer_key(ip: IpAddr) -> IpAddr {
 }
 
 impl Connections {
+    /// At most `total` connections (at least 1; a figure above what tokio's
+    /// semaphore can count is held to its maximum, never a panic), at most
+    /// `per_peer` of them from one peer.
     pub fn new(total: usize, per_peer: usize) -> Self {
         Self {
-            total: Arc::new(Semaphore::new(total.max(1))),
+            total: Arc::new(Semaphore::new(total.clamp(1, Semaphore::MAX_PERMITS))),
             per_peer: per_peer.max(1),
             peers: Arc::new(Mutex::new(HashMap::new())),
         }
@@ -83,6 +86,14 @@ impl Connections {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    /// `--max-connections 18446744073709551615` started a gateway that
+    /// panicked in `Semaphore::new` (above `MAX_PERMITS`).
+    #[test]
+    fn a_huge_limit_is_held_to_the_semaphores_maximum() {
+        let connections = Connections::new(usize::MAX, usize::MAX);
+        assert_eq!(connections.total.available_permits(), Semaphore::MAX_PERMITS);
+    }
 
     #[test]
     fn a_peer_gets_its_share_and_an_ipv6_host_is_its_64() {

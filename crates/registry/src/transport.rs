@@ -204,7 +204,11 @@ impl Transport {
         let mut limits = self.limits.lock().unwrap_or_else(|p| p.into_inner());
         limits
             .entry(registry.to_string())
-            .or_insert_with(|| Arc::new(Semaphore::new(self.config.per_registry_concurrency.max(1))))
+            .or_insert_with(|| {
+                Arc::new(Semaphore::new(
+                    self.config.per_registry_concurrency.clamp(1, Semaphore::MAX_PERMITS),
+                ))
+            })
             .clone()
     }
 

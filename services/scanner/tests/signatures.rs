@@ -109,14 +109,11 @@ impl Harness {
     }
 }
 
-/// Six revisions, each a waypoint (each needs the one before), so every one
-/// is in the view: signed by the trusted key, by another key, unsigned, a
-/// trusted signature copied from 0.1.0, a trusted signature whose payload
-/// was changed afterwards, a trusted signature cut short.
-async fn six_revisions(trusted: &Signer, other: &Signer) -> (RegistryServer, BTreeMap<&'static str, String>) {
+/// A registry with six revisions 0.1.0 to 0.6.0, each a waypoint (each
+/// needs the one before, so every one is in the view), and their digests.
+async fn six_waypoints() -> (RegistryServer, BTreeMap<&'static str, String>) {
     let registry = RegistryServer::start().await.unwrap();
     let p = registry.publisher();
-    let reference = format!("{}/{REPOSITORY}", registry.host());
     let tags = ["0.1.0", "0.2.0", "0.3.0", "0.4.0", "0.5.0", "0.6.0"];
     let mut digests = BTreeMap::new();
     for (i, tag) in tags.iter().enumerate() {
@@ -126,6 +123,16 @@ async fn six_revisions(trusted: &Signer, other: &Signer) -> (RegistryServer, BTr
         }
         digests.insert(*tag, p.publish(REPOSITORY, &spec).await.unwrap());
     }
+    (registry, digests)
+}
+
+/// Six waypoints: signed by the trusted key, by another key, unsigned, a
+/// trusted signature copied from 0.1.0, a trusted signature whose payload
+/// was changed afterwards, a trusted signature cut short.
+async fn six_revisions(trusted: &Signer, other: &Signer) -> (RegistryServer, BTreeMap<&'static str, String>) {
+    let (registry, digests) = six_waypoints().await;
+    let p = registry.publisher();
+    let reference = format!("{}/{REPOSITORY}", registry.host());
     let sign = |signer: &Signer, digest: &str| SignatureLayer::by(signer, &reference, digest);
     p.sign(REPOSITORY, &digests["0.1.0"], &[sign(trusted, &digests["0.1.0"])]).await.unwrap();
     p.sign(REPOSITORY, &digests["0.2.0"], &[sign(other, &digests["0.2.0"])]).await.unwrap();
@@ -282,8 +289,7 @@ async fn a_signature_made_for_another_repository_counts_only_without_require_ref
     );
 }
 
-/// Six revisions signed as cosign v3 and v2 write signatures, each a
-/// waypoint: a legacy `.sig` by the trusted key, a keyed bundle by it, a
+/// Six waypoints signed as cosign v3 and v2 write signatures: a legacy `.sig` by the trusted key, a keyed bundle by it, a
 /// trusted bundle whose Statement names 0.1.0 (attached to 0.3.0), a
 /// trusted bundle whose DSSE payload was changed afterwards, an SLSA
 /// provenance attestation alone (no signature), a bundle by another key.
@@ -293,17 +299,8 @@ async fn bundle_revisions(
     trusted: &Signer,
     other: &Signer,
 ) -> (RegistryServer, BTreeMap<&'static str, String>) {
-    let registry = RegistryServer::start().await.unwrap();
+    let (registry, digests) = six_waypoints().await;
     let p = registry.publisher();
-    let tags = ["0.1.0", "0.2.0", "0.3.0", "0.4.0", "0.5.0", "0.6.0"];
-    let mut digests = BTreeMap::new();
-    for (i, tag) in tags.iter().enumerate() {
-        let mut spec = PackageSpec::new("sec", "app", PackageType::Tenant, tag);
-        if i > 0 {
-            spec = spec.min(tags[i - 1]);
-        }
-        digests.insert(*tag, p.publish(REPOSITORY, &spec).await.unwrap());
-    }
     let reference = format!("{}/{REPOSITORY}", registry.host());
     let signature = |digest: &str| statement(digest, SIGN_PREDICATE_TYPE, serde_json::json!({}));
     let attach = |subject: &str, bundle: Vec<u8>, predicate: &'static str| {
