@@ -6,7 +6,8 @@
 //! a `Link` gives is a path, never anything that would change the host once
 //! put behind it); a challenge's scheme and parameter names are lower case;
 //! an error message taken from a body that is not an envelope is at most 200
-//! bytes of it; a decoded manifest keeps every annotation it carried.
+//! bytes of it; a decoded manifest keeps every annotation it carried; a
+//! signature manifest or referrers index yields no more than the cap asked.
 
 use arbitrary::{Arbitrary, Result, Unstructured};
 use serde_json::{Value, json};
@@ -156,6 +157,12 @@ pub fn check(answer: &Answer) {
                 let doc: Value = serde_json::from_str(body).unwrap_or(Value::Null);
                 let carried = doc["annotations"].as_object().map_or(0, serde_json::Map::len);
                 assert_eq!(manifest.annotations.len(), carried, "annotations lost from {body}");
+            }
+            // A signature manifest or referrers index yields at most what is asked.
+            match decode::signature_manifest(body.as_bytes(), 1) {
+                Ok(decode::SignatureManifest::Image(layers)) => assert!(layers.len() <= 1, "{body}"),
+                Ok(decode::SignatureManifest::Index(referrers)) => assert!(referrers.len() <= 1, "{body}"),
+                Err(_) => {}
             }
         }
         Answer::Referrers(body) => {
