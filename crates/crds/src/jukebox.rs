@@ -155,6 +155,56 @@ pub struct VerifyPolicy {
     /// digest; the reference says where it was meant to be published).
     #[serde(rename = "requireReference", default, skip_serializing_if = "std::ops::Not::not")]
     pub require_reference: bool,
+    /// Keyless signers (`cosign sign` without a key): an OIDC issuer and a
+    /// subject, verified offline against `trustedRoot`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub identities: Vec<TrustedIdentity>,
+    /// Sigstore's `trusted_root.json` (Fulcio, CT and Rekor keys), in an
+    /// opted-in Secret of the control plane's namespace.
+    #[serde(rename = "trustedRoot", default, skip_serializing_if = "Option::is_none")]
+    pub trusted_root: Option<TrustedRootSource>,
+    /// Whether a signature counts only with a transparency log entry
+    /// verified with the trusted root's log key; default: true when
+    /// `trustedRoot` is given, false otherwise.
+    #[serde(rename = "requireTransparencyLog", default, skip_serializing_if = "Option::is_none")]
+    pub require_transparency_log: Option<bool>,
+}
+
+/// One keyless signer: each of issuer and subject exact, or a regular
+/// expression that must match the whole text.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TrustedIdentity {
+    /// What verdicts call it ("verified by <name>"); default: its subject.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub name: String,
+    /// The OIDC issuer, e.g. `https://token.actions.githubusercontent.com`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub issuer: Option<String>,
+    #[serde(rename = "issuerRegExp", default, skip_serializing_if = "Option::is_none")]
+    pub issuer_regexp: Option<String>,
+    /// The certificate's subject: an email, or a workflow's URI.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject: Option<String>,
+    #[serde(rename = "subjectRegExp", default, skip_serializing_if = "Option::is_none")]
+    pub subject_regexp: Option<String>,
+}
+
+/// Where the trusted root is: an item of a Secret carrying the JukeBox
+/// opt-in label (a trusted root holds no secret, but who may write it
+/// decides what is trusted).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct TrustedRootSource {
+    pub secret: String,
+    /// Its item; default `trusted_root.json`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+}
+
+impl TrustedRootSource {
+    pub fn item(&self) -> &str {
+        self.key.as_deref().filter(|k| !k.is_empty()).unwrap_or("trusted_root.json")
+    }
 }
 
 impl VerifyPolicy {
@@ -162,9 +212,42 @@ impl VerifyPolicy {
         self.mode.rules()
     }
 
-    /// Its trusted keys: the inline ones, and each data item of the keys'
-    /// Secret (`secret`, read by the caller), named by its key.
+    /// What it trusts: the inline keys, each data item of the keys' Secret
+    /// (`secret`, read by the caller), named by its key, and its identities
+    /// under the trusted root's Secret (`root`, read by the caller).
     pub fn keyring(
+        &self,
+        secret: Option<&std::collections::BTreeMap<String, Vec<u8>>>,
+        root: Option<&std::collections::BTreeMap<String, Vec<u8>>>,
+    ) -> Result<vynil_rules::signature::Keyring, vynil_rules::RulesError> {
+        use vynil_rules::signature::{Identity, IdentitySpec, TrustedRoot};
+        let keys = self.keys(secret)?;
+        let root = match (&self.trusted_root, root) {
+            (Some(source), Some(data)) => {
+                let bytes = data.get(source.item()).ok_or_else(|| vynil_rules::RulesError::TrustedRoot {
+                    problem: format!("Secret {} has no item {:?}", source.secret, source.item()),
+                })?;
+                Some(TrustedRoot::parse(bytes)?)
+            }
+            _ => None,
+        };
+        let identities = self
+            .identities
+            .iter()
+            .map(|i| {
+                Identity::parse(IdentitySpec {
+                    name: &i.name,
+                    issuer: i.issuer.as_deref(),
+                    issuer_regexp: i.issuer_regexp.as_deref(),
+                    subject: i.subject.as_deref(),
+                    subject_regexp: i.subject_regexp.as_deref(),
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        keys.trusting(identities, root, self.require_transparency_log)
+    }
+
+    fn keys(
         &self,
         secret: Option<&std::collections::BTreeMap<String, Vec<u8>>>,
     ) -> Result<vynil_rules::signature::Keyring, vynil_rules::RulesError> {

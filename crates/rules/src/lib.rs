@@ -92,6 +92,12 @@ pub enum RulesError {
     UpgradePolicy { field: &'static str, value: String, problem: String, hint: &'static str },
     #[error("trusted signing key {name:?}: {problem}")]
     SigningKey { name: String, problem: String },
+    #[error(
+        "trusted root: {problem}; give Sigstore's trusted_root.json (application/vnd.dev.sigstore.trustedroot+json;version=0.1), e.g. `cosign trusted-root create` or the public-good instance's, read offline"
+    )]
+    TrustedRoot { problem: String },
+    #[error("trusted identity {name:?}: {problem}")]
+    Identity { name: String, problem: String },
 }
 
 impl vynil_failure::Classify for RulesError {
@@ -102,7 +108,9 @@ impl vynil_failure::Classify for RulesError {
             | RulesError::Pattern { .. }
             | RulesError::ChannelNotScanned { .. }
             | RulesError::UpgradePolicy { .. }
-            | RulesError::SigningKey { .. } => Failure::BadInput,
+            | RulesError::SigningKey { .. }
+            | RulesError::TrustedRoot { .. }
+            | RulesError::Identity { .. } => Failure::BadInput,
             // A package's published annotations, or metadata the registry did not give.
             RulesError::Annotation { .. } => Failure::Refused,
             RulesError::UnreadableMetadata(_) => Failure::Transient,

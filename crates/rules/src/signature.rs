@@ -33,7 +33,13 @@ use sha2::{Digest as _, Sha256};
 use crate::RulesError;
 
 pub mod bundle;
+mod keyless;
 mod simple;
+mod tlog;
+mod trusted_root;
+
+pub use keyless::{Identity, IdentitySpec};
+pub use trusted_root::{TRUSTED_ROOT_MEDIA_TYPE, TrustedRoot};
 
 pub use simple::{
     SIGNATURE_ANNOTATION, SIMPLE_SIGNING_MEDIA_TYPE, SIMPLE_SIGNING_TYPE, SignedPayload,
@@ -50,9 +56,38 @@ pub enum VerifyMode {
 }
 
 #[derive(Debug, Clone)]
-enum PublicKey {
+pub(crate) enum PublicKey {
     P256(p256::ecdsa::VerifyingKey),
     Ed25519(ed25519_dalek::VerifyingKey),
+}
+
+impl PublicKey {
+    /// A DER SubjectPublicKeyInfo's key (a trusted root's, a certificate's).
+    pub(crate) fn from_spki_der(der: &[u8]) -> Result<Self, String> {
+        use ed25519_dalek::pkcs8::DecodePublicKey as _;
+        if let Ok(key) = p256::ecdsa::VerifyingKey::from_public_key_der(der) {
+            return Ok(PublicKey::P256(key));
+        }
+        ed25519_dalek::VerifyingKey::from_public_key_der(der)
+            .map(PublicKey::Ed25519)
+            .map_err(|_| "a public key of another kind than ECDSA P-256 or Ed25519".to_string())
+    }
+
+    /// Whether this key verifies `signature` over `message`; `None` when the
+    /// bytes are no signature of this key's kind.
+    pub(crate) fn verifies(&self, message: &[u8], signature: &[u8]) -> Option<bool> {
+        match self {
+            PublicKey::P256(key) => {
+                use p256::ecdsa::signature::Verifier as _;
+                let signature = p256::ecdsa::Signature::from_der(signature).ok()?;
+                Some(key.verify(message, &signature).is_ok())
+            }
+            PublicKey::Ed25519(key) => {
+                let signature = ed25519_dalek::Signature::from_slice(signature).ok()?;
+                Some(key.verify_strict(message, &signature).is_ok())
+            }
+        }
+    }
 }
 
 /// One trusted public key.
@@ -62,6 +97,8 @@ pub struct TrustedKey {
     /// `sha256:<hex>` of the key's DER SubjectPublicKeyInfo.
     fingerprint: String,
     key: PublicKey,
+    /// Its DER SubjectPublicKeyInfo, as a log entry records it.
+    pub(crate) der: Vec<u8>,
 }
 
 impl TrustedKey {
@@ -76,24 +113,18 @@ impl TrustedKey {
     /// Whether this key verifies `signature` over `payload`; `None` when the
     /// bytes are no signature of this key's kind.
     fn verifies(&self, payload: &[u8], signature: &[u8]) -> Option<bool> {
-        match &self.key {
-            PublicKey::P256(key) => {
-                use p256::ecdsa::signature::Verifier as _;
-                let signature = p256::ecdsa::Signature::from_der(signature).ok()?;
-                Some(key.verify(payload, &signature).is_ok())
-            }
-            PublicKey::Ed25519(key) => {
-                let signature = ed25519_dalek::Signature::from_slice(signature).ok()?;
-                Some(key.verify_strict(payload, &signature).is_ok())
-            }
-        }
+        self.key.verifies(payload, signature)
     }
 }
 
-/// The keys a JukeBox trusts.
+/// What a JukeBox trusts: keys, and identities under a trusted root.
 #[derive(Debug, Clone, Default)]
 pub struct Keyring {
     keys: Vec<TrustedKey>,
+    identities: Vec<Identity>,
+    root: Option<std::sync::Arc<TrustedRoot>>,
+    /// `spec.verify.requireTransparencyLog`, defaulted (see [`Keyring::trusting`]).
+    require_log: bool,
 }
 
 impl Keyring {
@@ -107,9 +138,45 @@ impl Keyring {
                 .map_err(|problem| RulesError::SigningKey { name: name.to_string(), problem })?;
             let fingerprint = format!("sha256:{}", hex::encode(Sha256::digest(&der)));
             let name = if name.trim().is_empty() { fingerprint[..19].to_string() } else { name.to_string() };
-            out.push(TrustedKey { name, fingerprint, key });
+            out.push(TrustedKey { name, fingerprint, key, der });
         }
-        Ok(Self { keys: out })
+        Ok(Self { keys: out, ..Self::default() })
+    }
+
+    /// These keys, and `identities` signing keyless under `root`; a
+    /// signature counts only with a verified transparency log entry when
+    /// `require_log` says so, by default whenever a root is given (the log
+    /// is then checkable). Identities need a root; so does requiring the log.
+    pub fn trusting(
+        mut self,
+        identities: Vec<Identity>,
+        root: Option<TrustedRoot>,
+        require_log: Option<bool>,
+    ) -> Result<Self, RulesError> {
+        let problem = |problem: &str| RulesError::TrustedRoot { problem: problem.to_string() };
+        if root.is_none() && !identities.is_empty() {
+            return Err(problem("identities are verified against a trusted root, and none is given"));
+        }
+        if root.is_none() && require_log == Some(true) {
+            return Err(problem("requireTransparencyLog needs the log's key, and no trusted root is given"));
+        }
+        self.require_log = require_log.unwrap_or(root.is_some());
+        self.identities = identities;
+        self.root = root.map(std::sync::Arc::new);
+        Ok(self)
+    }
+
+    pub fn identities(&self) -> &[Identity] {
+        &self.identities
+    }
+
+    pub(crate) fn root(&self) -> Option<&TrustedRoot> {
+        self.root.as_deref()
+    }
+
+    /// The trusted root when signatures must be proven by its log.
+    pub(crate) fn log_required(&self) -> Option<&TrustedRoot> {
+        self.root().filter(|_| self.require_log)
     }
 
     pub fn keys(&self) -> &[TrustedKey] {
@@ -117,22 +184,27 @@ impl Keyring {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.keys.is_empty()
+        self.keys.is_empty() && self.identities.is_empty()
     }
 
     /// The name of the trusted key that verifies `signature` over `message`;
     /// else the verdict on it: another key's (`UntrustedKey`), or no
     /// signature at all (`Malformed`).
     pub(crate) fn verifier_of(&self, message: &[u8], signature: &[u8]) -> Result<&str, Verdict> {
+        self.trusted_key(message, signature).map(TrustedKey::name)
+    }
+
+    /// [`Keyring::verifier_of`], the key itself.
+    pub(crate) fn trusted_key(&self, message: &[u8], signature: &[u8]) -> Result<&TrustedKey, Verdict> {
         let mut readable = false;
         for key in &self.keys {
             match key.verifies(message, signature) {
-                Some(true) => return Ok(&key.name),
+                Some(true) => return Ok(key),
                 Some(false) => readable = true,
                 None => {}
             }
         }
-        if readable || (self.is_empty() && looks_like_signature(signature)) {
+        if readable || (self.keys.is_empty() && looks_like_signature(signature)) {
             Err(Verdict::UntrustedKey)
         } else {
             Err(Verdict::Malformed {
@@ -146,6 +218,8 @@ impl Keyring {
     pub fn fingerprint(&self) -> String {
         let mut entries: Vec<String> =
             self.keys.iter().map(|k| format!("{}={}", k.name, k.fingerprint)).collect();
+        entries.extend(self.identities.iter().map(|i| format!("identity {}", i.describe())));
+        entries.extend(self.root().map(|r| format!("root {} log {}", r.digest(), self.require_log)));
         entries.sort();
         hex::encode(Sha256::digest(entries.join("\n").as_bytes()))
     }

@@ -78,6 +78,30 @@ impl JukeboxBuilder {
         self
     }
 
+    /// Its signature policy trusts the keyless signer `subject` of `issuer`
+    /// (exact), called `name`.
+    pub fn identity(mut self, name: &str, issuer: &str, subject: &str) -> Self {
+        if let Some(verify) = self.verify.as_mut() {
+            let identities = verify["identities"].as_array().cloned().unwrap_or_default();
+            let identity = json!({"name": name, "issuer": issuer, "subject": subject});
+            verify["identities"] = json!(identities.into_iter().chain([identity]).collect::<Vec<_>>());
+        }
+        self
+    }
+
+    /// Its signature policy reads Sigstore's trusted root from `secret`
+    /// (item `trusted_root.json`), and requires the transparency log when
+    /// `require_log` says so (`None`: the default).
+    pub fn trusted_root(mut self, secret: &str, require_log: Option<bool>) -> Self {
+        if let Some(verify) = self.verify.as_mut() {
+            verify["trustedRoot"] = json!({"secret": secret});
+            if let Some(require) = require_log {
+                verify["requireTransparencyLog"] = json!(require);
+            }
+        }
+        self
+    }
+
     /// The object, as the API server and `serde_json` take it.
     pub fn json(&self) -> Value {
         let mut spec = json!({"schedule": self.schedule});
@@ -107,6 +131,29 @@ impl JukeboxBuilder {
         std::fs::write(&path, self.yaml()).map_err(io("writing a JukeBox file"))?;
         Ok(path)
     }
+}
+
+/// A Secret manifest a JukeBox may name (the opt-in label), in local
+/// mode's JukeBox directory: `items` base64'd under `data`.
+pub fn write_opted_in_secret(dir: &Path, name: &str, items: &[(&str, &[u8])]) -> Result<PathBuf> {
+    use base64::Engine as _;
+    let data: serde_json::Map<String, Value> = items
+        .iter()
+        .map(|(key, bytes)| (key.to_string(), json!(base64::engine::general_purpose::STANDARD.encode(bytes))))
+        .collect();
+    let secret = json!({
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": name, "labels": {vynil_crds::secrets::OPT_IN_LABEL: "true"}},
+        "data": data,
+    });
+    let path = dir.join(format!("{name}.yaml"));
+    // JSON is YAML: the directory's reader takes it.
+    let text = serde_json::to_string_pretty(&secret)
+        .map_err(std::io::Error::other)
+        .map_err(io("a Secret's text"))?;
+    std::fs::write(&path, text).map_err(io("writing a Secret file"))?;
+    Ok(path)
 }
 
 #[cfg(test)]

@@ -35,6 +35,7 @@ mod s3_server;
 pub mod sentinel;
 mod service_process;
 mod signing;
+mod sigstore;
 pub mod upstream;
 mod wait;
 
@@ -42,7 +43,7 @@ pub use examples::{EXAMPLE_REPOSITORIES, Example, examples, publish_examples, wr
 pub use front::{Fault, FaultAction, HttpFront, Seen};
 pub use grpc::{as_gateway, bound};
 pub use index_server::{IndexRequest, IndexServer};
-pub use jukebox::JukeboxBuilder;
+pub use jukebox::{JukeboxBuilder, write_opted_in_secret};
 pub use layout::{LayoutWriter, reachable_blobs, stored_blobs};
 pub use package::{ArtifactKind, PackageSpec, PackageType};
 pub use process::{free_port, workspace_binary};
@@ -53,6 +54,7 @@ pub use s3_server::S3Server;
 pub use sentinel::RedisSentinels;
 pub use service_process::{Readiness, ServiceProcess, ServingStatus};
 pub use signing::{SignatureLayer, Signer, statement};
+pub use sigstore::Sigstore;
 pub use wait::{channel, eventually};
 
 /// What can go wrong while starting or driving test infrastructure.

@@ -34,6 +34,10 @@ impl Signer {
         }
     }
 
+    pub(crate) fn key(&self) -> &SigningKey {
+        &self.key
+    }
+
     /// The public key as a `cosign.pub` holds it.
     pub fn public_pem(&self) -> String {
         use p256::pkcs8::EncodePublicKey as _;

@@ -61,8 +61,12 @@ pub(crate) async fn read(
         Some(name) => Some(context.named_secret(name, "the trusted keys' Secret").await?),
         None => None,
     };
+    let root = match &policy.trusted_root {
+        Some(root) => Some(context.named_secret(&root.secret, "the trusted root's Secret").await?),
+        None => None,
+    };
     let keys = policy
-        .keyring(secret.as_ref().map(|s| &s.data))
+        .keyring(secret.as_ref().map(|s| &s.data), root.as_ref().map(|s| &s.data))
         .map_err(|e| LifecycleError::Invalid(vynil_crds::coded_message("E_VERIFY_KEYS", &e.to_string())))?;
     let client = context.registry_for(pull_secret).await?;
     let verdict = client.signature_verdict(repo, digest, &keys, None).await.map_err(|e| {

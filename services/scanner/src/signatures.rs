@@ -1,7 +1,7 @@
 //! A JukeBox's signature policy as the scanner applies it (`spec.verify`,
 //! `docs/scanner.md` "Signatures"): its trusted keys, inline and from the
-//! Secret it names (read afresh at each scan, as pull secrets, so a rotated
-//! key counts at once). The verdicts are the rules' and the registry
+//! Secret it names, its identities and the trusted root's Secret (read
+//! afresh at each scan, as pull secrets, so a rotated key counts at once). The verdicts are the rules' and the registry
 //! client's (`vynil_registry`'s `signature_verdict`); the engine records
 //! them on each revision.
 
@@ -44,21 +44,23 @@ pub async fn policy_of(
     store: &dyn ScannerStore,
 ) -> Result<Option<Verification>, Unusable> {
     let Some(policy) = &record.spec.verify else { return Ok(None) };
-    let secret = match policy.keys_secret.as_deref().filter(|s| !s.is_empty()) {
-        Some(secret) => Some(
-            store
-                .secret(secret)
-                .await
-                .map_err(|error| Unusable::Secret { secret: secret.to_string(), error })?,
-        ),
-        None => None,
-    };
+    let secret = read(policy.keys_secret.as_deref(), store).await?;
+    let root = read(policy.trusted_root.as_ref().map(|r| r.secret.as_str()), store).await?;
     let keys = policy
-        .keyring(secret.as_ref().map(|s| &s.data))
+        .keyring(secret.as_ref().map(|s| &s.data), root.as_ref().map(|s| &s.data))
         .map_err(|e| Unusable::Keys(coded_message("E_VERIFY_KEYS", &e.to_string())))?;
     Ok(Some(Verification {
         mode: policy.mode(),
         keys: Arc::new(keys),
         require_reference: policy.require_reference,
     }))
+}
+
+/// The Secret a policy names, if it names one.
+async fn read(
+    name: Option<&str>,
+    store: &dyn ScannerStore,
+) -> Result<Option<vynil_crds::secrets::NamedSecret>, Unusable> {
+    let Some(name) = name.filter(|s| !s.is_empty()) else { return Ok(None) };
+    store.secret(name).await.map(Some).map_err(|error| Unusable::Secret { secret: name.to_string(), error })
 }

@@ -20,7 +20,7 @@ use vynil_rules::{
 use vynil_scanner::{Config, RecordState, Scanner};
 use vynil_testkit::{
     Fault, FaultAction, HttpFront, JukeboxBuilder, PackageSpec, PackageType, RedisServer, RegistryServer,
-    SignatureLayer, Signer, statement,
+    SignatureLayer, Signer, Sigstore, statement, write_opted_in_secret,
 };
 
 const REPOSITORY: &str = "sec/app";
@@ -400,4 +400,112 @@ async fn a_payload_blob_missing_once_is_read_again_at_the_next_scan() {
 
     h.scan().await;
     assert_eq!(h.verdicts().await.get("0.1.0"), Some(&verified("release", &h.registry)));
+}
+
+const CI_ISSUER: &str = "https://token.actions.example";
+const CI: &str = "https://git.example/sec/app/.github/workflows/release.yml@refs/tags/v1";
+
+/// Six waypoints signed as cosign v3 and v2 write them under a test
+/// Sigstore: a legacy `.sig` by the trusted key, a keyed bundle with its
+/// Rekor entry, a keyed bundle without one, a keyless bundle by the trusted
+/// CI identity, a keyless bundle by someone else, a keyless bundle by the
+/// CI whose Statement names 0.5.0.
+async fn keyless_revisions(
+    sigstore: &Sigstore,
+    trusted: &Signer,
+) -> (RegistryServer, BTreeMap<&'static str, String>) {
+    let (registry, digests) = six_waypoints().await;
+    let p = registry.publisher();
+    let reference = format!("{}/{REPOSITORY}", registry.host());
+    let signature = |digest: &str| statement(digest, SIGN_PREDICATE_TYPE, serde_json::json!({}));
+    p.sign(REPOSITORY, &digests["0.1.0"], &[SignatureLayer::by(trusted, &reference, &digests["0.1.0"])])
+        .await
+        .unwrap();
+    let bundles = [
+        ("0.2.0", sigstore.keyed_bundle(trusted, &signature(&digests["0.2.0"])).unwrap()),
+        ("0.3.0", trusted.bundle(&signature(&digests["0.3.0"]))),
+        ("0.4.0", sigstore.keyless_bundle(CI_ISSUER, CI, &signature(&digests["0.4.0"])).unwrap()),
+        (
+            "0.5.0",
+            sigstore.keyless_bundle(CI_ISSUER, "mallory@example.com", &signature(&digests["0.5.0"])).unwrap(),
+        ),
+        ("0.6.0", sigstore.keyless_bundle(CI_ISSUER, CI, &signature(&digests["0.5.0"])).unwrap()),
+    ];
+    for (tag, bundle) in bundles {
+        p.attach_bundle(REPOSITORY, &digests[tag], &bundle, SIGN_PREDICATE_TYPE).await.unwrap();
+    }
+    (registry, digests)
+}
+
+/// #67 items 2, 3 and 8 on distribution 2.8 (the tag schema): keyless
+/// bundles verified offline against the trusted root a test Sigstore
+/// wrote, the transparency log required by default once a root is given,
+/// an identity removed re-verified without reading a manifest, and no
+/// connection but the registry's (the root names a listener that counts).
+#[tokio::test]
+async fn keyless_signatures_are_verified_offline_against_the_trusted_root() {
+    let elsewhere = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    elsewhere.set_nonblocking(true).unwrap();
+    let sigstore = Sigstore::new("vynil", &format!("http://{}", elsewhere.local_addr().unwrap())).unwrap();
+    let trusted = Signer::from_label("release");
+    let (registry, digests) = keyless_revisions(&sigstore, &trusted).await;
+    let h = Harness::start(registry).await;
+    write_opted_in_secret(
+        h.dir.path(),
+        "sigstore",
+        &[("trusted_root.json", &sigstore.trusted_root().unwrap())],
+    )
+    .unwrap();
+    let policy = |identity: bool, require_log: Option<bool>| {
+        let pem = trusted.public_pem();
+        let builder = JukeboxBuilder::new("box")
+            .list([format!("{}/{REPOSITORY}", h.front.host())])
+            .verify("warn", &[("release", pem.as_str())]);
+        let builder = if identity { builder.identity("ci", CI_ISSUER, CI) } else { builder };
+        builder.trusted_root("sigstore", require_log).write_to(h.dir.path()).unwrap();
+    };
+    let key = |reference: String| Verdict::Verified { key: "release".into(), reference };
+    let mut expected = BTreeMap::from([
+        ("0.1.0".to_string(), key(format!("{}/{REPOSITORY}", h.registry.host()))),
+        ("0.2.0".into(), key(String::new())),
+        ("0.3.0".into(), key(String::new())),
+        ("0.4.0".into(), Verdict::Verified { key: "ci".into(), reference: String::new() }),
+        ("0.5.0".into(), Verdict::UntrustedKey),
+        ("0.6.0".into(), Verdict::DigestMismatch { signed: digests["0.5.0"].clone() }),
+    ]);
+    policy(true, Some(false));
+    h.scan().await;
+    assert_eq!(h.verdicts().await, expected, "the log not required");
+    assert_eq!(offered(&h.packages().await, VerifyMode::Enforce), Ok("0.4.0".into()));
+
+    // By default a trusted root requires the log: the legacy signature and
+    // the keyed bundle without an entry no longer count. Decided again from
+    // the cached evidence: no manifest or blob is read.
+    h.front.reset_counts();
+    policy(true, None);
+    h.scan().await;
+    let verdicts = h.verdicts().await;
+    for tag in ["0.1.0", "0.3.0"] {
+        let Verdict::Malformed { problem } = &verdicts[tag] else { panic!("{tag}: {verdicts:?}") };
+        assert!(
+            problem.contains("requireTransparencyLog") || problem.contains("transparency log"),
+            "{problem}"
+        );
+        expected.insert(tag.to_string(), verdicts[tag].clone());
+    }
+    assert_eq!(verdicts, expected, "the log required");
+    assert_eq!(h.gets(), 0, "a policy change reads nothing again");
+
+    // The identity removed: what it signed is no longer trusted.
+    policy(false, None);
+    h.scan().await;
+    expected.insert("0.4.0".into(), Verdict::UntrustedKey);
+    expected.insert("0.6.0".into(), Verdict::UntrustedKey);
+    assert_eq!(h.verdicts().await, expected, "the CI identity removed");
+    assert_eq!(offered(&h.packages().await, VerifyMode::Enforce), Ok("0.2.0".into()));
+    assert_eq!(h.gets(), 0, "nothing read again");
+    assert!(
+        matches!(elsewhere.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "a scan asked Fulcio, the CT log or Rekor"
+    );
 }

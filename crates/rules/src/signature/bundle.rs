@@ -28,6 +28,9 @@
 use base64::Engine as _;
 use serde::Deserialize;
 
+use super::keyless::{self, Keyless};
+use super::tlog::{self, Entry, Signed};
+use super::trusted_root::RawBytes;
 use super::{Keyring, Verdict};
 
 /// The bundle media types cosign and sigstore clients write (v0.3 is
@@ -66,8 +69,24 @@ struct Bundle {
 #[derive(Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct Material {
-    certificate: Option<serde_json::Value>,
-    x509_certificate_chain: Option<serde_json::Value>,
+    certificate: Option<RawBytes>,
+    x509_certificate_chain: Option<Chain>,
+    #[serde(default)]
+    tlog_entries: Vec<Entry>,
+}
+
+#[derive(Deserialize)]
+struct Chain {
+    #[serde(default)]
+    certificates: Vec<RawBytes>,
+}
+
+impl Material {
+    /// The signer's certificate (base64 DER), when keyless.
+    fn certificate(&self) -> Option<&str> {
+        let chain = self.x509_certificate_chain.as_ref().and_then(|c| c.certificates.first());
+        self.certificate.as_ref().or(chain).map(|c| c.raw_bytes.as_str())
+    }
 }
 
 #[derive(Deserialize)]
@@ -137,24 +156,58 @@ pub fn verify_bundle(subject_digest: &str, bundle: &[u8], keys: &Keyring) -> Ver
         return malformed("the envelope's payload is not base64".into());
     };
     let material = &bundle.verification_material;
-    if material.certificate.is_some() || material.x509_certificate_chain.is_some() {
-        // Keyless: trusted through an identity and a trusted root, which
-        // this policy does not name yet.
-        return Verdict::UntrustedKey;
-    }
     let signed = pae(&envelope.payload_type, &payload);
-    let mut best = Verdict::Malformed { problem: "the envelope holds no signature".into() };
-    for signature in &envelope.signatures {
-        let verdict = match b64.decode(signature.sig.trim()) {
-            Ok(bytes) if !bytes.is_empty() => match keys.verifier_of(&signed, &bytes) {
-                Ok(key) => return statement_verdict(subject_digest, &payload, key),
-                Err(verdict) => verdict,
-            },
-            _ => malformed("an envelope signature is not base64".into()),
-        };
-        best = best.better(verdict);
+    let signatures: Vec<Vec<u8>> = envelope
+        .signatures
+        .iter()
+        .filter_map(|s| b64.decode(s.sig.trim()).ok())
+        .filter(|s| !s.is_empty())
+        .collect();
+    if signatures.is_empty() {
+        return malformed("the envelope holds no base64 signature".into());
     }
-    best
+    if let Some(certificate) = material.certificate() {
+        let Ok(certificate) = b64.decode(certificate.trim()) else {
+            return malformed("the bundle's certificate is not base64".into());
+        };
+        // Keyless: trusted through an identity, under a trusted root.
+        let Some(root) = keys.root() else { return Verdict::UntrustedKey };
+        let bundle = Keyless {
+            certificate: &certificate,
+            entries: &material.tlog_entries,
+            signed: &signed,
+            payload: &payload,
+            signatures: &signatures,
+        };
+        return match keyless::signer(&bundle, keys.identities(), root) {
+            Ok(identity) => statement_verdict(subject_digest, &payload, identity),
+            Err(verdict) => verdict,
+        };
+    }
+    let mut best: Option<Verdict> = None;
+    for signature in &signatures {
+        let verdict = match keys.trusted_key(&signed, signature) {
+            Ok(key) => match keys.log_required() {
+                None => return statement_verdict(subject_digest, &payload, key.name()),
+                Some(root) => {
+                    let signed = Signed { payload: &payload, signature, signer: &key.der };
+                    match tlog::logged(&material.tlog_entries, root, &signed) {
+                        Ok(_) => return statement_verdict(subject_digest, &payload, key.name()),
+                        Err(problem) => malformed(format!(
+                            "signed by {}, and not proven by the transparency log the JukeBox requires: {problem}",
+                            key.name()
+                        )),
+                    }
+                }
+            },
+            Err(verdict) => verdict,
+        };
+        best = Some(match best {
+            Some(best) => best.better(verdict),
+            None => verdict,
+        });
+    }
+    best.unwrap_or(Verdict::Malformed { problem: "the envelope holds no signature".into() })
 }
 
 /// A Statement `key` verified: what it says of `subject_digest`.
@@ -321,9 +374,10 @@ VV24YSbBl6VyuIV/i15KClSjUo2qQuKSU4EzmHf2+EMj/YHYHeBADkDxjw==
         let keyless: serde_json::Value = serde_json::json!({
             "mediaType": BUNDLE_MEDIA_TYPES[0],
             "verificationMaterial": {"certificate": {"rawBytes": "MII="}},
-            "dsseEnvelope": {"payload": "e30=", "payloadType": IN_TOTO_PAYLOAD_TYPE, "signatures": []},
+            "dsseEnvelope": {"payload": "e30=", "payloadType": IN_TOTO_PAYLOAD_TYPE, "signatures": [{"sig": "MEUC"}]},
         });
         let keyless = serde_json::to_vec(&keyless).unwrap();
+        // Keyless, and this JukeBox trusts keys only (no trusted root).
         assert_eq!(verify_bundle(DIGEST, &keyless, &keyring(1)), Verdict::UntrustedKey);
         let blob = br#"{"mediaType":"application/vnd.dev.sigstore.bundle.v0.3+json","messageSignature":{}}"#;
         let Verdict::Malformed { problem } = verify_bundle(DIGEST, blob, &keyring(1)) else { panic!() };

@@ -55,6 +55,14 @@ pub(super) fn verify_layer(subject_digest: &str, layer: &SignedPayload, keys: &K
         _ => return Verdict::Malformed { problem: "the signature annotation is not base64".into() },
     };
     match keys.verifier_of(&layer.payload, &signature) {
+        // cosign's legacy layers carry their Rekor proof in an annotation
+        // not read here: under a required log they are not proven.
+        Ok(_) if keys.log_required().is_some() => Verdict::Malformed {
+            problem: "a legacy (.sig) signature, whose transparency log entry is not verified; the JukeBox \
+                      requires one (spec.verify.requireTransparencyLog): sign with cosign v3 (a bundle), or \
+                      set requireTransparencyLog: false"
+                .into(),
+        },
         Ok(key) => signed_by(key, subject_digest, &layer.payload),
         Err(verdict) => verdict,
     }
