@@ -160,6 +160,12 @@ impl ArtifactTag {
         }
     }
 
+    /// Whether a revision's signatures may be under it: cosign's `.sig`, or
+    /// the referrers tag schema's index (bundles).
+    pub fn holds_signatures(&self) -> bool {
+        matches!(self.kind, ArtifactKind::Signature | ArtifactKind::Referrers)
+    }
+
     pub fn parse(raw: &str) -> Option<ArtifactTag> {
         let rest = raw.strip_prefix("sha256-")?;
         let (hex, kind) = match rest.split_once('.') {
@@ -242,6 +248,10 @@ mod tests {
         assert!(ArtifactTag::parse("sha256-abc.sig").is_none(), "short digest");
         assert!(ArtifactTag::parse(&format!("sha256-{hex}.txt")).is_none());
         assert!(ArtifactTag::parse(&format!("sha256-{}.sig", "A".repeat(64))).is_none());
+        let holds =
+            |suffix: &str| ArtifactTag::parse(&format!("sha256-{hex}{suffix}")).unwrap().holds_signatures();
+        assert!(holds(".sig") && holds(""), "cosign's .sig and the tag schema's index hold signatures");
+        assert!(!holds(".att") && !holds(".sbom"));
     }
 
     /// The referrers tag schema: `<alg>-<ref>` of the subject's digest, no

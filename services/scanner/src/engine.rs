@@ -14,7 +14,7 @@ use tracing::Instrument;
 use vynil_crds::{Condition, JukeBoxConditionType, JukeBoxStatus, set_condition};
 use vynil_registry::{ManifestMetadata, RegistryClient, RegistryError, RepositoryRef, TaggedManifest};
 use vynil_rules::{
-    Package, ScanScope, Versions, ViewBuilder, Viewer,
+    ArtifactTag, Package, ScanScope, Versions, ViewBuilder, Viewer,
     jukebox::{self, ConditionChange, ConditionTransition, JukeboxCondition, ScanVerdict},
     merge_scoped, repositories_for,
     scan::{Repository, RepositoryOutcome},
@@ -346,8 +346,12 @@ async fn scan_repository(
         p.tags_seen += tags.len() as u64;
     }
     // The tags signatures may be under: cosign's `.sig`, the referrers tag schema's index.
-    let signed: Arc<HashSet<String>> =
-        Arc::new(tags.iter().filter(|t| t.starts_with("sha256-")).cloned().collect());
+    let signed: Arc<HashSet<String>> = Arc::new(
+        tags.iter()
+            .filter(|t| ArtifactTag::parse(t).is_some_and(|a| a.holds_signatures()))
+            .cloned()
+            .collect(),
+    );
     let versions = Versions::parse(tags.iter().map(String::as_str));
     let mut builder = ViewBuilder::new(&versions, viewer.clone(), true);
     let mut contents = Vec::new();
