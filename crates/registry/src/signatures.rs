@@ -188,7 +188,7 @@ impl RegistryClient {
         let mut request = self.request("referrers", what.clone(), repo, Method::GET, &path);
         request.accept = &[OCI_IMAGE_INDEX_MEDIA_TYPE];
         let response = self.transport().send(&request).await?;
-        if response.status == StatusCode::NOT_FOUND {
+        if !offers_referrers(response.status, response.header("content-type")) {
             self.referrers_absent().remember(&repo.registry);
             return Ok(None);
         }
@@ -309,6 +309,21 @@ impl RegistryClient {
 }
 
 /// Whether `body` hashes to `digest`.
+/// Whether an answer to `GET /v2/<name>/referrers/<digest>` comes from a
+/// registry offering the API, as cosign's client (go-containerregistry,
+/// `remote/referrers.go`) decides: 404, 400 and 406 mean it does not, and so
+/// does a 200 that is not an OCI image index (a catch-all page); the tag
+/// schema then stands in. Any other status is an error of the read.
+fn offers_referrers(status: StatusCode, content_type: Option<&str>) -> bool {
+    match status {
+        StatusCode::NOT_FOUND | StatusCode::BAD_REQUEST | StatusCode::NOT_ACCEPTABLE => false,
+        StatusCode::OK => content_type
+            .and_then(|t| t.split(';').next())
+            .is_some_and(|t| t.trim().eq_ignore_ascii_case(OCI_IMAGE_INDEX_MEDIA_TYPE)),
+        _ => true,
+    }
+}
+
 fn check_digest(body: &[u8], digest: &str, what: &str) -> Result<()> {
     let hashed = format!("sha256:{}", hex::encode(Sha256::digest(body)));
     if hashed != digest {
@@ -328,4 +343,32 @@ pub fn signature_tag(subject_digest: &str) -> Option<String> {
 
 fn blob_path(repo: &RepositoryRef, digest: &str) -> String {
     format!("/v2/{}/blobs/{digest}", repo.api_repository())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// go-containerregistry `pkg/v1/remote/referrers.go` (what cosign
+    /// lists referrers with): `CheckError(resp, 200, 404, 400, 406)`, and the
+    /// tag schema "if resp.StatusCode != 200 || Content-Type != OCIImageIndex".
+    #[test]
+    fn the_referrers_api_is_offered_as_cosigns_client_decides() {
+        let index = Some("application/vnd.oci.image.index.v1+json");
+        assert!(offers_referrers(StatusCode::OK, index));
+        assert!(offers_referrers(
+            StatusCode::OK,
+            Some("application/vnd.oci.image.index.v1+json; charset=utf-8")
+        ));
+        for status in [StatusCode::NOT_FOUND, StatusCode::BAD_REQUEST, StatusCode::NOT_ACCEPTABLE] {
+            assert!(!offers_referrers(status, index), "{status}: the tag schema stands in");
+        }
+        assert!(!offers_referrers(StatusCode::OK, Some("text/html")), "a catch-all page");
+        assert!(!offers_referrers(StatusCode::OK, None));
+        for status in
+            [StatusCode::UNAUTHORIZED, StatusCode::INTERNAL_SERVER_ERROR, StatusCode::TOO_MANY_REQUESTS]
+        {
+            assert!(offers_referrers(status, None), "{status}: an error of the read, never \"no referrers\"");
+        }
+    }
 }
