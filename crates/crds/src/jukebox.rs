@@ -160,7 +160,7 @@ pub struct VerifyPolicy {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub identities: Vec<TrustedIdentity>,
     /// Sigstore's `trusted_root.json` (Fulcio, CT and Rekor keys), in an
-    /// opted-in Secret of the control plane's namespace.
+    /// opted-in ConfigMap or Secret of the control plane's namespace.
     #[serde(rename = "trustedRoot", default, skip_serializing_if = "Option::is_none")]
     pub trusted_root: Option<TrustedRootSource>,
     /// Whether a signature counts only with a transparency log entry
@@ -190,20 +190,44 @@ pub struct TrustedIdentity {
     pub subject_regexp: Option<String>,
 }
 
-/// Where the trusted root is: an item of a Secret carrying the JukeBox
-/// opt-in label (a trusted root holds no secret, but who may write it
-/// decides what is trusted).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+/// Where the trusted root is: an item of a ConfigMap or a Secret of the
+/// control plane's namespace carrying the JukeBox opt-in label (a trusted
+/// root holds no secret, but who may write it decides what is trusted).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct TrustedRootSource {
-    pub secret: String,
+    #[serde(rename = "configMap", default, skip_serializing_if = "Option::is_none")]
+    pub config_map: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret: Option<String>,
     /// Its item; default `trusted_root.json`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
 }
 
+/// The object a trusted root is read from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TrustedRootObject<'a> {
+    ConfigMap(&'a str),
+    Secret(&'a str),
+}
+
 impl TrustedRootSource {
     pub fn item(&self) -> &str {
         self.key.as_deref().filter(|k| !k.is_empty()).unwrap_or("trusted_root.json")
+    }
+
+    /// Where to read it: exactly one of `configMap` and `secret`.
+    pub fn object(&self) -> Result<TrustedRootObject<'_>, vynil_rules::RulesError> {
+        fn given(name: &Option<String>) -> Option<&str> {
+            name.as_deref().filter(|n| !n.is_empty())
+        }
+        match (given(&self.config_map), given(&self.secret)) {
+            (Some(name), None) => Ok(TrustedRootObject::ConfigMap(name)),
+            (None, Some(name)) => Ok(TrustedRootObject::Secret(name)),
+            _ => Err(vynil_rules::RulesError::TrustedRoot {
+                problem: "spec.verify.trustedRoot names one configMap or one secret".into(),
+            }),
+        }
     }
 }
 
@@ -214,7 +238,7 @@ impl VerifyPolicy {
 
     /// What it trusts: the inline keys, each data item of the keys' Secret
     /// (`secret`, read by the caller), named by its key, and its identities
-    /// under the trusted root's Secret (`root`, read by the caller).
+    /// under the trusted root's object (`root`, read by the caller).
     pub fn keyring(
         &self,
         secret: Option<&std::collections::BTreeMap<String, Vec<u8>>>,
@@ -225,7 +249,7 @@ impl VerifyPolicy {
         let root = match (&self.trusted_root, root) {
             (Some(source), Some(data)) => {
                 let bytes = data.get(source.item()).ok_or_else(|| vynil_rules::RulesError::TrustedRoot {
-                    problem: format!("Secret {} has no item {:?}", source.secret, source.item()),
+                    problem: format!("{:?} has no item {:?}", source.object(), source.item()),
                 })?;
                 Some(TrustedRoot::parse(bytes)?)
             }

@@ -17,7 +17,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 
 /// The label a Secret carries, with value `"true"`, before a JukeBox may name it.
 pub const OPT_IN_LABEL: &str = "vynil.solidite.fr/jukebox-secret";
@@ -35,8 +35,10 @@ const DOCKERCONFIGJSON: &str = "kubernetes.io/dockerconfigjson";
 
 /// A Secret a JukeBox may not use, or a host its credentials may not go to.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("[E_SECRET_NOT_ALLOWED] Secret {name}: {why}; {todo} (docs/security.md)")]
+#[error("[E_SECRET_NOT_ALLOWED] {kind} {name}: {why}; {todo} (docs/security.md)")]
 pub struct SecretRefused {
+    /// `Secret`, or `ConfigMap` (a trusted root).
+    pub kind: &'static str,
     pub name: String,
     pub why: String,
     pub todo: String,
@@ -56,10 +58,34 @@ impl std::fmt::Debug for NamedSecret {
     }
 }
 
+/// Admits `config_map` as one a JukeBox names (a trusted root: nothing
+/// secret, but whoever writes it decides what is trusted), by the same
+/// opt-in label as a Secret; its `data` and `binaryData` as one map.
+pub fn admit_config_map(config_map: &ConfigMap) -> Result<NamedSecret, SecretRefused> {
+    let name = config_map.metadata.name.clone().unwrap_or_default();
+    let labels = config_map.metadata.labels.as_ref();
+    if labels.and_then(|l| l.get(OPT_IN_LABEL)).map(String::as_str) != Some("true") {
+        return Err(SecretRefused {
+            kind: "ConfigMap",
+            name: name.clone(),
+            why: format!("it does not carry the label {OPT_IN_LABEL}=\"true\""),
+            todo: format!(
+                "if JukeBoxes may trust what it holds, run `kubectl label configmap {name} {OPT_IN_LABEL}=true`"
+            ),
+        });
+    }
+    let mut data: BTreeMap<String, Vec<u8>> =
+        config_map.binary_data.clone().unwrap_or_default().into_iter().map(|(k, v)| (k, v.0)).collect();
+    for (key, text) in config_map.data.clone().unwrap_or_default() {
+        data.insert(key, text.into_bytes());
+    }
+    Ok(NamedSecret { name, data, dockerconfigjson: false })
+}
+
 /// Admits `secret` as one a JukeBox names, or says why not and what to do.
 pub fn admit(secret: &Secret) -> Result<NamedSecret, SecretRefused> {
     let name = secret.metadata.name.clone().unwrap_or_default();
-    let refused = |why: String, todo: String| SecretRefused { name: name.clone(), why, todo };
+    let refused = |why: String, todo: String| SecretRefused { kind: "Secret", name: name.clone(), why, todo };
     if CONTROL_PLANE.contains(&name.as_str()) {
         return Err(refused(
             "it is one of the control plane's own Secrets, which no JukeBox may name".into(),
@@ -87,8 +113,12 @@ impl NamedSecret {
     /// The hosts this Secret's credentials may go to: the `auths` keys of a
     /// `kubernetes.io/dockerconfigjson` Secret, else its [`HOSTS_KEY`].
     pub fn hosts(&self) -> Result<BoundHosts, SecretRefused> {
-        let refused =
-            |why: String, todo: &str| SecretRefused { name: self.name.clone(), why, todo: todo.into() };
+        let refused = |why: String, todo: &str| SecretRefused {
+            kind: "Secret",
+            name: self.name.clone(),
+            why,
+            todo: todo.into(),
+        };
         let written: Vec<String> = if self.dockerconfigjson {
             #[derive(serde::Deserialize)]
             struct Config {
@@ -192,6 +222,7 @@ impl BoundHosts {
             (None, _) => url.as_str().to_string(),
         };
         Err(SecretRefused {
+            kind: "Secret",
             name: self.secret.clone(),
             why: format!("its credentials are not bound to {contacted}"),
             todo: format!("add {contacted} to the Secret's {HOSTS_KEY:?} key if they are meant for it"),
@@ -235,6 +266,22 @@ mod tests {
         assert!(unlabelled.ends_with("(docs/security.md)"), "{unlabelled}");
         let admitted = admit(&secret("index-auth", true, None, &[("token", "t")])).unwrap();
         assert_eq!(admitted.data.get("token").map(Vec::as_slice), Some(&b"t"[..]));
+    }
+
+    #[test]
+    fn a_config_map_a_jukebox_names_needs_the_label_too() {
+        let mut config_map = ConfigMap::default();
+        config_map.metadata.name = Some("sigstore".into());
+        config_map.data = Some([("trusted_root.json".to_string(), "{}".to_string())].into());
+        let refused = admit_config_map(&config_map).unwrap_err().to_string();
+        assert!(refused.starts_with("[E_SECRET_NOT_ALLOWED] ConfigMap sigstore: "), "{refused}");
+        assert!(
+            refused.contains(&format!("kubectl label configmap sigstore {OPT_IN_LABEL}=true")),
+            "{refused}"
+        );
+        config_map.metadata.labels = Some([(OPT_IN_LABEL.to_string(), "true".to_string())].into());
+        let admitted = admit_config_map(&config_map).unwrap();
+        assert_eq!(admitted.data.get("trusted_root.json").map(Vec::as_slice), Some(&b"{}"[..]));
     }
 
     #[test]

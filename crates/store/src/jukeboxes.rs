@@ -14,7 +14,7 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use redis::AsyncCommands;
 use tokio::sync::broadcast;
 use vynil_crds::{JukeBox, JukeBoxSpec, JukeBoxStatus};
@@ -24,6 +24,15 @@ use crate::{StoreError, redis_error};
 type Annotations = std::collections::BTreeMap<String, String>;
 /// A JukeBox file as read: its name, spec and annotations.
 type Spec = (String, JukeBoxSpec, Annotations);
+
+/// What local mode's JukeBox directory holds: the JukeBoxes, the files that
+/// are none of its kinds, the Secrets and ConfigMaps they may name.
+struct Directory {
+    specs: Vec<Spec>,
+    skipped: Vec<SkippedSource>,
+    secrets: Vec<Secret>,
+    config_maps: Vec<ConfigMap>,
+}
 
 /// A Secret's `data`, decoded.
 pub type SecretData = std::collections::BTreeMap<String, Vec<u8>>;
@@ -191,6 +200,10 @@ pub trait ScannerStore: JukeboxStore {
     /// (the opt-in label, never the control plane's own); an absent Secret
     /// is a configuration error naming where it was looked for.
     async fn secret(&self, name: &str) -> Result<vynil_crds::secrets::NamedSecret, StoreError>;
+    /// ConfigMap `name` as a JukeBox's spec names it (a trusted root):
+    /// admitted by `vynil_crds::secrets::admit_config_map`, the same opt-in
+    /// label as a Secret.
+    async fn config_map(&self, name: &str) -> Result<vynil_crds::secrets::NamedSecret, StoreError>;
     /// The data of Secret `name` when a **request** names it (`ExportIndex`):
     /// only a Secret carrying [`RPC_CREDENTIALS_LABEL`]` = "true"` is read, so
     /// a caller cannot have any Secret of the control plane's namespace (the
@@ -360,7 +373,7 @@ impl LocalStore {
     }
 
     fn local_secret(&self, name: &str) -> Result<Secret, StoreError> {
-        let secrets = self.read_directory()?.2;
+        let secrets = self.read_directory()?.secrets;
         secrets.into_iter().find(|s| s.metadata.name.as_deref() == Some(name)).ok_or_else(|| {
             StoreError::Config(format!(
                 "secret {name:?} is not in {}: add a Secret manifest (kind: Secret, metadata.name: {name}) there",
@@ -369,20 +382,28 @@ impl LocalStore {
         })
     }
 
-    fn read_specs(&self) -> Result<Vec<Spec>, StoreError> {
-        Ok(self.read_directory()?.0)
+    fn local_config_map(&self, name: &str) -> Result<ConfigMap, StoreError> {
+        let found = self.read_directory()?.config_maps;
+        found.into_iter().find(|c| c.metadata.name.as_deref() == Some(name)).ok_or_else(|| {
+            StoreError::Config(format!(
+                "configmap {name:?} is not in {}: add a ConfigMap manifest (kind: ConfigMap, metadata.name: \
+                 {name}) there",
+                self.directory.display()
+            ))
+        })
     }
 
-    /// The JukeBoxes of the directory, the files that are neither a JukeBox
-    /// nor a Secret, and the Secrets.
-    #[allow(clippy::type_complexity)]
-    fn read_directory(&self) -> Result<(Vec<Spec>, Vec<SkippedSource>, Vec<Secret>), StoreError> {
+    fn read_specs(&self) -> Result<Vec<Spec>, StoreError> {
+        Ok(self.read_directory()?.specs)
+    }
+
+    /// What the directory holds.
+    fn read_directory(&self) -> Result<Directory, StoreError> {
         let entries = std::fs::read_dir(&self.directory).map_err(|e| {
             StoreError::Config(format!("cannot read the JukeBox directory {}: {e}", self.directory.display()))
         })?;
-        let mut specs = Vec::new();
-        let mut skipped = Vec::new();
-        let mut secrets = Vec::new();
+        let (mut specs, mut skipped, mut secrets, mut config_maps) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for entry in entries.flatten() {
             let path = entry.path();
             let is_yaml = path.extension().is_some_and(|e| e == "yaml" || e == "yml");
@@ -409,6 +430,15 @@ impl LocalStore {
                 }
                 continue;
             }
+            if let Ok(value) = &value
+                && value.get("kind").and_then(|k| k.as_str()) == Some("ConfigMap")
+            {
+                match serde_json::from_value::<ConfigMap>(value.clone()) {
+                    Ok(config_map) => config_maps.push(config_map),
+                    Err(e) => skipped.push(skip(format!("not a ConfigMap: {e}"))),
+                }
+                continue;
+            }
             let parsed = value
                 .map_err(|e| e.to_string())
                 .and_then(|value| serde_json::from_value::<JukeBox>(value).map_err(|e| e.to_string()));
@@ -428,7 +458,7 @@ impl LocalStore {
         }
         specs.sort_by(|a, b| a.0.cmp(&b.0));
         skipped.sort_by(|a, b| a.source.cmp(&b.source));
-        Ok((specs, skipped, secrets))
+        Ok(Directory { specs, skipped, secrets, config_maps })
     }
 
     async fn record(
@@ -483,7 +513,7 @@ impl JukeboxStore for LocalStore {
     }
 
     async fn skipped(&self) -> Vec<SkippedSource> {
-        self.read_directory().map(|(_, skipped, _)| skipped).unwrap_or_default()
+        self.read_directory().map(|d| d.skipped).unwrap_or_default()
     }
 }
 
@@ -503,6 +533,10 @@ impl ScannerStore for LocalStore {
     /// JukeBox file and a Secret file may come from different hands.
     async fn secret(&self, name: &str) -> Result<vynil_crds::secrets::NamedSecret, StoreError> {
         Ok(vynil_crds::secrets::admit(&self.local_secret(name)?)?)
+    }
+
+    async fn config_map(&self, name: &str) -> Result<vynil_crds::secrets::NamedSecret, StoreError> {
+        Ok(vynil_crds::secrets::admit_config_map(&self.local_config_map(name)?)?)
     }
 
     async fn requested_secret(&self, name: &str) -> Result<SecretData, StoreError> {

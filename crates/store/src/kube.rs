@@ -15,7 +15,7 @@
 use std::sync::Mutex;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{ObjectReference, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Secret};
 use kube::{
     Api, Client, Resource, ResourceExt,
     api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams},
@@ -39,6 +39,7 @@ pub struct KubeStore {
     api: Api<JukeBox>,
     dynamic: Api<DynamicObject>,
     secrets: Api<Secret>,
+    config_maps: Api<ConfigMap>,
     namespace: String,
     recorder: Recorder,
     changes: broadcast::Sender<StoreChange>,
@@ -91,10 +92,11 @@ impl KubeStore {
         let dynamic = Api::all_with(client.clone(), &ApiResource::erase::<JukeBox>(&()));
         let namespace = client.default_namespace().to_string();
         let secrets = Api::namespaced(client.clone(), &namespace);
+        let config_maps = Api::namespaced(client.clone(), &namespace);
         let reporter = Reporter { controller: service.into(), instance: pod };
         let recorder = Recorder::new(client, reporter);
         let (changes, _) = broadcast::channel(1024);
-        Self { api, dynamic, secrets, namespace, recorder, changes, watcher: Mutex::default() }
+        Self { api, dynamic, secrets, config_maps, namespace, recorder, changes, watcher: Mutex::default() }
     }
 
     /// The watcher starts with the first subscriber (a store nobody follows,
@@ -256,6 +258,17 @@ impl ScannerStore for KubeStore {
 
     async fn secret(&self, name: &str) -> Result<vynil_crds::secrets::NamedSecret, StoreError> {
         Ok(vynil_crds::secrets::admit(&self.found_secret(name).await?)?)
+    }
+
+    async fn config_map(&self, name: &str) -> Result<vynil_crds::secrets::NamedSecret, StoreError> {
+        let namespace = &self.namespace;
+        let found = self.config_maps.get_opt(name).await.map_err(|e| kube_error("reading a configmap", e))?;
+        let found = found.ok_or_else(|| {
+            StoreError::Config(format!(
+                "configmap {name:?} does not exist in namespace {namespace:?}: create it there"
+            ))
+        })?;
+        Ok(vynil_crds::secrets::admit_config_map(&found)?)
     }
 
     async fn requested_secret(&self, name: &str) -> Result<crate::jukeboxes::SecretData, StoreError> {

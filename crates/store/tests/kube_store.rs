@@ -109,3 +109,30 @@ async fn an_annotation_is_removed_only_while_it_keeps_its_value() -> TestResult 
     assert!(!server.requests().iter().any(|r| r.verb == "watch"), "{:?}", server.requests());
     Ok(())
 }
+
+/// A trusted root's ConfigMap (`spec.verify.trustedRoot.configMap`) is read
+/// in the control plane's namespace only when it opted in, as a Secret.
+#[tokio::test]
+async fn a_config_map_is_read_only_once_it_opted_in() -> TestResult {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let server = FakeApiServer::start().await?;
+    server.create_namespaces(&["vynil-system"])?;
+    let client = server.client()?;
+    let store = KubeStore::new(client.clone());
+    // The client's namespace is the control plane's.
+    let config_maps: Api<ConfigMap> = Api::default_namespaced(client);
+    let absent = store.config_map("sigstore").await.map(|_| ()).unwrap_err().to_string();
+    assert!(absent.contains("does not exist in namespace"), "{absent}");
+    let mut root: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "sigstore"},
+        "data": {"trusted_root.json": "{}"},
+    }))?;
+    config_maps.create(&PostParams::default(), &root).await?;
+    let refused = store.config_map("sigstore").await.map(|_| ()).unwrap_err().to_string();
+    assert!(refused.contains("[E_SECRET_NOT_ALLOWED] ConfigMap sigstore"), "{refused}");
+    root.metadata.labels = Some([(vynil_crds::secrets::OPT_IN_LABEL.to_string(), "true".to_string())].into());
+    config_maps.patch("sigstore", &PatchParams::default(), &Patch::Merge(&root)).await?;
+    let read = store.config_map("sigstore").await?;
+    assert_eq!(read.data.get("trusted_root.json").map(Vec::as_slice), Some(&b"{}"[..]));
+    Ok(())
+}

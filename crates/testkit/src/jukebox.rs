@@ -89,12 +89,13 @@ impl JukeboxBuilder {
         self
     }
 
-    /// Its signature policy reads Sigstore's trusted root from `secret`
-    /// (item `trusted_root.json`), and requires the transparency log when
-    /// `require_log` says so (`None`: the default).
-    pub fn trusted_root(mut self, secret: &str, require_log: Option<bool>) -> Self {
+    /// Its signature policy reads Sigstore's trusted root from the object
+    /// `name` (`kind`: `secret` or `configMap`; item `trusted_root.json`),
+    /// and requires the transparency log when `require_log` says so
+    /// (`None`: the default).
+    pub fn trusted_root(mut self, kind: &str, name: &str, require_log: Option<bool>) -> Self {
         if let Some(verify) = self.verify.as_mut() {
-            verify["trustedRoot"] = json!({"secret": secret});
+            verify["trustedRoot"] = json!({kind: name});
             if let Some(require) = require_log {
                 verify["requireTransparencyLog"] = json!(require);
             }
@@ -133,17 +134,24 @@ impl JukeboxBuilder {
     }
 }
 
-/// A Secret manifest a JukeBox may name (the opt-in label), in local
-/// mode's JukeBox directory: `items` base64'd under `data`.
-pub fn write_opted_in_secret(dir: &Path, name: &str, items: &[(&str, &[u8])]) -> Result<PathBuf> {
+/// A Secret (`kind` `Secret`: `items` base64'd under `data`) or a
+/// ConfigMap (`ConfigMap`: `items` as text) a JukeBox may name (the opt-in
+/// label), in local mode's JukeBox directory.
+pub fn write_opted_in(dir: &Path, kind: &str, name: &str, items: &[(&str, &[u8])]) -> Result<PathBuf> {
     use base64::Engine as _;
     let data: serde_json::Map<String, Value> = items
         .iter()
-        .map(|(key, bytes)| (key.to_string(), json!(base64::engine::general_purpose::STANDARD.encode(bytes))))
+        .map(|(key, bytes)| {
+            let value = match kind {
+                "Secret" => base64::engine::general_purpose::STANDARD.encode(bytes),
+                _ => String::from_utf8_lossy(bytes).into_owned(),
+            };
+            (key.to_string(), json!(value))
+        })
         .collect();
     let secret = json!({
         "apiVersion": "v1",
-        "kind": "Secret",
+        "kind": kind,
         "metadata": {"name": name, "labels": {vynil_crds::secrets::OPT_IN_LABEL: "true"}},
         "data": data,
     });

@@ -146,6 +146,29 @@ impl Context {
         vynil_crds::secrets::admit(&secret).map_err(|refused| LifecycleError::Invalid(refused.to_string()))
     }
 
+    /// ConfigMap `name` of the control plane's namespace as a JukeBox names
+    /// it (a trusted root): the same opt-in label as a Secret.
+    pub(crate) async fn named_config_map(
+        &self,
+        name: &str,
+        what: &str,
+    ) -> Result<vynil_crds::secrets::NamedSecret, LifecycleError> {
+        let config_maps: Api<k8s_openapi::api::core::v1::ConfigMap> =
+            Api::namespaced(self.client.clone(), self.secrets.namespace().unwrap_or_default());
+        let found = config_maps
+            .get_opt(name)
+            .await
+            .map_err(LifecycleError::kube(format!("reading {what} {name}")))?
+            .ok_or_else(|| {
+                let namespace = self.secrets.namespace().unwrap_or_default();
+                LifecycleError::Invalid(format!(
+                    "{what} {name} does not exist in namespace {namespace}: create it there"
+                ))
+            })?;
+        vynil_crds::secrets::admit_config_map(&found)
+            .map_err(|refused| LifecycleError::Invalid(refused.to_string()))
+    }
+
     pub fn new(client: Client, stores: Stores, metrics: LifecycleMetrics, settings: Settings) -> Self {
         Self {
             jobs: Api::namespaced(client.clone(), &settings.namespace),

@@ -9,6 +9,7 @@
 //! warns instead).
 
 use kube::Api;
+use vynil_crds::TrustedRootObject;
 use vynil_registry::RepositoryRef;
 use vynil_rules::signature::{Verdict, VerifyMode};
 
@@ -61,9 +62,17 @@ pub(crate) async fn read(
         Some(name) => Some(context.named_secret(name, "the trusted keys' Secret").await?),
         None => None,
     };
-    let root = match &policy.trusted_root {
-        Some(root) => Some(context.named_secret(&root.secret, "the trusted root's Secret").await?),
-        None => None,
+    let root = match policy.trusted_root.as_ref().map(vynil_crds::TrustedRootSource::object).transpose() {
+        Ok(Some(TrustedRootObject::Secret(name))) => {
+            Some(context.named_secret(name, "the trusted root's Secret").await?)
+        }
+        Ok(Some(TrustedRootObject::ConfigMap(name))) => {
+            Some(context.named_config_map(name, "the trusted root's ConfigMap").await?)
+        }
+        Ok(None) => None,
+        Err(e) => {
+            return Err(LifecycleError::Invalid(vynil_crds::coded_message("E_VERIFY_KEYS", &e.to_string())));
+        }
     };
     let keys = policy
         .keyring(secret.as_ref().map(|s| &s.data), root.as_ref().map(|s| &s.data))

@@ -1,13 +1,13 @@
 //! A JukeBox's signature policy as the scanner applies it (`spec.verify`,
 //! `docs/scanner.md` "Signatures"): its trusted keys, inline and from the
-//! Secret it names, its identities and the trusted root's Secret (read
+//! Secret it names, its identities and the trusted root's ConfigMap or Secret (read
 //! afresh at each scan, as pull secrets, so a rotated key counts at once). The verdicts are the rules' and the registry
 //! client's (`vynil_registry`'s `signature_verdict`); the engine records
 //! them on each revision.
 
 use std::sync::Arc;
 
-use vynil_crds::coded_message;
+use vynil_crds::{TrustedRootObject, TrustedRootSource, coded_message};
 use vynil_rules::signature::{Keyring, VerifyMode};
 
 use vynil_store::{JukeboxRecord, ScannerStore};
@@ -45,7 +45,17 @@ pub async fn policy_of(
 ) -> Result<Option<Verification>, Unusable> {
     let Some(policy) = &record.spec.verify else { return Ok(None) };
     let secret = read(policy.keys_secret.as_deref(), store).await?;
-    let root = read(policy.trusted_root.as_ref().map(|r| r.secret.as_str()), store).await?;
+    let root = match policy.trusted_root.as_ref().map(TrustedRootSource::object).transpose() {
+        Ok(Some(TrustedRootObject::Secret(name))) => read(Some(name), store).await?,
+        Ok(Some(TrustedRootObject::ConfigMap(name))) => Some(
+            store
+                .config_map(name)
+                .await
+                .map_err(|error| Unusable::Secret { secret: format!("ConfigMap {name}"), error })?,
+        ),
+        Ok(None) => None,
+        Err(e) => return Err(Unusable::Keys(coded_message("E_VERIFY_KEYS", &e.to_string()))),
+    };
     let keys = policy
         .keyring(secret.as_ref().map(|s| &s.data), root.as_ref().map(|s| &s.data))
         .map_err(|e| Unusable::Keys(coded_message("E_VERIFY_KEYS", &e.to_string())))?;

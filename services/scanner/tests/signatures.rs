@@ -20,7 +20,7 @@ use vynil_rules::{
 use vynil_scanner::{Config, RecordState, Scanner};
 use vynil_testkit::{
     Fault, FaultAction, HttpFront, JukeboxBuilder, PackageSpec, PackageType, RedisServer, RegistryServer,
-    SignatureLayer, Signer, Sigstore, statement, write_opted_in_secret,
+    SignatureLayer, Signer, Sigstore, statement, write_opted_in,
 };
 
 const REPOSITORY: &str = "sec/app";
@@ -450,19 +450,20 @@ async fn keyless_signatures_are_verified_offline_against_the_trusted_root() {
     let trusted = Signer::from_label("release");
     let (registry, digests) = keyless_revisions(&sigstore, &trusted).await;
     let h = Harness::start(registry).await;
-    write_opted_in_secret(
-        h.dir.path(),
-        "sigstore",
-        &[("trusted_root.json", &sigstore.trusted_root().unwrap())],
-    )
-    .unwrap();
-    let policy = |identity: bool, require_log: Option<bool>| {
+    let root = sigstore.trusted_root().unwrap();
+    for kind in ["Secret", "ConfigMap"] {
+        write_opted_in(h.dir.path(), kind, &format!("sigstore-{kind}"), &[("trusted_root.json", &root)])
+            .unwrap();
+    }
+    // The root from an opted-in ConfigMap first, then from a Secret.
+    let mut at = ("configMap", "sigstore-ConfigMap");
+    let policy = |at: (&str, &str), identity: bool, require_log: Option<bool>| {
         let pem = trusted.public_pem();
         let builder = JukeboxBuilder::new("box")
             .list([format!("{}/{REPOSITORY}", h.front.host())])
             .verify("warn", &[("release", pem.as_str())]);
         let builder = if identity { builder.identity("ci", CI_ISSUER, CI) } else { builder };
-        builder.trusted_root("sigstore", require_log).write_to(h.dir.path()).unwrap();
+        builder.trusted_root(at.0, at.1, require_log).write_to(h.dir.path()).unwrap();
     };
     let key = |reference: String| Verdict::Verified { key: "release".into(), reference };
     let mut expected = BTreeMap::from([
@@ -473,7 +474,7 @@ async fn keyless_signatures_are_verified_offline_against_the_trusted_root() {
         ("0.5.0".into(), Verdict::UntrustedKey),
         ("0.6.0".into(), Verdict::DigestMismatch { signed: digests["0.5.0"].clone() }),
     ]);
-    policy(true, Some(false));
+    policy(at, true, Some(false));
     h.scan().await;
     assert_eq!(h.verdicts().await, expected, "the log not required");
     assert_eq!(offered(&h.packages().await, VerifyMode::Enforce), Ok("0.4.0".into()));
@@ -482,7 +483,8 @@ async fn keyless_signatures_are_verified_offline_against_the_trusted_root() {
     // the keyed bundle without an entry no longer count. Decided again from
     // the cached evidence: no manifest or blob is read.
     h.front.reset_counts();
-    policy(true, None);
+    at = ("secret", "sigstore-Secret");
+    policy(at, true, None);
     h.scan().await;
     let verdicts = h.verdicts().await;
     for tag in ["0.1.0", "0.3.0"] {
@@ -497,7 +499,7 @@ async fn keyless_signatures_are_verified_offline_against_the_trusted_root() {
     assert_eq!(h.gets(), 0, "a policy change reads nothing again");
 
     // The identity removed: what it signed is no longer trusted.
-    policy(false, None);
+    policy(at, false, None);
     h.scan().await;
     expected.insert("0.4.0".into(), Verdict::UntrustedKey);
     expected.insert("0.6.0".into(), Verdict::UntrustedKey);
