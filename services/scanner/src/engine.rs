@@ -345,13 +345,7 @@ async fn scan_repository(
     if let Ok(mut p) = progress.lock() {
         p.tags_seen += tags.len() as u64;
     }
-    // The tags signatures may be under: cosign's `.sig`, the referrers tag schema's index.
-    let signed: Arc<HashSet<String>> = Arc::new(
-        tags.iter()
-            .filter(|t| ArtifactTag::parse(t).is_some_and(|a| a.holds_signatures()))
-            .cloned()
-            .collect(),
-    );
+    let signed = Arc::new(signature_tags(&tags));
     let versions = Versions::parse(tags.iter().map(String::as_str));
     let mut builder = ViewBuilder::new(&versions, viewer.clone(), true);
     let mut contents = Vec::new();
@@ -453,4 +447,10 @@ async fn verdict_of(
         .await
         .map_err(|e| format!("the signature of {repo}@{digest}: {e}"))?;
     Ok(if verification.require_reference { verdict.bound_to(&repo.to_string()) } else { verdict })
+}
+
+/// The tags signatures may be under: cosign's `.sig`, the referrers tag
+/// schema's index.
+fn signature_tags(tags: &[String]) -> HashSet<String> {
+    tags.iter().filter(|t| ArtifactTag::parse(t).is_some_and(|a| a.holds_signatures())).cloned().collect()
 }
