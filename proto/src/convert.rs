@@ -80,6 +80,10 @@ pub fn signature_to_proto(verdict: &Verdict) -> pb::Signature {
             out.reference = reference.clone();
             V::ReferenceMismatch
         }
+        Verdict::Unattested { predicate_type, problem } => {
+            (out.predicate_type, out.problem) = (predicate_type.clone(), problem.clone());
+            V::Unattested
+        }
     };
     out.verdict = kind as i32;
     out
@@ -96,6 +100,9 @@ pub fn signature_from_proto(s: &pb::Signature) -> Option<Verdict> {
         V::DigestMismatch => Verdict::DigestMismatch { signed: s.signed_digest.clone() },
         V::Malformed => Verdict::Malformed { problem: s.problem.clone() },
         V::ReferenceMismatch => Verdict::ReferenceMismatch { reference: s.reference.clone() },
+        V::Unattested => {
+            Verdict::Unattested { predicate_type: s.predicate_type.clone(), problem: s.problem.clone() }
+        }
         V::Unspecified => return None,
     })
 }

@@ -168,6 +168,24 @@ pub struct VerifyPolicy {
     /// `trustedRoot` is given, false otherwise.
     #[serde(rename = "requireTransparencyLog", default, skip_serializing_if = "Option::is_none")]
     pub require_transparency_log: Option<bool>,
+    /// Attestations a verified revision must also carry, signed by a
+    /// trusted key or identity (e.g. SLSA provenance of a given builder).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attestations: Vec<RequiredAttestation>,
+}
+
+/// One required attestation: its predicate type, and for SLSA provenance
+/// the builder (`runDetails.builder.id`, or v0.2's `builder.id`), exact or
+/// a regular expression matching the whole id.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RequiredAttestation {
+    /// E.g. `https://slsa.dev/provenance/v1`.
+    pub predicate_type: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub builder_id: Option<String>,
+    #[serde(rename = "builderIdRegExp", default, skip_serializing_if = "Option::is_none")]
+    pub builder_id_regexp: Option<String>,
 }
 
 /// One keyless signer: each of issuer and subject exact, or a regular
@@ -244,7 +262,7 @@ impl VerifyPolicy {
         secret: Option<&std::collections::BTreeMap<String, Vec<u8>>>,
         root: Option<&std::collections::BTreeMap<String, Vec<u8>>>,
     ) -> Result<vynil_rules::signature::Keyring, vynil_rules::RulesError> {
-        use vynil_rules::signature::{Identity, IdentitySpec, TrustedRoot};
+        use vynil_rules::signature::{AttestationRule, AttestationSpec, Identity, IdentitySpec, TrustedRoot};
         let keys = self.keys(secret)?;
         let root = match (&self.trusted_root, root) {
             (Some(source), Some(data)) => {
@@ -268,7 +286,18 @@ impl VerifyPolicy {
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        keys.trusting(identities, root, self.require_transparency_log)
+        let attestations = self
+            .attestations
+            .iter()
+            .map(|a| {
+                AttestationRule::parse(AttestationSpec {
+                    predicate_type: &a.predicate_type,
+                    builder_id: a.builder_id.as_deref(),
+                    builder_id_regexp: a.builder_id_regexp.as_deref(),
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(keys.trusting(identities, root, self.require_transparency_log)?.requiring(attestations))
     }
 
     fn keys(

@@ -23,8 +23,8 @@ pub use instance::{
     TenantInstanceSpec, TenantInstanceStatus,
 };
 pub use jukebox::{
-    JukeBox, JukeBoxConditionType, JukeBoxSource, JukeBoxSpec, JukeBoxStatus, Maturity, TrustedIdentity,
-    TrustedKey, TrustedRootObject, TrustedRootSource, VerifyMode, VerifyPolicy,
+    JukeBox, JukeBoxConditionType, JukeBoxSource, JukeBoxSpec, JukeBoxStatus, Maturity, RequiredAttestation,
+    TrustedIdentity, TrustedKey, TrustedRootObject, TrustedRootSource, VerifyMode, VerifyPolicy,
 };
 pub use policy::{
     ApprovalMode, EffectivePolicy, MaintenanceWindow, RecalledRevision, UpgradeFreeze, UpgradePolicy,

@@ -110,10 +110,14 @@ pub const COSIGN_SIGNATURE_ARTIFACT_TYPE: &str = "application/vnd.dev.cosign.art
 
 /// The signature layers of an image manifest, or the referrers of an index
 /// that may be signatures: bundles whose predicate type, when annotated, is
-/// cosign's signature's (an attestation is not read as a signature), and
-/// legacy signatures attached as referrers. Other layers and entries are
-/// not signatures of the image and are skipped.
-pub fn signature_manifest(body: &[u8], max: usize) -> Result<SignatureManifest, String> {
+/// cosign's signature's or one of `attestations` (the predicate types a
+/// policy requires; other attestations are not read), and legacy signatures
+/// attached as referrers. Other layers and entries are skipped.
+pub fn signature_manifest(
+    body: &[u8],
+    max: usize,
+    attestations: &[String],
+) -> Result<SignatureManifest, String> {
     use vynil_rules::signature::{
         SIGNATURE_ANNOTATION, SIMPLE_SIGNING_MEDIA_TYPE,
         bundle::{PREDICATE_TYPE_ANNOTATION, SIGN_PREDICATE_TYPE, is_bundle_media_type},
@@ -145,7 +149,8 @@ pub fn signature_manifest(body: &[u8], max: usize) -> Result<SignatureManifest, 
                 .filter(|m| {
                     let kind = m.artifact_type.as_deref().unwrap_or(&m.media_type);
                     let predicate = m.annotations.as_ref().and_then(|a| a.get(PREDICATE_TYPE_ANNOTATION));
-                    (is_bundle_media_type(kind) && predicate.is_none_or(|p| p == SIGN_PREDICATE_TYPE))
+                    let wanted = |p: &String| p == SIGN_PREDICATE_TYPE || attestations.contains(p);
+                    (is_bundle_media_type(kind) && predicate.is_none_or(wanted))
                         || kind == COSIGN_SIGNATURE_ARTIFACT_TYPE
                 })
                 .map(|m| m.digest)

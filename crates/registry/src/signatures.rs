@@ -104,8 +104,14 @@ impl RegistryClient {
 
     async fn cached_verdict(&self, reference: &str, subject: &str, keys: &Keyring) -> Option<Verdict> {
         let known = self.cache().tag_digest(reference).await?;
-        let evidence = self.cache().evidence(&known).await?;
+        let evidence = self.cached_evidence(&known, keys).await?;
         Some(verify(subject, Some(&evidence), keys))
+    }
+
+    /// The evidence cached for the manifest or index `digest`, when it was
+    /// read for every attestation `keys` requires (else it is read again).
+    async fn cached_evidence(&self, digest: &str, keys: &Keyring) -> Option<Evidence> {
+        self.cache().evidence(digest).await.filter(|e| e.covers(&keys.attestation_types()))
     }
 
     /// The verdict on the referrers API's answer `index` for `subject`.
@@ -117,11 +123,11 @@ impl RegistryClient {
         index: bytes::Bytes,
     ) -> Result<Verdict> {
         let digest = format!("sha256:{}", hex::encode(Sha256::digest(&index)));
-        let evidence = match self.cache().evidence(&digest).await {
+        let evidence = match self.cached_evidence(&digest, keys).await {
             Some(evidence) => evidence,
             None => {
                 let what = format!("referrers of {repo}@{subject}");
-                let evidence = self.evidence_of(repo, &index, &what, true).await?;
+                let evidence = self.evidence_of(repo, &index, &what, Some(keys)).await?;
                 self.cache().put_evidence(&digest, &evidence).await;
                 evidence
             }
@@ -147,7 +153,7 @@ impl RegistryClient {
                 None => return Ok(Verdict::Unsigned),
             },
             // Never seen: one GET by tag, its digest the body's.
-            None => match self.read_evidence(repo, tag).await? {
+            None => match self.read_evidence(repo, tag, keys).await? {
                 Some((digest, evidence)) => {
                     self.cache().put_evidence(&digest, &evidence).await;
                     self.cache().put_tag_digest(&reference, &digest).await;
@@ -156,9 +162,9 @@ impl RegistryClient {
                 None => return Ok(Verdict::Unsigned),
             },
         };
-        let evidence = match self.cache().evidence(&digest).await {
+        let evidence = match self.cached_evidence(&digest, keys).await {
             Some(evidence) => evidence,
-            None => match self.read_evidence(repo, &digest).await? {
+            None => match self.read_evidence(repo, &digest, keys).await? {
                 Some((_, evidence)) => {
                     self.cache().put_evidence(&digest, &evidence).await;
                     evidence
@@ -203,6 +209,7 @@ impl RegistryClient {
         &self,
         repo: &RepositoryRef,
         reference: &str,
+        keys: &Keyring,
     ) -> Result<Option<(String, Evidence)>> {
         let what = format!("signature manifest {repo}:{reference}");
         let Some((body, _, served)) = self.fetch_manifest(repo, reference, &what).await? else {
@@ -216,29 +223,31 @@ impl RegistryClient {
                 problem: format!("content hashes to {digest}, not {expected}: truncated or corrupt"),
             });
         }
-        Ok(Some((digest, self.evidence_of(repo, &body, &what, true).await?)))
+        Ok(Some((digest, self.evidence_of(repo, &body, &what, Some(keys)).await?)))
     }
 
     /// What the manifest `body` holds: its signature layers' payloads and
-    /// bundles, or (an index, when `follow`) those of each referrer it lists.
+    /// bundles, or (an index, when following one: `keys` given) those of
+    /// each referrer it lists, signatures and the attestations `keys` requires.
     async fn evidence_of(
         &self,
         repo: &RepositoryRef,
         body: &[u8],
         what: &str,
-        follow: bool,
+        follow: Option<&Keyring>,
     ) -> Result<Evidence> {
-        let mut evidence = Evidence::default();
-        let layers = match decode::signature_manifest(body, MAX_SIGNATURES) {
+        let wanted = follow.map(Keyring::attestation_types).unwrap_or_default();
+        let mut evidence = Evidence { predicates: wanted.clone(), ..Evidence::default() };
+        let layers = match decode::signature_manifest(body, MAX_SIGNATURES, &wanted) {
             Ok(SignatureManifest::Image(layers)) => layers,
-            Ok(SignatureManifest::Index(referrers)) if follow => {
+            Ok(SignatureManifest::Index(referrers)) if follow.is_some() => {
                 for digest in referrers {
                     let what = format!("{what}, its referrer {digest}");
                     let Some((body, ..)) = self.fetch_manifest(repo, &digest, &what).await? else {
                         return Err(RegistryError::NotFound { what, code: "MANIFEST_UNKNOWN".into() });
                     };
                     check_digest(&body, &digest, &what)?;
-                    let found = Box::pin(self.evidence_of(repo, &body, &what, false)).await?;
+                    let found = Box::pin(self.evidence_of(repo, &body, &what, None)).await?;
                     evidence.layers.extend(found.layers);
                     evidence.bundles.extend(found.bundles);
                     evidence.problems.extend(found.problems);

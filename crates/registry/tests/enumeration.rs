@@ -226,18 +226,23 @@ async fn the_referrers_api_is_used_where_the_registry_offers_it() {
     let subject = format!("sha256:{}", "a".repeat(64));
     let router = Router::new().route(
         "/v2/{ns}/{name}/referrers/{digest}",
+        // distribution-spec v1.1: the answer's Content-Type MUST be the OCI image index's.
         get(|Path((_, _, digest)): Path<(String, String, String)>| async move {
-            Json(json!({
-                "schemaVersion": 2,
-                "mediaType": "application/vnd.oci.image.index.v1+json",
-                "manifests": [{
-                    "mediaType": "application/vnd.oci.image.manifest.v1+json",
-                    "digest": format!("sha256:{}", "b".repeat(64)),
-                    "size": 10,
-                    "artifactType": "application/vnd.dev.cosign.artifact.sig.v1+json",
-                    "annotations": {"subject": digest},
-                }],
-            }))
+            let index = [("content-type", "application/vnd.oci.image.index.v1+json")];
+            (
+                index,
+                Json(json!({
+                    "schemaVersion": 2,
+                    "mediaType": "application/vnd.oci.image.index.v1+json",
+                    "manifests": [{
+                        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                        "digest": format!("sha256:{}", "b".repeat(64)),
+                        "size": 10,
+                        "artifactType": "application/vnd.dev.cosign.artifact.sig.v1+json",
+                        "annotations": {"subject": digest},
+                    }],
+                })),
+            )
         }),
     );
     let host = serve(router).await;

@@ -98,6 +98,8 @@ pub enum RulesError {
     TrustedRoot { problem: String },
     #[error("trusted identity {name:?}: {problem}")]
     Identity { name: String, problem: String },
+    #[error("required attestation {predicate_type:?}: {problem}")]
+    Attestation { predicate_type: String, problem: String },
 }
 
 impl vynil_failure::Classify for RulesError {
@@ -110,7 +112,8 @@ impl vynil_failure::Classify for RulesError {
             | RulesError::UpgradePolicy { .. }
             | RulesError::SigningKey { .. }
             | RulesError::TrustedRoot { .. }
-            | RulesError::Identity { .. } => Failure::BadInput,
+            | RulesError::Identity { .. }
+            | RulesError::Attestation { .. } => Failure::BadInput,
             // A package's published annotations, or metadata the registry did not give.
             RulesError::Annotation { .. } => Failure::Refused,
             RulesError::UnreadableMetadata(_) => Failure::Transient,

@@ -32,12 +32,14 @@ use sha2::{Digest as _, Sha256};
 
 use crate::RulesError;
 
+mod attestation;
 pub mod bundle;
 mod keyless;
 mod simple;
 mod tlog;
 mod trusted_root;
 
+pub use attestation::{AttestationRule, AttestationSpec};
 pub use keyless::{Identity, IdentitySpec};
 pub use trusted_root::{TRUSTED_ROOT_MEDIA_TYPE, TrustedRoot};
 
@@ -125,6 +127,8 @@ pub struct Keyring {
     root: Option<std::sync::Arc<TrustedRoot>>,
     /// `spec.verify.requireTransparencyLog`, defaulted (see [`Keyring::trusting`]).
     require_log: bool,
+    /// `spec.verify.attestations`.
+    attestations: Vec<AttestationRule>,
 }
 
 impl Keyring {
@@ -168,6 +172,22 @@ impl Keyring {
 
     pub fn identities(&self) -> &[Identity] {
         &self.identities
+    }
+
+    /// These, and a verified revision must also carry each of `attestations`.
+    pub fn requiring(mut self, attestations: Vec<AttestationRule>) -> Self {
+        self.attestations = attestations;
+        self
+    }
+
+    pub fn attestations(&self) -> &[AttestationRule] {
+        &self.attestations
+    }
+
+    /// The predicate types of the required attestations: the bundles a
+    /// reader must fetch beside signatures.
+    pub fn attestation_types(&self) -> Vec<String> {
+        self.attestations.iter().map(|a| a.predicate_type().to_string()).collect()
     }
 
     pub(crate) fn root(&self) -> Option<&TrustedRoot> {
@@ -220,6 +240,7 @@ impl Keyring {
             self.keys.iter().map(|k| format!("{}={}", k.name, k.fingerprint)).collect();
         entries.extend(self.identities.iter().map(|i| format!("identity {}", i.describe())));
         entries.extend(self.root().map(|r| format!("root {} log {}", r.digest(), self.require_log)));
+        entries.extend(self.attestations.iter().map(|a| format!("attestation {}", a.describe())));
         entries.sort();
         hex::encode(Sha256::digest(entries.join("\n").as_bytes()))
     }
@@ -254,6 +275,17 @@ pub struct Evidence {
     pub bundles: Vec<Vec<u8>>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub problems: Vec<String>,
+    /// The attestation predicate types it was read for (their bundles are
+    /// in `bundles`): evidence read for fewer than a policy requires is read again.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub predicates: Vec<String>,
+}
+
+impl Evidence {
+    /// Whether it was read for every predicate type in `wanted`.
+    pub fn covers(&self, wanted: &[String]) -> bool {
+        wanted.iter().all(|w| self.predicates.contains(w))
+    }
 }
 
 /// The decision on one revision's signatures.
@@ -278,6 +310,10 @@ pub enum Verdict {
     ReferenceMismatch { reference: String },
     /// Not a readable cosign signature.
     Malformed { problem: String },
+    /// Verified, but without an attestation the JukeBox requires
+    /// (`spec.verify.attestations`): `predicate_type` what it asks (and of
+    /// which builder), `problem` why none holds.
+    Unattested { predicate_type: String, problem: String },
 }
 
 impl Verdict {
@@ -298,6 +334,9 @@ impl Verdict {
                 )
             }
             Verdict::Malformed { problem } => format!("malformed signature: {problem}"),
+            Verdict::Unattested { predicate_type, problem } => {
+                format!("no verified attestation of {predicate_type} ({problem}), which the JukeBox requires")
+            }
         }
     }
 
@@ -330,7 +369,8 @@ impl Verdict {
     /// Preference when a revision has several signatures: the best one decides.
     fn rank(&self) -> u8 {
         match self {
-            Verdict::Verified { .. } => 6,
+            Verdict::Verified { .. } => 7,
+            Verdict::Unattested { .. } => 6,
             Verdict::ReferenceMismatch { .. } => 5,
             Verdict::DigestMismatch { .. } => 4,
             Verdict::UntrustedKey => 3,
@@ -363,6 +403,15 @@ fn repository_of(reference: &str) -> String {
 /// and its `.sig` layers' verdicts.
 pub fn verify(subject_digest: &str, evidence: Option<&Evidence>, keys: &Keyring) -> Verdict {
     let Some(evidence) = evidence else { return Verdict::Unsigned };
+    let verdict = signed(subject_digest, evidence, keys);
+    match verdict.is_verified() {
+        true => attestation::unattested(subject_digest, evidence, keys).unwrap_or(verdict),
+        false => verdict,
+    }
+}
+
+/// The best verdict of `evidence`'s signatures.
+fn signed(subject_digest: &str, evidence: &Evidence, keys: &Keyring) -> Verdict {
     let mut best = match evidence.problems.first() {
         Some(problem) => Verdict::Malformed { problem: problem.clone() },
         None => Verdict::Unsigned,

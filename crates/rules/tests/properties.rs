@@ -1080,13 +1080,13 @@ mod signatures {
                     layer.signature = base64::engine::general_purpose::STANDARD.encode(bytes);
                 }
                 let others_verify = changed.layers.iter().any(|l| {
-                    verify(&digest(subject), Some(&Evidence { layers: vec![l.clone()], problems: vec![], bundles: vec![] }), &keys)
+                    verify(&digest(subject), Some(&Evidence { layers: vec![l.clone()], problems: vec![], ..Default::default() }), &keys)
                         .is_verified()
                 });
                 let verdict = verify(&digest(subject), Some(&changed), &keys);
                 prop_assert_eq!(verdict.is_verified(), others_verify, "{:?}", verdict);
                 // The changed layer alone never verifies.
-                let alone = Evidence { layers: vec![changed.layers[at.index(evidence.layers.len())].clone()], problems: vec![], bundles: vec![] };
+                let alone = Evidence { layers: vec![changed.layers[at.index(evidence.layers.len())].clone()], problems: vec![], ..Default::default() };
                 let alone = verify(&digest(subject), Some(&alone), &keys);
                 prop_assert!(!matches!(alone, Verdict::Verified { .. }), "{:?}", alone);
             }

@@ -89,6 +89,20 @@ impl JukeboxBuilder {
         self
     }
 
+    /// Its signature policy requires an attestation of `predicate_type`,
+    /// of the builder `builder_id` when given.
+    pub fn attestation(mut self, predicate_type: &str, builder_id: Option<&str>) -> Self {
+        if let Some(verify) = self.verify.as_mut() {
+            let mut rule = json!({"predicateType": predicate_type});
+            if let Some(builder) = builder_id {
+                rule["builderId"] = json!(builder);
+            }
+            let rules = verify["attestations"].as_array().cloned().unwrap_or_default();
+            verify["attestations"] = json!(rules.into_iter().chain([rule]).collect::<Vec<_>>());
+        }
+        self
+    }
+
     /// Its signature policy reads Sigstore's trusted root from the object
     /// `name` (`kind`: `secret` or `configMap`; item `trusted_root.json`),
     /// and requires the transparency log when `require_log` says so

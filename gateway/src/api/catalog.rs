@@ -114,6 +114,8 @@ pub enum SignatureVerdict {
     Malformed,
     /// Signed for another repository, and the JukeBox requires the signed reference.
     ReferenceMismatch,
+    /// Verified, but without an attestation the JukeBox requires (`predicate_type`).
+    Unattested,
 }
 
 /// What the scanner found of a revision's cosign signature.
@@ -126,6 +128,9 @@ pub struct Signature {
     pub key: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reference: Option<String>,
+    /// `unattested`: the attestation required (its predicate type, and builder).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub predicate_type: Option<String>,
     /// In words: "verified by release", "signed by an untrusted key".
     pub description: String,
 }
@@ -139,12 +144,14 @@ impl Signature {
             pb::SignatureVerdict::DigestMismatch => SignatureVerdict::DigestMismatch,
             pb::SignatureVerdict::Malformed => SignatureVerdict::Malformed,
             pb::SignatureVerdict::ReferenceMismatch => SignatureVerdict::ReferenceMismatch,
+            pb::SignatureVerdict::Unattested => SignatureVerdict::Unattested,
             pb::SignatureVerdict::Unspecified => return None,
         };
         Some(Self {
             verdict,
             key: non_empty(s.key),
             reference: non_empty(s.reference),
+            predicate_type: non_empty(s.predicate_type),
             description: s.description,
         })
     }

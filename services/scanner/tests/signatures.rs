@@ -511,3 +511,67 @@ async fn keyless_signatures_are_verified_offline_against_the_trusted_root() {
         "a scan asked Fulcio, the CT log or Rekor"
     );
 }
+
+/// #67 item 4 on distribution 2.8: every revision signed; 0.1.0 to 0.3.0
+/// with an SLSA provenance of the required builder, 0.4.0 of another
+/// builder, 0.5.0 none, 0.6.0 one of the right builder signed by another
+/// key. Required from the second scan on: the provenance is read then (the
+/// cached evidence was read without it), `enforce` offers 0.3.0, and a
+/// rescan reads nothing again.
+#[tokio::test]
+async fn a_required_provenance_is_read_beside_the_signature_and_its_builder_checked() {
+    const SLSA: &str = "https://slsa.dev/provenance/v1";
+    const BUILDER: &str = "https://github.com/actions/runner/github-hosted";
+    let (trusted, other) = (Signer::from_label("release"), Signer::from_label("someone else"));
+    let (registry, digests) = six_waypoints().await;
+    let p = registry.publisher();
+    let provenance = |digest: &str, builder: &str| {
+        statement(digest, SLSA, serde_json::json!({"runDetails": {"builder": {"id": builder}}}))
+    };
+    for (tag, digest) in &digests {
+        let signature = statement(digest, SIGN_PREDICATE_TYPE, serde_json::json!({}));
+        p.attach_bundle(REPOSITORY, digest, &trusted.bundle(&signature), SIGN_PREDICATE_TYPE).await.unwrap();
+        let attestation = match *tag {
+            "0.4.0" => Some(trusted.bundle(&provenance(digest, "https://evil.example/builder"))),
+            "0.5.0" => None,
+            "0.6.0" => Some(other.bundle(&provenance(digest, BUILDER))),
+            _ => Some(trusted.bundle(&provenance(digest, BUILDER))),
+        };
+        if let Some(attestation) = attestation {
+            p.attach_bundle(REPOSITORY, digest, &attestation, SLSA).await.unwrap();
+        }
+    }
+    let h = Harness::start(registry).await;
+    let policy = |required: bool| {
+        let pem = trusted.public_pem();
+        let builder = JukeboxBuilder::new("box")
+            .list([format!("{}/{REPOSITORY}", h.front.host())])
+            .verify("enforce", &[("release", pem.as_str())]);
+        let builder = if required { builder.attestation(SLSA, Some(BUILDER)) } else { builder };
+        builder.write_to(h.dir.path()).unwrap();
+    };
+    policy(false);
+    h.scan().await;
+    assert!(h.verdicts().await.values().all(Verdict::is_verified), "signed, nothing more asked");
+
+    policy(true);
+    h.scan().await;
+    let verdicts = h.verdicts().await;
+    for tag in ["0.1.0", "0.2.0", "0.3.0"] {
+        assert!(verdicts[tag].is_verified(), "{tag}: {verdicts:?}");
+    }
+    for (tag, why) in
+        [("0.4.0", "its builder is"), ("0.5.0", "none is attached"), ("0.6.0", "no trusted key")]
+    {
+        let Verdict::Unattested { predicate_type, problem } = &verdicts[tag] else {
+            panic!("{tag}: {verdicts:?}")
+        };
+        assert!(predicate_type.contains(SLSA) && problem.contains(why), "{tag}: {verdicts:?}");
+    }
+    assert_eq!(offered(&h.packages().await, VerifyMode::Enforce), Ok("0.3.0".into()));
+
+    h.front.reset_counts();
+    h.scan().await;
+    assert_eq!(h.verdicts().await, verdicts);
+    assert_eq!(h.gets(), 0, "read for the required predicate once: nothing read again");
+}

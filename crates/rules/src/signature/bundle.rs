@@ -48,7 +48,8 @@ pub const PREDICATE_TYPE_ANNOTATION: &str = "dev.sigstore.bundle.predicateType";
 /// DSSE's payload type of an in-toto Statement.
 pub const IN_TOTO_PAYLOAD_TYPE: &str = "application/vnd.in-toto+json";
 /// The Statement `_type`s in-toto defines (v1, and v0.1 still read by cosign).
-const STATEMENT_TYPES: [&str; 2] = ["https://in-toto.io/Statement/v1", "https://in-toto.io/Statement/v0.1"];
+pub(crate) const STATEMENT_TYPES: [&str; 2] =
+    ["https://in-toto.io/Statement/v1", "https://in-toto.io/Statement/v0.1"];
 
 /// Whether `media_type` (an artifact type or a layer's media type) is a
 /// Sigstore bundle's.
@@ -131,30 +132,42 @@ pub fn pae(payload_type: &str, payload: &[u8]) -> Vec<u8> {
 /// The verdict on the revision at `subject_digest` given one bundle's bytes.
 /// An attestation (another predicate type) is no signature: `Unsigned`.
 pub fn verify_bundle(subject_digest: &str, bundle: &[u8], keys: &Keyring) -> Verdict {
+    match signed_statement(bundle, keys) {
+        Ok((signer, payload)) => statement_verdict(subject_digest, &payload, signer),
+        Err(verdict) => verdict,
+    }
+}
+
+/// Who signed a bundle (a trusted key's or identity's name) and the
+/// payload it signed, once its signature verifies as the policy asks (a
+/// trusted key, or an identity under the trusted root; the log when
+/// required); else the verdict on it. The payload is not read yet.
+pub(crate) fn signed_statement<'k>(bundle: &[u8], keys: &'k Keyring) -> Result<(&'k str, Vec<u8>), Verdict> {
     let malformed = |problem: String| Verdict::Malformed { problem };
-    let bundle: Bundle = match serde_json::from_slice(bundle) {
-        Ok(bundle) => bundle,
-        Err(e) => return malformed(format!("not a Sigstore bundle: {e}")),
-    };
+    let bundle: Bundle =
+        serde_json::from_slice(bundle).map_err(|e| malformed(format!("not a Sigstore bundle: {e}")))?;
     if !is_bundle_media_type(&bundle.media_type) {
-        return malformed(format!("the bundle's media type {:?} is none of Sigstore's", bundle.media_type));
+        return Err(malformed(format!(
+            "the bundle's media type {:?} is none of Sigstore's",
+            bundle.media_type
+        )));
     }
     let Some(envelope) = bundle.dsse_envelope else {
-        return match bundle.message_signature {
+        return Err(match bundle.message_signature {
             Some(_) => malformed("a message signature bundle signs a blob, not an image's Statement".into()),
             None => malformed("the bundle holds no DSSE envelope".into()),
-        };
+        });
     };
     if envelope.payload_type != IN_TOTO_PAYLOAD_TYPE {
-        return malformed(format!(
+        return Err(malformed(format!(
             "the envelope's payload type is {:?}, not {IN_TOTO_PAYLOAD_TYPE:?}",
             envelope.payload_type
-        ));
+        )));
     }
     let b64 = base64::engine::general_purpose::STANDARD;
-    let Ok(payload) = b64.decode(envelope.payload.trim()) else {
-        return malformed("the envelope's payload is not base64".into());
-    };
+    let payload = b64
+        .decode(envelope.payload.trim())
+        .map_err(|_| malformed("the envelope's payload is not base64".into()))?;
     let material = &bundle.verification_material;
     let signed = pae(&envelope.payload_type, &payload);
     let signatures: Vec<Vec<u8>> = envelope
@@ -164,14 +177,14 @@ pub fn verify_bundle(subject_digest: &str, bundle: &[u8], keys: &Keyring) -> Ver
         .filter(|s| !s.is_empty())
         .collect();
     if signatures.is_empty() {
-        return malformed("the envelope holds no base64 signature".into());
+        return Err(malformed("the envelope holds no base64 signature".into()));
     }
     if let Some(certificate) = material.certificate() {
-        let Ok(certificate) = b64.decode(certificate.trim()) else {
-            return malformed("the bundle's certificate is not base64".into());
-        };
+        let certificate = b64
+            .decode(certificate.trim())
+            .map_err(|_| malformed("the bundle's certificate is not base64".into()))?;
         // Keyless: trusted through an identity, under a trusted root.
-        let Some(root) = keys.root() else { return Verdict::UntrustedKey };
+        let Some(root) = keys.root() else { return Err(Verdict::UntrustedKey) };
         let bundle = Keyless {
             certificate: &certificate,
             entries: &material.tlog_entries,
@@ -179,20 +192,18 @@ pub fn verify_bundle(subject_digest: &str, bundle: &[u8], keys: &Keyring) -> Ver
             payload: &payload,
             signatures: &signatures,
         };
-        return match keyless::signer(&bundle, keys.identities(), root) {
-            Ok(identity) => statement_verdict(subject_digest, &payload, identity),
-            Err(verdict) => verdict,
-        };
+        let identity = keyless::signer(&bundle, keys.identities(), root)?;
+        return Ok((identity, payload));
     }
     let mut best: Option<Verdict> = None;
     for signature in &signatures {
         let verdict = match keys.trusted_key(&signed, signature) {
             Ok(key) => match keys.log_required() {
-                None => return statement_verdict(subject_digest, &payload, key.name()),
+                None => return Ok((key.name(), payload)),
                 Some(root) => {
-                    let signed = Signed { payload: &payload, signature, signer: &key.der };
-                    match tlog::logged(&material.tlog_entries, root, &signed) {
-                        Ok(_) => return statement_verdict(subject_digest, &payload, key.name()),
+                    let logged = Signed { payload: &payload, signature, signer: &key.der };
+                    match tlog::logged(&material.tlog_entries, root, &logged) {
+                        Ok(_) => return Ok((key.name(), payload)),
                         Err(problem) => malformed(format!(
                             "signed by {}, and not proven by the transparency log the JukeBox requires: {problem}",
                             key.name()
@@ -207,7 +218,7 @@ pub fn verify_bundle(subject_digest: &str, bundle: &[u8], keys: &Keyring) -> Ver
             None => verdict,
         });
     }
-    best.unwrap_or(Verdict::Malformed { problem: "the envelope holds no signature".into() })
+    Err(best.unwrap_or(Verdict::Malformed { problem: "the envelope holds no signature".into() }))
 }
 
 /// A Statement `key` verified: what it says of `subject_digest`.

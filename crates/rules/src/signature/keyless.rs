@@ -44,9 +44,9 @@ const SCT_LIST: &str = "1.3.6.1.4.1.11129.2.4.2";
 /// id-kp-codeSigning (1.3.6.1.5.5.7.3.3), DER value bytes as webpki takes them.
 const CODE_SIGNING: &[u8] = &[0x2b, 0x06, 0x01, 0x05, 0x05, 0x07, 0x03, 0x03];
 
-/// How an identity's issuer or subject is matched.
+/// How an identity's issuer or subject (or an attestation's builder) is matched.
 #[derive(Debug, Clone)]
-enum Matcher {
+pub(crate) enum Matcher {
     Exact(String),
     /// Anchored: the whole text must match (Go's and Flux's `MatchString`
     /// are not anchored; an unanchored pattern trusts too much).
@@ -54,7 +54,7 @@ enum Matcher {
 }
 
 impl Matcher {
-    fn new(exact: Option<&str>, pattern: Option<&str>, field: &str) -> Result<Self, String> {
+    pub(crate) fn new(exact: Option<&str>, pattern: Option<&str>, field: &str) -> Result<Self, String> {
         match (exact.filter(|e| !e.is_empty()), pattern.filter(|p| !p.is_empty())) {
             (Some(exact), None) => Ok(Matcher::Exact(exact.to_string())),
             (None, Some(pattern)) => regex::Regex::new(&format!("^(?:{pattern})$"))
@@ -65,14 +65,14 @@ impl Matcher {
         }
     }
 
-    fn matches(&self, text: &str) -> bool {
+    pub(crate) fn matches(&self, text: &str) -> bool {
         match self {
             Matcher::Exact(exact) => exact == text,
             Matcher::Pattern(pattern) => pattern.is_match(text),
         }
     }
 
-    fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         match self {
             Matcher::Exact(exact) => exact.clone(),
             Matcher::Pattern(pattern) => format!("/{}/", pattern.as_str()),
