@@ -132,17 +132,7 @@ impl Context {
         name: &str,
         what: &str,
     ) -> Result<vynil_crds::secrets::NamedSecret, LifecycleError> {
-        let secret = self
-            .secrets
-            .get_opt(name)
-            .await
-            .map_err(LifecycleError::kube(format!("reading {what} {name}")))?
-            .ok_or_else(|| {
-                let namespace = self.secrets.namespace().unwrap_or_default();
-                LifecycleError::Invalid(format!(
-                    "{what} {name} does not exist in namespace {namespace}: create it there"
-                ))
-            })?;
+        let secret = self.found(&self.secrets, name, what).await?;
         vynil_crds::secrets::admit(&secret).map_err(|refused| LifecycleError::Invalid(refused.to_string()))
     }
 
@@ -155,18 +145,25 @@ impl Context {
     ) -> Result<vynil_crds::secrets::NamedSecret, LifecycleError> {
         let config_maps: Api<k8s_openapi::api::core::v1::ConfigMap> =
             Api::namespaced(self.client.clone(), self.secrets.namespace().unwrap_or_default());
-        let found = config_maps
-            .get_opt(name)
-            .await
-            .map_err(LifecycleError::kube(format!("reading {what} {name}")))?
-            .ok_or_else(|| {
+        let found = self.found(&config_maps, name, what).await?;
+        vynil_crds::secrets::admit_config_map(&found)
+            .map_err(|refused| LifecycleError::Invalid(refused.to_string()))
+    }
+
+    /// Object `name` of `api` (the control plane's namespace); absent is an
+    /// error saying where it was looked for.
+    async fn found<K>(&self, api: &Api<K>, name: &str, what: &str) -> Result<K, LifecycleError>
+    where
+        K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        api.get_opt(name).await.map_err(LifecycleError::kube(format!("reading {what} {name}")))?.ok_or_else(
+            || {
                 let namespace = self.secrets.namespace().unwrap_or_default();
                 LifecycleError::Invalid(format!(
                     "{what} {name} does not exist in namespace {namespace}: create it there"
                 ))
-            })?;
-        vynil_crds::secrets::admit_config_map(&found)
-            .map_err(|refused| LifecycleError::Invalid(refused.to_string()))
+            },
+        )
     }
 
     pub fn new(client: Client, stores: Stores, metrics: LifecycleMetrics, settings: Settings) -> Self {

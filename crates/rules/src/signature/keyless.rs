@@ -246,6 +246,10 @@ fn verify_sct(cert: &Certificate, issuer: &Certificate, root: &TrustedRoot) -> R
     let mut problem = "names no CT log of the trusted root".to_string();
     for sct in scts(list.as_bytes()).ok_or("list is not a TLS list of SCTs")? {
         let Some(log) = root.ctlog(sct.log_id) else { continue };
+        if !i64::try_from(sct.timestamp / 1000).is_ok_and(|at| log.valid.contains(at)) {
+            problem = "is from a CT log key not valid at its time".into();
+            continue;
+        }
         let mut signed = vec![0u8, 0u8];
         signed.extend_from_slice(&sct.timestamp.to_be_bytes());
         signed.extend_from_slice(&[0, 1]);
