@@ -317,7 +317,6 @@ impl RegistryClient {
     }
 }
 
-/// Whether `body` hashes to `digest`.
 /// Whether an answer to `GET /v2/<name>/referrers/<digest>` comes from a
 /// registry offering the API, as cosign's client (go-containerregistry,
 /// `remote/referrers.go`) decides: 404, 400 and 406 mean it does not, and so
@@ -333,6 +332,7 @@ fn offers_referrers(status: StatusCode, content_type: Option<&str>) -> bool {
     }
 }
 
+/// Whether `body` hashes to `digest`.
 fn check_digest(body: &[u8], digest: &str, what: &str) -> Result<()> {
     let hashed = format!("sha256:{}", hex::encode(Sha256::digest(body)));
     if hashed != digest {

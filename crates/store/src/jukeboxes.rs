@@ -34,6 +34,17 @@ struct Directory {
     config_maps: Vec<ConfigMap>,
 }
 
+/// `value` read as a `K` (a Secret, a ConfigMap) into `into`, or why it is not one.
+fn parse_into<K: serde::de::DeserializeOwned>(
+    value: &serde_json::Value,
+    into: &mut Vec<K>,
+    kind: &str,
+) -> Result<(), String> {
+    let object = serde_json::from_value::<K>(value.clone()).map_err(|e| format!("not a {kind}: {e}"))?;
+    into.push(object);
+    Ok(())
+}
+
 /// A Secret's `data`, decoded.
 pub type SecretData = std::collections::BTreeMap<String, Vec<u8>>;
 
@@ -421,21 +432,15 @@ impl LocalStore {
             // Through a JSON value: YAML enum tags would otherwise be required
             // for `source`, whose upstream form is a single-key map.
             let value = serde_yaml_ng::from_str::<serde_json::Value>(&text);
-            if let Ok(value) = &value
-                && value.get("kind").and_then(|k| k.as_str()) == Some("Secret")
-            {
-                match serde_json::from_value::<Secret>(value.clone()) {
-                    Ok(secret) => secrets.push(secret),
-                    Err(e) => skipped.push(skip(format!("not a Secret: {e}"))),
-                }
-                continue;
-            }
-            if let Ok(value) = &value
-                && value.get("kind").and_then(|k| k.as_str()) == Some("ConfigMap")
-            {
-                match serde_json::from_value::<ConfigMap>(value.clone()) {
-                    Ok(config_map) => config_maps.push(config_map),
-                    Err(e) => skipped.push(skip(format!("not a ConfigMap: {e}"))),
+            let kind = value.as_ref().ok().and_then(|v| v.get("kind")).and_then(|k| k.as_str());
+            let object = match (kind, &value) {
+                (Some("Secret"), Ok(value)) => Some(parse_into(value, &mut secrets, "Secret")),
+                (Some("ConfigMap"), Ok(value)) => Some(parse_into(value, &mut config_maps, "ConfigMap")),
+                _ => None,
+            };
+            if let Some(parsed) = object {
+                if let Err(problem) = parsed {
+                    skipped.push(skip(problem));
                 }
                 continue;
             }

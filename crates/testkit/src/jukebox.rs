@@ -103,13 +103,13 @@ impl JukeboxBuilder {
         self
     }
 
-    /// Its signature policy reads Sigstore's trusted root from the object
-    /// `name` (`kind`: `secret` or `configMap`; item `trusted_root.json`),
+    /// Its signature policy reads Sigstore's trusted root from the
+    /// `holder` `name` (item `trusted_root.json`),
     /// and requires the transparency log when `require_log` says so
     /// (`None`: the default).
-    pub fn trusted_root(mut self, kind: &str, name: &str, require_log: Option<bool>) -> Self {
+    pub fn trusted_root(mut self, holder: Holder, name: &str, require_log: Option<bool>) -> Self {
         if let Some(verify) = self.verify.as_mut() {
-            verify["trustedRoot"] = json!({kind: name});
+            verify["trustedRoot"] = json!({holder.field(): name});
             if let Some(require) = require_log {
                 verify["requireTransparencyLog"] = json!(require);
             }
@@ -148,24 +148,50 @@ impl JukeboxBuilder {
     }
 }
 
-/// A Secret (`kind` `Secret`: `items` base64'd under `data`) or a
-/// ConfigMap (`ConfigMap`: `items` as text) a JukeBox may name (the opt-in
-/// label), in local mode's JukeBox directory.
-pub fn write_opted_in(dir: &Path, kind: &str, name: &str, items: &[(&str, &[u8])]) -> Result<PathBuf> {
+/// The kind of object holding what a JukeBox's policy names beside its
+/// spec (a trusted root).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Holder {
+    Secret,
+    ConfigMap,
+}
+
+impl Holder {
+    /// Its `kind`.
+    pub fn kind(self) -> &'static str {
+        match self {
+            Holder::Secret => "Secret",
+            Holder::ConfigMap => "ConfigMap",
+        }
+    }
+
+    /// The field of `spec.verify.trustedRoot` naming one.
+    fn field(self) -> &'static str {
+        match self {
+            Holder::Secret => "secret",
+            Holder::ConfigMap => "configMap",
+        }
+    }
+}
+
+/// A Secret (`items` base64'd under `data`) or a ConfigMap (`items` as
+/// text) a JukeBox may name (the opt-in label), in local mode's JukeBox
+/// directory.
+pub fn write_opted_in(dir: &Path, holder: Holder, name: &str, items: &[(&str, &[u8])]) -> Result<PathBuf> {
     use base64::Engine as _;
     let data: serde_json::Map<String, Value> = items
         .iter()
         .map(|(key, bytes)| {
-            let value = match kind {
-                "Secret" => base64::engine::general_purpose::STANDARD.encode(bytes),
-                _ => String::from_utf8_lossy(bytes).into_owned(),
+            let value = match holder {
+                Holder::Secret => base64::engine::general_purpose::STANDARD.encode(bytes),
+                Holder::ConfigMap => String::from_utf8_lossy(bytes).into_owned(),
             };
             (key.to_string(), json!(value))
         })
         .collect();
     let secret = json!({
         "apiVersion": "v1",
-        "kind": kind,
+        "kind": holder.kind(),
         "metadata": {"name": name, "labels": {vynil_crds::secrets::OPT_IN_LABEL: "true"}},
         "data": data,
     });

@@ -43,7 +43,7 @@ pub use examples::{EXAMPLE_REPOSITORIES, Example, examples, publish_examples, wr
 pub use front::{Fault, FaultAction, HttpFront, Seen};
 pub use grpc::{as_gateway, bound};
 pub use index_server::{IndexRequest, IndexServer};
-pub use jukebox::{JukeboxBuilder, write_opted_in};
+pub use jukebox::{Holder, JukeboxBuilder, write_opted_in};
 pub use layout::{LayoutWriter, reachable_blobs, stored_blobs};
 pub use package::{ArtifactKind, PackageSpec, PackageType};
 pub use process::{free_port, workspace_binary};

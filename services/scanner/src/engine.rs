@@ -68,15 +68,13 @@ pub enum ScanOutput {
 }
 
 impl From<crate::signatures::Unusable> for ScanOutput {
-    /// A signature policy that cannot be used: its keys' Secret refused or
-    /// unreadable, or its keys not keys.
+    /// A signature policy that cannot be used: an object it names refused
+    /// or unreadable, or its keys not keys.
     fn from(unusable: crate::signatures::Unusable) -> Self {
         match unusable {
-            crate::signatures::Unusable::Secret { secret, error } => ScanOutput::unreadable(
-                error,
-                Some("E_VERIFY_KEYS"),
-                &format!("the trusted keys' Secret {secret:?}: "),
-            ),
+            crate::signatures::Unusable::Unreadable { what, error } => {
+                ScanOutput::unreadable(error, Some("E_VERIFY_KEYS"), &format!("{what}: "))
+            }
             crate::signatures::Unusable::Keys(why) => ScanOutput::SourceFailed(why),
         }
     }

@@ -30,8 +30,9 @@ impl Verification {
 /// Why a JukeBox's signature policy cannot be used.
 #[derive(Debug)]
 pub enum Unusable {
-    /// Its keys' Secret cannot be read, or may not be named.
-    Secret { secret: String, error: vynil_store::StoreError },
+    /// An object it names (its keys' Secret, its trusted root's ConfigMap
+    /// or Secret) cannot be read, or may not be named: `what` says which.
+    Unreadable { what: String, error: vynil_store::StoreError },
     /// Its keys are not keys (`[E_VERIFY_KEYS] …`).
     Keys(String),
 }
@@ -44,15 +45,17 @@ pub async fn policy_of(
     store: &dyn ScannerStore,
 ) -> Result<Option<Verification>, Unusable> {
     let Some(policy) = &record.spec.verify else { return Ok(None) };
-    let secret = read(policy.keys_secret.as_deref(), store).await?;
+    let secret = read(policy.keys_secret.as_deref(), "the trusted keys' Secret", store).await?;
     let root = match policy.trusted_root.as_ref().map(TrustedRootSource::object).transpose() {
-        Ok(Some(TrustedRootObject::Secret(name))) => read(Some(name), store).await?,
-        Ok(Some(TrustedRootObject::ConfigMap(name))) => Some(
-            store
-                .config_map(name)
-                .await
-                .map_err(|error| Unusable::Secret { secret: format!("ConfigMap {name}"), error })?,
-        ),
+        Ok(Some(TrustedRootObject::Secret(name))) => {
+            read(Some(name), "the trusted root's Secret", store).await?
+        }
+        Ok(Some(TrustedRootObject::ConfigMap(name))) => {
+            Some(store.config_map(name).await.map_err(|error| Unusable::Unreadable {
+                what: format!("the trusted root's ConfigMap {name:?}"),
+                error,
+            })?)
+        }
         Ok(None) => None,
         Err(e) => return Err(Unusable::Keys(coded_message("E_VERIFY_KEYS", &e.to_string()))),
     };
@@ -66,11 +69,13 @@ pub async fn policy_of(
     }))
 }
 
-/// The Secret a policy names, if it names one.
+/// The Secret a policy names as `what`, if it names one.
 async fn read(
     name: Option<&str>,
+    what: &str,
     store: &dyn ScannerStore,
 ) -> Result<Option<vynil_crds::secrets::NamedSecret>, Unusable> {
     let Some(name) = name.filter(|s| !s.is_empty()) else { return Ok(None) };
-    store.secret(name).await.map(Some).map_err(|error| Unusable::Secret { secret: name.to_string(), error })
+    let unreadable = |error| Unusable::Unreadable { what: format!("{what} {name:?}"), error };
+    store.secret(name).await.map(Some).map_err(unreadable)
 }

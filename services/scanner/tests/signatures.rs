@@ -19,8 +19,8 @@ use vynil_rules::{
 };
 use vynil_scanner::{Config, RecordState, Scanner};
 use vynil_testkit::{
-    Fault, FaultAction, HttpFront, JukeboxBuilder, PackageSpec, PackageType, RedisServer, RegistryServer,
-    SignatureLayer, Signer, Sigstore, statement, write_opted_in,
+    Fault, FaultAction, Holder, HttpFront, JukeboxBuilder, PackageSpec, PackageType, RedisServer,
+    RegistryServer, SignatureLayer, Signer, Sigstore, statement, write_opted_in,
 };
 
 const REPOSITORY: &str = "sec/app";
@@ -451,19 +451,19 @@ async fn keyless_signatures_are_verified_offline_against_the_trusted_root() {
     let (registry, digests) = keyless_revisions(&sigstore, &trusted).await;
     let h = Harness::start(registry).await;
     let root = sigstore.trusted_root().unwrap();
-    for kind in ["Secret", "ConfigMap"] {
-        write_opted_in(h.dir.path(), kind, &format!("sigstore-{kind}"), &[("trusted_root.json", &root)])
-            .unwrap();
+    let name = |holder: Holder| format!("sigstore-{}", holder.kind());
+    for holder in [Holder::Secret, Holder::ConfigMap] {
+        write_opted_in(h.dir.path(), holder, &name(holder), &[("trusted_root.json", &root)]).unwrap();
     }
     // The root from an opted-in ConfigMap first, then from a Secret.
-    let mut at = ("configMap", "sigstore-ConfigMap");
-    let policy = |at: (&str, &str), identity: bool, require_log: Option<bool>| {
+    let mut at = Holder::ConfigMap;
+    let policy = |at: Holder, identity: bool, require_log: Option<bool>| {
         let pem = trusted.public_pem();
         let builder = JukeboxBuilder::new("box")
             .list([format!("{}/{REPOSITORY}", h.front.host())])
             .verify("warn", &[("release", pem.as_str())]);
         let builder = if identity { builder.identity("ci", CI_ISSUER, CI) } else { builder };
-        builder.trusted_root(at.0, at.1, require_log).write_to(h.dir.path()).unwrap();
+        builder.trusted_root(at, &name(at), require_log).write_to(h.dir.path()).unwrap();
     };
     let key = |reference: String| Verdict::Verified { key: "release".into(), reference };
     let mut expected = BTreeMap::from([
@@ -483,7 +483,7 @@ async fn keyless_signatures_are_verified_offline_against_the_trusted_root() {
     // the keyed bundle without an entry no longer count. Decided again from
     // the cached evidence: no manifest or blob is read.
     h.front.reset_counts();
-    at = ("secret", "sigstore-Secret");
+    at = Holder::Secret;
     policy(at, true, None);
     h.scan().await;
     let verdicts = h.verdicts().await;
