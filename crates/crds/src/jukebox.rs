@@ -229,6 +229,15 @@ pub enum TrustedRootObject<'a> {
     Secret(&'a str),
 }
 
+impl std::fmt::Display for TrustedRootObject<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TrustedRootObject::ConfigMap(name) => write!(f, "ConfigMap {name}"),
+            TrustedRootObject::Secret(name) => write!(f, "Secret {name}"),
+        }
+    }
+}
+
 impl TrustedRootSource {
     pub fn item(&self) -> &str {
         self.key.as_deref().filter(|k| !k.is_empty()).unwrap_or("trusted_root.json")
@@ -266,8 +275,9 @@ impl VerifyPolicy {
         let keys = self.keys(secret)?;
         let root = match (&self.trusted_root, root) {
             (Some(source), Some(data)) => {
+                let object = source.object()?;
                 let bytes = data.get(source.item()).ok_or_else(|| vynil_rules::RulesError::TrustedRoot {
-                    problem: format!("{:?} has no item {:?}", source.object(), source.item()),
+                    problem: format!("{object} has no item {:?}", source.item()),
                 })?;
                 Some(TrustedRoot::parse(bytes)?)
             }
@@ -378,5 +388,26 @@ impl JukeBoxStatus {
     /// The same conditions and packages (what a status says, whoever wrote it).
     pub fn same_content(&self, other: &JukeBoxStatus) -> bool {
         self.conditions == other.conditions && self.packages == other.packages
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn policy(trusted_root: serde_json::Value) -> VerifyPolicy {
+        serde_json::from_value(serde_json::json!({"mode": "enforce", "trustedRoot": trusted_root})).unwrap()
+    }
+
+    #[test]
+    fn a_trusted_root_names_one_object_and_its_item_must_be_there() {
+        let both = policy(serde_json::json!({"configMap": "a", "secret": "b"}));
+        let object = both.trusted_root.as_ref().unwrap().object();
+        assert!(matches!(object, Err(vynil_rules::RulesError::TrustedRoot { .. })), "{object:?}");
+        let secret = policy(serde_json::json!({"secret": "sigstore"}));
+        let data = std::collections::BTreeMap::from([("other.json".to_string(), b"{}".to_vec())]);
+        let error = secret.keyring(None, Some(&data)).unwrap_err().to_string();
+        assert!(error.contains("Secret sigstore has no item \"trusted_root.json\""), "{error}");
     }
 }
